@@ -1,0 +1,1 @@
+//! Shared helpers for the bench binaries (trace loading, timing, JSON).

@@ -1,0 +1,100 @@
+//! The few float functions the core needs, written out because `core` has no libm.
+//!
+//! They are deterministic on every platform (plain IEEE arithmetic, no intrinsics), which
+//! keeps decisions reproducible across machines.
+
+const LN2_HI: f64 = 6.931_471_803_691_238_2e-1;
+const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+const INV_LN2: f64 = 1.442_695_040_888_963_4;
+
+/// `e^x`, accurate to a few ulps on the range the core uses (`x <= 0`, sampling weights).
+pub fn exp(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > 709.0 {
+        return f64::INFINITY;
+    }
+    if x < -745.0 {
+        return 0.0;
+    }
+    let k = round(x * INV_LN2);
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    // Taylor series of e^r for |r| <= ln2/2; 13 terms reach double precision.
+    let mut term = 1.0;
+    let mut sum = 1.0;
+    let mut i = 1.0;
+    while i < 14.0 {
+        term *= r / i;
+        sum += term;
+        i += 1.0;
+    }
+    scale_by_pow2(sum, k as i32)
+}
+
+/// Rounds half away from zero, for finite `x` of modest size.
+pub fn round(x: f64) -> f64 {
+    if x >= 0.0 {
+        (x + 0.5) as i64 as f64
+    } else {
+        -((-x + 0.5) as i64 as f64)
+    }
+}
+
+/// Largest integer not above `x`, for finite `x` within `i64`.
+pub fn floor(x: f64) -> f64 {
+    let t = x as i64 as f64;
+    if t > x {
+        t - 1.0
+    } else {
+        t
+    }
+}
+
+/// Smallest integer not below `x`, for finite `x` within `i64`.
+pub fn ceil(x: f64) -> f64 {
+    -floor(-x)
+}
+
+fn scale_by_pow2(v: f64, mut k: i32) -> f64 {
+    let mut out = v;
+    // Step in chunks so subnormal results stay correct.
+    while k > 1000 {
+        out *= f64::from_bits(((1023 + 1000) as u64) << 52);
+        k -= 1000;
+    }
+    while k < -1000 {
+        out *= f64::from_bits(((1023 - 1000) as u64) << 52);
+        k += 1000;
+    }
+    out * f64::from_bits(((1023 + k) as u64) << 52)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(x: f64, want: f64) {
+        let got = exp(x);
+        let rel = if want == 0.0 { got } else { (got - want) / want };
+        assert!(rel.abs() < 1e-14, "exp({x}) = {got}, want {want}");
+    }
+
+    #[test]
+    fn exp_matches_std() {
+        for &x in &[0.0, -1e-9, -0.5, -1.0, -2.5, -10.0, -100.0, -700.0, 1.0, 3.3, 50.0] {
+            check(x, std::primitive::f64::exp(x));
+        }
+        assert_eq!(exp(-1000.0), 0.0);
+        assert!(exp(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn floor_and_ceil() {
+        for &(x, f, c) in &[(1.5, 1.0, 2.0), (-1.5, -2.0, -1.0), (3.0, 3.0, 3.0), (-0.0, 0.0, 0.0)] {
+            assert_eq!(floor(x), f, "floor({x})");
+            assert_eq!(ceil(x), c, "ceil({x})");
+        }
+    }
+}

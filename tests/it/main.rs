@@ -1,0 +1,3 @@
+//! One integration-test binary, one module per scenario.
+
+mod core_smoke;

@@ -1,0 +1,1 @@
+//! Integration tests for kvroute; see `it/`. This library is empty on purpose.
