@@ -3,9 +3,9 @@
 //! They are deterministic on every platform (plain IEEE arithmetic, no intrinsics), which
 //! keeps decisions reproducible across machines.
 
-const LN2_HI: f64 = 6.931_471_803_691_238_2e-1;
+const LN2_HI: f64 = 6.931_471_803_691_238e-1;
 const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
-const INV_LN2: f64 = 1.442_695_040_888_963_4;
+const INV_LN2: f64 = core::f64::consts::LOG2_E;
 
 /// `e^x`, accurate to a few ulps on the range the core uses (`x <= 0`, sampling weights).
 pub fn exp(x: f64) -> f64 {

@@ -81,7 +81,7 @@ fn workload_vectors() {
 fn workload_request_zero() {
     // Request 0 of the Mooncake trace: 6,758 tokens from 14 hash ids of 512 tokens.
     let ids = [0u32, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
-    let tokens: Vec<u32> = ids.iter().flat_map(|&h| core::iter::repeat(h).take(512)).take(6758).collect();
+    let tokens: Vec<u32> = ids.iter().flat_map(|&h| core::iter::repeat_n(h, 512)).take(6758).collect();
     let s = seq_hashes(&tokens, BlockSize::DEFAULT, HashSeed::DEFAULT);
     assert_eq!(s.len(), 105);
     let want = [(0, 0xd6d50d0ca8478ea1), (1, 0x527ef6137acbe067), (7, 0x23b042c4b5b3f6cc), (8, 0x821a8ebcd2efc8ac), (104, 0x7c827f491ad0101e)];
