@@ -44,7 +44,8 @@ pub struct EligibilityConfig {
     /// A key holding more active decode blocks than this fraction of the worker's
     /// `kv_blocks` is overloaded (default `Some(0.95)`).
     pub decode_blocks_frac_of_kv: Option<f64>,
-    /// Cost multiplier per untolerated `PreferNoSchedule` taint (default 2.0).
+    /// Cost multiplier per untolerated `PreferNoSchedule` taint (default 2.0). Values below
+    /// 1, and NaN, count as 1, so a taint never makes a worker cheaper.
     pub prefer_no_schedule_factor: f64,
     /// Most tolerations one request may carry (default 32).
     pub tolerations_max: usize,
@@ -357,7 +358,9 @@ impl Ctx<'_, '_> {
                         key: taint.key.clone(),
                     })
                 }
-                TaintEffect::PreferNoSchedule => cost_factor *= self.cfg.prefer_no_schedule_factor,
+                TaintEffect::PreferNoSchedule => {
+                    cost_factor *= self.cfg.prefer_no_schedule_factor.max(1.0)
+                }
             }
         }
         Ok(cost_factor)

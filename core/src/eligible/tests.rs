@@ -452,6 +452,21 @@ fn taints_and_tolerations() {
             no(5, 0, gpu()),
         ],
     );
+    // A factor below 1 would reward taints; it counts as 1.
+    let cfg = EligibilityConfig {
+        prefer_no_schedule_factor: 0.5,
+        ..EligibilityConfig::default()
+    };
+    let c = Q {
+        cfg,
+        ..with(vec![])
+    };
+    check(
+        &t,
+        c,
+        Ok(()),
+        &[no(1, 0, gpu()), ok(2, 0), ok(3, 0), no(5, 0, gpu())],
+    );
 }
 
 #[test]
