@@ -24,5 +24,7 @@ pub mod trace;
 
 pub use engine::{Engine, EngineConfig, EngineOutput, EngineRequest, EngineRole, KvEvent};
 pub use prompt::Prompt;
-pub use replay::{replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
+pub use replay::{
+    replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest, WorkerLoadSample,
+};
 pub use stats::{RequestRecord, Summary};

@@ -74,6 +74,10 @@ pub trait Dispatcher {
     /// A request left `worker` (finished there, or handed off after prefill).
     fn on_finished(&mut self, _now_ms: f64, _worker: u32, _req_id: u64) {}
 
+    /// A worker's load after one of its pass boundaries (delivered without lag, as a
+    /// worker's per-pass metrics publication).
+    fn on_worker_load(&mut self, _now_ms: f64, _worker: u32, _load: WorkerLoadSample) {}
+
     /// A queued request that may now be dispatched (`To`, `Split` or `Reject`).
     fn poll_dispatch(&mut self, _now_ms: f64) -> Option<(u64, Dispatch)> {
         None
@@ -86,6 +90,19 @@ pub trait Dispatcher {
 
     /// Its timeout came due (a spurious call must be harmless).
     fn on_timeout(&mut self, _now_ms: f64) {}
+}
+
+/// A worker's load as it publishes it once per pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLoadSample {
+    /// KV blocks held by running requests (including partial blocks).
+    pub active_blocks: u32,
+    /// Cached blocks no request holds.
+    pub inactive_blocks: u32,
+    /// Requests in the running batch.
+    pub running: u32,
+    /// Requests waiting for admission.
+    pub waiting: u32,
 }
 
 /// Replay parameters.
@@ -461,6 +478,14 @@ impl<D: Dispatcher> Loop<'_, D> {
             self.on_output(w, o);
         }
         self.outs = outs;
+        let e = &self.engines[w as usize];
+        let load = WorkerLoadSample {
+            active_blocks: e.active_blocks(),
+            inactive_blocks: e.inactive_blocks(),
+            running: e.running_len() as u32,
+            waiting: e.waiting_len() as u32,
+        };
+        self.d.on_worker_load(now, w, load);
         self.reschedule(w);
     }
 

@@ -29,15 +29,15 @@ pub enum ArrivalPattern {
     },
 }
 
-/// Synthetic workload parameters. The defaults give a ~40 s run that keeps 4–8 default
+/// Synthetic workload parameters. The defaults give a ~50 s run that keeps 4–8 default
 /// engines busy and rewards prefix-aware routing.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthConfig {
     /// PRNG seed; 1.
     pub seed: u64,
-    /// Sessions start within `[0, duration_ms)`; 40,000.
+    /// Sessions start within `[0, duration_ms)`; 30,000.
     pub duration_ms: f64,
-    /// New sessions per second (mean); 6.
+    /// New sessions per second (mean); 12.
     pub session_rate_per_s: f64,
     /// Arrival process; Poisson.
     pub arrival: ArrivalPattern,
@@ -53,9 +53,9 @@ pub struct SynthConfig {
     pub output_tokens: u32,
     /// Most turns per session (each session draws 1..=this uniformly); 4.
     pub turns_per_session_max: u32,
-    /// Mean think time between an answer and the next question, ms; 3,000.
+    /// Mean think time between an answer and the next question, ms; 2,000.
     pub think_time_ms: f64,
-    /// Assumed generation time per answer token, for spacing turns, ms; 15.
+    /// Assumed generation time per answer token, for spacing turns, ms; 10.
     pub response_ms_per_token: f64,
     /// A session stops growing past this prompt length, tokens; 32,768.
     pub prompt_tokens_max: u32,
@@ -67,8 +67,8 @@ impl Default for SynthConfig {
     fn default() -> Self {
         SynthConfig {
             seed: 1,
-            duration_ms: 40_000.0,
-            session_rate_per_s: 6.0,
+            duration_ms: 30_000.0,
+            session_rate_per_s: 12.0,
             arrival: ArrivalPattern::Poisson,
             groups: 48,
             group_zipf_s: 0.6,
@@ -76,8 +76,8 @@ impl Default for SynthConfig {
             question_tokens: 800,
             output_tokens: 256,
             turns_per_session_max: 4,
-            think_time_ms: 3_000.0,
-            response_ms_per_token: 15.0,
+            think_time_ms: 2_000.0,
+            response_ms_per_token: 10.0,
             prompt_tokens_max: 32_768,
             requests_max: 100_000,
         }

@@ -166,7 +166,7 @@ pub(crate) fn grow(
     let need = absent + u32::from(to_private);
     let released = u32::from(req.has_private);
     let free = pool.capacity() - pool.used() + released;
-    if need > free + (pool.inactive() - pinned_inactive) {
+    if need > free + pool.inactive().saturating_sub(pinned_inactive) {
         return false;
     }
 

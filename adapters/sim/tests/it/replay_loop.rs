@@ -2,7 +2,9 @@
 //! rejections, prefill/decode splits, the step bound.
 
 use kvroute_sim::engine::{EngineRole, KvEvent};
-use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest};
+use kvroute_sim::replay::{
+    replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample,
+};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{parse_str, to_requests, LoadOptions, TraceLimits};
 
@@ -94,11 +96,16 @@ struct Recorder {
     inner: RoundRobin,
     seen: Vec<(u32, u64, f64)>,
     stored: u64,
+    peak_active_blocks: u32,
 }
 
 impl Dispatcher for Recorder {
     fn on_arrival(&mut self, now_ms: f64, req: &SimRequest) -> Dispatch {
         self.inner.on_arrival(now_ms, req)
+    }
+    fn on_worker_load(&mut self, _now_ms: f64, _worker: u32, load: WorkerLoadSample) {
+        assert!(load.active_blocks + load.inactive_blocks <= 16_384);
+        self.peak_active_blocks = self.peak_active_blocks.max(load.active_blocks);
     }
     fn on_kv_event(&mut self, now_ms: f64, worker: u32, event_id: u64, event: &KvEvent) {
         self.seen.push((worker, event_id, now_ms));
@@ -116,6 +123,7 @@ fn kv_events_arrive_after_the_lag_in_order() {
             inner: rr(2),
             seen: Vec::new(),
             stored: 0,
+            peak_active_blocks: 0,
         };
         let cfg = ReplayConfig {
             workers: 2,
@@ -125,6 +133,10 @@ fn kv_events_arrive_after_the_lag_in_order() {
         let report = replay(&cfg, &reqs, &mut d).unwrap();
         let stored: u64 = report.workers.iter().map(|w| w.engine.stored_blocks).sum();
         assert_eq!(d.stored, stored, "every stored block is delivered");
+        assert!(
+            d.peak_active_blocks > 100,
+            "load samples show the running prompts"
+        );
         for w in 0..2 {
             // Delivery order per worker is event-id order, with none missing.
             let ids: Vec<u64> = d.seen.iter().filter(|e| e.0 == w).map(|e| e.1).collect();
