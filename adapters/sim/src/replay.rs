@@ -40,9 +40,9 @@ pub struct SimRequest {
 /// A dispatcher's answer for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dispatch {
-    /// Serve it on this worker.
+    /// Serve it on this worker (which must have the aggregated role).
     To(u32),
-    /// Prefill on one worker, then hand the KV to another for decode.
+    /// Prefill on a prefill-role worker, then hand the KV to a decode-role worker.
     Split {
         /// Prefill worker.
         prefill: u32,
@@ -71,7 +71,8 @@ pub trait Dispatcher {
     /// A request's prompt is computed on `worker` (its first token exists).
     fn on_prefill_done(&mut self, _now_ms: f64, _worker: u32, _req_id: u64) {}
 
-    /// A request left `worker` (finished there, or handed off after prefill).
+    /// A request left `worker`: finished there, handed off after prefill, or refused by
+    /// its engine at submission (too long for the pool).
     fn on_finished(&mut self, _now_ms: f64, _worker: u32, _req_id: u64) {}
 
     /// A worker's load after one of its pass boundaries (delivered without lag, as a
@@ -158,7 +159,8 @@ pub struct ReplayReport {
     pub steps: u64,
     /// Stopped at `steps_max` with work left.
     pub truncated: bool,
-    /// Dispatcher answers naming an unknown worker or request (treated as rejects).
+    /// Dispatcher answers naming an unknown worker or request, or a worker of the
+    /// wrong role (treated as rejects).
     pub invalid_dispatches: u64,
     /// Per-request records, in input order.
     pub records: Vec<RequestRecord>,
@@ -425,11 +427,19 @@ impl<D: Dispatcher> Loop<'_, D> {
         }
     }
 
+    fn role(&self, w: u32) -> Option<EngineRole> {
+        self.engines.get(w as usize).map(|e| e.config().role)
+    }
+
     fn dispatch(&mut self, now: f64, i: usize, decision: Dispatch) {
-        let n = self.engines.len() as u32;
         match decision {
-            Dispatch::To(w) if w < n => self.submit(now, i, w, Leg::Whole),
-            Dispatch::Split { prefill, decode } if prefill < n && decode < n => {
+            Dispatch::To(w) if self.role(w) == Some(EngineRole::Aggregated) => {
+                self.submit(now, i, w, Leg::Whole)
+            }
+            Dispatch::Split { prefill, decode }
+                if self.role(prefill) == Some(EngineRole::Prefill)
+                    && self.role(decode) == Some(EngineRole::Decode) =>
+            {
                 self.submit(now, i, prefill, Leg::Prefill { decode })
             }
             Dispatch::Queued => self.queued += 1,
@@ -443,6 +453,7 @@ impl<D: Dispatcher> Loop<'_, D> {
 
     fn submit(&mut self, now: f64, i: usize, w: u32, leg: Leg) {
         let r = &self.reqs[i];
+        let r_id = r.id;
         let req = EngineRequest {
             id: r.id,
             prompt: r.prompt.clone(),
@@ -456,7 +467,11 @@ impl<D: Dispatcher> Loop<'_, D> {
                 self.records[i].worker = Some(w);
                 self.reschedule(w);
             }
-            Err(_) => self.records[i].rejected = true,
+            Err(_) => {
+                self.records[i].rejected = true;
+                // The dispatcher counted it against `w`; tell it the request left.
+                self.d.on_finished(now, w, r_id);
+            }
         }
     }
 

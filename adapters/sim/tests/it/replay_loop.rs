@@ -1,7 +1,7 @@
 //! The replay loop: determinism, event lag, queueing dispatchers and timeouts,
 //! rejections, prefill/decode splits, the step bound.
 
-use kvroute_sim::engine::{EngineRole, KvEvent};
+use kvroute_sim::engine::{EngineConfig, EngineRole, KvEvent};
 use kvroute_sim::replay::{
     replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample,
 };
@@ -301,4 +301,68 @@ fn step_bound_stops_a_long_run() {
     assert!(report.truncated);
     assert_eq!(report.steps, 100);
     assert!(report.summary.unfinished > 0);
+}
+
+/// Sends everything to one worker and counts what comes back.
+struct Fixed {
+    to: Dispatch,
+    finished: u64,
+}
+
+impl Dispatcher for Fixed {
+    fn on_arrival(&mut self, _now_ms: f64, _req: &SimRequest) -> Dispatch {
+        self.to
+    }
+    fn on_finished(&mut self, _now_ms: f64, _worker: u32, _req_id: u64) {
+        self.finished += 1;
+    }
+}
+
+#[test]
+fn wrong_roles_are_invalid_and_engine_refusals_are_reported() {
+    let reqs = fixture(10, 1.0);
+    let split = ReplayConfig {
+        workers: 2,
+        roles: vec![EngineRole::Prefill, EngineRole::Decode],
+        ..ReplayConfig::default()
+    };
+    for to in [
+        Dispatch::To(0),
+        Dispatch::Split {
+            prefill: 1,
+            decode: 0,
+        },
+        Dispatch::To(9),
+    ] {
+        let mut d = Fixed { to, finished: 0 };
+        let report = replay(&split, &reqs, &mut d).unwrap();
+        assert_eq!(
+            (report.invalid_dispatches, report.summary.rejected),
+            (10, 10),
+            "{to:?}"
+        );
+        assert_eq!(d.finished, 0);
+    }
+    // A pool of 4 blocks of 64 tokens cannot hold any of these prompts.
+    let tiny = ReplayConfig {
+        workers: 1,
+        engine: EngineConfig {
+            blocks_per_worker: 4,
+            ..EngineConfig::default()
+        },
+        ..ReplayConfig::default()
+    };
+    let mut d = Fixed {
+        to: Dispatch::To(0),
+        finished: 0,
+    };
+    let report = replay(&tiny, &reqs, &mut d).unwrap();
+    assert_eq!(
+        (
+            report.invalid_dispatches,
+            report.summary.rejected,
+            d.finished
+        ),
+        (0, 10, 10)
+    );
 }
