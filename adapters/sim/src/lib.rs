@@ -1,1 +1,30 @@
-//! Placeholder.
+//! `kvroute-sim` simulates a fleet of LLM inference workers so routing policies can be
+//! compared offline, deterministically, and fast.
+//!
+//! It models each worker the way NVIDIA Dynamo's mocker does (vLLM v1 style: paged KV
+//! blocks with prefix caching and LRU eviction, chunked prefill, LIFO preemption, a
+//! polynomial timing model), reads Mooncake-format traces or generates synthetic ones,
+//! replays them through any [`replay::Dispatcher`] on virtual time, and reports TTFT,
+//! ITL, throughput and prefix reuse. It does no I/O of its own and reads no clock; the
+//! same inputs give byte-identical reports.
+//!
+//! What it leaves to others: the routing policy (a `Dispatcher` implementation, e.g.
+//! router-core's façade in another crate), file handling, and plotting.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod ceiling;
+pub mod engine;
+pub mod prompt;
+pub mod replay;
+pub mod rng;
+pub mod stats;
+pub mod synth;
+pub mod trace;
+
+pub use engine::{Engine, EngineConfig, EngineOutput, EngineRequest, EngineRole, KvEvent};
+pub use prompt::Prompt;
+pub use replay::{
+    replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest, WorkerLoadSample,
+};
+pub use stats::{RequestRecord, Summary};

@@ -1,0 +1,7 @@
+//! Integration tests for kvroute-sim, one module per feature.
+
+mod common;
+mod engine_behaviour;
+mod replay_loop;
+mod scenarios;
+mod seeded;
