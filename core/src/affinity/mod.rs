@@ -21,7 +21,7 @@ use crate::types::{DpRank, Phase, WorkerId};
 
 mod table;
 
-pub use table::AffinityTable;
+pub use table::{AffinityTable, EXPIRE_PER_CALL_MAX};
 
 /// How strongly a binding holds.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -30,8 +30,9 @@ pub enum AffinityMode {
     #[default]
     Hard,
     /// The binding is a preference, kept only while the worker stays eligible. The table
-    /// does not check eligibility; the façade reads [`AffinityTable::mode`] and
-    /// invalidates a binding whose worker it would not pick.
+    /// does not check eligibility; the façade reads [`AffinityTable::mode`], and when a
+    /// [`Acquire::Bound`] names a worker it would not pick, releases that lease,
+    /// invalidates the binding's revision and acquires again to initialize afresh.
     Soft,
 }
 
