@@ -1,0 +1,252 @@
+//! The block arena: every block some worker holds, in arrival order, with its holder
+//! set, plus a [`SlotTable`] from sequence hash to arena slot.
+//!
+//! Blocks stored by one event land in consecutive slots, so a later walk along the same
+//! chain (a query, or an event re-stating a prefix) finds the next block by comparing
+//! the next slot's hash instead of probing the table. Where a chain continues in another
+//! event's slots, the slot it left remembers where it went (`next`), which saves the
+//! probe when the walk follows the same branch again. A walk reads 8 bytes per block
+//! (the hash) plus one bit (where the holder set changes).
+//!
+//! A block whose last holder leaves becomes a dead slot. When dead slots outnumber live
+//! ones, [`Blocks::compact_if_sparse`] squeezes them out in one pass, keeping order.
+
+use alloc::vec::Vec;
+
+use super::sets::{mix, SetId, EMPTY};
+use super::table::{SlotTable, SLOT_MAX};
+
+/// "No hint" in [`Blocks::next`].
+const NO_NEXT: u32 = u32::MAX;
+
+/// Dead slots tolerated before compaction, whatever the live count (tiny in tests, so
+/// that model tests compact often).
+const DEAD_SLOTS_MIN: usize = if cfg!(test) { 2 } else { 4096 };
+
+/// The arena, one entry per slot in each array, and the table.
+pub(crate) struct Blocks {
+    /// Sequence hash per slot (kept after death; a dead slot's set is [`EMPTY`]).
+    pub(crate) seqs: Vec<u64>,
+    /// Holder set per slot; [`EMPTY`] marks a dead slot.
+    pub(crate) sets: Vec<SetId>,
+    /// Per slot, a slot where some stored chain continued after it (a hint: verify).
+    next: Vec<u32>,
+    /// One bit per slot: set where a run of equal live holder sets starts (slot 0, a
+    /// dead slot, or a set unlike the previous slot's), so a walk finds how far its run
+    /// goes from the bits alone and compares only hashes inside it.
+    cuts: Vec<u64>,
+    table: SlotTable,
+    seed: u64,
+}
+
+/// Where a block lives, or the table tag to insert it under.
+pub(crate) type Located = Result<u32, u32>;
+
+impl Blocks {
+    pub(crate) fn new(seed: u64) -> Self {
+        Blocks {
+            seqs: Vec::new(),
+            sets: Vec::new(),
+            next: Vec::new(),
+            cuts: Vec::new(),
+            table: SlotTable::new(),
+            seed,
+        }
+    }
+
+    /// Arena slots, live or dead.
+    pub(crate) fn slots(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Live blocks.
+    pub(crate) fn live(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The table tag of `seq`.
+    pub(crate) fn tag(&self, seq: u64) -> u32 {
+        (mix(self.seed, seq) >> 32) as u32
+    }
+
+    /// Loads the table lines of `seqs` all at once, so that the lookups that follow
+    /// find them cached instead of waiting for each miss in turn.
+    pub(crate) fn preload(&self, seqs: impl Iterator<Item = u64>) {
+        let acc = seqs.fold(0, |acc, seq| acc ^ self.table.home_word(self.tag(seq)));
+        core::hint::black_box(acc);
+    }
+
+    /// The live slot of `seq`, if any.
+    pub(crate) fn locate(&self, seq: u64) -> Option<u32> {
+        self.locate_tagged(seq, self.tag(seq))
+    }
+
+    fn locate_tagged(&self, seq: u64, tag: u32) -> Option<u32> {
+        let seqs = &self.seqs;
+        self.table.find(tag, |s| seqs[s as usize] == seq)
+    }
+
+    /// Whether slot `s` exists, is live, and holds `seq`.
+    pub(crate) fn is_live_at(&self, s: u32, seq: u64) -> bool {
+        let s = s as usize;
+        s < self.seqs.len() && self.seqs[s] == seq && self.sets[s] != EMPTY
+    }
+
+    /// How many slots from `s` on (at most `max`) continue the run of slot `s - 1`:
+    /// live, with the same holder set.
+    pub(crate) fn run_room(&self, s: usize, max: usize) -> usize {
+        let end = self.seqs.len().min(s.saturating_add(max));
+        let mut i = s;
+        while i < end {
+            let w = i / 64;
+            let bits = self.cuts[w] >> (i % 64);
+            if bits != 0 {
+                return (i + bits.trailing_zeros() as usize).min(end) - s;
+            }
+            i = (w + 1) * 64;
+        }
+        end.saturating_sub(s)
+    }
+
+    /// Sets the holder set of slot `s`, keeping the run bits right.
+    pub(crate) fn set_holders(&mut self, s: usize, id: SetId) {
+        self.sets[s] = id;
+        self.update_cut(s);
+        self.update_cut(s + 1);
+    }
+
+    fn update_cut(&mut self, s: usize) {
+        if s >= self.sets.len() {
+            return;
+        }
+        let cut = s == 0 || self.sets[s] == EMPTY || self.sets[s] != self.sets[s - 1];
+        let bit = 1u64 << (s % 64);
+        if cut {
+            self.cuts[s / 64] |= bit;
+        } else {
+            self.cuts[s / 64] &= !bit;
+        }
+    }
+
+    /// The live slot of `seq` for a walk that is at slot `prev`: tries the slot after
+    /// it, then its hint, then the table. `Err(tag)` if absent.
+    pub(crate) fn find_after(&self, seq: u64, prev: Option<u32>) -> Located {
+        match self.follow(seq, prev) {
+            Some(s) => Ok(s),
+            None => self.lookup(seq),
+        }
+    }
+
+    /// The slot after `prev`, or its hint, if it is `seq`'s live slot.
+    pub(crate) fn follow(&self, seq: u64, prev: Option<u32>) -> Option<u32> {
+        let p = prev?;
+        let after = p.wrapping_add(1);
+        if self.is_live_at(after, seq) {
+            return Some(after);
+        }
+        let hint = self.next[p as usize];
+        (hint != NO_NEXT && self.is_live_at(hint, seq)).then_some(hint)
+    }
+
+    /// The live slot of `seq` from the table; `Err(tag)` if absent.
+    pub(crate) fn lookup(&self, seq: u64) -> Located {
+        let tag = self.tag(seq);
+        self.locate_tagged(seq, tag).ok_or(tag)
+    }
+
+    /// Like [`Blocks::find_after`], but also tries the slot before `near` (removals
+    /// often list a chain last block first).
+    pub(crate) fn locate_near(&self, seq: u64, near: Option<u32>) -> Option<u32> {
+        if let Some(before) = near.and_then(|n| n.checked_sub(1)) {
+            if self.is_live_at(before, seq) {
+                return Some(before);
+            }
+        }
+        self.find_after(seq, near).ok()
+    }
+
+    /// Records that a chain went from slot `from` to slot `to`.
+    pub(crate) fn link(&mut self, from: Option<u32>, to: u32) {
+        if let Some(f) = from {
+            if f.wrapping_add(1) != to {
+                self.next[f as usize] = to;
+            }
+        }
+    }
+
+    /// Appends a block, known absent (`tag` from [`Blocks::find_after`]), as a new live
+    /// slot with holder set `set`. `None` when the arena is full.
+    pub(crate) fn push(&mut self, seq: u64, tag: u32, set: SetId) -> Option<u32> {
+        let slot = u32::try_from(self.seqs.len())
+            .ok()
+            .filter(|&s| s <= SLOT_MAX)?;
+        self.table.insert(tag, slot);
+        self.seqs.push(seq);
+        self.sets.push(set);
+        self.next.push(NO_NEXT);
+        if self.cuts.len() * 64 < self.seqs.len() {
+            self.cuts.push(0);
+        }
+        self.update_cut(slot as usize);
+        Some(slot)
+    }
+
+    /// Marks live slot `s` dead and drops it from the table.
+    pub(crate) fn kill(&mut self, s: u32) {
+        self.set_holders(s as usize, EMPTY);
+        self.table.remove(self.tag(self.seqs[s as usize]), s);
+    }
+
+    /// Squeezes out dead slots once they outnumber live ones, keeping slot order (so
+    /// chains stay consecutive). Work is linear in the arena; it runs at most once per
+    /// `live` deaths, so it is amortised O(1) per removed block.
+    pub(crate) fn compact_if_sparse(&mut self) {
+        let dead = self.slots() - self.live();
+        if dead < DEAD_SLOTS_MIN || dead <= self.live() {
+            return;
+        }
+        // New slot of each old slot: its rank among live slots.
+        let mut remap = Vec::with_capacity(self.slots());
+        let mut w = 0;
+        for r in 0..self.slots() {
+            if self.sets[r] == EMPTY {
+                remap.push(NO_NEXT);
+                continue;
+            }
+            remap.push(w as u32);
+            self.seqs[w] = self.seqs[r];
+            self.sets[w] = self.sets[r];
+            self.next[w] = self.next[r];
+            w += 1;
+        }
+        shorten(&mut self.seqs, w);
+        shorten(&mut self.sets, w);
+        shorten(&mut self.next, w);
+        for n in &mut self.next {
+            if *n != NO_NEXT {
+                *n = remap[*n as usize];
+            }
+        }
+        self.cuts.clear();
+        self.cuts.resize(w.div_ceil(64), 0);
+        for s in 0..w {
+            self.update_cut(s);
+        }
+        self.table.remap(|s| remap[s as usize]);
+        self.table.shrink_if_sparse();
+    }
+
+    /// Heap bytes held by the arena and the table.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.seqs.capacity() * 8
+            + (self.sets.capacity() + self.next.capacity()) * 4
+            + self.cuts.capacity() * 8
+            + self.table.heap_bytes()
+    }
+}
+
+/// Truncates `v` to `len` and gives back most of the spare capacity.
+fn shorten<T>(v: &mut Vec<T>, len: usize) {
+    v.truncate(len);
+    v.shrink_to(len + len / 4);
+}

@@ -1,0 +1,56 @@
+//! Model test of the slot table with a tiny tag space, so that tags collide, buckets
+//! overflow into their neighbours and tombstones pile up.
+
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+
+use proptest::prelude::*;
+
+use super::super::table::SlotTable;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(u32, u32),
+    Remove(u32),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    // Tags share their top bits (one home bucket for small tables) or differ.
+    let tag = prop_oneof![(0u32..4).prop_map(|t| t << 28), 0u32..4, any::<u32>()];
+    let op = prop_oneof![2 => (0u32..300, tag).prop_map(|(s, t)| Op::Insert(s, t)), 1 => (0u32..300).prop_map(Op::Remove)];
+    proptest::collection::vec(op, 0..400)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn slot_table_agrees_with_a_map(ops in ops()) {
+        let mut table = SlotTable::new();
+        let mut model: BTreeMap<u32, u32> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Insert(slot, tag) => {
+                    if let alloc::collections::btree_map::Entry::Vacant(e) = model.entry(slot) {
+                        e.insert(tag);
+                        table.insert(tag, slot);
+                    }
+                }
+                Op::Remove(slot) => {
+                    if let Some(tag) = model.remove(&slot) {
+                        table.remove(tag, slot);
+                    }
+                }
+            }
+            prop_assert_eq!(table.len(), model.len());
+        }
+        for slot in 0..300u32 {
+            for tag in [0, 1 << 28, 2, 3 << 28] {
+                let want = (model.get(&slot) == Some(&tag)).then_some(slot);
+                prop_assert_eq!(table.find(tag, |s| s == slot), want);
+            }
+            if let Some(&tag) = model.get(&slot) {
+                prop_assert_eq!(table.find(tag, |s| s == slot), Some(slot));
+            }
+        }
+    }
+}
