@@ -1,0 +1,453 @@
+//! The load tracker: the work the router has sent to each worker and not yet seen finish.
+//!
+//! Every routed request is a *booking* named by its [`RequestId`] and [`Phase`] and held
+//! on one [`WorkerKey`]. A booking carries the request's uncached prompt tokens until its
+//! prefill is done, and (except for [`Phase::Prefill`] bookings) the KV blocks it keeps
+//! alive while decoding: its prompt blocks, counted once per worker however many requests
+//! share them, plus its output blocks. [`LoadTracker::load`] sums them per worker for
+//! selection to weigh.
+//!
+//! What it leaves to others: choosing a worker (`select`), learning what a worker has
+//! cached (`index`), and noticing that a request finished (the adapter calls
+//! [`LoadTracker::free`]). Because a lost `free` would otherwise leak load forever, every
+//! booking expires `request_age_max_ms` after it was made.
+//!
+//! Calling order, as for every sans-IO type in this crate: feed inputs (`add`,
+//! `prefill_done`, `decode_progress`, `free`, `remove_worker`, `handle_timeout`), then
+//! drain [`LoadTracker::poll_expired`] until `None`, then sleep until
+//! [`LoadTracker::poll_timeout`]. An operation on an id the tracker does not hold is a
+//! counted no-op that returns [`LoadError::UnknownRequest`], never a panic.
+
+mod hasher;
+
+use crate::hash::{BlockSize, SeqHash};
+use crate::time::Instant;
+use crate::types::{Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+use core::fmt;
+use hashbrown::HashMap;
+use hasher::SeededState;
+
+/// Prompt blocks kept per booking; blocks past this many are ignored (and counted in
+/// [`LoadStats::blocks_truncated`]). 65,536 blocks is four million tokens at 64 per block.
+pub const BLOCKS_MAX_PER_REQUEST: usize = 1 << 16;
+
+/// Bookings one [`LoadTracker::handle_timeout`] call expires at most. If more are due,
+/// [`LoadTracker::poll_timeout`] returns a deadline already past, so the caller comes back.
+pub const EXPIRE_PER_CALL_MAX: usize = 1024;
+
+/// Expiry reports kept for [`LoadTracker::poll_expired`]; when the caller does not drain
+/// them, the oldest are dropped and counted in [`LoadStats::expired_unreported`].
+pub const EXPIRED_QUEUE_MAX: usize = 4096;
+
+/// Limits and seeds of a [`LoadTracker`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadConfig {
+    /// A booking older than this is dropped as if freed. Default 600,000 (ten minutes).
+    pub request_age_max_ms: u64,
+    /// Live bookings at most; [`LoadTracker::add`] refuses more. Default 1,048,576.
+    pub requests_max: usize,
+    /// Seed of the tracker's hash tables. Default 0; set a secret one in production.
+    pub hash_seed: u64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            request_age_max_ms: 600_000,
+            requests_max: 1 << 20,
+            hash_seed: 0,
+        }
+    }
+}
+
+/// Why a load-tracker operation changed nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// No booking with this id and phase (never added, already freed, or expired).
+    UnknownRequest {
+        /// The request named.
+        req: RequestId,
+        /// The phase named.
+        phase: Phase,
+    },
+    /// A booking with this id and phase already exists; the first one stands.
+    DuplicateRequest {
+        /// The request named.
+        req: RequestId,
+        /// The phase named.
+        phase: Phase,
+    },
+    /// The tracker already holds `requests_max` bookings.
+    TableFull {
+        /// The configured limit.
+        requests_max: usize,
+    },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::UnknownRequest { req, phase } => {
+                write!(f, "no {phase} booking for request {}", req.0)
+            }
+            LoadError::DuplicateRequest { req, phase } => {
+                write!(f, "request {} already has a {phase} booking", req.0)
+            }
+            LoadError::TableFull { requests_max } => {
+                write!(f, "load tracker full ({requests_max} bookings)")
+            }
+        }
+    }
+}
+
+/// Counters of what the tracker refused or dropped, for metrics.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct LoadStats {
+    /// Operations naming a booking the tracker does not hold.
+    pub unknown_request: u64,
+    /// `add` calls for a booking that already exists.
+    pub duplicate_request: u64,
+    /// `add` calls refused because the table was full.
+    pub table_full: u64,
+    /// Bookings dropped for age.
+    pub expired: u64,
+    /// Expiry reports dropped because nobody drained [`LoadTracker::poll_expired`].
+    pub expired_unreported: u64,
+    /// Prompt blocks ignored past [`BLOCKS_MAX_PER_REQUEST`].
+    pub blocks_truncated: u64,
+}
+
+/// One live booking.
+struct Booking {
+    key: WorkerKey,
+    /// Prompt blocks (empty for prefill bookings, which hold no decode blocks).
+    blocks: Vec<SeqHash>,
+    /// Uncached prompt tokens still to prefill.
+    prefill_tokens: u32,
+    expected_output_blocks: u32,
+    /// Output blocks generated so far.
+    output_blocks: u32,
+    /// Key of this booking in the expiry table.
+    expiry: (Instant, u64),
+}
+
+impl Booking {
+    /// Output blocks this booking counts as decode load: the prediction until generation
+    /// overtakes it. Zero for prefill bookings.
+    fn output_load(&self, phase: Phase) -> u64 {
+        if phase == Phase::Prefill {
+            return 0;
+        }
+        u64::from(self.expected_output_blocks.max(self.output_blocks))
+    }
+}
+
+/// The load on one worker key.
+struct KeyLoad {
+    /// Wider than [`WorkerLoad::active_requests`] so counting never saturates.
+    requests: u64,
+    prefill_tokens: u64,
+    output_blocks: u64,
+    /// Prompt block → number of bookings on this key holding it.
+    blocks: HashMap<SeqHash, u32, SeededState>,
+}
+
+impl KeyLoad {
+    fn load(&self) -> WorkerLoad {
+        WorkerLoad {
+            active_prefill_tokens: self.prefill_tokens,
+            active_decode_blocks: self.blocks.len() as u64 + self.output_blocks,
+            active_requests: u32::try_from(self.requests).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Tracks in-flight load per worker key. See the [module docs](self) for the contract.
+pub struct LoadTracker {
+    cfg: LoadConfig,
+    bookings: HashMap<(RequestId, Phase), Booking, SeededState>,
+    keys: HashMap<WorkerKey, KeyLoad, SeededState>,
+    /// (deadline, insertion number) → booking; ordered, so expiry order is deterministic.
+    expiry: BTreeMap<(Instant, u64), (RequestId, Phase)>,
+    next_seq: u64,
+    expired: VecDeque<(RequestId, Phase)>,
+    stats: LoadStats,
+}
+
+impl LoadTracker {
+    /// An empty tracker.
+    pub fn new(cfg: LoadConfig) -> Self {
+        let state = SeededState(cfg.hash_seed);
+        LoadTracker {
+            cfg,
+            bookings: HashMap::with_hasher(state),
+            keys: HashMap::with_hasher(state),
+            expiry: BTreeMap::new(),
+            next_seq: 0,
+            expired: VecDeque::new(),
+            stats: LoadStats::default(),
+        }
+    }
+
+    /// Books request `req` for `phase` on `key`.
+    ///
+    /// `prefill_tokens` is the prompt's uncached tokens. `blocks` are the prompt's
+    /// full-block sequence hashes: they become decode blocks on `key`, a block held by
+    /// several bookings on the same key counted once. `expected_output_blocks` is the
+    /// predicted output length in blocks (0 if unknown); it counts as decode load until
+    /// generation overtakes it. A [`Phase::Prefill`] booking holds prefill tokens and a
+    /// request slot but no decode blocks. Work is linear in `blocks.len()`, capped at
+    /// [`BLOCKS_MAX_PER_REQUEST`]. The booking expires `request_age_max_ms` after `now`.
+    #[allow(clippy::too_many_arguments)] // Mirrors the booking's fields one to one.
+    pub fn add(
+        &mut self,
+        now: Instant,
+        req: RequestId,
+        phase: Phase,
+        key: WorkerKey,
+        blocks: &[SeqHash],
+        prefill_tokens: u32,
+        expected_output_blocks: u32,
+    ) -> Result<(), LoadError> {
+        if self.bookings.contains_key(&(req, phase)) {
+            self.stats.duplicate_request += 1;
+            return Err(LoadError::DuplicateRequest { req, phase });
+        }
+        if self.bookings.len() >= self.cfg.requests_max {
+            self.stats.table_full += 1;
+            return Err(LoadError::TableFull {
+                requests_max: self.cfg.requests_max,
+            });
+        }
+        let blocks = if phase == Phase::Prefill {
+            &[][..]
+        } else {
+            self.capped(blocks)
+        };
+        let expiry = (now.add_ms(self.cfg.request_age_max_ms), self.next_seq);
+        self.next_seq += 1;
+        let booking = Booking {
+            key,
+            blocks: blocks.to_vec(),
+            prefill_tokens,
+            expected_output_blocks,
+            output_blocks: 0,
+            expiry,
+        };
+        let state = SeededState(self.cfg.hash_seed);
+        let kl = self.keys.entry(key).or_insert_with(|| KeyLoad {
+            requests: 0,
+            prefill_tokens: 0,
+            output_blocks: 0,
+            blocks: HashMap::with_hasher(state),
+        });
+        kl.requests += 1;
+        kl.prefill_tokens += u64::from(prefill_tokens);
+        kl.output_blocks += booking.output_load(phase);
+        for &b in blocks {
+            *kl.blocks.entry(b).or_insert(0) += 1;
+        }
+        self.expiry.insert(expiry, (req, phase));
+        self.bookings.insert((req, phase), booking);
+        Ok(())
+    }
+
+    /// The booking's prefill finished: its prefill tokens drop to zero.
+    pub fn prefill_done(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
+        let Some(b) = self.bookings.get_mut(&(req, phase)) else {
+            return Err(self.unknown(req, phase));
+        };
+        if let Some(kl) = self.keys.get_mut(&b.key) {
+            kl.prefill_tokens -= u64::from(b.prefill_tokens);
+        }
+        b.prefill_tokens = 0;
+        Ok(())
+    }
+
+    /// The booking has generated `output_tokens` tokens in total so far.
+    ///
+    /// Output blocks are `ceil(output_tokens / block_size)`, since a partly filled block
+    /// is allocated all the same; a count lower than one already seen is ignored. Any
+    /// output implies the prefill finished, so a positive count also clears the prefill
+    /// tokens, which keeps a lost `prefill_done` from inflating the load.
+    pub fn decode_progress(
+        &mut self,
+        req: RequestId,
+        phase: Phase,
+        output_tokens: u32,
+        block_size: BlockSize,
+    ) -> Result<(), LoadError> {
+        let Some(b) = self.bookings.get_mut(&(req, phase)) else {
+            return Err(self.unknown(req, phase));
+        };
+        let Some(kl) = self.keys.get_mut(&b.key) else {
+            return Ok(()); // Unreachable: every booking's key has a KeyLoad.
+        };
+        if output_tokens > 0 {
+            kl.prefill_tokens -= u64::from(b.prefill_tokens);
+            b.prefill_tokens = 0;
+        }
+        let generated = output_tokens.div_ceil(block_size.tokens());
+        if generated > b.output_blocks {
+            kl.output_blocks -= b.output_load(phase);
+            b.output_blocks = generated;
+            kl.output_blocks += b.output_load(phase);
+        }
+        Ok(())
+    }
+
+    /// The request finished: drops the booking and everything it held.
+    pub fn free(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
+        let Some(b) = self.bookings.remove(&(req, phase)) else {
+            return Err(self.unknown(req, phase));
+        };
+        self.expiry.remove(&b.expiry);
+        self.unbook(phase, &b);
+        Ok(())
+    }
+
+    /// Drops every booking on any rank of `worker` and returns how many there were.
+    /// Dropped bookings are not reported as expired. Work is linear in the live bookings.
+    pub fn remove_worker(&mut self, worker: WorkerId) -> usize {
+        let gone: Vec<_> = self
+            .bookings
+            .extract_if(|_, b| b.key.worker == worker)
+            .collect();
+        for ((_, phase), b) in &gone {
+            self.expiry.remove(&b.expiry);
+            self.unbook(*phase, b);
+        }
+        gone.len()
+    }
+
+    /// The load on `key` (all zero for a key with no bookings).
+    pub fn load(&self, key: WorkerKey) -> WorkerLoad {
+        self.keys.get(&key).map(KeyLoad::load).unwrap_or_default()
+    }
+
+    /// How many of `blocks` are not already decode blocks on `key`: the decode blocks an
+    /// aggregated or decode booking of them would add. Blocks are assumed distinct, as a
+    /// prompt's sequence hashes are. Linear in `blocks.len()`, capped like [`Self::add`].
+    pub fn new_blocks(&self, key: WorkerKey, blocks: &[SeqHash]) -> u32 {
+        let blocks = &blocks[..blocks.len().min(BLOCKS_MAX_PER_REQUEST)];
+        let fresh = match self.keys.get(&key) {
+            None => blocks.len(),
+            Some(kl) => blocks
+                .iter()
+                .filter(|b| !kl.blocks.contains_key(*b))
+                .count(),
+        };
+        // The cap keeps this within u32.
+        fresh as u32
+    }
+
+    /// The key a booking sits on, if the tracker holds it.
+    pub fn booking(&self, req: RequestId, phase: Phase) -> Option<WorkerKey> {
+        self.bookings.get(&(req, phase)).map(|b| b.key)
+    }
+
+    /// When the oldest booking expires; `None` when there are no bookings.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.expiry
+            .first_key_value()
+            .map(|(&(deadline, _), _)| deadline)
+    }
+
+    /// Expires bookings whose deadline is at or before `now`, oldest first, at most
+    /// [`EXPIRE_PER_CALL_MAX`] per call (call again while `poll_timeout() <= now`).
+    /// Each expiry is reported through [`Self::poll_expired`]. Harmless when nothing is due
+    /// or when `now` went backwards.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for _ in 0..EXPIRE_PER_CALL_MAX {
+            let Some(entry) = self.expiry.first_entry() else {
+                return;
+            };
+            if entry.key().0 > now {
+                return;
+            }
+            let (req, phase) = entry.remove();
+            if let Some(b) = self.bookings.remove(&(req, phase)) {
+                self.unbook(phase, &b);
+            }
+            self.stats.expired += 1;
+            if self.expired.len() >= EXPIRED_QUEUE_MAX {
+                self.expired.pop_front();
+                self.stats.expired_unreported += 1;
+            }
+            self.expired.push_back((req, phase));
+        }
+    }
+
+    /// The next booking dropped for age, oldest first. Drain until `None`.
+    #[must_use]
+    pub fn poll_expired(&mut self) -> Option<(RequestId, Phase)> {
+        self.expired.pop_front()
+    }
+
+    /// Live bookings.
+    pub fn len(&self) -> usize {
+        self.bookings.len()
+    }
+
+    /// Whether there are no live bookings.
+    pub fn is_empty(&self) -> bool {
+        self.bookings.is_empty()
+    }
+
+    /// The refusal and expiry counters.
+    pub fn stats(&self) -> LoadStats {
+        self.stats
+    }
+
+    /// The load summed over every key. Linear in the number of keys; meant for checks.
+    pub fn total(&self) -> WorkerLoad {
+        self.keys
+            .values()
+            .map(KeyLoad::load)
+            .fold(WorkerLoad::default(), |acc, l| WorkerLoad {
+                active_prefill_tokens: acc.active_prefill_tokens + l.active_prefill_tokens,
+                active_decode_blocks: acc.active_decode_blocks + l.active_decode_blocks,
+                active_requests: acc.active_requests.saturating_add(l.active_requests),
+            })
+    }
+
+    fn capped<'a>(&mut self, blocks: &'a [SeqHash]) -> &'a [SeqHash] {
+        let keep = blocks.len().min(BLOCKS_MAX_PER_REQUEST);
+        self.stats.blocks_truncated += (blocks.len() - keep) as u64;
+        &blocks[..keep]
+    }
+
+    fn unknown(&mut self, req: RequestId, phase: Phase) -> LoadError {
+        self.stats.unknown_request += 1;
+        LoadError::UnknownRequest { req, phase }
+    }
+
+    /// Takes a removed booking's load off its key, dropping the key when it empties.
+    fn unbook(&mut self, phase: Phase, b: &Booking) {
+        let Some(kl) = self.keys.get_mut(&b.key) else {
+            return;
+        };
+        kl.requests -= 1;
+        kl.prefill_tokens -= u64::from(b.prefill_tokens);
+        kl.output_blocks -= b.output_load(phase);
+        for h in &b.blocks {
+            if let Some(n) = kl.blocks.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    kl.blocks.remove(h);
+                }
+            }
+        }
+        if kl.requests == 0 {
+            self.keys.remove(&b.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod tests;

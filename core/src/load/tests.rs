@@ -1,0 +1,418 @@
+//! Scenario tests: a script of operations, then the load each key should show.
+
+use super::*;
+use alloc::vec;
+use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};
+
+const AGE_MS: u64 = 1000;
+const BS4: BlockSize = match BlockSize::new(4) {
+    Ok(bs) => bs,
+    Err(_) => BlockSize::DEFAULT,
+};
+
+/// One step of a script. Keys are (worker, rank); blocks are raw sequence hashes.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// req, phase, key, blocks, prefill tokens, expected output blocks.
+    Add(u64, Phase, (u64, u32), &'static [u64], u32, u32),
+    PrefillDone(u64, Phase),
+    /// req, phase, output tokens so far (block size 4).
+    Progress(u64, Phase, u32),
+    Free(u64, Phase),
+    RemoveWorker(u64),
+    /// Moves the clock to this many ms and expires everything due.
+    AtMs(u64),
+}
+
+fn key((w, r): (u64, u32)) -> WorkerKey {
+    WorkerKey::new(w, r)
+}
+
+fn tracker() -> LoadTracker {
+    LoadTracker::new(LoadConfig {
+        request_age_max_ms: AGE_MS,
+        requests_max: 8,
+        hash_seed: 99,
+    })
+}
+
+/// A key and its expected (prefill tokens, decode blocks, requests).
+type Want = ((u64, u32), (u64, u64, u32));
+
+/// Runs `ops`, expecting each to succeed, then checks every listed key's load and that
+/// no other key holds any.
+#[track_caller]
+fn check(ops: &[Op], want: &[Want]) {
+    let mut t = tracker();
+    let mut now = Instant::ZERO;
+    for op in ops {
+        let r = match *op {
+            Op::Add(req, phase, k, blocks, prefill, expected) => {
+                let blocks: Vec<SeqHash> = blocks.iter().map(|&h| SeqHash(h)).collect();
+                t.add(
+                    now,
+                    RequestId(req),
+                    phase,
+                    key(k),
+                    &blocks,
+                    prefill,
+                    expected,
+                )
+            }
+            Op::PrefillDone(req, phase) => t.prefill_done(RequestId(req), phase),
+            Op::Progress(req, phase, out) => t.decode_progress(RequestId(req), phase, out, BS4),
+            Op::Free(req, phase) => t.free(RequestId(req), phase),
+            Op::RemoveWorker(w) => {
+                t.remove_worker(WorkerId(w));
+                Ok(())
+            }
+            Op::AtMs(ms) => {
+                now = Instant::from_millis(ms);
+                drain_timeouts(&mut t, now);
+                Ok(())
+            }
+        };
+        assert_eq!(r, Ok(()), "{op:?}");
+    }
+    let mut sum = WorkerLoad::default();
+    for &(k, (prefill, decode, requests)) in want {
+        let got = t.load(key(k));
+        let want = WorkerLoad {
+            active_prefill_tokens: prefill,
+            active_decode_blocks: decode,
+            active_requests: requests,
+        };
+        assert_eq!(got, want, "load of {k:?}");
+        sum.active_prefill_tokens += prefill;
+        sum.active_decode_blocks += decode;
+        sum.active_requests += requests;
+    }
+    assert_eq!(t.total(), sum, "load on keys not listed");
+    assert_eq!(
+        t.len(),
+        sum.active_requests as usize,
+        "bookings vs requests"
+    );
+}
+
+/// Calls `handle_timeout` until nothing is due, as an adapter would; returns the calls made.
+fn drain_timeouts(t: &mut LoadTracker, now: Instant) -> usize {
+    let mut calls = 0;
+    while t.poll_timeout().is_some_and(|d| d <= now) {
+        t.handle_timeout(now);
+        calls += 1;
+        assert!(calls < 10_000, "handle_timeout makes no progress");
+    }
+    while t.poll_expired().is_some() {}
+    calls
+}
+
+#[test]
+fn shared_prompt_blocks_count_once_per_key() {
+    check(
+        &[
+            Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
+            Op::Add(2, Agg, (0, 0), &[1, 2, 4], 7, 0),
+        ],
+        &[((0, 0), (17, 4, 2))],
+    );
+    check(
+        &[
+            Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
+            Op::Add(2, Agg, (0, 1), &[1, 2, 3], 7, 0),
+        ],
+        &[((0, 0), (10, 3, 1)), ((0, 1), (7, 3, 1))],
+    );
+}
+
+#[test]
+fn phases_differ_in_what_they_hold() {
+    // Prefill bookings hold tokens and a slot, never decode blocks; the same request may
+    // hold a prefill and a decode booking at once.
+    check(
+        &[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 5)],
+        &[((0, 0), (8, 0, 1))],
+    );
+    check(
+        &[Op::Add(1, Dec, (0, 0), &[1, 2], 0, 5)],
+        &[((0, 0), (0, 7, 1))],
+    );
+    check(
+        &[
+            Op::Add(1, Pre, (0, 0), &[1, 2], 8, 0),
+            Op::Add(1, Dec, (1, 0), &[1, 2], 0, 0),
+        ],
+        &[((0, 0), (8, 0, 1)), ((1, 0), (0, 2, 1))],
+    );
+}
+
+#[test]
+fn prefill_tokens_drop_when_prefill_ends() {
+    let add = Op::Add(1, Agg, (0, 0), &[1], 100, 0);
+    check(&[add, Op::PrefillDone(1, Agg)], &[((0, 0), (0, 1, 1))]);
+    // First output token implies the prefill ended, even if prefill_done was lost.
+    check(&[add, Op::Progress(1, Agg, 1)], &[((0, 0), (0, 2, 1))]);
+    check(&[add, Op::Progress(1, Agg, 0)], &[((0, 0), (100, 1, 1))]);
+}
+
+#[test]
+fn expected_output_shrinks_as_decode_progresses() {
+    let add = Op::Add(1, Agg, (0, 0), &[1, 2], 0, 3);
+    check(&[add], &[((0, 0), (0, 5, 1))]);
+    // 9 tokens at 4 per block = 3 blocks, exactly the prediction.
+    check(&[add, Op::Progress(1, Agg, 9)], &[((0, 0), (0, 5, 1))]);
+    // 13 tokens = 4 blocks: generation overtook the prediction.
+    check(&[add, Op::Progress(1, Agg, 13)], &[((0, 0), (0, 6, 1))]);
+    // A stale, lower count changes nothing.
+    check(
+        &[add, Op::Progress(1, Agg, 13), Op::Progress(1, Agg, 2)],
+        &[((0, 0), (0, 6, 1))],
+    );
+    // Unknown prediction: output blocks join as they are generated.
+    check(
+        &[Op::Add(1, Agg, (0, 0), &[], 0, 0), Op::Progress(1, Agg, 5)],
+        &[((0, 0), (0, 2, 1))],
+    );
+    // Prefill bookings never hold decode blocks, whatever the progress.
+    check(
+        &[
+            Op::Add(1, Pre, (0, 0), &[1], 4, 2),
+            Op::Progress(1, Pre, 40),
+        ],
+        &[((0, 0), (0, 0, 1))],
+    );
+}
+
+#[test]
+fn free_and_remove_worker_return_load() {
+    let a = Op::Add(1, Agg, (0, 0), &[1, 2], 5, 1);
+    let b = Op::Add(2, Agg, (0, 0), &[2, 3], 5, 1);
+    check(&[a, b, Op::Free(1, Agg)], &[((0, 0), (5, 3, 1))]);
+    check(&[a, b, Op::Free(1, Agg), Op::Free(2, Agg)], &[]);
+    check(
+        &[
+            a,
+            Op::Add(2, Agg, (0, 3), &[1], 1, 0),
+            Op::Add(3, Agg, (1, 0), &[1], 1, 0),
+            Op::RemoveWorker(0),
+        ],
+        &[((1, 0), (1, 1, 1))],
+    );
+}
+
+#[test]
+fn bookings_expire_with_age() {
+    let a = Op::Add(1, Agg, (0, 0), &[1], 5, 0);
+    check(&[a, Op::AtMs(AGE_MS - 1)], &[((0, 0), (5, 1, 1))]);
+    check(&[a, Op::AtMs(AGE_MS)], &[]);
+    // Re-adding after expiry is a fresh booking, aged from its own start.
+    check(
+        &[a, Op::AtMs(AGE_MS), a, Op::AtMs(2 * AGE_MS - 1)],
+        &[((0, 0), (5, 1, 1))],
+    );
+    // The clock going backwards expires nothing and does not panic.
+    check(&[Op::AtMs(5000), a, Op::AtMs(10)], &[((0, 0), (5, 1, 1))]);
+}
+
+#[test]
+fn unknown_ids_and_duplicates_are_counted_no_ops() {
+    let mut t = tracker();
+    let (r, k) = (RequestId(1), WorkerKey::new(0, 0));
+    let unknown = Err(LoadError::UnknownRequest { req: r, phase: Agg });
+    assert_eq!(t.free(r, Agg), unknown);
+    assert_eq!(t.prefill_done(r, Agg), unknown);
+    assert_eq!(t.decode_progress(r, Agg, 3, BS4), unknown);
+    assert_eq!(t.add(Instant::ZERO, r, Agg, k, &[SeqHash(1)], 3, 0), Ok(()));
+    let dup = t.add(Instant::ZERO, r, Agg, k, &[SeqHash(2)], 9, 0);
+    assert_eq!(dup, Err(LoadError::DuplicateRequest { req: r, phase: Agg }));
+    assert_eq!(
+        t.free(r, Dec),
+        Err(LoadError::UnknownRequest { req: r, phase: Dec })
+    );
+    assert_eq!(
+        t.load(k),
+        WorkerLoad {
+            active_prefill_tokens: 3,
+            active_decode_blocks: 1,
+            active_requests: 1
+        }
+    );
+    let s = t.stats();
+    assert_eq!(
+        (s.unknown_request, s.duplicate_request, s.table_full),
+        (4, 1, 0)
+    );
+    assert_eq!(t.remove_worker(WorkerId(7)), 0);
+}
+
+#[test]
+fn table_full_refuses_and_counts() {
+    let mut t = tracker();
+    let k = WorkerKey::new(0, 0);
+    for i in 0..8 {
+        assert_eq!(
+            t.add(Instant::ZERO, RequestId(i), Agg, k, &[], 1, 0),
+            Ok(())
+        );
+    }
+    assert_eq!(
+        t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0),
+        Err(LoadError::TableFull { requests_max: 8 })
+    );
+    assert_eq!((t.len(), t.stats().table_full), (8, 1));
+    assert_eq!(t.free(RequestId(0), Agg), Ok(()));
+    assert_eq!(
+        t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0),
+        Ok(())
+    );
+}
+
+#[test]
+fn new_blocks_counts_what_a_booking_would_add() {
+    let mut t = tracker();
+    let k = WorkerKey::new(0, 0);
+    let hashes = |v: &[u64]| v.iter().map(|&h| SeqHash(h)).collect::<Vec<_>>();
+    assert_eq!(t.new_blocks(k, &hashes(&[1, 2, 3])), 3);
+    t.add(Instant::ZERO, RequestId(1), Agg, k, &hashes(&[1, 2]), 0, 0)
+        .unwrap();
+    for (blocks, want) in [
+        (vec![1, 2, 3], 1),
+        (vec![1, 2], 0),
+        (vec![4, 5], 2),
+        (vec![], 0),
+    ] {
+        let before = t.load(k).active_decode_blocks;
+        assert_eq!(t.new_blocks(k, &hashes(&blocks)), want, "{blocks:?}");
+        // The count must match what booking those blocks actually adds.
+        t.add(Instant::ZERO, RequestId(2), Agg, k, &hashes(&blocks), 0, 0)
+            .unwrap();
+        assert_eq!(
+            t.load(k).active_decode_blocks - before,
+            u64::from(want),
+            "{blocks:?}"
+        );
+        t.free(RequestId(2), Agg).unwrap();
+    }
+    assert_eq!(
+        t.new_blocks(WorkerKey::new(0, 1), &hashes(&[1])),
+        1,
+        "other rank"
+    );
+}
+
+#[test]
+fn clock_jump_expires_everything_with_bounded_work() {
+    let n = 2 * EXPIRE_PER_CALL_MAX + 10;
+    let mut t = LoadTracker::new(LoadConfig {
+        request_age_max_ms: AGE_MS,
+        ..LoadConfig::default()
+    });
+    for i in 0..n as u64 {
+        t.add(
+            Instant::from_millis(i),
+            RequestId(i),
+            Agg,
+            WorkerKey::new(i % 3, 0),
+            &[SeqHash(i % 5)],
+            1,
+            0,
+        )
+        .unwrap();
+    }
+    assert_eq!(t.poll_timeout(), Some(Instant::from_millis(AGE_MS)));
+    let now = Instant::from_millis(1 << 40);
+    t.handle_timeout(now);
+    assert_eq!(
+        t.len(),
+        n - EXPIRE_PER_CALL_MAX,
+        "one call does bounded work"
+    );
+    assert!(
+        t.poll_timeout().is_some_and(|d| d <= now),
+        "more is due, so poll_timeout says so"
+    );
+    // The oldest expire first.
+    assert_eq!(t.poll_expired(), Some((RequestId(0), Agg)));
+    assert_eq!(drain_timeouts(&mut t, now), 2);
+    assert_eq!(
+        (t.len(), t.total(), t.poll_timeout()),
+        (0, WorkerLoad::default(), None)
+    );
+    assert_eq!(t.stats().expired, n as u64);
+}
+
+#[test]
+fn undrained_expiry_reports_are_bounded() {
+    let n = EXPIRED_QUEUE_MAX + 100;
+    let mut t = LoadTracker::new(LoadConfig {
+        request_age_max_ms: 1,
+        ..LoadConfig::default()
+    });
+    for i in 0..n as u64 {
+        t.add(
+            Instant::ZERO,
+            RequestId(i),
+            Dec,
+            WorkerKey::new(0, 0),
+            &[],
+            0,
+            0,
+        )
+        .unwrap();
+    }
+    let now = Instant::from_millis(1);
+    for _ in 0..n.div_ceil(EXPIRE_PER_CALL_MAX) {
+        t.handle_timeout(now);
+    }
+    assert_eq!(t.len(), 0);
+    let mut reported = 0;
+    while t.poll_expired().is_some() {
+        reported += 1;
+    }
+    assert_eq!(reported, EXPIRED_QUEUE_MAX);
+    assert_eq!(t.stats().expired_unreported, 100);
+}
+
+#[test]
+fn overlong_prompts_are_capped() {
+    let mut t = tracker();
+    let blocks: Vec<SeqHash> = (0..BLOCKS_MAX_PER_REQUEST as u64 + 3)
+        .map(SeqHash)
+        .collect();
+    let k = WorkerKey::new(0, 0);
+    assert_eq!(t.new_blocks(k, &blocks), BLOCKS_MAX_PER_REQUEST as u32);
+    t.add(Instant::ZERO, RequestId(1), Agg, k, &blocks, 0, 0)
+        .unwrap();
+    assert_eq!(
+        t.load(k).active_decode_blocks,
+        BLOCKS_MAX_PER_REQUEST as u64
+    );
+    assert_eq!(t.stats().blocks_truncated, 3);
+}
+
+#[test]
+fn errors_display() {
+    let cases = [
+        (
+            LoadError::UnknownRequest {
+                req: RequestId(4),
+                phase: Dec,
+            },
+            "no decode booking for request 4",
+        ),
+        (
+            LoadError::DuplicateRequest {
+                req: RequestId(4),
+                phase: Pre,
+            },
+            "request 4 already has a prefill booking",
+        ),
+        (
+            LoadError::TableFull { requests_max: 8 },
+            "load tracker full (8 bookings)",
+        ),
+    ];
+    for (e, want) in cases {
+        assert_eq!(alloc::format!("{e}"), want);
+    }
+}

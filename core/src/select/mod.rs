@@ -1,0 +1,471 @@
+//! Worker selection: picks one of the eligible candidates for a request.
+//!
+//! A [`Selector`] applies one [`RouterMode`] to a list of [`Candidate`]s, each carrying
+//! its load and its cached prefix for the request, and returns the chosen key with a
+//! per-candidate [`CandidateScore`] for metrics. Randomness comes only from the caller's
+//! [`Draw`], so a decision is a pure function of the request, the candidates, the
+//! draw and the round-robin cursor.
+//!
+//! What it leaves to others: deciding which workers are eligible (`eligible`), measuring
+//! overlap (`index`) and load (`load`), and booking the chosen worker's new load.
+//!
+//! Candidates are considered in [`WorkerKey`] order. Sorted input (the usual case) is used
+//! as is, checked in one pass; unsorted input is copied and sorted first, so the order the
+//! caller happened to build the list in never changes a decision. Work is linear in the
+//! number of candidates (plus the sort when unsorted).
+
+mod cost;
+
+pub use cost::{kv_cost, KvCostConfig, KvCostOverrides};
+
+use crate::hash::BlockSize;
+use crate::mathf;
+use crate::types::{Draw, Overlap, Phase, WorkerKey, WorkerLoad};
+use alloc::borrow::Cow;
+use alloc::vec::Vec;
+use core::cmp::Ordering;
+use core::fmt;
+use core::str::FromStr;
+
+/// How to pick a worker.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum RouterMode {
+    /// Uniformly at random.
+    Random,
+    /// The next candidate after the last one chosen, in key order, wrapping around.
+    RoundRobin,
+    /// The less busy (fewer requests) of two distinct random candidates.
+    PowerOfTwo,
+    /// Fewest running requests, then fewest decode blocks.
+    LeastLoaded,
+    /// At random, in proportion to each candidate's weight.
+    Weighted,
+    /// The worker the request names, if it is a candidate.
+    Direct,
+    /// Lowest kv cost (see [`kv_cost`]), or sampled by it at a positive temperature.
+    Kv,
+}
+
+impl RouterMode {
+    /// Every mode, in declaration order.
+    pub const ALL: [RouterMode; 7] = [
+        RouterMode::Random,
+        RouterMode::RoundRobin,
+        RouterMode::PowerOfTwo,
+        RouterMode::LeastLoaded,
+        RouterMode::Weighted,
+        RouterMode::Direct,
+        RouterMode::Kv,
+    ];
+
+    /// The kebab-case name used in configs and flags.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RouterMode::Random => "random",
+            RouterMode::RoundRobin => "round-robin",
+            RouterMode::PowerOfTwo => "power-of-two",
+            RouterMode::LeastLoaded => "least-loaded",
+            RouterMode::Weighted => "weighted",
+            RouterMode::Direct => "direct",
+            RouterMode::Kv => "kv",
+        }
+    }
+}
+
+impl fmt::Display for RouterMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a router mode name was refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum RouterModeParseError {
+    /// The name is none of the kebab-case mode names.
+    Unknown,
+}
+
+impl fmt::Display for RouterModeParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("unknown router mode (expected one of")?;
+        for m in RouterMode::ALL {
+            write!(f, " {m}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl FromStr for RouterMode {
+    type Err = RouterModeParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RouterMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or(RouterModeParseError::Unknown)
+    }
+}
+
+/// One eligible worker key and what selection needs to know about it.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Candidate {
+    /// The worker and rank.
+    pub key: WorkerKey,
+    /// Its current load.
+    pub load: WorkerLoad,
+    /// Its cached prefix of the request's blocks.
+    pub overlap: Overlap,
+    /// Decode blocks the request would add here (prompt blocks not already active).
+    pub new_decode_blocks: u32,
+    /// Share in [`RouterMode::Weighted`].
+    pub weight: u32,
+    /// Multiplies the kv cost; above 1.0 for a worker to avoid (a `PreferNoSchedule`
+    /// taint), 1.0 normally.
+    pub cost_factor: f64,
+}
+
+impl Candidate {
+    /// A candidate with no overlap, no new blocks, weight 1 and cost factor 1.0.
+    pub fn new(key: WorkerKey, load: WorkerLoad) -> Self {
+        Candidate {
+            key,
+            load,
+            overlap: Overlap::default(),
+            new_decode_blocks: 0,
+            weight: 1,
+            cost_factor: 1.0,
+        }
+    }
+}
+
+/// What is being routed and how.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct SelectRequest {
+    /// The selection rule.
+    pub mode: RouterMode,
+    /// Which serving step the decision is for.
+    pub phase: Phase,
+    /// Kv cost weights, already merged with the request's overrides.
+    pub cost: KvCostConfig,
+    /// Prompt length in tokens.
+    pub isl_tokens: u32,
+    /// Tokens per KV block.
+    pub block_size: BlockSize,
+    /// Predicted output length in blocks (0 if unknown).
+    pub expected_output_blocks: u32,
+    /// The worker named by the request; used only in [`RouterMode::Direct`].
+    pub direct: Option<WorkerKey>,
+}
+
+impl Default for SelectRequest {
+    /// Kv mode, aggregated, default costs, an empty prompt of default-size blocks.
+    fn default() -> Self {
+        SelectRequest {
+            mode: RouterMode::Kv,
+            phase: Phase::Aggregated,
+            cost: KvCostConfig::default(),
+            isl_tokens: 0,
+            block_size: BlockSize::DEFAULT,
+            expected_output_blocks: 0,
+            direct: None,
+        }
+    }
+}
+
+/// How one candidate scored.
+///
+/// In kv mode these are [`kv_cost`]'s parts. Other modes report the overlap, the
+/// candidate's current load (`prefill_blocks` = queued prefill tokens / block size,
+/// `decode_blocks` = active decode blocks) and as `cost` the quantity they rank by:
+/// running requests for power-of-two and least-loaded, 0 otherwise.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct CandidateScore {
+    /// The candidate.
+    pub key: WorkerKey,
+    /// Its prefix overlap in blocks, every tier counted fully.
+    pub overlap_raw: u32,
+    /// Its overlap with lower tiers discounted.
+    pub overlap_effective: f64,
+    /// Prefill blocks it would compute (before `prefill_load_scale`).
+    pub prefill_blocks: f64,
+    /// Decode blocks it would hold.
+    pub decode_blocks: f64,
+    /// The total; lower is better.
+    pub cost: f64,
+}
+
+/// A decision.
+#[derive(Clone, PartialEq, Debug)]
+pub struct Selection {
+    /// The chosen key.
+    pub chosen: WorkerKey,
+    /// Every candidate's score, in key order.
+    pub scores: Vec<CandidateScore>,
+}
+
+/// Why no worker was chosen.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum SelectError {
+    /// The candidate list is empty.
+    NoCandidates,
+    /// Direct mode, but the request names no worker.
+    DirectTargetRequired {
+        /// The phase being routed.
+        phase: Phase,
+    },
+    /// Direct mode, but the named worker is not among the candidates.
+    DirectTargetNotEligible {
+        /// The named worker.
+        target: WorkerKey,
+    },
+}
+
+impl fmt::Display for SelectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SelectError::NoCandidates => f.write_str("no eligible worker"),
+            SelectError::DirectTargetRequired { phase } => {
+                write!(
+                    f,
+                    "worker ID required for {} request in Direct routing mode",
+                    phase.as_str()
+                )
+            }
+            SelectError::DirectTargetNotEligible { target } => {
+                write!(
+                    f,
+                    "worker {target} named for Direct routing is not eligible"
+                )
+            }
+        }
+    }
+}
+
+/// Picks workers; holds the round-robin cursor (one per phase).
+#[derive(Clone, Debug, Default)]
+pub struct Selector {
+    /// Last key chosen by round-robin, per [`Phase::index`].
+    round_robin_last: [Option<WorkerKey>; 3],
+}
+
+impl Selector {
+    /// A selector whose round-robin starts at the lowest key.
+    pub fn new() -> Self {
+        Selector::default()
+    }
+
+    /// Picks one candidate for `req`.
+    ///
+    /// `commit == false` previews: the decision is the one `commit == true` would make
+    /// with the same draw, but no state (the round-robin cursor) changes. Ties are broken
+    /// by `draw`. Linear in `candidates.len()`; see the module docs on ordering.
+    pub fn select(
+        &mut self,
+        req: &SelectRequest,
+        candidates: &[Candidate],
+        draw: &mut Draw,
+        commit: bool,
+    ) -> Result<Selection, SelectError> {
+        let direct = match (req.mode, req.direct) {
+            (RouterMode::Direct, None) => {
+                return Err(SelectError::DirectTargetRequired { phase: req.phase })
+            }
+            (RouterMode::Direct, Some(target)) => Some(target),
+            _ => None,
+        };
+        let cands = sorted(candidates);
+        if let Some(target) = direct {
+            let Some(i) = cands.iter().position(|c| c.key == target) else {
+                return Err(SelectError::DirectTargetNotEligible { target });
+            };
+            return Ok(selection(&cands, i, load_scores(req, &cands, |_| 0.0)));
+        }
+        if cands.is_empty() {
+            return Err(SelectError::NoCandidates);
+        }
+        let n = cands.len();
+        let requests = |c: &Candidate| f64::from(c.load.active_requests);
+        let (i, scores) = match req.mode {
+            RouterMode::Random => (draw.below(n), load_scores(req, &cands, |_| 0.0)),
+            RouterMode::RoundRobin => (
+                self.round_robin(req.phase, &cands, commit),
+                load_scores(req, &cands, |_| 0.0),
+            ),
+            RouterMode::PowerOfTwo => (
+                power_of_two(&cands, draw),
+                load_scores(req, &cands, requests),
+            ),
+            RouterMode::LeastLoaded => (
+                least_loaded(&cands, draw),
+                load_scores(req, &cands, requests),
+            ),
+            RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
+            RouterMode::Kv | RouterMode::Direct => {
+                let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
+                (kv_pick(&scores, req.cost.temperature, draw), scores)
+            }
+        };
+        Ok(selection(&cands, i, scores))
+    }
+
+    fn round_robin(&mut self, phase: Phase, cands: &[Candidate], commit: bool) -> usize {
+        let slot = &mut self.round_robin_last[phase.index()];
+        let next = match *slot {
+            None => 0,
+            Some(last) => cands.partition_point(|c| c.key <= last),
+        };
+        let i = if next == cands.len() { 0 } else { next };
+        if commit {
+            *slot = Some(cands[i].key);
+        }
+        i
+    }
+}
+
+/// The candidates in key order, borrowed when already sorted.
+fn sorted(candidates: &[Candidate]) -> Cow<'_, [Candidate]> {
+    if candidates.windows(2).all(|w| w[0].key <= w[1].key) {
+        return Cow::Borrowed(candidates);
+    }
+    let mut v = candidates.to_vec();
+    v.sort_by_key(|c| c.key); // Stable: duplicate keys keep the caller's order.
+    Cow::Owned(v)
+}
+
+fn selection(cands: &[Candidate], i: usize, scores: Vec<CandidateScore>) -> Selection {
+    Selection {
+        chosen: cands[i].key,
+        scores,
+    }
+}
+
+/// Scores for the modes that do not compute a kv cost: overlap and current load.
+fn load_scores(
+    req: &SelectRequest,
+    cands: &[Candidate],
+    cost: impl Fn(&Candidate) -> f64,
+) -> Vec<CandidateScore> {
+    let bs = f64::from(req.block_size.tokens());
+    cands
+        .iter()
+        .map(|c| CandidateScore {
+            prefill_blocks: c.load.active_prefill_tokens as f64 / bs,
+            decode_blocks: c.load.active_decode_blocks as f64,
+            cost: cost(c),
+            ..kv_cost(req, c)
+        })
+        .collect()
+}
+
+/// The index of the least element under `cmp`, ties broken uniformly by `draw`.
+fn pick_min(n: usize, draw: &mut Draw, cmp: impl Fn(usize, usize) -> Ordering) -> usize {
+    let mut best = 0;
+    let mut ties = 1;
+    for i in 1..n {
+        match cmp(i, best) {
+            Ordering::Less => (best, ties) = (i, 1),
+            Ordering::Equal => ties += 1,
+            Ordering::Greater => {}
+        }
+    }
+    let k = if ties > 1 { draw.below(ties) } else { 0 };
+    (best..n)
+        .filter(|&i| cmp(i, best) == Ordering::Equal)
+        .nth(k)
+        .unwrap_or(best)
+}
+
+fn least_loaded(cands: &[Candidate], draw: &mut Draw) -> usize {
+    let rank = |i: usize| {
+        (
+            cands[i].load.active_requests,
+            cands[i].load.active_decode_blocks,
+        )
+    };
+    pick_min(cands.len(), draw, |a, b| rank(a).cmp(&rank(b)))
+}
+
+fn power_of_two(cands: &[Candidate], draw: &mut Draw) -> usize {
+    let n = cands.len();
+    if n == 1 {
+        return 0;
+    }
+    let a = draw.below(n);
+    let mut b = draw.below(n - 1);
+    if b >= a {
+        b += 1; // Skips `a`, so the two are distinct and each pair equally likely.
+    }
+    let (ra, rb) = (cands[a].load.active_requests, cands[b].load.active_requests);
+    match ra.cmp(&rb) {
+        Ordering::Less => a,
+        Ordering::Greater => b,
+        Ordering::Equal if draw.below(2) == 0 => a,
+        Ordering::Equal => b,
+    }
+}
+
+/// Proportional to weight; uniform when every weight is zero.
+fn weighted(cands: &[Candidate], draw: &mut Draw) -> usize {
+    let total: u64 = cands.iter().map(|c| u64::from(c.weight)).sum();
+    if total == 0 {
+        return draw.below(cands.len());
+    }
+    // Multiply-shift maps 64 random bits onto 0..total without modulo bias.
+    let target = ((u128::from(draw.next_u64()) * u128::from(total)) >> 64) as u64;
+    let mut acc = 0;
+    for (i, c) in cands.iter().enumerate() {
+        acc += u64::from(c.weight);
+        if target < acc {
+            return i;
+        }
+    }
+    cands.len() - 1 // Unreachable: target < total = the final acc.
+}
+
+/// Temperature 0 (or NaN): the cheapest, ties by draw. Above 0: sampled with
+/// `p ∝ exp(−(c − c_min) / ((c_max − c_min) × T))`, uniform when all costs are equal.
+/// Infinite costs get no weight unless every cost is infinite.
+fn kv_pick(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {
+    if temperature > 0.0 {
+        return sample(scores, temperature, draw);
+    }
+    let cost = |i: usize| scores[i].cost;
+    pick_min(scores.len(), draw, |a, b| {
+        cost(a).partial_cmp(&cost(b)).unwrap_or(Ordering::Equal)
+    })
+}
+
+fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for s in scores.iter().filter(|s| s.cost.is_finite()) {
+        lo = lo.min(s.cost);
+        hi = hi.max(s.cost);
+    }
+    if lo > hi {
+        return draw.below(scores.len()); // No finite cost at all.
+    }
+    let scale = (hi - lo) * temperature;
+    let weight = |c: f64| match (c.is_finite(), scale > 0.0) {
+        (false, _) => 0.0,
+        (true, true) => mathf::exp(-(c - lo) / scale),
+        (true, false) => 1.0, // All finite costs equal (or 0 × ∞): uniform.
+    };
+    let weights: Vec<f64> = scores.iter().map(|s| weight(s.cost)).collect();
+    let total: f64 = weights.iter().sum();
+    let target = draw.unit() * total;
+    let mut acc = 0.0;
+    for (i, &w) in weights.iter().enumerate() {
+        acc += w;
+        if target < acc {
+            return i;
+        }
+    }
+    // Rounding can leave `target` a hair above the sum; take the last weighted one.
+    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
