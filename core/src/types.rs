@@ -36,7 +36,7 @@ impl fmt::Display for WorkerKey {
 }
 
 /// A request, named by the adapter. Unique among the requests the core tracks.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RequestId(pub u64);
 

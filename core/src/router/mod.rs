@@ -1,0 +1,448 @@
+//! The `Router` façade: every routing state machine behind one sans-IO surface.
+//!
+//! # Calling contract
+//!
+//! The router is driven the way quinn-proto and str0m are: **mutate, then drain, then
+//! mutate again.**
+//!
+//! 1. Feed inputs with the `handle_*` methods, each taking `now`. Inputs are requests
+//!    ([`Router::handle_request`]), KV events, worker updates and request lifecycle
+//!    events (dispatched, dispatch failed, prefill done, finished, cancelled).
+//! 2. After any input, drain [`Router::poll_output`] until it returns `None`. Outputs are
+//!    decisions the router made on its own: queued or waiting requests that are now
+//!    routed or failed, queue time-outs, expired leases and bookings.
+//! 3. Ask [`Router::poll_timeout`] for the next deadline, sleep until then (or until the
+//!    next input), and call [`Router::handle_timeout`]. A spurious or late call is
+//!    harmless; time going backwards is treated as no time passing.
+//!
+//! # Bookings
+//!
+//! A [`Decision::Routed`] is a *booking*: load is reserved on the chosen worker so that
+//! concurrent decisions see it, and a session's first binding is held open. Nothing
+//! else learns of the worker until the adapter confirms with
+//! [`Router::handle_dispatched`]: only then is the session bound and the prediction
+//! recorded (approximate mode). [`Router::handle_dispatch_failed`] rolls the booking back
+//! and leaves no trace of it. Every booking ends in exactly one of
+//! `handle_dispatch_failed`, `handle_finished`, `handle_cancel`, removal of its worker, or
+//! expiry after `request_age_max_ms`, and each releases its load, lease and queue slot.
+//!
+//! # Work per call
+//!
+//! `handle_request` is linear in the prompt's blocks plus the number of workers.
+//! Inputs that free capacity re-try queued requests in order and stop at the first one
+//! that still finds every worker busy.
+
+mod pipeline;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::vec::Vec;
+
+use crate::admission::{AdmissionQueue, QueueConfig};
+use crate::affinity::{AffinityConfig, AffinityOutput, AffinityTable, InitToken, LeaseId, WaitToken};
+use crate::eligible::EligibilityConfig;
+use crate::hash::BlockSize;
+use crate::index::{ApplySummary, ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, PrefixIndex};
+use crate::load::{LoadConfig, LoadTracker};
+use crate::select::{KvCostConfig, RouterMode, Selector};
+use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
+use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
+
+pub use types::*;
+
+/// Everything the router can be configured with. `Default` gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// How workers are chosen.
+    pub mode: RouterMode,
+    /// Tokens per KV block; must match the engines'.
+    pub block_size: BlockSize,
+    /// The kv cost model's knobs.
+    pub cost: KvCostConfig,
+    /// Record predicted cache contents for workers that publish no KV events.
+    pub approximate: bool,
+    /// The exact prefix index.
+    pub index: IndexConfig,
+    /// The approximate (predicted) index.
+    pub approx: ApproxConfig,
+    /// The load tracker.
+    pub load: LoadConfig,
+    /// Session-affinity leases.
+    pub affinity: AffinityConfig,
+    /// The admission queue.
+    pub queue: QueueConfig,
+    /// Busy thresholds and taint penalties.
+    pub eligibility: EligibilityConfig,
+    /// The worker table's bounds.
+    pub workers: WorkerTableConfig,
+    /// Requests tracked at once: booked, dispatched, queued or waiting (default 65,536).
+    pub requests_max: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            mode: RouterMode::Kv,
+            block_size: BlockSize::DEFAULT,
+            cost: KvCostConfig::default(),
+            approximate: false,
+            index: IndexConfig::default(),
+            approx: ApproxConfig::default(),
+            load: LoadConfig::default(),
+            affinity: AffinityConfig::default(),
+            queue: QueueConfig::default(),
+            eligibility: EligibilityConfig::default(),
+            workers: WorkerTableConfig::default(),
+            requests_max: 65_536,
+        }
+    }
+}
+
+/// A change to the fleet.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum WorkerUpdate {
+    /// A worker joined, or its configuration changed.
+    Upsert(WorkerSpec),
+    /// A worker left: its index entries, load and bindings are purged.
+    Removed(WorkerId),
+    /// The adapter's health view changed (ejection, draining, recovery).
+    Health(WorkerId, Health),
+    /// The worker's taints changed.
+    Taints(WorkerId, Vec<Taint>),
+}
+
+/// Counters the adapters export as metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterStats {
+    /// Requests routed and confirmed.
+    pub dispatched: u64,
+    /// Bookings rolled back.
+    pub dispatch_failed: u64,
+    /// Requests that entered the admission queue.
+    pub queued: u64,
+    /// Requests the queue refused.
+    pub rejected: u64,
+    /// Queued requests that timed out.
+    pub timed_out: u64,
+    /// Lifecycle inputs naming no tracked request (ignored).
+    pub unknown_requests: u64,
+    /// KV events for workers that are not registered (dropped).
+    pub events_unknown_worker: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hold {
+    None,
+    Init(InitToken),
+    Lease(LeaseId),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    New,
+    Waiting(WaitToken),
+    Queued(RequestId),
+    Booked(WorkerKey),
+    Dispatched(WorkerKey),
+    /// Its worker was removed: load and lease are already gone.
+    Orphaned,
+}
+
+#[derive(Clone, Debug)]
+struct Flight {
+    req: Request,
+    draw: Draw,
+    state: State,
+    hold: Hold,
+}
+
+type FlightKey = (RequestId, Phase);
+
+/// The sans-IO router. See the module documentation for the calling contract.
+pub struct Router {
+    cfg: RouterConfig,
+    workers: WorkerTable,
+    index: PrefixIndex,
+    approx: ApproxIndex,
+    load: LoadTracker,
+    affinity: AffinityTable,
+    queue: AdmissionQueue,
+    selector: Selector,
+    flights: BTreeMap<FlightKey, Flight>,
+    tickets: BTreeMap<RequestId, FlightKey>,
+    next_ticket: u64,
+    event_workers: BTreeSet<WorkerId>,
+    outputs: alloc::collections::VecDeque<Output>,
+    stats: RouterStats,
+    scratch_verdicts: Vec<crate::eligible::Eligibility>,
+    scratch_scores: crate::index::OverlapScores,
+}
+
+impl core::fmt::Debug for Router {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Router")
+            .field("mode", &self.cfg.mode)
+            .field("workers", &self.workers.len())
+            .field("requests_in_flight", &self.flights.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Router {
+    /// A router with no workers.
+    pub fn new(cfg: RouterConfig) -> Self {
+        Router {
+            workers: WorkerTable::new(cfg.workers.clone()),
+            index: PrefixIndex::new(cfg.index.clone()),
+            approx: ApproxIndex::new(cfg.approx.clone()),
+            load: LoadTracker::new(cfg.load.clone()),
+            affinity: AffinityTable::new(cfg.affinity.clone()),
+            queue: AdmissionQueue::new(cfg.queue.clone()),
+            selector: Selector::new(),
+            flights: BTreeMap::new(),
+            tickets: BTreeMap::new(),
+            next_ticket: 0,
+            event_workers: BTreeSet::new(),
+            outputs: alloc::collections::VecDeque::new(),
+            stats: RouterStats::default(),
+            scratch_verdicts: Vec::new(),
+            scratch_scores: crate::index::OverlapScores::new(),
+            cfg,
+        }
+    }
+
+    // ---- getters ----
+
+    /// The configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+    /// The fleet.
+    pub fn workers(&self) -> &WorkerTable {
+        &self.workers
+    }
+    /// The exact prefix index.
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+    /// The load tracker.
+    pub fn load(&self) -> &LoadTracker {
+        &self.load
+    }
+    /// The affinity table.
+    pub fn affinity(&self) -> &AffinityTable {
+        &self.affinity
+    }
+    /// The admission queue.
+    pub fn queue(&self) -> &AdmissionQueue {
+        &self.queue
+    }
+    /// Counters.
+    pub fn stats(&self) -> RouterStats {
+        self.stats
+    }
+    /// Requests tracked (booked, dispatched, queued or waiting).
+    pub fn requests_in_flight(&self) -> usize {
+        self.flights.len()
+    }
+    /// Whether `worker` has published KV events (so its overlap is exact).
+    pub fn publishes_events(&self, worker: WorkerId) -> bool {
+        self.event_workers.contains(&worker)
+    }
+
+    // ---- inputs ----
+
+    /// Routes one phase of one request. See [`Decision`] for what each answer obliges the
+    /// caller to do. A preview (`request.preview`) changes no state at all.
+    pub fn handle_request(&mut self, now: Instant, request: Request, draw: Draw) -> Result<Decision, RouteError> {
+        if request.preview {
+            return self.preview(now, &request, draw).map(Decision::Routed);
+        }
+        let fk = (request.id, request.phase.0);
+        if self.flights.contains_key(&fk) {
+            return Err(RouteError::DuplicateRequest { id: fk.0, phase: fk.1 });
+        }
+        if self.flights.len() >= self.cfg.requests_max {
+            return Err(RouteError::TooManyRequests { requests_max: self.cfg.requests_max });
+        }
+        self.flights.insert(fk, Flight { req: request, draw, state: State::New, hold: Hold::None });
+        let out = self.admit(now, fk);
+        if out.is_err() {
+            self.drop_flight(now, fk, false);
+        }
+        out
+    }
+
+    /// Applies one KV event from `key`'s worker. The first event from a worker makes its
+    /// overlap exact: its approximate predictions are dropped.
+    pub fn handle_kv_event(&mut self, _now: Instant, key: WorkerKey, event: IndexEvent<'_>) -> Result<ApplySummary, InputError> {
+        if self.workers.get(key.worker).is_none() {
+            self.stats.events_unknown_worker += 1;
+            return Err(InputError::Worker(crate::worker::WorkerError::UnknownWorker { worker: key.worker }));
+        }
+        if self.event_workers.insert(key.worker) {
+            self.approx.remove_worker(key.worker);
+        }
+        self.index.apply(key, event).map_err(InputError::Index)
+    }
+
+    /// Applies a fleet change. Removing a worker purges its entries and load, invalidates
+    /// the sessions bound to it, and re-tries queued requests elsewhere.
+    pub fn handle_worker_update(&mut self, now: Instant, update: WorkerUpdate) -> Result<(), InputError> {
+        match update {
+            WorkerUpdate::Upsert(spec) => {
+                self.workers.upsert(spec).map_err(InputError::Worker)?;
+            }
+            WorkerUpdate::Removed(id) => self.remove_worker(id),
+            WorkerUpdate::Health(id, h) => self.workers.set_health(id, h).map_err(InputError::Worker)?,
+            WorkerUpdate::Taints(id, t) => self.workers.set_taints(id, t).map_err(InputError::Worker)?,
+        }
+        self.drain_queue(now);
+        Ok(())
+    }
+
+    /// Confirms a booking: the request reached its worker. Commits a session's first
+    /// binding and, in approximate mode, records the predicted cache contents.
+    pub fn handle_dispatched(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
+        let fk = (id, phase);
+        let Some(f) = self.flights.get_mut(&fk) else {
+            return Err(self.unknown(fk));
+        };
+        let State::Booked(key) = f.state else {
+            return Err(InputError::WrongState { id, phase });
+        };
+        f.state = State::Dispatched(key);
+        if let Hold::Init(token) = f.hold {
+            f.hold = match self.affinity.commit(now, token, key.worker, Some(key.rank)) {
+                Ok((_, lease)) => Hold::Lease(lease),
+                Err(_) => Hold::None,
+            };
+        }
+        if self.cfg.approximate && !self.event_workers.contains(&key.worker) {
+            self.approx.record(now, key, &f.req.blocks);
+        }
+        self.stats.dispatched += 1;
+        self.drain_affinity(now);
+        Ok(())
+    }
+
+    /// Rolls a booking back: load released, a first session binding aborted, and for a
+    /// worker failure the session's binding invalidated. No trace of the worker remains.
+    pub fn handle_dispatch_failed(&mut self, now: Instant, id: RequestId, phase: Phase, why: DispatchFailure) -> Result<(), InputError> {
+        let fk = (id, phase);
+        match self.flights.get(&fk).map(|f| f.state) {
+            None => return Err(self.unknown(fk)),
+            Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned) => {}
+            Some(_) => return Err(InputError::WrongState { id, phase }),
+        }
+        self.stats.dispatch_failed += 1;
+        self.drop_flight(now, fk, why == DispatchFailure::Worker);
+        self.drain_queue(now);
+        Ok(())
+    }
+
+    /// The request's prefill finished: its prompt tokens stop counting as prefill load.
+    pub fn handle_prefill_done(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
+        let fk = (id, phase);
+        match self.flights.get(&fk).map(|f| f.state) {
+            None => return Err(self.unknown(fk)),
+            Some(State::Booked(_)) | Some(State::Dispatched(_)) => {}
+            Some(State::Orphaned) => return Ok(()),
+            Some(_) => return Err(InputError::WrongState { id, phase }),
+        }
+        let _ = self.load.prefill_done(id, phase);
+        self.drain_queue(now);
+        Ok(())
+    }
+
+    /// The request produced `output_tokens` tokens so far: its predicted output shrinks.
+    pub fn handle_decode_progress(&mut self, _now: Instant, id: RequestId, phase: Phase, output_tokens: u32) -> Result<(), InputError> {
+        let fk = (id, phase);
+        if !self.flights.contains_key(&fk) {
+            return Err(self.unknown(fk));
+        }
+        let _ = self.load.decode_progress(id, phase, output_tokens, self.cfg.block_size);
+        Ok(())
+    }
+
+    /// The request finished (successfully or not): load, lease and slot are released.
+    pub fn handle_finished(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
+        let fk = (id, phase);
+        match self.flights.get(&fk).map(|f| f.state) {
+            None => return Err(self.unknown(fk)),
+            Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned) => {}
+            Some(_) => return Err(InputError::WrongState { id, phase }),
+        }
+        self.drop_flight(now, fk, false);
+        self.drain_queue(now);
+        Ok(())
+    }
+
+    /// The client went away, in whatever state the request was: queued, waiting, booked
+    /// or streaming. Everything it held is released; its session binding stays.
+    pub fn handle_cancel(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
+        let fk = (id, phase);
+        if !self.flights.contains_key(&fk) {
+            return Err(self.unknown(fk));
+        }
+        self.drop_flight(now, fk, false);
+        self.drain_queue(now);
+        Ok(())
+    }
+
+    /// Runs every timer due at `now`: queue time-outs, lease expiry, booking expiry and
+    /// prediction expiry. Outputs go to [`Router::poll_output`].
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.queue.handle_timeout(now);
+        while let Some(e) = self.queue.poll_timed_out() {
+            if let Some(fk) = self.tickets.remove(&e.req) {
+                if let Some(f) = self.flights.get_mut(&fk) {
+                    f.state = State::New; // the queue already dropped the slot
+                }
+                self.drop_flight(now, fk, false);
+                self.stats.timed_out += 1;
+                self.outputs.push_back(Output::TimedOut { id: fk.0, phase: fk.1 });
+            }
+        }
+        self.load.handle_timeout(now);
+        while let Some((id, phase)) = self.load.poll_expired() {
+            let fk = (id, phase);
+            if let Some(f) = self.flights.get_mut(&fk) {
+                f.state = State::Orphaned;
+                self.drop_flight(now, fk, false);
+                self.outputs.push_back(Output::BookingExpired { id, phase });
+            }
+        }
+        self.affinity.handle_timeout(now);
+        self.approx.handle_timeout(now);
+        self.drain_affinity(now);
+        self.drain_queue(now);
+    }
+
+    // ---- outputs ----
+
+    /// The next output, if any. Drain until `None` after every input.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest deadline at which [`Router::handle_timeout`] has work to do.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [self.queue.poll_timeout(), self.load.poll_timeout(), self.affinity.poll_timeout(), self.approx.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn unknown(&mut self, fk: FlightKey) -> InputError {
+        self.stats.unknown_requests += 1;
+        InputError::UnknownRequest { id: fk.0, phase: fk.1 }
+    }
+}

@@ -1,0 +1,215 @@
+//! Façade scenarios. Each test drives the router through its public inputs and checks
+//! the global invariants after every step.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::*;
+use crate::hash::SeqHash;
+use crate::pin::RoutingHints;
+use crate::worker::{WorkerRole, WorkerSpec};
+use crate::WorkerLoad;
+
+const T0: Instant = Instant::ZERO;
+
+fn spec(id: u64, role: WorkerRole) -> WorkerSpec {
+    WorkerSpec::new(WorkerId(id), role)
+}
+
+fn router(mode: RouterMode, workers: u64) -> Router {
+    let mut r = Router::new(RouterConfig { mode, ..RouterConfig::default() });
+    for w in 0..workers {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
+    }
+    r
+}
+
+fn req(id: u64, blocks: &[u64]) -> Request {
+    Request {
+        id: RequestId(id),
+        blocks: blocks.iter().map(|&b| SeqHash(b)).collect(),
+        isl_tokens: blocks.len() as u32 * 64,
+        ..Request::default()
+    }
+}
+
+#[track_caller]
+fn routed(d: Result<Decision, RouteError>) -> Routed {
+    match d {
+        Ok(Decision::Routed(r)) => r,
+        other => panic!("expected a routed decision, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn invariants(r: &Router) {
+    if let Err(v) = r.check_invariants() {
+        panic!("invariant violated: {}", v.0);
+    }
+}
+
+/// Snapshot of everything a rolled-back or previewed decision must leave untouched.
+fn fingerprint(r: &Router) -> (usize, usize, usize, usize, u64, Vec<WorkerLoad>) {
+    let loads = r.workers().keys().map(|k| r.load().load(k)).collect();
+    (r.requests_in_flight(), r.affinity().len(), r.queue().len(), r.load().len(), r.stats().dispatched, loads)
+}
+
+const MODES: [RouterMode; 6] =
+    [RouterMode::Random, RouterMode::RoundRobin, RouterMode::PowerOfTwo, RouterMode::LeastLoaded, RouterMode::Weighted, RouterMode::Kv];
+
+#[test]
+fn rollback_leaves_no_trace_in_every_mode() {
+    for mode in MODES.into_iter().chain([RouterMode::Direct]) {
+        let mut r = router(mode, 3);
+        let before = fingerprint(&r);
+        let mut q = req(1, &[1, 2, 3]);
+        q.session = Some(b"s1".to_vec());
+        if mode == RouterMode::Direct {
+            q.hints.backend_instance_id = Some(WorkerId(2));
+        }
+        let d = routed(r.handle_request(T0, q.clone(), Draw(7)));
+        invariants(&r);
+        // A prepare step (say, building transfer metadata) fails after selection.
+        r.handle_dispatch_failed(T0, d.id, d.phase, DispatchFailure::Worker).unwrap();
+        invariants(&r);
+        assert_eq!(fingerprint(&r), before, "{mode:?}: rollback must restore every table");
+        assert_eq!(r.affinity().peek(b"s1", Phase::Aggregated), None, "{mode:?}: no binding survives a rollback");
+    }
+}
+
+#[test]
+fn preview_changes_nothing() {
+    for mode in MODES {
+        let mut r = router(mode, 4);
+        let _ = routed(r.handle_request(T0, req(1, &[1, 2]), Draw(1)));
+        let before = fingerprint(&r);
+        let mut p = req(2, &[1, 2, 3]);
+        p.preview = true;
+        p.session = Some(b"s".to_vec());
+        let a = routed(r.handle_request(T0, p.clone(), Draw(5)));
+        let b = routed(r.handle_request(T0, p, Draw(5)));
+        assert!(a.preview);
+        assert_eq!(a.target, b.target, "{mode:?}: a preview is repeatable (round-robin does not advance)");
+        assert_eq!(fingerprint(&r), before, "{mode:?}");
+        invariants(&r);
+    }
+}
+
+#[test]
+fn kv_mode_follows_the_cache() {
+    let mut r = router(RouterMode::Kv, 4);
+    let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
+    r.handle_kv_event(T0, WorkerKey::new(2, 0), IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device }).unwrap();
+    let d = routed(r.handle_request(T0, req(1, &[1, 2, 3, 4, 5, 6, 7, 8, 9]), Draw(0)));
+    assert_eq!(d.target, WorkerKey::new(2, 0));
+    assert_eq!(d.overlap.device, 8);
+    assert_eq!(d.max_overlap_blocks, 8);
+    assert_eq!(d.explanation.len(), 4, "every candidate is explained");
+}
+
+#[test]
+fn finishing_releases_everything() {
+    let mut r = router(RouterMode::Kv, 2);
+    let mut q = req(1, &[1, 2]);
+    q.session = Some(b"sess".to_vec());
+    let d = routed(r.handle_request(T0, q.clone(), Draw(0)));
+    r.handle_dispatched(T0, d.id, d.phase).unwrap();
+    assert_eq!(r.affinity().peek(b"sess", Phase::Aggregated).map(|b| b.worker), Some(d.target.worker));
+    assert_eq!(r.load().load(d.target).active_requests, 1);
+    r.handle_prefill_done(T0, d.id, d.phase).unwrap();
+    assert_eq!(r.load().load(d.target).active_prefill_tokens, 0);
+    r.handle_finished(T0, d.id, d.phase).unwrap();
+    invariants(&r);
+    assert_eq!(r.load().load(d.target), WorkerLoad::default());
+    assert_eq!(r.requests_in_flight(), 0);
+    assert_eq!(r.affinity().live_leases(), 0);
+    // The session stays bound after its stream ends, until the idle TTL.
+    let d2 = routed(r.handle_request(T0, { let mut q = req(2, &[9]); q.session = Some(b"sess".to_vec()); q }, Draw(99)));
+    assert_eq!(d2.target, d.target);
+    assert!(matches!(r.handle_finished(T0, RequestId(77), Phase::Aggregated), Err(InputError::UnknownRequest { .. })));
+}
+
+#[test]
+fn second_request_of_a_new_session_waits_for_the_first() {
+    let mut r = router(RouterMode::RoundRobin, 3);
+    let s = |id| { let mut q = req(id, &[1]); q.session = Some(b"chat".to_vec()); q };
+    let first = routed(r.handle_request(T0, s(1), Draw(0)));
+    assert_eq!(r.handle_request(T0, s(2), Draw(0)), Ok(Decision::Waiting));
+    invariants(&r);
+    r.handle_dispatched(T0, first.id, first.phase).unwrap();
+    match r.poll_output() {
+        Some(Output::Routed(d)) => {
+            assert_eq!(d.id, RequestId(2));
+            assert_eq!(d.target, first.target, "the waiter follows the committed binding");
+        }
+        other => panic!("expected the waiter to be routed, got {other:?}"),
+    }
+    invariants(&r);
+}
+
+#[test]
+fn removing_a_worker_rebinds_its_sessions() {
+    let mut r = router(RouterMode::RoundRobin, 2);
+    let s = |id| { let mut q = req(id, &[1]); q.session = Some(b"s".to_vec()); q };
+    let d = routed(r.handle_request(T0, s(1), Draw(0)));
+    r.handle_dispatched(T0, d.id, d.phase).unwrap();
+    r.handle_worker_update(T0, WorkerUpdate::Removed(d.target.worker)).unwrap();
+    invariants(&r);
+    r.handle_finished(T0, d.id, d.phase).unwrap();
+    let d2 = routed(r.handle_request(T0, s(2), Draw(0)));
+    assert_ne!(d2.target.worker, d.target.worker);
+    invariants(&r);
+}
+
+#[test]
+fn direct_mode_requires_a_target() {
+    let mut r = router(RouterMode::Direct, 2);
+    let e = r.handle_request(T0, req(1, &[1]), Draw(0)).unwrap_err();
+    assert_eq!(alloc::format!("{e}"), "worker ID required for aggregated request in Direct routing mode");
+    assert_eq!(r.requests_in_flight(), 0);
+}
+
+#[test]
+fn busy_fleet_queues_then_dequeues_when_load_drops() {
+    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+    cfg.eligibility.prefill_tokens_max = Some(100);
+    cfg.eligibility.prefill_tokens_frac_of_batch = None;
+    let mut r = Router::new(cfg);
+    r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(0, WorkerRole::Aggregated))).unwrap();
+    let a = routed(r.handle_request(T0, req(1, &[1, 2, 3]), Draw(0)));
+    r.handle_dispatched(T0, a.id, a.phase).unwrap();
+    assert_eq!(r.handle_request(T0, req(2, &[4, 5]), Draw(0)), Ok(Decision::Queued));
+    invariants(&r);
+    r.handle_prefill_done(T0, a.id, a.phase).unwrap();
+    match r.poll_output() {
+        Some(Output::Routed(d)) => assert_eq!(d.id, RequestId(2)),
+        other => panic!("expected the queued request to be routed, got {other:?}"),
+    }
+    invariants(&r);
+    // A queued request that is cancelled frees its slot.
+    assert_eq!(r.handle_request(T0, req(3, &[6]), Draw(0)), Ok(Decision::Queued));
+    r.handle_cancel(T0, RequestId(3), Phase::Aggregated).unwrap();
+    assert_eq!(r.queue().len(), 0);
+    invariants(&r);
+    // And one that waits too long times out through handle_timeout.
+    assert_eq!(r.handle_request(T0, req(4, &[7]), Draw(0)), Ok(Decision::Queued));
+    let t = r.poll_timeout().expect("a queue deadline");
+    r.handle_timeout(t);
+    assert!(vec![r.poll_output()].into_iter().flatten().any(|o| o == Output::TimedOut { id: RequestId(4), phase: Phase::Aggregated }));
+    invariants(&r);
+}
+
+use crate::hash::{BlockHash, LocalHash};
+use crate::index::IndexEvent;
+use crate::Tier;
+
+#[test]
+fn duplicate_and_unknown_ids_are_typed() {
+    let mut r = router(RouterMode::Kv, 1);
+    let _ = routed(r.handle_request(T0, req(1, &[1]), Draw(0)));
+    assert_eq!(r.handle_request(T0, req(1, &[1]), Draw(0)), Err(RouteError::DuplicateRequest { id: RequestId(1), phase: Phase::Aggregated }));
+    assert!(matches!(r.handle_dispatched(T0, RequestId(9), Phase::Aggregated), Err(InputError::UnknownRequest { .. })));
+    assert_eq!(r.stats().unknown_requests, 1);
+    let _ = RoutingHints::default();
+    invariants(&r);
+}
