@@ -1,0 +1,134 @@
+//! Drives the real `router-core` façade from the replay loop: the simulated fleet's
+//! arrivals, KV events and completions go through the same `handle_*` calls the proxy
+//! makes, so a replay measures exactly the policy that serves production traffic.
+
+use router_core::hash::SeqHash;
+use router_core::index::IndexEvent;
+use router_core::router::{Decision, Output, Request, Router, RouterConfig, WorkerUpdate};
+use router_core::worker::{WorkerRole, WorkerSpec};
+use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
+
+use kvroute_sim::engine::KvEvent;
+use kvroute_sim::replay::{Dispatch, Dispatcher, SimRequest};
+
+/// A [`Dispatcher`] backed by a [`Router`]. Worker `i` of the replay is `WorkerId(i)`.
+pub struct CoreDispatcher {
+    router: Router,
+    seed: u64,
+    /// Feed the router the workers' KV events (false: approximate mode).
+    kv_events: bool,
+    /// Attach the trace's session ids to requests (session affinity).
+    sessions: bool,
+    /// Requests that arrived so far, for progress reporting.
+    pub arrivals: u64,
+    /// Requests the router refused with an error.
+    pub errors: u64,
+    scratch: Vec<SeqHash>,
+}
+
+/// The simulated fleet the dispatcher routes over.
+#[derive(Clone, Copy, Debug)]
+pub struct Fleet {
+    /// Number of workers.
+    pub workers: u32,
+    /// KV capacity of each, in blocks.
+    pub kv_blocks: u32,
+    /// Token budget of one forward pass.
+    pub max_batched_tokens: u32,
+}
+
+impl CoreDispatcher {
+    /// A router over the simulated `fleet`.
+    pub fn new(cfg: RouterConfig, fleet: Fleet, seed: u64, kv_events: bool, sessions: bool) -> Self {
+        let mut router = Router::new(cfg);
+        for w in 0..fleet.workers {
+            let spec = WorkerSpec {
+                kv_blocks: fleet.kv_blocks,
+                max_batched_tokens: fleet.max_batched_tokens,
+                ..WorkerSpec::new(WorkerId(u64::from(w)), WorkerRole::Aggregated)
+            };
+            // The worker table's bounds are far above any replay fleet.
+            let _ = router.handle_worker_update(Instant::ZERO, WorkerUpdate::Upsert(spec));
+        }
+        CoreDispatcher { router, seed, kv_events, sessions, arrivals: 0, errors: 0, scratch: Vec::new() }
+    }
+
+    fn confirm(&mut self, now: Instant, id: RequestId, target: WorkerKey) -> Dispatch {
+        match self.router.handle_dispatched(now, id, Phase::Aggregated) {
+            Ok(()) => Dispatch::To(target.worker.0 as u32),
+            Err(_) => Dispatch::Reject,
+        }
+    }
+}
+
+fn at(now_ms: f64) -> Instant {
+    Instant::from_micros((now_ms.max(0.0) * 1000.0) as u64)
+}
+
+impl Dispatcher for CoreDispatcher {
+    fn on_arrival(&mut self, now_ms: f64, req: &SimRequest) -> Dispatch {
+        self.arrivals += 1;
+        let now = at(now_ms);
+        let request = Request {
+            id: RequestId(req.id),
+            blocks: req.prompt.blocks().iter().map(|b| b.seq).collect(),
+            isl_tokens: req.prompt.len_tokens(),
+            session: if self.sessions { req.session_id.as_ref().map(|s| s.as_bytes().to_vec()) } else { None },
+            ..Request::default()
+        };
+        let draw = Draw(self.seed ^ req.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        match self.router.handle_request(now, request, draw) {
+            Ok(Decision::Routed(r)) => self.confirm(now, r.id, r.target),
+            Ok(Decision::Queued) | Ok(Decision::Waiting) => Dispatch::Queued,
+            Ok(_) => Dispatch::Reject,
+            Err(_) => {
+                self.errors += 1;
+                Dispatch::Reject
+            }
+        }
+    }
+
+    fn on_kv_event(&mut self, now_ms: f64, worker: u32, _event_id: u64, event: &KvEvent) {
+        if !self.kv_events {
+            return;
+        }
+        let key = WorkerKey::new(u64::from(worker), 0);
+        let ev = match event {
+            KvEvent::Stored { parent, blocks } => IndexEvent::Stored { parent: *parent, blocks, tier: Tier::Device },
+            KvEvent::Removed { blocks } => {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(blocks);
+                IndexEvent::Removed { blocks: &self.scratch, tier: Tier::Device }
+            }
+        };
+        let _ = self.router.handle_kv_event(at(now_ms), key, ev);
+    }
+
+    fn on_prefill_done(&mut self, now_ms: f64, _worker: u32, req_id: u64) {
+        let _ = self.router.handle_prefill_done(at(now_ms), RequestId(req_id), Phase::Aggregated);
+    }
+
+    fn on_finished(&mut self, now_ms: f64, _worker: u32, req_id: u64) {
+        let _ = self.router.handle_finished(at(now_ms), RequestId(req_id), Phase::Aggregated);
+    }
+
+    fn poll_dispatch(&mut self, now_ms: f64) -> Option<(u64, Dispatch)> {
+        let now = at(now_ms);
+        while let Some(out) = self.router.poll_output() {
+            match out {
+                Output::Routed(r) => return Some((r.id.0, self.confirm(now, r.id, r.target))),
+                Output::Failed { id, .. } | Output::TimedOut { id, .. } => return Some((id.0, Dispatch::Reject)),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn next_timeout(&self) -> Option<f64> {
+        self.router.poll_timeout().map(|t| t.as_micros() as f64 / 1000.0)
+    }
+
+    fn on_timeout(&mut self, now_ms: f64) {
+        self.router.handle_timeout(at(now_ms));
+    }
+}

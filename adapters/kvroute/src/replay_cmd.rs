@@ -1,0 +1,281 @@
+//! `kvroute replay`: drive the real router through simulated workers on virtual time.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Instant as WallClock;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
+use kvroute_sim::engine::EngineConfig;
+use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
+use kvroute_sim::synth::{generate, SynthConfig};
+use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
+use router_core::hash::BlockSize;
+use router_core::router::RouterConfig;
+use router_core::select::RouterMode;
+
+use crate::dispatch::{CoreDispatcher, Fleet};
+use crate::report::{LoadPoint, RunReport};
+
+/// The bundled slice of the Mooncake conversation trace (see fixtures/PROVENANCE.md in
+/// the kvroute-sim crate).
+pub const BUNDLED_TRACE: &str = include_str!("../../sim/fixtures/mooncake_conversation_head.jsonl");
+
+/// Replay a request trace through the router and simulated GPU workers, offline.
+///
+/// Every arrival goes through the real router-core façade at the simulated time; KV
+/// events, prefill completions and finishes flow back through the same calls the proxy
+/// uses. The simulated workers follow the vLLM-style reference model (KV blocks with LRU
+/// reuse, chunked-prefill scheduler, fitted prefill and decode timings).
+///
+/// Examples:
+///   kvroute replay --bundled --compare kv,round-robin
+///   kvroute replay --trace conversation_trace.jsonl --workers 8 --policy kv --json
+///   kvroute replay --synthetic --workers 4 --compare kv,least-loaded,random --plot out.svg
+#[derive(Args, Debug, Clone)]
+#[command(verbatim_doc_comment)]
+pub struct ReplayArgs {
+    /// Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["synthetic", "bundled"])]
+    pub trace: Option<PathBuf>,
+    /// Use the built-in synthetic workload (shared-prefix groups, multi-turn sessions).
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Use the bundled 1,500-request slice of the Mooncake conversation trace.
+    #[arg(long)]
+    pub bundled: bool,
+    /// Number of simulated workers.
+    #[arg(long, default_value_t = 8)]
+    pub workers: u32,
+    /// Routing policy: kv, round-robin, random, power-of-two or least-loaded.
+    #[arg(long, default_value = "kv")]
+    pub policy: Policy,
+    /// Run several policies on the same trace and print them side by side, e.g. kv,round-robin.
+    #[arg(long, value_delimiter = ',', value_name = "POLICIES")]
+    pub compare: Vec<Policy>,
+    /// Divide trace timestamps by K (K > 1 means faster arrivals, more load).
+    #[arg(long, default_value_t = 1.0, value_name = "K")]
+    pub speedup: f64,
+    /// Replay only the first N requests.
+    #[arg(long, value_name = "N")]
+    pub requests: Option<usize>,
+    /// Tokens per KV block (a power of two up to 1024).
+    #[arg(long, default_value_t = 64)]
+    pub block_size: u32,
+    /// KV capacity of each worker, in blocks.
+    #[arg(long, default_value_t = 16_384)]
+    pub blocks_per_worker: u32,
+    /// Token budget of one forward pass.
+    #[arg(long, default_value_t = 8_192)]
+    pub max_batched_tokens: u32,
+    /// Most requests running at once on a worker.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: u32,
+    /// Delay before the router sees a worker's KV event, in milliseconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_event_lag_ms: f64,
+    /// Ignore KV events: the router predicts cache contents from its own decisions.
+    #[arg(long)]
+    pub no_kv_events: bool,
+    /// Use the trace's session ids for session affinity.
+    #[arg(long)]
+    pub sessions: bool,
+    /// kv cost: weight of the prefill term.
+    #[arg(long, value_name = "X")]
+    pub prefill_load_scale: Option<f64>,
+    /// kv cost: credit per cached block.
+    #[arg(long, value_name = "X")]
+    pub overlap_credit: Option<f64>,
+    /// kv cost: weight of each active request.
+    #[arg(long, value_name = "X")]
+    pub active_request_weight: Option<f64>,
+    /// kv cost: sampling temperature (0 picks the cheapest worker).
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f64>,
+    /// Seed for the router's random draws and the synthetic workload.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Print exactly one JSON object on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw TTFT CDFs and per-worker load over time to an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// A routing policy name as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy(pub RouterMode);
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.parse::<RouterMode>() {
+            Ok(m @ (RouterMode::Kv | RouterMode::RoundRobin | RouterMode::Random | RouterMode::PowerOfTwo | RouterMode::LeastLoaded)) => {
+                Ok(Policy(m))
+            }
+            _ => Err(format!("unknown policy {s:?}; expected kv, round-robin, random, power-of-two or least-loaded")),
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.as_str())
+    }
+}
+
+/// Loads the workload the arguments name, hashed at the engines' block size.
+pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
+    let records: Vec<TraceRecord> = if let Some(path) = &a.trace {
+        let file = std::fs::File::open(path).map_err(|e| format!("cannot open trace {}: {e}", path.display()))?;
+        read_trace(std::io::BufReader::new(file), &TraceLimits::default()).map_err(|e| format!("{}: {e}", path.display()))?
+    } else if a.synthetic {
+        generate(&SynthConfig { seed: a.seed.max(1), ..SynthConfig::default() })
+    } else if a.bundled {
+        read_trace(BUNDLED_TRACE.as_bytes(), &TraceLimits::default()).map_err(|e| format!("bundled trace: {e}"))?
+    } else {
+        return Err("choose a workload: --trace FILE, --bundled or --synthetic (see --help)".into());
+    };
+    if !(a.speedup.is_finite() && a.speedup > 0.0) {
+        return Err(format!("--speedup must be a positive number, got {}", a.speedup));
+    }
+    let opts = LoadOptions { speedup: a.speedup, requests_max: a.requests, block_size: a.block_size, ..LoadOptions::default() };
+    to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
+}
+
+/// The router configuration for one policy.
+pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, String> {
+    let mut cfg = RouterConfig { mode: policy.0, approximate: a.no_kv_events, ..RouterConfig::default() };
+    cfg.block_size = BlockSize::new(a.block_size).map_err(|e| e.to_string())?;
+    let c = &mut cfg.cost;
+    c.prefill_load_scale = a.prefill_load_scale.unwrap_or(c.prefill_load_scale);
+    c.overlap_credit = a.overlap_credit.unwrap_or(c.overlap_credit);
+    c.active_request_weight = a.active_request_weight.unwrap_or(c.active_request_weight);
+    c.temperature = a.temperature.unwrap_or(c.temperature);
+    // Replay engines queue internally, as real ones do; the router does not hold requests back.
+    cfg.eligibility.prefill_tokens_frac_of_batch = None;
+    cfg.eligibility.decode_blocks_frac_of_kv = None;
+    cfg.approx.blocks_max_per_worker = a.blocks_per_worker;
+    Ok(cfg)
+}
+
+/// Runs one policy over `reqs` and reports it.
+pub fn run_policy(a: &ReplayArgs, policy: Policy, reqs: &[SimRequest], progress: &ProgressBar) -> Result<RunReport, String> {
+    let engine = EngineConfig {
+        blocks_per_worker: a.blocks_per_worker,
+        block_size: a.block_size,
+        max_batched_tokens: a.max_batched_tokens,
+        max_num_seqs: a.max_num_seqs,
+        ..EngineConfig::default()
+    };
+    let rcfg = ReplayConfig { workers: a.workers, engine, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
+    let fleet = Fleet { workers: a.workers, kv_blocks: a.blocks_per_worker, max_batched_tokens: a.max_batched_tokens };
+    let core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
+    let mut d = Observed { inner: core, progress, loads: Vec::new(), last_sample_ms: vec![f64::NEG_INFINITY; a.workers as usize] };
+    progress.set_message(policy.to_string());
+    progress.set_position(0);
+    let t0 = WallClock::now();
+    let rep = replay(&rcfg, reqs, &mut d).map_err(|e| format!("simulator configuration: {e}"))?;
+    let wall_s = t0.elapsed().as_secs_f64();
+    Ok(RunReport::new(policy.to_string(), a.workers, reqs.len(), &rep, wall_s, d.inner.errors, d.loads))
+}
+
+/// Wraps the core dispatcher with progress reporting and load sampling for plots.
+struct Observed<'a> {
+    inner: CoreDispatcher,
+    progress: &'a ProgressBar,
+    loads: Vec<LoadPoint>,
+    last_sample_ms: Vec<f64>,
+}
+
+/// Load samples closer together than this are dropped, to keep plots small.
+const LOAD_SAMPLE_MS: f64 = 1_000.0;
+
+impl Dispatcher for Observed<'_> {
+    fn on_arrival(&mut self, now_ms: f64, req: &SimRequest) -> Dispatch {
+        if self.inner.arrivals % 64 == 0 {
+            self.progress.set_position(self.inner.arrivals);
+        }
+        self.inner.on_arrival(now_ms, req)
+    }
+    fn on_kv_event(&mut self, now_ms: f64, worker: u32, id: u64, ev: &kvroute_sim::engine::KvEvent) {
+        self.inner.on_kv_event(now_ms, worker, id, ev)
+    }
+    fn on_prefill_done(&mut self, now_ms: f64, worker: u32, req: u64) {
+        self.inner.on_prefill_done(now_ms, worker, req)
+    }
+    fn on_finished(&mut self, now_ms: f64, worker: u32, req: u64) {
+        self.inner.on_finished(now_ms, worker, req)
+    }
+    fn on_worker_load(&mut self, now_ms: f64, worker: u32, load: WorkerLoadSample) {
+        let last = &mut self.last_sample_ms[worker as usize];
+        if now_ms - *last >= LOAD_SAMPLE_MS {
+            *last = now_ms;
+            self.loads.push(LoadPoint { t_s: now_ms / 1000.0, worker, active_blocks: load.active_blocks });
+        }
+    }
+    fn poll_dispatch(&mut self, now_ms: f64) -> Option<(u64, Dispatch)> {
+        self.inner.poll_dispatch(now_ms)
+    }
+    fn next_timeout(&self) -> Option<f64> {
+        self.inner.next_timeout()
+    }
+    fn on_timeout(&mut self, now_ms: f64) {
+        self.inner.on_timeout(now_ms)
+    }
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress_bar(total: usize) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template("{msg:>12} [{bar:40}] {pos}/{len} requests ({elapsed})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    pb.set_style(style);
+    pb
+}
+
+/// Runs every policy over `reqs` with a progress bar, and fills in the cache ceilings.
+pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Result<Vec<RunReport>, String> {
+    let pb = progress_bar(reqs.len());
+    let mut runs = Vec::new();
+    for &p in policies {
+        runs.push(run_policy(a, p, reqs, &pb)?);
+    }
+    pb.finish_and_clear();
+    let fleet_blocks = u64::from(a.workers) * u64::from(a.blocks_per_worker);
+    let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
+    let infinite = infinite_reuse_ratio(reqs);
+    for r in &mut runs {
+        r.pooled_reuse_ratio = pooled;
+        r.infinite_reuse_ratio = infinite;
+    }
+    Ok(runs)
+}
+
+/// `kvroute replay`.
+pub fn run(a: &ReplayArgs) -> Result<(), String> {
+    let reqs = load_requests(a)?;
+    if reqs.is_empty() {
+        return Err("the workload has no requests".into());
+    }
+    if a.workers == 0 {
+        return Err("--workers must be at least 1".into());
+    }
+    let policies = if a.compare.is_empty() { vec![a.policy] } else { a.compare.clone() };
+    let runs = run_all(a, &policies, &reqs)?;
+    if let Some(path) = &a.plot {
+        crate::plot::draw(path, &runs).map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
+    }
+    if a.json {
+        let out = if runs.len() == 1 { serde_json::to_string(&runs[0]) } else { serde_json::to_string(&serde_json::json!({ "runs": runs })) };
+        println!("{}", out.map_err(|e| e.to_string())?);
+    } else {
+        crate::report::print_table(&runs);
+    }
+    Ok(())
+}

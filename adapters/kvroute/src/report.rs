@@ -1,0 +1,151 @@
+//! Replay reports: the JSON object and the human-readable table.
+
+use serde::Serialize;
+
+use kvroute_sim::replay::ReplayReport;
+use kvroute_sim::stats::Dist;
+
+/// Mean and percentiles, as the report prints them.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Ttft {
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// Mean, median and tail.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Short {
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// One per-worker load sample, for plots.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadPoint {
+    pub t_s: f64,
+    pub worker: u32,
+    pub active_blocks: u32,
+}
+
+/// One policy's replay, shaped as `kvroute replay --json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub policy: String,
+    pub workers: u32,
+    pub requests: usize,
+    pub completed: u64,
+    pub rejected: u64,
+    pub unfinished: u64,
+    pub routing_errors: u64,
+    pub prefix_reuse_ratio: f64,
+    pub pooled_reuse_ratio: f64,
+    pub infinite_reuse_ratio: f64,
+    pub ttft_ms: Ttft,
+    pub itl_ms: Short,
+    pub e2e_ms: Short,
+    pub output_tokens_per_s: f64,
+    pub preemptions: u64,
+    /// Requests each worker served, in worker order.
+    pub worker_requests: Vec<u64>,
+    pub sim_duration_s: f64,
+    pub wall_s: f64,
+    #[serde(skip)]
+    pub ttft_samples_ms: Vec<f64>,
+    #[serde(skip)]
+    pub loads: Vec<LoadPoint>,
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+fn ttft(d: &Dist) -> Ttft {
+    Ttft { mean: round(d.mean, 3), p50: round(d.p50, 3), p90: round(d.p90, 3), p99: round(d.p99, 3), max: round(d.max, 3) }
+}
+
+fn short(d: &Dist) -> Short {
+    Short { mean: round(d.mean, 3), p50: round(d.p50, 3), p99: round(d.p99, 3) }
+}
+
+impl RunReport {
+    /// Builds the report of one replay.
+    pub fn new(policy: String, workers: u32, requests: usize, rep: &ReplayReport, wall_s: f64, routing_errors: u64, loads: Vec<LoadPoint>) -> Self {
+        let s = &rep.summary;
+        RunReport {
+            policy,
+            workers,
+            requests,
+            completed: s.completed,
+            rejected: s.rejected,
+            unfinished: s.unfinished,
+            routing_errors,
+            prefix_reuse_ratio: round(s.prefix_reuse_ratio, 6),
+            pooled_reuse_ratio: 0.0,
+            infinite_reuse_ratio: 0.0,
+            ttft_ms: ttft(&s.ttft_ms),
+            itl_ms: short(&s.itl_ms),
+            e2e_ms: short(&s.e2e_ms),
+            output_tokens_per_s: round(s.output_tokens_per_s, 3),
+            preemptions: s.preemptions,
+            worker_requests: rep.workers.iter().map(|w| w.requests).collect(),
+            sim_duration_s: round(rep.end_ms / 1000.0, 3),
+            wall_s: round(wall_s, 3),
+            ttft_samples_ms: rep.records.iter().filter_map(|r| r.ttft_ms()).collect(),
+            loads,
+        }
+    }
+}
+
+/// Prints the runs side by side.
+pub fn print_table(runs: &[RunReport]) {
+    let Some(first) = runs.first() else { return };
+    println!(
+        "{} requests on {} workers; cache ceilings: pooled LRU {:.3}, infinite {:.3}\n",
+        first.requests, first.workers, first.pooled_reuse_ratio, first.infinite_reuse_ratio
+    );
+    println!(
+        "{:<14} {:>9} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
+        "policy", "completed", "rejected", "reuse", "TTFT mean", "TTFT p50", "TTFT p90", "TTFT p99", "ITL mean", "E2E mean", "tok/s", "wall s"
+    );
+    for r in runs {
+        println!(
+            "{:<14} {:>9} {:>8} {:>7.3} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.2} {:>9.1} {:>9.1} {:>7.2}",
+            r.policy,
+            r.completed,
+            r.rejected,
+            r.prefix_reuse_ratio,
+            r.ttft_ms.mean,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.ttft_ms.p99,
+            r.itl_ms.mean,
+            r.e2e_ms.mean,
+            r.output_tokens_per_s,
+            r.wall_s
+        );
+    }
+    if let Some(base) = runs.iter().find(|r| r.policy == "round-robin") {
+        for r in runs.iter().filter(|r| r.policy != "round-robin") {
+            println!(
+                "\n{} vs round-robin: reuse {:.2}x, TTFT mean {:.2}x, TTFT p99 {:.2}x",
+                r.policy,
+                ratio(r.prefix_reuse_ratio, base.prefix_reuse_ratio),
+                ratio(r.ttft_ms.mean, base.ttft_ms.mean),
+                ratio(r.ttft_ms.p99, base.ttft_ms.p99)
+            );
+        }
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        0.0
+    } else {
+        a / b
+    }
+}
