@@ -95,11 +95,7 @@ fn insert_at_fill(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::from_parameter(percent), &percent, |b, _| {
             b.iter(|| {
                 next += 1;
-                match t.acquire(
-                    Instant::from_micros(n as u64),
-                    black_box(&sid(next)),
-                    Phase::Aggregated,
-                ) {
+                match t.acquire(Instant::from_micros(n as u64), black_box(&sid(next)), Phase::Aggregated) {
                     Ok(Acquire::Initialize(tok)) => t.abort(tok).expect("abort"),
                     other => panic!("{other:?}"),
                 }
@@ -133,11 +129,7 @@ fn fill_curve() {
     println!("affinity fill curve: ns per insert (acquire + commit + release), sessions_max {SESSIONS_MAX}");
     for (s, ns) in best.iter().enumerate() {
         let (from, to) = (s * slice, (s + 1) * slice);
-        let evicting = if from >= SESSIONS_MAX {
-            "  (evicting)"
-        } else {
-            ""
-        };
+        let evicting = if from >= SESSIONS_MAX { "  (evicting)" } else { "" };
         println!("  inserts {from:>6}..{to:<6} {ns:>7.1} ns{evicting}");
     }
 }

@@ -53,10 +53,7 @@ impl std::error::Error for TraceError {}
 
 /// Reads a JSON-lines trace, keeping file order. Blank lines are skipped.
 pub fn load_trace(path: &str) -> Result<Vec<TraceRequest>, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|err| TraceError::Io {
-        path: path.to_string(),
-        err,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|err| TraceError::Io { path: path.to_string(), err })?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -69,30 +66,18 @@ pub fn load_trace(path: &str) -> Result<Vec<TraceRequest>, TraceError> {
 
 fn parse_line(line: &str) -> Result<TraceRequest, String> {
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
-    let input_length = v
-        .get("input_length")
-        .and_then(|x| x.as_u64())
-        .ok_or("missing or non-integer input_length")?;
-    let ids = v
-        .get("hash_ids")
-        .and_then(|x| x.as_array())
-        .ok_or("missing hash_ids array")?;
+    let input_length = v.get("input_length").and_then(|x| x.as_u64()).ok_or("missing or non-integer input_length")?;
+    let ids = v.get("hash_ids").and_then(|x| x.as_array()).ok_or("missing hash_ids array")?;
     let mut hash_ids = Vec::with_capacity(ids.len());
     for id in ids {
-        let id = id
-            .as_u64()
-            .filter(|&x| x <= u64::from(u32::MAX))
-            .ok_or("bad hash id")?;
+        let id = id.as_u64().filter(|&x| x <= u64::from(u32::MAX)).ok_or("bad hash id")?;
         hash_ids.push(id as u32);
     }
     let input_length = usize::try_from(input_length).map_err(|_| "input_length too large")?;
     if hash_ids.len() * TRACE_TOKENS_PER_HASH_ID < input_length {
         return Err("hash_ids too short for input_length".into());
     }
-    Ok(TraceRequest {
-        input_length,
-        hash_ids,
-    })
+    Ok(TraceRequest { input_length, hash_ids })
 }
 
 /// Hashes every request into its block chain (workload section 2): full 64-token blocks,
@@ -109,9 +94,7 @@ pub fn hash_requests(reqs: &[TraceRequest]) -> Vec<Vec<BlockHash>> {
             let mut prev: Option<SeqHash> = None;
             for k in 0..n {
                 let id = r.hash_ids[k / per_id];
-                let local = *memo
-                    .entry(id)
-                    .or_insert_with(|| local_hash(&[id; BLOCK_TOKENS], &[], HashSeed::DEFAULT));
+                let local = *memo.entry(id).or_insert_with(|| local_hash(&[id; BLOCK_TOKENS], &[], HashSeed::DEFAULT));
                 let seq = match prev {
                     None => SeqHash(local.0),
                     Some(p) => chain(p, local),
@@ -178,8 +161,7 @@ mod tests {
     #[test]
     fn trace_line_hashes_match_workload_vectors() {
         let req =
-            parse_line(r#"{"input_length": 6758, "hash_ids": [0,1,2,3,4,5,6,7,8,9,10,11,12,13]}"#)
-                .expect("valid line");
+            parse_line(r#"{"input_length": 6758, "hash_ids": [0,1,2,3,4,5,6,7,8,9,10,11,12,13]}"#).expect("valid line");
         let blocks = &hash_requests(&[req])[0];
         assert_eq!(blocks.len(), 105);
         assert_eq!(blocks[0].local.0, 0xd6d5_0d0c_a847_8ea1);

@@ -72,7 +72,10 @@ pub fn run(d: &DemoArgs) -> Result<(), String> {
         }
         println!("{}", json!({ "policies": policies }));
     } else {
-        println!("kvroute demo: {} workers, bundled Mooncake conversation slice, timestamps / {}\n", args.workers, args.speedup);
+        println!(
+            "kvroute demo: {} workers, bundled Mooncake conversation slice, timestamps / {}\n",
+            args.workers, args.speedup
+        );
         crate::report::print_table(&runs);
     }
     Ok(())

@@ -22,7 +22,10 @@ pub fn draw(path: &Path, runs: &[RunReport]) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
-fn draw_cdf<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, runs: &[RunReport]) -> Result<(), Box<dyn std::error::Error>>
+fn draw_cdf<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    runs: &[RunReport],
+) -> Result<(), Box<dyn std::error::Error>>
 where
     DB::ErrorType: 'static,
 {
@@ -40,15 +43,19 @@ where
         let n = v.len().max(1) as f64;
         let color = COLORS[i % COLORS.len()];
         let points = v.iter().enumerate().map(|(k, &x)| (x.min(x_max), (k + 1) as f64 / n));
-        chart.draw_series(LineSeries::new(points, color))?.label(r.policy.clone()).legend(move |(x, y)| {
-            PathElement::new(vec![(x, y), (x + 20, y)], color)
-        });
+        chart
+            .draw_series(LineSeries::new(points, color))?
+            .label(r.policy.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
     Ok(())
 }
 
-fn draw_load<DB: DrawingBackend>(area: &DrawingArea<DB, plotters::coord::Shift>, run: &RunReport) -> Result<(), Box<dyn std::error::Error>>
+fn draw_load<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    run: &RunReport,
+) -> Result<(), Box<dyn std::error::Error>>
 where
     DB::ErrorType: 'static,
 {

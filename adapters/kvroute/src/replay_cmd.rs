@@ -114,9 +114,13 @@ impl FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.parse::<RouterMode>() {
-            Ok(m @ (RouterMode::Kv | RouterMode::RoundRobin | RouterMode::Random | RouterMode::PowerOfTwo | RouterMode::LeastLoaded)) => {
-                Ok(Policy(m))
-            }
+            Ok(
+                m @ (RouterMode::Kv
+                | RouterMode::RoundRobin
+                | RouterMode::Random
+                | RouterMode::PowerOfTwo
+                | RouterMode::LeastLoaded),
+            ) => Ok(Policy(m)),
             _ => Err(format!("unknown policy {s:?}; expected kv, round-robin, random, power-of-two or least-loaded")),
         }
     }
@@ -132,7 +136,8 @@ impl fmt::Display for Policy {
 pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     let records: Vec<TraceRecord> = if let Some(path) = &a.trace {
         let file = std::fs::File::open(path).map_err(|e| format!("cannot open trace {}: {e}", path.display()))?;
-        read_trace(std::io::BufReader::new(file), &TraceLimits::default()).map_err(|e| format!("{}: {e}", path.display()))?
+        read_trace(std::io::BufReader::new(file), &TraceLimits::default())
+            .map_err(|e| format!("{}: {e}", path.display()))?
     } else if a.synthetic {
         generate(&SynthConfig { seed: a.seed.max(1), ..SynthConfig::default() })
     } else if a.bundled {
@@ -143,7 +148,12 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         return Err(format!("--speedup must be a positive number, got {}", a.speedup));
     }
-    let opts = LoadOptions { speedup: a.speedup, requests_max: a.requests, block_size: a.block_size, ..LoadOptions::default() };
+    let opts = LoadOptions {
+        speedup: a.speedup,
+        requests_max: a.requests,
+        block_size: a.block_size,
+        ..LoadOptions::default()
+    };
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
 }
 
@@ -164,7 +174,12 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
 }
 
 /// Runs one policy over `reqs` and reports it.
-pub fn run_policy(a: &ReplayArgs, policy: Policy, reqs: &[SimRequest], progress: &ProgressBar) -> Result<RunReport, String> {
+pub fn run_policy(
+    a: &ReplayArgs,
+    policy: Policy,
+    reqs: &[SimRequest],
+    progress: &ProgressBar,
+) -> Result<RunReport, String> {
     let engine = EngineConfig {
         blocks_per_worker: a.blocks_per_worker,
         block_size: a.block_size,
@@ -172,10 +187,16 @@ pub fn run_policy(a: &ReplayArgs, policy: Policy, reqs: &[SimRequest], progress:
         max_num_seqs: a.max_num_seqs,
         ..EngineConfig::default()
     };
-    let rcfg = ReplayConfig { workers: a.workers, engine, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
+    let rcfg =
+        ReplayConfig { workers: a.workers, engine, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
     let fleet = Fleet { workers: a.workers, kv_blocks: a.blocks_per_worker, max_batched_tokens: a.max_batched_tokens };
     let core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
-    let mut d = Observed { inner: core, progress, loads: Vec::new(), last_sample_ms: vec![f64::NEG_INFINITY; a.workers as usize] };
+    let mut d = Observed {
+        inner: core,
+        progress,
+        loads: Vec::new(),
+        last_sample_ms: vec![f64::NEG_INFINITY; a.workers as usize],
+    };
     progress.set_message(policy.to_string());
     progress.set_position(0);
     let t0 = WallClock::now();
@@ -197,7 +218,7 @@ const LOAD_SAMPLE_MS: f64 = 1_000.0;
 
 impl Dispatcher for Observed<'_> {
     fn on_arrival(&mut self, now_ms: f64, req: &SimRequest) -> Dispatch {
-        if self.inner.arrivals % 64 == 0 {
+        if self.inner.arrivals.is_multiple_of(64) {
             self.progress.set_position(self.inner.arrivals);
         }
         self.inner.on_arrival(now_ms, req)
@@ -272,7 +293,11 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         crate::plot::draw(path, &runs).map_err(|e| format!("cannot draw {}: {e}", path.display()))?;
     }
     if a.json {
-        let out = if runs.len() == 1 { serde_json::to_string(&runs[0]) } else { serde_json::to_string(&serde_json::json!({ "runs": runs })) };
+        let out = if runs.len() == 1 {
+            serde_json::to_string(&runs[0])
+        } else {
+            serde_json::to_string(&serde_json::json!({ "runs": runs }))
+        };
         println!("{}", out.map_err(|e| e.to_string())?);
     } else {
         crate::report::print_table(&runs);

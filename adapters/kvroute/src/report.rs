@@ -65,7 +65,13 @@ fn round(x: f64, digits: i32) -> f64 {
 }
 
 fn ttft(d: &Dist) -> Ttft {
-    Ttft { mean: round(d.mean, 3), p50: round(d.p50, 3), p90: round(d.p90, 3), p99: round(d.p99, 3), max: round(d.max, 3) }
+    Ttft {
+        mean: round(d.mean, 3),
+        p50: round(d.p50, 3),
+        p90: round(d.p90, 3),
+        p99: round(d.p99, 3),
+        max: round(d.max, 3),
+    }
 }
 
 fn short(d: &Dist) -> Short {
@@ -74,7 +80,15 @@ fn short(d: &Dist) -> Short {
 
 impl RunReport {
     /// Builds the report of one replay.
-    pub fn new(policy: String, workers: u32, requests: usize, rep: &ReplayReport, wall_s: f64, routing_errors: u64, loads: Vec<LoadPoint>) -> Self {
+    pub fn new(
+        policy: String,
+        workers: u32,
+        requests: usize,
+        rep: &ReplayReport,
+        wall_s: f64,
+        routing_errors: u64,
+        loads: Vec<LoadPoint>,
+    ) -> Self {
         let s = &rep.summary;
         RunReport {
             policy,
@@ -110,7 +124,18 @@ pub fn print_table(runs: &[RunReport]) {
     );
     println!(
         "{:<14} {:>9} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>7}",
-        "policy", "completed", "rejected", "reuse", "TTFT mean", "TTFT p50", "TTFT p90", "TTFT p99", "ITL mean", "E2E mean", "tok/s", "wall s"
+        "policy",
+        "completed",
+        "rejected",
+        "reuse",
+        "TTFT mean",
+        "TTFT p50",
+        "TTFT p90",
+        "TTFT p99",
+        "ITL mean",
+        "E2E mean",
+        "tok/s",
+        "wall s"
     );
     for r in runs {
         println!(

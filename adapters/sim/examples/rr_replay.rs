@@ -38,40 +38,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let file = std::io::BufReader::new(std::fs::File::open(&args[1])?);
     let records = read_trace(file, &TraceLimits::default())?;
     let t_parse = t0.elapsed();
-    let opts = LoadOptions {
-        speedup,
-        requests_max,
-        ..LoadOptions::default()
-    };
+    let opts = LoadOptions { speedup, requests_max, ..LoadOptions::default() };
     let reqs = to_requests(&records, &opts)?;
     let t_hash = t0.elapsed() - t_parse;
 
-    let cfg = ReplayConfig {
-        workers,
-        ..ReplayConfig::default()
-    };
+    let cfg = ReplayConfig { workers, ..ReplayConfig::default() };
     let t1 = Instant::now();
-    let report = replay(
-        &cfg,
-        &reqs,
-        &mut RoundRobin {
-            n: workers,
-            next: 0,
-        },
-    )?;
+    let report = replay(&cfg, &reqs, &mut RoundRobin { n: workers, next: 0 })?;
     let t_replay = t1.elapsed();
 
     let fleet_blocks = u64::from(workers) * u64::from(cfg.engine.blocks_per_worker);
     let pooled = reuse_ratio(&reqs, Some(fleet_blocks), true);
     let infinite = reuse_ratio(&reqs, None, true);
     let infinite_plain = reuse_ratio(&reqs, None, false);
-    let coarse = to_requests(
-        &records,
-        &LoadOptions {
-            block_size: 512,
-            ..opts.clone()
-        },
-    )?;
+    let coarse = to_requests(&records, &LoadOptions { block_size: 512, ..opts.clone() })?;
     let coarse_plain = reuse_ratio(&coarse, None, false);
 
     println!("{}", serde_json::to_string_pretty(&report.summary)?);

@@ -25,23 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let workers: u32 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(8);
     let seed: u64 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(1);
-    let records = generate(&SynthConfig {
-        seed,
-        ..SynthConfig::default()
-    });
+    let records = generate(&SynthConfig { seed, ..SynthConfig::default() });
     let reqs = to_requests(&records, &LoadOptions::default())?;
-    let cfg = ReplayConfig {
-        workers,
-        ..ReplayConfig::default()
-    };
-    let report = replay(
-        &cfg,
-        &reqs,
-        &mut RoundRobin {
-            n: workers,
-            next: 0,
-        },
-    )?;
+    let cfg = ReplayConfig { workers, ..ReplayConfig::default() };
+    let report = replay(&cfg, &reqs, &mut RoundRobin { n: workers, next: 0 })?;
     println!("{}", serde_json::to_string_pretty(&report.summary)?);
     let prompt_tokens: u64 = reqs.iter().map(|r| u64::from(r.prompt.len_tokens())).sum();
     println!(
@@ -49,11 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         reqs.len(),
         prompt_tokens,
         report.end_ms / 1000.0,
-        reuse_ratio(
-            &reqs,
-            Some(u64::from(workers) * u64::from(cfg.engine.blocks_per_worker)),
-            true
-        ),
+        reuse_ratio(&reqs, Some(u64::from(workers) * u64::from(cfg.engine.blocks_per_worker)), true),
         reuse_ratio(&reqs, None, true)
     );
     Ok(())

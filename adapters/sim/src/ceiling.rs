@@ -25,11 +25,7 @@ pub fn infinite_reuse_ratio(requests: &[SimRequest]) -> f64 {
 
 /// Cached prompt tokens ÷ all prompt tokens for a cache of `capacity_blocks` blocks
 /// (`None` = unbounded). Linear in the total number of prompt blocks.
-pub fn reuse_ratio(
-    requests: &[SimRequest],
-    capacity_blocks: Option<u64>,
-    recompute_last_block: bool,
-) -> f64 {
+pub fn reuse_ratio(requests: &[SimRequest], capacity_blocks: Option<u64>, recompute_last_block: bool) -> f64 {
     let cap = capacity_blocks.map_or(u32::MAX, |c| c.min(u64::from(u32::MAX)) as u32);
     let mut pool = Pool::new(cap, 0x6365_696c);
     let mut held: Vec<u32> = Vec::new();
@@ -38,16 +34,8 @@ pub fn reuse_ratio(
         let blocks = r.prompt.blocks();
         let len = r.prompt.len_tokens();
         let bs = r.prompt.block_size().tokens();
-        let max_hit = if recompute_last_block {
-            (len.saturating_sub(1) / bs) as usize
-        } else {
-            blocks.len()
-        };
-        let hit = blocks
-            .iter()
-            .take(max_hit)
-            .take_while(|b| pool.lookup(b.seq).is_some())
-            .count();
+        let max_hit = if recompute_last_block { (len.saturating_sub(1) / bs) as usize } else { blocks.len() };
+        let hit = blocks.iter().take(max_hit).take_while(|b| pool.lookup(b.seq).is_some()).count();
         cached += (hit as u64 * u64::from(bs)).min(u64::from(len));
         total += u64::from(len);
         held.clear();
@@ -88,15 +76,8 @@ mod tests {
         SimRequest {
             id,
             arrival_ms: id as f64,
-            prompt: Prompt::from_hash_ids(
-                ids,
-                len,
-                512,
-                BlockSize::new(512).unwrap(),
-                HashSeed::DEFAULT,
-                &mut s,
-            )
-            .unwrap(),
+            prompt: Prompt::from_hash_ids(ids, len, 512, BlockSize::new(512).unwrap(), HashSeed::DEFAULT, &mut s)
+                .unwrap(),
             output_len: 1,
             session_id: None,
             priority: None,
@@ -106,20 +87,12 @@ mod tests {
     #[track_caller]
     fn check(reqs: &[SimRequest], cap: Option<u64>, rule: bool, want: f64) {
         let got = reuse_ratio(reqs, cap, rule);
-        assert!(
-            (got - want).abs() < 1e-12,
-            "cap {cap:?} rule {rule}: got {got}, want {want}"
-        );
+        assert!((got - want).abs() < 1e-12, "cap {cap:?} rule {rule}: got {got}, want {want}");
     }
 
     #[test]
     fn ratios() {
-        let reqs = vec![
-            req(0, &[1, 2], 1024),
-            req(1, &[1, 2], 1024),
-            req(2, &[1, 3], 1000),
-            req(3, &[4], 512),
-        ];
+        let reqs = vec![req(0, &[1, 2], 1024), req(1, &[1, 2], 1024), req(2, &[1, 3], 1000), req(3, &[4], 512)];
         let total = 1024.0 + 1024.0 + 1000.0 + 512.0;
         // Unbounded, plain hit: second request all 1024, third 512.
         check(&reqs, None, false, (1024.0 + 512.0) / total);
@@ -129,9 +102,6 @@ mod tests {
         check(&reqs, Some(1), false, (512.0 + 512.0) / total);
         check(&reqs, Some(0), false, 0.0);
         assert_eq!(infinite_reuse_ratio(&reqs), reuse_ratio(&reqs, None, true));
-        assert_eq!(
-            pooled_reuse_ratio(&reqs, 8),
-            reuse_ratio(&reqs, Some(8), true)
-        );
+        assert_eq!(pooled_reuse_ratio(&reqs, 8), reuse_ratio(&reqs, Some(8), true));
     }
 }

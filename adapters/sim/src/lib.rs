@@ -24,7 +24,5 @@ pub mod trace;
 
 pub use engine::{Engine, EngineConfig, EngineOutput, EngineRequest, EngineRole, KvEvent};
 pub use prompt::Prompt;
-pub use replay::{
-    replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest, WorkerLoadSample,
-};
+pub use replay::{replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest, WorkerLoadSample};
 pub use stats::{RequestRecord, Summary};

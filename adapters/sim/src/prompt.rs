@@ -54,24 +54,14 @@ impl fmt::Display for PromptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PromptError::ReservedTokenId { index, id } => {
-                write!(
-                    f,
-                    "token {index} has id {id}, in the range reserved for generated tokens"
-                )
+                write!(f, "token {index} has id {id}, in the range reserved for generated tokens")
             }
             PromptError::TooLong { tokens } => {
-                write!(
-                    f,
-                    "prompt of {tokens} tokens is longer than {PROMPT_TOKENS_MAX}"
-                )
+                write!(f, "prompt of {tokens} tokens is longer than {PROMPT_TOKENS_MAX}")
             }
-            PromptError::HashIdsTooShort {
-                input_tokens,
-                covered_tokens,
-            } => write!(
-                f,
-                "hash ids cover {covered_tokens} tokens, fewer than the input length {input_tokens}"
-            ),
+            PromptError::HashIdsTooShort { input_tokens, covered_tokens } => {
+                write!(f, "hash ids cover {covered_tokens} tokens, fewer than the input length {input_tokens}")
+            }
             PromptError::ZeroTraceBlock => f.write_str("trace block size is zero"),
         }
     }
@@ -90,21 +80,11 @@ pub struct Prompt {
 
 impl Prompt {
     /// Hashes `tokens` at `block_size`. Work is linear in the prompt length.
-    pub fn from_tokens(
-        tokens: &[u32],
-        block_size: BlockSize,
-        seed: HashSeed,
-    ) -> Result<Self, PromptError> {
+    pub fn from_tokens(tokens: &[u32], block_size: BlockSize, seed: HashSeed) -> Result<Self, PromptError> {
         if tokens.len() as u64 > u64::from(PROMPT_TOKENS_MAX) {
-            return Err(PromptError::TooLong {
-                tokens: tokens.len() as u64,
-            });
+            return Err(PromptError::TooLong { tokens: tokens.len() as u64 });
         }
-        if let Some((index, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &t)| t >= OUTPUT_TOKEN_ID_BASE)
-        {
+        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, &t)| t >= OUTPUT_TOKEN_ID_BASE) {
             return Err(PromptError::ReservedTokenId { index, id });
         }
         let bs = block_size.tokens() as usize;
@@ -116,12 +96,7 @@ impl Prompt {
             prev = Some(push_chained(&mut blocks, prev, local));
         }
         let full = blocks.len() * bs;
-        Ok(Prompt {
-            blocks: blocks.into(),
-            tail: tokens[full..].into(),
-            block_size,
-            seed,
-        })
+        Ok(Prompt { blocks: blocks.into(), tail: tokens[full..].into(), block_size, seed })
     }
 
     /// Expands a trace's hash ids (each id becomes `trace_block_tokens` copies of token
@@ -140,23 +115,15 @@ impl Prompt {
             return Err(PromptError::ZeroTraceBlock);
         }
         if input_tokens > PROMPT_TOKENS_MAX {
-            return Err(PromptError::TooLong {
-                tokens: u64::from(input_tokens),
-            });
+            return Err(PromptError::TooLong { tokens: u64::from(input_tokens) });
         }
         let covered = hash_ids.len() as u64 * u64::from(trace_block_tokens);
         if covered < u64::from(input_tokens) {
-            return Err(PromptError::HashIdsTooShort {
-                input_tokens,
-                covered_tokens: covered,
-            });
+            return Err(PromptError::HashIdsTooShort { input_tokens, covered_tokens: covered });
         }
         if let Some(t) = hash_ids.iter().position(|&id| id >= OUTPUT_TOKEN_ID_BASE) {
             let index = t * trace_block_tokens as usize;
-            return Err(PromptError::ReservedTokenId {
-                index,
-                id: hash_ids[t],
-            });
+            return Err(PromptError::ReservedTokenId { index, id: hash_ids[t] });
         }
         let bs = block_size.tokens();
         if !trace_block_tokens.is_multiple_of(bs) {
@@ -196,16 +163,9 @@ impl Prompt {
             Vec::new()
         } else {
             let start = full_blocks * bs as usize;
-            (start..start + tail_len)
-                .map(|pos| hash_ids[pos / trace_block_tokens as usize])
-                .collect()
+            (start..start + tail_len).map(|pos| hash_ids[pos / trace_block_tokens as usize]).collect()
         };
-        Ok(Prompt {
-            blocks: blocks.into(),
-            tail: tail.into(),
-            block_size,
-            seed,
-        })
+        Ok(Prompt { blocks: blocks.into(), tail: tail.into(), block_size, seed })
     }
 
     /// Full-block hashes, in order; share this `Arc` with the router.
@@ -262,15 +222,8 @@ mod tests {
     #[track_caller]
     fn check_hash_ids(ids: &[u32], input: u32, want_blocks: usize, want_tail: &[u32]) {
         let mut scratch = Vec::new();
-        let p = Prompt::from_hash_ids(
-            ids,
-            input,
-            512,
-            BlockSize::DEFAULT,
-            HashSeed::DEFAULT,
-            &mut scratch,
-        )
-        .expect("valid prompt");
+        let p = Prompt::from_hash_ids(ids, input, 512, BlockSize::DEFAULT, HashSeed::DEFAULT, &mut scratch)
+            .expect("valid prompt");
         assert_eq!(p.blocks().len(), want_blocks);
         assert_eq!(p.tail(), want_tail);
         assert_eq!(p.len_tokens(), input);
@@ -283,23 +236,12 @@ mod tests {
                 }
             }
         }
-        let direct =
-            Prompt::from_tokens(&tokens, BlockSize::DEFAULT, HashSeed::DEFAULT).expect("valid");
+        let direct = Prompt::from_tokens(&tokens, BlockSize::DEFAULT, HashSeed::DEFAULT).expect("valid");
         assert_eq!(&p.blocks()[..], &direct.blocks()[..]);
         assert_eq!(direct.tail(), want_tail);
         let mut reference = Vec::new();
-        hash_tokens(
-            &tokens,
-            BlockSize::DEFAULT,
-            HashSeed::DEFAULT,
-            &[],
-            &mut reference,
-        );
-        assert_eq!(
-            &p.blocks()[..],
-            &reference[..],
-            "same hashes as router-core"
-        );
+        hash_tokens(&tokens, BlockSize::DEFAULT, HashSeed::DEFAULT, &[], &mut reference);
+        assert_eq!(&p.blocks()[..], &reference[..], "same hashes as router-core");
     }
 
     #[test]
@@ -308,10 +250,7 @@ mod tests {
         let mut s = Vec::new();
         for bs in [1u32, 4, 16, 64, 128, 512, 1024] {
             let block_size = BlockSize::new(bs).unwrap();
-            for seed in [
-                HashSeed::DEFAULT,
-                HashSeed::salted(Some("lora"), Some("tenant")),
-            ] {
+            for seed in [HashSeed::DEFAULT, HashSeed::salted(Some("lora"), Some("tenant"))] {
                 let tokens: Vec<u32> = (0..3000).map(|_| rng.below(1 << 31) as u32).collect();
                 let mut reference = Vec::new();
                 hash_tokens(&tokens, block_size, seed, &[], &mut reference);
@@ -319,16 +258,12 @@ mod tests {
                 assert_eq!(&p.blocks()[..], &reference[..], "bs {bs}");
                 for trace_bs in [bs, 512, 1000] {
                     let ids: Vec<u32> = (0..8).map(|_| rng.below(1000) as u32).collect();
-                    let len = (ids.len() as u32 * trace_bs)
-                        .saturating_sub(rng.below(u64::from(trace_bs)) as u32)
-                        .max(1);
-                    let expanded: Vec<u32> = (0..len as usize)
-                        .map(|i| ids[i / trace_bs as usize])
-                        .collect();
+                    let len =
+                        (ids.len() as u32 * trace_bs).saturating_sub(rng.below(u64::from(trace_bs)) as u32).max(1);
+                    let expanded: Vec<u32> = (0..len as usize).map(|i| ids[i / trace_bs as usize]).collect();
                     let mut reference = Vec::new();
                     hash_tokens(&expanded, block_size, seed, &[], &mut reference);
-                    let p = Prompt::from_hash_ids(&ids, len, trace_bs, block_size, seed, &mut s)
-                        .unwrap();
+                    let p = Prompt::from_hash_ids(&ids, len, trace_bs, block_size, seed, &mut s).unwrap();
                     assert_eq!(&p.blocks()[..], &reference[..], "bs {bs} trace {trace_bs}");
                     assert_eq!(p.tail(), &expanded[reference.len() * bs as usize..]);
                 }
@@ -347,24 +282,8 @@ mod tests {
     #[test]
     fn equal_tokens_under_different_prefixes_differ() {
         let mut s = Vec::new();
-        let a = Prompt::from_hash_ids(
-            &[1, 4],
-            1024,
-            512,
-            BlockSize::DEFAULT,
-            HashSeed::DEFAULT,
-            &mut s,
-        )
-        .unwrap();
-        let b = Prompt::from_hash_ids(
-            &[2, 4],
-            1024,
-            512,
-            BlockSize::DEFAULT,
-            HashSeed::DEFAULT,
-            &mut s,
-        )
-        .unwrap();
+        let a = Prompt::from_hash_ids(&[1, 4], 1024, 512, BlockSize::DEFAULT, HashSeed::DEFAULT, &mut s).unwrap();
+        let b = Prompt::from_hash_ids(&[2, 4], 1024, 512, BlockSize::DEFAULT, HashSeed::DEFAULT, &mut s).unwrap();
         assert_ne!(a.blocks()[8].seq, b.blocks()[8].seq);
         assert_eq!(a.blocks()[8].local, b.blocks()[8].local);
     }
@@ -376,21 +295,12 @@ mod tests {
         let seed = HashSeed::DEFAULT;
         assert_eq!(
             Prompt::from_hash_ids(&[1], 600, 512, bs, seed, &mut s).unwrap_err(),
-            PromptError::HashIdsTooShort {
-                input_tokens: 600,
-                covered_tokens: 512
-            }
+            PromptError::HashIdsTooShort { input_tokens: 600, covered_tokens: 512 }
         );
-        assert_eq!(
-            Prompt::from_hash_ids(&[1], 10, 0, bs, seed, &mut s).unwrap_err(),
-            PromptError::ZeroTraceBlock
-        );
+        assert_eq!(Prompt::from_hash_ids(&[1], 10, 0, bs, seed, &mut s).unwrap_err(), PromptError::ZeroTraceBlock);
         assert_eq!(
             Prompt::from_tokens(&[1, OUTPUT_TOKEN_ID_BASE], bs, seed).unwrap_err(),
-            PromptError::ReservedTokenId {
-                index: 1,
-                id: OUTPUT_TOKEN_ID_BASE
-            }
+            PromptError::ReservedTokenId { index: 1, id: OUTPUT_TOKEN_ID_BASE }
         );
         assert!(matches!(
             Prompt::from_hash_ids(&[1], PROMPT_TOKENS_MAX + 1, 1 << 30, bs, seed, &mut s),

@@ -13,10 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{
-    ConfigError, Engine, EngineConfig, EngineOutput, EngineRequest, EngineRole, EngineStats,
-    KvEvent,
-};
+use crate::engine::{ConfigError, Engine, EngineConfig, EngineOutput, EngineRequest, EngineRole, EngineStats, KvEvent};
 use crate::prompt::Prompt;
 use crate::stats::{summarize, RequestRecord, Summary};
 
@@ -323,12 +320,7 @@ pub fn replay<D: Dispatcher>(
 /// Request indices by arrival time, ties by input order.
 fn sorted_arrivals(reqs: &[SimRequest]) -> Vec<usize> {
     let mut v: Vec<usize> = (0..reqs.len()).collect();
-    v.sort_by(|&a, &b| {
-        reqs[a]
-            .arrival_ms
-            .total_cmp(&reqs[b].arrival_ms)
-            .then(a.cmp(&b))
-    });
+    v.sort_by(|&a, &b| reqs[a].arrival_ms.total_cmp(&reqs[b].arrival_ms).then(a.cmp(&b)));
     v
 }
 
@@ -336,12 +328,7 @@ impl<D: Dispatcher> Loop<'_, D> {
     fn push(&mut self, t: f64, kind: Kind) {
         self.seq += 1;
         let tie = kind.rank() << 56 | self.seq;
-        self.heap.push(Reverse(Entry {
-            key: time_key(t),
-            tie,
-            t,
-            kind,
-        }));
+        self.heap.push(Reverse(Entry { key: time_key(t), tie, t, kind }));
     }
 
     fn run(&mut self) -> (u64, f64, bool) {
@@ -349,17 +336,12 @@ impl<D: Dispatcher> Loop<'_, D> {
         let mut now = 0.0f64;
         let mut next_arrival = 0;
         loop {
-            let arrival = self
-                .arrivals
-                .get(next_arrival)
-                .map(|&i| (time_key(self.reqs[i].arrival_ms), i));
+            let arrival = self.arrivals.get(next_arrival).map(|&i| (time_key(self.reqs[i].arrival_ms), i));
             let from_heap = match (self.heap.peek(), arrival) {
                 (None, None) => break,
                 (None, Some(_)) => false,
                 (Some(_), None) => true,
-                (Some(Reverse(top)), Some((key, _))) => {
-                    (top.key, top.tie) < (key, RANK_ARRIVAL << 56)
-                }
+                (Some(Reverse(top)), Some((key, _))) => (top.key, top.tie) < (key, RANK_ARRIVAL << 56),
             };
             if steps >= self.cfg.steps_max {
                 return (steps, now, true);
@@ -406,11 +388,7 @@ impl<D: Dispatcher> Loop<'_, D> {
                 break;
             };
             match self.index.get(&id).copied() {
-                Some(i)
-                    if self.legs[i].is_none()
-                        && !self.records[i].rejected
-                        && decision != Dispatch::Queued =>
-                {
+                Some(i) if self.legs[i].is_none() && !self.records[i].rejected && decision != Dispatch::Queued => {
                     self.queued = self.queued.saturating_sub(1);
                     self.dispatch(now, i, decision);
                 }
@@ -433,12 +411,9 @@ impl<D: Dispatcher> Loop<'_, D> {
 
     fn dispatch(&mut self, now: f64, i: usize, decision: Dispatch) {
         match decision {
-            Dispatch::To(w) if self.role(w) == Some(EngineRole::Aggregated) => {
-                self.submit(now, i, w, Leg::Whole)
-            }
+            Dispatch::To(w) if self.role(w) == Some(EngineRole::Aggregated) => self.submit(now, i, w, Leg::Whole),
             Dispatch::Split { prefill, decode }
-                if self.role(prefill) == Some(EngineRole::Prefill)
-                    && self.role(decode) == Some(EngineRole::Decode) =>
+                if self.role(prefill) == Some(EngineRole::Prefill) && self.role(decode) == Some(EngineRole::Decode) =>
             {
                 self.submit(now, i, prefill, Leg::Prefill { decode })
             }
@@ -507,11 +482,7 @@ impl<D: Dispatcher> Loop<'_, D> {
     fn on_output(&mut self, w: u32, o: EngineOutput) {
         let lag = self.cfg.kv_event_lag_ms.max(0.0);
         match o {
-            EngineOutput::Kv {
-                at_ms,
-                event_id,
-                event,
-            } => {
+            EngineOutput::Kv { at_ms, event_id, event } => {
                 let t = at_ms + lag;
                 let q = &mut self.kv_queues[w as usize];
                 let new_time = q.back().is_none_or(|b| b.0 != t);
@@ -520,12 +491,7 @@ impl<D: Dispatcher> Loop<'_, D> {
                     self.push(t, Kind::KvDeliver(w));
                 }
             }
-            EngineOutput::Admitted {
-                id,
-                at_ms,
-                cached_tokens,
-                readmission,
-            } => {
+            EngineOutput::Admitted { id, at_ms, cached_tokens, readmission } => {
                 if let Some(i) = self.lookup(id) {
                     if !readmission && self.legs[i] != Some(Leg::Decode) {
                         self.records[i].cached_tokens.get_or_insert(cached_tokens);
@@ -544,13 +510,7 @@ impl<D: Dispatcher> Loop<'_, D> {
                     self.records[i].preemptions += 1;
                 }
             }
-            EngineOutput::Finished {
-                id,
-                at_ms,
-                tokens,
-                kv_transfer_ms,
-                ..
-            } => {
+            EngineOutput::Finished { id, at_ms, tokens, kv_transfer_ms, .. } => {
                 let Some(i) = self.lookup(id) else { return };
                 let rec = &mut self.records[i];
                 rec.output_tokens += tokens;

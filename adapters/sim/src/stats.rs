@@ -42,9 +42,7 @@ impl RequestRecord {
     /// Mean gap between consecutive tokens, ms (None with fewer than two tokens).
     pub fn itl_ms(&self) -> Option<f64> {
         match (self.first_token_ms, self.last_token_ms) {
-            (Some(f), Some(l)) if self.output_tokens >= 2 => {
-                Some((l - f) / f64::from(self.output_tokens - 1))
-            }
+            (Some(f), Some(l)) if self.output_tokens >= 2 => Some((l - f) / f64::from(self.output_tokens - 1)),
             _ => None,
         }
     }
@@ -133,8 +131,7 @@ pub fn summarize(records: &[RequestRecord]) -> Summary {
     let mut e2e = Vec::new();
     let (mut gap_ms, mut gaps) = (0.0, 0u64);
     let (mut cached, mut prompt) = (0u64, 0u64);
-    let (mut out_tokens, mut first_arrival, mut last_token) =
-        (0u64, f64::INFINITY, f64::NEG_INFINITY);
+    let (mut out_tokens, mut first_arrival, mut last_token) = (0u64, f64::INFINITY, f64::NEG_INFINITY);
     for r in records {
         s.preemptions += u64::from(r.preemptions);
         first_arrival = first_arrival.min(r.arrival_ms);
@@ -172,16 +169,8 @@ pub fn summarize(records: &[RequestRecord]) -> Summary {
     s.itl_ms.mean = if gaps > 0 { gap_ms / gaps as f64 } else { 0.0 };
     s.e2e_ms = Dist::of(&mut e2e);
     let span_s = (last_token - first_arrival) / 1000.0;
-    s.output_tokens_per_s = if span_s > 0.0 {
-        out_tokens as f64 / span_s
-    } else {
-        0.0
-    };
-    s.prefix_reuse_ratio = if prompt > 0 {
-        cached as f64 / prompt as f64
-    } else {
-        0.0
-    };
+    s.output_tokens_per_s = if span_s > 0.0 { out_tokens as f64 / span_s } else { 0.0 };
+    s.prefix_reuse_ratio = if prompt > 0 { cached as f64 / prompt as f64 } else { 0.0 };
     s
 }
 
@@ -209,15 +198,7 @@ mod tests {
         check_rank(&hundred, 99.0, 99.0);
     }
 
-    fn rec(
-        id: u64,
-        arrival: f64,
-        first: f64,
-        last: f64,
-        tokens: u32,
-        cached: u32,
-        prompt: u32,
-    ) -> RequestRecord {
+    fn rec(id: u64, arrival: f64, first: f64, last: f64, tokens: u32, cached: u32, prompt: u32) -> RequestRecord {
         RequestRecord {
             id,
             arrival_ms: arrival,
@@ -239,13 +220,7 @@ mod tests {
         let records = vec![
             rec(0, 0.0, 10.0, 100.0, 10, 0, 1000),
             rec(1, 0.0, 30.0, 40.0, 2, 500, 1000),
-            RequestRecord {
-                id: 2,
-                arrival_ms: 5.0,
-                rejected: true,
-                prompt_tokens: 7,
-                ..Default::default()
-            },
+            RequestRecord { id: 2, arrival_ms: 5.0, rejected: true, prompt_tokens: 7, ..Default::default() },
         ];
         let s = summarize(&records);
         assert_eq!((s.completed, s.rejected, s.unfinished), (2, 1, 0));

@@ -92,11 +92,7 @@ impl Ids {
     fn take(&mut self, n: u32, out: &mut Vec<u32>) {
         for _ in 0..n {
             out.push(self.0);
-            self.0 = if self.0 >= (1 << 31) - 1 {
-                1
-            } else {
-                self.0 + 1
-            };
+            self.0 = if self.0 >= (1 << 31) - 1 { 1 } else { self.0 + 1 };
         }
     }
 }
@@ -116,11 +112,7 @@ pub fn generate(cfg: &SynthConfig) -> Vec<TraceRecord> {
     let mut out = Vec::new();
     let mut on_time_ms = 0.0;
     let mut session = 0u64;
-    let mean_gap_ms = if cfg.session_rate_per_s > 0.0 {
-        1000.0 / cfg.session_rate_per_s
-    } else {
-        f64::INFINITY
-    };
+    let mean_gap_ms = if cfg.session_rate_per_s > 0.0 { 1000.0 / cfg.session_rate_per_s } else { f64::INFINITY };
     'sessions: loop {
         on_time_ms += rng.exp(mean_gap_ms * duty(&cfg.arrival));
         let start = real_time(&cfg.arrival, on_time_ms);
@@ -186,9 +178,7 @@ fn around(rng: &mut SplitMix64, mean: u32) -> u32 {
 }
 
 fn zipf_cdf(n: u32, s: f64) -> Vec<f64> {
-    let w: Vec<f64> = (1..=n)
-        .map(|k| 1.0 / f64::from(k).powf(s.max(0.0)))
-        .collect();
+    let w: Vec<f64> = (1..=n).map(|k| 1.0 / f64::from(k).powf(s.max(0.0))).collect();
     let total: f64 = w.iter().sum();
     let mut acc = 0.0;
     w.iter()
@@ -200,9 +190,7 @@ fn zipf_cdf(n: u32, s: f64) -> Vec<f64> {
 }
 
 fn pick(cdf: &[f64], u: f64) -> usize {
-    cdf.iter()
-        .position(|&c| u < c)
-        .unwrap_or(cdf.len().saturating_sub(1))
+    cdf.iter().position(|&c| u < c).unwrap_or(cdf.len().saturating_sub(1))
 }
 
 #[cfg(test)]
@@ -236,11 +224,7 @@ mod tests {
             let later = recs[i + 1..].iter().find(|x| x.session_id == r.session_id);
             if let Some(next) = later {
                 let prev = tokens(r);
-                assert_eq!(
-                    &tokens(next)[..prev.len()],
-                    prev,
-                    "turn must extend its predecessor"
-                );
+                assert_eq!(&tokens(next)[..prev.len()], prev, "turn must extend its predecessor");
                 assert!(next.input_length >= r.input_length + r.output_length);
                 checked += 1;
             }
@@ -250,11 +234,7 @@ mod tests {
 
     #[test]
     fn groups_share_system_prompts() {
-        let cfg = SynthConfig {
-            groups: 2,
-            turns_per_session_max: 1,
-            ..SynthConfig::default()
-        };
+        let cfg = SynthConfig { groups: 2, turns_per_session_max: 1, ..SynthConfig::default() };
         let recs = generate(&cfg);
         let mut firsts: Vec<u32> = recs.iter().map(|r| tokens(r)[0]).collect();
         firsts.sort_unstable();
@@ -265,17 +245,12 @@ mod tests {
     #[test]
     fn bursty_arrivals_stay_in_on_phases() {
         let cfg = SynthConfig {
-            arrival: ArrivalPattern::Bursty {
-                period_ms: 10_000.0,
-                duty: 0.2,
-            },
+            arrival: ArrivalPattern::Bursty { period_ms: 10_000.0, duty: 0.2 },
             turns_per_session_max: 1,
             ..SynthConfig::default()
         };
         let recs = generate(&cfg);
         assert!(recs.len() > 100);
-        assert!(recs
-            .iter()
-            .all(|r| r.timestamp_ms % 10_000.0 < 2_000.0 + 1.0));
+        assert!(recs.iter().all(|r| r.timestamp_ms % 10_000.0 < 2_000.0 + 1.0));
     }
 }

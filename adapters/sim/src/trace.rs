@@ -209,9 +209,7 @@ enum RawSession {
 /// Parses and validates one line (without its newline).
 pub fn parse_line(line: &str, limits: &TraceLimits) -> Result<TraceRecord, TraceErrorKind> {
     if line.len() > limits.line_bytes_max {
-        return Err(TraceErrorKind::LineTooLong {
-            max: limits.line_bytes_max,
-        });
+        return Err(TraceErrorKind::LineTooLong { max: limits.line_bytes_max });
     }
     let raw: RawLine = serde_json::from_str(line).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => TraceErrorKind::Schema(e.to_string()),
@@ -224,47 +222,28 @@ pub fn parse_line(line: &str, limits: &TraceLimits) -> Result<TraceRecord, Trace
         return Err(TraceErrorKind::EmptyPrompt);
     }
     if raw.input_length > u64::from(limits.input_tokens_max) {
-        return Err(TraceErrorKind::InputTooLong {
-            tokens: raw.input_length,
-            max: limits.input_tokens_max,
-        });
+        return Err(TraceErrorKind::InputTooLong { tokens: raw.input_length, max: limits.input_tokens_max });
     }
     if raw.output_length > u64::from(limits.output_tokens_max) {
-        return Err(TraceErrorKind::OutputTooLong {
-            tokens: raw.output_length,
-            max: limits.output_tokens_max,
-        });
+        return Err(TraceErrorKind::OutputTooLong { tokens: raw.output_length, max: limits.output_tokens_max });
     }
     if raw.hash_ids.len() > limits.hash_ids_max {
-        return Err(TraceErrorKind::HashIdsTooMany {
-            count: raw.hash_ids.len(),
-            max: limits.hash_ids_max,
-        });
+        return Err(TraceErrorKind::HashIdsTooMany { count: raw.hash_ids.len(), max: limits.hash_ids_max });
     }
-    if let Some(&id) = raw
-        .hash_ids
-        .iter()
-        .find(|&&id| id >= u64::from(OUTPUT_TOKEN_ID_BASE))
-    {
+    if let Some(&id) = raw.hash_ids.iter().find(|&&id| id >= u64::from(OUTPUT_TOKEN_ID_BASE)) {
         return Err(TraceErrorKind::HashIdOutOfRange { id });
     }
     // Both fit in u32 after the checks above.
     let input_tokens = raw.input_length as u32;
     if (raw.hash_ids.len() as u64) * u64::from(MOONCAKE_BLOCK_TOKENS) < raw.input_length {
-        return Err(TraceErrorKind::HashIdsTooShort {
-            ids: raw.hash_ids.len(),
-            input_tokens,
-        });
+        return Err(TraceErrorKind::HashIdsTooShort { ids: raw.hash_ids.len(), input_tokens });
     }
     let session_id = match raw.session_id {
         None => None,
         Some(RawSession::Int(i)) => Some(i.to_string()),
         Some(RawSession::Str(s)) => {
             if s.len() > limits.session_id_bytes_max {
-                return Err(TraceErrorKind::SessionIdTooLong {
-                    bytes: s.len(),
-                    max: limits.session_id_bytes_max,
-                });
+                return Err(TraceErrorKind::SessionIdTooLong { bytes: s.len(), max: limits.session_id_bytes_max });
             }
             Some(s)
         }
@@ -288,12 +267,7 @@ pub fn parse_str(text: &str, limits: &TraceLimits) -> Result<Vec<TraceRecord>, T
             continue;
         }
         if out.len() >= limits.lines_max {
-            return Err(TraceError {
-                line: i + 1,
-                kind: TraceErrorKind::TooManyLines {
-                    max: limits.lines_max,
-                },
-            });
+            return Err(TraceError { line: i + 1, kind: TraceErrorKind::TooManyLines { max: limits.lines_max } });
         }
         out.push(parse_line(line, limits).map_err(|kind| TraceError { line: i + 1, kind })?);
     }
@@ -302,10 +276,7 @@ pub fn parse_str(text: &str, limits: &TraceLimits) -> Result<Vec<TraceRecord>, T
 
 /// Parses a trace from a reader, never buffering more than one line of
 /// `line_bytes_max + 1` bytes.
-pub fn read_trace<R: BufRead>(
-    mut reader: R,
-    limits: &TraceLimits,
-) -> Result<Vec<TraceRecord>, TraceError> {
+pub fn read_trace<R: BufRead>(mut reader: R, limits: &TraceLimits) -> Result<Vec<TraceRecord>, TraceError> {
     let mut out = Vec::new();
     let mut buf = Vec::new();
     let mut line_no = 0;
@@ -315,10 +286,7 @@ pub fn read_trace<R: BufRead>(
         let cap = limits.line_bytes_max as u64 + 2; // room for "\r\n"
         let n = std::io::Read::take(&mut reader, cap)
             .read_until(b'\n', &mut buf)
-            .map_err(|e| TraceError {
-                line: line_no,
-                kind: TraceErrorKind::Io(e.to_string()),
-            })?;
+            .map_err(|e| TraceError { line: line_no, kind: TraceErrorKind::Io(e.to_string()) })?;
         if n == 0 {
             return Ok(out);
         }
@@ -330,32 +298,17 @@ pub fn read_trace<R: BufRead>(
             buf.pop();
         }
         if buf.len() > limits.line_bytes_max || (!ended && n as u64 == cap) {
-            return Err(TraceError {
-                line: line_no,
-                kind: TraceErrorKind::LineTooLong {
-                    max: limits.line_bytes_max,
-                },
-            });
+            return Err(TraceError { line: line_no, kind: TraceErrorKind::LineTooLong { max: limits.line_bytes_max } });
         }
-        let text = std::str::from_utf8(&buf).map_err(|e| TraceError {
-            line: line_no,
-            kind: TraceErrorKind::Syntax(e.to_string()),
-        })?;
+        let text = std::str::from_utf8(&buf)
+            .map_err(|e| TraceError { line: line_no, kind: TraceErrorKind::Syntax(e.to_string()) })?;
         if text.trim().is_empty() {
             continue;
         }
         if out.len() >= limits.lines_max {
-            return Err(TraceError {
-                line: line_no,
-                kind: TraceErrorKind::TooManyLines {
-                    max: limits.lines_max,
-                },
-            });
+            return Err(TraceError { line: line_no, kind: TraceErrorKind::TooManyLines { max: limits.lines_max } });
         }
-        out.push(parse_line(text, limits).map_err(|kind| TraceError {
-            line: line_no,
-            kind,
-        })?);
+        out.push(parse_line(text, limits).map_err(|kind| TraceError { line: line_no, kind })?);
     }
 }
 
@@ -388,38 +341,21 @@ impl Default for LoadOptions {
 
 /// Hashes every record once into a [`SimRequest`] (id = record index), sorted stably by
 /// arrival. Errors name the 1-based record index. Linear in the total prompt tokens.
-pub fn to_requests(
-    records: &[TraceRecord],
-    opts: &LoadOptions,
-) -> Result<Vec<SimRequest>, TraceError> {
-    let bs = BlockSize::new(opts.block_size).map_err(|e| TraceError {
-        line: 0,
-        kind: TraceErrorKind::Prompt(e.to_string()),
-    })?;
-    let speedup = if opts.speedup.is_finite() && opts.speedup > 0.0 {
-        opts.speedup
-    } else {
-        1.0
-    };
+pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<SimRequest>, TraceError> {
+    let bs = BlockSize::new(opts.block_size)
+        .map_err(|e| TraceError { line: 0, kind: TraceErrorKind::Prompt(e.to_string()) })?;
+    let speedup = if opts.speedup.is_finite() && opts.speedup > 0.0 { opts.speedup } else { 1.0 };
     let take = opts.requests_max.unwrap_or(usize::MAX).min(records.len());
     let mut scratch = Vec::new();
     let mut out = Vec::with_capacity(take);
     for (i, rec) in records[..take].iter().enumerate() {
         let prompt = match &rec.content {
-            PromptContent::HashIds(ids) => Prompt::from_hash_ids(
-                ids,
-                rec.input_length,
-                opts.trace_block_tokens,
-                bs,
-                opts.seed,
-                &mut scratch,
-            ),
+            PromptContent::HashIds(ids) => {
+                Prompt::from_hash_ids(ids, rec.input_length, opts.trace_block_tokens, bs, opts.seed, &mut scratch)
+            }
             PromptContent::Tokens(t) => Prompt::from_tokens(t, bs, opts.seed),
         }
-        .map_err(|e| TraceError {
-            line: i + 1,
-            kind: TraceErrorKind::Prompt(e.to_string()),
-        })?;
+        .map_err(|e| TraceError { line: i + 1, kind: TraceErrorKind::Prompt(e.to_string()) })?;
         out.push(SimRequest {
             id: i as u64,
             arrival_ms: rec.timestamp_ms / speedup,

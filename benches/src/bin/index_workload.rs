@@ -15,9 +15,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant as Clock;
 
-use kvroute_benches::{
-    cpu_time_ns, hash_requests, load_average_1m, load_trace, nearest_rank, vm_rss_bytes,
-};
+use kvroute_benches::{cpu_time_ns, hash_requests, load_average_1m, load_trace, nearest_rank, vm_rss_bytes};
 use router_core::hash::{BlockHash, SeqHash};
 use router_core::index::{IndexConfig, IndexEvent, OverlapScores, PrefixIndex};
 use router_core::{Tier, WorkerKey};
@@ -76,8 +74,7 @@ struct Args {
     mem: bool,
 }
 
-const USAGE: &str =
-    "usage: index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem]";
+const USAGE: &str = "usage: index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem]";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -88,12 +85,7 @@ fn parse_args() -> Result<Args, String> {
             "--trace" => trace = Some(val()?),
             "--workers" => {
                 let v = val()?;
-                workers = Some(
-                    v.parse::<usize>()
-                        .ok()
-                        .filter(|&w| w > 0)
-                        .ok_or(format!("bad --workers {v}"))?,
-                );
+                workers = Some(v.parse::<usize>().ok().filter(|&w| w > 0).ok_or(format!("bad --workers {v}"))?);
             }
             "--remove" => {
                 plan = Some(match val()?.as_str() {
@@ -141,11 +133,7 @@ fn main() -> ExitCode {
     };
     let chains = hash_requests(&reqs);
     drop(reqs);
-    let out = if args.mem {
-        run_mem(&args, &chains)
-    } else {
-        run_time(&args, &chains)
-    };
+    let out = if args.mem { run_mem(&args, &chains) } else { run_time(&args, &chains) };
     println!("{out}");
     ExitCode::SUCCESS
 }
@@ -155,29 +143,18 @@ fn key_of(i: usize, workers: usize) -> WorkerKey {
 }
 
 /// Phase C's lists: sequence hashes, last block first; `None` for no event.
-fn removal_lists(
-    chains: &[Vec<BlockHash>],
-    workers: usize,
-    plan: Plan,
-) -> Vec<Option<Vec<SeqHash>>> {
+fn removal_lists(chains: &[Vec<BlockHash>], workers: usize, plan: Plan) -> Vec<Option<Vec<SeqHash>>> {
     let half = chains.len() / 2;
     match plan {
-        Plan::All => chains[..half]
-            .iter()
-            .map(|c| Some(c.iter().rev().map(|b| b.seq).collect()))
-            .collect(),
+        Plan::All => chains[..half].iter().map(|c| Some(c.iter().rev().map(|b| b.seq).collect())).collect(),
         Plan::DeadTails => {
             let mut later: Vec<HashSet<u64>> = vec![HashSet::new(); workers];
             let mut lists = vec![None; half];
             for i in (0..chains.len()).rev() {
                 let seen = &mut later[i % workers];
                 if i < half {
-                    let dead: Vec<SeqHash> = chains[i]
-                        .iter()
-                        .rev()
-                        .map(|b| b.seq)
-                        .filter(|s| !seen.contains(&s.0))
-                        .collect();
+                    let dead: Vec<SeqHash> =
+                        chains[i].iter().rev().map(|b| b.seq).filter(|s| !seen.contains(&s.0)).collect();
                     lists[i] = (!dead.is_empty()).then_some(dead);
                 }
                 seen.extend(chains[i].iter().map(|b| b.seq.0));
@@ -203,11 +180,7 @@ impl Checksums {
         })
     }
     fn tuple(&self) -> [u64; 3] {
-        [
-            self.max_overlap_sum,
-            self.overlap_sum,
-            self.workers_matched_sum,
-        ]
+        [self.max_overlap_sum, self.overlap_sum, self.workers_matched_sum]
     }
 }
 
@@ -251,20 +224,8 @@ fn reference(workers: usize, plan: Plan) -> Option<Reference> {
     let (c_events, c_listed, c_removed, c_left, d) = match (plan, workers) {
         (Plan::All, 16) => (6_015, 1_198_351, 1_088_641, 939_413, [0, 0, 0]),
         (Plan::All, _) => (6_015, 1_198_351, 1_140_577, 1_000_308, [0, 0, 0]),
-        (Plan::DeadTails, 16) => (
-            5_969,
-            1_064_548,
-            1_064_548,
-            963_506,
-            [1_264_137, 4_186_621, 192_496],
-        ),
-        (Plan::DeadTails, _) => (
-            6_008,
-            1_136_369,
-            1_136_369,
-            1_004_516,
-            [1_264_137, 15_305_271, 1_539_968],
-        ),
+        (Plan::DeadTails, 16) => (5_969, 1_064_548, 1_064_548, 963_506, [1_264_137, 4_186_621, 192_496]),
+        (Plan::DeadTails, _) => (6_008, 1_136_369, 1_136_369, 1_004_516, [1_264_137, 15_305_271, 1_539_968]),
     };
     Some(Reference {
         entries_a,
@@ -295,10 +256,7 @@ fn cpu_delta(start: Option<u64>) -> Value {
 
 fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let w = args.workers;
-    let queries: Vec<Vec<SeqHash>> = chains
-        .iter()
-        .map(|c| c.iter().map(|b| b.seq).collect())
-        .collect();
+    let queries: Vec<Vec<SeqHash>> = chains.iter().map(|c| c.iter().map(|b| b.seq).collect()).collect();
     let removals = removal_lists(chains, w, args.plan);
     let blocks_listed: u64 = chains.iter().map(|c| c.len() as u64).sum();
     let load_before = load_average_1m();
@@ -308,11 +266,7 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let t = Clock::now();
     let mut index = PrefixIndex::new(IndexConfig::default());
     for (i, c) in chains.iter().enumerate() {
-        let ev = IndexEvent::Stored {
-            parent: None,
-            blocks: c,
-            tier: Tier::Device,
-        };
+        let ev = IndexEvent::Stored { parent: None, blocks: c, tier: Tier::Device };
         let _ = index.apply(key_of(i, w), ev);
     }
     let t_a = t.elapsed().as_nanos() as u64;
@@ -330,10 +284,7 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let t = Clock::now();
     for (i, list) in removals.iter().enumerate() {
         if let Some(list) = list {
-            let ev = IndexEvent::Removed {
-                blocks: list,
-                tier: Tier::Device,
-            };
+            let ev = IndexEvent::Removed { blocks: list, tier: Tier::Device };
             if let Ok(s) = index.apply(key_of(i, w), ev) {
                 c_removed += u64::from(s.removed);
             }
@@ -354,8 +305,7 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         stats_a.entries == r.entries_a
             && stats_a.blocks == r.blocks_a
             && sums_b.tuple() == r.b
-            && (c_events, c_listed, c_removed, stats_c.entries)
-                == (r.c_events, r.c_listed, r.c_removed, r.c_left)
+            && (c_events, c_listed, c_removed, stats_c.entries) == (r.c_events, r.c_listed, r.c_removed, r.c_left)
             && sums_d.tuple() == r.d
     });
     let n = chains.len() as u64;
@@ -400,14 +350,8 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let removals = removal_lists(chains, w, args.plan);
     // Events are re-built from this compact form one at a time, so no event list is
     // live while memory is read.
-    let seqs: Vec<Box<[u64]>> = chains
-        .iter()
-        .map(|c| c.iter().map(|b| b.seq.0).collect())
-        .collect();
-    let locals: Vec<Box<[u64]>> = chains
-        .iter()
-        .map(|c| c.iter().map(|b| b.local.0).collect())
-        .collect();
+    let seqs: Vec<Box<[u64]>> = chains.iter().map(|c| c.iter().map(|b| b.seq.0).collect()).collect();
+    let locals: Vec<Box<[u64]>> = chains.iter().map(|c| c.iter().map(|b| b.local.0).collect()).collect();
     let rss0 = vm_rss_bytes();
     let heap0 = LIVE_BYTES.load(Ordering::Relaxed);
     let mut index = PrefixIndex::new(IndexConfig::default());
@@ -415,32 +359,16 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         let ev: Vec<BlockHash> = seqs[i]
             .iter()
             .zip(locals[i].iter())
-            .map(|(&s, &l)| BlockHash {
-                seq: SeqHash(s),
-                local: router_core::hash::LocalHash(l),
-            })
+            .map(|(&s, &l)| BlockHash { seq: SeqHash(s), local: router_core::hash::LocalHash(l) })
             .collect();
-        let _ = index.apply(
-            key_of(i, w),
-            IndexEvent::Stored {
-                parent: None,
-                blocks: &ev,
-                tier: Tier::Device,
-            },
-        );
+        let _ = index.apply(key_of(i, w), IndexEvent::Stored { parent: None, blocks: &ev, tier: Tier::Device });
     }
     let heap_a = LIVE_BYTES.load(Ordering::Relaxed);
     let rss_a = vm_rss_bytes();
     let stats_a = index.stats();
     for (i, list) in removals.iter().enumerate() {
         if let Some(list) = list {
-            let _ = index.apply(
-                key_of(i, w),
-                IndexEvent::Removed {
-                    blocks: list,
-                    tier: Tier::Device,
-                },
-            );
+            let _ = index.apply(key_of(i, w), IndexEvent::Removed { blocks: list, tier: Tier::Device });
         }
     }
     let heap_c = LIVE_BYTES.load(Ordering::Relaxed);
@@ -449,8 +377,8 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let per = |grow: Option<u64>| grow.map(|g| g as f64 / entries);
     let rss_growth = rss0.zip(rss_a).map(|(a, b)| b.saturating_sub(a));
     let heap_growth = heap_a.saturating_sub(heap0) as u64;
-    let matches = reference(w, args.plan)
-        .is_some_and(|r| stats_a.entries == r.entries_a && stats_c.entries == r.c_left);
+    let matches =
+        reference(w, args.plan).is_some_and(|r| stats_a.entries == r.entries_a && stats_c.entries == r.c_left);
     json!({
         "workers": w,
         "remove_plan": args.plan.as_str(),

@@ -34,11 +34,7 @@ pub(super) struct Classes {
 impl Classes {
     pub(super) fn new(cfg: &QueueConfig) -> Self {
         Classes {
-            listed: cfg
-                .classes
-                .iter()
-                .map(|c| (c.clone(), ClassUsage::default()))
-                .collect(),
+            listed: cfg.classes.iter().map(|c| (c.clone(), ClassUsage::default())).collect(),
             default: (cfg.default_class.clone(), ClassUsage::default()),
             extra: BTreeMap::new(),
             extra_max: cfg.extra_classes_max,
@@ -73,33 +69,17 @@ impl Classes {
         };
         if let Some(max) = limits.queued_requests_max {
             if u64::from(usage.requests) + 1 > u64::from(max) {
-                return Err(reject(
-                    LimitKind::QueuedRequests,
-                    usage.requests.into(),
-                    max.into(),
-                ));
+                return Err(reject(LimitKind::QueuedRequests, usage.requests.into(), max.into()));
             }
         }
         if let Some(max) = limits.queued_prompt_tokens_max {
             if usage.prompt_tokens.saturating_add(entry.isl_tokens.into()) > max {
-                return Err(reject(
-                    LimitKind::QueuedPromptTokens,
-                    usage.prompt_tokens,
-                    max,
-                ));
+                return Err(reject(LimitKind::QueuedPromptTokens, usage.prompt_tokens, max));
             }
         }
         if let Some(max) = limits.queued_cached_tokens_max {
-            if usage
-                .cached_tokens
-                .saturating_add(entry.cached_tokens.into())
-                > max
-            {
-                return Err(reject(
-                    LimitKind::QueuedCachedTokens,
-                    usage.cached_tokens,
-                    max,
-                ));
+            if usage.cached_tokens.saturating_add(entry.cached_tokens.into()) > max {
+                return Err(reject(LimitKind::QueuedCachedTokens, usage.cached_tokens, max));
             }
         }
         Ok(())
@@ -151,10 +131,7 @@ impl Classes {
     fn get(&self, bucket: Bucket, entry: &QueueEntry) -> (&ClassLimits, ClassUsage) {
         let default = &self.default.0;
         match bucket {
-            Bucket::Listed(i) => self
-                .listed
-                .get(i)
-                .map_or((default, ClassUsage::default()), |(l, u)| (l, *u)),
+            Bucket::Listed(i) => self.listed.get(i).map_or((default, ClassUsage::default()), |(l, u)| (l, *u)),
             Bucket::Default => (default, self.default.1),
             Bucket::Extra => {
                 let name = entry.class.as_deref().unwrap_or("");
@@ -163,12 +140,7 @@ impl Classes {
         }
     }
 
-    fn usage_mut(
-        &mut self,
-        bucket: Bucket,
-        entry: &QueueEntry,
-        create: bool,
-    ) -> Option<&mut ClassUsage> {
+    fn usage_mut(&mut self, bucket: Bucket, entry: &QueueEntry, create: bool) -> Option<&mut ClassUsage> {
         match bucket {
             Bucket::Listed(i) => self.listed.get_mut(i).map(|(_, u)| u),
             Bucket::Default => Some(&mut self.default.1),

@@ -167,14 +167,7 @@ pub struct QueueRejection {
 
 impl fmt::Display for QueueRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "class {:?} is at {} {} of {}",
-            self.class,
-            self.current,
-            self.limit_kind.as_str(),
-            self.limit
-        )
+        write!(f, "class {:?} is at {} {} of {}", self.class, self.current, self.limit_kind.as_str(), self.limit)
     }
 }
 

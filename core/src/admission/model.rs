@@ -25,14 +25,8 @@ fn config(order: QueueOrder) -> QueueConfig {
         queued_prompt_tokens_max: Some(3000),
         ..ClassLimits::unlimited("gold")
     };
-    let silver = ClassLimits {
-        queued_cached_tokens_max: Some(1500),
-        ..ClassLimits::unlimited("silver")
-    };
-    let default_class = ClassLimits {
-        queued_requests_max: Some(2),
-        ..ClassLimits::default()
-    };
+    let silver = ClassLimits { queued_cached_tokens_max: Some(1500), ..ClassLimits::unlimited("silver") };
+    let default_class = ClassLimits { queued_requests_max: Some(2), ..ClassLimits::default() };
     QueueConfig {
         order,
         queued_max: QUEUED_MAX,
@@ -93,24 +87,17 @@ impl Model {
             }
             // (1000 + jump_a) / w_a against (1000 + jump_b) / w_b, cross-multiplied.
             QueueOrder::Wspt => {
-                let w =
-                    |e: &QueueEntry| i64::from(e.isl_tokens.saturating_sub(e.cached_tokens).max(1));
+                let w = |e: &QueueEntry| i64::from(e.isl_tokens.saturating_sub(e.cached_tokens).max(1));
                 let sa = (1000 + ea.priority_jump_ms) * w(eb);
                 let sb = (1000 + eb.priority_jump_ms) * w(ea);
                 sb.cmp(&sa)
             }
         };
-        eb.strict_priority
-            .cmp(&ea.strict_priority)
-            .then(score)
-            .then(a.seq.cmp(&b.seq))
+        eb.strict_priority.cmp(&ea.strict_priority).then(score).then(a.seq.cmp(&b.seq))
     }
 
     fn next(&self) -> Option<u64> {
-        self.queued
-            .values()
-            .min_by(|a, b| self.before(a, b))
-            .map(|q| q.entry.req.0)
+        self.queued.values().min_by(|a, b| self.before(a, b)).map(|q| q.entry.req.0)
     }
 
     fn usage(&self, bucket: &str) -> ClassUsage {
@@ -153,39 +140,22 @@ impl Model {
             _ => (Some(2), None, None),
         };
         let refuse = |limit_kind, current, limit| {
-            Err(AdmissionError::Rejected(QueueRejection {
-                class: bucket.clone(),
-                limit_kind,
-                current,
-                limit,
-            }))
+            Err(AdmissionError::Rejected(QueueRejection { class: bucket.clone(), limit_kind, current, limit }))
         };
         if self.queued.len() >= QUEUED_MAX {
-            return refuse(
-                LimitKind::QueueFull,
-                self.queued.len() as u64,
-                QUEUED_MAX as u64,
-            );
+            return refuse(LimitKind::QueueFull, self.queued.len() as u64, QUEUED_MAX as u64);
         }
         if let Some(max) = reqs_max.filter(|&m| u.requests >= m) {
             return refuse(LimitKind::QueuedRequests, u.requests.into(), max.into());
         }
-        if let Some(max) = prompt_max.filter(|&m| u.prompt_tokens + u64::from(entry.isl_tokens) > m)
-        {
+        if let Some(max) = prompt_max.filter(|&m| u.prompt_tokens + u64::from(entry.isl_tokens) > m) {
             return refuse(LimitKind::QueuedPromptTokens, u.prompt_tokens, max);
         }
-        if let Some(max) =
-            cached_max.filter(|&m| u.cached_tokens + u64::from(entry.cached_tokens) > m)
-        {
+        if let Some(max) = cached_max.filter(|&m| u.cached_tokens + u64::from(entry.cached_tokens) > m) {
             return refuse(LimitKind::QueuedCachedTokens, u.cached_tokens, max);
         }
         self.seq += 1;
-        let queued = Queued {
-            entry: entry.clone(),
-            seq: self.seq,
-            arrival_ms: self.now_ms,
-            bucket,
-        };
+        let queued = Queued { entry: entry.clone(), seq: self.seq, arrival_ms: self.now_ms, bucket };
         self.queued.insert(entry.req.0, queued);
         Ok(())
     }
@@ -210,38 +180,22 @@ impl ReferenceStateMachine for QueueModel {
 
     fn init_state() -> BoxedStrategy<Model> {
         prop_oneof![Just(QueueOrder::Fcfs), Just(QueueOrder::Wspt)]
-            .prop_map(|order| Model {
-                order,
-                now_ms: 0,
-                queued: BTreeMap::new(),
-                seq: 0,
-                op: Op::Nothing,
-            })
+            .prop_map(|order| Model { order, now_ms: 0, queued: BTreeMap::new(), seq: 0, op: Op::Nothing })
             .boxed()
     }
 
     fn transitions(_: &Model) -> BoxedStrategy<Transition> {
         // Coarse steps make equal scores and exactly-full limits common.
-        let entry = (
-            0..REQS,
-            -1..=1i32,
-            -30..30i64,
-            0..16u32,
-            0..11u32,
-            0..NAMES.len(),
-        )
-            .prop_map(
-                |(req, strict_priority, jump, isl, cached, name)| QueueEntry {
-                    req: RequestId(req),
-                    strict_priority,
-                    priority_jump_ms: jump * 100,
-                    isl_tokens: isl * 100,
-                    cached_tokens: cached * 100,
-                    class: Some(NAMES[name])
-                        .filter(|n| !n.is_empty())
-                        .map(String::from),
-                },
-            );
+        let entry = (0..REQS, -1..=1i32, -30..30i64, 0..16u32, 0..11u32, 0..NAMES.len()).prop_map(
+            |(req, strict_priority, jump, isl, cached, name)| QueueEntry {
+                req: RequestId(req),
+                strict_priority,
+                priority_jump_ms: jump * 100,
+                isl_tokens: isl * 100,
+                cached_tokens: cached * 100,
+                class: Some(NAMES[name]).filter(|n| !n.is_empty()).map(String::from),
+            },
+        );
         prop_oneof![
             6 => entry.prop_map(Transition::Push),
             3 => Just(Transition::Pop),
@@ -266,12 +220,7 @@ impl ReferenceStateMachine for QueueModel {
             }
             Transition::Timeout => {
                 let due = m.due();
-                Op::Timeout(
-                    due.iter()
-                        .filter_map(|req| m.queued.remove(req))
-                        .map(|q| q.entry)
-                        .collect(),
-                )
+                Op::Timeout(due.iter().filter_map(|req| m.queued.remove(req)).map(|q| q.entry).collect())
             }
         };
         m
@@ -305,26 +254,16 @@ impl StateMachineTest for Sut {
     }
 
     fn check_invariants(q: &AdmissionQueue, m: &Model) {
-        assert_eq!(
-            (q.len(), q.is_empty()),
-            (m.queued.len(), m.queued.is_empty())
-        );
+        assert_eq!((q.len(), q.is_empty()), (m.queued.len(), m.queued.is_empty()));
         assert_eq!(q.peek().map(|e| e.req.0), m.next(), "next in order");
         let deadline = m.queued.values().map(|q| q.arrival_ms + TIMEOUT_MS).min();
         assert_eq!(q.poll_timeout(), deadline.map(Instant::from_millis));
         for req in 0..REQS {
-            assert_eq!(
-                q.contains(RequestId(req)),
-                m.queued.contains_key(&req),
-                "contains {req}"
-            );
+            assert_eq!(q.contains(RequestId(req)), m.queued.contains_key(&req), "contains {req}");
         }
         // Usage is recomputed from the queued requests: a leak shows up as a difference,
         // and an empty queue must report zero everywhere.
-        for name in NAMES
-            .iter()
-            .map(|n| if n.is_empty() { "default" } else { n })
-        {
+        for name in NAMES.iter().map(|n| if n.is_empty() { "default" } else { n }) {
             assert_eq!(q.class_usage(name), m.usage(name), "usage of {name:?}");
         }
     }

@@ -34,12 +34,7 @@ impl Key {
                 (1000 + jump_ms, u64::from(work))
             }
         };
-        Key {
-            strict: entry.strict_priority,
-            num,
-            den,
-            seq,
-        }
+        Key { strict: entry.strict_priority, num, den, seq }
     }
 }
 
@@ -48,11 +43,7 @@ impl Ord for Key {
         // |num| < 2^75 and den < 2^33, so the products fit in i128.
         let mine = self.num * i128::from(other.den);
         let theirs = other.num * i128::from(self.den);
-        other
-            .strict
-            .cmp(&self.strict)
-            .then(theirs.cmp(&mine))
-            .then(self.seq.cmp(&other.seq))
+        other.strict.cmp(&self.strict).then(theirs.cmp(&mine)).then(self.seq.cmp(&other.seq))
     }
 }
 

@@ -4,9 +4,7 @@ use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::classes::{Bucket, Classes};
 use super::order::Key;
-use super::{
-    AdmissionError, ClassUsage, LimitKind, QueueConfig, QueueEntry, QueueOrder, QueueRejection,
-};
+use super::{AdmissionError, ClassUsage, LimitKind, QueueConfig, QueueEntry, QueueOrder, QueueRejection};
 use crate::time::Instant;
 use crate::types::RequestId;
 
@@ -83,23 +81,14 @@ impl AdmissionQueue {
                 limit: self.queued_max as u64,
             }));
         }
-        self.classes
-            .check(bucket, &entry)
-            .map_err(AdmissionError::Rejected)?;
+        self.classes.check(bucket, &entry).map_err(AdmissionError::Rejected)?;
         self.seq += 1;
         let key = Key::new(self.order, now, self.seq, &entry);
         let deadline = now.add_ms(self.queue_timeout_ms);
         self.classes.add(bucket, &entry);
         self.by_req.insert(entry.req, key);
         self.deadlines.insert((deadline, key.seq, entry.req));
-        self.queue.insert(
-            key,
-            Stored {
-                entry,
-                deadline,
-                bucket,
-            },
-        );
+        self.queue.insert(key, Stored { entry, deadline, bucket });
         Ok(())
     }
 
@@ -167,11 +156,7 @@ impl AdmissionQueue {
     }
 
     fn take(&mut self, key: Key) -> Option<QueueEntry> {
-        let Stored {
-            entry,
-            deadline,
-            bucket,
-        } = self.queue.remove(&key)?;
+        let Stored { entry, deadline, bucket } = self.queue.remove(&key)?;
         self.by_req.remove(&entry.req);
         self.deadlines.remove(&(deadline, key.seq, entry.req));
         self.classes.sub(bucket, &entry);

@@ -64,11 +64,7 @@ enum Step {
 }
 
 fn cfg(order: QueueOrder) -> QueueConfig {
-    QueueConfig {
-        order,
-        queue_timeout_ms: TIMEOUT_MS,
-        ..QueueConfig::default()
-    }
+    QueueConfig { order, queue_timeout_ms: TIMEOUT_MS, ..QueueConfig::default() }
 }
 
 fn limited() -> QueueConfig {
@@ -77,14 +73,8 @@ fn limited() -> QueueConfig {
         queued_prompt_tokens_max: Some(1000),
         ..ClassLimits::unlimited("gold")
     };
-    let cache = ClassLimits {
-        queued_cached_tokens_max: Some(500),
-        ..ClassLimits::unlimited("cache")
-    };
-    let default_class = ClassLimits {
-        queued_requests_max: Some(2),
-        ..ClassLimits::default()
-    };
+    let cache = ClassLimits { queued_cached_tokens_max: Some(500), ..ClassLimits::unlimited("cache") };
+    let default_class = ClassLimits { queued_requests_max: Some(2), ..ClassLimits::default() };
     QueueConfig {
         queued_max: 6,
         classes: alloc::vec![gold, cache],
@@ -105,26 +95,13 @@ fn check(cfg: QueueConfig, steps: &[Step]) {
             Step::At(ms) => now = Instant::from_millis(ms),
             Step::Push(entry) => assert_eq!(q.push(now, entry), Ok(()), "{at}"),
             Step::Refused(entry, class, limit_kind, current, limit) => {
-                let want = QueueRejection {
-                    class: class.into(),
-                    limit_kind,
-                    current,
-                    limit,
-                };
-                assert_eq!(
-                    q.push(now, entry),
-                    Err(AdmissionError::Rejected(want)),
-                    "{at}"
-                );
+                let want = QueueRejection { class: class.into(), limit_kind, current, limit };
+                assert_eq!(q.push(now, entry), Err(AdmissionError::Rejected(want)), "{at}");
                 assert_eq!(q.len(), len, "{at}: a refused request was stored");
             }
             Step::Duplicate(entry) => {
                 let req = entry.req;
-                assert_eq!(
-                    q.push(now, entry),
-                    Err(AdmissionError::DuplicateRequest { req }),
-                    "{at}"
-                );
+                assert_eq!(q.push(now, entry), Err(AdmissionError::DuplicateRequest { req }), "{at}");
                 assert_eq!(q.len(), len, "{at}");
             }
             Step::Pop(want) => assert_eq!(q.pop().map(|e| e.req.0), want, "{at}"),
@@ -134,27 +111,17 @@ fn check(cfg: QueueConfig, steps: &[Step]) {
             }
             Step::Peek(want) => assert_eq!(q.peek().map(|e| e.req.0), want, "{at}"),
             Step::Cancel(req, found) => {
-                assert_eq!(
-                    q.cancel(RequestId(req)).map(|e| e.req.0),
-                    found.then_some(req),
-                    "{at}"
-                );
+                assert_eq!(q.cancel(RequestId(req)).map(|e| e.req.0), found.then_some(req), "{at}");
                 assert!(!q.contains(RequestId(req)), "{at}");
             }
             Step::Timeout(want) => {
                 q.handle_timeout(now);
-                let got: Vec<u64> = core::iter::from_fn(|| q.poll_timed_out())
-                    .map(|e| e.req.0)
-                    .collect();
+                let got: Vec<u64> = core::iter::from_fn(|| q.poll_timed_out()).map(|e| e.req.0).collect();
                 assert_eq!(got, want, "{at}");
             }
             Step::Next(ms) => assert_eq!(q.poll_timeout(), ms.map(Instant::from_millis), "{at}"),
             Step::Usage(class, requests, prompt_tokens, cached_tokens) => {
-                let want = ClassUsage {
-                    requests,
-                    prompt_tokens,
-                    cached_tokens,
-                };
+                let want = ClassUsage { requests, prompt_tokens, cached_tokens };
                 assert_eq!(q.class_usage(class), want, "{at}");
             }
             Step::Len(n) => assert_eq!((q.len(), q.is_empty()), (n, n == 0), "{at}"),
@@ -251,30 +218,12 @@ fn class_limits_refuse_and_store_nothing() {
         limited(),
         &[
             Push(e(1).class("gold").isl(600, 0)),
-            Refused(
-                e(2).class("gold").isl(401, 0),
-                "gold",
-                LimitKind::QueuedPromptTokens,
-                600,
-                1000,
-            ),
+            Refused(e(2).class("gold").isl(401, 0), "gold", LimitKind::QueuedPromptTokens, 600, 1000),
             Push(e(2).class("gold").isl(400, 0)),
-            Refused(
-                e(3).class("gold").isl(0, 0),
-                "gold",
-                LimitKind::QueuedRequests,
-                2,
-                2,
-            ),
+            Refused(e(3).class("gold").isl(0, 0), "gold", LimitKind::QueuedRequests, 2, 2),
             Usage("gold", 2, 1000, 0),
             Push(e(4).class("cache").isl(900, 500)),
-            Refused(
-                e(5).class("cache").isl(900, 1),
-                "cache",
-                LimitKind::QueuedCachedTokens,
-                500,
-                500,
-            ),
+            Refused(e(5).class("cache").isl(900, 1), "cache", LimitKind::QueuedCachedTokens, 500, 500),
             Push(e(5).class("cache").isl(900, 0)),
             Usage("cache", 2, 1800, 500),
             Len(4),
@@ -295,13 +244,7 @@ fn a_request_alone_over_a_token_limit_is_refused() {
     check(
         limited(),
         &[
-            Refused(
-                e(1).class("gold").isl(1001, 0),
-                "gold",
-                LimitKind::QueuedPromptTokens,
-                0,
-                1000,
-            ),
+            Refused(e(1).class("gold").isl(1001, 0), "gold", LimitKind::QueuedPromptTokens, 0, 1000),
             Len(0),
             Usage("gold", 0, 0, 0),
         ],
@@ -310,10 +253,7 @@ fn a_request_alone_over_a_token_limit_is_refused() {
 
 #[test]
 fn queue_full_counts_every_class() {
-    let c = QueueConfig {
-        queued_max: 3,
-        ..cfg(QueueOrder::Fcfs)
-    };
+    let c = QueueConfig { queued_max: 3, ..cfg(QueueOrder::Fcfs) };
     check(
         c,
         &[
@@ -327,14 +267,8 @@ fn queue_full_counts_every_class() {
             Len(3),
         ],
     );
-    let none = QueueConfig {
-        queued_max: 0,
-        ..cfg(QueueOrder::Fcfs)
-    };
-    check(
-        none,
-        &[Refused(e(1), "default", LimitKind::QueueFull, 0, 0), Len(0)],
-    );
+    let none = QueueConfig { queued_max: 0, ..cfg(QueueOrder::Fcfs) };
+    check(none, &[Refused(e(1), "default", LimitKind::QueueFull, 0, 0), Len(0)]);
 }
 
 #[test]
@@ -407,13 +341,7 @@ fn default_class_name_is_the_default_bucket() {
         &[
             Push(e(1).class("default")),
             Push(e(2)),
-            Refused(
-                e(3).class("default"),
-                "default",
-                LimitKind::QueuedRequests,
-                2,
-                2,
-            ),
+            Refused(e(3).class("default"), "default", LimitKind::QueuedRequests, 2, 2),
             Usage("default", 2, 200, 0),
         ],
     );
@@ -472,9 +400,7 @@ fn extreme_inputs_do_not_panic() {
             let entry = e(i as u64).jump(jump).isl(u32::MAX, 0).prio(i32::MIN);
             assert_eq!(q.push(far, entry), Ok(()));
         }
-        let got: Vec<i64> = core::iter::from_fn(|| q.pop())
-            .map(|e| e.priority_jump_ms)
-            .collect();
+        let got: Vec<i64> = core::iter::from_fn(|| q.pop()).map(|e| e.priority_jump_ms).collect();
         assert_eq!(got, [i64::MAX, 1, 0, -1, i64::MIN], "{order:?}");
     }
 }
@@ -487,26 +413,11 @@ fn errors_display() {
         current: 900,
         limit: 1000,
     };
-    assert_eq!(
-        alloc::format!("{r}"),
-        "class \"gold\" is at 900 queued_prompt_tokens of 1000"
-    );
+    assert_eq!(alloc::format!("{r}"), "class \"gold\" is at 900 queued_prompt_tokens of 1000");
     let d = AdmissionError::DuplicateRequest { req: RequestId(7) };
     assert_eq!(alloc::format!("{d}"), "request 7 is already queued");
-    let kinds = [
-        LimitKind::QueuedRequests,
-        LimitKind::QueuedPromptTokens,
-        LimitKind::QueuedCachedTokens,
-        LimitKind::QueueFull,
-    ];
+    let kinds =
+        [LimitKind::QueuedRequests, LimitKind::QueuedPromptTokens, LimitKind::QueuedCachedTokens, LimitKind::QueueFull];
     let names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "queued_requests",
-            "queued_prompt_tokens",
-            "queued_cached_tokens",
-            "queue_full"
-        ]
-    );
+    assert_eq!(names, ["queued_requests", "queued_prompt_tokens", "queued_cached_tokens", "queue_full"]);
 }

@@ -162,23 +162,15 @@ impl fmt::Display for AffinityError {
         match self {
             AffinityError::SessionIdEmpty => f.write_str("session id is empty"),
             AffinityError::SessionIdTooLong { bytes, max } => {
-                write!(
-                    f,
-                    "session id is {bytes} bytes, more than the {max} allowed"
-                )
+                write!(f, "session id is {bytes} bytes, more than the {max} allowed")
             }
             AffinityError::TableFull { sessions_max } => {
                 write!(f, "all {sessions_max} session slots are in use")
             }
             AffinityError::UnknownToken => f.write_str("unknown or already used session token"),
             AffinityError::UnknownLease => f.write_str("unknown or already released session lease"),
-            AffinityError::TooManyWaiters {
-                waiters_max_per_session,
-            } => {
-                write!(
-                    f,
-                    "{waiters_max_per_session} requests already wait on this session"
-                )
+            AffinityError::TooManyWaiters { waiters_max_per_session } => {
+                write!(f, "{waiters_max_per_session} requests already wait on this session")
             }
             AffinityError::TooManyLeases { leases_max } => {
                 write!(f, "all {leases_max} session leases are in use")

@@ -128,7 +128,9 @@ enum MOut {
 #[derive(Clone, Debug)]
 enum MState {
     /// The entry's `created` id is its init token.
-    Init { waiters: Vec<u64> },
+    Init {
+        waiters: Vec<u64>,
+    },
     Bound {
         binding: MBinding,
         leases: u32,
@@ -166,9 +168,7 @@ impl Model {
 
     fn lease_room(&self) -> Result<(), AffinityError> {
         match self.leases.len() >= LEASES_MAX {
-            true => Err(AffinityError::TooManyLeases {
-                leases_max: LEASES_MAX,
-            }),
+            true => Err(AffinityError::TooManyLeases { leases_max: LEASES_MAX }),
             false => Ok(()),
         }
     }
@@ -186,10 +186,7 @@ impl Model {
             .entries
             .iter()
             .filter_map(|(&k, e)| match e.state {
-                MState::Bound {
-                    deadline_ms: Some(d),
-                    ..
-                } => Some((d, e.created, k)),
+                MState::Bound { deadline_ms: Some(d), .. } => Some((d, e.created, k)),
                 _ => None,
             })
             .collect();
@@ -198,11 +195,7 @@ impl Model {
     }
 
     fn expire(&mut self, key: u8) {
-        if let Some(MEntry {
-            state: MState::Bound { binding, .. },
-            ..
-        }) = self.entries.remove(&key)
-        {
+        if let Some(MEntry { state: MState::Bound { binding, .. }, .. }) = self.entries.remove(&key) {
             self.stats.expirations += 1;
             self.outputs.push(MOut::Expired(binding.0, phase(key)));
         }
@@ -218,36 +211,21 @@ impl Model {
             let created = e.created;
             match e.state.clone() {
                 MState::Init { waiters } if waiters.len() >= WAITERS_MAX => {
-                    return Err(AffinityError::TooManyWaiters {
-                        waiters_max_per_session: WAITERS_MAX,
-                    })
+                    return Err(AffinityError::TooManyWaiters { waiters_max_per_session: WAITERS_MAX })
                 }
                 MState::Init { .. } => {
                     let wait = self.id();
                     self.waits_ever.push(wait);
-                    if let Some(MEntry {
-                        state: MState::Init { waiters },
-                        ..
-                    }) = self.entries.get_mut(&key)
-                    {
+                    if let Some(MEntry { state: MState::Init { waiters }, .. }) = self.entries.get_mut(&key) {
                         waiters.push(wait);
                     }
                     return Ok(MAcquire::Wait(wait));
                 }
-                MState::Bound {
-                    deadline_ms: Some(d),
-                    ..
-                } if d <= now => self.expire(key),
-                MState::Bound {
-                    binding, leases, ..
-                } => {
+                MState::Bound { deadline_ms: Some(d), .. } if d <= now => self.expire(key),
+                MState::Bound { binding, leases, .. } => {
                     self.lease_room()?;
                     let lease = self.take_lease(key, created);
-                    let state = MState::Bound {
-                        binding,
-                        leases: leases + 1,
-                        deadline_ms: None,
-                    };
+                    let state = MState::Bound { binding, leases: leases + 1, deadline_ms: None };
                     self.entries.insert(key, MEntry { created, state });
                     return Ok(MAcquire::Bound { binding, lease });
                 }
@@ -256,9 +234,7 @@ impl Model {
         if self.entries.len() >= self.sessions_max {
             let Some(&(deadline, _, victim)) = self.idle().first() else {
                 self.stats.refusals += 1;
-                return Err(AffinityError::TableFull {
-                    sessions_max: self.sessions_max,
-                });
+                return Err(AffinityError::TableFull { sessions_max: self.sessions_max });
             };
             if deadline <= now {
                 self.expire(victim);
@@ -270,50 +246,23 @@ impl Model {
         }
         let created = self.id();
         self.inits_ever.push(created);
-        self.entries.insert(
-            key,
-            MEntry {
-                created,
-                state: MState::Init {
-                    waiters: Vec::new(),
-                },
-            },
-        );
+        self.entries.insert(key, MEntry { created, state: MState::Init { waiters: Vec::new() } });
         Ok(MAcquire::Init(created))
     }
 
     fn init_key(&self, init: u64) -> Option<u8> {
-        self.entries
-            .iter()
-            .find(|(_, e)| e.created == init && matches!(e.state, MState::Init { .. }))
-            .map(|(&k, _)| k)
+        self.entries.iter().find(|(_, e)| e.created == init && matches!(e.state, MState::Init { .. })).map(|(&k, _)| k)
     }
 
-    fn commit(
-        &mut self,
-        init: u64,
-        worker: u8,
-        rank: Option<u8>,
-    ) -> Result<(u64, u64), AffinityError> {
+    fn commit(&mut self, init: u64, worker: u8, rank: Option<u8>) -> Result<(u64, u64), AffinityError> {
         let key = self.init_key(init).ok_or(AffinityError::UnknownToken)?;
         self.lease_room()?;
         let rev = self.id();
         let lease = self.take_lease(key, init);
-        let state = MState::Bound {
-            binding: (worker, rank, rev),
-            leases: 1,
-            deadline_ms: None,
-        };
-        if let Some(MEntry {
-            state: MState::Init { waiters },
-            ..
-        }) = self.entries.insert(
-            key,
-            MEntry {
-                created: init,
-                state,
-            },
-        ) {
+        let state = MState::Bound { binding: (worker, rank, rev), leases: 1, deadline_ms: None };
+        if let Some(MEntry { state: MState::Init { waiters }, .. }) =
+            self.entries.insert(key, MEntry { created: init, state })
+        {
             self.wake(waiters);
         }
         Ok((rev, lease))
@@ -321,11 +270,7 @@ impl Model {
 
     fn abort(&mut self, init: u64) -> Result<(), AffinityError> {
         let key = self.init_key(init).ok_or(AffinityError::UnknownToken)?;
-        if let Some(MEntry {
-            state: MState::Init { waiters },
-            ..
-        }) = self.entries.remove(&key)
-        {
+        if let Some(MEntry { state: MState::Init { waiters }, .. }) = self.entries.remove(&key) {
             self.wake(waiters);
         }
         Ok(())
@@ -344,20 +289,10 @@ impl Model {
     }
 
     fn release(&mut self, lease: u64) -> Result<(), AffinityError> {
-        let (key, created) = self
-            .leases
-            .remove(&lease)
-            .ok_or(AffinityError::UnknownLease)?;
+        let (key, created) = self.leases.remove(&lease).ok_or(AffinityError::UnknownLease)?;
         let now = self.now_ms;
-        if let Some(MEntry {
-            created: c,
-            state:
-                MState::Bound {
-                    leases,
-                    deadline_ms,
-                    ..
-                },
-        }) = self.entries.get_mut(&key)
+        if let Some(MEntry { created: c, state: MState::Bound { leases, deadline_ms, .. } }) =
+            self.entries.get_mut(&key)
         {
             if *c == created {
                 *leases -= 1;
@@ -378,29 +313,13 @@ impl Model {
 
     fn resolve(&mut self, t: &Transition) -> Op {
         match *t {
-            Transition::Acquire(key) => Op::Acquire {
-                key,
-                want: self.acquire(key),
-            },
-            Transition::Commit {
-                pick,
-                fresh,
-                worker,
-                rank,
-            } => match self.pick_init(pick, fresh) {
-                Some(init) => Op::Commit {
-                    init,
-                    worker,
-                    rank,
-                    want: self.commit(init, worker, rank),
-                },
+            Transition::Acquire(key) => Op::Acquire { key, want: self.acquire(key) },
+            Transition::Commit { pick, fresh, worker, rank } => match self.pick_init(pick, fresh) {
+                Some(init) => Op::Commit { init, worker, rank, want: self.commit(init, worker, rank) },
                 None => Op::Nothing,
             },
             Transition::Abort { pick, fresh } => match self.pick_init(pick, fresh) {
-                Some(init) => Op::Abort {
-                    init,
-                    want: self.abort(init),
-                },
+                Some(init) => Op::Abort { init, want: self.abort(init) },
                 None => Op::Nothing,
             },
             Transition::CancelWait { pick, fresh } => {
@@ -413,20 +332,14 @@ impl Model {
                     })
                     .collect();
                 match pick_from(&live, &self.waits_ever, pick, fresh) {
-                    Some(wait) => Op::CancelWait {
-                        wait,
-                        want: self.cancel_wait(wait),
-                    },
+                    Some(wait) => Op::CancelWait { wait, want: self.cancel_wait(wait) },
                     None => Op::Nothing,
                 }
             }
             Transition::Release { pick, fresh } => {
                 let live: Vec<u64> = self.leases.keys().copied().collect();
                 match pick_from(&live, &self.leases_ever, pick, fresh) {
-                    Some(lease) => Op::Release {
-                        lease,
-                        want: self.release(lease),
-                    },
+                    Some(lease) => Op::Release { lease, want: self.release(lease) },
                     None => Op::Nothing,
                 }
             }
@@ -437,33 +350,18 @@ impl Model {
                     self.entries.remove(&key);
                     self.stats.invalidations += 1;
                 }
-                Op::Invalidate {
-                    key,
-                    rev,
-                    stale: !current,
-                    want,
-                }
+                Op::Invalidate { key, rev, stale: !current, want }
             }
             Transition::InvalidateWorker(worker) => {
-                let gone: Vec<u8> = self
-                    .entries
-                    .keys()
-                    .copied()
-                    .filter(|&k| self.bound(k).is_some_and(|b| b.0 == worker))
-                    .collect();
+                let gone: Vec<u8> =
+                    self.entries.keys().copied().filter(|&k| self.bound(k).is_some_and(|b| b.0 == worker)).collect();
                 for k in &gone {
                     self.entries.remove(k);
                 }
                 self.stats.invalidations += gone.len() as u64;
-                Op::InvalidateWorker {
-                    worker,
-                    want: gone.len(),
-                }
+                Op::InvalidateWorker { worker, want: gone.len() }
             }
-            Transition::Peek(key) => Op::Peek {
-                key,
-                want: self.bound(key),
-            },
+            Transition::Peek(key) => Op::Peek { key, want: self.bound(key) },
             Transition::Advance(ms) => {
                 self.now_ms = self.now_ms.saturating_add_signed(i64::from(ms));
                 Op::Nothing
@@ -480,22 +378,14 @@ impl Model {
     }
 
     fn pick_init(&self, pick: Index, fresh: bool) -> Option<u64> {
-        let live: Vec<u64> = self
-            .entries
-            .values()
-            .filter(|e| matches!(e.state, MState::Init { .. }))
-            .map(|e| e.created)
-            .collect();
+        let live: Vec<u64> =
+            self.entries.values().filter(|e| matches!(e.state, MState::Init { .. })).map(|e| e.created).collect();
         pick_from(&live, &self.inits_ever, pick, fresh)
     }
 }
 
 fn pick_from(live: &[u64], ever: &[u64], pick: Index, fresh: bool) -> Option<u64> {
-    let from = if fresh && !live.is_empty() {
-        live
-    } else {
-        ever
-    };
+    let from = if fresh && !live.is_empty() { live } else { ever };
     (!from.is_empty()).then(|| *pick.get(from))
 }
 
@@ -561,11 +451,7 @@ struct Sut {
 
 impl Sut {
     fn binding(&self, b: MBinding) -> Binding {
-        Binding {
-            worker: WorkerId(b.0.into()),
-            rank: b.1.map(|r| DpRank(r.into())),
-            revision: self.revs[&b.2],
-        }
+        Binding { worker: WorkerId(b.0.into()), rank: b.1.map(|r| DpRank(r.into())), revision: self.revs[&b.2] }
     }
 
     fn run(&mut self, m: &Model) {
@@ -576,22 +462,13 @@ impl Sut {
                 let got = self.t.acquire(now, &session(key), phase(key));
                 match (want, got) {
                     (Ok(MAcquire::Init(id)), Ok(Acquire::Initialize(tok))) => {
-                        assert!(
-                            self.initializing.insert(key, id).is_none(),
-                            "second initializer for key {key}"
-                        );
+                        assert!(self.initializing.insert(key, id).is_none(), "second initializer for key {key}");
                         self.inits.insert(id, tok);
                     }
                     (Ok(MAcquire::Wait(id)), Ok(Acquire::Wait(tok))) => {
                         self.waits.insert(id, tok);
                     }
-                    (
-                        Ok(MAcquire::Bound { binding, lease: id }),
-                        Ok(Acquire::Bound {
-                            binding: got,
-                            lease,
-                        }),
-                    ) => {
+                    (Ok(MAcquire::Bound { binding, lease: id }), Ok(Acquire::Bound { binding: got, lease })) => {
                         assert_eq!(got, self.binding(binding));
                         self.leases.insert(id, lease);
                     }
@@ -599,12 +476,7 @@ impl Sut {
                     (want, got) => panic!("acquire key {key}: model {want:?}, table {got:?}"),
                 }
             }
-            Op::Commit {
-                init,
-                worker,
-                rank,
-                want,
-            } => {
+            Op::Commit { init, worker, rank, want } => {
                 let (w, r) = (WorkerId(worker.into()), rank.map(|r| DpRank(r.into())));
                 match (want, self.t.commit(now, self.inits[&init], w, r)) {
                     (Ok((rev, id)), Ok((binding, lease))) => {
@@ -627,12 +499,7 @@ impl Sut {
             Op::Release { lease, want } => {
                 assert_eq!(self.t.release(now, self.leases[&lease]), want)
             }
-            Op::Invalidate {
-                key,
-                rev,
-                stale,
-                want,
-            } => {
+            Op::Invalidate { key, rev, stale, want } => {
                 let real = rev.map_or(0, |r| self.revs[&r]);
                 let revision = if stale { real.wrapping_add(1) } else { real };
                 assert_eq!(self.t.invalidate(&session(key), phase(key), revision), want);
@@ -641,10 +508,7 @@ impl Sut {
                 assert_eq!(self.t.invalidate_worker(WorkerId(worker.into())), want)
             }
             Op::Peek { key, want } => {
-                assert_eq!(
-                    self.t.peek(&session(key), phase(key)),
-                    want.map(|b| self.binding(b))
-                );
+                assert_eq!(self.t.peek(&session(key), phase(key)), want.map(|b| self.binding(b)));
             }
             Op::Timeout => self.t.handle_timeout(now),
         }
@@ -655,11 +519,7 @@ impl Sut {
         let got: Vec<MOut> = core::iter::from_fn(|| self.t.poll_output())
             .map(|o| match o {
                 AffinityOutput::Woken(tok) => {
-                    let id = self
-                        .waits
-                        .iter()
-                        .find(|(_, &t)| t == tok)
-                        .map(|(&id, _)| id);
+                    let id = self.waits.iter().find(|(_, &t)| t == tok).map(|(&id, _)| id);
                     MOut::Woken(id.expect("woke a token never handed out"))
                 }
                 AffinityOutput::Expired { worker, phase } => MOut::Expired(worker.0 as u8, phase),
@@ -701,43 +561,21 @@ impl StateMachineTest for Sut {
     fn check_invariants(sut: &Sut, m: &Model) {
         let t = &sut.t;
         let before = t.fingerprint();
-        assert!(
-            t.len() <= m.sessions_max,
-            "len {} over sessions_max",
-            t.len()
-        );
-        assert_eq!(
-            (t.len(), t.live_leases(), t.stats()),
-            (m.entries.len(), m.leases.len(), m.stats)
-        );
+        assert!(t.len() <= m.sessions_max, "len {} over sessions_max", t.len());
+        assert_eq!((t.len(), t.live_leases(), t.stats()), (m.entries.len(), m.leases.len(), m.stats));
         let next = m.idle().first().map(|&(d, _, _)| Instant::from_millis(d));
         assert_eq!(t.poll_timeout(), next);
         for key in 0..KEYS {
-            assert_eq!(
-                t.peek(&session(key), phase(key)),
-                m.bound(key).map(|b| sut.binding(b)),
-                "peek key {key}"
-            );
+            assert_eq!(t.peek(&session(key), phase(key)), m.bound(key).map(|b| sut.binding(b)), "peek key {key}");
         }
         // Every lease not orphaned keeps its binding alive.
         for &(key, created) in m.leases.values() {
             if m.entries.get(&key).is_some_and(|e| e.created == created) {
-                assert!(
-                    t.peek(&session(key), phase(key)).is_some(),
-                    "leased key {key} lost its binding"
-                );
+                assert!(t.peek(&session(key), phase(key)).is_some(), "leased key {key} lost its binding");
             }
         }
-        let inits = m
-            .entries
-            .iter()
-            .filter(|(_, e)| matches!(e.state, MState::Init { .. }))
-            .count();
-        assert_eq!(
-            sut.initializing.len(),
-            inits,
-            "initializers the table handed out"
-        );
+        let inits = m.entries.iter().filter(|(_, e)| matches!(e.state, MState::Init { .. })).count();
+        assert_eq!(sut.initializing.len(), inits, "initializers the table handed out");
         assert_eq!(t.fingerprint(), before, "a query changed the table");
     }
 }

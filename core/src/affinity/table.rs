@@ -9,8 +9,8 @@ use hashbrown::HashTable;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{
-    Acquire, AffinityConfig, AffinityError, AffinityMode, AffinityOutput, AffinityStats, Binding,
-    InitToken, LeaseId, WaitToken,
+    Acquire, AffinityConfig, AffinityError, AffinityMode, AffinityOutput, AffinityStats, Binding, InitToken, LeaseId,
+    WaitToken,
 };
 use crate::time::Instant;
 use crate::types::{DpRank, Phase, WorkerId};
@@ -19,11 +19,7 @@ use crate::types::{DpRank, Phase, WorkerId};
 pub const EXPIRE_PER_CALL_MAX: usize = 1024;
 
 /// Mixed into the seed per phase, so one session id hashes apart in each phase.
-const PHASE_SALT: [u64; 3] = [
-    0x243F_6A88_85A3_08D3,
-    0x1319_8A2E_0370_7344,
-    0xA409_3822_299F_31D0,
-];
+const PHASE_SALT: [u64; 3] = [0x243F_6A88_85A3_08D3, 0x1319_8A2E_0370_7344, 0xA409_3822_299F_31D0];
 
 /// Session-affinity bindings and their leases, per (session id, phase).
 ///
@@ -99,11 +95,7 @@ enum State {
     /// Waiter ids in arrival order.
     Initializing { waiters: Vec<u64> },
     /// `idle_deadline` is set exactly when `leases == 0`, and then the entry is in `idle`.
-    Bound {
-        binding: Binding,
-        leases: u32,
-        idle_deadline: Option<Instant>,
-    },
+    Bound { binding: Binding, leases: u32, idle_deadline: Option<Instant> },
 }
 
 /// `serial == 0` marks a free lease slot.
@@ -152,12 +144,7 @@ impl AffinityTable {
     /// Returns [`Acquire::Initialize`] when there is no entry (making room by evicting the
     /// idle binding due soonest if the table is full), [`Acquire::Wait`] while another
     /// request initializes it, and [`Acquire::Bound`] with a new lease once bound.
-    pub fn acquire(
-        &mut self,
-        now: Instant,
-        session: &[u8],
-        phase: Phase,
-    ) -> Result<Acquire, AffinityError> {
+    pub fn acquire(&mut self, now: Instant, session: &[u8], phase: Phase) -> Result<Acquire, AffinityError> {
         self.validate(session)?;
         let hash = self.hash(session, phase);
         if let Some(idx) = self.find(hash, session, phase) {
@@ -167,14 +154,7 @@ impl AffinityTable {
         }
         self.make_room(now)?;
         let serial = bump(&mut self.serial);
-        let entry = Entry {
-            hash,
-            phase,
-            serial,
-            state: State::Initializing {
-                waiters: Vec::new(),
-            },
-        };
+        let entry = Entry { hash, phase, serial, state: State::Initializing { waiters: Vec::new() } };
         let slot = self.insert(session, entry);
         Ok(Acquire::Initialize(InitToken { slot, serial }))
     }
@@ -192,28 +172,14 @@ impl AffinityTable {
         // API break; nothing needs it yet.
         let _ = now;
         let entry = match entry_mut(&mut self.slots, token.slot) {
-            Some(e)
-                if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) =>
-            {
-                e
-            }
+            Some(e) if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) => e,
             _ => return Err(AffinityError::UnknownToken),
         };
         if self.leases_live >= self.cfg.leases_max {
-            return Err(AffinityError::TooManyLeases {
-                leases_max: self.cfg.leases_max,
-            });
+            return Err(AffinityError::TooManyLeases { leases_max: self.cfg.leases_max });
         }
-        let binding = Binding {
-            worker,
-            rank,
-            revision: bump(&mut self.serial),
-        };
-        let bound = State::Bound {
-            binding,
-            leases: 1,
-            idle_deadline: None,
-        };
+        let binding = Binding { worker, rank, revision: bump(&mut self.serial) };
+        let bound = State::Bound { binding, leases: 1, idle_deadline: None };
         if let State::Initializing { waiters } = mem::replace(&mut entry.state, bound) {
             self.wake(token.slot, waiters);
         }
@@ -224,15 +190,10 @@ impl AffinityTable {
     /// waiters are woken (one of them will initialize next).
     pub fn abort(&mut self, token: InitToken) -> Result<(), AffinityError> {
         match entry_mut(&mut self.slots, token.slot) {
-            Some(e)
-                if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) => {}
+            Some(e) if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) => {}
             _ => return Err(AffinityError::UnknownToken),
         }
-        if let Some(Entry {
-            state: State::Initializing { waiters },
-            ..
-        }) = self.remove(token.slot)
-        {
+        if let Some(Entry { state: State::Initializing { waiters }, .. }) = self.remove(token.slot) {
             self.wake(token.slot, waiters);
         }
         Ok(())
@@ -240,11 +201,7 @@ impl AffinityTable {
 
     /// Withdraws a waiting request. A token already woken is unknown.
     pub fn cancel_wait(&mut self, token: WaitToken) -> Result<(), AffinityError> {
-        if let Some(Entry {
-            state: State::Initializing { waiters },
-            ..
-        }) = entry_mut(&mut self.slots, token.slot)
-        {
+        if let Some(Entry { state: State::Initializing { waiters }, .. }) = entry_mut(&mut self.slots, token.slot) {
             if let Some(pos) = waiters.iter().position(|&w| w == token.serial) {
                 waiters.remove(pos);
                 return Ok(());
@@ -261,22 +218,14 @@ impl AffinityTable {
             Some(rec) if rec.serial != 0 && rec.serial == lease.serial => rec,
             _ => return Err(AffinityError::UnknownLease),
         };
-        let LeaseSlot {
-            slot, entry_serial, ..
-        } = *rec;
+        let LeaseSlot { slot, entry_serial, .. } = *rec;
         rec.serial = 0;
         self.free_leases.push(lease.slot);
         self.leases_live -= 1;
-        let Some(entry) = entry_mut(&mut self.slots, slot).filter(|e| e.serial == entry_serial)
-        else {
+        let Some(entry) = entry_mut(&mut self.slots, slot).filter(|e| e.serial == entry_serial) else {
             return Ok(());
         };
-        if let State::Bound {
-            leases,
-            idle_deadline,
-            ..
-        } = &mut entry.state
-        {
+        if let State::Bound { leases, idle_deadline, .. } = &mut entry.state {
             *leases = leases.saturating_sub(1);
             if *leases == 0 {
                 let deadline = now.add_ms(self.cfg.lease_ttl_ms);
@@ -311,9 +260,7 @@ impl AffinityTable {
     pub fn invalidate_worker(&mut self, worker: WorkerId) -> usize {
         let mut dropped = 0;
         for idx in 0..self.slots.len() as u32 {
-            if let Some(State::Bound { binding, .. }) =
-                entry_mut(&mut self.slots, idx).map(|e| &e.state)
-            {
+            if let Some(State::Bound { binding, .. }) = entry_mut(&mut self.slots, idx).map(|e| &e.state) {
                 if binding.worker == worker {
                     self.remove(idx);
                     dropped += 1;
@@ -396,21 +343,14 @@ impl AffinityTable {
         let slots = &self.slots;
         let found = self.index.find(hash, |&idx| {
             slots.get(idx as usize).is_some_and(|s| {
-                s.entry
-                    .as_ref()
-                    .is_some_and(|e| e.hash == hash && e.phase == phase)
-                    && s.key == session
+                s.entry.as_ref().is_some_and(|e| e.hash == hash && e.phase == phase) && s.key == session
             })
         });
         found.copied()
     }
 
     /// `Ok(None)` when the entry turned out to be expired and was dropped.
-    fn acquire_existing(
-        &mut self,
-        now: Instant,
-        idx: u32,
-    ) -> Result<Option<Acquire>, AffinityError> {
+    fn acquire_existing(&mut self, now: Instant, idx: u32) -> Result<Option<Acquire>, AffinityError> {
         let waiters_max = self.cfg.waiters_max_per_session;
         let Some(entry) = entry_mut(&mut self.slots, idx) else {
             return Ok(None);
@@ -419,31 +359,20 @@ impl AffinityTable {
         let binding = match &mut entry.state {
             State::Initializing { waiters } => {
                 if waiters.len() >= waiters_max {
-                    return Err(AffinityError::TooManyWaiters {
-                        waiters_max_per_session: waiters_max,
-                    });
+                    return Err(AffinityError::TooManyWaiters { waiters_max_per_session: waiters_max });
                 }
                 let serial = bump(&mut self.serial);
                 waiters.push(serial);
                 return Ok(Some(Acquire::Wait(WaitToken { slot: idx, serial })));
             }
-            State::Bound {
-                idle_deadline: Some(deadline),
-                ..
-            } if *deadline <= now => {
+            State::Bound { idle_deadline: Some(deadline), .. } if *deadline <= now => {
                 self.expire(idx);
                 return Ok(None);
             }
             State::Bound { .. } if self.leases_live >= self.cfg.leases_max => {
-                return Err(AffinityError::TooManyLeases {
-                    leases_max: self.cfg.leases_max,
-                });
+                return Err(AffinityError::TooManyLeases { leases_max: self.cfg.leases_max });
             }
-            State::Bound {
-                binding,
-                leases,
-                idle_deadline,
-            } => {
+            State::Bound { binding, leases, idle_deadline } => {
                 *leases = leases.saturating_add(1);
                 if let Some(deadline) = idle_deadline.take() {
                     self.idle.remove(&(deadline, entry_serial, idx));
@@ -466,43 +395,28 @@ impl AffinityTable {
             Some(&(_, _, idx)) => {
                 if let Some(entry) = self.remove(idx) {
                     self.stats.evictions += 1;
-                    self.outputs
-                        .push_back(AffinityOutput::Evicted { phase: entry.phase });
+                    self.outputs.push_back(AffinityOutput::Evicted { phase: entry.phase });
                 }
             }
             None => {
                 self.stats.refusals += 1;
-                return Err(AffinityError::TableFull {
-                    sessions_max: self.cfg.sessions_max,
-                });
+                return Err(AffinityError::TableFull { sessions_max: self.cfg.sessions_max });
             }
         }
         Ok(())
     }
 
     fn expire(&mut self, idx: u32) {
-        if let Some(Entry {
-            phase,
-            state: State::Bound { binding, .. },
-            ..
-        }) = self.remove(idx)
-        {
+        if let Some(Entry { phase, state: State::Bound { binding, .. }, .. }) = self.remove(idx) {
             self.stats.expirations += 1;
-            self.outputs.push_back(AffinityOutput::Expired {
-                worker: binding.worker,
-                phase,
-            });
+            self.outputs.push_back(AffinityOutput::Expired { worker: binding.worker, phase });
         }
     }
 
     /// Stores `entry` under `session` in a free slot; the caller made room.
     fn insert(&mut self, session: &[u8], entry: Entry) -> u32 {
         let hash = entry.hash;
-        let idx = match self
-            .free_slots
-            .pop()
-            .and_then(|i| self.slots.get_mut(i as usize).map(|s| (i, s)))
-        {
+        let idx = match self.free_slots.pop().and_then(|i| self.slots.get_mut(i as usize).map(|s| (i, s))) {
             Some((i, slot)) => {
                 slot.key.clear();
                 slot.key.extend_from_slice(session);
@@ -510,17 +424,13 @@ impl AffinityTable {
                 i
             }
             None => {
-                self.slots.push(Slot {
-                    key: session.to_vec(),
-                    entry: Some(entry),
-                });
+                self.slots.push(Slot { key: session.to_vec(), entry: Some(entry) });
                 // Fits: there are at most `sessions_max <= u32::MAX` slots.
                 (self.slots.len() - 1) as u32
             }
         };
         let slots = &self.slots;
-        self.index
-            .insert_unique(hash, idx, |&i| entry_hash(slots, i));
+        self.index.insert_unique(hash, idx, |&i| entry_hash(slots, i));
         idx
     }
 
@@ -530,11 +440,7 @@ impl AffinityTable {
         if let Ok(found) = self.index.find_entry(entry.hash, |&i| i == idx) {
             found.remove();
         }
-        if let State::Bound {
-            idle_deadline: Some(deadline),
-            ..
-        } = entry.state
-        {
+        if let State::Bound { idle_deadline: Some(deadline), .. } = entry.state {
             self.idle.remove(&(deadline, entry.serial, idx));
         }
         self.free_slots.push(idx);
@@ -542,9 +448,7 @@ impl AffinityTable {
     }
 
     fn wake(&mut self, slot: u32, waiters: Vec<u64>) {
-        let woken = waiters
-            .into_iter()
-            .map(|serial| AffinityOutput::Woken(WaitToken { slot, serial }));
+        let woken = waiters.into_iter().map(|serial| AffinityOutput::Woken(WaitToken { slot, serial }));
         self.outputs.extend(woken);
     }
 
@@ -552,11 +456,7 @@ impl AffinityTable {
     /// `leases_max`.
     fn alloc_lease(&mut self, slot: u32, entry_serial: u64) -> LeaseId {
         let serial = bump(&mut self.serial);
-        let rec = LeaseSlot {
-            serial,
-            slot,
-            entry_serial,
-        };
+        let rec = LeaseSlot { serial, slot, entry_serial };
         self.leases_live += 1;
         if let Some(i) = self.free_leases.pop() {
             if let Some(free) = self.leases.get_mut(i as usize) {
@@ -566,10 +466,7 @@ impl AffinityTable {
         }
         self.leases.push(rec);
         // Fits: there are at most `leases_max <= u32::MAX` lease slots.
-        LeaseId {
-            slot: (self.leases.len() - 1) as u32,
-            serial,
-        }
+        LeaseId { slot: (self.leases.len() - 1) as u32, serial }
     }
 }
 
@@ -585,10 +482,7 @@ fn entry_mut(slots: &mut [Slot], idx: u32) -> Option<&mut Entry> {
 }
 
 fn entry_hash(slots: &[Slot], idx: u32) -> u64 {
-    slots
-        .get(idx as usize)
-        .and_then(|s| s.entry.as_ref())
-        .map_or(0, |e| e.hash)
+    slots.get(idx as usize).and_then(|s| s.entry.as_ref()).map_or(0, |e| e.hash)
 }
 
 #[cfg(test)]

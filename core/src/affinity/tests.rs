@@ -63,12 +63,7 @@ enum Step<'a> {
 }
 
 fn cfg(sessions_max: usize) -> AffinityConfig {
-    AffinityConfig {
-        sessions_max,
-        lease_ttl_ms: TTL_MS,
-        hash_seed: 0x5eed,
-        ..AffinityConfig::default()
-    }
+    AffinityConfig { sessions_max, lease_ttl_ms: TTL_MS, hash_seed: 0x5eed, ..AffinityConfig::default() }
 }
 
 #[derive(Default)]
@@ -92,20 +87,14 @@ fn check<'a>(cfg: AffinityConfig, steps: &[Step<'a>]) {
             Step::At(ms) => now = Instant::from_millis(ms),
             Step::Acq(s, phase, want) => acquire(&mut t, &mut n, now, s, phase, want, &at()),
             Step::Commit(init, worker, lease) => {
-                let (b, l) = t
-                    .commit(now, n.inits[init], WorkerId(worker), None)
-                    .unwrap_or_else(|e| panic!("{}: {e}", at()));
+                let (b, l) =
+                    t.commit(now, n.inits[init], WorkerId(worker), None).unwrap_or_else(|e| panic!("{}: {e}", at()));
                 assert_eq!(b.worker, WorkerId(worker), "{}", at());
                 n.bindings.insert(init, b);
                 n.leases.insert(lease, l);
             }
             Step::CommitErr(init, e) => {
-                assert_eq!(
-                    t.commit(now, n.inits[init], WorkerId(0), None),
-                    Err(e),
-                    "{}",
-                    at()
-                )
+                assert_eq!(t.commit(now, n.inits[init], WorkerId(0), None), Err(e), "{}", at())
             }
             Step::Abort(init, e) => {
                 assert_eq!(t.abort(n.inits[init]), e.map_or(Ok(()), Err), "{}", at())
@@ -113,31 +102,16 @@ fn check<'a>(cfg: AffinityConfig, steps: &[Step<'a>]) {
             Step::Cancel(w, e) => {
                 assert_eq!(t.cancel_wait(n.waits[w]), e.map_or(Ok(()), Err), "{}", at())
             }
-            Step::Release(l, e) => assert_eq!(
-                t.release(now, n.leases[l]),
-                e.map_or(Ok(()), Err),
-                "{}",
-                at()
-            ),
+            Step::Release(l, e) => assert_eq!(t.release(now, n.leases[l]), e.map_or(Ok(()), Err), "{}", at()),
             Step::Invalidate(s, phase, b, want) => {
-                assert_eq!(
-                    t.invalidate(s.as_bytes(), phase, n.bindings[b].revision),
-                    want,
-                    "{}",
-                    at()
-                )
+                assert_eq!(t.invalidate(s.as_bytes(), phase, n.bindings[b].revision), want, "{}", at())
             }
             Step::InvalidateWorker(w, want) => {
                 assert_eq!(t.invalidate_worker(WorkerId(w)), want, "{}", at())
             }
             Step::Peek(s, phase, want) => {
                 let before = t.fingerprint();
-                assert_eq!(
-                    t.peek(s.as_bytes(), phase).map(|b| b.worker.0),
-                    want,
-                    "{}",
-                    at()
-                );
+                assert_eq!(t.peek(s.as_bytes(), phase).map(|b| b.worker.0), want, "{}", at());
                 assert_eq!(t.fingerprint(), before, "{}: peek changed the table", at());
             }
             Step::Timeout => t.handle_timeout(now),
@@ -151,20 +125,10 @@ fn check<'a>(cfg: AffinityConfig, steps: &[Step<'a>]) {
             }
             Step::Stats(ev, exp, refused) => {
                 let s = t.stats();
-                assert_eq!(
-                    (s.evictions, s.expirations, s.refusals),
-                    (ev, exp, refused),
-                    "{}",
-                    at()
-                )
+                assert_eq!((s.evictions, s.expirations, s.refusals), (ev, exp, refused), "{}", at())
             }
         }
-        assert!(
-            t.len() <= sessions_max,
-            "{}: len {} over sessions_max",
-            at(),
-            t.len()
-        );
+        assert!(t.len() <= sessions_max, "{}: len {} over sessions_max", at(), t.len());
     }
     let left: Vec<AffinityOutput> = core::iter::from_fn(|| t.poll_output()).collect();
     assert!(left.is_empty(), "outputs nobody checked: {left:?}");
@@ -204,10 +168,7 @@ fn drain(t: &mut AffinityTable, n: &Names<'_>, want: &[Output<'_>], at: &str) {
         .iter()
         .map(|o| match *o {
             Output::Woken(w) => AffinityOutput::Woken(n.waits[w]),
-            Output::Expired(worker, phase) => AffinityOutput::Expired {
-                worker: WorkerId(worker),
-                phase,
-            },
+            Output::Expired(worker, phase) => AffinityOutput::Expired { worker: WorkerId(worker), phase },
             Output::Evicted(phase) => AffinityOutput::Evicted { phase },
         })
         .collect();
@@ -227,34 +188,17 @@ fn session_id_limits() {
         &[
             Acq("", A, Want::Err(AffinityError::SessionIdEmpty)),
             Acq(&max, A, Init("max")),
-            Acq(
-                &over,
-                A,
-                Want::Err(AffinityError::SessionIdTooLong {
-                    bytes: 257,
-                    max: 256,
-                }),
-            ),
+            Acq(&over, A, Want::Err(AffinityError::SessionIdTooLong { bytes: 257, max: 256 })),
             Peek(&over, A, None),
             Peek("", A, None),
             Len(1, 0),
             Stats(0, 0, 0),
         ],
     );
-    let tight = AffinityConfig {
-        session_id_bytes_max: 1,
-        ..cfg(8)
-    };
+    let tight = AffinityConfig { session_id_bytes_max: 1, ..cfg(8) };
     check(
         tight,
-        &[
-            Acq("a", A, Init("a")),
-            Acq(
-                "ab",
-                A,
-                Want::Err(AffinityError::SessionIdTooLong { bytes: 2, max: 1 }),
-            ),
-        ],
+        &[Acq("a", A, Init("a")), Acq("ab", A, Want::Err(AffinityError::SessionIdTooLong { bytes: 2, max: 1 }))],
     );
 }
 
@@ -323,32 +267,18 @@ fn cancelled_waiter_is_not_woken() {
 
 #[test]
 fn waiters_and_leases_are_bounded() {
-    let c = AffinityConfig {
-        waiters_max_per_session: 1,
-        leases_max: 2,
-        ..cfg(8)
-    };
+    let c = AffinityConfig { waiters_max_per_session: 1, leases_max: 2, ..cfg(8) };
     check(
         c,
         &[
             Acq("s", A, Init("t")),
             Acq("s", A, Wait("w")),
-            Acq(
-                "s",
-                A,
-                Want::Err(AffinityError::TooManyWaiters {
-                    waiters_max_per_session: 1,
-                }),
-            ),
+            Acq("s", A, Want::Err(AffinityError::TooManyWaiters { waiters_max_per_session: 1 })),
             Acq("u", A, Init("u")),
             Commit("t", 1, "l1"),
             Out(&[Woken("w")]),
             Acq("s", A, Bound("l2", 1)),
-            Acq(
-                "s",
-                A,
-                Want::Err(AffinityError::TooManyLeases { leases_max: 2 }),
-            ),
+            Acq("s", A, Want::Err(AffinityError::TooManyLeases { leases_max: 2 })),
             CommitErr("u", AffinityError::TooManyLeases { leases_max: 2 }),
             Release("l2", None),
             // The refused commit left its token usable.
@@ -494,16 +424,8 @@ fn full_table_never_evicts_leased_or_initializing() {
             Release("lc", None),
             Acq("d", A, Init("d")),
             Out(&[Evicted(A)]),
-            Acq(
-                "e",
-                A,
-                Want::Err(AffinityError::TableFull { sessions_max: 3 }),
-            ),
-            Acq(
-                "e",
-                D,
-                Want::Err(AffinityError::TableFull { sessions_max: 3 }),
-            ),
+            Acq("e", A, Want::Err(AffinityError::TableFull { sessions_max: 3 })),
+            Acq("e", D, Want::Err(AffinityError::TableFull { sessions_max: 3 })),
             Peek("a", A, Some(1)),
             Acq("b", A, Wait("wb")),
             Acq("a", A, Bound("la2", 1)),
@@ -536,18 +458,7 @@ fn a_due_binding_is_expired_not_evicted() {
 
 #[test]
 fn zero_sessions_max_refuses_everything() {
-    check(
-        cfg(0),
-        &[
-            Acq(
-                "a",
-                A,
-                Want::Err(AffinityError::TableFull { sessions_max: 0 }),
-            ),
-            Len(0, 0),
-            Stats(0, 0, 1),
-        ],
-    );
+    check(cfg(0), &[Acq("a", A, Want::Err(AffinityError::TableFull { sessions_max: 0 })), Len(0, 0), Stats(0, 0, 1)]);
 }
 
 #[test]
@@ -659,24 +570,16 @@ fn handle_timeout_work_is_bounded() {
     let mut t = AffinityTable::new(cfg(n));
     for i in 0..n {
         let s = alloc::format!("s{i}");
-        let Ok(Acquire::Initialize(tok)) = t.acquire(Instant::ZERO, s.as_bytes(), A) else {
-            panic!("init {i}")
-        };
+        let Ok(Acquire::Initialize(tok)) = t.acquire(Instant::ZERO, s.as_bytes(), A) else { panic!("init {i}") };
         let (_, lease) = t.commit(Instant::ZERO, tok, WorkerId(1), None).unwrap();
         t.release(Instant::ZERO, lease).unwrap();
     }
     let late = Instant::from_millis(10 * TTL_MS);
     t.handle_timeout(late);
     assert_eq!(t.len(), 10);
-    assert!(
-        t.poll_timeout().is_some_and(|d| d <= late),
-        "more is due: call again"
-    );
+    assert!(t.poll_timeout().is_some_and(|d| d <= late), "more is due: call again");
     t.handle_timeout(late);
-    assert_eq!(
-        (t.len(), t.poll_timeout(), t.stats().expirations),
-        (0, None, n as u64)
-    );
+    assert_eq!((t.len(), t.poll_timeout(), t.stats().expirations), (0, None, n as u64));
     assert_eq!(core::iter::from_fn(|| t.poll_output()).count(), n);
 }
 
@@ -687,39 +590,23 @@ fn tokens_from_another_table_are_unknown() {
     for i in 0..4u8 {
         let _ = big.acquire(Instant::ZERO, &[b'a' + i], A);
     }
-    let Ok(Acquire::Initialize(tok)) = big.acquire(Instant::ZERO, b"z", A) else {
-        panic!()
-    };
-    let Ok(Acquire::Wait(w)) = big.acquire(Instant::ZERO, b"z", A) else {
-        panic!()
-    };
+    let Ok(Acquire::Initialize(tok)) = big.acquire(Instant::ZERO, b"z", A) else { panic!() };
+    let Ok(Acquire::Wait(w)) = big.acquire(Instant::ZERO, b"z", A) else { panic!() };
     let (_, lease) = big.commit(Instant::ZERO, tok, WorkerId(1), None).unwrap();
     assert_eq!(small.abort(tok), Err(AffinityError::UnknownToken));
     assert_eq!(small.cancel_wait(w), Err(AffinityError::UnknownToken));
-    assert_eq!(
-        small.release(Instant::ZERO, lease),
-        Err(AffinityError::UnknownLease)
-    );
+    assert_eq!(small.release(Instant::ZERO, lease), Err(AffinityError::UnknownLease));
 }
 
 #[test]
 fn errors_display() {
     let cases: [(AffinityError, &str); 3] = [
         (
-            AffinityError::SessionIdTooLong {
-                bytes: 300,
-                max: 256,
-            },
+            AffinityError::SessionIdTooLong { bytes: 300, max: 256 },
             "session id is 300 bytes, more than the 256 allowed",
         ),
-        (
-            AffinityError::TableFull { sessions_max: 4 },
-            "all 4 session slots are in use",
-        ),
-        (
-            AffinityError::UnknownLease,
-            "unknown or already released session lease",
-        ),
+        (AffinityError::TableFull { sessions_max: 4 }, "all 4 session slots are in use"),
+        (AffinityError::UnknownLease, "unknown or already released session lease"),
     ];
     for (e, want) in cases {
         assert_eq!(alloc::format!("{e}"), want);

@@ -119,10 +119,9 @@ impl fmt::Display for ExclusionReason {
         match self {
             ExclusionReason::NotAllowed => f.write_str("not in the request's allowed workers"),
             ExclusionReason::Tainted { key } => write!(f, "has untolerated NoSchedule taint {key}"),
-            ExclusionReason::Overloaded { prefill_tokens, decode_blocks } => write!(
-                f,
-                "overloaded ({prefill_tokens} active prefill tokens, {decode_blocks} active decode blocks)"
-            ),
+            ExclusionReason::Overloaded { prefill_tokens, decode_blocks } => {
+                write!(f, "overloaded ({prefill_tokens} active prefill tokens, {decode_blocks} active decode blocks)")
+            }
             ExclusionReason::FailedBefore => f.write_str("already failed this request"),
             ExclusionReason::Ejected => f.write_str("ejected"),
             ExclusionReason::Draining => f.write_str("draining"),
@@ -211,14 +210,8 @@ impl fmt::Display for EligibilityError {
                 write!(f, "every worker able to serve the request has already failed it ({failed} failed)")
             }
             EligibilityError::NoWorkers { phase } => write!(f, "no worker serves {phase} requests"),
-            EligibilityError::TooManyTolerations {
-                tolerations,
-                tolerations_max,
-            } => {
-                write!(
-                    f,
-                    "request carries {tolerations} tolerations, above the limit {tolerations_max}"
-                )
+            EligibilityError::TooManyTolerations { tolerations, tolerations_max } => {
+                write!(f, "request carries {tolerations} tolerations, above the limit {tolerations_max}")
             }
         }
     }
@@ -239,10 +232,7 @@ pub fn filter(
     out.clear();
     let tolerations = q.hints.tolerations.len();
     if tolerations > cfg.tolerations_max {
-        return Err(EligibilityError::TooManyTolerations {
-            tolerations,
-            tolerations_max: cfg.tolerations_max,
-        });
+        return Err(EligibilityError::TooManyTolerations { tolerations, tolerations_max: cfg.tolerations_max });
     }
     let allowed = q.hints.allowed_worker_ids.as_ref().map(|ids| {
         let mut ids = ids.clone();
@@ -250,12 +240,7 @@ pub fn filter(
         ids
     });
     let explicit = explicit_pin(q.phase, q.hints).map(|p| p.worker);
-    let ctx = Ctx {
-        q,
-        cfg,
-        allowed: allowed.as_deref(),
-        explicit,
-    };
+    let ctx = Ctx { q, cfg, allowed: allowed.as_deref(), explicit };
     for (spec, health) in workers.iter() {
         ctx.judge_worker(spec, health, load, out);
     }
@@ -294,16 +279,9 @@ impl Ctx<'_, '_> {
         let serves = spec.role.serves(self.q.phase);
         let pinned = self.q.pin.worker().is_none_or(|w| w == spec.id);
         // Worker-wide checks run once, and only when some rank could be a candidate.
-        let shared = if serves && pinned {
-            self.worker_checks(spec, health)
-        } else {
-            Ok(1.0)
-        };
+        let shared = if serves && pinned { self.worker_checks(spec, health) } else { Ok(1.0) };
         for rank in ranks_to_judge(spec, self.q.pin) {
-            let key = WorkerKey {
-                worker: spec.id,
-                rank,
-            };
+            let key = WorkerKey { worker: spec.id, rank };
             let verdict = if !serves {
                 Verdict::Excluded(ExclusionReason::WrongRole)
             } else if !self.q.pin.admits(key) {
@@ -320,17 +298,12 @@ impl Ctx<'_, '_> {
 
     /// Checks 3–7 of the module order; the cost factor when they all pass.
     fn worker_checks(&self, spec: &WorkerSpec, health: Health) -> Result<f64, ExclusionReason> {
-        if self
-            .allowed
-            .is_some_and(|ids| ids.binary_search(&spec.id).is_err())
-        {
+        if self.allowed.is_some_and(|ids| ids.binary_search(&spec.id).is_err()) {
             return Err(ExclusionReason::NotAllowed);
         }
         if let Some((label, value)) = self.q.same_label_as {
             if spec.label(label) != Some(value) {
-                return Err(ExclusionReason::TopologyMismatch {
-                    label: String::from(label),
-                });
+                return Err(ExclusionReason::TopologyMismatch { label: String::from(label) });
             }
         }
         match health {
@@ -353,14 +326,8 @@ impl Ctx<'_, '_> {
                 continue;
             }
             match taint.effect {
-                TaintEffect::NoSchedule => {
-                    return Err(ExclusionReason::Tainted {
-                        key: taint.key.clone(),
-                    })
-                }
-                TaintEffect::PreferNoSchedule => {
-                    cost_factor *= self.cfg.prefer_no_schedule_factor.max(1.0)
-                }
+                TaintEffect::NoSchedule => return Err(ExclusionReason::Tainted { key: taint.key.clone() }),
+                TaintEffect::PreferNoSchedule => cost_factor *= self.cfg.prefer_no_schedule_factor.max(1.0),
             }
         }
         Ok(cost_factor)
@@ -392,21 +359,15 @@ fn overloaded(spec: &WorkerSpec, l: WorkerLoad, cfg: &EligibilityConfig) -> bool
     let prefill = l.active_prefill_tokens;
     let blocks = l.active_decode_blocks as f64;
     cfg.prefill_tokens_max.is_some_and(|max| prefill > max)
-        || cfg
-            .prefill_tokens_frac_of_batch
-            .is_some_and(|f| prefill as f64 > f * f64::from(spec.max_batched_tokens))
-        || cfg
-            .decode_blocks_frac_of_kv
-            .is_some_and(|f| blocks > f * f64::from(spec.kv_blocks))
+        || cfg.prefill_tokens_frac_of_batch.is_some_and(|f| prefill as f64 > f * f64::from(spec.max_batched_tokens))
+        || cfg.decode_blocks_frac_of_kv.is_some_and(|f| blocks > f * f64::from(spec.kv_blocks))
 }
 
 /// The ranks listed for a worker: all routable ones, except that a worker with unknown
 /// ranks pinned to an exact rank is listed at that rank (it has no other known rank).
 fn ranks_to_judge(spec: &WorkerSpec, pin: &PinResolution) -> impl Iterator<Item = DpRank> {
     let (start, end) = match (spec.dp_ranks, pin) {
-        (None, PinResolution::Exact(k)) if k.worker == spec.id => {
-            (k.rank.0, k.rank.0.saturating_add(1))
-        }
+        (None, PinResolution::Exact(k)) if k.worker == spec.id => (k.rank.0, k.rank.0.saturating_add(1)),
         _ => (0, spec.routable_ranks()),
     };
     (start..end).map(DpRank)
@@ -432,9 +393,7 @@ fn summarize(q: &EligibilityQuery<'_>, out: &[Eligibility]) -> Result<(), Eligib
         return Err(EligibilityError::NoWorkers { phase: q.phase });
     }
     if failed_before && !usable {
-        return Err(EligibilityError::MigrationExhausted {
-            failed: q.failed.len(),
-        });
+        return Err(EligibilityError::MigrationExhausted { failed: q.failed.len() });
     }
     Ok(())
 }

@@ -20,38 +20,66 @@ const TWELVE: [u32; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
 
 #[test]
 fn three_blocks_unsalted() {
-    check(&TWELVE, 4, None, None, 1337, &[
-        (0x7ee2cbedc694ab46, 0x7ee2cbedc694ab46),
-        (0xa8416cfd935bdb13, 0x83fb702f20e2ad65),
-        (0x0f1aa342314b9384, 0xebe58e326790467b),
-    ]);
+    check(
+        &TWELVE,
+        4,
+        None,
+        None,
+        1337,
+        &[
+            (0x7ee2cbedc694ab46, 0x7ee2cbedc694ab46),
+            (0xa8416cfd935bdb13, 0x83fb702f20e2ad65),
+            (0x0f1aa342314b9384, 0xebe58e326790467b),
+        ],
+    );
 }
 
 #[test]
 fn three_blocks_with_lora() {
-    check(&TWELVE, 4, Some("my-lora"), None, 0xb2041cc45cbcfedd, &[
-        (0x9dc086fc4e1faa0b, 0x9dc086fc4e1faa0b),
-        (0x95f9b4b231ae0d1f, 0x0f35a42d6142a7f6),
-        (0xa3286ce1ab91a253, 0xf78a30754b3d5d99),
-    ]);
+    check(
+        &TWELVE,
+        4,
+        Some("my-lora"),
+        None,
+        0xb2041cc45cbcfedd,
+        &[
+            (0x9dc086fc4e1faa0b, 0x9dc086fc4e1faa0b),
+            (0x95f9b4b231ae0d1f, 0x0f35a42d6142a7f6),
+            (0xa3286ce1ab91a253, 0xf78a30754b3d5d99),
+        ],
+    );
 }
 
 #[test]
 fn three_blocks_with_salt() {
-    check(&TWELVE, 4, None, Some("tenant-a"), 0x1b095b6229544fb6, &[
-        (0xec0e52f22b7e6f3e, 0xec0e52f22b7e6f3e),
-        (0x8ac986527e2c2266, 0xfdaef86913237748),
-        (0xc211c446d558b1d7, 0xcb97f28268884e3c),
-    ]);
+    check(
+        &TWELVE,
+        4,
+        None,
+        Some("tenant-a"),
+        0x1b095b6229544fb6,
+        &[
+            (0xec0e52f22b7e6f3e, 0xec0e52f22b7e6f3e),
+            (0x8ac986527e2c2266, 0xfdaef86913237748),
+            (0xc211c446d558b1d7, 0xcb97f28268884e3c),
+        ],
+    );
 }
 
 #[test]
 fn three_blocks_with_lora_and_salt() {
-    check(&TWELVE, 4, Some("my-lora"), Some("tenant-a"), 0xcd0d78268611495a, &[
-        (0x949f543994b963d0, 0x949f543994b963d0),
-        (0xdc2265037f570499, 0x60d271013c1f5d5f),
-        (0xb777d13765d23201, 0xee7ff69319aa62e3),
-    ]);
+    check(
+        &TWELVE,
+        4,
+        Some("my-lora"),
+        Some("tenant-a"),
+        0xcd0d78268611495a,
+        &[
+            (0x949f543994b963d0, 0x949f543994b963d0),
+            (0xdc2265037f570499, 0x60d271013c1f5d5f),
+            (0xb777d13765d23201, 0xee7ff69319aa62e3),
+        ],
+    );
 }
 
 #[test]
@@ -61,10 +89,14 @@ fn empty_strings_count_as_absent() {
 
 #[test]
 fn partial_block_is_not_hashed() {
-    check(&TWELVE[..11], 4, None, None, 1337, &[
-        (0x7ee2cbedc694ab46, 0x7ee2cbedc694ab46),
-        (0xa8416cfd935bdb13, 0x83fb702f20e2ad65),
-    ]);
+    check(
+        &TWELVE[..11],
+        4,
+        None,
+        None,
+        1337,
+        &[(0x7ee2cbedc694ab46, 0x7ee2cbedc694ab46), (0xa8416cfd935bdb13, 0x83fb702f20e2ad65)],
+    );
 }
 
 #[test]
@@ -84,7 +116,13 @@ fn workload_request_zero() {
     let tokens: Vec<u32> = ids.iter().flat_map(|&h| core::iter::repeat_n(h, 512)).take(6758).collect();
     let s = seq_hashes(&tokens, BlockSize::DEFAULT, HashSeed::DEFAULT);
     assert_eq!(s.len(), 105);
-    let want = [(0, 0xd6d50d0ca8478ea1), (1, 0x527ef6137acbe067), (7, 0x23b042c4b5b3f6cc), (8, 0x821a8ebcd2efc8ac), (104, 0x7c827f491ad0101e)];
+    let want = [
+        (0, 0xd6d50d0ca8478ea1),
+        (1, 0x527ef6137acbe067),
+        (7, 0x23b042c4b5b3f6cc),
+        (8, 0x821a8ebcd2efc8ac),
+        (104, 0x7c827f491ad0101e),
+    ];
     for (i, h) in want {
         assert_eq!(s[i].0, h, "seq[{i}]");
     }

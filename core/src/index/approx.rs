@@ -42,12 +42,7 @@ pub struct ApproxConfig {
 
 impl Default for ApproxConfig {
     fn default() -> Self {
-        ApproxConfig {
-            ttl_ms: 120_000,
-            blocks_max_per_worker: 16_384,
-            hash_seed: HASH_SEED_DEFAULT,
-            keys_max: 1024,
-        }
+        ApproxConfig { ttl_ms: 120_000, blocks_max_per_worker: 16_384, hash_seed: HASH_SEED_DEFAULT, keys_max: 1024 }
     }
 }
 
@@ -60,10 +55,7 @@ struct Ends {
     tail: u32,
 }
 
-const EMPTY_LIST: Ends = Ends {
-    head: NIL,
-    tail: NIL,
-};
+const EMPTY_LIST: Ends = Ends { head: NIL, tail: NIL };
 
 /// One key's predictions.
 struct Lane {
@@ -154,14 +146,8 @@ impl ApproxIndex {
 
     /// Forgets every rank of `worker` and its predictions. O(its predictions).
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        let lo = WorkerKey {
-            worker,
-            rank: DpRank(0),
-        };
-        let hi = WorkerKey {
-            worker,
-            rank: DpRank(u32::MAX),
-        };
+        let lo = WorkerKey { worker, rank: DpRank(0) };
+        let hi = WorkerKey { worker, rank: DpRank(u32::MAX) };
         let gone: Vec<(WorkerKey, u32)> = self.keys.range(lo..=hi).map(|(&k, &l)| (k, l)).collect();
         for (key, lane) in gone {
             while self.lanes[lane as usize].list.head != NIL {
@@ -206,14 +192,7 @@ impl ApproxIndex {
         out.set_touched(touched);
         for &l in &sc.slots {
             if let Some(key) = self.lanes[l as usize].key {
-                out.push(
-                    key,
-                    Overlap {
-                        device: sc.raw[l as usize],
-                        host: 0,
-                        disk: 0,
-                    },
-                );
+                out.push(key, Overlap { device: sc.raw[l as usize], host: 0, disk: 0 });
             }
         }
         out.sort();
@@ -251,11 +230,7 @@ impl ApproxIndex {
         if self.keys.len() >= self.cfg.keys_max as usize {
             return None;
         }
-        let lane = Lane {
-            key: Some(key),
-            list: EMPTY_LIST,
-            len: 0,
-        };
+        let lane = Lane { key: Some(key), list: EMPTY_LIST, len: 0 };
         let l = match self.free_lanes.pop() {
             Some(l) => {
                 self.lanes[l as usize] = lane;
@@ -277,9 +252,7 @@ impl ApproxIndex {
 
     fn chain_head(&self, seq: u64) -> u32 {
         let entries = &self.entries;
-        let found = self
-            .table
-            .find(self.hash(seq), |&e| entries[e as usize].seq == seq);
+        let found = self.table.find(self.hash(seq), |&e| entries[e as usize].seq == seq);
         found.copied().unwrap_or(NIL)
     }
 
@@ -300,14 +273,7 @@ impl ApproxIndex {
             return;
         }
         let head = self.chain_head(seq);
-        let en = Entry {
-            seq,
-            expires,
-            lane,
-            prev: [NIL; 2],
-            next: [NIL; 2],
-            same: head,
-        };
+        let en = Entry { seq, expires, lane, prev: [NIL; 2], next: [NIL; 2], same: head };
         let e = match self.free_entries.pop() {
             Some(e) => {
                 self.entries[e as usize] = en;
@@ -332,8 +298,7 @@ impl ApproxIndex {
         match (old, new) {
             (NIL, NIL) => {}
             (NIL, _) => {
-                self.table
-                    .insert_unique(hash, new, |&e| mix(seed, entries[e as usize].seq));
+                self.table.insert_unique(hash, new, |&e| mix(seed, entries[e as usize].seq));
             }
             _ => {
                 if let Ok(slot) = self.table.find_entry(hash, |&e| e == old) {
@@ -372,20 +337,13 @@ impl ApproxIndex {
     fn push_recency(&mut self, e: u32) {
         let lane = self.entries[e as usize].lane as usize;
         for k in 0..2 {
-            let list = if k == 0 {
-                self.lanes[lane].list
-            } else {
-                self.global
-            };
+            let list = if k == 0 { self.lanes[lane].list } else { self.global };
             self.entries[e as usize].prev[k] = list.tail;
             self.entries[e as usize].next[k] = NIL;
             if list.tail != NIL {
                 self.entries[list.tail as usize].next[k] = e;
             }
-            let ends = Ends {
-                head: if list.head == NIL { e } else { list.head },
-                tail: e,
-            };
+            let ends = Ends { head: if list.head == NIL { e } else { list.head }, tail: e };
             self.set_ends(k, lane, ends);
         }
     }
@@ -393,15 +351,8 @@ impl ApproxIndex {
     fn unlink_recency(&mut self, e: u32) {
         let lane = self.entries[e as usize].lane as usize;
         for k in 0..2 {
-            let (p, n) = (
-                self.entries[e as usize].prev[k],
-                self.entries[e as usize].next[k],
-            );
-            let mut ends = if k == 0 {
-                self.lanes[lane].list
-            } else {
-                self.global
-            };
+            let (p, n) = (self.entries[e as usize].prev[k], self.entries[e as usize].next[k]);
+            let mut ends = if k == 0 { self.lanes[lane].list } else { self.global };
             if p == NIL {
                 ends.head = n;
             } else {

@@ -44,14 +44,7 @@ pub(crate) type Located = Result<u32, u32>;
 
 impl Blocks {
     pub(crate) fn new(seed: u64) -> Self {
-        Blocks {
-            seqs: Vec::new(),
-            sets: Vec::new(),
-            next: Vec::new(),
-            cuts: Vec::new(),
-            table: SlotTable::new(),
-            seed,
-        }
+        Blocks { seqs: Vec::new(), sets: Vec::new(), next: Vec::new(), cuts: Vec::new(), table: SlotTable::new(), seed }
     }
 
     /// Arena slots, live or dead.
@@ -177,9 +170,7 @@ impl Blocks {
     /// Appends a block, known absent (`tag` from [`Blocks::find_after`]), as a new live
     /// slot with holder set `set`. `None` when the arena is full.
     pub(crate) fn push(&mut self, seq: u64, tag: u32, set: SetId) -> Option<u32> {
-        let slot = u32::try_from(self.seqs.len())
-            .ok()
-            .filter(|&s| s <= SLOT_MAX)?;
+        let slot = u32::try_from(self.seqs.len()).ok().filter(|&s| s <= SLOT_MAX)?;
         self.table.insert(tag, slot);
         self.seqs.push(seq);
         self.sets.push(set);

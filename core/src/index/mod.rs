@@ -169,17 +169,10 @@ impl fmt::Display for IndexError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             IndexError::UnknownParent { parent } => {
-                write!(
-                    f,
-                    "stored event names parent block {:#018x} the worker does not hold",
-                    parent.0
-                )
+                write!(f, "stored event names parent block {:#018x} the worker does not hold", parent.0)
             }
             IndexError::KeysFull { key, keys_max } => {
-                write!(
-                    f,
-                    "cannot track worker {key}: already tracking {keys_max} worker keys"
-                )
+                write!(f, "cannot track worker {key}: already tracking {keys_max} worker keys")
             }
         }
     }
@@ -240,10 +233,7 @@ struct Memo {
 }
 
 impl Memo {
-    const NONE: Memo = Memo {
-        from: SetId::MAX,
-        to: EMPTY,
-    };
+    const NONE: Memo = Memo { from: SetId::MAX, to: EMPTY };
 }
 
 impl PrefixIndex {
@@ -264,18 +254,10 @@ impl PrefixIndex {
 
     /// Applies one event of `key`. Work is O(blocks in the event), except `Cleared`
     /// (O(blocks in the index)) and the occasional compaction (see the module docs).
-    pub fn apply(
-        &mut self,
-        key: WorkerKey,
-        ev: IndexEvent<'_>,
-    ) -> Result<ApplySummary, IndexError> {
+    pub fn apply(&mut self, key: WorkerKey, ev: IndexEvent<'_>) -> Result<ApplySummary, IndexError> {
         let mut sum = ApplySummary::default();
         let res = match ev {
-            IndexEvent::Stored {
-                parent,
-                blocks,
-                tier,
-            } => self.store(key, parent, blocks, tier, &mut sum),
+            IndexEvent::Stored { parent, blocks, tier } => self.store(key, parent, blocks, tier, &mut sum),
             IndexEvent::Removed { blocks, tier } => {
                 self.remove(key, blocks, tier, &mut sum);
                 Ok(())
@@ -294,14 +276,8 @@ impl PrefixIndex {
 
     /// Forgets every rank of `worker` and every block it held. O(blocks in the index).
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        let lo = WorkerKey {
-            worker,
-            rank: crate::types::DpRank(0),
-        };
-        let hi = WorkerKey {
-            worker,
-            rank: crate::types::DpRank(u32::MAX),
-        };
+        let lo = WorkerKey { worker, rank: crate::types::DpRank(0) };
+        let hi = WorkerKey { worker, rank: crate::types::DpRank(u32::MAX) };
         let slots: Vec<u32> = self.keys.range(lo..=hi).map(|(_, &s)| s).collect();
         if slots.is_empty() {
             return;
@@ -327,9 +303,7 @@ impl PrefixIndex {
 
     /// Blocks `key` holds, in any tier.
     pub fn worker_entries(&self, key: WorkerKey) -> u32 {
-        self.keys
-            .get(&key)
-            .map_or(0, |&w| self.slot_entries[w as usize])
+        self.keys.get(&key).map_or(0, |&w| self.slot_entries[w as usize])
     }
 
     /// Sizes and cumulative counters.
@@ -367,10 +341,7 @@ impl PrefixIndex {
     ) -> Result<(), IndexError> {
         let known = self.keys.get(&key).copied();
         if known.is_none() && self.keys.len() >= self.cfg.keys_max as usize {
-            return Err(IndexError::KeysFull {
-                key,
-                keys_max: self.cfg.keys_max,
-            });
+            return Err(IndexError::KeysFull { key, keys_max: self.cfg.keys_max });
         }
         let mut hint = None;
         if let Some(p) = parent {
@@ -401,8 +372,7 @@ impl PrefixIndex {
                 // table too, so fetch their lines together.
                 if i >= preloaded {
                     preloaded = i + PRELOAD_BLOCKS;
-                    self.blocks
-                        .preload(blocks[i..].iter().take(PRELOAD_BLOCKS).map(|b| b.seq.0));
+                    self.blocks.preload(blocks[i..].iter().take(PRELOAD_BLOCKS).map(|b| b.seq.0));
                 }
                 self.blocks.lookup(seq)
             });
@@ -428,14 +398,7 @@ impl PrefixIndex {
 
     /// Adds `w in tier` to the live block at `slot`: `(slot, true)` if added, `(slot,
     /// false)` if already there, `None` if the key's bound refuses it.
-    fn store_held(
-        &mut self,
-        w: u32,
-        tier: Tier,
-        slot: u32,
-        cap: u32,
-        memo: &mut Memo,
-    ) -> Option<(u32, bool)> {
+    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, cap: u32, memo: &mut Memo) -> Option<(u32, bool)> {
         let old = self.blocks.sets[slot as usize];
         if self.sets.contains(old, w, tier) {
             return Some((slot, false));
@@ -447,10 +410,7 @@ impl PrefixIndex {
             self.slot_entries[w as usize] += 1;
         }
         if memo.from != old {
-            *memo = Memo {
-                from: old,
-                to: self.sets.with(old, w, tier, true),
-            };
+            *memo = Memo { from: old, to: self.sets.with(old, w, tier, true) };
         }
         self.blocks.set_holders(slot as usize, memo.to);
         self.sets.acquire(memo.to, 1);
@@ -497,10 +457,7 @@ impl PrefixIndex {
                 continue;
             }
             if memo.from != old {
-                memo = Memo {
-                    from: old,
-                    to: self.sets.with(old, w, tier, false),
-                };
+                memo = Memo { from: old, to: self.sets.with(old, w, tier, false) };
             }
             let new = memo.to;
             if !self.sets.holds(new, w) {

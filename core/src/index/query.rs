@@ -134,17 +134,9 @@ impl PrefixIndex {
             let raw = sc.raw[w];
             let o = if sc.lower_tiers {
                 let (host, disk) = (sc.host[w], sc.disk[w]);
-                Overlap {
-                    device: raw.saturating_sub(host + disk),
-                    host,
-                    disk,
-                }
+                Overlap { device: raw.saturating_sub(host + disk), host, disk }
             } else {
-                Overlap {
-                    device: raw,
-                    host: 0,
-                    disk: 0,
-                }
+                Overlap { device: raw, host: 0, disk: 0 }
             };
             out.push(self.slot_key[w], o);
         });
@@ -165,11 +157,7 @@ fn common_prefix(q: &[SeqHash], h: &[u64]) -> usize {
         }
         n += LANES;
     }
-    n + q[n..]
-        .iter()
-        .zip(&h[n..])
-        .take_while(|(x, y)| x.0 == **y)
-        .count()
+    n + q[n..].iter().zip(&h[n..]).take_while(|(x, y)| x.0 == **y).count()
 }
 
 /// Calls `f` with the index of every set bit, ascending.

@@ -92,17 +92,7 @@ impl OverlapScores {
                 let d = &mut self.entries[i].1.device;
                 *d = d.saturating_add(blocks);
             }
-            Err(i) => self.entries.insert(
-                i,
-                (
-                    key,
-                    Overlap {
-                        device: blocks,
-                        host: 0,
-                        disk: 0,
-                    },
-                ),
-            ),
+            Err(i) => self.entries.insert(i, (key, Overlap { device: blocks, host: 0, disk: 0 })),
         }
     }
 

@@ -63,13 +63,7 @@ pub(crate) fn mix(seed: u64, x: u64) -> u64 {
 
 impl Sets {
     pub(crate) fn new(seed: u64) -> Self {
-        let empty = Rec {
-            words: Box::new([]),
-            refs: 0,
-            hash: 0,
-            live: true,
-            lower_tiers: false,
-        };
+        let empty = Rec { words: Box::new([]), refs: 0, hash: 0, live: true, lower_tiers: false };
         Sets {
             recs: alloc::vec![empty],
             free: Vec::new(),
@@ -182,23 +176,14 @@ impl Sets {
         let words = &self.scratch[..];
         let hash = words.iter().fold(self.seed, |h, &x| mix(h, x));
         let recs = &self.recs;
-        if let Some(&id) = self
-            .intern
-            .find(hash, |&i| recs[i as usize].words[..] == *words)
-        {
+        if let Some(&id) = self.intern.find(hash, |&i| recs[i as usize].words[..] == *words) {
             return id;
         }
         let lower_tiers = (0..m).any(|w| {
             let (d, h, k) = (words[m + w], words[2 * m + w], words[3 * m + w]);
             (h | k) & !d != 0
         });
-        let rec = Rec {
-            words: words.into(),
-            refs: 0,
-            hash,
-            live: true,
-            lower_tiers,
-        };
+        let rec = Rec { words: words.into(), refs: 0, hash, live: true, lower_tiers };
         let id = match self.free.pop() {
             Some(id) => {
                 self.recs[id as usize] = rec;
@@ -212,8 +197,7 @@ impl Sets {
             }
         };
         let recs = &self.recs;
-        self.intern
-            .insert_unique(hash, id, |&i| recs[i as usize].hash);
+        self.intern.insert_unique(hash, id, |&i| recs[i as usize].hash);
         // A new set with no blocks yet is freed at the end of the operation unless a
         // block takes it.
         self.pending.push(id);
@@ -259,12 +243,7 @@ impl Sets {
 
     /// Ids of the live sets, ascending (the empty set excluded).
     pub(crate) fn live_ids(&self) -> impl Iterator<Item = SetId> + '_ {
-        self.recs
-            .iter()
-            .enumerate()
-            .skip(1)
-            .filter(|(_, r)| r.live)
-            .map(|(i, _)| i as SetId)
+        self.recs.iter().enumerate().skip(1).filter(|(_, r)| r.live).map(|(i, _)| i as SetId)
     }
 
     /// One past the largest id ever handed out (for id-indexed side tables).

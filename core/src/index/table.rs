@@ -29,10 +29,7 @@ struct Bucket {
     slots: [u32; WAYS],
 }
 
-const EMPTY_BUCKET: Bucket = Bucket {
-    tags: [0; WAYS],
-    slots: [FREE; WAYS],
-};
+const EMPTY_BUCKET: Bucket = Bucket { tags: [0; WAYS], slots: [FREE; WAYS] };
 
 pub(crate) struct SlotTable {
     buckets: Vec<Bucket>,
@@ -44,12 +41,7 @@ pub(crate) struct SlotTable {
 
 impl SlotTable {
     pub(crate) fn new() -> Self {
-        SlotTable {
-            buckets: Vec::new(),
-            bits: 0,
-            live: 0,
-            tombs: 0,
-        }
+        SlotTable { buckets: Vec::new(), bits: 0, live: 0, tombs: 0 }
     }
 
     pub(crate) fn len(&self) -> usize {

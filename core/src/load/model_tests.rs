@@ -115,21 +115,9 @@ impl ReferenceStateMachine for Reference {
 
     fn transitions(_: &Model) -> BoxedStrategy<Step> {
         let key = (0..WORKERS, 0..RANKS).prop_map(|(w, r)| WorkerKey::new(w, r));
-        let add = (
-            ids(),
-            key,
-            prop::collection::vec(0u64..6, 0..4),
-            0u32..100,
-            0u32..4,
-        )
-            .prop_map(|((req, phase), key, blocks, prefill, expected)| Step::Add {
-                req,
-                phase,
-                key,
-                blocks,
-                prefill,
-                expected,
-            });
+        let add = (ids(), key, prop::collection::vec(0u64..6, 0..4), 0u32..100, 0u32..4).prop_map(
+            |((req, phase), key, blocks, prefill, expected)| Step::Add { req, phase, key, blocks, prefill, expected },
+        );
         prop_oneof![
             4 => add,
             1 => ids().prop_map(|(req, phase)| Step::PrefillDone { req, phase }),
@@ -146,60 +134,40 @@ impl ReferenceStateMachine for Reference {
 
     fn apply(mut m: Model, step: &Step) -> Model {
         m.last = match step.clone() {
-            Step::Add {
-                req,
-                phase,
-                key,
-                blocks,
-                prefill,
-                expected,
-            } => Outcome::Result(if m.bookings.contains_key(&(req, phase)) {
-                m.stats.duplicate_request += 1;
-                Err(LoadError::DuplicateRequest { req, phase })
-            } else if m.bookings.len() >= REQUESTS_MAX {
-                m.stats.table_full += 1;
-                Err(LoadError::TableFull {
-                    requests_max: REQUESTS_MAX,
+            Step::Add { req, phase, key, blocks, prefill, expected } => {
+                Outcome::Result(if m.bookings.contains_key(&(req, phase)) {
+                    m.stats.duplicate_request += 1;
+                    Err(LoadError::DuplicateRequest { req, phase })
+                } else if m.bookings.len() >= REQUESTS_MAX {
+                    m.stats.table_full += 1;
+                    Err(LoadError::TableFull { requests_max: REQUESTS_MAX })
+                } else {
+                    let (deadline, seq) = (m.now.add_ms(AGE_MS), m.next_seq);
+                    m.next_seq += 1;
+                    let b = MBooking { key, blocks, prefill, expected, output: 0, deadline, seq };
+                    m.bookings.insert((req, phase), b);
+                    Ok(())
                 })
-            } else {
-                let (deadline, seq) = (m.now.add_ms(AGE_MS), m.next_seq);
-                m.next_seq += 1;
-                let b = MBooking {
-                    key,
-                    blocks,
-                    prefill,
-                    expected,
-                    output: 0,
-                    deadline,
-                    seq,
-                };
-                m.bookings.insert((req, phase), b);
-                Ok(())
+            }
+            Step::PrefillDone { req, phase } => Outcome::Result(match m.bookings.get_mut(&(req, phase)) {
+                Some(b) => {
+                    b.prefill = 0;
+                    Ok(())
+                }
+                None => m.unknown(req, phase),
             }),
-            Step::PrefillDone { req, phase } => {
+            Step::Progress { req, phase, output_tokens, block_size } => {
                 Outcome::Result(match m.bookings.get_mut(&(req, phase)) {
                     Some(b) => {
-                        b.prefill = 0;
+                        if output_tokens > 0 {
+                            b.prefill = 0;
+                        }
+                        b.output = b.output.max(output_tokens.div_ceil(block_size));
                         Ok(())
                     }
                     None => m.unknown(req, phase),
                 })
             }
-            Step::Progress {
-                req,
-                phase,
-                output_tokens,
-                block_size,
-            } => Outcome::Result(match m.bookings.get_mut(&(req, phase)) {
-                Some(b) => {
-                    if output_tokens > 0 {
-                        b.prefill = 0;
-                    }
-                    b.output = b.output.max(output_tokens.div_ceil(block_size));
-                    Ok(())
-                }
-                None => m.unknown(req, phase),
-            }),
             Step::Free { req, phase } => Outcome::Result(match m.bookings.remove(&(req, phase)) {
                 Some(_) => Ok(()),
                 None => m.unknown(req, phase),
@@ -211,11 +179,8 @@ impl ReferenceStateMachine for Reference {
             }
             Step::Advance(ms) => {
                 let us = ms.unsigned_abs() * 1000;
-                m.now = if ms >= 0 {
-                    m.now.add_us(us)
-                } else {
-                    Instant::from_micros(m.now.as_micros().saturating_sub(us))
-                };
+                m.now =
+                    if ms >= 0 { m.now.add_us(us) } else { Instant::from_micros(m.now.as_micros().saturating_sub(us)) };
                 let mut due: Vec<_> = m
                     .bookings
                     .iter()
@@ -241,33 +206,17 @@ impl StateMachineTest for RealTracker {
     type Reference = Reference;
 
     fn init_test(_: &Model) -> LoadTracker {
-        LoadTracker::new(LoadConfig {
-            request_age_max_ms: AGE_MS,
-            requests_max: REQUESTS_MAX,
-            hash_seed: 5,
-        })
+        LoadTracker::new(LoadConfig { request_age_max_ms: AGE_MS, requests_max: REQUESTS_MAX, hash_seed: 5 })
     }
 
     fn apply(mut t: LoadTracker, m: &Model, step: Step) -> LoadTracker {
         let got = match step {
-            Step::Add {
-                req,
-                phase,
-                key,
-                blocks,
-                prefill,
-                expected,
-            } => {
+            Step::Add { req, phase, key, blocks, prefill, expected } => {
                 let blocks: Vec<SeqHash> = blocks.into_iter().map(SeqHash).collect();
                 Outcome::Result(t.add(m.now, req, phase, key, &blocks, prefill, expected))
             }
             Step::PrefillDone { req, phase } => Outcome::Result(t.prefill_done(req, phase)),
-            Step::Progress {
-                req,
-                phase,
-                output_tokens,
-                block_size,
-            } => {
+            Step::Progress { req, phase, output_tokens, block_size } => {
                 let bs = BlockSize::new(block_size).unwrap();
                 Outcome::Result(t.decode_progress(req, phase, output_tokens, bs))
             }
@@ -296,13 +245,11 @@ impl StateMachineTest for RealTracker {
         }
         assert_eq!(requests, t.len(), "per-key requests vs live bookings");
         assert_eq!(t.len(), m.bookings.len());
-        let total = universe()
-            .map(|k| m.load(k))
-            .fold(WorkerLoad::default(), |a, l| WorkerLoad {
-                active_prefill_tokens: a.active_prefill_tokens + l.active_prefill_tokens,
-                active_decode_blocks: a.active_decode_blocks + l.active_decode_blocks,
-                active_requests: a.active_requests + l.active_requests,
-            });
+        let total = universe().map(|k| m.load(k)).fold(WorkerLoad::default(), |a, l| WorkerLoad {
+            active_prefill_tokens: a.active_prefill_tokens + l.active_prefill_tokens,
+            active_decode_blocks: a.active_decode_blocks + l.active_decode_blocks,
+            active_requests: a.active_requests + l.active_requests,
+        });
         assert_eq!(t.total(), total);
         for r in 0..REQS {
             for phase in Phase::ALL {
@@ -310,10 +257,7 @@ impl StateMachineTest for RealTracker {
                 assert_eq!(t.booking(RequestId(r), phase), want);
             }
         }
-        assert_eq!(
-            t.poll_timeout(),
-            m.bookings.values().map(|b| b.deadline).min()
-        );
+        assert_eq!(t.poll_timeout(), m.bookings.values().map(|b| b.deadline).min());
         assert_eq!(t.stats(), m.stats);
     }
 }

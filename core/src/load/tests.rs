@@ -29,11 +29,7 @@ fn key((w, r): (u64, u32)) -> WorkerKey {
 }
 
 fn tracker() -> LoadTracker {
-    LoadTracker::new(LoadConfig {
-        request_age_max_ms: AGE_MS,
-        requests_max: 8,
-        hash_seed: 99,
-    })
+    LoadTracker::new(LoadConfig { request_age_max_ms: AGE_MS, requests_max: 8, hash_seed: 99 })
 }
 
 /// A key and its expected (prefill tokens, decode blocks, requests).
@@ -49,15 +45,7 @@ fn check(ops: &[Op], want: &[Want]) {
         let r = match *op {
             Op::Add(req, phase, k, blocks, prefill, expected) => {
                 let blocks: Vec<SeqHash> = blocks.iter().map(|&h| SeqHash(h)).collect();
-                t.add(
-                    now,
-                    RequestId(req),
-                    phase,
-                    key(k),
-                    &blocks,
-                    prefill,
-                    expected,
-                )
+                t.add(now, RequestId(req), phase, key(k), &blocks, prefill, expected)
             }
             Op::PrefillDone(req, phase) => t.prefill_done(RequestId(req), phase),
             Op::Progress(req, phase, out) => t.decode_progress(RequestId(req), phase, out, BS4),
@@ -77,22 +65,15 @@ fn check(ops: &[Op], want: &[Want]) {
     let mut sum = WorkerLoad::default();
     for &(k, (prefill, decode, requests)) in want {
         let got = t.load(key(k));
-        let want = WorkerLoad {
-            active_prefill_tokens: prefill,
-            active_decode_blocks: decode,
-            active_requests: requests,
-        };
+        let want =
+            WorkerLoad { active_prefill_tokens: prefill, active_decode_blocks: decode, active_requests: requests };
         assert_eq!(got, want, "load of {k:?}");
         sum.active_prefill_tokens += prefill;
         sum.active_decode_blocks += decode;
         sum.active_requests += requests;
     }
     assert_eq!(t.total(), sum, "load on keys not listed");
-    assert_eq!(
-        t.len(),
-        sum.active_requests as usize,
-        "bookings vs requests"
-    );
+    assert_eq!(t.len(), sum.active_requests as usize, "bookings vs requests");
 }
 
 /// Calls `handle_timeout` until nothing is due, as an adapter would; returns the calls made.
@@ -110,17 +91,11 @@ fn drain_timeouts(t: &mut LoadTracker, now: Instant) -> usize {
 #[test]
 fn shared_prompt_blocks_count_once_per_key() {
     check(
-        &[
-            Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
-            Op::Add(2, Agg, (0, 0), &[1, 2, 4], 7, 0),
-        ],
+        &[Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0), Op::Add(2, Agg, (0, 0), &[1, 2, 4], 7, 0)],
         &[((0, 0), (17, 4, 2))],
     );
     check(
-        &[
-            Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
-            Op::Add(2, Agg, (0, 1), &[1, 2, 3], 7, 0),
-        ],
+        &[Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0), Op::Add(2, Agg, (0, 1), &[1, 2, 3], 7, 0)],
         &[((0, 0), (10, 3, 1)), ((0, 1), (7, 3, 1))],
     );
 }
@@ -129,19 +104,10 @@ fn shared_prompt_blocks_count_once_per_key() {
 fn phases_differ_in_what_they_hold() {
     // Prefill bookings hold tokens and a slot, never decode blocks; the same request may
     // hold a prefill and a decode booking at once.
+    check(&[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 5)], &[((0, 0), (8, 0, 1))]);
+    check(&[Op::Add(1, Dec, (0, 0), &[1, 2], 0, 5)], &[((0, 0), (0, 7, 1))]);
     check(
-        &[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 5)],
-        &[((0, 0), (8, 0, 1))],
-    );
-    check(
-        &[Op::Add(1, Dec, (0, 0), &[1, 2], 0, 5)],
-        &[((0, 0), (0, 7, 1))],
-    );
-    check(
-        &[
-            Op::Add(1, Pre, (0, 0), &[1, 2], 8, 0),
-            Op::Add(1, Dec, (1, 0), &[1, 2], 0, 0),
-        ],
+        &[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 0), Op::Add(1, Dec, (1, 0), &[1, 2], 0, 0)],
         &[((0, 0), (8, 0, 1)), ((1, 0), (0, 2, 1))],
     );
 }
@@ -164,23 +130,11 @@ fn expected_output_shrinks_as_decode_progresses() {
     // 13 tokens = 4 blocks: generation overtook the prediction.
     check(&[add, Op::Progress(1, Agg, 13)], &[((0, 0), (0, 6, 1))]);
     // A stale, lower count changes nothing.
-    check(
-        &[add, Op::Progress(1, Agg, 13), Op::Progress(1, Agg, 2)],
-        &[((0, 0), (0, 6, 1))],
-    );
+    check(&[add, Op::Progress(1, Agg, 13), Op::Progress(1, Agg, 2)], &[((0, 0), (0, 6, 1))]);
     // Unknown prediction: output blocks join as they are generated.
-    check(
-        &[Op::Add(1, Agg, (0, 0), &[], 0, 0), Op::Progress(1, Agg, 5)],
-        &[((0, 0), (0, 2, 1))],
-    );
+    check(&[Op::Add(1, Agg, (0, 0), &[], 0, 0), Op::Progress(1, Agg, 5)], &[((0, 0), (0, 2, 1))]);
     // Prefill bookings never hold decode blocks, whatever the progress.
-    check(
-        &[
-            Op::Add(1, Pre, (0, 0), &[1], 4, 2),
-            Op::Progress(1, Pre, 40),
-        ],
-        &[((0, 0), (0, 0, 1))],
-    );
+    check(&[Op::Add(1, Pre, (0, 0), &[1], 4, 2), Op::Progress(1, Pre, 40)], &[((0, 0), (0, 0, 1))]);
 }
 
 #[test]
@@ -190,12 +144,7 @@ fn free_and_remove_worker_return_load() {
     check(&[a, b, Op::Free(1, Agg)], &[((0, 0), (5, 3, 1))]);
     check(&[a, b, Op::Free(1, Agg), Op::Free(2, Agg)], &[]);
     check(
-        &[
-            a,
-            Op::Add(2, Agg, (0, 3), &[1], 1, 0),
-            Op::Add(3, Agg, (1, 0), &[1], 1, 0),
-            Op::RemoveWorker(0),
-        ],
+        &[a, Op::Add(2, Agg, (0, 3), &[1], 1, 0), Op::Add(3, Agg, (1, 0), &[1], 1, 0), Op::RemoveWorker(0)],
         &[((1, 0), (1, 1, 1))],
     );
 }
@@ -206,10 +155,7 @@ fn bookings_expire_with_age() {
     check(&[a, Op::AtMs(AGE_MS - 1)], &[((0, 0), (5, 1, 1))]);
     check(&[a, Op::AtMs(AGE_MS)], &[]);
     // Re-adding after expiry is a fresh booking, aged from its own start.
-    check(
-        &[a, Op::AtMs(AGE_MS), a, Op::AtMs(2 * AGE_MS - 1)],
-        &[((0, 0), (5, 1, 1))],
-    );
+    check(&[a, Op::AtMs(AGE_MS), a, Op::AtMs(2 * AGE_MS - 1)], &[((0, 0), (5, 1, 1))]);
     // The clock going backwards expires nothing and does not panic.
     check(&[Op::AtMs(5000), a, Op::AtMs(10)], &[((0, 0), (5, 1, 1))]);
 }
@@ -225,23 +171,10 @@ fn unknown_ids_and_duplicates_are_counted_no_ops() {
     assert_eq!(t.add(Instant::ZERO, r, Agg, k, &[SeqHash(1)], 3, 0), Ok(()));
     let dup = t.add(Instant::ZERO, r, Agg, k, &[SeqHash(2)], 9, 0);
     assert_eq!(dup, Err(LoadError::DuplicateRequest { req: r, phase: Agg }));
-    assert_eq!(
-        t.free(r, Dec),
-        Err(LoadError::UnknownRequest { req: r, phase: Dec })
-    );
-    assert_eq!(
-        t.load(k),
-        WorkerLoad {
-            active_prefill_tokens: 3,
-            active_decode_blocks: 1,
-            active_requests: 1
-        }
-    );
+    assert_eq!(t.free(r, Dec), Err(LoadError::UnknownRequest { req: r, phase: Dec }));
+    assert_eq!(t.load(k), WorkerLoad { active_prefill_tokens: 3, active_decode_blocks: 1, active_requests: 1 });
     let s = t.stats();
-    assert_eq!(
-        (s.unknown_request, s.duplicate_request, s.table_full),
-        (4, 1, 0)
-    );
+    assert_eq!((s.unknown_request, s.duplicate_request, s.table_full), (4, 1, 0));
     assert_eq!(t.remove_worker(WorkerId(7)), 0);
 }
 
@@ -250,21 +183,12 @@ fn table_full_refuses_and_counts() {
     let mut t = tracker();
     let k = WorkerKey::new(0, 0);
     for i in 0..8 {
-        assert_eq!(
-            t.add(Instant::ZERO, RequestId(i), Agg, k, &[], 1, 0),
-            Ok(())
-        );
+        assert_eq!(t.add(Instant::ZERO, RequestId(i), Agg, k, &[], 1, 0), Ok(()));
     }
-    assert_eq!(
-        t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0),
-        Err(LoadError::TableFull { requests_max: 8 })
-    );
+    assert_eq!(t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0), Err(LoadError::TableFull { requests_max: 8 }));
     assert_eq!((t.len(), t.stats().table_full), (8, 1));
     assert_eq!(t.free(RequestId(0), Agg), Ok(()));
-    assert_eq!(
-        t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0),
-        Ok(())
-    );
+    assert_eq!(t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0), Ok(()));
 }
 
 #[test]
@@ -273,92 +197,43 @@ fn new_blocks_counts_what_a_booking_would_add() {
     let k = WorkerKey::new(0, 0);
     let hashes = |v: &[u64]| v.iter().map(|&h| SeqHash(h)).collect::<Vec<_>>();
     assert_eq!(t.new_blocks(k, &hashes(&[1, 2, 3])), 3);
-    t.add(Instant::ZERO, RequestId(1), Agg, k, &hashes(&[1, 2]), 0, 0)
-        .unwrap();
-    for (blocks, want) in [
-        (vec![1, 2, 3], 1),
-        (vec![1, 2], 0),
-        (vec![4, 5], 2),
-        (vec![], 0),
-    ] {
+    t.add(Instant::ZERO, RequestId(1), Agg, k, &hashes(&[1, 2]), 0, 0).unwrap();
+    for (blocks, want) in [(vec![1, 2, 3], 1), (vec![1, 2], 0), (vec![4, 5], 2), (vec![], 0)] {
         let before = t.load(k).active_decode_blocks;
         assert_eq!(t.new_blocks(k, &hashes(&blocks)), want, "{blocks:?}");
         // The count must match what booking those blocks actually adds.
-        t.add(Instant::ZERO, RequestId(2), Agg, k, &hashes(&blocks), 0, 0)
-            .unwrap();
-        assert_eq!(
-            t.load(k).active_decode_blocks - before,
-            u64::from(want),
-            "{blocks:?}"
-        );
+        t.add(Instant::ZERO, RequestId(2), Agg, k, &hashes(&blocks), 0, 0).unwrap();
+        assert_eq!(t.load(k).active_decode_blocks - before, u64::from(want), "{blocks:?}");
         t.free(RequestId(2), Agg).unwrap();
     }
-    assert_eq!(
-        t.new_blocks(WorkerKey::new(0, 1), &hashes(&[1])),
-        1,
-        "other rank"
-    );
+    assert_eq!(t.new_blocks(WorkerKey::new(0, 1), &hashes(&[1])), 1, "other rank");
 }
 
 #[test]
 fn clock_jump_expires_everything_with_bounded_work() {
     let n = 2 * EXPIRE_PER_CALL_MAX + 10;
-    let mut t = LoadTracker::new(LoadConfig {
-        request_age_max_ms: AGE_MS,
-        ..LoadConfig::default()
-    });
+    let mut t = LoadTracker::new(LoadConfig { request_age_max_ms: AGE_MS, ..LoadConfig::default() });
     for i in 0..n as u64 {
-        t.add(
-            Instant::from_millis(i),
-            RequestId(i),
-            Agg,
-            WorkerKey::new(i % 3, 0),
-            &[SeqHash(i % 5)],
-            1,
-            0,
-        )
-        .unwrap();
+        t.add(Instant::from_millis(i), RequestId(i), Agg, WorkerKey::new(i % 3, 0), &[SeqHash(i % 5)], 1, 0).unwrap();
     }
     assert_eq!(t.poll_timeout(), Some(Instant::from_millis(AGE_MS)));
     let now = Instant::from_millis(1 << 40);
     t.handle_timeout(now);
-    assert_eq!(
-        t.len(),
-        n - EXPIRE_PER_CALL_MAX,
-        "one call does bounded work"
-    );
-    assert!(
-        t.poll_timeout().is_some_and(|d| d <= now),
-        "more is due, so poll_timeout says so"
-    );
+    assert_eq!(t.len(), n - EXPIRE_PER_CALL_MAX, "one call does bounded work");
+    assert!(t.poll_timeout().is_some_and(|d| d <= now), "more is due, so poll_timeout says so");
     // The oldest expire first.
     assert_eq!(t.poll_expired(), Some((RequestId(0), Agg)));
     assert_eq!(drain_timeouts(&mut t, now), 2);
-    assert_eq!(
-        (t.len(), t.total(), t.poll_timeout()),
-        (0, WorkerLoad::default(), None)
-    );
+    assert_eq!((t.len(), t.total(), t.poll_timeout()), (0, WorkerLoad::default(), None));
     assert_eq!(t.stats().expired, n as u64);
 }
 
 #[test]
 fn undrained_expiry_reports_are_bounded() {
     let n = EXPIRED_QUEUE_MAX + 100;
-    let mut t = LoadTracker::new(LoadConfig {
-        request_age_max_ms: 1,
-        ..LoadConfig::default()
-    });
+    let mut t = LoadTracker::new(LoadConfig { request_age_max_ms: 1, ..LoadConfig::default() });
     for i in 0..n as u64 {
-        t.add(
-            Instant::ZERO,
-            RequestId(i),
-            Dec,
-            WorkerKey::new(0, 0),
-            &[],
-            0,
-            0,
-        )
-        .unwrap();
+        t.add(Instant::ZERO, RequestId(i), Dec, WorkerKey::new(0, 0), &[], 0, 0).unwrap();
     }
     let now = Instant::from_millis(1);
     for _ in 0..n.div_ceil(EXPIRE_PER_CALL_MAX) {
@@ -376,41 +251,20 @@ fn undrained_expiry_reports_are_bounded() {
 #[test]
 fn overlong_prompts_are_capped() {
     let mut t = tracker();
-    let blocks: Vec<SeqHash> = (0..BLOCKS_MAX_PER_REQUEST as u64 + 3)
-        .map(SeqHash)
-        .collect();
+    let blocks: Vec<SeqHash> = (0..BLOCKS_MAX_PER_REQUEST as u64 + 3).map(SeqHash).collect();
     let k = WorkerKey::new(0, 0);
     assert_eq!(t.new_blocks(k, &blocks), BLOCKS_MAX_PER_REQUEST as u32);
-    t.add(Instant::ZERO, RequestId(1), Agg, k, &blocks, 0, 0)
-        .unwrap();
-    assert_eq!(
-        t.load(k).active_decode_blocks,
-        BLOCKS_MAX_PER_REQUEST as u64
-    );
+    t.add(Instant::ZERO, RequestId(1), Agg, k, &blocks, 0, 0).unwrap();
+    assert_eq!(t.load(k).active_decode_blocks, BLOCKS_MAX_PER_REQUEST as u64);
     assert_eq!(t.stats().blocks_truncated, 3);
 }
 
 #[test]
 fn errors_display() {
     let cases = [
-        (
-            LoadError::UnknownRequest {
-                req: RequestId(4),
-                phase: Dec,
-            },
-            "no decode booking for request 4",
-        ),
-        (
-            LoadError::DuplicateRequest {
-                req: RequestId(4),
-                phase: Pre,
-            },
-            "request 4 already has a prefill booking",
-        ),
-        (
-            LoadError::TableFull { requests_max: 8 },
-            "load tracker full (8 bookings)",
-        ),
+        (LoadError::UnknownRequest { req: RequestId(4), phase: Dec }, "no decode booking for request 4"),
+        (LoadError::DuplicateRequest { req: RequestId(4), phase: Pre }, "request 4 already has a prefill booking"),
+        (LoadError::TableFull { requests_max: 8 }, "load tracker full (8 bookings)"),
     ];
     for (e, want) in cases {
         assert_eq!(alloc::format!("{e}"), want);

@@ -175,36 +175,14 @@ impl fmt::Display for PinError {
             PinError::UnknownWorker { worker } => {
                 write!(f, "pinned worker {} is unknown", worker.0)
             }
-            PinError::RankRequired {
-                worker,
-                ranks: Some(n),
-            } => {
-                write!(
-                    f,
-                    "worker {} has {n} dp ranks; the pin must name one",
-                    worker.0
-                )
+            PinError::RankRequired { worker, ranks: Some(n) } => {
+                write!(f, "worker {} has {n} dp ranks; the pin must name one", worker.0)
             }
-            PinError::RankRequired {
-                worker,
-                ranks: None,
-            } => {
-                write!(
-                    f,
-                    "worker {} has not reported its dp ranks; the pin must name one",
-                    worker.0
-                )
+            PinError::RankRequired { worker, ranks: None } => {
+                write!(f, "worker {} has not reported its dp ranks; the pin must name one", worker.0)
             }
-            PinError::RankOutOfRange {
-                worker,
-                rank,
-                ranks,
-            } => {
-                write!(
-                    f,
-                    "dp rank {} is out of range for worker {} ({ranks} ranks)",
-                    rank.0, worker.0
-                )
+            PinError::RankOutOfRange { worker, rank, ranks } => {
+                write!(f, "dp rank {} is out of range for worker {} ({ranks} ranks)", rank.0, worker.0)
             }
             PinError::Conflict { requested, planned } => write!(
                 f,
@@ -212,20 +190,13 @@ impl fmt::Display for PinError {
                 planned.worker.0, planned.rank.0
             ),
             PinError::DirectTargetRequired { phase } => {
-                write!(
-                    f,
-                    "worker ID required for {phase} request in Direct routing mode"
-                )
+                write!(f, "worker ID required for {phase} request in Direct routing mode")
             }
             PinError::WrongRole { worker, phase } => {
                 write!(f, "worker {} does not serve {phase} requests", worker.0)
             }
             PinError::Ineligible { worker, reason } => {
-                write!(
-                    f,
-                    "pinned worker {} rank {} is not eligible: {reason}",
-                    worker.worker.0, worker.rank.0
-                )
+                write!(f, "pinned worker {} rank {} is not eligible: {reason}", worker.worker.0, worker.rank.0)
             }
         }
     }
@@ -234,14 +205,10 @@ impl fmt::Display for PinError {
 /// The worker and rank `hints` name for `phase`, if any (see the module rules).
 pub fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
     let (worker, rank) = match phase {
-        Phase::Prefill => (
-            hints.prefill_worker_id.or(hints.backend_instance_id),
-            hints.prefill_dp_rank.or(hints.dp_rank),
-        ),
-        Phase::Decode | Phase::Aggregated => (
-            hints.decode_worker_id.or(hints.backend_instance_id),
-            hints.dp_rank,
-        ),
+        Phase::Prefill => {
+            (hints.prefill_worker_id.or(hints.backend_instance_id), hints.prefill_dp_rank.or(hints.dp_rank))
+        }
+        Phase::Decode | Phase::Aggregated => (hints.decode_worker_id.or(hints.backend_instance_id), hints.dp_rank),
     };
     worker.map(|worker| ExplicitPin { worker, rank })
 }
@@ -275,18 +242,12 @@ pub fn resolve(
     if let Some(p) = planned {
         let requested = r.loose();
         if !requested.admits(p) {
-            return Err(PinError::Conflict {
-                requested,
-                planned: p,
-            });
+            return Err(PinError::Conflict { requested, planned: p });
         }
         return Ok(PinResolution::Exact(p));
     }
     match (r.rank, r.explicit) {
-        (Some(rank), _) => Ok(PinResolution::Exact(WorkerKey {
-            worker: r.worker,
-            rank,
-        })),
+        (Some(rank), _) => Ok(PinResolution::Exact(WorkerKey { worker: r.worker, rank })),
         (None, false) => Ok(PinResolution::Worker(r.worker)),
         (None, true) => only_rank(r.worker, workers).map(PinResolution::Exact),
     }
@@ -312,10 +273,7 @@ pub fn check_pinned(pin: &PinResolution, verdicts: &[Eligibility]) -> Result<(),
         }
     }
     match first_excluded {
-        Some((key, reason)) => Err(PinError::Ineligible {
-            worker: key,
-            reason: reason.clone(),
-        }),
+        Some((key, reason)) => Err(PinError::Ineligible { worker: key, reason: reason.clone() }),
         None => Err(PinError::UnknownWorker { worker }),
     }
 }
@@ -332,10 +290,7 @@ struct Requested {
 impl Requested {
     fn loose(self) -> PinResolution {
         match self.rank {
-            Some(rank) => PinResolution::Exact(WorkerKey {
-                worker: self.worker,
-                rank,
-            }),
+            Some(rank) => PinResolution::Exact(WorkerKey { worker: self.worker, rank }),
             None => PinResolution::Worker(self.worker),
         }
     }
@@ -343,45 +298,24 @@ impl Requested {
 
 fn merge(explicit: Option<ExplicitPin>, affinity: Option<AffinityPin>) -> Option<Requested> {
     match (explicit, affinity) {
-        (Some(e), Some(a)) if e.rank.is_none() && a.worker == e.worker => Some(Requested {
-            worker: e.worker,
-            rank: a.rank,
-            explicit: true,
-        }),
-        (Some(e), _) => Some(Requested {
-            worker: e.worker,
-            rank: e.rank,
-            explicit: true,
-        }),
-        (None, Some(a)) => Some(Requested {
-            worker: a.worker,
-            rank: a.rank,
-            explicit: false,
-        }),
+        (Some(e), Some(a)) if e.rank.is_none() && a.worker == e.worker => {
+            Some(Requested { worker: e.worker, rank: a.rank, explicit: true })
+        }
+        (Some(e), _) => Some(Requested { worker: e.worker, rank: e.rank, explicit: true }),
+        (None, Some(a)) => Some(Requested { worker: a.worker, rank: a.rank, explicit: false }),
         (None, None) => None,
     }
 }
 
-fn validate(
-    worker: WorkerId,
-    rank: Option<DpRank>,
-    phase: Phase,
-    workers: &WorkerTable,
-) -> Result<(), PinError> {
-    let spec = workers
-        .get(worker)
-        .ok_or(PinError::UnknownWorker { worker })?;
+fn validate(worker: WorkerId, rank: Option<DpRank>, phase: Phase, workers: &WorkerTable) -> Result<(), PinError> {
+    let spec = workers.get(worker).ok_or(PinError::UnknownWorker { worker })?;
     if !spec.role.serves(phase) {
         return Err(PinError::WrongRole { worker, phase });
     }
     if let Some(rank) = rank {
         let ranks = spec.dp_ranks.unwrap_or(workers.config().dp_ranks_max);
         if rank.0 >= ranks {
-            return Err(PinError::RankOutOfRange {
-                worker,
-                rank,
-                ranks,
-            });
+            return Err(PinError::RankOutOfRange { worker, rank, ranks });
         }
     }
     Ok(())
@@ -390,10 +324,7 @@ fn validate(
 fn only_rank(worker: WorkerId, workers: &WorkerTable) -> Result<WorkerKey, PinError> {
     let ranks = workers.get(worker).and_then(|s| s.dp_ranks);
     match ranks {
-        Some(1) => Ok(WorkerKey {
-            worker,
-            rank: DpRank(0),
-        }),
+        Some(1) => Ok(WorkerKey { worker, rank: DpRank(0) }),
         _ => Err(PinError::RankRequired { worker, ranks }),
     }
 }

@@ -197,10 +197,10 @@ impl Router {
     /// A router with no workers.
     pub fn new(cfg: RouterConfig) -> Self {
         Router {
-            workers: WorkerTable::new(cfg.workers.clone()),
-            index: PrefixIndex::new(cfg.index.clone()),
-            approx: ApproxIndex::new(cfg.approx.clone()),
-            load: LoadTracker::new(cfg.load.clone()),
+            workers: WorkerTable::new(cfg.workers),
+            index: PrefixIndex::new(cfg.index),
+            approx: ApproxIndex::new(cfg.approx),
+            load: LoadTracker::new(cfg.load),
             affinity: AffinityTable::new(cfg.affinity.clone()),
             queue: AdmissionQueue::new(cfg.queue.clone()),
             selector: Selector::new(),
@@ -280,7 +280,12 @@ impl Router {
 
     /// Applies one KV event from `key`'s worker. The first event from a worker makes its
     /// overlap exact: its approximate predictions are dropped.
-    pub fn handle_kv_event(&mut self, _now: Instant, key: WorkerKey, event: IndexEvent<'_>) -> Result<ApplySummary, InputError> {
+    pub fn handle_kv_event(
+        &mut self,
+        _now: Instant,
+        key: WorkerKey,
+        event: IndexEvent<'_>,
+    ) -> Result<ApplySummary, InputError> {
         if self.workers.get(key.worker).is_none() {
             self.stats.events_unknown_worker += 1;
             return Err(InputError::Worker(crate::worker::WorkerError::UnknownWorker { worker: key.worker }));
@@ -333,7 +338,13 @@ impl Router {
 
     /// Rolls a booking back: load released, a first session binding aborted, and for a
     /// worker failure the session's binding invalidated. No trace of the worker remains.
-    pub fn handle_dispatch_failed(&mut self, now: Instant, id: RequestId, phase: Phase, why: DispatchFailure) -> Result<(), InputError> {
+    pub fn handle_dispatch_failed(
+        &mut self,
+        now: Instant,
+        id: RequestId,
+        phase: Phase,
+        why: DispatchFailure,
+    ) -> Result<(), InputError> {
         let fk = (id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
@@ -361,7 +372,13 @@ impl Router {
     }
 
     /// The request produced `output_tokens` tokens so far: its predicted output shrinks.
-    pub fn handle_decode_progress(&mut self, _now: Instant, id: RequestId, phase: Phase, output_tokens: u32) -> Result<(), InputError> {
+    pub fn handle_decode_progress(
+        &mut self,
+        _now: Instant,
+        id: RequestId,
+        phase: Phase,
+        output_tokens: u32,
+    ) -> Result<(), InputError> {
         let fk = (id, phase);
         if !self.flights.contains_key(&fk) {
             return Err(self.unknown(fk));

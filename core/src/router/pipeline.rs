@@ -94,7 +94,13 @@ impl Router {
     }
 
     /// Pins, eligibility, prefix match and selection. With `commit`, books the choice.
-    fn place(&mut self, now: Instant, fk: FlightKey, binding: Option<Binding>, commit: bool) -> Result<Placed, RouteError> {
+    fn place(
+        &mut self,
+        now: Instant,
+        fk: FlightKey,
+        binding: Option<Binding>,
+        commit: bool,
+    ) -> Result<Placed, RouteError> {
         let Some(flight) = self.flights.get(&fk) else {
             return Err(RouteError::WorkerGone);
         };
@@ -103,7 +109,8 @@ impl Router {
         let phase = fk.1;
         let affinity = binding.map(|b| AffinityPin { worker: b.worker, rank: b.rank });
         let direct = self.cfg.mode == RouterMode::Direct;
-        let pin = pin::resolve(phase, &req.hints, affinity, req.planned, &self.workers, direct).map_err(RouteError::Pin)?;
+        let pin =
+            pin::resolve(phase, &req.hints, affinity, req.planned, &self.workers, direct).map_err(RouteError::Pin)?;
 
         let mut verdicts = mem::take(&mut self.scratch_verdicts);
         verdicts.clear();
@@ -260,7 +267,9 @@ impl Router {
         while let Some(out) = self.affinity.poll_output() {
             match out {
                 AffinityOutput::Woken(token) => self.wake(now, token),
-                AffinityOutput::Expired { worker, phase } => self.outputs.push_back(Output::LeaseExpired { worker, phase }),
+                AffinityOutput::Expired { worker, phase } => {
+                    self.outputs.push_back(Output::LeaseExpired { worker, phase })
+                }
                 _ => {}
             }
         }
@@ -314,7 +323,9 @@ impl Router {
             }
             Hold::Lease(lease) => {
                 if invalidate {
-                    if let (Some(s), Some(b)) = (&f.req.session, f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.1))) {
+                    if let (Some(s), Some(b)) =
+                        (&f.req.session, f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.1)))
+                    {
                         self.affinity.invalidate(s, fk.1, b.revision);
                     }
                 }
@@ -358,21 +369,37 @@ impl Router {
     ///
     /// Linear in the number of tracked requests; meant for tests, fuzzing and simulation.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        let booked = self.flights.values().filter(|f| matches!(f.state, State::Booked(_) | State::Dispatched(_))).count();
+        let booked =
+            self.flights.values().filter(|f| matches!(f.state, State::Booked(_) | State::Dispatched(_))).count();
         let total = self.load.total();
         if total.active_requests as usize != booked || self.load.len() != booked {
-            return Err(InvariantViolation(format!("load tracks {} requests ({} bookings), router has {booked} booked", total.active_requests, self.load.len())));
+            return Err(InvariantViolation(format!(
+                "load tracks {} requests ({} bookings), router has {booked} booked",
+                total.active_requests,
+                self.load.len()
+            )));
         }
         let queued = self.flights.values().filter(|f| matches!(f.state, State::Queued(_))).count();
         if self.queue.len() != queued || self.tickets.len() != queued {
-            return Err(InvariantViolation(format!("queue holds {} ({} tickets), router has {queued} queued", self.queue.len(), self.tickets.len())));
+            return Err(InvariantViolation(format!(
+                "queue holds {} ({} tickets), router has {queued} queued",
+                self.queue.len(),
+                self.tickets.len()
+            )));
         }
         let leases = self.flights.values().filter(|f| matches!(f.hold, Hold::Lease(_))).count();
         if self.affinity.live_leases() != leases {
-            return Err(InvariantViolation(format!("affinity has {} live leases, router holds {leases}", self.affinity.live_leases())));
+            return Err(InvariantViolation(format!(
+                "affinity has {} live leases, router holds {leases}",
+                self.affinity.live_leases()
+            )));
         }
         if self.flights.len() > self.cfg.requests_max {
-            return Err(InvariantViolation(format!("{} requests tracked, limit {}", self.flights.len(), self.cfg.requests_max)));
+            return Err(InvariantViolation(format!(
+                "{} requests tracked, limit {}",
+                self.flights.len(),
+                self.cfg.requests_max
+            )));
         }
         Ok(())
     }
@@ -387,13 +414,17 @@ fn expected_blocks(tokens: Option<u32>, block_tokens: u32) -> u32 {
     tokens.map_or(0, |t| t.div_ceil(block_tokens))
 }
 
-fn explain(verdicts: &[Eligibility], scores: &OverlapScores, selected: &[crate::select::CandidateScore]) -> Vec<ExplainRow> {
+fn explain(
+    verdicts: &[Eligibility],
+    scores: &OverlapScores,
+    selected: &[crate::select::CandidateScore],
+) -> Vec<ExplainRow> {
     verdicts
         .iter()
         .map(|v| ExplainRow {
             key: v.key,
             overlap: scores.get(v.key),
-            score: selected.binary_search_by_key(&v.key, |s| s.key).ok().map(|i| selected[i].clone()),
+            score: selected.binary_search_by_key(&v.key, |s| s.key).ok().map(|i| selected[i]),
             excluded: match &v.verdict {
                 Verdict::Excluded(r) => Some(r.clone()),
                 Verdict::Eligible { .. } => None,

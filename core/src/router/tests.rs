@@ -54,8 +54,14 @@ fn fingerprint(r: &Router) -> (usize, usize, usize, usize, u64, Vec<WorkerLoad>)
     (r.requests_in_flight(), r.affinity().len(), r.queue().len(), r.load().len(), r.stats().dispatched, loads)
 }
 
-const MODES: [RouterMode; 6] =
-    [RouterMode::Random, RouterMode::RoundRobin, RouterMode::PowerOfTwo, RouterMode::LeastLoaded, RouterMode::Weighted, RouterMode::Kv];
+const MODES: [RouterMode; 6] = [
+    RouterMode::Random,
+    RouterMode::RoundRobin,
+    RouterMode::PowerOfTwo,
+    RouterMode::LeastLoaded,
+    RouterMode::Weighted,
+    RouterMode::Kv,
+];
 
 #[test]
 fn rollback_leaves_no_trace_in_every_mode() {
@@ -99,7 +105,12 @@ fn preview_changes_nothing() {
 fn kv_mode_follows_the_cache() {
     let mut r = router(RouterMode::Kv, 4);
     let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
-    r.handle_kv_event(T0, WorkerKey::new(2, 0), IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device }).unwrap();
+    r.handle_kv_event(
+        T0,
+        WorkerKey::new(2, 0),
+        IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device },
+    )
+    .unwrap();
     let d = routed(r.handle_request(T0, req(1, &[1, 2, 3, 4, 5, 6, 7, 8, 9]), Draw(0)));
     assert_eq!(d.target, WorkerKey::new(2, 0));
     assert_eq!(d.overlap.device, 8);
@@ -124,7 +135,15 @@ fn finishing_releases_everything() {
     assert_eq!(r.requests_in_flight(), 0);
     assert_eq!(r.affinity().live_leases(), 0);
     // The session stays bound after its stream ends, until the idle TTL.
-    let d2 = routed(r.handle_request(T0, { let mut q = req(2, &[9]); q.session = Some(b"sess".to_vec()); q }, Draw(99)));
+    let d2 = routed(r.handle_request(
+        T0,
+        {
+            let mut q = req(2, &[9]);
+            q.session = Some(b"sess".to_vec());
+            q
+        },
+        Draw(99),
+    ));
     assert_eq!(d2.target, d.target);
     assert!(matches!(r.handle_finished(T0, RequestId(77), Phase::Aggregated), Err(InputError::UnknownRequest { .. })));
 }
@@ -132,7 +151,11 @@ fn finishing_releases_everything() {
 #[test]
 fn second_request_of_a_new_session_waits_for_the_first() {
     let mut r = router(RouterMode::RoundRobin, 3);
-    let s = |id| { let mut q = req(id, &[1]); q.session = Some(b"chat".to_vec()); q };
+    let s = |id| {
+        let mut q = req(id, &[1]);
+        q.session = Some(b"chat".to_vec());
+        q
+    };
     let first = routed(r.handle_request(T0, s(1), Draw(0)));
     assert_eq!(r.handle_request(T0, s(2), Draw(0)), Ok(Decision::Waiting));
     invariants(&r);
@@ -150,7 +173,11 @@ fn second_request_of_a_new_session_waits_for_the_first() {
 #[test]
 fn removing_a_worker_rebinds_its_sessions() {
     let mut r = router(RouterMode::RoundRobin, 2);
-    let s = |id| { let mut q = req(id, &[1]); q.session = Some(b"s".to_vec()); q };
+    let s = |id| {
+        let mut q = req(id, &[1]);
+        q.session = Some(b"s".to_vec());
+        q
+    };
     let d = routed(r.handle_request(T0, s(1), Draw(0)));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();
     r.handle_worker_update(T0, WorkerUpdate::Removed(d.target.worker)).unwrap();
@@ -195,7 +222,10 @@ fn busy_fleet_queues_then_dequeues_when_load_drops() {
     assert_eq!(r.handle_request(T0, req(4, &[7]), Draw(0)), Ok(Decision::Queued));
     let t = r.poll_timeout().expect("a queue deadline");
     r.handle_timeout(t);
-    assert!(vec![r.poll_output()].into_iter().flatten().any(|o| o == Output::TimedOut { id: RequestId(4), phase: Phase::Aggregated }));
+    assert!(vec![r.poll_output()]
+        .into_iter()
+        .flatten()
+        .any(|o| o == Output::TimedOut { id: RequestId(4), phase: Phase::Aggregated }));
     invariants(&r);
 }
 
@@ -207,7 +237,10 @@ use crate::Tier;
 fn duplicate_and_unknown_ids_are_typed() {
     let mut r = router(RouterMode::Kv, 1);
     let _ = routed(r.handle_request(T0, req(1, &[1]), Draw(0)));
-    assert_eq!(r.handle_request(T0, req(1, &[1]), Draw(0)), Err(RouteError::DuplicateRequest { id: RequestId(1), phase: Phase::Aggregated }));
+    assert_eq!(
+        r.handle_request(T0, req(1, &[1]), Draw(0)),
+        Err(RouteError::DuplicateRequest { id: RequestId(1), phase: Phase::Aggregated })
+    );
     assert!(matches!(r.handle_dispatched(T0, RequestId(9), Phase::Aggregated), Err(InputError::UnknownRequest { .. })));
     assert_eq!(r.stats().unknown_requests, 1);
     let _ = RoutingHints::default();

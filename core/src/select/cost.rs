@@ -60,9 +60,7 @@ impl KvCostConfig {
         KvCostConfig {
             prefill_load_scale: o.prefill_load_scale.unwrap_or(self.prefill_load_scale),
             overlap_credit: o.overlap_credit.unwrap_or(self.overlap_credit),
-            active_request_weight: o
-                .active_request_weight
-                .unwrap_or(self.active_request_weight),
+            active_request_weight: o.active_request_weight.unwrap_or(self.active_request_weight),
             temperature: o.temperature.unwrap_or(self.temperature),
             ..*self
         }
@@ -98,32 +96,19 @@ pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let active = c.load.active_decode_blocks as f64;
     let expected = f64::from(req.expected_output_blocks);
     let (prefill_blocks, decode_blocks, request_weight) = match req.phase {
-        Phase::Aggregated => (
-            prefill(),
-            active + f64::from(c.new_decode_blocks) + expected,
-            cfg.active_request_weight,
-        ),
+        Phase::Aggregated => (prefill(), active + f64::from(c.new_decode_blocks) + expected, cfg.active_request_weight),
         Phase::Prefill => (prefill(), 0.0, cfg.active_request_weight),
         Phase::Decode => {
             let prompt_blocks = f64::from(req.isl_tokens / req.block_size.tokens());
-            (
-                0.0,
-                active + prompt_blocks + expected,
-                cfg.active_request_weight.max(1.0),
-            )
+            (0.0, active + prompt_blocks + expected, cfg.active_request_weight.max(1.0))
         }
     };
     let requests = f64::from(c.load.active_requests);
-    let cost = c.cost_factor
-        * (cfg.prefill_load_scale * prefill_blocks + decode_blocks + request_weight * requests);
+    let cost = c.cost_factor * (cfg.prefill_load_scale * prefill_blocks + decode_blocks + request_weight * requests);
     CandidateScore {
         key: c.key,
         // Not `Overlap::raw`, whose plain sum could overflow on hostile input.
-        overlap_raw: c
-            .overlap
-            .device
-            .saturating_add(c.overlap.host)
-            .saturating_add(c.overlap.disk),
+        overlap_raw: c.overlap.device.saturating_add(c.overlap.host).saturating_add(c.overlap.disk),
         overlap_effective,
         prefill_blocks,
         decode_blocks,

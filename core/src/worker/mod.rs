@@ -88,9 +88,7 @@ impl FromStr for WorkerRole {
             "aggregated" => Ok(WorkerRole::Aggregated),
             "prefill" => Ok(WorkerRole::Prefill),
             "decode" => Ok(WorkerRole::Decode),
-            _ => Err(ParseError {
-                expected: "aggregated, prefill, decode",
-            }),
+            _ => Err(ParseError { expected: "aggregated, prefill, decode" }),
         }
     }
 }
@@ -128,9 +126,7 @@ impl FromStr for TaintEffect {
         match s {
             "NoSchedule" => Ok(TaintEffect::NoSchedule),
             "PreferNoSchedule" => Ok(TaintEffect::PreferNoSchedule),
-            _ => Err(ParseError {
-                expected: "NoSchedule, PreferNoSchedule",
-            }),
+            _ => Err(ParseError { expected: "NoSchedule, PreferNoSchedule" }),
         }
     }
 }
@@ -241,10 +237,7 @@ impl WorkerSpec {
 
     /// The value of label `key`, if the worker carries it.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     /// How many ranks routing enumerates: the known count, or 1 (rank 0) when unknown.
@@ -268,12 +261,7 @@ pub struct WorkerTableConfig {
 
 impl Default for WorkerTableConfig {
     fn default() -> Self {
-        WorkerTableConfig {
-            workers_max: 4096,
-            dp_ranks_max: 1024,
-            taints_max: 32,
-            labels_max: 32,
-        }
+        WorkerTableConfig { workers_max: 4096, dp_ranks_max: 1024, taints_max: 32, labels_max: 32 }
     }
 }
 
@@ -336,42 +324,18 @@ impl fmt::Display for WorkerError {
             WorkerError::TableFull { workers_max } => {
                 write!(f, "worker table full ({workers_max} workers)")
             }
-            WorkerError::TooManyRanks {
-                worker,
-                ranks,
-                dp_ranks_max,
-            } => {
-                write!(
-                    f,
-                    "worker {} declares {ranks} dp ranks, above the limit {dp_ranks_max}",
-                    worker.0
-                )
+            WorkerError::TooManyRanks { worker, ranks, dp_ranks_max } => {
+                write!(f, "worker {} declares {ranks} dp ranks, above the limit {dp_ranks_max}", worker.0)
             }
             WorkerError::ZeroRanks { worker } => {
                 write!(f, "worker {} declares zero dp ranks", worker.0)
             }
             WorkerError::ZeroWeight { worker } => write!(f, "worker {} has weight zero", worker.0),
-            WorkerError::TooManyTaints {
-                worker,
-                taints,
-                taints_max,
-            } => {
-                write!(
-                    f,
-                    "worker {} has {taints} taints, above the limit {taints_max}",
-                    worker.0
-                )
+            WorkerError::TooManyTaints { worker, taints, taints_max } => {
+                write!(f, "worker {} has {taints} taints, above the limit {taints_max}", worker.0)
             }
-            WorkerError::TooManyLabels {
-                worker,
-                labels,
-                labels_max,
-            } => {
-                write!(
-                    f,
-                    "worker {} has {labels} labels, above the limit {labels_max}",
-                    worker.0
-                )
+            WorkerError::TooManyLabels { worker, labels, labels_max } => {
+                write!(f, "worker {} has {labels} labels, above the limit {labels_max}", worker.0)
             }
             WorkerError::UnknownWorker { worker } => write!(f, "unknown worker {}", worker.0),
         }
@@ -394,10 +358,7 @@ pub struct WorkerTable {
 impl WorkerTable {
     /// An empty table.
     pub fn new(cfg: WorkerTableConfig) -> Self {
-        WorkerTable {
-            cfg,
-            workers: BTreeMap::new(),
-        }
+        WorkerTable { cfg, workers: BTreeMap::new() }
     }
 
     /// Adds `spec`, or replaces the spec of a worker already present (keeping its health).
@@ -409,17 +370,9 @@ impl WorkerTable {
             return Ok(false);
         }
         if self.workers.len() >= self.cfg.workers_max {
-            return Err(WorkerError::TableFull {
-                workers_max: self.cfg.workers_max,
-            });
+            return Err(WorkerError::TableFull { workers_max: self.cfg.workers_max });
         }
-        self.workers.insert(
-            spec.id,
-            Entry {
-                spec,
-                health: Health::Healthy,
-            },
-        );
+        self.workers.insert(spec.id, Entry { spec, health: Health::Healthy });
         Ok(true)
     }
 
@@ -439,11 +392,7 @@ impl WorkerTable {
         let taints_max = self.cfg.taints_max;
         let entry = self.entry_mut(id)?;
         if taints.len() > taints_max {
-            return Err(WorkerError::TooManyTaints {
-                worker: id,
-                taints: taints.len(),
-                taints_max,
-            });
+            return Err(WorkerError::TooManyTaints { worker: id, taints: taints.len(), taints_max });
         }
         entry.spec.taints = taints;
         Ok(())
@@ -472,10 +421,7 @@ impl WorkerTable {
 
     /// The keys of workers whose role serves `phase`, in key order, whatever their health.
     pub fn keys_for_phase(&self, phase: Phase) -> impl Iterator<Item = WorkerKey> + '_ {
-        self.workers
-            .values()
-            .filter(move |e| e.spec.role.serves(phase))
-            .flat_map(|e| spec_keys(&e.spec))
+        self.workers.values().filter(move |e| e.spec.role.serves(phase)).flat_map(|e| spec_keys(&e.spec))
     }
 
     /// How many workers the table holds.
@@ -494,9 +440,7 @@ impl WorkerTable {
     }
 
     fn entry_mut(&mut self, id: WorkerId) -> Result<&mut Entry, WorkerError> {
-        self.workers
-            .get_mut(&id)
-            .ok_or(WorkerError::UnknownWorker { worker: id })
+        self.workers.get_mut(&id).ok_or(WorkerError::UnknownWorker { worker: id })
     }
 
     fn validate(&self, spec: &WorkerSpec) -> Result<(), WorkerError> {
@@ -505,11 +449,7 @@ impl WorkerTable {
         match spec.dp_ranks {
             Some(0) => return Err(WorkerError::ZeroRanks { worker }),
             Some(ranks) if ranks > cfg.dp_ranks_max => {
-                return Err(WorkerError::TooManyRanks {
-                    worker,
-                    ranks,
-                    dp_ranks_max: cfg.dp_ranks_max,
-                })
+                return Err(WorkerError::TooManyRanks { worker, ranks, dp_ranks_max: cfg.dp_ranks_max })
             }
             _ => {}
         }
@@ -517,18 +457,10 @@ impl WorkerTable {
             return Err(WorkerError::ZeroWeight { worker });
         }
         if spec.taints.len() > cfg.taints_max {
-            return Err(WorkerError::TooManyTaints {
-                worker,
-                taints: spec.taints.len(),
-                taints_max: cfg.taints_max,
-            });
+            return Err(WorkerError::TooManyTaints { worker, taints: spec.taints.len(), taints_max: cfg.taints_max });
         }
         if spec.labels.len() > cfg.labels_max {
-            return Err(WorkerError::TooManyLabels {
-                worker,
-                labels: spec.labels.len(),
-                labels_max: cfg.labels_max,
-            });
+            return Err(WorkerError::TooManyLabels { worker, labels: spec.labels.len(), labels_max: cfg.labels_max });
         }
         Ok(())
     }
@@ -536,10 +468,7 @@ impl WorkerTable {
 
 fn spec_keys(spec: &WorkerSpec) -> impl Iterator<Item = WorkerKey> {
     let worker = spec.id;
-    (0..spec.routable_ranks()).map(move |r| WorkerKey {
-        worker,
-        rank: DpRank(r),
-    })
+    (0..spec.routable_ranks()).map(move |r| WorkerKey { worker, rank: DpRank(r) })
 }
 
 #[cfg(test)]

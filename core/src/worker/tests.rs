@@ -4,47 +4,24 @@ use alloc::vec;
 use proptest::prelude::*;
 
 fn spec(id: u64, role: WorkerRole, ranks: Option<u32>) -> WorkerSpec {
-    WorkerSpec {
-        dp_ranks: ranks,
-        ..WorkerSpec::new(WorkerId(id), role)
-    }
+    WorkerSpec { dp_ranks: ranks, ..WorkerSpec::new(WorkerId(id), role) }
 }
 
 fn taint(key: &str, value: &str, effect: TaintEffect) -> Taint {
-    Taint {
-        key: key.to_string(),
-        value: value.to_string(),
-        effect,
-    }
+    Taint { key: key.to_string(), value: value.to_string(), effect }
 }
 
 fn toleration(key: &str, value: Option<&str>, effect: Option<TaintEffect>) -> Toleration {
-    Toleration {
-        key: key.to_string(),
-        value: value.map(|v| v.to_string()),
-        effect,
-    }
+    Toleration { key: key.to_string(), value: value.map(|v| v.to_string()), effect }
 }
 
 // ---- roles ----
 
 #[track_caller]
 fn check_serves(role: WorkerRole, aggregated: bool, prefill: bool, decode: bool) {
-    let got = [
-        role.serves(Phase::Aggregated),
-        role.serves(Phase::Prefill),
-        role.serves(Phase::Decode),
-    ];
-    assert_eq!(
-        got,
-        [aggregated, prefill, decode],
-        "{role} serves [aggregated, prefill, decode]"
-    );
-    assert_eq!(
-        role.as_str().parse::<WorkerRole>(),
-        Ok(role),
-        "round trip of {role}"
-    );
+    let got = [role.serves(Phase::Aggregated), role.serves(Phase::Prefill), role.serves(Phase::Decode)];
+    assert_eq!(got, [aggregated, prefill, decode], "{role} serves [aggregated, prefill, decode]");
+    assert_eq!(role.as_str().parse::<WorkerRole>(), Ok(role), "round trip of {role}");
 }
 
 #[test]
@@ -59,14 +36,8 @@ fn unknown_names_are_parse_errors() {
     assert!("Prefill".parse::<WorkerRole>().is_err());
     assert!("".parse::<WorkerRole>().is_err());
     assert!("noschedule".parse::<TaintEffect>().is_err());
-    assert_eq!(
-        "PreferNoSchedule".parse::<TaintEffect>(),
-        Ok(TaintEffect::PreferNoSchedule)
-    );
-    assert_eq!(
-        WorkerRole::from_str("x").unwrap_err().to_string(),
-        "expected one of: aggregated, prefill, decode"
-    );
+    assert_eq!("PreferNoSchedule".parse::<TaintEffect>(), Ok(TaintEffect::PreferNoSchedule));
+    assert_eq!(WorkerRole::from_str("x").unwrap_err().to_string(), "expected one of: aggregated, prefill, decode");
 }
 
 // ---- tolerations (Kubernetes matching) ----
@@ -93,32 +64,15 @@ fn toleration_matching() {
     check_tolerates(toleration("", Some("a100"), None), gpu.clone(), false);
     // Effect: None means all, Some must equal.
     check_tolerates(toleration("gpu", None, Some(NoSchedule)), gpu.clone(), true);
-    check_tolerates(
-        toleration("gpu", None, Some(PreferNoSchedule)),
-        gpu.clone(),
-        false,
-    );
-    check_tolerates(
-        toleration("", None, Some(PreferNoSchedule)),
-        taint("x", "", PreferNoSchedule),
-        true,
-    );
-    check_tolerates(
-        toleration("gpu", Some(""), None),
-        taint("gpu", "", NoSchedule),
-        true,
-    );
+    check_tolerates(toleration("gpu", None, Some(PreferNoSchedule)), gpu.clone(), false);
+    check_tolerates(toleration("", None, Some(PreferNoSchedule)), taint("x", "", PreferNoSchedule), true);
+    check_tolerates(toleration("gpu", Some(""), None), taint("gpu", "", NoSchedule), true);
 }
 
 // ---- table bounds ----
 
 fn small() -> WorkerTableConfig {
-    WorkerTableConfig {
-        workers_max: 2,
-        dp_ranks_max: 4,
-        taints_max: 1,
-        labels_max: 1,
-    }
+    WorkerTableConfig { workers_max: 2, dp_ranks_max: 4, taints_max: 1, labels_max: 1 }
 }
 
 #[track_caller]
@@ -144,63 +98,28 @@ fn upsert_enforces_bounds() {
     check_upsert(
         &mut t,
         spec(2, Decode, Some(5)),
-        Err(WorkerError::TooManyRanks {
-            worker: w(2),
-            ranks: 5,
-            dp_ranks_max: 4,
-        }),
+        Err(WorkerError::TooManyRanks { worker: w(2), ranks: 5, dp_ranks_max: 4 }),
     );
+    check_upsert(&mut t, spec(2, Decode, Some(0)), Err(WorkerError::ZeroRanks { worker: w(2) }));
     check_upsert(
         &mut t,
-        spec(2, Decode, Some(0)),
-        Err(WorkerError::ZeroRanks { worker: w(2) }),
-    );
-    check_upsert(
-        &mut t,
-        WorkerSpec {
-            weight: 0,
-            ..spec(2, Decode, None)
-        },
+        WorkerSpec { weight: 0, ..spec(2, Decode, None) },
         Err(WorkerError::ZeroWeight { worker: w(2) }),
     );
-    let two_taints = vec![
-        taint("a", "", TaintEffect::NoSchedule),
-        taint("b", "", TaintEffect::NoSchedule),
-    ];
+    let two_taints = vec![taint("a", "", TaintEffect::NoSchedule), taint("b", "", TaintEffect::NoSchedule)];
     check_upsert(
         &mut t,
-        WorkerSpec {
-            taints: two_taints,
-            ..spec(2, Decode, None)
-        },
-        Err(WorkerError::TooManyTaints {
-            worker: w(2),
-            taints: 2,
-            taints_max: 1,
-        }),
+        WorkerSpec { taints: two_taints, ..spec(2, Decode, None) },
+        Err(WorkerError::TooManyTaints { worker: w(2), taints: 2, taints_max: 1 }),
     );
-    let two_labels = vec![
-        ("node".to_string(), "n1".to_string()),
-        ("rack".to_string(), "r1".to_string()),
-    ];
+    let two_labels = vec![("node".to_string(), "n1".to_string()), ("rack".to_string(), "r1".to_string())];
     check_upsert(
         &mut t,
-        WorkerSpec {
-            labels: two_labels,
-            ..spec(2, Decode, None)
-        },
-        Err(WorkerError::TooManyLabels {
-            worker: w(2),
-            labels: 2,
-            labels_max: 1,
-        }),
+        WorkerSpec { labels: two_labels, ..spec(2, Decode, None) },
+        Err(WorkerError::TooManyLabels { worker: w(2), labels: 2, labels_max: 1 }),
     );
     check_upsert(&mut t, spec(2, Prefill, None), Ok(true));
-    check_upsert(
-        &mut t,
-        spec(3, Prefill, None),
-        Err(WorkerError::TableFull { workers_max: 2 }),
-    );
+    check_upsert(&mut t, spec(3, Prefill, None), Err(WorkerError::TableFull { workers_max: 2 }));
     // Replacing a present worker is allowed when full.
     check_upsert(&mut t, spec(2, Prefill, Some(1)), Ok(false));
     assert_eq!(t.remove(w(1)).map(|s| s.id), Some(w(1)));
@@ -212,9 +131,7 @@ fn upsert_enforces_bounds() {
 #[test]
 fn mutators_on_unknown_workers_fail() {
     let mut t = WorkerTable::new(small());
-    let unknown = Err(WorkerError::UnknownWorker {
-        worker: WorkerId(9),
-    });
+    let unknown = Err(WorkerError::UnknownWorker { worker: WorkerId(9) });
     assert_eq!(t.set_health(WorkerId(9), Health::Ejected), unknown);
     assert_eq!(t.set_taints(WorkerId(9), Vec::new()), unknown);
     assert_eq!(t.health(WorkerId(9)), None);
@@ -230,21 +147,13 @@ fn health_and_taints_survive_as_set() {
     // A spec refresh keeps health: it comes from a different source than the spec.
     t.upsert(spec(1, WorkerRole::Aggregated, Some(2))).unwrap();
     assert_eq!(t.health(WorkerId(1)), Some(Health::Draining));
-    let two = vec![
-        taint("a", "", TaintEffect::NoSchedule),
-        taint("b", "", TaintEffect::NoSchedule),
-    ];
+    let two = vec![taint("a", "", TaintEffect::NoSchedule), taint("b", "", TaintEffect::NoSchedule)];
     assert_eq!(
         t.set_taints(WorkerId(1), two),
-        Err(WorkerError::TooManyTaints {
-            worker: WorkerId(1),
-            taints: 2,
-            taints_max: 1
-        })
+        Err(WorkerError::TooManyTaints { worker: WorkerId(1), taints: 2, taints_max: 1 })
     );
     assert!(t.get(WorkerId(1)).unwrap().taints.is_empty());
-    t.set_taints(WorkerId(1), vec![taint("a", "", TaintEffect::NoSchedule)])
-        .unwrap();
+    t.set_taints(WorkerId(1), vec![taint("a", "", TaintEffect::NoSchedule)]).unwrap();
     assert_eq!(t.get(WorkerId(1)).unwrap().taints.len(), 1);
 }
 
@@ -267,41 +176,19 @@ fn check_keys(specs: &[WorkerSpec], phase: Option<Phase>, want: &[(u64, u32)]) {
 #[test]
 fn keys_enumerate_ranks_in_order() {
     use WorkerRole::*;
-    let fleet = [
-        spec(7, Prefill, Some(2)),
-        spec(3, Decode, None),
-        spec(5, Aggregated, Some(3)),
-    ];
-    check_keys(
-        &fleet,
-        None,
-        &[(3, 0), (5, 0), (5, 1), (5, 2), (7, 0), (7, 1)],
-    );
+    let fleet = [spec(7, Prefill, Some(2)), spec(3, Decode, None), spec(5, Aggregated, Some(3))];
+    check_keys(&fleet, None, &[(3, 0), (5, 0), (5, 1), (5, 2), (7, 0), (7, 1)]);
     check_keys(&fleet, Some(Phase::Prefill), &[(7, 0), (7, 1)]);
     check_keys(&fleet, Some(Phase::Decode), &[(3, 0)]);
-    check_keys(
-        &fleet,
-        Some(Phase::Aggregated),
-        &[(3, 0), (5, 0), (5, 1), (5, 2)],
-    );
+    check_keys(&fleet, Some(Phase::Aggregated), &[(3, 0), (5, 0), (5, 1), (5, 2)]);
     check_keys(&[], None, &[]);
 }
 
 #[test]
 fn errors_display() {
-    let e = WorkerError::TooManyRanks {
-        worker: WorkerId(4),
-        ranks: 9,
-        dp_ranks_max: 8,
-    };
-    assert_eq!(
-        e.to_string(),
-        "worker 4 declares 9 dp ranks, above the limit 8"
-    );
-    assert_eq!(
-        WorkerError::TableFull { workers_max: 3 }.to_string(),
-        "worker table full (3 workers)"
-    );
+    let e = WorkerError::TooManyRanks { worker: WorkerId(4), ranks: 9, dp_ranks_max: 8 };
+    assert_eq!(e.to_string(), "worker 4 declares 9 dp ranks, above the limit 8");
+    assert_eq!(WorkerError::TableFull { workers_max: 3 }.to_string(), "worker table full (3 workers)");
 }
 
 // ---- model: random operations against a plain BTreeMap ----
@@ -317,14 +204,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0u64..6, proptest::option::of(0u32..6)).prop_map(|(w, r)| Op::Upsert(w, r)),
         (0u64..6).prop_map(Op::Remove),
-        (
-            0u64..6,
-            prop_oneof![
-                Just(Health::Healthy),
-                Just(Health::Ejected),
-                Just(Health::Draining)
-            ]
-        )
+        (0u64..6, prop_oneof![Just(Health::Healthy), Just(Health::Ejected), Just(Health::Draining)])
             .prop_map(|(w, h)| Op::Health(w, h)),
     ]
 }

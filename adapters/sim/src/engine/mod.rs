@@ -54,10 +54,7 @@ pub struct KvTransfer {
 
 impl Default for KvTransfer {
     fn default() -> Self {
-        KvTransfer {
-            kv_bytes_per_token: 160 * 1024,
-            bandwidth_bytes_per_s: 64e9,
-        }
+        KvTransfer { kv_bytes_per_token: 160 * 1024, bandwidth_bytes_per_s: 64e9 }
     }
 }
 
@@ -161,16 +158,10 @@ impl fmt::Display for RejectReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RejectReason::BlockSizeMismatch { prompt, engine } => {
-                write!(
-                    f,
-                    "prompt hashed at block size {prompt}, engine uses {engine}"
-                )
+                write!(f, "prompt hashed at block size {prompt}, engine uses {engine}")
             }
             RejectReason::TooLong { blocks, capacity } => {
-                write!(
-                    f,
-                    "request needs {blocks} blocks, the pool holds {capacity}"
-                )
+                write!(f, "request needs {blocks} blocks, the pool holds {capacity}")
             }
         }
     }
@@ -338,10 +329,7 @@ impl Engine {
         let max_tokens = u64::from(prompt_len) + u64::from(target) - 1;
         let blocks = max_tokens.div_ceil(u64::from(engine_bs));
         if blocks > u64::from(self.cfg.blocks_per_worker) {
-            return Err(RejectReason::TooLong {
-                blocks,
-                capacity: self.cfg.blocks_per_worker,
-            });
+            return Err(RejectReason::TooLong { blocks, capacity: self.cfg.blocks_per_worker });
         }
         let now = self.sane_now(now_ms);
         let out_base = self.next_out_token;

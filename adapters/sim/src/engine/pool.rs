@@ -44,10 +44,7 @@ impl Hasher for SeqHasher {
 impl BuildHasher for SeqHashBuild {
     type Hasher = SeqHasher;
     fn build_hasher(&self) -> SeqHasher {
-        SeqHasher {
-            seed: self.seed,
-            h: 0,
-        }
+        SeqHasher { seed: self.seed, h: 0 }
     }
 }
 
@@ -79,10 +76,7 @@ impl Pool {
             slots: Vec::new(),
             free_slots: Vec::new(),
             // Reserve up front for an engine-sized pool; an "unbounded" one grows as needed.
-            map: HashMap::with_capacity_and_hasher(
-                capacity.min(1 << 16) as usize,
-                SeqHashBuild { seed },
-            ),
+            map: HashMap::with_capacity_and_hasher(capacity.min(1 << 16) as usize, SeqHashBuild { seed }),
             lru_head: NIL,
             lru_tail: NIL,
             active: 0,
@@ -140,12 +134,7 @@ impl Pool {
     /// Inserts a new resident block with one reference. The caller made room.
     pub(crate) fn insert(&mut self, hash: SeqHash) -> u32 {
         debug_assert!(self.used() < self.capacity, "insert into a full pool");
-        let slot = Slot {
-            hash,
-            refs: 1,
-            prev: NIL,
-            next: NIL,
-        };
+        let slot = Slot { hash, refs: 1, prev: NIL, next: NIL };
         let idx = match self.free_slots.pop() {
             Some(i) => {
                 self.slots[i as usize] = slot;
@@ -203,9 +192,7 @@ impl Pool {
 
     /// Every live slot with its hash (for checkers).
     pub(crate) fn live_slots(&self) -> impl Iterator<Item = (u32, &Slot)> + '_ {
-        self.map
-            .values()
-            .map(move |&i| (i, &self.slots[i as usize]))
+        self.map.values().map(move |&i| (i, &self.slots[i as usize]))
     }
 
     fn unlink(&mut self, slot: u32) {

@@ -23,22 +23,12 @@ fn plan(role: EngineRole, r: &Req, budget: u32) -> Plan {
     let from = r.computed;
     if role == EngineRole::Decode {
         // The prompt's KV arrived computed: catching up is free, then one decode token.
-        return Plan {
-            to: seq_len,
-            cost: 1,
-            prompt_tokens: 0,
-            decoding: true,
-        };
+        return Plan { to: seq_len, cost: 1, prompt_tokens: 0, decoding: true };
     }
     let n = (seq_len - from).min(budget);
     let to = from + n;
     let p = r.prompt_len;
-    Plan {
-        to,
-        cost: n,
-        prompt_tokens: to.min(p) - from.min(p),
-        decoding: from >= p,
-    }
+    Plan { to, cost: n, prompt_tokens: to.min(p) - from.min(p), decoding: from >= p }
 }
 
 #[derive(Default)]
@@ -58,10 +48,7 @@ impl Engine {
         // retried once: the next try admits from the queue with the whole pool free.
         for _ in 0..2 {
             let active_full_at_start = self.pool.active();
-            let mut tally = Tally {
-                budget: self.cfg.max_batched_tokens,
-                ..Tally::default()
-            };
+            let mut tally = Tally { budget: self.cfg.max_batched_tokens, ..Tally::default() };
             self.schedule_running(t, &mut tally, out);
             if !tally.preempted {
                 self.admit_waiting(t, &mut tally, out);
@@ -72,16 +59,9 @@ impl Engine {
                 }
                 break;
             }
-            let t_prefill = if self.cfg.role == EngineRole::Decode {
-                0.0
-            } else {
-                prefill_ms(tally.prompt_tokens)
-            };
+            let t_prefill = if self.cfg.role == EngineRole::Decode { 0.0 } else { prefill_ms(tally.prompt_tokens) };
             let t_decode = if tally.decoding && self.cfg.role != EngineRole::Prefill {
-                decode_ms(
-                    u64::from(active_full_at_start),
-                    u64::from(self.pool.capacity()),
-                )
+                decode_ms(u64::from(active_full_at_start), u64::from(self.pool.capacity()))
             } else {
                 0.0
             };
@@ -100,14 +80,7 @@ impl Engine {
             let p = plan(self.cfg.role, &self.running[i], tally.budget);
             let fits = loop {
                 let mut ev = Engine::events(out, &mut self.next_event_id, &mut self.stats, t);
-                if grow(
-                    &mut self.pool,
-                    &mut self.scratch,
-                    &mut self.running[i],
-                    p.to,
-                    self.bs,
-                    &mut ev,
-                ) {
+                if grow(&mut self.pool, &mut self.scratch, &mut self.running[i], p.to, self.bs, &mut ev) {
                     break true;
                 }
                 // LIFO: the newest running request is last, so it is never one already
@@ -151,12 +124,7 @@ impl Engine {
                 break;
             };
             let cached_tokens = (hit * self.bs).min(r.seq_len());
-            out.push(EngineOutput::Admitted {
-                id: r.id,
-                at_ms: t,
-                cached_tokens,
-                readmission: r.admitted,
-            });
+            out.push(EngineOutput::Admitted { id: r.id, at_ms: t, cached_tokens, readmission: r.admitted });
             r.admitted = true;
             r.computed = p.to;
             r.scheduled = true;
@@ -200,21 +168,15 @@ impl Engine {
                     r.first_token_ms = end;
                 }
                 if r.generated == 1 && role != EngineRole::Decode {
-                    out.push(EngineOutput::FirstToken {
-                        id: r.id,
-                        at_ms: end,
-                    });
+                    out.push(EngineOutput::FirstToken { id: r.id, at_ms: end });
                 }
                 finished = r.generated >= r.target_tokens;
             }
             r.scheduled = false;
             if finished {
                 release(&mut self.pool, r);
-                let kv_transfer_ms = if role == EngineRole::Prefill {
-                    transfer_ms_per_token * f64::from(r.prompt_len)
-                } else {
-                    0.0
-                };
+                let kv_transfer_ms =
+                    if role == EngineRole::Prefill { transfer_ms_per_token * f64::from(r.prompt_len) } else { 0.0 };
                 out.push(EngineOutput::Finished {
                     id: r.id,
                     at_ms: end,
@@ -236,8 +198,7 @@ impl Engine {
     fn kv_transfer_ms(&self, tokens: u32) -> f64 {
         let kv = &self.cfg.kv_transfer;
         if kv.bandwidth_bytes_per_s > 0.0 {
-            f64::from(tokens) * kv.kv_bytes_per_token as f64 / kv.bandwidth_bytes_per_s * 1000.0
-                / self.cfg.speedup
+            f64::from(tokens) * kv.kv_bytes_per_token as f64 / kv.bandwidth_bytes_per_s * 1000.0 / self.cfg.speedup
         } else {
             0.0
         }

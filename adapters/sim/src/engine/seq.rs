@@ -69,11 +69,7 @@ impl Req {
                 *slot = self.token_at(start + k as u64);
             }
             let local = local_hash(&buf[..bs as usize], &[], self.prompt.seed());
-            let seq = if i == 0 {
-                SeqHash(local.0)
-            } else {
-                chain(self.block_hash(i - 1).seq, local)
-            };
+            let seq = if i == 0 { SeqHash(local.0) } else { chain(self.block_hash(i - 1).seq, local) };
             self.gen_hashes.push(BlockHash { seq, local });
         }
     }
@@ -81,8 +77,7 @@ impl Req {
     fn token_at(&self, pos: u64) -> u32 {
         let p = u64::from(self.prompt_len);
         if pos < p {
-            let tail_start =
-                (self.prompt_blocks() * self.prompt.block_size().tokens() as usize) as u64;
+            let tail_start = (self.prompt_blocks() * self.prompt.block_size().tokens() as usize) as u64;
             self.prompt.tail()[(pos - tail_start) as usize]
         } else {
             // Generated ids live in [2^31, 2^32); the offset wraps inside that range.
@@ -118,11 +113,7 @@ impl Events<'_> {
     fn push(&mut self, event: KvEvent) {
         let event_id = *self.next_id;
         *self.next_id += 1;
-        self.out.push(EngineOutput::Kv {
-            at_ms: self.at_ms,
-            event_id,
-            event,
-        });
+        self.out.push(EngineOutput::Kv { at_ms: self.at_ms, event_id, event });
     }
 }
 
@@ -224,10 +215,7 @@ pub(crate) fn grow(
 fn flush_stored(run: &mut Vec<BlockHash>, parent: Option<SeqHash>, ev: &mut Events<'_>) {
     if !run.is_empty() {
         *ev.stored_blocks += run.len() as u64;
-        ev.push(KvEvent::Stored {
-            parent,
-            blocks: std::mem::take(run),
-        });
+        ev.push(KvEvent::Stored { parent, blocks: std::mem::take(run) });
     }
 }
 

@@ -16,11 +16,7 @@ pub fn prefill_ms(tokens: u64) -> f64 {
 ///
 /// The share is clamped to `[0, 1]` and the result floored at 1 ms.
 pub fn decode_ms(active_blocks: u64, capacity_blocks: u64) -> f64 {
-    let p = if capacity_blocks == 0 {
-        1.0
-    } else {
-        (active_blocks as f64 / capacity_blocks as f64).min(1.0)
-    };
+    let p = if capacity_blocks == 0 { 1.0 } else { (active_blocks as f64 / capacity_blocks as f64).min(1.0) };
     (-25.74 * p * p + 54.01 * p + 5.74).max(1.0)
 }
 
@@ -36,23 +32,10 @@ mod tests {
     #[test]
     fn published_points() {
         // MOCKER_MODEL section 7.
-        for (t, want) in [
-            (128, 18.5),
-            (512, 24.4),
-            (2048, 49.4),
-            (8192, 169.1),
-            (16384, 378.3),
-            (32768, 966.1),
-        ] {
+        for (t, want) in [(128, 18.5), (512, 24.4), (2048, 49.4), (8192, 169.1), (16384, 378.3), (32768, 966.1)] {
             check(prefill_ms(t), want);
         }
-        for (blocks, want) in [
-            (0, 5.74),
-            (4096, 17.63),
-            (8192, 26.31),
-            (12288, 31.77),
-            (16384, 34.01),
-        ] {
+        for (blocks, want) in [(0, 5.74), (4096, 17.63), (8192, 26.31), (12288, 31.77), (16384, 34.01)] {
             check(decode_ms(blocks, 16384), want);
         }
         assert_eq!(prefill_ms(0), 0.0);

@@ -1,7 +1,6 @@
 use super::*;
 
-const GOOD: &str =
-    r#"{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}"#;
+const GOOD: &str = r#"{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}"#;
 /// A good line within every limit the bad-line cases use.
 const SMALL: &str = r#"{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [1]}"#;
 
@@ -11,18 +10,10 @@ fn check_bad(line: &str, limits: &TraceLimits, want: fn(&TraceErrorKind) -> bool
     let text = format!("{SMALL}\n\n{line}\n{SMALL}\n");
     let err = parse_str(&text, limits).expect_err("bad line must fail");
     assert_eq!(err.line, 3, "{err}");
-    assert!(
-        want(&err.kind),
-        "unexpected kind for {line:?}: {:?}",
-        err.kind
-    );
+    assert!(want(&err.kind), "unexpected kind for {line:?}: {:?}", err.kind);
     let err = read_trace(text.as_bytes(), limits).expect_err("reader must fail too");
     assert_eq!(err.line, 3, "{err}");
-    assert!(
-        want(&err.kind),
-        "reader: unexpected kind for {line:?}: {:?}",
-        err.kind
-    );
+    assert!(want(&err.kind), "reader: unexpected kind for {line:?}: {:?}", err.kind);
     assert!(!err.to_string().is_empty());
 }
 
@@ -52,19 +43,9 @@ fn good_lines() {
 fn bad_lines_name_their_kind_and_line() {
     use TraceErrorKind as K;
     let d = TraceLimits::default();
-    let few_ids = TraceLimits {
-        hash_ids_max: 2,
-        ..TraceLimits::default()
-    };
-    let short_session = TraceLimits {
-        session_id_bytes_max: 3,
-        ..TraceLimits::default()
-    };
-    let short_io = TraceLimits {
-        input_tokens_max: 100,
-        output_tokens_max: 10,
-        ..TraceLimits::default()
-    };
+    let few_ids = TraceLimits { hash_ids_max: 2, ..TraceLimits::default() };
+    let short_session = TraceLimits { session_id_bytes_max: 3, ..TraceLimits::default() };
+    let short_io = TraceLimits { input_tokens_max: 100, output_tokens_max: 10, ..TraceLimits::default() };
     type Case<'a> = (&'a str, &'a TraceLimits, fn(&K) -> bool);
     let cases: Vec<Case> = vec![
         ("{not json", &d, |k| matches!(k, K::Syntax(_))),
@@ -73,82 +54,41 @@ fn bad_lines_name_their_kind_and_line() {
             &d,
             |k| matches!(k, K::Schema(m) if m.contains("hash_ids")),
         ),
-        (
-            r#"{"timestamp": "0", "input_length": 1, "output_length": 1, "hash_ids": [1]}"#,
-            &d,
-            |k| matches!(k, K::Schema(_)),
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": [1]}"#,
-            &d,
-            |k| matches!(k, K::Schema(_)),
-        ),
+        (r#"{"timestamp": "0", "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, &d, |k| {
+            matches!(k, K::Schema(_))
+        }),
+        (r#"{"timestamp": 0, "input_length": -1, "output_length": 1, "hash_ids": [1]}"#, &d, |k| {
+            matches!(k, K::Schema(_))
+        }),
         (r#"[1, 2]"#, &d, |k| matches!(k, K::Schema(_))),
-        (
-            r#"{"timestamp": -5, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#,
-            &d,
-            |k| *k == K::BadTimestamp,
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#,
-            &d,
-            |k| *k == K::EmptyPrompt,
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 101, "output_length": 1, "hash_ids": [1]}"#,
-            &short_io,
-            |k| {
-                *k == K::InputTooLong {
-                    tokens: 101,
-                    max: 100,
-                }
-            },
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 1, "output_length": 11, "hash_ids": [1]}"#,
-            &short_io,
-            |k| {
-                *k == K::OutputTooLong {
-                    tokens: 11,
-                    max: 10,
-                }
-            },
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, 2, 3]}"#,
-            &few_ids,
-            |k| *k == K::HashIdsTooMany { count: 3, max: 2 },
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [2147483648]}"#,
-            &d,
-            |k| *k == K::HashIdOutOfRange { id: 1 << 31 },
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}"#,
-            &d,
-            |k| {
-                *k == K::HashIdsTooShort {
-                    ids: 2,
-                    input_tokens: 1025,
-                }
-            },
-        ),
+        (r#"{"timestamp": -5, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, &d, |k| *k == K::BadTimestamp),
+        (r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#, &d, |k| *k == K::EmptyPrompt),
+        (r#"{"timestamp": 0, "input_length": 101, "output_length": 1, "hash_ids": [1]}"#, &short_io, |k| {
+            *k == K::InputTooLong { tokens: 101, max: 100 }
+        }),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 11, "hash_ids": [1]}"#, &short_io, |k| {
+            *k == K::OutputTooLong { tokens: 11, max: 10 }
+        }),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, 2, 3]}"#, &few_ids, |k| {
+            *k == K::HashIdsTooMany { count: 3, max: 2 }
+        }),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [2147483648]}"#, &d, |k| {
+            *k == K::HashIdOutOfRange { id: 1 << 31 }
+        }),
+        (r#"{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}"#, &d, |k| {
+            *k == K::HashIdsTooShort { ids: 2, input_tokens: 1025 }
+        }),
         (
             r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": "abcd"}"#,
             &short_session,
             |k| *k == K::SessionIdTooLong { bytes: 4, max: 3 },
         ),
-        (
-            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": [1]}"#,
-            &d,
-            |k| matches!(k, K::Schema(_)),
-        ),
-        (
-            r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "priority": 1.5}"#,
-            &d,
-            |k| matches!(k, K::Schema(_)),
-        ),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "session_id": [1]}"#, &d, |k| {
+            matches!(k, K::Schema(_))
+        }),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "priority": 1.5}"#, &d, |k| {
+            matches!(k, K::Schema(_))
+        }),
     ];
     for (line, limits, want) in cases {
         check_bad(line, limits, want);
@@ -157,43 +97,20 @@ fn bad_lines_name_their_kind_and_line() {
 
 #[test]
 fn limits_on_line_length_and_count() {
-    let tight = TraceLimits {
-        line_bytes_max: GOOD.len(),
-        ..TraceLimits::default()
-    };
-    assert_eq!(
-        parse_str(GOOD, &tight).unwrap().len(),
-        1,
-        "a line exactly at the limit passes"
-    );
+    let tight = TraceLimits { line_bytes_max: GOOD.len(), ..TraceLimits::default() };
+    assert_eq!(parse_str(GOOD, &tight).unwrap().len(), 1, "a line exactly at the limit passes");
     let long = format!("{GOOD} ");
-    check_bad(&long, &tight, |k| {
-        *k == TraceErrorKind::LineTooLong { max: GOOD.len() }
-    });
+    check_bad(&long, &tight, |k| *k == TraceErrorKind::LineTooLong { max: GOOD.len() });
     // A huge line without a newline is refused without reading it all.
     let huge = "x".repeat(10 << 20);
     let err = read_trace(huge.as_bytes(), &TraceLimits::default()).unwrap_err();
-    assert_eq!(
-        (err.line, err.kind),
-        (1, TraceErrorKind::LineTooLong { max: 1 << 20 })
-    );
-    let two = TraceLimits {
-        lines_max: 2,
-        ..TraceLimits::default()
-    };
+    assert_eq!((err.line, err.kind), (1, TraceErrorKind::LineTooLong { max: 1 << 20 }));
+    let two = TraceLimits { lines_max: 2, ..TraceLimits::default() };
     let text = format!("{GOOD}\n{GOOD}\n{GOOD}\n");
-    assert_eq!(
-        parse_str(&text, &two).unwrap_err().kind,
-        TraceErrorKind::TooManyLines { max: 2 }
-    );
+    assert_eq!(parse_str(&text, &two).unwrap_err().kind, TraceErrorKind::TooManyLines { max: 2 });
     assert_eq!(read_trace(text.as_bytes(), &two).unwrap_err().line, 3);
     let bad_utf8: &[u8] = b"{\"timestamp\": 0\xff}\n";
-    assert!(matches!(
-        read_trace(bad_utf8, &TraceLimits::default())
-            .unwrap_err()
-            .kind,
-        TraceErrorKind::Syntax(_)
-    ));
+    assert!(matches!(read_trace(bad_utf8, &TraceLimits::default()).unwrap_err().kind, TraceErrorKind::Syntax(_)));
 }
 
 #[test]
@@ -202,32 +119,13 @@ fn load_options_scale_take_and_sort() {
 {"timestamp": 1000, "input_length": 512, "output_length": 5, "hash_ids": [1]}
 {"timestamp": 9000, "input_length": 100, "output_length": 5, "hash_ids": [3]}"#;
     let recs = parse_str(text, &TraceLimits::default()).unwrap();
-    let opts = LoadOptions {
-        speedup: 2.0,
-        requests_max: Some(2),
-        ..LoadOptions::default()
-    };
+    let opts = LoadOptions { speedup: 2.0, requests_max: Some(2), ..LoadOptions::default() };
     let reqs = to_requests(&recs, &opts).unwrap();
-    let got: Vec<(u64, f64, u32, usize)> = reqs
-        .iter()
-        .map(|r| {
-            (
-                r.id,
-                r.arrival_ms,
-                r.prompt.len_tokens(),
-                r.prompt.blocks().len(),
-            )
-        })
-        .collect();
+    let got: Vec<(u64, f64, u32, usize)> =
+        reqs.iter().map(|r| (r.id, r.arrival_ms, r.prompt.len_tokens(), r.prompt.blocks().len())).collect();
     assert_eq!(got, vec![(1, 500.0, 512, 8), (0, 1500.0, 600, 9)]);
     // The shared first trace block hashes alike.
     assert_eq!(reqs[0].prompt.blocks()[..8], reqs[1].prompt.blocks()[..8]);
-    let bad = LoadOptions {
-        block_size: 3,
-        ..LoadOptions::default()
-    };
-    assert!(matches!(
-        to_requests(&recs, &bad).unwrap_err().kind,
-        TraceErrorKind::Prompt(_)
-    ));
+    let bad = LoadOptions { block_size: 3, ..LoadOptions::default() };
+    assert!(matches!(to_requests(&recs, &bad).unwrap_err().kind, TraceErrorKind::Prompt(_)));
 }

@@ -25,19 +25,8 @@ impl Dispatcher for RoundRobin {
 
 /// Replays on `workers` default engines with round robin.
 pub fn replay_rr(reqs: &[SimRequest], workers: u32) -> ReplayReport {
-    let cfg = ReplayConfig {
-        workers,
-        ..ReplayConfig::default()
-    };
-    replay(
-        &cfg,
-        reqs,
-        &mut RoundRobin {
-            n: workers,
-            next: 0,
-        },
-    )
-    .expect("valid config")
+    let cfg = ReplayConfig { workers, ..ReplayConfig::default() };
+    replay(&cfg, reqs, &mut RoundRobin { n: workers, next: 0 }).expect("valid config")
 }
 
 use kvroute_sim::engine::{Engine, EngineConfig, EngineOutput, EngineRequest, EventLedger};
@@ -66,11 +55,7 @@ impl Drive {
     }
 
     /// Runs until idle; `arrivals` must be sorted by time. Gives up after `steps_max`.
-    pub fn run(
-        &mut self,
-        arrivals: Vec<(f64, EngineRequest)>,
-        steps_max: u64,
-    ) -> Result<(), String> {
+    pub fn run(&mut self, arrivals: Vec<(f64, EngineRequest)>, steps_max: u64) -> Result<(), String> {
         let mut arrivals = arrivals.into_iter().peekable();
         let mut batch = Vec::new();
         loop {
@@ -93,13 +78,8 @@ impl Drive {
                     batch.clear();
                     self.engine.advance(w, &mut batch);
                     for o in &batch {
-                        if let EngineOutput::Kv {
-                            event_id, event, ..
-                        } = o
-                        {
-                            self.ledger
-                                .apply(*event_id, event)
-                                .map_err(|e| e.to_string())?;
+                        if let EngineOutput::Kv { event_id, event, .. } = o {
+                            self.ledger.apply(*event_id, event).map_err(|e| e.to_string())?;
                         }
                     }
                     self.outs.append(&mut batch);

@@ -21,13 +21,8 @@ struct Seen {
 }
 
 fn workload(rng: &mut SplitMix64, bs: u32, role: EngineRole) -> Vec<(f64, EngineRequest)> {
-    let prefixes: Vec<Vec<u32>> = (0..4)
-        .map(|g| {
-            (0..rng.range_u32(0, 40))
-                .map(|i| 1_000 * (g + 1) + i)
-                .collect()
-        })
-        .collect();
+    let prefixes: Vec<Vec<u32>> =
+        (0..4).map(|g| (0..rng.range_u32(0, 40)).map(|i| 1_000 * (g + 1) + i).collect()).collect();
     let mut previous: Vec<Vec<u32>> = Vec::new();
     let mut next_token = 100_000u32;
     let mut t = 0.0;
@@ -46,18 +41,9 @@ fn workload(rng: &mut SplitMix64, bs: u32, role: EngineRole) -> Vec<(f64, Engine
         }
         tokens.truncate(90);
         previous.push(tokens.clone());
-        let prompt =
-            Prompt::from_tokens(&tokens, BlockSize::new(bs).unwrap(), HashSeed::DEFAULT).unwrap();
+        let prompt = Prompt::from_tokens(&tokens, BlockSize::new(bs).unwrap(), HashSeed::DEFAULT).unwrap();
         let generated_before = u32::from(role == EngineRole::Decode);
-        out.push((
-            t.floor(),
-            EngineRequest {
-                id,
-                prompt,
-                output_len: rng.range_u32(0, 40),
-                generated_before,
-            },
-        ));
+        out.push((t.floor(), EngineRequest { id, prompt, output_len: rng.range_u32(0, 40), generated_before }));
     }
     out
 }
@@ -65,12 +51,8 @@ fn workload(rng: &mut SplitMix64, bs: u32, role: EngineRole) -> Vec<(f64, Engine
 fn run_seed(seed: u64) -> Result<Seen, String> {
     let mut rng = SplitMix64::new(seed);
     let bs = [1u32, 2, 4, 8][rng.below(4) as usize];
-    let role = [
-        EngineRole::Aggregated,
-        EngineRole::Aggregated,
-        EngineRole::Prefill,
-        EngineRole::Decode,
-    ][rng.below(4) as usize];
+    let role = [EngineRole::Aggregated, EngineRole::Aggregated, EngineRole::Prefill, EngineRole::Decode]
+        [rng.below(4) as usize];
     let cfg = EngineConfig {
         blocks_per_worker: rng.range_u32(130 / bs, 260 / bs),
         block_size: bs,
@@ -84,26 +66,18 @@ fn run_seed(seed: u64) -> Result<Seen, String> {
     let n = arrivals.len();
     let mut d = Drive::new(cfg);
     d.run(arrivals, STEPS_MAX)?;
-    let mut seen = Seen {
-        preemptions: d.engine.stats().preemptions,
-        evictions: d.engine.stats().evicted_blocks,
-        hits: 0,
-    };
+    let mut seen =
+        Seen { preemptions: d.engine.stats().preemptions, evictions: d.engine.stats().evicted_blocks, hits: 0 };
     let mut finished = 0;
     for o in &d.outs {
         match o {
             EngineOutput::Finished { .. } => finished += 1,
-            EngineOutput::Admitted { cached_tokens, .. } => {
-                seen.hits += u64::from(*cached_tokens > 0)
-            }
+            EngineOutput::Admitted { cached_tokens, .. } => seen.hits += u64::from(*cached_tokens > 0),
             _ => {}
         }
     }
     if finished + d.rejected.len() != n {
-        return Err(format!(
-            "{finished} finished + {} rejected != {n} submitted",
-            d.rejected.len()
-        ));
+        return Err(format!("{finished} finished + {} rejected != {n} submitted", d.rejected.len()));
     }
     if d.engine.active_blocks() != 0 || d.engine.running_len() + d.engine.waiting_len() != 0 {
         return Err("idle engine still holds blocks or requests".into());
@@ -131,10 +105,7 @@ fn random_workloads_keep_invariants() {
             Err(e) => panic!("seed {seed}: {e}\nreplay with SIM_SEED={seed}"),
         }
     }
-    eprintln!(
-        "preemptions {} evictions {} hits {}",
-        total.preemptions, total.evictions, total.hits
-    );
+    eprintln!("preemptions {} evictions {} hits {}", total.preemptions, total.evictions, total.hits);
     if seeds.len() > 1 {
         // The workload must actually exercise what it claims to test.
         assert!(

@@ -51,159 +51,59 @@ fn check(cfg: ApproxConfig, steps: &[A], at: u64, q: &[u64], want: &[(u64, u32)]
     run(&mut index, steps);
     let mut out = OverlapScores::new();
     index.find_matches(t(at), &seqs(q), &mut out);
-    let got: Vec<_> = out
-        .iter()
-        .map(|(key, o)| (key.worker.0, o.device))
-        .collect();
+    let got: Vec<_> = out.iter().map(|(key, o)| (key.worker.0, o.device)).collect();
     assert_eq!(got, want, "after {steps:?}, at {at} ms, query {q:?}");
     assert!(out.iter().all(|(_, o)| o.host == 0 && o.disk == 0));
 }
 
 #[test]
 fn predictions() {
-    let c = ApproxConfig {
-        ttl_ms: 1000,
-        ..ApproxConfig::default()
-    };
+    let c = ApproxConfig { ttl_ms: 1000, ..ApproxConfig::default() };
     check(c, &[], 0, &[1, 2], &[]);
     check(c, &[Rec(0, 0, &[1, 2, 3])], 10, &[1, 2, 9], &[(0, 2)]);
-    check(
-        c,
-        &[Rec(0, 2, &[1, 2]), Rec(0, 1, &[1])],
-        10,
-        &[1, 2],
-        &[(1, 1), (2, 2)],
-    );
+    check(c, &[Rec(0, 2, &[1, 2]), Rec(0, 1, &[1])], 10, &[1, 2], &[(1, 1), (2, 2)]);
     check(c, &[Rec(0, 0, &[1, 2, 3])], 10, &[2, 3], &[(0, 2)]);
     check(c, &[Rec(0, 0, &[1, 3])], 10, &[1, 2, 3], &[(0, 1)]);
     check(c, &[Rec(0, 0, &[1, 2]), Gone(0)], 10, &[1, 2], &[]);
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2]), Rec(0, 1, &[1, 2]), Gone(0)],
-        10,
-        &[1, 2],
-        &[(1, 2)],
-    );
+    check(c, &[Rec(0, 0, &[1, 2]), Rec(0, 1, &[1, 2]), Gone(0)], 10, &[1, 2], &[(1, 2)]);
 }
 
 #[test]
 fn predictions_expire_after_the_ttl() {
-    let c = ApproxConfig {
-        ttl_ms: 1000,
-        ..ApproxConfig::default()
-    };
+    let c = ApproxConfig { ttl_ms: 1000, ..ApproxConfig::default() };
     check(c, &[Rec(0, 0, &[1, 2])], 999, &[1, 2], &[(0, 2)]);
     check(c, &[Rec(0, 0, &[1, 2])], 1000, &[1, 2], &[]);
     // Expired but not yet freed still never counts.
     check(c, &[Rec(0, 0, &[1, 2])], 5000, &[1, 2], &[]);
     // Re-recording extends the life of what it names only.
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2]), Rec(800, 0, &[1])],
-        1500,
-        &[1, 2],
-        &[(0, 1)],
-    );
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2]), Rec(800, 0, &[1, 2]), Tick(1500)],
-        1500,
-        &[1, 2],
-        &[(0, 2)],
-    );
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2]), Tick(1000), Rec(1000, 1, &[1])],
-        1000,
-        &[1, 2],
-        &[(1, 1)],
-    );
+    check(c, &[Rec(0, 0, &[1, 2]), Rec(800, 0, &[1])], 1500, &[1, 2], &[(0, 1)]);
+    check(c, &[Rec(0, 0, &[1, 2]), Rec(800, 0, &[1, 2]), Tick(1500)], 1500, &[1, 2], &[(0, 2)]);
+    check(c, &[Rec(0, 0, &[1, 2]), Tick(1000), Rec(1000, 1, &[1])], 1000, &[1, 2], &[(1, 1)]);
 }
 
 #[test]
 fn each_key_keeps_its_most_recent_predictions() {
-    let c = ApproxConfig {
-        blocks_max_per_worker: 4,
-        ..ApproxConfig::default()
-    };
+    let c = ApproxConfig { blocks_max_per_worker: 4, ..ApproxConfig::default() };
     // A record longer than the bound keeps its prefix (leaves go first).
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2, 3, 4, 5, 6])],
-        1,
-        &[1, 2, 3, 4, 5, 6],
-        &[(0, 4)],
-    );
+    check(c, &[Rec(0, 0, &[1, 2, 3, 4, 5, 6])], 1, &[1, 2, 3, 4, 5, 6], &[(0, 4)]);
     // Older records lose their deep ends to newer ones.
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2, 3]), Rec(1, 0, &[7, 8])],
-        2,
-        &[1, 2, 3],
-        &[(0, 2)],
-    );
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2, 3]), Rec(1, 0, &[7, 8])],
-        2,
-        &[7, 8],
-        &[(0, 2)],
-    );
+    check(c, &[Rec(0, 0, &[1, 2, 3]), Rec(1, 0, &[7, 8])], 2, &[1, 2, 3], &[(0, 2)]);
+    check(c, &[Rec(0, 0, &[1, 2, 3]), Rec(1, 0, &[7, 8])], 2, &[7, 8], &[(0, 2)]);
     // Re-recording refreshes recency, so the other record is evicted instead.
-    check(
-        c,
-        &[
-            Rec(0, 0, &[1, 2]),
-            Rec(1, 0, &[5, 6]),
-            Rec(2, 0, &[1, 2]),
-            Rec(3, 0, &[9]),
-        ],
-        4,
-        &[1, 2],
-        &[(0, 2)],
-    );
-    check(
-        c,
-        &[
-            Rec(0, 0, &[1, 2]),
-            Rec(1, 0, &[5, 6]),
-            Rec(2, 0, &[1, 2]),
-            Rec(3, 0, &[9]),
-        ],
-        4,
-        &[5, 6],
-        &[(0, 1)],
-    );
+    check(c, &[Rec(0, 0, &[1, 2]), Rec(1, 0, &[5, 6]), Rec(2, 0, &[1, 2]), Rec(3, 0, &[9])], 4, &[1, 2], &[(0, 2)]);
+    check(c, &[Rec(0, 0, &[1, 2]), Rec(1, 0, &[5, 6]), Rec(2, 0, &[1, 2]), Rec(3, 0, &[9])], 4, &[5, 6], &[(0, 1)]);
     // The bound is per key.
-    check(
-        c,
-        &[Rec(0, 0, &[1, 2, 3, 4]), Rec(1, 1, &[5, 6, 7, 8])],
-        2,
-        &[1, 2, 3, 4],
-        &[(0, 4)],
-    );
-    let none = ApproxConfig {
-        blocks_max_per_worker: 0,
-        ..c
-    };
+    check(c, &[Rec(0, 0, &[1, 2, 3, 4]), Rec(1, 1, &[5, 6, 7, 8])], 2, &[1, 2, 3, 4], &[(0, 4)]);
+    let none = ApproxConfig { blocks_max_per_worker: 0, ..c };
     check(none, &[Rec(0, 0, &[1, 2])], 1, &[1], &[]);
     let one_key = ApproxConfig { keys_max: 1, ..c };
-    check(
-        one_key,
-        &[Rec(0, 0, &[1]), Rec(0, 1, &[1])],
-        1,
-        &[1],
-        &[(0, 1)],
-    );
+    check(one_key, &[Rec(0, 0, &[1]), Rec(0, 1, &[1])], 1, &[1], &[(0, 1)]);
 }
 
 #[test]
 fn handle_timeout_does_bounded_work() {
-    let mut index = ApproxIndex::new(ApproxConfig {
-        ttl_ms: 10,
-        blocks_max_per_worker: 5000,
-        ..ApproxConfig::default()
-    });
+    let mut index =
+        ApproxIndex::new(ApproxConfig { ttl_ms: 10, blocks_max_per_worker: 5000, ..ApproxConfig::default() });
     assert_eq!(index.poll_timeout(), None);
     index.handle_timeout(t(0));
     let blocks: Vec<u64> = (0..3000).collect();
@@ -228,25 +128,10 @@ fn handle_timeout_does_bounded_work() {
 
 #[test]
 fn time_going_backwards_is_harmless() {
-    let c = ApproxConfig {
-        ttl_ms: 1000,
-        ..ApproxConfig::default()
-    };
+    let c = ApproxConfig { ttl_ms: 1000, ..ApproxConfig::default() };
     // A record stamped with an earlier time lives from the latest time seen.
-    check(
-        c,
-        &[Rec(5000, 0, &[1]), Rec(100, 1, &[1])],
-        5500,
-        &[1],
-        &[(0, 1), (1, 1)],
-    );
-    check(
-        c,
-        &[Rec(5000, 0, &[1]), Tick(0), Rec(100, 1, &[1]), Tick(200)],
-        5999,
-        &[1],
-        &[(0, 1), (1, 1)],
-    );
+    check(c, &[Rec(5000, 0, &[1]), Rec(100, 1, &[1])], 5500, &[1], &[(0, 1), (1, 1)]);
+    check(c, &[Rec(5000, 0, &[1]), Tick(0), Rec(100, 1, &[1]), Tick(200)], 5999, &[1], &[(0, 1), (1, 1)]);
     // Querying in the past sees what was recorded later.
     check(c, &[Rec(5000, 0, &[1])], 0, &[1], &[(0, 1)]);
     let mut index = ApproxIndex::new(c);
@@ -259,23 +144,9 @@ fn time_going_backwards_is_harmless() {
 #[test]
 fn merging_predictions_into_exact_scores() {
     let mut exact = PrefixIndex::new(IndexConfig::default());
-    let b: Vec<BlockHash> = [1u64, 2]
-        .iter()
-        .map(|&h| BlockHash {
-            seq: SeqHash(h),
-            local: crate::hash::LocalHash(h),
-        })
-        .collect();
-    exact
-        .apply(
-            k(1),
-            IndexEvent::Stored {
-                parent: None,
-                blocks: &b,
-                tier: Tier::Host,
-            },
-        )
-        .expect("stored");
+    let b: Vec<BlockHash> =
+        [1u64, 2].iter().map(|&h| BlockHash { seq: SeqHash(h), local: crate::hash::LocalHash(h) }).collect();
+    exact.apply(k(1), IndexEvent::Stored { parent: None, blocks: &b, tier: Tier::Host }).expect("stored");
     let mut approx = ApproxIndex::new(ApproxConfig::default());
     approx.record(t(0), k(0), &seqs(&[1, 2, 3]));
     let (mut scores, mut predicted) = (OverlapScores::new(), OverlapScores::new());
@@ -285,25 +156,5 @@ fn merging_predictions_into_exact_scores() {
         scores.add_device(key, o.device);
     }
     let got: Vec<_> = scores.iter().collect();
-    assert_eq!(
-        got,
-        [
-            (
-                k(0),
-                Overlap {
-                    device: 3,
-                    host: 0,
-                    disk: 0
-                }
-            ),
-            (
-                k(1),
-                Overlap {
-                    device: 0,
-                    host: 2,
-                    disk: 0
-                }
-            )
-        ]
-    );
+    assert_eq!(got, [(k(0), Overlap { device: 3, host: 0, disk: 0 }), (k(1), Overlap { device: 0, host: 2, disk: 0 })]);
 }

@@ -27,13 +27,7 @@ fn k(w: u64) -> WorkerKey {
 }
 
 fn blocks(hashes: &[u64]) -> Vec<BlockHash> {
-    hashes
-        .iter()
-        .map(|&h| BlockHash {
-            seq: SeqHash(h),
-            local: LocalHash(h ^ 1),
-        })
-        .collect()
+    hashes.iter().map(|&h| BlockHash { seq: SeqHash(h), local: LocalHash(h ^ 1) }).collect()
 }
 
 fn run(index: &mut PrefixIndex, ev: Ev) -> Result<ApplySummary, IndexError> {
@@ -41,14 +35,7 @@ fn run(index: &mut PrefixIndex, ev: Ev) -> Result<ApplySummary, IndexError> {
         St(w, b) => run(index, StP(w, None, b, Tier::Device)),
         StP(w, parent, b, tier) => {
             let b = blocks(b);
-            index.apply(
-                k(w),
-                IndexEvent::Stored {
-                    parent: parent.map(SeqHash),
-                    blocks: &b,
-                    tier,
-                },
-            )
+            index.apply(k(w), IndexEvent::Stored { parent: parent.map(SeqHash), blocks: &b, tier })
         }
         Rm(w, b) => run(index, RmT(w, b, Tier::Device)),
         RmT(w, b, tier) => {
@@ -67,9 +54,7 @@ fn query(index: &PrefixIndex, q: &[u64]) -> Vec<(u64, [u32; 3])> {
     let q: Vec<SeqHash> = q.iter().map(|&h| SeqHash(h)).collect();
     let mut out = OverlapScores::new();
     index.find_matches(&q, false, &mut out);
-    out.iter()
-        .map(|(key, o)| (key.worker.0, [o.device, o.host, o.disk]))
-        .collect()
+    out.iter().map(|(key, o)| (key.worker.0, [o.device, o.host, o.disk])).collect()
 }
 
 /// Applies `evs` to a default index, then checks the answer to `q`:
@@ -97,91 +82,31 @@ fn overlaps() {
     check(&[St(0, &[1, 2, 3])], &[9, 1], &[]);
     check(&[St(0, &[1, 2, 3])], &[1, 9, 3], &[(0, [1, 0, 0])]);
     // Two workers share a prefix; answers are sorted by key.
-    check(
-        &[St(1, &[1, 2, 3]), St(0, &[1, 2])],
-        &[1, 2, 3],
-        &[(0, [2, 0, 0]), (1, [3, 0, 0])],
-    );
+    check(&[St(1, &[1, 2, 3]), St(0, &[1, 2])], &[1, 2, 3], &[(0, [2, 0, 0]), (1, [3, 0, 0])]);
     // A gap stops the run even if later blocks are held.
-    check(
-        &[St(0, &[1, 2, 3]), Rm(0, &[2])],
-        &[1, 2, 3],
-        &[(0, [1, 0, 0])],
-    );
+    check(&[St(0, &[1, 2, 3]), Rm(0, &[2])], &[1, 2, 3], &[(0, [1, 0, 0])]);
     check(&[St(0, &[1]), St(0, &[3])], &[1, 2, 3], &[(0, [1, 0, 0])]);
     // Blocks of one chain stored by separate events, out of order.
-    check(
-        &[St(0, &[3, 4]), St(0, &[1, 2])],
-        &[1, 2, 3, 4],
-        &[(0, [4, 0, 0])],
-    );
+    check(&[St(0, &[3, 4]), St(0, &[1, 2])], &[1, 2, 3, 4], &[(0, [4, 0, 0])]);
     // Re-stating a prefix then extending it.
-    check(
-        &[St(0, &[1, 2]), St(0, &[1, 2, 3, 4])],
-        &[1, 2, 3, 4, 5],
-        &[(0, [4, 0, 0])],
-    );
+    check(&[St(0, &[1, 2]), St(0, &[1, 2, 3, 4])], &[1, 2, 3, 4, 5], &[(0, [4, 0, 0])]);
     // Clearing or removing a worker forgets it only.
-    check(
-        &[St(0, &[1, 2]), St(1, &[1]), Clr(0)],
-        &[1, 2],
-        &[(1, [1, 0, 0])],
-    );
-    check(
-        &[St(0, &[1, 2]), St(1, &[1]), Gone(1)],
-        &[1, 2],
-        &[(0, [2, 0, 0])],
-    );
-    check(
-        &[St(0, &[1, 2]), Gone(0), St(0, &[1])],
-        &[1, 2],
-        &[(0, [1, 0, 0])],
-    );
+    check(&[St(0, &[1, 2]), St(1, &[1]), Clr(0)], &[1, 2], &[(1, [1, 0, 0])]);
+    check(&[St(0, &[1, 2]), St(1, &[1]), Gone(1)], &[1, 2], &[(0, [2, 0, 0])]);
+    check(&[St(0, &[1, 2]), Gone(0), St(0, &[1])], &[1, 2], &[(0, [1, 0, 0])]);
     // Tiers: each block counts under its best tier; the run spans all tiers.
-    check(
-        &[StP(0, None, &[1, 2], D), StP(0, None, &[3, 4], H)],
-        &[1, 2, 3, 4],
-        &[(0, [2, 2, 0])],
-    );
-    check(
-        &[StP(0, None, &[1, 2], K), StP(0, None, &[1], H)],
-        &[1, 2],
-        &[(0, [0, 1, 1])],
-    );
-    check(
-        &[StP(0, None, &[1, 2], H), StP(0, None, &[1, 2], D)],
-        &[1, 2],
-        &[(0, [2, 0, 0])],
-    );
+    check(&[StP(0, None, &[1, 2], D), StP(0, None, &[3, 4], H)], &[1, 2, 3, 4], &[(0, [2, 2, 0])]);
+    check(&[StP(0, None, &[1, 2], K), StP(0, None, &[1], H)], &[1, 2], &[(0, [0, 1, 1])]);
+    check(&[StP(0, None, &[1, 2], H), StP(0, None, &[1, 2], D)], &[1, 2], &[(0, [2, 0, 0])]);
     // Removing the host copy leaves the device copy, and vice versa.
-    check(
-        &[StP(0, None, &[1, 2], H), St(0, &[1, 2]), RmT(0, &[2], H)],
-        &[1, 2],
-        &[(0, [2, 0, 0])],
-    );
-    check(
-        &[StP(0, None, &[1, 2], H), St(0, &[1, 2]), Rm(0, &[2])],
-        &[1, 2],
-        &[(0, [1, 1, 0])],
-    );
-    check(
-        &[StP(0, None, &[1, 2], H), RmT(0, &[1], Tier::Disk)],
-        &[1, 2],
-        &[(0, [0, 2, 0])],
-    );
+    check(&[StP(0, None, &[1, 2], H), St(0, &[1, 2]), RmT(0, &[2], H)], &[1, 2], &[(0, [2, 0, 0])]);
+    check(&[StP(0, None, &[1, 2], H), St(0, &[1, 2]), Rm(0, &[2])], &[1, 2], &[(0, [1, 1, 0])]);
+    check(&[StP(0, None, &[1, 2], H), RmT(0, &[1], Tier::Disk)], &[1, 2], &[(0, [0, 2, 0])]);
     // Removing the only copy in the only tier leaves a gap.
-    check(
-        &[StP(0, None, &[1, 2, 3], H), RmT(0, &[2], H)],
-        &[1, 2, 3],
-        &[(0, [0, 1, 0])],
-    );
+    check(&[StP(0, None, &[1, 2, 3], H), RmT(0, &[2], H)], &[1, 2, 3], &[(0, [0, 1, 0])]);
     // An accepted unknown parent stores the blocks, which match only from the root.
     check(&[StP(0, Some(7), &[2, 3], D)], &[2, 3], &[(0, [2, 0, 0])]);
-    check(
-        &[StP(0, Some(7), &[2, 3], D), St(0, &[1])],
-        &[1, 2, 3],
-        &[(0, [3, 0, 0])],
-    );
+    check(&[StP(0, Some(7), &[2, 3], D), St(0, &[1])], &[1, 2, 3], &[(0, [3, 0, 0])]);
     // A block repeated inside a query or an event.
     check(&[St(0, &[1, 1, 2])], &[1, 1, 2], &[(0, [3, 0, 0])]);
 }
@@ -191,19 +116,10 @@ fn answers_are_sorted_whatever_the_arrival_order() {
     let mut index = PrefixIndex::new(IndexConfig::default());
     for w in [9u64, 3, 7, 1] {
         let b = blocks(&[10, 20, 30][..(w as usize % 3) + 1]);
-        let ev = IndexEvent::Stored {
-            parent: None,
-            blocks: &b,
-            tier: Tier::Device,
-        };
+        let ev = IndexEvent::Stored { parent: None, blocks: &b, tier: Tier::Device };
         index.apply(WorkerKey::new(w, 1), ev).expect("stored");
     }
-    let want = [
-        (1, [2, 0, 0]),
-        (3, [1, 0, 0]),
-        (7, [2, 0, 0]),
-        (9, [1, 0, 0]),
-    ];
+    let want = [(1, [2, 0, 0]), (3, [1, 0, 0]), (7, [2, 0, 0]), (9, [1, 0, 0])];
     assert_eq!(query(&index, &[10, 20, 30]), want);
 }
 
@@ -213,11 +129,7 @@ fn many_workers_span_several_words() {
     // Worker w holds the first w % 5 + 1 blocks; 150 workers need three bit words.
     for w in 0..150u64 {
         let b = blocks(&[1, 2, 3, 4, 5][..(w as usize % 5) + 1]);
-        let ev = IndexEvent::Stored {
-            parent: None,
-            blocks: &b,
-            tier: Tier::Device,
-        };
+        let ev = IndexEvent::Stored { parent: None, blocks: &b, tier: Tier::Device };
         index.apply(k(w), ev).expect("stored");
     }
     let got = query(&index, &[1, 2, 3, 4, 5, 6]);
@@ -226,24 +138,11 @@ fn many_workers_span_several_words() {
     // Worker 149 alone keeps block 3; the others lose it.
     for w in 0..149u64 {
         let b = [SeqHash(3)];
-        index
-            .apply(
-                k(w),
-                IndexEvent::Removed {
-                    blocks: &b,
-                    tier: Tier::Device,
-                },
-            )
-            .expect("removed");
+        index.apply(k(w), IndexEvent::Removed { blocks: &b, tier: Tier::Device }).expect("removed");
     }
     let got = query(&index, &[1, 2, 3, 4, 5]);
-    let want: Vec<_> = (0..150u64)
-        .map(|w| (w, [(w as u32 % 5 + 1).min(2), 0, 0]))
-        .collect();
-    let want: Vec<_> = want
-        .into_iter()
-        .map(|(w, o)| if w == 149 { (w, [5, 0, 0]) } else { (w, o) })
-        .collect();
+    let want: Vec<_> = (0..150u64).map(|w| (w, [(w as u32 % 5 + 1).min(2), 0, 0])).collect();
+    let want: Vec<_> = want.into_iter().map(|(w, o)| if w == 149 { (w, [5, 0, 0]) } else { (w, o) }).collect();
     assert_eq!(got, want);
 }
 
@@ -252,16 +151,7 @@ fn early_exit_stops_at_one_worker_with_a_lower_bound() {
     let mut index = PrefixIndex::new(IndexConfig::default());
     for (w, b) in [(0u64, &[1u64, 2, 3, 4][..]), (1, &[1][..])] {
         let b = blocks(b);
-        index
-            .apply(
-                k(w),
-                IndexEvent::Stored {
-                    parent: None,
-                    blocks: &b,
-                    tier: Tier::Device,
-                },
-            )
-            .expect("stored");
+        index.apply(k(w), IndexEvent::Stored { parent: None, blocks: &b, tier: Tier::Device }).expect("stored");
     }
     let q: Vec<SeqHash> = [1, 2, 3, 4].iter().map(|&h| SeqHash(h)).collect();
     let mut out = OverlapScores::new();
@@ -278,13 +168,7 @@ fn early_exit_stops_at_one_worker_with_a_lower_bound() {
 /// Applies `setup`, then `ev` under `cfg`; checks what `ev` returned and how many
 /// blocks worker 0 holds afterwards.
 #[track_caller]
-fn check_apply(
-    cfg: IndexConfig,
-    setup: &[Ev],
-    ev: Ev,
-    want: Result<ApplySummary, IndexError>,
-    entries: u32,
-) {
+fn check_apply(cfg: IndexConfig, setup: &[Ev], ev: Ev, want: Result<ApplySummary, IndexError>, entries: u32) {
     let mut index = PrefixIndex::new(cfg);
     for &s in setup {
         let _ = run(&mut index, s);
@@ -294,180 +178,61 @@ fn check_apply(
 }
 
 fn sum(added: u32, duplicates: u32, removed: u32, absent: u32) -> ApplySummary {
-    ApplySummary {
-        added,
-        duplicates,
-        removed,
-        absent,
-        ..ApplySummary::default()
-    }
+    ApplySummary { added, duplicates, removed, absent, ..ApplySummary::default() }
 }
 
 #[test]
 fn summaries() {
     let dflt = IndexConfig::default();
-    let reject = IndexConfig {
-        unknown_parent: UnknownParentPolicy::Reject,
-        ..dflt
-    };
-    let cap3 = IndexConfig {
-        blocks_max_per_worker: Some(3),
-        ..dflt
-    };
-    let keys1 = IndexConfig {
-        keys_max: 1,
-        ..dflt
-    };
+    let reject = IndexConfig { unknown_parent: UnknownParentPolicy::Reject, ..dflt };
+    let cap3 = IndexConfig { blocks_max_per_worker: Some(3), ..dflt };
+    let keys1 = IndexConfig { keys_max: 1, ..dflt };
     let h = Tier::Host;
     check_apply(dflt, &[], St(0, &[1, 2, 3]), Ok(sum(3, 0, 0, 0)), 3);
-    check_apply(
-        dflt,
-        &[St(0, &[1, 2])],
-        St(0, &[1, 2, 3]),
-        Ok(sum(1, 2, 0, 0)),
-        3,
-    );
-    check_apply(
-        dflt,
-        &[St(1, &[1, 2])],
-        St(0, &[1, 2, 3]),
-        Ok(sum(3, 0, 0, 0)),
-        3,
-    );
-    check_apply(
-        dflt,
-        &[St(0, &[1, 2])],
-        StP(0, None, &[2], h),
-        Ok(sum(1, 0, 0, 0)),
-        2,
-    );
-    check_apply(
-        dflt,
-        &[St(0, &[1, 2])],
-        Rm(0, &[2, 9, 2]),
-        Ok(sum(0, 0, 1, 2)),
-        1,
-    );
-    check_apply(
-        dflt,
-        &[St(0, &[1, 2])],
-        RmT(0, &[2], h),
-        Ok(sum(0, 0, 0, 1)),
-        2,
-    );
+    check_apply(dflt, &[St(0, &[1, 2])], St(0, &[1, 2, 3]), Ok(sum(1, 2, 0, 0)), 3);
+    check_apply(dflt, &[St(1, &[1, 2])], St(0, &[1, 2, 3]), Ok(sum(3, 0, 0, 0)), 3);
+    check_apply(dflt, &[St(0, &[1, 2])], StP(0, None, &[2], h), Ok(sum(1, 0, 0, 0)), 2);
+    check_apply(dflt, &[St(0, &[1, 2])], Rm(0, &[2, 9, 2]), Ok(sum(0, 0, 1, 2)), 1);
+    check_apply(dflt, &[St(0, &[1, 2])], RmT(0, &[2], h), Ok(sum(0, 0, 0, 1)), 2);
     check_apply(dflt, &[], Rm(0, &[1, 2]), Ok(sum(0, 0, 0, 2)), 0);
     check_apply(dflt, &[St(0, &[1, 2])], Clr(0), Ok(sum(0, 0, 0, 0)), 0);
     // Parents: known, unknown and accepted, unknown and rejected.
-    check_apply(
-        dflt,
-        &[St(0, &[1])],
-        StP(0, Some(1), &[2], Tier::Device),
-        Ok(sum(1, 0, 0, 0)),
-        2,
-    );
-    let unknown = ApplySummary {
-        unknown_parent: true,
-        ..sum(1, 0, 0, 0)
-    };
-    check_apply(
-        dflt,
-        &[St(1, &[1])],
-        StP(0, Some(1), &[2], Tier::Device),
-        Ok(unknown),
-        1,
-    );
+    check_apply(dflt, &[St(0, &[1])], StP(0, Some(1), &[2], Tier::Device), Ok(sum(1, 0, 0, 0)), 2);
+    let unknown = ApplySummary { unknown_parent: true, ..sum(1, 0, 0, 0) };
+    check_apply(dflt, &[St(1, &[1])], StP(0, Some(1), &[2], Tier::Device), Ok(unknown), 1);
     let err = Err(IndexError::UnknownParent { parent: SeqHash(1) });
-    check_apply(
-        reject,
-        &[St(1, &[1])],
-        StP(0, Some(1), &[2], Tier::Device),
-        err,
-        0,
-    );
-    check_apply(
-        reject,
-        &[St(0, &[1])],
-        StP(0, Some(1), &[2], Tier::Device),
-        Ok(sum(1, 0, 0, 0)),
-        2,
-    );
+    check_apply(reject, &[St(1, &[1])], StP(0, Some(1), &[2], Tier::Device), err, 0);
+    check_apply(reject, &[St(0, &[1])], StP(0, Some(1), &[2], Tier::Device), Ok(sum(1, 0, 0, 0)), 2);
     // The per-worker bound refuses the rest of the event; held blocks stay duplicates.
-    let capped = ApplySummary {
-        evicted: 2,
-        ..sum(3, 0, 0, 0)
-    };
+    let capped = ApplySummary { evicted: 2, ..sum(3, 0, 0, 0) };
     check_apply(cap3, &[], St(0, &[1, 2, 3, 4, 5]), Ok(capped), 3);
-    let capped = ApplySummary {
-        evicted: 1,
-        ..sum(0, 3, 0, 0)
-    };
-    check_apply(
-        cap3,
-        &[St(0, &[1, 2, 3])],
-        St(0, &[1, 2, 3, 4]),
-        Ok(capped),
-        3,
-    );
-    check_apply(
-        cap3,
-        &[St(0, &[1, 2, 3])],
-        StP(0, None, &[3], h),
-        Ok(sum(1, 0, 0, 0)),
-        3,
-    );
+    let capped = ApplySummary { evicted: 1, ..sum(0, 3, 0, 0) };
+    check_apply(cap3, &[St(0, &[1, 2, 3])], St(0, &[1, 2, 3, 4]), Ok(capped), 3);
+    check_apply(cap3, &[St(0, &[1, 2, 3])], StP(0, None, &[3], h), Ok(sum(1, 0, 0, 0)), 3);
     check_apply(
         cap3,
         &[St(0, &[1, 2, 3]), Rm(0, &[3])],
         St(0, &[4, 5]),
-        Ok(ApplySummary {
-            evicted: 1,
-            ..sum(1, 0, 0, 0)
-        }),
+        Ok(ApplySummary { evicted: 1, ..sum(1, 0, 0, 0) }),
         3,
     );
     // The key bound refuses new keys, not known ones.
-    let full = Err(IndexError::KeysFull {
-        key: k(0),
-        keys_max: 1,
-    });
+    let full = Err(IndexError::KeysFull { key: k(0), keys_max: 1 });
     check_apply(keys1, &[St(1, &[1])], St(0, &[1]), full, 0);
     check_apply(keys1, &[St(0, &[1])], St(0, &[2]), Ok(sum(1, 0, 0, 0)), 2);
-    check_apply(
-        keys1,
-        &[St(1, &[1]), Gone(1)],
-        St(0, &[2]),
-        Ok(sum(1, 0, 0, 0)),
-        1,
-    );
+    check_apply(keys1, &[St(1, &[1]), Gone(1)], St(0, &[2]), Ok(sum(1, 0, 0, 0)), 1);
 }
 
 #[test]
 fn stats_count_sizes_and_history() {
-    let mut index = PrefixIndex::new(IndexConfig {
-        blocks_max_per_worker: Some(4),
-        ..IndexConfig::default()
-    });
-    for ev in [
-        St(0, &[1, 2, 3]),
-        St(1, &[1, 2]),
-        St(0, &[1, 2]),
-        Rm(1, &[2, 5]),
-        St(1, &[1, 6, 7, 8, 9]),
-    ] {
+    let mut index = PrefixIndex::new(IndexConfig { blocks_max_per_worker: Some(4), ..IndexConfig::default() });
+    for ev in [St(0, &[1, 2, 3]), St(1, &[1, 2]), St(0, &[1, 2]), Rm(1, &[2, 5]), St(1, &[1, 6, 7, 8, 9])] {
         let _ = run(&mut index, ev);
     }
     let _ = run(&mut index, StP(0, Some(42), &[], Tier::Device));
     let s = index.stats();
     assert_eq!((s.entries, s.blocks, s.workers), (7, 6, 2));
-    assert_eq!(
-        (
-            s.duplicates,
-            s.absent_removes,
-            s.unknown_parents,
-            s.evictions
-        ),
-        (3, 1, 1, 1)
-    );
+    assert_eq!((s.duplicates, s.absent_removes, s.unknown_parents, s.evictions), (3, 1, 1, 1));
     assert!(s.heap_bytes > 0);
     index.remove_worker(WorkerId(0));
     let s = index.stats();
@@ -477,32 +242,17 @@ fn stats_count_sizes_and_history() {
 #[test]
 fn mass_removal_compacts_and_keeps_answers() {
     let mut index = PrefixIndex::new(IndexConfig::default());
-    let chains: Vec<Vec<u64>> = (0..64u64)
-        .map(|c| (0..200u64).map(|i| c * 1000 + i).collect())
-        .collect();
+    let chains: Vec<Vec<u64>> = (0..64u64).map(|c| (0..200u64).map(|i| c * 1000 + i).collect()).collect();
     for (c, chain) in chains.iter().enumerate() {
         let b = blocks(chain);
         index
-            .apply(
-                k(c as u64 % 4),
-                IndexEvent::Stored {
-                    parent: None,
-                    blocks: &b,
-                    tier: Tier::Device,
-                },
-            )
+            .apply(k(c as u64 % 4), IndexEvent::Stored { parent: None, blocks: &b, tier: Tier::Device })
             .expect("stored");
     }
     // Drop the tails of all chains but the last: most slots die.
     for (c, chain) in chains.iter().enumerate().take(63) {
         let tail: Vec<SeqHash> = chain[10..].iter().rev().map(|&h| SeqHash(h)).collect();
-        let s = index.apply(
-            k(c as u64 % 4),
-            IndexEvent::Removed {
-                blocks: &tail,
-                tier: Tier::Device,
-            },
-        );
+        let s = index.apply(k(c as u64 % 4), IndexEvent::Removed { blocks: &tail, tier: Tier::Device });
         assert_eq!(s.map(|s| s.removed), Ok(190));
     }
     assert_eq!(index.stats().blocks, 63 * 10 + 200);
@@ -511,36 +261,16 @@ fn mass_removal_compacts_and_keeps_answers() {
     // New chains after compaction still work, including extending a surviving prefix.
     let ext: Vec<u64> = chains[5][..10].iter().copied().chain([7, 8, 9]).collect();
     let b = blocks(&ext);
-    index
-        .apply(
-            k(1),
-            IndexEvent::Stored {
-                parent: None,
-                blocks: &b,
-                tier: Tier::Device,
-            },
-        )
-        .expect("stored");
+    index.apply(k(1), IndexEvent::Stored { parent: None, blocks: &b, tier: Tier::Device }).expect("stored");
     assert_eq!(query(&index, &ext), [(1, [13, 0, 0])]);
 }
 
 #[test]
 fn errors_display() {
-    let e = IndexError::UnknownParent {
-        parent: SeqHash(0xab),
-    };
-    assert_eq!(
-        alloc::format!("{e}"),
-        "stored event names parent block 0x00000000000000ab the worker does not hold"
-    );
-    let e = IndexError::KeysFull {
-        key: WorkerKey::new(3, 1),
-        keys_max: 2,
-    };
-    assert_eq!(
-        alloc::format!("{e}"),
-        "cannot track worker 3/1: already tracking 2 worker keys"
-    );
+    let e = IndexError::UnknownParent { parent: SeqHash(0xab) };
+    assert_eq!(alloc::format!("{e}"), "stored event names parent block 0x00000000000000ab the worker does not hold");
+    let e = IndexError::KeysFull { key: WorkerKey::new(3, 1), keys_max: 2 };
+    assert_eq!(alloc::format!("{e}"), "cannot track worker 3/1: already tracking 2 worker keys");
 }
 
 #[test]
@@ -551,27 +281,7 @@ fn scores_merge_and_reuse() {
     out.add_device(k(5), 2);
     out.add_device(k(9), 0);
     let got: Vec<_> = out.iter().collect();
-    assert_eq!(
-        got,
-        [
-            (
-                k(2),
-                Overlap {
-                    device: 1,
-                    host: 0,
-                    disk: 0
-                }
-            ),
-            (
-                k(5),
-                Overlap {
-                    device: 5,
-                    host: 0,
-                    disk: 0
-                }
-            )
-        ]
-    );
+    assert_eq!(got, [(k(2), Overlap { device: 1, host: 0, disk: 0 }), (k(5), Overlap { device: 5, host: 0, disk: 0 })]);
     assert_eq!((out.max_raw(), out.get(k(9))), (5, Overlap::default()));
     out.clear();
     assert!(out.is_empty());

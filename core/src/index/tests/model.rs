@@ -16,17 +16,8 @@ const UNIVERSE: u64 = 12;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Store {
-        key: WorkerKey,
-        parent: Option<u64>,
-        blocks: Vec<u64>,
-        tier: Tier,
-    },
-    Remove {
-        key: WorkerKey,
-        blocks: Vec<u64>,
-        tier: Tier,
-    },
+    Store { key: WorkerKey, parent: Option<u64>, blocks: Vec<u64>, tier: Tier },
+    Remove { key: WorkerKey, blocks: Vec<u64>, tier: Tier },
     Clear(WorkerKey),
     RemoveWorker(u64),
     Query(Vec<u64>),
@@ -54,10 +45,7 @@ impl Model {
         tier: Tier,
     ) -> Result<ApplySummary, IndexError> {
         if !self.keys.contains(&key) && self.keys.len() >= self.cfg.keys_max as usize {
-            return Err(IndexError::KeysFull {
-                key,
-                keys_max: self.cfg.keys_max,
-            });
+            return Err(IndexError::KeysFull { key, keys_max: self.cfg.keys_max });
         }
         let mut sum = ApplySummary::default();
         if let Some(p) = parent {
@@ -139,11 +127,7 @@ fn tier() -> impl Strategy<Value = Tier> {
 /// Mostly stretches of a few fixed chains (so prefixes get re-stated and extended),
 /// sometimes arbitrary hashes.
 fn chain() -> impl Strategy<Value = Vec<u64>> {
-    const CHAINS: [[u64; 8]; 3] = [
-        [0, 1, 2, 3, 4, 5, 6, 7],
-        [0, 1, 8, 9, 10, 11, 2, 3],
-        [5, 6, 7, 0, 1, 2, 11, 10],
-    ];
+    const CHAINS: [[u64; 8]; 3] = [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 8, 9, 10, 11, 2, 3], [5, 6, 7, 0, 1, 2, 11, 10]];
     prop_oneof![
         3 => (0usize..3, 0usize..8, 0usize..8).prop_map(|(c, a, n)| {
             let start = if a < 5 { 0 } else { a - 4 };
@@ -159,19 +143,11 @@ impl ReferenceStateMachine for Model {
 
     fn init_state() -> BoxedStrategy<Model> {
         let cap = prop_oneof![3 => Just(None), 1 => (0u32..6).prop_map(Some)];
-        let policy = prop_oneof![
-            Just(UnknownParentPolicy::AcceptAsRoot),
-            Just(UnknownParentPolicy::Reject)
-        ];
+        let policy = prop_oneof![Just(UnknownParentPolicy::AcceptAsRoot), Just(UnknownParentPolicy::Reject)];
         let keys_max = prop_oneof![3 => Just(4096u32), 1 => 1u32..4];
         (cap, policy, keys_max, any::<u64>())
             .prop_map(|(cap, policy, keys_max, seed)| Model {
-                cfg: IndexConfig {
-                    blocks_max_per_worker: cap,
-                    unknown_parent: policy,
-                    hash_seed: seed,
-                    keys_max,
-                },
+                cfg: IndexConfig { blocks_max_per_worker: cap, unknown_parent: policy, hash_seed: seed, keys_max },
                 keys: BTreeSet::new(),
                 held: BTreeMap::new(),
                 last: None,
@@ -198,22 +174,14 @@ impl ReferenceStateMachine for Model {
     fn apply(mut m: Model, op: &Op) -> Model {
         m.last = None;
         match op {
-            Op::Store {
-                key,
-                parent,
-                blocks,
-                tier,
-            } => {
+            Op::Store { key, parent, blocks, tier } => {
                 m.last = Some(m.store(*key, *parent, blocks, *tier));
             }
             Op::Remove { key, blocks, tier } => {
                 let sum = if m.keys.contains(key) {
                     m.remove(*key, blocks, *tier)
                 } else {
-                    ApplySummary {
-                        absent: blocks.len() as u32,
-                        ..Default::default()
-                    }
+                    ApplySummary { absent: blocks.len() as u32, ..Default::default() }
                 };
                 m.last = Some(Ok(sum));
             }
@@ -234,13 +202,7 @@ impl ReferenceStateMachine for Model {
 struct IndexTest;
 
 fn blocks_of(hashes: &[u64]) -> Vec<BlockHash> {
-    hashes
-        .iter()
-        .map(|&h| BlockHash {
-            seq: SeqHash(h),
-            local: LocalHash(h),
-        })
-        .collect()
+    hashes.iter().map(|&h| BlockHash { seq: SeqHash(h), local: LocalHash(h) }).collect()
 }
 
 impl StateMachineTest for IndexTest {
@@ -253,29 +215,14 @@ impl StateMachineTest for IndexTest {
 
     fn apply(mut index: PrefixIndex, m: &Model, op: Op) -> PrefixIndex {
         let got = match &op {
-            Op::Store {
-                key,
-                parent,
-                blocks,
-                tier,
-            } => {
+            Op::Store { key, parent, blocks, tier } => {
                 let blocks = blocks_of(blocks);
-                let ev = IndexEvent::Stored {
-                    parent: parent.map(SeqHash),
-                    blocks: &blocks,
-                    tier: *tier,
-                };
+                let ev = IndexEvent::Stored { parent: parent.map(SeqHash), blocks: &blocks, tier: *tier };
                 Some(index.apply(*key, ev))
             }
             Op::Remove { key, blocks, tier } => {
                 let seqs: Vec<SeqHash> = blocks.iter().map(|&h| SeqHash(h)).collect();
-                Some(index.apply(
-                    *key,
-                    IndexEvent::Removed {
-                        blocks: &seqs,
-                        tier: *tier,
-                    },
-                ))
+                Some(index.apply(*key, IndexEvent::Removed { blocks: &seqs, tier: *tier }))
             }
             Op::Clear(key) => Some(index.apply(*key, IndexEvent::Cleared)),
             Op::RemoveWorker(w) => {
@@ -291,10 +238,7 @@ impl StateMachineTest for IndexTest {
                 for (k, o) in &got {
                     assert_eq!(out.get(*k), *o);
                 }
-                assert_eq!(
-                    out.max_raw(),
-                    got.iter().map(|e| e.1.raw()).max().unwrap_or(0)
-                );
+                assert_eq!(out.max_raw(), got.iter().map(|e| e.1.raw()).max().unwrap_or(0));
                 None
             }
         };
@@ -316,10 +260,7 @@ impl StateMachineTest for IndexTest {
 
 /// `PROPTEST_CASES` if set, else `default` (kept small so the suite stays fast).
 fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 prop_state_machine! {

@@ -17,7 +17,8 @@ enum Op {
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     // Tags share their top bits (one home bucket for small tables) or differ.
     let tag = prop_oneof![(0u32..4).prop_map(|t| t << 28), 0u32..4, any::<u32>()];
-    let op = prop_oneof![2 => (0u32..300, tag).prop_map(|(s, t)| Op::Insert(s, t)), 1 => (0u32..300).prop_map(Op::Remove)];
+    let op =
+        prop_oneof![2 => (0u32..300, tag).prop_map(|(s, t)| Op::Insert(s, t)), 1 => (0u32..300).prop_map(Op::Remove)];
     proptest::collection::vec(op, 0..400)
 }
 
