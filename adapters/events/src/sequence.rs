@@ -14,13 +14,17 @@
 //! * One numbered `> last + 1` opens a gap. With a replay endpoint the sequencer marks
 //!   the worker untrusted, asks for a replay from `last + 1`, and holds live batches
 //!   (at most `pending_batches_max`) until the replay fills the hole; then it applies
-//!   them in order and trusts the worker again. A replay that ends early, skips a
-//!   sequence number (the publisher's buffer no longer reaches back), fails or times
-//!   out resets: clear the worker, then start over from the held live batches.
+//!   them in order and trusts the worker again. A replay that ends with a hole left
+//!   after the stream moved forward (more live batches went missing while it ran) is
+//!   followed by another, at most `replay_attempts_max` per gap. One that makes no progress,
+//!   skips a sequence number (the publisher's buffer no longer reaches back), fails
+//!   or times out resets: clear the worker, then start over from the held batches.
 //!   Without a replay endpoint a gap resets at once.
 //!
-//! The first batch ever seen is applied whatever its number: history before it is
-//! unknown, so the index under-reports until the engine stores blocks again.
+//! The first batch ever seen, if numbered above 0, asks for a replay from 0 (when the
+//! number is within `join_replay_seqs_max`); otherwise, or after a reset, a batch is
+//! applied whatever its number: history before it is unknown, so the index
+//! under-reports until the engine stores blocks again.
 //! A restarted publisher first seen at a number above `last + 1` cannot be told from a
 //! gap; the replay then brings the new publisher's batches, which is what it holds.
 
@@ -38,6 +42,14 @@ pub struct SequencerConfig {
     /// A batch this far behind the last one is a restart even with an old timestamp.
     /// Default 10,000 (vLLM's replay buffer depth: no genuine duplicate is older).
     pub restart_backstep_seqs: u64,
+    /// Follow-up replays asked for one gap. A replay that made progress but ended
+    /// with a hole left (live batches skipped more while it ran) is followed by
+    /// another from the new hole; one that made no progress resets. Default 8.
+    pub replay_attempts_max: u32,
+    /// A first-ever batch numbered `1..=` this asks for a replay from 0, so joining
+    /// a young publisher, or losing its first messages to ZeroMQ's slow-joiner
+    /// effect, still yields the whole history. 0 disables. Default 10,000.
+    pub join_replay_seqs_max: u64,
 }
 
 impl Default for SequencerConfig {
@@ -46,6 +58,8 @@ impl Default for SequencerConfig {
             replay_timeout_ms: 2_000,
             pending_batches_max: 4_096,
             restart_backstep_seqs: 10_000,
+            replay_attempts_max: 8,
+            join_replay_seqs_max: 10_000,
         }
     }
 }
@@ -104,6 +118,10 @@ struct Recovery<P> {
     id: ReplayId,
     deadline: Instant,
     pending: BTreeMap<u64, (Option<f64>, P)>,
+    /// Replays asked for this gap so far.
+    attempts: u32,
+    /// Where the current replay starts; the gap moved if `next_seq` passed it.
+    from: u64,
 }
 
 /// Sequencing of one publisher's stream.
@@ -112,6 +130,8 @@ pub struct Sequencer<P> {
     has_replay: bool,
     last: Option<u64>,
     last_ts: Option<f64>,
+    /// Nothing has arrived yet.
+    fresh: bool,
     recovery: Option<Recovery<P>>,
     next_id: u64,
     out: VecDeque<SeqOutput<P>>,
@@ -126,6 +146,7 @@ impl<P> Sequencer<P> {
             has_replay,
             last: None,
             last_ts: None,
+            fresh: true,
             recovery: None,
             next_id: 0,
             out: VecDeque::new(),
@@ -172,18 +193,18 @@ impl<P> Sequencer<P> {
 
     /// A batch from the live stream, with its timestamp if readable.
     pub fn handle_live(&mut self, now: Instant, seq: u64, ts: Option<f64>, payload: P) {
-        let Some(last) = self.last else {
-            self.apply(seq, ts, payload);
-            return;
-        };
-        if seq <= last {
-            if self.is_restart(last, seq, ts) {
-                self.restart(seq, ts, payload);
-            } else {
-                self.stats.duplicates += 1;
+        let first = core::mem::take(&mut self.fresh);
+        if let Some(last) = self.last {
+            if seq <= last {
+                if self.is_restart(last, seq, ts) {
+                    self.restart(seq, ts, payload);
+                } else {
+                    self.stats.duplicates += 1;
+                }
+                return;
             }
-            return;
         }
+        let next = self.next_seq();
         if let Some(rec) = &mut self.recovery {
             if rec.pending.len() >= self.cfg.pending_batches_max && !rec.pending.contains_key(&seq)
             {
@@ -197,30 +218,50 @@ impl<P> Sequencer<P> {
             self.advance();
             return;
         }
-        if seq == last + 1 {
+        let join = first && self.has_replay && seq > 0 && seq <= self.cfg.join_replay_seqs_max;
+        if seq == next || (self.last.is_none() && !join) {
             self.apply(seq, ts, payload);
             return;
         }
-        self.stats.gaps += 1;
+        if self.last.is_some() {
+            self.stats.gaps += 1;
+        }
         if !self.has_replay {
             self.reset();
             self.apply(seq, ts, payload);
             return;
         }
-        let id = ReplayId(self.next_id);
-        self.next_id += 1;
         let mut pending = BTreeMap::new();
         pending.insert(seq, (ts, payload));
-        let deadline = now.add_ms(self.cfg.replay_timeout_ms);
+        let (id, deadline) = (ReplayId(0), now);
         self.recovery = Some(Recovery {
             id,
             deadline,
             pending,
+            attempts: 0,
+            from: next,
         });
-        self.stats.replays_requested += 1;
         self.out.push_back(SeqOutput::Trusted(false));
+        self.request_replay(now, next);
+    }
+
+    /// The sequence number expected next (0 before anything was applied).
+    fn next_seq(&self) -> u64 {
+        self.last.map_or(0, |l| l + 1)
+    }
+
+    fn request_replay(&mut self, now: Instant, from: u64) {
+        let Some(rec) = &mut self.recovery else {
+            return;
+        };
+        rec.id = ReplayId(self.next_id);
+        rec.deadline = now.add_ms(self.cfg.replay_timeout_ms);
+        rec.attempts += 1;
+        rec.from = from;
+        self.next_id += 1;
+        self.stats.replays_requested += 1;
         self.out
-            .push_back(SeqOutput::RequestReplay { id, from: last + 1 });
+            .push_back(SeqOutput::RequestReplay { id: rec.id, from });
     }
 
     /// A batch from replay `id`.
@@ -236,10 +277,10 @@ impl<P> Sequencer<P> {
             self.stats.stale_replay += 1;
             return;
         }
-        let Some(last) = self.last else { return };
-        if seq <= last {
+        let next = self.next_seq();
+        if seq < next {
             self.stats.duplicates += 1;
-        } else if seq == last + 1 {
+        } else if seq == next {
             self.apply(seq, ts, payload);
             self.advance();
         } else {
@@ -251,16 +292,30 @@ impl<P> Sequencer<P> {
 
     /// Replay `id` sent its end marker.
     pub fn handle_replay_end(&mut self, now: Instant, id: ReplayId) {
-        if self.is_current(id) {
-            // Had the replay closed the gap, `advance` would have ended the recovery.
+        if !self.is_current(id) {
+            return;
+        }
+        // Had the gap closed, `advance` would have ended the recovery: a hole is left.
+        // Worth another replay only if the stream moved forward meanwhile (by replay
+        // or by late live batches): then the hole is newer than this replay.
+        let retry = self
+            .recovery
+            .as_ref()
+            .is_some_and(|r| self.next_seq() > r.from && r.attempts < self.cfg.replay_attempts_max);
+        if retry {
+            self.request_replay(now, self.next_seq());
+        } else {
             self.stats.replays_failed += 1;
             self.fail_recovery(now);
         }
     }
 
-    /// Replay `id` could not be done (no connection, transport error).
+    /// Replay `id` could not be done (no connection, transport error): reset.
     pub fn handle_replay_failed(&mut self, now: Instant, id: ReplayId) {
-        self.handle_replay_end(now, id);
+        if self.is_current(id) {
+            self.stats.replays_failed += 1;
+            self.fail_recovery(now);
+        }
     }
 
     /// Time passed; a replay past its deadline resets. Spurious calls are harmless.
@@ -292,7 +347,8 @@ impl<P> Sequencer<P> {
     /// Applies held batches that have become contiguous; closes the gap when none wait.
     fn advance(&mut self) {
         loop {
-            let (Some(rec), Some(last)) = (&mut self.recovery, self.last) else {
+            let next = self.next_seq();
+            let Some(rec) = &mut self.recovery else {
                 return;
             };
             let Some(entry) = rec.pending.first_entry() else {
@@ -302,11 +358,11 @@ impl<P> Sequencer<P> {
                 return;
             };
             let seq = *entry.key();
-            if seq > last + 1 {
+            if seq > next {
                 return;
             }
             let (ts, payload) = entry.remove();
-            if seq <= last {
+            if seq < next {
                 self.stats.duplicates += 1;
             } else {
                 self.apply(seq, ts, payload);

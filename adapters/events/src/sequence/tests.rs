@@ -69,10 +69,23 @@ fn cfg() -> SequencerConfig {
     SequencerConfig::default()
 }
 
+/// Joining mid-stream without asking for history.
+fn no_join() -> SequencerConfig {
+    SequencerConfig {
+        join_replay_seqs_max: 0,
+        ..cfg()
+    }
+}
+
 #[test]
 fn in_order_and_duplicates() {
     check(cfg(), true, &live(&[0, 1, 2]), &[A(0), A(1), A(2)]);
-    check(cfg(), true, &live(&[5, 6, 6, 5, 7]), &[A(5), A(6), A(7)]);
+    check(
+        no_join(),
+        true,
+        &live(&[5, 6, 6, 5, 7]),
+        &[A(5), A(6), A(7)],
+    );
     check(cfg(), false, &live(&[0, 1, 1, 2]), &[A(0), A(1), A(2)]);
 }
 
@@ -132,11 +145,29 @@ fn live_batches_during_replay_are_applied_in_order() {
 #[test]
 fn incomplete_replay_resets_and_starts_over_from_live() {
     let mut ended_early = live(&[0, 3]);
-    ended_early.extend([Replay(0, 1), End(0)]);
+    ended_early.extend([End(0)]);
     check(
         cfg(),
         true,
         &ended_early,
+        &[A(0), T(false), R(0, 1), C, T(true), A(3)],
+    );
+
+    // Progress earns a follow-up replay, up to the attempt limit.
+    let mut progressed = live(&[0, 3]);
+    progressed.extend([Replay(0, 1), End(0), Replay(1, 2)]);
+    let want = [A(0), T(false), R(0, 1), A(1), R(1, 2), A(2), A(3), T(true)];
+    check(cfg(), true, &progressed, &want);
+    let once = SequencerConfig {
+        replay_attempts_max: 1,
+        ..cfg()
+    };
+    let mut limited = live(&[0, 3]);
+    limited.extend([Replay(0, 1), End(0)]);
+    check(
+        once,
+        true,
+        &limited,
         &[A(0), T(false), R(0, 1), A(1), C, T(true), A(3)],
     );
 
@@ -233,7 +264,7 @@ fn restarts() {
     let mut mid = live(&[4, 6]);
     mid.extend([Live(0, 100.0), Replay(0, 5)]);
     check(
-        cfg(),
+        no_join(),
         true,
         &mid,
         &[A(4), T(false), R(0, 5), C, T(true), A(0)],
@@ -260,4 +291,29 @@ fn timeouts_are_harmless_when_idle() {
         &[At(0), At(u64::MAX / 1000), Live(0, 0.0), At(5)],
         &[A(0)],
     );
+}
+
+#[test]
+fn first_batch_above_zero_asks_for_history() {
+    let mut joined = live(&[3]);
+    joined.extend([
+        Replay(0, 0),
+        Replay(0, 1),
+        Replay(0, 2),
+        Replay(0, 3),
+        End(0),
+    ]);
+    let want = [T(false), R(0, 0), A(0), A(1), A(2), A(3), T(true)];
+    check(cfg(), true, &joined, &want);
+
+    let mut too_late = live(&[3, 4]);
+    too_late.push(Replay(0, 2));
+    check(
+        cfg(),
+        true,
+        &too_late,
+        &[T(false), R(0, 0), C, T(true), A(3), A(4)],
+    );
+
+    check(cfg(), false, &live(&[3, 4]), &[A(3), A(4)]);
 }
