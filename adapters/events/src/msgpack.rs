@@ -259,6 +259,31 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
+    /// Reads an array of `n` unsigned ints that fit u32 (token ids) onto `out`.
+    ///
+    /// The hot loop of decoding: positive fixint, uint8/16/32 are read inline; any
+    /// other int form goes through [`Reader::int`]. Returns `Ok(false)` (having
+    /// consumed the offending value) for a negative or too large value.
+    pub fn u32_array(&mut self, n: usize, out: &mut Vec<u32>) -> Result<bool> {
+        out.reserve(n);
+        for _ in 0..n {
+            let buf = &self.buf[self.pos..];
+            let (v, used) = match buf {
+                [m @ 0x00..=0x7f, ..] => (u32::from(*m), 1),
+                [0xcc, b, ..] => (u32::from(*b), 2),
+                [0xcd, a, b, ..] => (u32::from(u16::from_be_bytes([*a, *b])), 3),
+                [0xce, a, b, c, d, ..] => (u32::from_be_bytes([*a, *b, *c, *d]), 5),
+                _ => match u32::try_from(self.int()?) {
+                    Ok(v) => (v, 0),
+                    Err(_) => return Ok(false),
+                },
+            };
+            self.pos += used;
+            out.push(v);
+        }
+        Ok(true)
+    }
+
     /// Reads a float (32 or 64 bit) or an integer, as f64.
     pub fn float(&mut self) -> Result<f64> {
         let m = self.peek()?;

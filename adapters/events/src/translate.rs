@@ -27,7 +27,7 @@ use std::hash::BuildHasher;
 
 use core::fmt;
 use hashbrown::HashMap;
-use router_core::hash::{chain, local_hash, BlockHash, BlockSize, HashSeed, SeqHash};
+use router_core::hash::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash};
 use router_core::types::{Tier, WorkerKey};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -197,6 +197,17 @@ const fn tier_bit(t: Tier) -> u8 {
     }
 }
 
+/// `router_core::hash::local_hash(tokens, &[], seed)`, into a reused buffer: the
+/// core's version zeroes a 4 KiB stack buffer per block, which dominated decoding
+/// of 64-token blocks. Equality with the core is tested.
+fn local_hash_into(buf: &mut Vec<u8>, tokens: &[u32], seed: HashSeed) -> LocalHash {
+    buf.resize(tokens.len() * 4, 0);
+    for (dst, t) in buf.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    LocalHash(xxh3_64_with_seed(buf, seed.0))
+}
+
 const TIERS: [Tier; 3] = [Tier::Device, Tier::Host, Tier::Disk];
 
 /// Engine-hash bookkeeping and hash recomputation for one (worker, rank).
@@ -207,6 +218,8 @@ pub struct Translator {
     order: VecDeque<(EngineHash, u64)>,
     stamp: u64,
     stats: TranslateStats,
+    /// Reused buffer for one block's token bytes.
+    bytes: Vec<u8>,
 }
 
 impl Translator {
@@ -219,6 +232,7 @@ impl Translator {
             order: VecDeque::new(),
             stamp: 0,
             stats: TranslateStats::default(),
+            bytes: Vec::new(),
         }
     }
 
@@ -304,7 +318,7 @@ impl Translator {
         let mut blocks = Vec::with_capacity(n);
         let mut prev = parent;
         for block in s.token_ids.chunks_exact(bs as usize) {
-            let local = local_hash(block, &[], seed);
+            let local = local_hash_into(&mut self.bytes, block, seed);
             let seq = match prev {
                 None => SeqHash(local.0),
                 Some(p) => chain(p, local),

@@ -282,10 +282,8 @@ fn read_field(
         Field::TokenIds => {
             let start = out.tokens.len();
             let n = r.array_len()?;
-            out.tokens.reserve(n);
-            for _ in 0..n {
-                let t = u32::try_from(r.int()?).map_err(|_| DecodeError::TokenOutOfRange)?;
-                out.tokens.push(t);
+            if !r.u32_array(n, &mut out.tokens)? {
+                return Err(DecodeError::TokenOutOfRange);
             }
             f.tokens = Some(start..out.tokens.len());
         }

@@ -128,3 +128,32 @@ fn strings_floats_and_bins() {
     assert_eq!(Reader::new(&[0xca, 0x3f, 0xc0, 0, 0]).float(), Ok(1.5));
     assert_eq!(Reader::new(&[0x07]).float(), Ok(7.0));
 }
+
+#[track_caller]
+fn check_u32s(bytes: &[u8], n: usize, want: Result<(bool, Vec<u32>)>) {
+    let mut out = Vec::new();
+    let got = Reader::new(bytes)
+        .u32_array(n, &mut out)
+        .map(|ok| (ok, out));
+    assert_eq!(got, want);
+}
+
+#[test]
+fn token_arrays_take_every_unsigned_form() {
+    let all = [
+        0x7f, 0xcc, 0xff, 0xcd, 0x12, 0x34, 0xce, 0xff, 0xff, 0xff, 0xff, 0xcf, 0, 0, 0, 0, 0, 0,
+        0, 9, 0xd0, 0x05,
+    ];
+    check_u32s(&all, 6, Ok((true, vec![127, 255, 0x1234, u32::MAX, 9, 5])));
+    check_u32s(&[0xff], 1, Ok((false, vec![])));
+    check_u32s(&[0xcf, 0, 0, 0, 1, 0, 0, 0, 0], 1, Ok((false, vec![])));
+    check_u32s(&[0xcd, 0x01], 1, Err(MsgpackError::Truncated));
+    check_u32s(
+        &[0xc0],
+        1,
+        Err(MsgpackError::UnexpectedType {
+            expected: "int",
+            marker: 0xc0,
+        }),
+    );
+}

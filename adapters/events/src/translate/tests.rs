@@ -236,3 +236,15 @@ fn cleared_and_other_groups() {
     );
     assert!(t.is_empty());
 }
+
+#[test]
+fn local_hash_matches_the_core() {
+    let mut buf = Vec::new();
+    for seed in [HashSeed::DEFAULT, HashSeed::salted(Some("x"), Some("y"))] {
+        for n in [0, 1, 4, 64, 1024] {
+            let tokens: Vec<u32> = (0..n).map(|i: u32| i.wrapping_mul(2_654_435_761)).collect();
+            let want = router_core::hash::local_hash(&tokens, &[], seed);
+            assert_eq!(local_hash_into(&mut buf, &tokens, seed), want, "{n} tokens");
+        }
+    }
+}

@@ -146,8 +146,16 @@ fn run(payloads: &[Bytes], sched: &[(u64, u64)]) -> (ModelSink, IngestCore) {
     (sink, core)
 }
 
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    // PROPTEST_CASES raises the count for longer local runs.
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn any_delivery_ends_like_a_lossless_run(seed in any::<u64>(), fates in prop::collection::vec(fate(), 2..40)) {
