@@ -12,6 +12,8 @@
 //! a `data_parallel_rank` is filed under that rank of the same worker (at most
 //! `ranks_max_per_stream` ranks per stream), otherwise under the registered rank.
 
+mod apply;
+
 use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
@@ -95,6 +97,8 @@ pub enum IngestError {
     Translate(TranslateError),
     /// The batch names a rank beyond `ranks_max_per_stream`.
     TooManyRanks,
+    /// The runner has shut down; nothing was done.
+    Stopped,
 }
 
 impl fmt::Display for IngestError {
@@ -107,6 +111,7 @@ impl fmt::Display for IngestError {
             IngestError::Decode(e) => write!(f, "bad payload: {e}"),
             IngestError::Translate(e) => write!(f, "untranslatable event: {e}"),
             IngestError::TooManyRanks => f.write_str("too many dp ranks on one stream"),
+            IngestError::Stopped => f.write_str("the ingestion runner has stopped"),
         }
     }
 }
@@ -221,8 +226,6 @@ pub struct IngestCore {
     commands: VecDeque<Command>,
     notices: VecDeque<Notice>,
 }
-
-mod apply;
 
 impl IngestCore {
     /// A core with no streams.

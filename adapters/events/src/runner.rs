@@ -7,6 +7,8 @@
 //! Registration follows the workers: [`IngestHandle::add_endpoint`] subscribes,
 //! [`IngestHandle::remove_endpoint`] closes the subscription and purges the worker.
 
+mod tasks;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,21 +141,14 @@ impl<S: Send + 'static> IngestHandle<S> {
 
     /// Subscribes to a publisher (a worker registered).
     pub async fn add_endpoint(&self, ep: EndpointConfig) -> Result<(), IngestError> {
-        let key = ep.stream.key;
-        self.ask(
-            |tx| Control::Add(ep, tx),
-            Err(IngestError::UnknownStream(key)),
-        )
-        .await
+        self.ask(|tx| Control::Add(ep, tx), Err(IngestError::Stopped))
+            .await
     }
 
     /// Closes a subscription and purges the worker's entries (a worker left).
     pub async fn remove_endpoint(&self, key: WorkerKey) -> Result<(), IngestError> {
-        self.ask(
-            |tx| Control::Remove(key, tx),
-            Err(IngestError::UnknownStream(key)),
-        )
-        .await
+        self.ask(|tx| Control::Remove(key, tx), Err(IngestError::Stopped))
+            .await
     }
 
     /// A stream's status.
@@ -222,8 +217,6 @@ struct Owner<C, S> {
     in_tx: mpsc::Sender<Input>,
     notices: VecDeque<Notice>,
 }
-
-mod tasks;
 
 impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
     fn now(&self) -> Instant {

@@ -4,4 +4,5 @@ mod corpus;
 mod golden;
 mod loopback;
 mod model;
+mod runner;
 mod support;
