@@ -1,0 +1,191 @@
+//! The socket seam: a small trait the runner talks to, and its ZeroMQ implementation
+//! over the pure-Rust `zeromq` crate (no C library). Tests implement the trait with
+//! channels to feed frames directly.
+//!
+//! The transport moves frames only; it neither parses nor orders them. Message size
+//! is not bounded here (the `zeromq` crate has no per-message limit): the decoder
+//! refuses oversized payloads, but they have been received by then.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use core::fmt;
+use futures_util::StreamExt;
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
+
+/// Why a transport operation failed.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// Connecting or subscribing failed.
+    Connect(String),
+    /// Receiving failed; the socket is unusable.
+    Recv(String),
+    /// Sending the replay request failed.
+    Send(String),
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportError::Connect(m) => write!(f, "connect failed: {m}"),
+            TransportError::Recv(m) => write!(f, "receive failed: {m}"),
+            TransportError::Send(m) => write!(f, "send failed: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for TransportError {}
+
+/// What a subscription yields.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum SubEvent {
+    /// One multipart message.
+    Message(Vec<Bytes>),
+    /// The connection to the publisher is (again) up.
+    Connected,
+    /// The connection dropped; the transport may reconnect by itself.
+    Disconnected,
+}
+
+/// Opens subscriptions and replay requests.
+#[async_trait]
+pub trait Connector: Send + Sync + 'static {
+    /// Subscribes to `topic` (a prefix; empty for all) at `endpoint`.
+    async fn subscribe(
+        &self,
+        endpoint: &str,
+        topic: &str,
+    ) -> Result<Box<dyn Subscription>, TransportError>;
+    /// Sends a replay request for batches from `from` on to `endpoint`.
+    async fn replay(
+        &self,
+        endpoint: &str,
+        from: u64,
+    ) -> Result<Box<dyn ReplayReplies>, TransportError>;
+}
+
+/// A live subscription.
+#[async_trait]
+pub trait Subscription: Send {
+    /// The next message or connection change. Cancel-safe.
+    async fn next(&mut self) -> Result<SubEvent, TransportError>;
+}
+
+/// The replies to one replay request, as raw multipart messages (end marker included).
+#[async_trait]
+pub trait ReplayReplies: Send {
+    /// The next reply.
+    async fn next(&mut self) -> Result<Vec<Bytes>, TransportError>;
+}
+
+/// The ZeroMQ transport: SUB for the stream, DEALER for replay requests.
+#[derive(Clone, Debug)]
+pub struct ZmqConnector {
+    /// How long one connect attempt may take. Default 2,000 ms.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ZmqConnector {
+    fn default() -> Self {
+        ZmqConnector {
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl ZmqConnector {
+    fn options(&self) -> SocketOptions {
+        let mut o = SocketOptions::default();
+        o.connect_timeout(Duration::from_millis(self.connect_timeout_ms));
+        o
+    }
+}
+
+struct ZmqSub {
+    socket: SubSocket,
+    monitor: futures_channel::mpsc::Receiver<SocketEvent>,
+}
+
+struct ZmqReplay {
+    socket: DealerSocket,
+}
+
+fn err<E: fmt::Display>(f: fn(String) -> TransportError) -> impl Fn(E) -> TransportError {
+    move |e| f(e.to_string())
+}
+
+#[async_trait]
+impl Connector for ZmqConnector {
+    async fn subscribe(
+        &self,
+        endpoint: &str,
+        topic: &str,
+    ) -> Result<Box<dyn Subscription>, TransportError> {
+        let mut socket = SubSocket::with_options(self.options());
+        let monitor = socket.monitor();
+        socket
+            .connect(endpoint)
+            .await
+            .map_err(err(TransportError::Connect))?;
+        socket
+            .subscribe(topic)
+            .await
+            .map_err(err(TransportError::Connect))?;
+        Ok(Box::new(ZmqSub { socket, monitor }))
+    }
+
+    async fn replay(
+        &self,
+        endpoint: &str,
+        from: u64,
+    ) -> Result<Box<dyn ReplayReplies>, TransportError> {
+        let mut socket = DealerSocket::with_options(self.options());
+        socket
+            .connect(endpoint)
+            .await
+            .map_err(err(TransportError::Connect))?;
+        // A DEALER adds no delimiter itself; the ROUTER expects [identity, empty, start].
+        let request = vec![Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
+        let msg = ZmqMessage::try_from(request).map_err(err(TransportError::Send))?;
+        socket.send(msg).await.map_err(err(TransportError::Send))?;
+        Ok(Box::new(ZmqReplay { socket }))
+    }
+}
+
+#[async_trait]
+impl Subscription for ZmqSub {
+    async fn next(&mut self) -> Result<SubEvent, TransportError> {
+        loop {
+            tokio::select! {
+                msg = self.socket.recv() => {
+                    return msg.map(|m| SubEvent::Message(m.into_vec())).map_err(err(TransportError::Recv));
+                }
+                ev = self.monitor.next() => match ev {
+                    Some(SocketEvent::Connected(..)) => return Ok(SubEvent::Connected),
+                    Some(SocketEvent::Disconnected(_)) => return Ok(SubEvent::Disconnected),
+                    Some(_) => {}
+                    // The monitor is gone; keep receiving messages only.
+                    None => return self.socket.recv().await
+                        .map(|m| SubEvent::Message(m.into_vec()))
+                        .map_err(err(TransportError::Recv)),
+                },
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ReplayReplies for ZmqReplay {
+    async fn next(&mut self) -> Result<Vec<Bytes>, TransportError> {
+        let m = self
+            .socket
+            .recv()
+            .await
+            .map_err(err(TransportError::Recv))?;
+        Ok(m.into_vec())
+    }
+}

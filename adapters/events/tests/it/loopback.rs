@@ -1,0 +1,171 @@
+//! A real publisher process (tests/py/publisher.py: pyzmq XPUB + ROUTER) on
+//! loopback, against the zeromq runner. Each test is bounded by deadlines; waiting
+//! is polling with a deadline, never a bare sleep.
+
+use std::time::Duration;
+
+use kvroute_events::ingest::StreamStatus;
+use kvroute_events::{
+    spawn, EndpointConfig, IngestHandle, RunnerConfig, StreamConfig, ZmqConnector,
+};
+use router_core::hash::BlockSize;
+use router_core::types::WorkerKey;
+use serde_json::json;
+
+use crate::support::{Engine, ModelSink, Publisher};
+
+const KEY: WorkerKey = WorkerKey::new(9, 0);
+const BLOCK: u32 = 4;
+
+struct Rig {
+    publisher: Publisher,
+    engine: Engine,
+    handle: IngestHandle<ModelSink>,
+    last_seq: Option<u64>,
+}
+
+impl Rig {
+    async fn start(replay_form: &str, seed: u64) -> Rig {
+        let mut publisher = Publisher::start(replay_form);
+        let (handle, _join) = spawn(
+            RunnerConfig::default(),
+            ZmqConnector::default(),
+            ModelSink::default(),
+        );
+        let ep = EndpointConfig {
+            stream: StreamConfig {
+                key: KEY,
+                block_size: BlockSize::new(BLOCK).expect("4"),
+                cache_salt: None,
+                blocks_max: 1 << 16,
+                has_replay: true,
+            },
+            endpoint: format!("tcp://127.0.0.1:{}", publisher.pub_port),
+            replay_endpoint: Some(format!("tcp://127.0.0.1:{}", publisher.replay_port)),
+            topic: String::new(),
+        };
+        handle.add_endpoint(ep).await.expect("add endpoint");
+        // Blocks this (non-runtime) thread until the SUB socket has subscribed.
+        assert_eq!(publisher.cmd(json!({"op": "wait_sub"}))["ok"], "wait_sub");
+        Rig {
+            publisher,
+            engine: Engine::new(seed, BLOCK),
+            handle,
+            last_seq: None,
+        }
+    }
+
+    /// Publishes one engine batch (or only buffers it when `send` is false).
+    fn batch(&mut self, send: bool, form: &str) {
+        let events: Vec<_> = self.engine.batch().iter().map(|e| e.json(BLOCK)).collect();
+        let r = self
+            .publisher
+            .cmd(json!({"op": "batch", "events": events, "form": form, "send": send}));
+        self.last_seq = r["seq"].as_u64();
+    }
+
+    fn raw(&mut self, hex: &str) {
+        let r = self.publisher.cmd(json!({"op": "raw", "hex": hex}));
+        self.last_seq = r["seq"].as_u64();
+    }
+
+    /// Waits until the stream applied the last published seq and is trusted, then
+    /// checks the sink against the engine.
+    async fn converge(&self) -> StreamStatus {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = self.handle.status(KEY).await.expect("stream");
+            if st.last_seq == self.last_seq && st.trusted && st.pending_batches == 0 {
+                let sink = self.handle.with_sink(|s| s.clone()).await.expect("sink");
+                assert_eq!(
+                    sink.blocks(KEY),
+                    self.engine.expected(),
+                    "index equals the engine's cache"
+                );
+                return st;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no convergence: {st:?}, want seq {:?}",
+                self.last_seq
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn normal_flow_in_both_encodings() {
+    let mut rig = Rig::start("topic", 1).await;
+    for i in 0..20 {
+        rig.batch(true, if i % 2 == 0 { "map" } else { "array" });
+    }
+    let st = rig.converge().await;
+    assert_eq!(
+        (st.batches_applied, st.seq.gaps, st.batches_malformed),
+        (20, 0, 0)
+    );
+    assert!(st.connected);
+}
+
+async fn dropped_range_is_replayed(form: &str) {
+    let mut rig = Rig::start(form, 2).await;
+    for i in 0..15 {
+        rig.batch(!(6..10).contains(&i), "map");
+    }
+    let st = rig.converge().await;
+    assert_eq!(
+        (st.seq.gaps, st.seq.replays_completed, st.seq.resets),
+        (1, 1, 0),
+        "{st:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_range_is_replayed_topic_framing() {
+    dropped_range_is_replayed("topic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_range_is_replayed_vllm_framing() {
+    dropped_range_is_replayed("vllm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_clears_and_starts_over() {
+    let mut rig = Rig::start("topic", 3).await;
+    for _ in 0..8 {
+        rig.batch(true, "map");
+    }
+    rig.converge().await;
+    rig.publisher.cmd(json!({"op": "restart"}));
+    rig.engine.restart();
+    for _ in 0..3 {
+        rig.batch(true, "array");
+    }
+    let st = rig.converge().await;
+    assert_eq!((st.seq.restarts, st.last_seq), (1, Some(2)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_and_a_malformed_payload_are_counted() {
+    let mut rig = Rig::start("topic", 4).await;
+    for _ in 0..5 {
+        rig.batch(true, "map");
+    }
+    rig.raw("c1ffff");
+    for seq in [1, 3, 4] {
+        rig.publisher.cmd(json!({"op": "resend", "seq": seq}));
+    }
+    for _ in 0..5 {
+        rig.batch(true, "map");
+    }
+    let st = rig.converge().await;
+    assert_eq!(
+        (st.seq.duplicates, st.batches_malformed, st.batches_applied),
+        (3, 1, 10),
+        "{st:?}"
+    );
+    let notices = rig.handle.notices().await;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+}
