@@ -56,6 +56,46 @@ pub enum RouterEvent {
     Cleared,
 }
 
+impl RouterEvent {
+    /// The borrowed form the core's index and `Router::handle_kv_event` take.
+    pub fn as_index_event(&self) -> router_core::index::IndexEvent<'_> {
+        use router_core::index::IndexEvent;
+        match self {
+            RouterEvent::Stored { parent, blocks, tier } => IndexEvent::Stored { parent: *parent, blocks, tier: *tier },
+            RouterEvent::Removed { blocks, tier } => IndexEvent::Removed { blocks, tier: *tier },
+            RouterEvent::Cleared => IndexEvent::Cleared,
+        }
+    }
+}
+
+/// The core's exact index is a sink as it stands (tests compare it with a lossless run).
+/// It has no notion of trust; the `Router` façade does.
+impl EventSink for router_core::index::PrefixIndex {
+    fn apply(&mut self, key: WorkerKey, ev: &RouterEvent) {
+        // Counted inside the index; a refused event changes nothing.
+        let _ = router_core::index::PrefixIndex::apply(self, key, ev.as_index_event());
+    }
+    fn clear_worker(&mut self, key: WorkerKey) {
+        self.clear_key(key);
+    }
+    fn set_trusted(&mut self, _key: WorkerKey, _trusted: bool) {}
+}
+
+/// The router façade is a sink too: events for unregistered workers are counted and
+/// dropped there, and a gap's distrust reaches its cost model.
+impl EventSink for router_core::router::Router {
+    fn apply(&mut self, key: WorkerKey, ev: &RouterEvent) {
+        // The router counts what it refuses (unknown worker, bad event).
+        let _ = self.handle_kv_event(router_core::Instant::ZERO, key, ev.as_index_event());
+    }
+    fn clear_worker(&mut self, key: WorkerKey) {
+        self.handle_kv_clear(key);
+    }
+    fn set_trusted(&mut self, key: WorkerKey, trusted: bool) {
+        self.handle_overlap_trust(key, trusted);
+    }
+}
+
 /// Where index updates go (the router's prefix index, or a test model).
 pub trait EventSink {
     /// Applies one update for `key`.

@@ -176,6 +176,7 @@ pub struct Router {
     tickets: BTreeMap<RequestId, FlightKey>,
     next_ticket: u64,
     event_workers: BTreeSet<WorkerId>,
+    untrusted: BTreeSet<WorkerKey>,
     outputs: alloc::collections::VecDeque<Output>,
     stats: RouterStats,
     scratch_verdicts: Vec<crate::eligible::Eligibility>,
@@ -208,6 +209,7 @@ impl Router {
             tickets: BTreeMap::new(),
             next_ticket: 0,
             event_workers: BTreeSet::new(),
+            untrusted: BTreeSet::new(),
             outputs: alloc::collections::VecDeque::new(),
             stats: RouterStats::default(),
             scratch_verdicts: Vec::new(),
@@ -294,6 +296,23 @@ impl Router {
             self.approx.remove_worker(key.worker);
         }
         self.index.apply(key, event).map_err(InputError::Index)
+    }
+
+    /// Marks `key`'s overlap as trusted or not. While a worker's event stream has a gap
+    /// (a replay is pending), its index entries may be stale, so the cost model gives it
+    /// no prefix credit; its entries stay and count again once trusted.
+    pub fn handle_overlap_trust(&mut self, key: WorkerKey, trusted: bool) {
+        if trusted {
+            self.untrusted.remove(&key);
+        } else if self.workers.get(key.worker).is_some() {
+            self.untrusted.insert(key);
+        }
+    }
+
+    /// Clears everything the index knows about `key` (the worker restarted or its stream
+    /// could not be replayed).
+    pub fn handle_kv_clear(&mut self, key: WorkerKey) {
+        self.index.clear_key(key);
     }
 
     /// Applies a fleet change. Removing a worker purges its entries and load, invalidates

@@ -155,7 +155,7 @@ impl Router {
                 Verdict::Eligible { cost_factor } => Some(Candidate {
                     key: v.key,
                     load: self.load.load(v.key),
-                    overlap: scores.get(v.key),
+                    overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
                     new_decode_blocks: self.load.new_blocks(v.key, &req.blocks),
                     weight: self.workers.get(v.key.worker).map_or(1, |s| s.weight),
                     cost_factor,
@@ -342,6 +342,7 @@ impl Router {
         self.load.remove_worker(id);
         self.affinity.invalidate_worker(id);
         self.event_workers.remove(&id);
+        self.untrusted.retain(|k| k.worker != id);
         let gone: Vec<FlightKey> = self
             .flights
             .iter()

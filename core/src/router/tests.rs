@@ -246,3 +246,22 @@ fn duplicate_and_unknown_ids_are_typed() {
     let _ = RoutingHints::default();
     invariants(&r);
 }
+
+#[test]
+fn untrusted_overlap_earns_no_credit() {
+    let mut r = router(RouterMode::Kv, 2);
+    let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
+    let hot = WorkerKey::new(1, 0);
+    r.handle_kv_event(T0, hot, IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device }).unwrap();
+    let q = |id| { let mut q = req(id, &[1, 2, 3, 4, 5, 6, 7, 8]); q.preview = true; q };
+    assert_eq!(routed(r.handle_request(T0, q(1), Draw(0))).target, hot);
+    r.handle_overlap_trust(hot, false);
+    let d = routed(r.handle_request(T0, q(2), Draw(0)));
+    let row = d.explanation.iter().find(|e| e.key == hot).unwrap();
+    assert_eq!(row.score.unwrap().overlap_effective, 0.0, "a worker with a stream gap gets no prefix credit");
+    r.handle_overlap_trust(hot, true);
+    assert_eq!(routed(r.handle_request(T0, q(3), Draw(0))).target, hot);
+    r.handle_kv_clear(hot);
+    let d = routed(r.handle_request(T0, q(4), Draw(0)));
+    assert_eq!(d.max_overlap_blocks, 0, "a cleared worker holds nothing");
+}
