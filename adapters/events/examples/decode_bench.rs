@@ -98,22 +98,15 @@ fn run(block_size: u32, form: WireForm, budget: Duration) -> String {
     let cpu_start = thread_cpu_ns();
     while start.elapsed() < budget {
         for p in &data {
-            let frames = [
-                Bytes::new(),
-                Bytes::copy_from_slice(&seq.to_be_bytes()),
-                p.clone(),
-            ];
-            core.handle_live(Instant::ZERO, key, &frames, &mut sink)
-                .expect("valid batch");
+            let frames = [Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), p.clone()];
+            core.handle_live(Instant::ZERO, key, &frames, &mut sink).expect("valid batch");
             seq += 1;
         }
         rounds += 1;
     }
     let secs = start.elapsed().as_secs_f64();
     // On a shared machine wall time includes waiting for a core; CPU time does not.
-    let cpu = cpu_start
-        .zip(thread_cpu_ns())
-        .map(|(a, b)| (b - a) as f64 / 1e9);
+    let cpu = cpu_start.zip(thread_cpu_ns()).map(|(a, b)| (b - a) as f64 / 1e9);
     let per_cpu = cpu.map_or("null".to_string(), |c| format!("{:.0}", sink.0 as f64 / c));
     format!(
         "{{\"bench\":\"decode_translate\",\"block_size\":{block_size},\"form\":\"{}\",\"blocks\":{},\"wall_secs\":{secs:.3},\"blocks_per_sec\":{:.0},\"blocks_per_cpu_sec\":{per_cpu},\"payload_mib_per_sec\":{:.1}}}",
@@ -131,10 +124,7 @@ fn thread_cpu_ns() -> Option<u64> {
 }
 
 fn main() {
-    let secs: f64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
+    let secs: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1.0);
     let budget = Duration::from_secs_f64(secs);
     for block_size in [16, 64] {
         for form in [WireForm::Map, WireForm::Array] {

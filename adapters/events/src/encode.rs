@@ -50,12 +50,7 @@ pub enum WireForm {
 }
 
 /// Encodes `[ts, events, rank?]`.
-pub fn encode_batch(
-    ts: f64,
-    events: &[WireEvent<'_>],
-    rank: Option<u32>,
-    form: WireForm,
-) -> Vec<u8> {
+pub fn encode_batch(ts: f64, events: &[WireEvent<'_>], rank: Option<u32>, form: WireForm) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64));
     w.array(if rank.is_some() { 3 } else { 2 });
     w.f64(ts);
@@ -197,14 +192,7 @@ impl Writer {
         }
         self.str(tag);
         match ev {
-            WireEvent::Stored {
-                block_hashes,
-                parent,
-                token_ids,
-                block_size,
-                medium,
-                lora_name,
-            } => {
+            WireEvent::Stored { block_hashes, parent, token_ids, block_size, medium, lora_name } => {
                 self.key(form, "block_hashes");
                 self.hashes(block_hashes);
                 self.key(form, "parent_block_hash");
@@ -226,10 +214,7 @@ impl Writer {
                 self.key(form, "lora_name");
                 self.opt_str(*lora_name);
             }
-            WireEvent::Removed {
-                block_hashes,
-                medium,
-            } => {
+            WireEvent::Removed { block_hashes, medium } => {
                 self.key(form, "block_hashes");
                 self.hashes(block_hashes);
                 self.key(form, "medium");

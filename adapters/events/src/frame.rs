@@ -69,11 +69,7 @@ pub fn parse_replay<B: AsRef<[u8]>>(frames: &[B]) -> Result<(ReplayFrame<'_>, us
     let seq_at = match rest.len() {
         2 => 0,
         3 => 1,
-        got => {
-            return Err(FrameError::FrameCount {
-                got: frames.len().max(got),
-            })
-        }
+        got => return Err(FrameError::FrameCount { got: frames.len().max(got) }),
     };
     let seq_raw = rest[seq_at].as_ref();
     let payload = rest[seq_at + 1].as_ref();
@@ -85,9 +81,7 @@ pub fn parse_replay<B: AsRef<[u8]>>(frames: &[B]) -> Result<(ReplayFrame<'_>, us
 }
 
 fn seq_of(b: &[u8]) -> Result<u64, FrameError> {
-    let arr: [u8; 8] = b
-        .try_into()
-        .map_err(|_| FrameError::SeqLength { got: b.len() })?;
+    let arr: [u8; 8] = b.try_into().map_err(|_| FrameError::SeqLength { got: b.len() })?;
     Ok(u64::from_be_bytes(arr))
 }
 
@@ -103,10 +97,7 @@ mod tests {
     #[test]
     fn replay_forms() {
         let seq = 7u64.to_be_bytes();
-        let batch = Ok(ReplayFrame::Batch {
-            seq: 7,
-            payload: b"p",
-        });
+        let batch = Ok(ReplayFrame::Batch { seq: 7, payload: b"p" });
         check_replay(&[b"", &seq, b"p"], batch);
         check_replay(&[b"", b"topic", &seq, b"p"], batch);
         check_replay(&[b"", b"", &seq, b"p"], batch);
@@ -115,10 +106,7 @@ mod tests {
         check_replay(&[b"", &END_SEQ, b""], Ok(ReplayFrame::End));
         check_replay(&[b"", b"", &END_SEQ, b""], Ok(ReplayFrame::End));
         check_replay(&[b"", b"x"], Err(FrameError::SeqLength { got: 0 }));
-        check_replay(
-            &[b"", b"", b"", &seq, b"p"],
-            Err(FrameError::FrameCount { got: 5 }),
-        );
+        check_replay(&[b"", b"", b"", &seq, b"p"], Err(FrameError::FrameCount { got: 5 }));
         check_replay(&[b"only"], Err(FrameError::FrameCount { got: 1 }));
     }
 
@@ -126,13 +114,7 @@ mod tests {
     fn live_forms() {
         let seq = 3u64.to_be_bytes();
         assert_eq!(parse_live(&[&b""[..], &seq, b"p"]), Ok((3, 2)));
-        assert_eq!(
-            parse_live(&[&b""[..], b"abc", b"p"]),
-            Err(FrameError::SeqLength { got: 3 })
-        );
-        assert_eq!(
-            parse_live(&[&b""[..], &seq]),
-            Err(FrameError::FrameCount { got: 2 })
-        );
+        assert_eq!(parse_live(&[&b""[..], b"abc", b"p"]), Err(FrameError::SeqLength { got: 3 }));
+        assert_eq!(parse_live(&[&b""[..], &seq]), Err(FrameError::FrameCount { got: 2 }));
     }
 }

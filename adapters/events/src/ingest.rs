@@ -189,8 +189,7 @@ impl StreamStatus {
     /// Seconds between the last applied batch's publisher timestamp and `wall_now_s`
     /// (both Unix time), in ms; `None` before the first batch. Clock skew shows here.
     pub fn lag_ms(&self, wall_now_s: f64) -> Option<u64> {
-        self.last_ts
-            .map(|ts| ((wall_now_s - ts).max(0.0) * 1000.0) as u64)
+        self.last_ts.map(|ts| ((wall_now_s - ts).max(0.0) * 1000.0) as u64)
     }
 }
 
@@ -249,10 +248,7 @@ impl IngestCore {
             return Err(IngestError::TooManyStreams);
         }
         let seq = Sequencer::new(self.cfg.sequencer.clone(), cfg.has_replay);
-        let status = StreamStatus {
-            trusted: true,
-            ..StreamStatus::default()
-        };
+        let status = StreamStatus { trusted: true, ..StreamStatus::default() };
         let stream = Stream {
             cfg,
             seq,
@@ -267,15 +263,8 @@ impl IngestCore {
     }
 
     /// Unregisters a stream and purges every rank it reported from the sink.
-    pub fn remove_stream(
-        &mut self,
-        key: WorkerKey,
-        sink: &mut impl EventSink,
-    ) -> Result<(), IngestError> {
-        let stream = self
-            .streams
-            .remove(&key)
-            .ok_or(IngestError::UnknownStream(key))?;
+    pub fn remove_stream(&mut self, key: WorkerKey, sink: &mut impl EventSink) -> Result<(), IngestError> {
+        let stream = self.streams.remove(&key).ok_or(IngestError::UnknownStream(key))?;
         for k in stream_keys(&stream) {
             sink.clear_worker(k);
         }
@@ -315,10 +304,7 @@ impl IngestCore {
         frames: &[Bytes],
         sink: &mut impl EventSink,
     ) -> Result<(), IngestError> {
-        let stream = self
-            .streams
-            .get_mut(&key)
-            .ok_or(IngestError::UnknownStream(key))?;
+        let stream = self.streams.get_mut(&key).ok_or(IngestError::UnknownStream(key))?;
         heard(stream, now);
         let (seq, at) = match parse_live(frames) {
             Ok(p) => p,
@@ -341,18 +327,13 @@ impl IngestCore {
         frames: &[Bytes],
         sink: &mut impl EventSink,
     ) -> Result<(), IngestError> {
-        let stream = self
-            .streams
-            .get_mut(&key)
-            .ok_or(IngestError::UnknownStream(key))?;
+        let stream = self.streams.get_mut(&key).ok_or(IngestError::UnknownStream(key))?;
         heard(stream, now);
         match parse_replay(frames) {
             Ok((ReplayFrame::End, _)) => stream.seq.handle_replay_end(now, id),
             Ok((ReplayFrame::Batch { seq, .. }, at)) => {
                 let payload = frames[at].clone();
-                stream
-                    .seq
-                    .handle_replay(now, id, seq, peek_ts(&payload), payload);
+                stream.seq.handle_replay(now, id, seq, peek_ts(&payload), payload);
             }
             Err(e) => {
                 stream.status.batches_malformed += 1;
@@ -372,10 +353,7 @@ impl IngestCore {
         id: ReplayId,
         sink: &mut impl EventSink,
     ) -> Result<(), IngestError> {
-        let stream = self
-            .streams
-            .get_mut(&key)
-            .ok_or(IngestError::UnknownStream(key))?;
+        let stream = self.streams.get_mut(&key).ok_or(IngestError::UnknownStream(key))?;
         stream.seq.handle_replay_failed(now, id);
         self.drain(key, sink)
     }
@@ -400,10 +378,7 @@ impl IngestCore {
     /// When [`IngestCore::handle_timeout`] is next due.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.streams
-            .values()
-            .filter_map(|s| s.seq.poll_timeout())
-            .min()
+        self.streams.values().filter_map(|s| s.seq.poll_timeout()).min()
     }
 
     /// The next replay to carry out.
@@ -442,11 +417,7 @@ impl IngestCore {
             let silent_ms = now.micros_since(since) / 1000;
             let requests = total.saturating_sub(s.served_base.unwrap_or(total));
             if silent_ms >= self.cfg.silent_after_ms && requests >= self.cfg.silent_requests_min {
-                out.push(SilentStream {
-                    key: *key,
-                    silent_ms,
-                    requests,
-                });
+                out.push(SilentStream { key: *key, silent_ms, requests });
             }
         }
         out
@@ -460,14 +431,7 @@ fn heard(stream: &mut Stream, now: Instant) {
 
 /// Every key a stream may have touched: its own and each rank it reported.
 fn stream_keys(s: &Stream) -> Vec<WorkerKey> {
-    let mut keys: Vec<WorkerKey> = s
-        .ranks
-        .keys()
-        .map(|r| WorkerKey {
-            worker: s.cfg.key.worker,
-            rank: *r,
-        })
-        .collect();
+    let mut keys: Vec<WorkerKey> = s.ranks.keys().map(|r| WorkerKey { worker: s.cfg.key.worker, rank: *r }).collect();
     if !s.ranks.contains_key(&s.cfg.key.rank) {
         keys.push(s.cfg.key);
     }

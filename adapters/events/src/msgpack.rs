@@ -39,15 +39,11 @@ impl fmt::Display for MsgpackError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MsgpackError::Truncated => f.write_str("msgpack input ends inside a value"),
-            MsgpackError::LengthExceedsInput { claimed, remaining } => write!(
-                f,
-                "msgpack length {claimed} exceeds the {remaining} bytes left"
-            ),
+            MsgpackError::LengthExceedsInput { claimed, remaining } => {
+                write!(f, "msgpack length {claimed} exceeds the {remaining} bytes left")
+            }
             MsgpackError::UnexpectedType { expected, marker } => {
-                write!(
-                    f,
-                    "expected msgpack {expected}, found marker 0x{marker:02x}"
-                )
+                write!(f, "expected msgpack {expected}, found marker 0x{marker:02x}")
             }
             MsgpackError::ReservedMarker => f.write_str("reserved msgpack marker 0xc1"),
             MsgpackError::InvalidUtf8 => f.write_str("msgpack str is not UTF-8"),
@@ -98,10 +94,7 @@ impl<'a> Reader<'a> {
 
     /// The next marker byte, not consumed.
     pub fn peek(&self) -> Result<u8> {
-        self.buf
-            .get(self.pos)
-            .copied()
-            .ok_or(MsgpackError::Truncated)
+        self.buf.get(self.pos).copied().ok_or(MsgpackError::Truncated)
     }
 
     /// Consumes a nil if one is next; reports whether it did.
@@ -168,12 +161,7 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 self.be_len(4)?
             }
-            _ => {
-                return Err(MsgpackError::UnexpectedType {
-                    expected: "array",
-                    marker: m,
-                })
-            }
+            _ => return Err(MsgpackError::UnexpectedType { expected: "array", marker: m }),
         };
         self.fits(n, 1)
     }
@@ -194,12 +182,7 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 self.be_len(4)?
             }
-            _ => {
-                return Err(MsgpackError::UnexpectedType {
-                    expected: "map",
-                    marker: m,
-                })
-            }
+            _ => return Err(MsgpackError::UnexpectedType { expected: "map", marker: m }),
         };
         self.fits(n, 2)
     }
@@ -249,12 +232,7 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 i128::from(i64::from_be_bytes(self.be()?))
             }
-            _ => {
-                return Err(MsgpackError::UnexpectedType {
-                    expected: "int",
-                    marker: m,
-                })
-            }
+            _ => return Err(MsgpackError::UnexpectedType { expected: "int", marker: m }),
         };
         Ok(v)
     }
@@ -298,10 +276,7 @@ impl<'a> Reader<'a> {
             }
             _ => match self.int() {
                 Ok(i) => Ok(i as f64),
-                Err(_) => Err(MsgpackError::UnexpectedType {
-                    expected: "float",
-                    marker: m,
-                }),
+                Err(_) => Err(MsgpackError::UnexpectedType { expected: "float", marker: m }),
             },
         }
     }
@@ -326,12 +301,7 @@ impl<'a> Reader<'a> {
                 self.pos += 1;
                 self.be_len(4)?
             }
-            _ => {
-                return Err(MsgpackError::UnexpectedType {
-                    expected: "str",
-                    marker: m,
-                })
-            }
+            _ => return Err(MsgpackError::UnexpectedType { expected: "str", marker: m }),
         };
         let n = self.fits(n, 1)?;
         self.take(n)
@@ -346,10 +316,7 @@ impl<'a> Reader<'a> {
     pub fn str(&mut self) -> Result<&'a str> {
         let m = self.peek()?;
         if matches!(m, 0xc4..=0xc6) {
-            return Err(MsgpackError::UnexpectedType {
-                expected: "str",
-                marker: m,
-            });
+            return Err(MsgpackError::UnexpectedType { expected: "str", marker: m });
         }
         let raw = self.str_or_bin()?;
         core::str::from_utf8(raw).map_err(|_| MsgpackError::InvalidUtf8)
@@ -371,10 +338,7 @@ impl<'a> Reader<'a> {
                     owed += n;
                     let remaining = self.remaining() as u64;
                     if owed > remaining {
-                        return Err(MsgpackError::LengthExceedsInput {
-                            claimed: owed,
-                            remaining,
-                        });
+                        return Err(MsgpackError::LengthExceedsInput { claimed: owed, remaining });
                     }
                 }
             }

@@ -20,10 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::frame::{parse_replay, ReplayFrame};
-use crate::ingest::{
-    Command, IngestConfig, IngestCore, IngestError, Notice, SilentStream, StreamConfig,
-    StreamStatus,
-};
+use crate::ingest::{Command, IngestConfig, IngestCore, IngestError, Notice, SilentStream, StreamConfig, StreamStatus};
 use crate::sequence::ReplayId;
 use crate::translate::EventSink;
 use crate::transport::Connector;
@@ -101,9 +98,7 @@ pub struct IngestHandle<S> {
 
 impl<S> Clone for IngestHandle<S> {
     fn clone(&self) -> Self {
-        IngestHandle {
-            ctl: self.ctl.clone(),
-        }
+        IngestHandle { ctl: self.ctl.clone() }
     }
 }
 
@@ -141,14 +136,12 @@ impl<S: Send + 'static> IngestHandle<S> {
 
     /// Subscribes to a publisher (a worker registered).
     pub async fn add_endpoint(&self, ep: EndpointConfig) -> Result<(), IngestError> {
-        self.ask(|tx| Control::Add(ep, tx), Err(IngestError::Stopped))
-            .await
+        self.ask(|tx| Control::Add(ep, tx), Err(IngestError::Stopped)).await
     }
 
     /// Closes a subscription and purges the worker's entries (a worker left).
     pub async fn remove_endpoint(&self, key: WorkerKey) -> Result<(), IngestError> {
-        self.ask(|tx| Control::Remove(key, tx), Err(IngestError::Stopped))
-            .await
+        self.ask(|tx| Control::Remove(key, tx), Err(IngestError::Stopped)).await
     }
 
     /// A stream's status.
@@ -158,12 +151,8 @@ impl<S: Send + 'static> IngestHandle<S> {
 
     /// Streams silent while their worker served requests; `served_total` holds each
     /// worker's cumulative served-request counter (see [`IngestCore::silent_streams`]).
-    pub async fn silent_streams(
-        &self,
-        served_total: BTreeMap<WorkerKey, u64>,
-    ) -> Vec<SilentStream> {
-        self.ask(|tx| Control::Silent(served_total, tx), Vec::new())
-            .await
+    pub async fn silent_streams(&self, served_total: BTreeMap<WorkerKey, u64>) -> Vec<SilentStream> {
+        self.ask(|tx| Control::Silent(served_total, tx), Vec::new()).await
     }
 
     /// Notices since the last call (oldest first; at most `notices_max`).
@@ -172,10 +161,7 @@ impl<S: Send + 'static> IngestHandle<S> {
     }
 
     /// Runs `f` on the sink inside the owner task and returns its result.
-    pub async fn with_sink<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut S) -> R + Send + 'static,
-    ) -> Option<R> {
+    pub async fn with_sink<R: Send + 'static>(&self, f: impl FnOnce(&mut S) -> R + Send + 'static) -> Option<R> {
         let (tx, rx) = oneshot::channel();
         let job: SinkFn<S> = Box::new(move |s| {
             let _ = tx.send(f(s));
@@ -223,16 +209,9 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
         Instant::from_micros(self.start.elapsed().as_micros() as u64)
     }
 
-    async fn run(
-        mut self,
-        mut ctl: mpsc::Receiver<Control<S>>,
-        mut inbox: mpsc::Receiver<Input>,
-    ) -> S {
+    async fn run(mut self, mut ctl: mpsc::Receiver<Control<S>>, mut inbox: mpsc::Receiver<Input>) -> S {
         loop {
-            let deadline = self
-                .core
-                .poll_timeout()
-                .map(|t| self.start + Duration::from_micros(t.as_micros()));
+            let deadline = self.core.poll_timeout().map(|t| self.start + Duration::from_micros(t.as_micros()));
             tokio::select! {
                 c = ctl.recv() => match c {
                     Some(Control::Shutdown) | None => break,
@@ -264,10 +243,7 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
             }
             Control::Silent(served, tx) => {
                 let now = self.now();
-                let _ = tx.send(
-                    self.core
-                        .silent_streams(now, |k| served.get(&k).copied().unwrap_or(0)),
-                );
+                let _ = tx.send(self.core.silent_streams(now, |k| served.get(&k).copied().unwrap_or(0)));
             }
             Control::Notices(tx) => {
                 let _ = tx.send(self.notices.drain(..).collect());
@@ -280,10 +256,7 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
     fn add(&mut self, ep: EndpointConfig) -> Result<(), IngestError> {
         let key = ep.stream.key;
         let now = self.now();
-        let stream = StreamConfig {
-            has_replay: ep.replay_endpoint.is_some(),
-            ..ep.stream.clone()
-        };
+        let stream = StreamConfig { has_replay: ep.replay_endpoint.is_some(), ..ep.stream.clone() };
         self.core.add_stream(now, stream)?;
         let gen = self.next_gen;
         self.next_gen += 1;
@@ -293,29 +266,14 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
             gen,
             ep.clone(),
             self.in_tx.clone(),
-            (
-                self.cfg.reconnect_backoff_min_ms,
-                self.cfg.reconnect_backoff_max_ms,
-            ),
+            (self.cfg.reconnect_backoff_min_ms, self.cfg.reconnect_backoff_max_ms),
         ));
-        self.endpoints.insert(
-            key,
-            Endpoint {
-                cfg: ep,
-                gen,
-                sub,
-                replay: None,
-            },
-        );
+        self.endpoints.insert(key, Endpoint { cfg: ep, gen, sub, replay: None });
         Ok(())
     }
 
     fn input(&mut self, input: Input) {
-        if self
-            .endpoints
-            .get(&input.key)
-            .is_none_or(|e| e.gen != input.gen)
-        {
+        if self.endpoints.get(&input.key).is_none_or(|e| e.gen != input.gen) {
             return;
         }
         let now = self.now();
@@ -354,13 +312,7 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
             // failing the replay beats leaving the gap open until its deadline.
             let gen = ep.gen;
             tokio::spawn(async move {
-                let _ = tx
-                    .send(Input {
-                        key,
-                        gen,
-                        kind: InputKind::ReplayFailed(id),
-                    })
-                    .await;
+                let _ = tx.send(Input { key, gen, kind: InputKind::ReplayFailed(id) }).await;
             });
             return;
         };
@@ -368,16 +320,7 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
             old.abort();
         }
         let timeout = Duration::from_millis(self.cfg.ingest.sequencer.replay_timeout_ms);
-        ep.replay = Some(tokio::spawn(tasks::replay(
-            self.connector.clone(),
-            key,
-            ep.gen,
-            id,
-            addr,
-            from,
-            tx,
-            timeout,
-        )));
+        ep.replay = Some(tokio::spawn(tasks::replay(self.connector.clone(), key, ep.gen, id, addr, from, tx, timeout)));
     }
 }
 

@@ -206,8 +206,7 @@ impl<P> Sequencer<P> {
         }
         let next = self.next_seq();
         if let Some(rec) = &mut self.recovery {
-            if rec.pending.len() >= self.cfg.pending_batches_max && !rec.pending.contains_key(&seq)
-            {
+            if rec.pending.len() >= self.cfg.pending_batches_max && !rec.pending.contains_key(&seq) {
                 self.fail_recovery(now);
                 self.handle_live(now, seq, ts, payload);
                 return;
@@ -234,13 +233,7 @@ impl<P> Sequencer<P> {
         let mut pending = BTreeMap::new();
         pending.insert(seq, (ts, payload));
         let (id, deadline) = (ReplayId(0), now);
-        self.recovery = Some(Recovery {
-            id,
-            deadline,
-            pending,
-            attempts: 0,
-            from: next,
-        });
+        self.recovery = Some(Recovery { id, deadline, pending, attempts: 0, from: next });
         self.out.push_back(SeqOutput::Trusted(false));
         self.request_replay(now, next);
     }
@@ -260,19 +253,11 @@ impl<P> Sequencer<P> {
         rec.from = from;
         self.next_id += 1;
         self.stats.replays_requested += 1;
-        self.out
-            .push_back(SeqOutput::RequestReplay { id: rec.id, from });
+        self.out.push_back(SeqOutput::RequestReplay { id: rec.id, from });
     }
 
     /// A batch from replay `id`.
-    pub fn handle_replay(
-        &mut self,
-        now: Instant,
-        id: ReplayId,
-        seq: u64,
-        ts: Option<f64>,
-        payload: P,
-    ) {
+    pub fn handle_replay(&mut self, now: Instant, id: ReplayId, seq: u64, ts: Option<f64>, payload: P) {
         if !self.is_current(id) {
             self.stats.stale_replay += 1;
             return;

@@ -158,10 +158,9 @@ pub enum TranslateError {
 impl fmt::Display for TranslateError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TranslateError::BlockSizeMismatch { configured, got } => write!(
-                f,
-                "engine block size {got} differs from the configured {configured} tokens"
-            ),
+            TranslateError::BlockSizeMismatch { configured, got } => {
+                write!(f, "engine block size {got} differs from the configured {configured} tokens")
+            }
             TranslateError::TokenCountMismatch { blocks, tokens } => {
                 write!(f, "{tokens} tokens do not fill {blocks} blocks exactly")
             }
@@ -213,10 +212,7 @@ struct SeededHasher {
 impl BuildHasher for SeededState {
     type Hasher = SeededHasher;
     fn build_hasher(&self) -> SeededHasher {
-        SeededHasher {
-            seed: self.0,
-            acc: 0,
-        }
+        SeededHasher { seed: self.0, acc: 0 }
     }
 }
 
@@ -266,14 +262,7 @@ impl Translator {
     /// An empty translator.
     pub fn new(cfg: TranslateConfig) -> Self {
         let map = HashMap::with_hasher(SeededState(cfg.map_seed));
-        Translator {
-            cfg,
-            map,
-            order: VecDeque::new(),
-            stamp: 0,
-            stats: TranslateStats::default(),
-            bytes: Vec::new(),
-        }
+        Translator { cfg, map, order: VecDeque::new(), stamp: 0, stats: TranslateStats::default(), bytes: Vec::new() }
     }
 
     /// Engine hashes currently remembered.
@@ -300,11 +289,7 @@ impl Translator {
     /// Translates one event, appending zero or more updates to `out`.
     ///
     /// Work is linear in the event's tokens and blocks (plus amortised O(1) eviction).
-    pub fn translate(
-        &mut self,
-        ev: EventRef<'_>,
-        out: &mut Vec<RouterEvent>,
-    ) -> Result<(), TranslateError> {
+    pub fn translate(&mut self, ev: EventRef<'_>, out: &mut Vec<RouterEvent>) -> Result<(), TranslateError> {
         match ev {
             EventRef::Stored(s) => self.stored(s, out),
             EventRef::Removed(r) => {
@@ -319,11 +304,7 @@ impl Translator {
         }
     }
 
-    fn stored(
-        &mut self,
-        s: StoredRef<'_>,
-        out: &mut Vec<RouterEvent>,
-    ) -> Result<(), TranslateError> {
+    fn stored(&mut self, s: StoredRef<'_>, out: &mut Vec<RouterEvent>) -> Result<(), TranslateError> {
         if s.group_idx != self.cfg.kv_group {
             self.stats.other_group += 1;
             return Ok(());
@@ -331,18 +312,12 @@ impl Translator {
         let bs = self.cfg.block_size.tokens();
         if s.block_size != bs {
             self.stats.block_size_mismatch += 1;
-            return Err(TranslateError::BlockSizeMismatch {
-                configured: bs,
-                got: s.block_size,
-            });
+            return Err(TranslateError::BlockSizeMismatch { configured: bs, got: s.block_size });
         }
         let n = s.block_hashes.len();
         if s.token_ids.len() != n * bs as usize {
             self.stats.token_count_mismatch += 1;
-            return Err(TranslateError::TokenCountMismatch {
-                blocks: n,
-                tokens: s.token_ids.len(),
-            });
+            return Err(TranslateError::TokenCountMismatch { blocks: n, tokens: s.token_ids.len() });
         }
         let parent = match s.parent {
             None => None,
@@ -371,11 +346,7 @@ impl Translator {
             self.remember(*h, b.seq, bit);
         }
         self.stats.stored_blocks += n as u64;
-        out.push(RouterEvent::Stored {
-            parent,
-            blocks,
-            tier: s.tier,
-        });
+        out.push(RouterEvent::Stored { parent, blocks, tier: s.tier });
         while self.map.len() > self.cfg.blocks_max {
             self.evict_oldest(out);
         }
@@ -386,18 +357,10 @@ impl Translator {
     fn remember(&mut self, h: EngineHash, seq: SeqHash, bit: u8) {
         self.stamp += 1;
         let stamp = self.stamp;
-        let slot = self.map.entry(h).or_insert(Slot {
-            seq,
-            tiers: 0,
-            stamp,
-        });
+        let slot = self.map.entry(h).or_insert(Slot { seq, tiers: 0, stamp });
         if slot.seq != seq {
             // The engine reused a hash for other content: the new content wins.
-            *slot = Slot {
-                seq,
-                tiers: 0,
-                stamp,
-            };
+            *slot = Slot { seq, tiers: 0, stamp };
         }
         slot.tiers |= bit;
         slot.stamp = stamp;
@@ -425,10 +388,7 @@ impl Translator {
         }
         if !blocks.is_empty() {
             self.stats.removed_blocks += blocks.len() as u64;
-            out.push(RouterEvent::Removed {
-                blocks,
-                tier: r.tier,
-            });
+            out.push(RouterEvent::Removed { blocks, tier: r.tier });
         }
     }
 
@@ -442,10 +402,7 @@ impl Translator {
                 self.stats.evicted += 1;
                 for t in TIERS {
                     if slot.tiers & tier_bit(t) != 0 {
-                        out.push(RouterEvent::Removed {
-                            blocks: vec![slot.seq],
-                            tier: t,
-                        });
+                        out.push(RouterEvent::Removed { blocks: vec![slot.seq], tier: t });
                     }
                 }
             }
@@ -458,8 +415,7 @@ impl Translator {
     fn compact(&mut self) {
         if self.order.len() > 2 * self.map.len() + 1024 {
             let map = &self.map;
-            self.order
-                .retain(|(h, s)| map.get(h).is_some_and(|slot| slot.stamp == *s));
+            self.order.retain(|(h, s)| map.get(h).is_some_and(|slot| slot.stamp == *s));
         }
     }
 }

@@ -12,9 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use core::fmt;
 use futures_util::StreamExt;
-use zeromq::{
-    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
-};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 /// Why a transport operation failed.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -55,17 +53,9 @@ pub enum SubEvent {
 #[async_trait]
 pub trait Connector: Send + Sync + 'static {
     /// Subscribes to `topic` (a prefix; empty for all) at `endpoint`.
-    async fn subscribe(
-        &self,
-        endpoint: &str,
-        topic: &str,
-    ) -> Result<Box<dyn Subscription>, TransportError>;
+    async fn subscribe(&self, endpoint: &str, topic: &str) -> Result<Box<dyn Subscription>, TransportError>;
     /// Sends a replay request for batches from `from` on to `endpoint`.
-    async fn replay(
-        &self,
-        endpoint: &str,
-        from: u64,
-    ) -> Result<Box<dyn ReplayReplies>, TransportError>;
+    async fn replay(&self, endpoint: &str, from: u64) -> Result<Box<dyn ReplayReplies>, TransportError>;
 }
 
 /// A live subscription.
@@ -91,9 +81,7 @@ pub struct ZmqConnector {
 
 impl Default for ZmqConnector {
     fn default() -> Self {
-        ZmqConnector {
-            connect_timeout_ms: 2_000,
-        }
+        ZmqConnector { connect_timeout_ms: 2_000 }
     }
 }
 
@@ -120,34 +108,17 @@ fn err<E: fmt::Display>(f: fn(String) -> TransportError) -> impl Fn(E) -> Transp
 
 #[async_trait]
 impl Connector for ZmqConnector {
-    async fn subscribe(
-        &self,
-        endpoint: &str,
-        topic: &str,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
+    async fn subscribe(&self, endpoint: &str, topic: &str) -> Result<Box<dyn Subscription>, TransportError> {
         let mut socket = SubSocket::with_options(self.options());
         let monitor = socket.monitor();
-        socket
-            .connect(endpoint)
-            .await
-            .map_err(err(TransportError::Connect))?;
-        socket
-            .subscribe(topic)
-            .await
-            .map_err(err(TransportError::Connect))?;
+        socket.connect(endpoint).await.map_err(err(TransportError::Connect))?;
+        socket.subscribe(topic).await.map_err(err(TransportError::Connect))?;
         Ok(Box::new(ZmqSub { socket, monitor }))
     }
 
-    async fn replay(
-        &self,
-        endpoint: &str,
-        from: u64,
-    ) -> Result<Box<dyn ReplayReplies>, TransportError> {
+    async fn replay(&self, endpoint: &str, from: u64) -> Result<Box<dyn ReplayReplies>, TransportError> {
         let mut socket = DealerSocket::with_options(self.options());
-        socket
-            .connect(endpoint)
-            .await
-            .map_err(err(TransportError::Connect))?;
+        socket.connect(endpoint).await.map_err(err(TransportError::Connect))?;
         // A DEALER adds no delimiter itself; the ROUTER expects [identity, empty, start].
         let request = vec![Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
         let msg = ZmqMessage::try_from(request).map_err(err(TransportError::Send))?;
@@ -181,11 +152,7 @@ impl Subscription for ZmqSub {
 #[async_trait]
 impl ReplayReplies for ZmqReplay {
     async fn next(&mut self) -> Result<Vec<Bytes>, TransportError> {
-        let m = self
-            .socket
-            .recv()
-            .await
-            .map_err(err(TransportError::Recv))?;
+        let m = self.socket.recv().await.map_err(err(TransportError::Recv))?;
         Ok(m.into_vec())
     }
 }

@@ -129,19 +129,35 @@ impl Default for HashSeed {
 ///
 /// Works for any slice length; callers pass exactly one block.
 pub fn local_hash(tokens: &[u32], extra_keys: &[u64], seed: HashSeed) -> LocalHash {
-    // heapless::Vec leaves its storage uninitialized, so the largest block (1024 tokens)
-    // plus a few extra keys hashes from the stack with no allocation and no memset.
-    const BUF_BYTES: usize = 4 * BLOCK_SIZE_MAX_TOKENS as usize + 8 * 16;
-    let mut buf: heapless::Vec<u8, BUF_BYTES> = heapless::Vec::new();
-    let fits = tokens.iter().try_for_each(|t| buf.extend_from_slice(&t.to_le_bytes()).map_err(drop)).is_ok()
-        && extra_keys.iter().try_for_each(|k| buf.extend_from_slice(&k.to_le_bytes()).map_err(drop)).is_ok();
-    if fits {
-        return LocalHash(xxh3_64_with_seed(&buf, seed.0));
+    let need = tokens.len() * 4 + extra_keys.len() * 8;
+    // The default 64-token block fits a small stack buffer that is cheap to zero; larger
+    // blocks (up to 1024 tokens) go through a bigger one, and only exotic inputs allocate.
+    if need <= SMALL_BUF_BYTES {
+        let mut buf = [0u8; SMALL_BUF_BYTES];
+        fill(&mut buf[..need], tokens, extra_keys);
+        return LocalHash(xxh3_64_with_seed(&buf[..need], seed.0));
     }
-    let mut big = Vec::with_capacity(tokens.len() * 4 + extra_keys.len() * 8);
-    big.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
-    big.extend(extra_keys.iter().flat_map(|k| k.to_le_bytes()));
-    LocalHash(xxh3_64_with_seed(&big, seed.0))
+    if need <= LARGE_BUF_BYTES {
+        let mut buf = [0u8; LARGE_BUF_BYTES];
+        fill(&mut buf[..need], tokens, extra_keys);
+        return LocalHash(xxh3_64_with_seed(&buf[..need], seed.0));
+    }
+    let mut buf = alloc::vec![0u8; need];
+    fill(&mut buf, tokens, extra_keys);
+    LocalHash(xxh3_64_with_seed(&buf, seed.0))
+}
+
+const SMALL_BUF_BYTES: usize = 4 * 64 + 8 * 4;
+const LARGE_BUF_BYTES: usize = 4 * BLOCK_SIZE_MAX_TOKENS as usize + 8 * 16;
+
+fn fill(buf: &mut [u8], tokens: &[u32], extra_keys: &[u64]) {
+    let (tok_bytes, extra_bytes) = buf.split_at_mut(tokens.len() * 4);
+    for (dst, t) in tok_bytes.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    for (dst, k) in extra_bytes.chunks_exact_mut(8).zip(extra_keys) {
+        dst.copy_from_slice(&k.to_le_bytes());
+    }
 }
 
 /// One chain step: the sequence hash of a block whose parent is `parent`.

@@ -253,7 +253,11 @@ fn untrusted_overlap_earns_no_credit() {
     let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
     let hot = WorkerKey::new(1, 0);
     r.handle_kv_event(T0, hot, IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device }).unwrap();
-    let q = |id| { let mut q = req(id, &[1, 2, 3, 4, 5, 6, 7, 8]); q.preview = true; q };
+    let q = |id| {
+        let mut q = req(id, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        q.preview = true;
+        q
+    };
     assert_eq!(routed(r.handle_request(T0, q(1), Draw(0))).target, hot);
     r.handle_overlap_trust(hot, false);
     let d = routed(r.handle_request(T0, q(2), Draw(0)));

@@ -44,13 +44,7 @@ const STORED: &[Field] = &[
     Field::Ownership,
     Field::SessionId,
 ];
-const REMOVED: &[Field] = &[
-    Field::BlockHashes,
-    Field::Medium,
-    Field::GroupIdx,
-    Field::Locality,
-    Field::Ownership,
-];
+const REMOVED: &[Field] = &[Field::BlockHashes, Field::Medium, Field::GroupIdx, Field::Locality, Field::Ownership];
 const CLEARED: &[Field] = &[];
 
 fn field_by_name(name: &[u8]) -> Option<Field> {
@@ -119,20 +113,12 @@ struct Mark {
 }
 
 /// Decodes the `events` array into `out`.
-pub(super) fn decode_events(
-    r: &mut Reader<'_>,
-    cfg: &DecodeConfig,
-    out: &mut Batch,
-) -> Result<(), DecodeError> {
+pub(super) fn decode_events(r: &mut Reader<'_>, cfg: &DecodeConfig, out: &mut Batch) -> Result<(), DecodeError> {
     let n = r.array_len()?;
     out.events.reserve(n.min(1024));
     for _ in 0..n {
-        let mark = Mark {
-            pos: r.position(),
-            hashes: out.hashes.len(),
-            tokens: out.tokens.len(),
-            names: out.names.len(),
-        };
+        let mark =
+            Mark { pos: r.position(), hashes: out.hashes.len(), tokens: out.tokens.len(), names: out.names.len() };
         match decode_event(r, cfg, out) {
             Ok(Some(ev)) => out.events.push(ev),
             Ok(None) => {
@@ -161,11 +147,7 @@ impl Batch {
     }
 }
 
-fn decode_event(
-    r: &mut Reader<'_>,
-    cfg: &DecodeConfig,
-    out: &mut Batch,
-) -> Result<Option<Event>, DecodeError> {
+fn decode_event(r: &mut Reader<'_>, cfg: &DecodeConfig, out: &mut Batch) -> Result<Option<Event>, DecodeError> {
     let mut f = Fields::default();
     let mut unknown = 0u32;
     let kind = match r.peek()? {
@@ -220,9 +202,7 @@ fn map_event(
     for _ in 0..n {
         let key = r.str_or_bin()?;
         if key == b"type" {
-            kind = Some(Kind::from_tag(
-                r.str_or_bin().map_err(|_| DecodeError::BadEvent)?,
-            ));
+            kind = Some(Kind::from_tag(r.str_or_bin().map_err(|_| DecodeError::BadEvent)?));
             break;
         }
         r.skip()?;
@@ -273,11 +253,7 @@ fn read_field(
             f.hashes = Some(start..out.hashes.len());
         }
         Field::Parent => {
-            f.parent = if r.eat_nil()? {
-                None
-            } else {
-                Some(read_hash(r, cfg)?)
-            };
+            f.parent = if r.eat_nil()? { None } else { Some(read_hash(r, cfg)?) };
         }
         Field::TokenIds => {
             let start = out.tokens.len();
@@ -322,10 +298,7 @@ fn read_field(
 
 fn read_hash(r: &mut Reader<'_>, cfg: &DecodeConfig) -> Result<EngineHash, DecodeError> {
     match r.peek()? {
-        0xa0..=0xbf | 0xc4..=0xc6 | 0xd9..=0xdb => Ok(EngineHash::from_bytes(
-            r.str_or_bin()?,
-            cfg.engine_hash_seed,
-        )),
+        0xa0..=0xbf | 0xc4..=0xc6 | 0xd9..=0xdb => Ok(EngineHash::from_bytes(r.str_or_bin()?, cfg.engine_hash_seed)),
         _ => EngineHash::from_int(r.int()?).ok_or(DecodeError::HashOutOfRange),
     }
 }

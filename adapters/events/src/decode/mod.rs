@@ -34,10 +34,7 @@ pub struct DecodeConfig {
 
 impl Default for DecodeConfig {
     fn default() -> Self {
-        DecodeConfig {
-            event_bytes_max: 16 << 20,
-            engine_hash_seed: 0,
-        }
+        DecodeConfig { event_bytes_max: 16 << 20, engine_hash_seed: 0 }
     }
 }
 
@@ -253,30 +250,19 @@ impl Batch {
 
     fn view<'b>(&'b self, e: &Event) -> EventRef<'b> {
         match e {
-            Event::Stored {
-                hashes,
-                parent,
-                tokens,
-                block_size,
-                tier,
-                lora,
-                group_idx,
-                has_extra_keys,
-            } => EventRef::Stored(StoredRef {
-                block_hashes: &self.hashes[hashes.clone()],
-                parent: *parent,
-                token_ids: &self.tokens[tokens.clone()],
-                block_size: *block_size,
-                tier: *tier,
-                lora_name: lora.clone().map(|r| &self.names[r]),
-                group_idx: *group_idx,
-                has_extra_keys: *has_extra_keys,
-            }),
-            Event::Removed {
-                hashes,
-                tier,
-                group_idx,
-            } => EventRef::Removed(RemovedRef {
+            Event::Stored { hashes, parent, tokens, block_size, tier, lora, group_idx, has_extra_keys } => {
+                EventRef::Stored(StoredRef {
+                    block_hashes: &self.hashes[hashes.clone()],
+                    parent: *parent,
+                    token_ids: &self.tokens[tokens.clone()],
+                    block_size: *block_size,
+                    tier: *tier,
+                    lora_name: lora.clone().map(|r| &self.names[r]),
+                    group_idx: *group_idx,
+                    has_extra_keys: *has_extra_keys,
+                })
+            }
+            Event::Removed { hashes, tier, group_idx } => EventRef::Removed(RemovedRef {
                 block_hashes: &self.hashes[hashes.clone()],
                 tier: *tier,
                 group_idx: *group_idx,
@@ -299,17 +285,10 @@ impl Batch {
 /// Decodes `payload` into `out` (cleared first). Work is linear in `payload.len()`.
 ///
 /// On `Err` the batch must not be applied; `out` may hold a partial decode.
-pub fn decode_batch(
-    payload: &[u8],
-    cfg: &DecodeConfig,
-    out: &mut Batch,
-) -> Result<(), DecodeError> {
+pub fn decode_batch(payload: &[u8], cfg: &DecodeConfig, out: &mut Batch) -> Result<(), DecodeError> {
     out.clear();
     if payload.len() > cfg.event_bytes_max {
-        return Err(DecodeError::TooLarge {
-            bytes: payload.len(),
-            max: cfg.event_bytes_max,
-        });
+        return Err(DecodeError::TooLarge { bytes: payload.len(), max: cfg.event_bytes_max });
     }
     let mut r = Reader::new(payload);
     match r.peek()? {
@@ -335,11 +314,7 @@ pub fn peek_ts(payload: &[u8]) -> Option<f64> {
     None
 }
 
-fn decode_array_batch(
-    r: &mut Reader<'_>,
-    cfg: &DecodeConfig,
-    out: &mut Batch,
-) -> Result<(), DecodeError> {
+fn decode_array_batch(r: &mut Reader<'_>, cfg: &DecodeConfig, out: &mut Batch) -> Result<(), DecodeError> {
     let n = r.array_len()?;
     if n < 2 {
         return Err(DecodeError::NotABatch);
@@ -356,11 +331,7 @@ fn decode_array_batch(
     Ok(())
 }
 
-fn decode_map_batch(
-    r: &mut Reader<'_>,
-    cfg: &DecodeConfig,
-    out: &mut Batch,
-) -> Result<(), DecodeError> {
+fn decode_map_batch(r: &mut Reader<'_>, cfg: &DecodeConfig, out: &mut Batch) -> Result<(), DecodeError> {
     let n = r.map_len()?;
     let (mut ts, mut events) = (false, false);
     for _ in 0..n {
@@ -391,11 +362,7 @@ fn read_rank(r: &mut Reader<'_>) -> Result<Option<u32>, DecodeError> {
         return Ok(None);
     }
     let v = r.int()?;
-    u32::try_from(v)
-        .map(Some)
-        .map_err(|_| DecodeError::IntOutOfRange {
-            field: "data_parallel_rank",
-        })
+    u32::try_from(v).map(Some).map_err(|_| DecodeError::IntOutOfRange { field: "data_parallel_rank" })
 }
 
 #[cfg(test)]

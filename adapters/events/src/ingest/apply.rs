@@ -20,11 +20,7 @@ struct Ctx<'c> {
 
 impl IngestCore {
     /// Drains `key`'s sequencer; returns the first problem met while applying.
-    pub(super) fn drain(
-        &mut self,
-        key: WorkerKey,
-        sink: &mut impl EventSink,
-    ) -> Result<(), IngestError> {
+    pub(super) fn drain(&mut self, key: WorkerKey, sink: &mut impl EventSink) -> Result<(), IngestError> {
         let Some(stream) = self.streams.get_mut(&key) else {
             return Ok(());
         };
@@ -80,11 +76,7 @@ fn apply_batch(
     if let Err(e) = decode_batch(payload, ctx.decode, ctx.batch) {
         stream.status.batches_malformed += 1;
         let error = IngestError::Decode(e);
-        ctx.notices.push_back(Notice {
-            key,
-            error,
-            config: false,
-        });
+        ctx.notices.push_back(Notice { key, error, config: false });
         return Err(error);
     }
     let st = ctx.batch.stats;
@@ -96,10 +88,7 @@ fn apply_batch(
         None => Ok(()),
     };
     let rank = ctx.batch.dp_rank.map_or(key.rank, DpRank);
-    let target = WorkerKey {
-        worker: key.worker,
-        rank,
-    };
+    let target = WorkerKey { worker: key.worker, rank };
     if !stream.ranks.contains_key(&rank) && stream.ranks.len() >= ctx.ranks_max {
         stream.status.events_dropped += ctx.batch.len() as u64;
         return Err(IngestError::TooManyRanks);
@@ -128,11 +117,7 @@ fn apply_batch(
                 let error = IngestError::Translate(e);
                 if config && stream.status.config_error.is_none() {
                     stream.status.config_error = Some(e);
-                    ctx.notices.push_back(Notice {
-                        key,
-                        error,
-                        config: true,
-                    });
+                    ctx.notices.push_back(Notice { key, error, config: true });
                 }
                 if first.is_ok() {
                     first = Err(error);

@@ -69,28 +69,13 @@ pub(super) async fn replay<C: Connector>(
         loop {
             let frames = replies.next().await?;
             let end = is_replay_end(&frames);
-            if tx
-                .send(Input {
-                    key,
-                    gen,
-                    kind: InputKind::Replay(id, frames),
-                })
-                .await
-                .is_err()
-                || end
-            {
+            if tx.send(Input { key, gen, kind: InputKind::Replay(id, frames) }).await.is_err() || end {
                 return Ok::<(), TransportError>(());
             }
         }
     };
     let ok = matches!(tokio::time::timeout(timeout, work).await, Ok(Ok(())));
     if !ok {
-        let _ = tx
-            .send(Input {
-                key,
-                gen,
-                kind: InputKind::ReplayFailed(id),
-            })
-            .await;
+        let _ = tx.send(Input { key, gen, kind: InputKind::ReplayFailed(id) }).await;
     }
 }

@@ -71,21 +71,13 @@ fn cfg() -> SequencerConfig {
 
 /// Joining mid-stream without asking for history.
 fn no_join() -> SequencerConfig {
-    SequencerConfig {
-        join_replay_seqs_max: 0,
-        ..cfg()
-    }
+    SequencerConfig { join_replay_seqs_max: 0, ..cfg() }
 }
 
 #[test]
 fn in_order_and_duplicates() {
     check(cfg(), true, &live(&[0, 1, 2]), &[A(0), A(1), A(2)]);
-    check(
-        no_join(),
-        true,
-        &live(&[5, 6, 6, 5, 7]),
-        &[A(5), A(6), A(7)],
-    );
+    check(no_join(), true, &live(&[5, 6, 6, 5, 7]), &[A(5), A(6), A(7)]);
     check(cfg(), false, &live(&[0, 1, 1, 2]), &[A(0), A(1), A(2)]);
 }
 
@@ -93,150 +85,65 @@ fn in_order_and_duplicates() {
 fn gap_filled_by_replay() {
     let mut script = live(&[0, 3]);
     script.extend([Replay(0, 1), Replay(0, 2), Replay(0, 3), End(0)]);
-    check(
-        cfg(),
-        true,
-        &script,
-        &[A(0), T(false), R(0, 1), A(1), A(2), A(3), T(true)],
-    );
+    check(cfg(), true, &script, &[A(0), T(false), R(0, 1), A(1), A(2), A(3), T(true)]);
 }
 
 #[test]
 fn gap_filled_by_late_live_batches() {
     let mut script = live(&[0, 2, 1]);
     script.extend([Replay(0, 1), End(0)]);
-    check(
-        cfg(),
-        true,
-        &script,
-        &[A(0), T(false), R(0, 1), A(1), A(2), T(true)],
-    );
+    check(cfg(), true, &script, &[A(0), T(false), R(0, 1), A(1), A(2), T(true)]);
 }
 
 #[test]
 fn live_batches_during_replay_are_applied_in_order() {
     let mut script = live(&[0, 3, 5, 4]);
-    script.extend([
-        Replay(0, 1),
-        Replay(0, 2),
-        Replay(0, 3),
-        Replay(0, 4),
-        Replay(0, 5),
-        End(0),
-    ]);
-    check(
-        cfg(),
-        true,
-        &script,
-        &[
-            A(0),
-            T(false),
-            R(0, 1),
-            A(1),
-            A(2),
-            A(3),
-            A(4),
-            A(5),
-            T(true),
-        ],
-    );
+    script.extend([Replay(0, 1), Replay(0, 2), Replay(0, 3), Replay(0, 4), Replay(0, 5), End(0)]);
+    check(cfg(), true, &script, &[A(0), T(false), R(0, 1), A(1), A(2), A(3), A(4), A(5), T(true)]);
 }
 
 #[test]
 fn incomplete_replay_resets_and_starts_over_from_live() {
     let mut ended_early = live(&[0, 3]);
     ended_early.extend([End(0)]);
-    check(
-        cfg(),
-        true,
-        &ended_early,
-        &[A(0), T(false), R(0, 1), C, T(true), A(3)],
-    );
+    check(cfg(), true, &ended_early, &[A(0), T(false), R(0, 1), C, T(true), A(3)]);
 
     // Progress earns a follow-up replay, up to the attempt limit.
     let mut progressed = live(&[0, 3]);
     progressed.extend([Replay(0, 1), End(0), Replay(1, 2)]);
     let want = [A(0), T(false), R(0, 1), A(1), R(1, 2), A(2), A(3), T(true)];
     check(cfg(), true, &progressed, &want);
-    let once = SequencerConfig {
-        replay_attempts_max: 1,
-        ..cfg()
-    };
+    let once = SequencerConfig { replay_attempts_max: 1, ..cfg() };
     let mut limited = live(&[0, 3]);
     limited.extend([Replay(0, 1), End(0)]);
-    check(
-        once,
-        true,
-        &limited,
-        &[A(0), T(false), R(0, 1), A(1), C, T(true), A(3)],
-    );
+    check(once, true, &limited, &[A(0), T(false), R(0, 1), A(1), C, T(true), A(3)]);
 
     // The publisher's buffer starts after the hole.
     let mut skipped = live(&[0, 5, 6]);
     skipped.push(Replay(0, 3));
-    check(
-        cfg(),
-        true,
-        &skipped,
-        &[A(0), T(false), R(0, 1), C, T(true), A(5), A(6)],
-    );
+    check(cfg(), true, &skipped, &[A(0), T(false), R(0, 1), C, T(true), A(5), A(6)]);
 
     let mut failed = live(&[0, 2]);
     failed.extend([Fail(0), Live(4, 4.0), Replay(0, 1), Replay(1, 3)]);
-    check(
-        cfg(),
-        true,
-        &failed,
-        &[
-            A(0),
-            T(false),
-            R(0, 1),
-            C,
-            T(true),
-            A(2),
-            T(false),
-            R(1, 3),
-            A(3),
-            A(4),
-            T(true),
-        ],
-    );
+    check(cfg(), true, &failed, &[A(0), T(false), R(0, 1), C, T(true), A(2), T(false), R(1, 3), A(3), A(4), T(true)]);
 }
 
 #[test]
 fn gap_without_replay_resets_at_once() {
-    check(
-        cfg(),
-        false,
-        &live(&[0, 1, 4, 5]),
-        &[A(0), A(1), C, A(4), A(5)],
-    );
+    check(cfg(), false, &live(&[0, 1, 4, 5]), &[A(0), A(1), C, A(4), A(5)]);
 }
 
 #[test]
 fn replay_timeout_resets() {
     let mut script = live(&[0, 3]);
     script.extend([At(1_999), At(2_000), Replay(0, 1)]);
-    check(
-        cfg(),
-        true,
-        &script,
-        &[A(0), T(false), R(0, 1), C, T(true), A(3)],
-    );
+    check(cfg(), true, &script, &[A(0), T(false), R(0, 1), C, T(true), A(3)]);
 }
 
 #[test]
 fn pending_overflow_resets() {
-    let small = SequencerConfig {
-        pending_batches_max: 2,
-        ..cfg()
-    };
-    check(
-        small,
-        true,
-        &live(&[0, 3, 4, 5]),
-        &[A(0), T(false), R(0, 1), C, T(true), A(3), A(4), A(5)],
-    );
+    let small = SequencerConfig { pending_batches_max: 2, ..cfg() };
+    check(small, true, &live(&[0, 3, 4, 5]), &[A(0), T(false), R(0, 1), C, T(true), A(3), A(4), A(5)]);
 }
 
 #[test]
@@ -247,73 +154,39 @@ fn restarts() {
     check(cfg(), true, &newer, &[A(0), A(1), A(2), C, A(0), A(1)]);
 
     // No readable timestamp: 4 behind is a duplicate, 5 behind a restart.
-    let near = SequencerConfig {
-        restart_backstep_seqs: 5,
-        ..cfg()
-    };
+    let near = SequencerConfig { restart_backstep_seqs: 5, ..cfg() };
     let mut far = live(&[0, 1, 2, 3, 4, 5, 6, 7]);
     far.extend([LiveNoTs(3), LiveNoTs(2)]);
-    check(
-        near,
-        true,
-        &far,
-        &[A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), C, A(2)],
-    );
+    check(near, true, &far, &[A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), C, A(2)]);
 
     // A restart during a replay abandons it.
     let mut mid = live(&[4, 6]);
     mid.extend([Live(0, 100.0), Replay(0, 5)]);
-    check(
-        no_join(),
-        true,
-        &mid,
-        &[A(4), T(false), R(0, 5), C, T(true), A(0)],
-    );
+    check(no_join(), true, &mid, &[A(4), T(false), R(0, 5), C, T(true), A(0)]);
 }
 
 #[test]
 fn stale_replays_are_ignored() {
     let mut script = live(&[0, 2]);
     script.extend([Fail(0), Live(4, 4.0), Replay(0, 3), End(0)]);
-    check(
-        cfg(),
-        true,
-        &script,
-        &[A(0), T(false), R(0, 1), C, T(true), A(2), T(false), R(1, 3)],
-    );
+    check(cfg(), true, &script, &[A(0), T(false), R(0, 1), C, T(true), A(2), T(false), R(1, 3)]);
 }
 
 #[test]
 fn timeouts_are_harmless_when_idle() {
-    check(
-        cfg(),
-        true,
-        &[At(0), At(u64::MAX / 1000), Live(0, 0.0), At(5)],
-        &[A(0)],
-    );
+    check(cfg(), true, &[At(0), At(u64::MAX / 1000), Live(0, 0.0), At(5)], &[A(0)]);
 }
 
 #[test]
 fn first_batch_above_zero_asks_for_history() {
     let mut joined = live(&[3]);
-    joined.extend([
-        Replay(0, 0),
-        Replay(0, 1),
-        Replay(0, 2),
-        Replay(0, 3),
-        End(0),
-    ]);
+    joined.extend([Replay(0, 0), Replay(0, 1), Replay(0, 2), Replay(0, 3), End(0)]);
     let want = [T(false), R(0, 0), A(0), A(1), A(2), A(3), T(true)];
     check(cfg(), true, &joined, &want);
 
     let mut too_late = live(&[3, 4]);
     too_late.push(Replay(0, 2));
-    check(
-        cfg(),
-        true,
-        &too_late,
-        &[T(false), R(0, 0), C, T(true), A(3), A(4)],
-    );
+    check(cfg(), true, &too_late, &[T(false), R(0, 0), C, T(true), A(3), A(4)]);
 
     check(cfg(), false, &live(&[3, 4]), &[A(3), A(4)]);
 }

@@ -6,18 +6,10 @@ fn h(v: i128) -> EngineHash {
 }
 
 fn bs4() -> TranslateConfig {
-    TranslateConfig {
-        block_size: BlockSize::new(4).unwrap(),
-        ..TranslateConfig::default()
-    }
+    TranslateConfig { block_size: BlockSize::new(4).unwrap(), ..TranslateConfig::default() }
 }
 
-fn stored<'a>(
-    hashes: &'a [EngineHash],
-    parent: Option<EngineHash>,
-    tokens: &'a [u32],
-    tier: Tier,
-) -> EventRef<'a> {
+fn stored<'a>(hashes: &'a [EngineHash], parent: Option<EngineHash>, tokens: &'a [u32], tier: Tier) -> EventRef<'a> {
     EventRef::Stored(StoredRef {
         block_hashes: hashes,
         parent,
@@ -31,11 +23,7 @@ fn stored<'a>(
 }
 
 fn removed(hashes: &[EngineHash], tier: Tier) -> EventRef<'_> {
-    EventRef::Removed(RemovedRef {
-        block_hashes: hashes,
-        tier,
-        group_idx: 0,
-    })
+    EventRef::Removed(RemovedRef { block_hashes: hashes, tier, group_idx: 0 })
 }
 
 /// Feeds events in order; returns everything emitted, or the first error's index.
@@ -66,17 +54,11 @@ fn stored_blocks_hash_like_the_router_whatever_the_split() {
     let want = seq_hashes(&TOKENS, bs, HashSeed::DEFAULT);
     // One event of four blocks, and the same blocks as two events linked by parent.
     let hs = [h(1), h(2), h(3), h(4)];
-    let whole = run(
-        &mut Translator::new(bs4()),
-        &[stored(&hs, None, &TOKENS, Tier::Device)],
-    );
+    let whole = run(&mut Translator::new(bs4()), &[stored(&hs, None, &TOKENS, Tier::Device)]);
     assert_eq!(seqs(&whole), want);
     let split = run(
         &mut Translator::new(bs4()),
-        &[
-            stored(&hs[..1], None, &TOKENS[..4], Tier::Device),
-            stored(&hs[1..], Some(h(1)), &TOKENS[4..], Tier::Device),
-        ],
+        &[stored(&hs[..1], None, &TOKENS[..4], Tier::Device), stored(&hs[1..], Some(h(1)), &TOKENS[4..], Tier::Device)],
     );
     assert_eq!(seqs(&split), want);
     assert!(matches!(&split[1], RouterEvent::Stored { parent: Some(p), .. } if *p == want[0]));
@@ -85,10 +67,7 @@ fn stored_blocks_hash_like_the_router_whatever_the_split() {
 #[test]
 fn lora_and_cache_salt_change_the_seed() {
     let bs = BlockSize::new(4).unwrap();
-    let cfg = TranslateConfig {
-        cache_salt: Some("tenant".into()),
-        ..bs4()
-    };
+    let cfg = TranslateConfig { cache_salt: Some("tenant".into()), ..bs4() };
     let mut t = Translator::new(cfg);
     let one = [h(1)];
     let ev = EventRef::Stored(StoredRef {
@@ -99,14 +78,7 @@ fn lora_and_cache_salt_change_the_seed() {
         }
     });
     let got = run(&mut t, &[ev]);
-    assert_eq!(
-        seqs(&got),
-        seq_hashes(
-            &TOKENS[..4],
-            bs,
-            HashSeed::salted(Some("ad"), Some("tenant"))
-        )
-    );
+    assert_eq!(seqs(&got), seq_hashes(&TOKENS[..4], bs, HashSeed::salted(Some("ad"), Some("tenant"))));
     assert_ne!(seqs(&got), seq_hashes(&TOKENS[..4], bs, HashSeed::DEFAULT));
 }
 
@@ -120,16 +92,10 @@ fn check_err(ev: EventRef<'_>, want: TranslateError) {
 
 #[test]
 fn bad_events_are_refused_whole() {
-    check_err(
-        stored(&[h(1)], Some(h(99)), &TOKENS[..4], Tier::Device),
-        TranslateError::UnknownParent,
-    );
+    check_err(stored(&[h(1)], Some(h(99)), &TOKENS[..4], Tier::Device), TranslateError::UnknownParent);
     check_err(
         stored(&[h(1), h(2)], None, &TOKENS[..6], Tier::Device),
-        TranslateError::TokenCountMismatch {
-            blocks: 2,
-            tokens: 6,
-        },
+        TranslateError::TokenCountMismatch { blocks: 2, tokens: 6 },
     );
     let one = [h(1)];
     let mut wrong_size = match stored(&one, None, &TOKENS[..8], Tier::Device) {
@@ -137,13 +103,7 @@ fn bad_events_are_refused_whole() {
         _ => unreachable!(),
     };
     wrong_size.block_size = 8;
-    check_err(
-        EventRef::Stored(wrong_size),
-        TranslateError::BlockSizeMismatch {
-            configured: 4,
-            got: 8,
-        },
-    );
+    check_err(EventRef::Stored(wrong_size), TranslateError::BlockSizeMismatch { configured: 4, got: 8 });
 }
 
 #[test]
@@ -151,39 +111,24 @@ fn removal_is_per_tier_and_maps_back() {
     let mut t = Translator::new(bs4());
     let stored_ev = run(
         &mut t,
-        &[
-            stored(&[h(1)], None, &TOKENS[..4], Tier::Device),
-            stored(&[h(1)], None, &TOKENS[..4], Tier::Host),
-        ],
+        &[stored(&[h(1)], None, &TOKENS[..4], Tier::Device), stored(&[h(1)], None, &TOKENS[..4], Tier::Host)],
     );
     let s = seqs(&stored_ev)[0];
     let gone = run(&mut t, &[removed(&[h(1), h(7)], Tier::Device)]);
-    assert_eq!(
-        gone,
-        vec![RouterEvent::Removed {
-            blocks: vec![s],
-            tier: Tier::Device
-        }]
-    );
+    assert_eq!(gone, vec![RouterEvent::Removed { blocks: vec![s], tier: Tier::Device }]);
     assert_eq!(t.stats().unknown_removed, 1);
     assert_eq!(t.len(), 1, "still held on the host");
     assert!(run(&mut t, &[removed(&[h(1)], Tier::Device)]).is_empty());
     assert_eq!(
         run(&mut t, &[removed(&[h(1)], Tier::Host)]),
-        vec![RouterEvent::Removed {
-            blocks: vec![s],
-            tier: Tier::Host
-        }]
+        vec![RouterEvent::Removed { blocks: vec![s], tier: Tier::Host }]
     );
     assert!(t.is_empty());
 }
 
 #[test]
 fn capacity_evicts_the_oldest_and_says_so() {
-    let mut t = Translator::new(TranslateConfig {
-        blocks_max: 2,
-        ..bs4()
-    });
+    let mut t = Translator::new(TranslateConfig { blocks_max: 2, ..bs4() });
     let out = run(
         &mut t,
         &[
@@ -194,27 +139,15 @@ fn capacity_evicts_the_oldest_and_says_so() {
         ],
     );
     let second = seq_hashes(&TOKENS[4..8], BlockSize::new(4).unwrap(), HashSeed::DEFAULT)[0];
-    assert_eq!(
-        out.last(),
-        Some(&RouterEvent::Removed {
-            blocks: vec![second],
-            tier: Tier::Host
-        })
-    );
+    assert_eq!(out.last(), Some(&RouterEvent::Removed { blocks: vec![second], tier: Tier::Host }));
     assert_eq!((t.len(), t.stats().evicted), (2, 1));
 }
 
 #[test]
 fn queue_stays_bounded_under_churn() {
-    let mut t = Translator::new(TranslateConfig {
-        blocks_max: 4,
-        ..bs4()
-    });
+    let mut t = Translator::new(TranslateConfig { blocks_max: 4, ..bs4() });
     for i in 0..10_000 {
-        run(
-            &mut t,
-            &[stored(&[h(i % 3)], None, &TOKENS[..4], Tier::Device)],
-        );
+        run(&mut t, &[stored(&[h(i % 3)], None, &TOKENS[..4], Tier::Device)]);
     }
     assert!(t.order.len() <= 2 * t.len() + 1024 + 1);
 }
@@ -223,17 +156,10 @@ fn queue_stays_bounded_under_churn() {
 fn cleared_and_other_groups() {
     let mut t = Translator::new(bs4());
     run(&mut t, &[stored(&[h(1)], None, &TOKENS[..4], Tier::Device)]);
-    let other = EventRef::Removed(RemovedRef {
-        block_hashes: &[h(1)],
-        tier: Tier::Device,
-        group_idx: 1,
-    });
+    let other = EventRef::Removed(RemovedRef { block_hashes: &[h(1)], tier: Tier::Device, group_idx: 1 });
     assert!(run(&mut t, &[other]).is_empty());
     assert_eq!(t.stats().other_group, 1);
-    assert_eq!(
-        run(&mut t, &[EventRef::Cleared]),
-        vec![RouterEvent::Cleared]
-    );
+    assert_eq!(run(&mut t, &[EventRef::Cleared]), vec![RouterEvent::Cleared]);
     assert!(t.is_empty());
 }
 

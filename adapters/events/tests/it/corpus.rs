@@ -17,10 +17,7 @@ use crate::support::{crate_dir, ModelSink};
 #[test]
 fn every_corpus_file_gives_a_typed_result() {
     let dir = crate_dir().join("tests/corpus");
-    let mut files: Vec<_> = fs::read_dir(&dir)
-        .expect("corpus")
-        .map(|e| e.expect("entry").path())
-        .collect();
+    let mut files: Vec<_> = fs::read_dir(&dir).expect("corpus").map(|e| e.expect("entry").path()).collect();
     files.sort();
     assert!(files.len() >= 20, "corpus has {} files", files.len());
     let key = WorkerKey::new(1, 0);
@@ -36,11 +33,7 @@ fn every_corpus_file_gives_a_typed_result() {
     let mut sink = ModelSink::default();
     let mut batch = Batch::new();
     for (seq, path) in files.iter().enumerate() {
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .expect("utf-8 name")
-            .to_string();
+        let name = path.file_name().and_then(|n| n.to_str()).expect("utf-8 name").to_string();
         let payload = fs::read(path).expect("read");
         let result = decode_batch(&payload, &DecodeConfig::default(), &mut batch);
         if name.starts_with("bad_") {
@@ -48,11 +41,7 @@ fn every_corpus_file_gives_a_typed_result() {
         } else {
             assert!(result.is_ok(), "{name}: {result:?}");
         }
-        let frames = [
-            Bytes::new(),
-            Bytes::copy_from_slice(&(seq as u64).to_be_bytes()),
-            Bytes::from(payload),
-        ];
+        let frames = [Bytes::new(), Bytes::copy_from_slice(&(seq as u64).to_be_bytes()), Bytes::from(payload)];
         match core.handle_live(Instant::ZERO, key, &frames, &mut sink) {
             Ok(()) | Err(IngestError::Decode(_) | IngestError::Translate(_)) => {}
             Err(e) => panic!("{name}: unexpected {e}"),

@@ -4,9 +4,7 @@
 
 use std::fs;
 
-use kvroute_events::decode::{
-    decode_batch, Batch, BatchStats, DecodeConfig, DecodeError, EngineHash, EventRef,
-};
+use kvroute_events::decode::{decode_batch, Batch, BatchStats, DecodeConfig, DecodeError, EngineHash, EventRef};
 use router_core::types::Tier;
 
 use crate::support::{crate_dir, python};
@@ -40,18 +38,12 @@ fn own(ev: EventRef<'_>) -> Want {
                 parent: s.parent,
                 tokens: s.token_ids.to_vec(),
                 tier: s.tier,
-                lora: s
-                    .lora_name
-                    .map(|l| Box::leak(l.to_string().into_boxed_str()) as &'static str),
+                lora: s.lora_name.map(|l| Box::leak(l.to_string().into_boxed_str()) as &'static str),
                 group: s.group_idx,
                 extra: s.has_extra_keys,
             }
         }
-        EventRef::Removed(r) => Want::Removed {
-            hashes: r.block_hashes.to_vec(),
-            tier: r.tier,
-            group: r.group_idx,
-        },
+        EventRef::Removed(r) => Want::Removed { hashes: r.block_hashes.to_vec(), tier: r.tier, group: r.group_idx },
         EventRef::Cleared => Want::Cleared,
     }
 }
@@ -78,21 +70,11 @@ fn stored_int() -> Want {
 
 #[track_caller]
 fn check(name: &str, ts: f64, rank: Option<u32>, want: &[Want], stats: BatchStats) {
-    let payload = fs::read(
-        crate_dir()
-            .join("tests/corpus")
-            .join(format!("{name}.msgpack")),
-    )
-    .expect(name);
+    let payload = fs::read(crate_dir().join("tests/corpus").join(format!("{name}.msgpack"))).expect(name);
     let mut batch = Batch::new();
-    decode_batch(&payload, &DecodeConfig::default(), &mut batch)
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    decode_batch(&payload, &DecodeConfig::default(), &mut batch).unwrap_or_else(|e| panic!("{name}: {e}"));
     let got: Vec<Want> = batch.events().map(own).collect();
-    assert_eq!(
-        (batch.ts, batch.dp_rank, got.as_slice(), batch.stats),
-        (ts, rank, want, stats),
-        "{name}"
-    );
+    assert_eq!((batch.ts, batch.dp_rank, got.as_slice(), batch.stats), (ts, rank, want, stats), "{name}");
 }
 
 #[test]
@@ -115,34 +97,18 @@ fn golden_frames_decode_to_the_stated_events() {
             &n("removed_int"),
             3.0,
             None,
-            &[Want::Removed {
-                hashes: vec![i(11), i(-12)],
-                tier: Tier::Device,
-                group: 0,
-            }],
+            &[Want::Removed { hashes: vec![i(11), i(-12)], tier: Tier::Device, group: 0 }],
             none,
         );
         check(
             &n("removed_bytes"),
             4.0,
             None,
-            &[Want::Removed {
-                hashes: vec![b(1)],
-                tier: Tier::Disk,
-                group: 1,
-            }],
+            &[Want::Removed { hashes: vec![b(1)], tier: Tier::Disk, group: 1 }],
             none,
         );
         check(&n("cleared"), 5.0, None, &[Want::Cleared], none);
-        let multi = [
-            stored_int(),
-            Want::Removed {
-                hashes: vec![i(11)],
-                tier: Tier::Device,
-                group: 0,
-            },
-            Want::Cleared,
-        ];
+        let multi = [stored_int(), Want::Removed { hashes: vec![i(11)], tier: Tier::Device, group: 0 }, Want::Cleared];
         check(&n("multi_rank"), 6.0, Some(3), &multi, none);
         let newer = Want::Stored {
             hashes: vec![i(21)],
@@ -169,36 +135,20 @@ fn hand_made_seeds_decode_as_stated() {
         group: 0,
         extra: false,
     };
-    check(
-        "ok_legacy_positional",
-        1.0,
-        None,
-        &[legacy],
-        BatchStats::default(),
-    );
+    check("ok_legacy_positional", 1.0, None, &[legacy], BatchStats::default());
     check(
         "ok_unknown_event_and_field",
         1.0,
         None,
         &[Want::Cleared],
-        BatchStats {
-            unknown_fields: 2,
-            unknown_events: 2,
-            ..BatchStats::default()
-        },
+        BatchStats { unknown_fields: 2, unknown_events: 2, ..BatchStats::default() },
     );
     let bad = BatchStats {
         malformed_events: 2,
         first_event_error: Some(DecodeError::TokenOutOfRange),
         ..BatchStats::default()
     };
-    check(
-        "ok_one_bad_event_kept_rest",
-        1.0,
-        None,
-        &[Want::Cleared],
-        bad,
-    );
+    check("ok_one_bad_event_kept_rest", 1.0, None, &[Want::Cleared], bad);
     check("ok_int_timestamp", 3.0, None, &[], BatchStats::default());
 }
 
@@ -207,18 +157,11 @@ fn hand_made_seeds_decode_as_stated() {
 #[test]
 fn committed_corpus_is_what_msgspec_writes() {
     let out = std::env::temp_dir().join(format!("kvroute-golden-{}", std::process::id()));
-    let status = python()
-        .arg("golden.py")
-        .arg(&out)
-        .status()
-        .expect("run golden.py");
+    let status = python().arg("golden.py").arg(&out).status().expect("run golden.py");
     assert!(status.success(), "golden.py failed");
     let corpus = crate_dir().join("tests/corpus");
     let bless = std::env::var_os("KVROUTE_BLESS").is_some();
-    let mut names: Vec<_> = fs::read_dir(&out)
-        .expect("output dir")
-        .map(|e| e.expect("entry").file_name())
-        .collect();
+    let mut names: Vec<_> = fs::read_dir(&out).expect("output dir").map(|e| e.expect("entry").file_name()).collect();
     names.sort();
     assert!(names.len() >= 20, "golden.py wrote {} files", names.len());
     for name in names {
@@ -227,12 +170,8 @@ fn committed_corpus_is_what_msgspec_writes() {
             fs::write(corpus.join(&name), &fresh).expect("bless");
             continue;
         }
-        let committed = fs::read(corpus.join(&name))
-            .unwrap_or_else(|_| panic!("{name:?} missing from the corpus"));
-        assert_eq!(
-            fresh, committed,
-            "{name:?} differs from what msgspec writes now"
-        );
+        let committed = fs::read(corpus.join(&name)).unwrap_or_else(|_| panic!("{name:?} missing from the corpus"));
+        assert_eq!(fresh, committed, "{name:?} differs from what msgspec writes now");
     }
     let _ = fs::remove_dir_all(&out);
 }

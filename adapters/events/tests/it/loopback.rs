@@ -5,9 +5,7 @@
 use std::time::Duration;
 
 use kvroute_events::ingest::StreamStatus;
-use kvroute_events::{
-    spawn, EndpointConfig, IngestHandle, RunnerConfig, StreamConfig, ZmqConnector,
-};
+use kvroute_events::{spawn, EndpointConfig, IngestHandle, RunnerConfig, StreamConfig, ZmqConnector};
 use router_core::hash::BlockSize;
 use router_core::types::WorkerKey;
 use serde_json::json;
@@ -27,11 +25,7 @@ struct Rig {
 impl Rig {
     async fn start(replay_form: &str, seed: u64) -> Rig {
         let mut publisher = Publisher::start(replay_form);
-        let (handle, _join) = spawn(
-            RunnerConfig::default(),
-            ZmqConnector::default(),
-            ModelSink::default(),
-        );
+        let (handle, _join) = spawn(RunnerConfig::default(), ZmqConnector::default(), ModelSink::default());
         let ep = EndpointConfig {
             stream: StreamConfig {
                 key: KEY,
@@ -47,20 +41,13 @@ impl Rig {
         handle.add_endpoint(ep).await.expect("add endpoint");
         // Blocks this (non-runtime) thread until the SUB socket has subscribed.
         assert_eq!(publisher.cmd(json!({"op": "wait_sub"}))["ok"], "wait_sub");
-        Rig {
-            publisher,
-            engine: Engine::new(seed, BLOCK),
-            handle,
-            last_seq: None,
-        }
+        Rig { publisher, engine: Engine::new(seed, BLOCK), handle, last_seq: None }
     }
 
     /// Publishes one engine batch (or only buffers it when `send` is false).
     fn batch(&mut self, send: bool, form: &str) {
         let events: Vec<_> = self.engine.batch().iter().map(|e| e.json(BLOCK)).collect();
-        let r = self
-            .publisher
-            .cmd(json!({"op": "batch", "events": events, "form": form, "send": send}));
+        let r = self.publisher.cmd(json!({"op": "batch", "events": events, "form": form, "send": send}));
         self.last_seq = r["seq"].as_u64();
     }
 
@@ -77,18 +64,10 @@ impl Rig {
             let st = self.handle.status(KEY).await.expect("stream");
             if st.last_seq == self.last_seq && st.trusted && st.pending_batches == 0 {
                 let sink = self.handle.with_sink(|s| s.clone()).await.expect("sink");
-                assert_eq!(
-                    sink.blocks(KEY),
-                    self.engine.expected(),
-                    "index equals the engine's cache"
-                );
+                assert_eq!(sink.blocks(KEY), self.engine.expected(), "index equals the engine's cache");
                 return st;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no convergence: {st:?}, want seq {:?}",
-                self.last_seq
-            );
+            assert!(tokio::time::Instant::now() < deadline, "no convergence: {st:?}, want seq {:?}", self.last_seq);
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -101,10 +80,7 @@ async fn normal_flow_in_both_encodings() {
         rig.batch(true, if i % 2 == 0 { "map" } else { "array" });
     }
     let st = rig.converge().await;
-    assert_eq!(
-        (st.batches_applied, st.seq.gaps, st.batches_malformed),
-        (20, 0, 0)
-    );
+    assert_eq!((st.batches_applied, st.seq.gaps, st.batches_malformed), (20, 0, 0));
     assert!(st.connected);
 }
 
@@ -114,11 +90,7 @@ async fn dropped_range_is_replayed(form: &str) {
         rig.batch(!(6..10).contains(&i), "map");
     }
     let st = rig.converge().await;
-    assert_eq!(
-        (st.seq.gaps, st.seq.replays_completed, st.seq.resets),
-        (1, 1, 0),
-        "{st:?}"
-    );
+    assert_eq!((st.seq.gaps, st.seq.replays_completed, st.seq.resets), (1, 1, 0), "{st:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,11 +133,7 @@ async fn duplicates_and_a_malformed_payload_are_counted() {
         rig.batch(true, "map");
     }
     let st = rig.converge().await;
-    assert_eq!(
-        (st.seq.duplicates, st.batches_malformed, st.batches_applied),
-        (3, 1, 10),
-        "{st:?}"
-    );
+    assert_eq!((st.seq.duplicates, st.batches_malformed, st.batches_applied), (3, 1, 10), "{st:?}");
     let notices = rig.handle.notices().await;
     assert_eq!(notices.len(), 1, "{notices:?}");
 }

@@ -45,11 +45,7 @@ fn stream(seed: u64, n: usize) -> (Vec<Bytes>, Blocks) {
     let mut engine = Engine::new(seed, BLOCK);
     let payloads = (0..n)
         .map(|seq| {
-            let form = if seq % 3 == 0 {
-                WireForm::Array
-            } else {
-                WireForm::Map
-            };
+            let form = if seq % 3 == 0 { WireForm::Array } else { WireForm::Map };
             Bytes::from(encode_sim(&engine.batch(), BLOCK, seq as f64, form))
         })
         .collect();
@@ -70,21 +66,12 @@ fn new_core() -> IngestCore {
 }
 
 fn live(seq: u64, payload: &Bytes) -> Vec<Bytes> {
-    vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&seq.to_be_bytes()),
-        payload.clone(),
-    ]
+    vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()]
 }
 
 fn replay_msg(seq: Option<u64>, payload: &Bytes) -> Vec<Bytes> {
     let seq = seq.map_or([0xff; 8], u64::to_be_bytes);
-    vec![
-        Bytes::new(),
-        Bytes::new(),
-        Bytes::copy_from_slice(&seq),
-        payload.clone(),
-    ]
+    vec![Bytes::new(), Bytes::new(), Bytes::copy_from_slice(&seq), payload.clone()]
 }
 
 /// The live delivery order: (seq, highest seq published by then).
@@ -147,10 +134,7 @@ fn run(payloads: &[Bytes], sched: &[(u64, u64)]) -> (ModelSink, IngestCore) {
 }
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
 }
 
 proptest! {

@@ -29,20 +29,14 @@ struct FakeSub(mpsc::Receiver<SubEvent>);
 #[async_trait]
 impl Subscription for FakeSub {
     async fn next(&mut self) -> Result<SubEvent, TransportError> {
-        self.0
-            .recv()
-            .await
-            .ok_or(TransportError::Recv("closed".into()))
+        self.0.recv().await.ok_or(TransportError::Recv("closed".into()))
     }
 }
 
 #[async_trait]
 impl Connector for Fake {
     async fn subscribe(&self, _: &str, _: &str) -> Result<Box<dyn Subscription>, TransportError> {
-        self.attempts
-            .lock()
-            .expect("lock")
-            .push(tokio::time::Instant::now());
+        self.attempts.lock().expect("lock").push(tokio::time::Instant::now());
         let next = {
             let mut q = self.subs.lock().expect("lock");
             if q.is_empty() {
@@ -89,11 +83,7 @@ async fn start(fake: &Fake) -> IngestHandle<ModelSink> {
 
 fn msg(seq: u64, engine: &mut Engine) -> SubEvent {
     let payload = encode_sim(&engine.batch(), 4, seq as f64, WireForm::Map);
-    SubEvent::Message(vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&seq.to_be_bytes()),
-        Bytes::from(payload),
-    ])
+    SubEvent::Message(vec![Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)])
 }
 
 /// Lets the runner's tasks run until they wait on something.
@@ -115,20 +105,13 @@ async fn reconnects_with_capped_backoff() {
     assert!(h.status(KEY).await.expect("stream").connected);
     drop(first);
     settle().await;
-    assert!(
-        !h.status(KEY).await.expect("stream").connected,
-        "a closed subscription shows"
-    );
+    assert!(!h.status(KEY).await.expect("stream").connected, "a closed subscription shows");
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(h.status(KEY).await.expect("stream").connected);
     let at = fake.attempts.lock().expect("lock").clone();
     let offsets: Vec<u128> = at.iter().map(|t| (*t - at[0]).as_millis()).collect();
     // Fail, +100 fail, +200 connect; dropped at 400, reconnect after the reset 100.
-    assert_eq!(
-        offsets,
-        [0, 100, 300, 500],
-        "backoff doubles, then resets after a success"
-    );
+    assert_eq!(offsets, [0, 100, 300, 500], "backoff doubles, then resets after a success");
     drop(second);
 }
 
@@ -143,10 +126,7 @@ async fn removal_purges_and_failed_replay_resets() {
     }
     settle().await;
     let expected = engine.expected();
-    assert_eq!(
-        h.with_sink(|s| s.blocks(KEY)).await.expect("sink"),
-        expected
-    );
+    assert_eq!(h.with_sink(|s| s.blocks(KEY)).await.expect("sink"), expected);
 
     // seq 3 is lost; the replay endpoint refuses, so the worker is cleared and the
     // stream starts over from seq 4.
@@ -154,31 +134,13 @@ async fn removal_purges_and_failed_replay_resets() {
     tx.send(msg(4, &mut Engine::new(9, 4))).await.expect("send");
     settle().await;
     let st = h.status(KEY).await.expect("stream");
-    assert_eq!(
-        (
-            st.seq.gaps,
-            st.seq.replays_failed,
-            st.seq.resets,
-            st.last_seq
-        ),
-        (1, 1, 1, Some(4))
-    );
+    assert_eq!((st.seq.gaps, st.seq.replays_failed, st.seq.resets, st.last_seq), (1, 1, 1, Some(4)));
     assert!(st.trusted);
     let after = h.with_sink(|s| s.blocks(KEY)).await.expect("sink");
-    assert!(
-        after.keys().all(|k| !expected.contains_key(k)),
-        "pre-gap entries were cleared"
-    );
+    assert!(after.keys().all(|k| !expected.contains_key(k)), "pre-gap entries were cleared");
 
     h.remove_endpoint(KEY).await.expect("remove");
     assert_eq!(h.status(KEY).await, None);
-    assert!(h
-        .with_sink(|s| s.blocks(KEY))
-        .await
-        .expect("sink")
-        .is_empty());
-    assert!(
-        tx.send(msg(5, &mut engine)).await.is_err(),
-        "the subscription was closed"
-    );
+    assert!(h.with_sink(|s| s.blocks(KEY)).await.expect("sink").is_empty());
+    assert!(tx.send(msg(5, &mut engine)).await.is_err(), "the subscription was closed");
 }

@@ -67,28 +67,15 @@ impl EventSink for ModelSink {
 /// One simulated engine event (int hashes).
 #[derive(Clone, Debug)]
 pub enum SimEvent {
-    Stored {
-        hashes: Vec<i128>,
-        parent: Option<i128>,
-        tokens: Vec<u32>,
-        medium: &'static str,
-    },
-    Removed {
-        hashes: Vec<i128>,
-        medium: &'static str,
-    },
+    Stored { hashes: Vec<i128>, parent: Option<i128>, tokens: Vec<u32>, medium: &'static str },
+    Removed { hashes: Vec<i128>, medium: &'static str },
     Cleared,
 }
 
 impl SimEvent {
     pub fn json(&self, block_size: u32) -> Value {
         match self {
-            SimEvent::Stored {
-                hashes,
-                parent,
-                tokens,
-                medium,
-            } => json!({
+            SimEvent::Stored { hashes, parent, tokens, medium } => json!({
                 "type": "BlockStored", "block_hashes": hashes.iter().map(|h| *h as i64).collect::<Vec<_>>(),
                 "parent_block_hash": parent.map(|p| p as i64), "token_ids": tokens,
                 "block_size": block_size, "medium": medium,
@@ -117,12 +104,7 @@ pub fn encode_sim(evs: &[SimEvent], block_size: u32, ts: f64, form: WireForm) ->
         .iter()
         .zip(&hashes)
         .map(|(e, hs)| match e {
-            SimEvent::Stored {
-                parent,
-                tokens,
-                medium,
-                ..
-            } => WireEvent::Stored {
+            SimEvent::Stored { parent, tokens, medium, .. } => WireEvent::Stored {
                 block_hashes: hs,
                 parent: parent.map(WireHash::Int),
                 token_ids: tokens,
@@ -130,10 +112,7 @@ pub fn encode_sim(evs: &[SimEvent], block_size: u32, ts: f64, form: WireForm) ->
                 medium: Some(medium),
                 lora_name: None,
             },
-            SimEvent::Removed { medium, .. } => WireEvent::Removed {
-                block_hashes: hs,
-                medium: Some(medium),
-            },
+            SimEvent::Removed { medium, .. } => WireEvent::Removed { block_hashes: hs, medium: Some(medium) },
             SimEvent::Cleared => WireEvent::Cleared,
         })
         .collect();
@@ -165,12 +144,7 @@ fn medium(t: Tier) -> &'static str {
 
 impl Engine {
     pub fn new(seed: u64, block_size: u32) -> Self {
-        Engine {
-            state: seed,
-            next_hash: 1_000,
-            block_size,
-            blocks: BTreeMap::new(),
-        }
+        Engine { state: seed, next_hash: 1_000, block_size, blocks: BTreeMap::new() }
     }
 
     fn next(&mut self) -> u64 {
@@ -213,14 +187,8 @@ impl Engine {
     }
 
     fn store(&mut self) -> SimEvent {
-        let parent = if self.below(3) == 0 {
-            None
-        } else {
-            self.pick()
-        };
-        let mut prefix = parent
-            .map(|p| self.blocks[&p].prefix.clone())
-            .unwrap_or_default();
+        let parent = if self.below(3) == 0 { None } else { self.pick() };
+        let mut prefix = parent.map(|p| self.blocks[&p].prefix.clone()).unwrap_or_default();
         let (n, bs) = (1 + self.below(4), self.block_size as usize);
         let tokens: Vec<u32> = (0..n * bs).map(|_| (self.next() % 50_000) as u32).collect();
         let mut hashes = Vec::new();
@@ -229,22 +197,13 @@ impl Engine {
             prefix.extend_from_slice(chunk);
             let h = self.next_hash;
             self.next_hash += 1;
-            let b = SimBlock {
-                parent: prev,
-                tokens: chunk.to_vec(),
-                prefix: prefix.clone(),
-                tiers: [Tier::Device].into(),
-            };
+            let b =
+                SimBlock { parent: prev, tokens: chunk.to_vec(), prefix: prefix.clone(), tiers: [Tier::Device].into() };
             self.blocks.insert(h, b);
             hashes.push(h);
             prev = Some(h);
         }
-        SimEvent::Stored {
-            hashes,
-            parent,
-            tokens,
-            medium: "GPU",
-        }
+        SimEvent::Stored { hashes, parent, tokens, medium: "GPU" }
     }
 
     /// Copies a block whose parent is known to another tier (offloading).
@@ -258,12 +217,7 @@ impl Engine {
         }
         let (parent, tokens) = (b.parent, b.tokens.clone());
         self.blocks.get_mut(&h).map(|b| b.tiers.insert(tier));
-        SimEvent::Stored {
-            hashes: vec![h],
-            parent,
-            tokens,
-            medium: medium(tier),
-        }
+        SimEvent::Stored { hashes: vec![h], parent, tokens, medium: medium(tier) }
     }
 
     fn remove(&mut self) -> SimEvent {
@@ -275,10 +229,7 @@ impl Engine {
         if b.tiers.is_empty() {
             self.blocks.remove(&h);
         }
-        SimEvent::Removed {
-            hashes: vec![h],
-            medium: medium(tier),
-        }
+        SimEvent::Removed { hashes: vec![h], medium: medium(tier) }
     }
 
     /// A restart: the engine comes back with an empty cache.
@@ -291,14 +242,7 @@ impl Engine {
         let bs = BlockSize::new(self.block_size).expect("valid block size");
         self.blocks
             .values()
-            .map(|b| {
-                (
-                    *seq_hashes(&b.prefix, bs, HashSeed::DEFAULT)
-                        .last()
-                        .expect("one block"),
-                    b.tiers.clone(),
-                )
-            })
+            .map(|b| (*seq_hashes(&b.prefix, bs, HashSeed::DEFAULT).last().expect("one block"), b.tiers.clone()))
             .collect()
     }
 }
@@ -310,15 +254,8 @@ pub fn crate_dir() -> PathBuf {
 
 /// Fails with the install hint when python3 or its packages are missing.
 pub fn python() -> Command {
-    let ok = Command::new("python3")
-        .args(["-c", "import msgspec, zmq"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "these tests need python3 with `pip install msgspec pyzmq`"
-    );
+    let ok = Command::new("python3").args(["-c", "import msgspec, zmq"]).status().map(|s| s.success()).unwrap_or(false);
+    assert!(ok, "these tests need python3 with `pip install msgspec pyzmq`");
     let mut c = Command::new("python3");
     c.current_dir(crate_dir().join("tests/py"));
     c
@@ -351,13 +288,7 @@ impl Publisher {
                 }
             }
         });
-        let mut p = Publisher {
-            child,
-            stdin,
-            lines,
-            pub_port: 0,
-            replay_port: 0,
-        };
+        let mut p = Publisher { child, stdin, lines, pub_port: 0, replay_port: 0 };
         let ports = p.read();
         p.pub_port = ports["pub"].as_u64().expect("pub port") as u16;
         p.replay_port = ports["replay"].as_u64().expect("replay port") as u16;
@@ -365,10 +296,7 @@ impl Publisher {
     }
 
     fn read(&mut self) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(10))
-            .expect("publisher answers within 10 s");
+        let line = self.lines.recv_timeout(Duration::from_secs(10)).expect("publisher answers within 10 s");
         serde_json::from_str(&line).expect("json line")
     }
 
