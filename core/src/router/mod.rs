@@ -32,6 +32,7 @@
 //! Inputs that free capacity re-try queued requests in order and stop at the first one
 //! that still finds every worker busy.
 
+mod disagg;
 mod pipeline;
 mod types;
 
@@ -51,6 +52,7 @@ use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
 use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 
+pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
 pub use types::*;
 
 /// Everything the router can be configured with. `Default` gives the documented defaults.
@@ -80,6 +82,8 @@ pub struct RouterConfig {
     pub workers: WorkerTableConfig,
     /// Requests tracked at once: booked, dispatched, queued or waiting (default 65,536).
     pub requests_max: usize,
+    /// Conditional disaggregation.
+    pub disagg: DisaggConfig,
 }
 
 impl Default for RouterConfig {
@@ -97,6 +101,7 @@ impl Default for RouterConfig {
             eligibility: EligibilityConfig::default(),
             workers: WorkerTableConfig::default(),
             requests_max: 65_536,
+            disagg: DisaggConfig::default(),
         }
     }
 }
@@ -177,6 +182,7 @@ pub struct Router {
     next_ticket: u64,
     event_workers: BTreeSet<WorkerId>,
     untrusted: BTreeSet<WorkerKey>,
+    disagg_stats: DisaggStats,
     outputs: alloc::collections::VecDeque<Output>,
     stats: RouterStats,
     scratch_verdicts: Vec<crate::eligible::Eligibility>,
@@ -210,6 +216,7 @@ impl Router {
             next_ticket: 0,
             event_workers: BTreeSet::new(),
             untrusted: BTreeSet::new(),
+            disagg_stats: DisaggStats::default(),
             outputs: alloc::collections::VecDeque::new(),
             stats: RouterStats::default(),
             scratch_verdicts: Vec::new(),

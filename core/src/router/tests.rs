@@ -269,3 +269,109 @@ fn untrusted_overlap_earns_no_credit() {
     let d = routed(r.handle_request(T0, q(4), Draw(0)));
     assert_eq!(d.max_overlap_blocks, 0, "a cleared worker holds nothing");
 }
+
+/// A disaggregated fleet: prefill workers 10 and 11, decode workers 20 and 21; worker 11
+/// and 21 share rack "b".
+fn disagg_router() -> Router {
+    let mut r = Router::new(RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() });
+    for (id, role, rack) in [(10, WorkerRole::Prefill, "a"), (11, WorkerRole::Prefill, "b"), (20, WorkerRole::Decode, "a"), (21, WorkerRole::Decode, "b")] {
+        let mut s = spec(id, role);
+        s.labels = vec![("rack".into(), rack.into())];
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(s)).unwrap();
+    }
+    r
+}
+
+fn long_req(id: u64, blocks: u64) -> Request {
+    req(id, &(1..=blocks).collect::<Vec<_>>())
+}
+
+#[test]
+fn disagg_plans_split_and_bypass() {
+    let mut r = disagg_router();
+    // (prompt blocks, cached blocks on prefill worker 10, expected plan)
+    let cases: &[(u64, u64, DisaggPlan)] = &[
+        (64, 0, DisaggPlan::Split),
+        (31, 0, DisaggPlan::Bypass(BypassReason::ShortPrompt { effective_isl_tokens: 31 * 64 })),
+        (64, 40, DisaggPlan::Bypass(BypassReason::ShortPrompt { effective_isl_tokens: 24 * 64 })),
+        (64, 32, DisaggPlan::Split),
+    ];
+    for (i, &(blocks, cached, want)) in cases.iter().enumerate() {
+        let mut r2 = disagg_router();
+        let stored: Vec<BlockHash> = (1..=cached).map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
+        r2.handle_kv_event(T0, WorkerKey::new(10, 0), IndexEvent::Stored { parent: None, blocks: &stored, tier: Tier::Device }).unwrap();
+        assert_eq!(r2.plan_disagg(&long_req(i as u64, blocks)), want, "case {i}");
+    }
+    assert_eq!(r.plan_disagg(&long_req(1, 64)), DisaggPlan::Split);
+    r.handle_worker_update(T0, WorkerUpdate::Health(WorkerId(10), crate::worker::Health::Ejected)).unwrap();
+    r.handle_worker_update(T0, WorkerUpdate::Health(WorkerId(11), crate::worker::Health::Draining)).unwrap();
+    assert_eq!(r.plan_disagg(&long_req(2, 64)), DisaggPlan::Bypass(BypassReason::NoPrefillWorkers));
+    let s = r.disagg_stats();
+    assert_eq!((s.split, s.bypass_no_prefill_workers), (1, 1));
+}
+
+#[test]
+fn disagg_prefill_busy_bypasses() {
+    let mut cfg = RouterConfig::default();
+    cfg.eligibility.prefill_tokens_max = Some(1000);
+    let mut r = Router::new(cfg);
+    r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(10, WorkerRole::Prefill))).unwrap();
+    r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(20, WorkerRole::Decode))).unwrap();
+    let mut p = long_req(1, 64);
+    p.phase = PhaseField(Phase::Prefill);
+    let _ = routed(r.handle_request(T0, p, Draw(0)));
+    assert_eq!(r.plan_disagg(&long_req(2, 64)), DisaggPlan::Bypass(BypassReason::PrefillBusy));
+    assert_eq!(r.disagg_stats().bypass_prefill_busy, 1);
+}
+
+#[test]
+fn phases_use_their_own_pools_pins_and_bindings() {
+    let mut r = disagg_router();
+    let phase_req = |id, phase, session: &[u8]| {
+        let mut q = long_req(id, 40);
+        q.phase = PhaseField(phase);
+        q.session = Some(session.to_vec());
+        q
+    };
+    let p = routed(r.handle_request(T0, phase_req(1, Phase::Prefill, b"s"), Draw(1)));
+    let d = routed(r.handle_request(T0, phase_req(1, Phase::Decode, b"s"), Draw(2)));
+    assert!([10, 11].contains(&p.target.worker.0), "prefill goes to the prefill pool");
+    assert!([20, 21].contains(&d.target.worker.0), "decode goes to the decode pool");
+    for x in [&p, &d] {
+        r.handle_dispatched(T0, x.id, x.phase).unwrap();
+    }
+    let bound = |r: &Router, ph| r.affinity().peek(b"s", ph).map(|b| b.worker.0);
+    assert_eq!(bound(&r, Phase::Prefill), Some(p.target.worker.0));
+    assert_eq!(bound(&r, Phase::Decode), Some(d.target.worker.0));
+    // A bypassed request runs aggregated on a decode worker.
+    let a = routed(r.handle_request(T0, long_req(5, 10), Draw(3)));
+    assert!([20, 21].contains(&a.target.worker.0));
+    // Per-phase pins are independent.
+    let mut q = long_req(6, 40);
+    q.phase = PhaseField(Phase::Prefill);
+    q.hints.prefill_worker_id = Some(WorkerId(11));
+    q.hints.decode_worker_id = Some(WorkerId(20));
+    assert_eq!(routed(r.handle_request(T0, q.clone(), Draw(0))).target.worker.0, 11);
+    q.phase = PhaseField(Phase::Decode);
+    assert_eq!(routed(r.handle_request(T0, q, Draw(0))).target.worker.0, 20);
+    invariants(&r);
+}
+
+#[test]
+fn decode_gets_no_prefix_credit_and_honours_topology() {
+    let mut r = disagg_router();
+    let cached: Vec<BlockHash> = (1..=40).map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
+    // Decode worker 21 holds the prompt; decode selection must not care.
+    r.handle_kv_event(T0, WorkerKey::new(21, 0), IndexEvent::Stored { parent: None, blocks: &cached, tier: Tier::Device }).unwrap();
+    let mut q = long_req(1, 40);
+    q.phase = PhaseField(Phase::Decode);
+    q.preview = true;
+    let d = routed(r.handle_request(T0, q.clone(), Draw(0)));
+    let costs: Vec<f64> = d.explanation.iter().filter_map(|e| e.score.map(|s| s.cost)).collect();
+    assert_eq!(costs.len(), 2);
+    assert_eq!(costs[0], costs[1], "decode costs ignore the cache");
+    q.same_label_as = Some(("rack".into(), "a".into()));
+    for draw in 0..8 {
+        assert_eq!(routed(r.handle_request(T0, q.clone(), Draw(draw))).target.worker.0, 20, "only rack a");
+    }
+}
