@@ -4,7 +4,7 @@
 
 use router_core::hash::SeqHash;
 use router_core::index::IndexEvent;
-use router_core::router::{Decision, Output, Request, Router, RouterConfig, WorkerUpdate};
+use router_core::router::{Decision, DisaggPlan, Output, PhaseField, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::worker::{WorkerRole, WorkerSpec};
 use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
 
@@ -24,6 +24,10 @@ pub struct CoreDispatcher {
     /// Requests the router refused with an error.
     pub errors: u64,
     scratch: Vec<SeqHash>,
+    /// Workers `0..prefill_workers` prefill; the rest decode. 0: an aggregated fleet.
+    prefill_workers: u32,
+    /// Requests currently split across a prefill and a decode worker.
+    split: std::collections::HashSet<u64>,
 }
 
 /// The simulated fleet the dispatcher routes over.
@@ -31,6 +35,9 @@ pub struct CoreDispatcher {
 pub struct Fleet {
     /// Number of workers.
     pub workers: u32,
+    /// Of which the first this many are prefill workers and the rest decode workers;
+    /// 0 means every worker is aggregated.
+    pub prefill_workers: u32,
     /// KV capacity of each, in blocks.
     pub kv_blocks: u32,
     /// Token budget of one forward pass.
@@ -42,15 +49,84 @@ impl CoreDispatcher {
     pub fn new(cfg: RouterConfig, fleet: Fleet, seed: u64, kv_events: bool, sessions: bool) -> Self {
         let mut router = Router::new(cfg);
         for w in 0..fleet.workers {
+            let role = match fleet.prefill_workers {
+                0 => WorkerRole::Aggregated,
+                p if w < p => WorkerRole::Prefill,
+                _ => WorkerRole::Decode,
+            };
             let spec = WorkerSpec {
                 kv_blocks: fleet.kv_blocks,
                 max_batched_tokens: fleet.max_batched_tokens,
-                ..WorkerSpec::new(WorkerId(u64::from(w)), WorkerRole::Aggregated)
+                ..WorkerSpec::new(WorkerId(u64::from(w)), role)
             };
             // The worker table's bounds are far above any replay fleet.
             let _ = router.handle_worker_update(Instant::ZERO, WorkerUpdate::Upsert(spec));
         }
-        CoreDispatcher { router, seed, kv_events, sessions, arrivals: 0, errors: 0, scratch: Vec::new() }
+        CoreDispatcher {
+            router,
+            seed,
+            kv_events,
+            sessions: sessions && fleet.prefill_workers == 0,
+            arrivals: 0,
+            errors: 0,
+            scratch: Vec::new(),
+            prefill_workers: fleet.prefill_workers,
+            split: Default::default(),
+        }
+    }
+
+    /// Which phase of `req` worker `w` serves.
+    fn phase_on(&self, w: u32, req: u64) -> Phase {
+        if w < self.prefill_workers {
+            Phase::Prefill
+        } else if self.split.contains(&req) {
+            Phase::Decode
+        } else {
+            Phase::Aggregated
+        }
+    }
+
+    /// Routes one phase and confirms it at once (simulated workers never refuse a
+    /// connection). Anything but an immediate route is rolled back.
+    fn route_now(&mut self, now: Instant, request: Request, draw: Draw) -> Option<WorkerKey> {
+        let (id, phase) = (request.id, request.phase.0);
+        match self.router.handle_request(now, request, draw) {
+            Ok(Decision::Routed(r)) => self.router.handle_dispatched(now, id, phase).ok().map(|()| r.target),
+            Ok(Decision::Queued) | Ok(Decision::Waiting) => {
+                let _ = self.router.handle_cancel(now, id, phase);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Plans and routes a request in a disaggregated fleet.
+    fn arrive_disagg(&mut self, now: Instant, request: Request, draw: Draw) -> Dispatch {
+        match self.router.plan_disagg(&request) {
+            DisaggPlan::Split => {
+                let id = request.id;
+                let mut pre = request.clone();
+                pre.phase = PhaseField(Phase::Prefill);
+                let Some(p) = self.route_now(now, pre, draw) else { return Dispatch::Reject };
+                let mut dec = request;
+                dec.phase = PhaseField(Phase::Decode);
+                let Some(d) = self.route_now(now, dec, Draw(draw.0.rotate_left(17))) else {
+                    let _ = self.router.handle_finished(now, id, Phase::Prefill);
+                    return Dispatch::Reject;
+                };
+                self.split.insert(id.0);
+                Dispatch::Split { prefill: p.worker.0 as u32, decode: d.worker.0 as u32 }
+            }
+            DisaggPlan::Bypass(_) => match self.route_now(now, request, draw) {
+                Some(k) => Dispatch::To(k.worker.0 as u32),
+                None => Dispatch::Reject,
+            },
+        }
+    }
+
+    /// Disaggregation counters (all zero for an aggregated fleet).
+    pub fn disagg_stats(&self) -> router_core::router::DisaggStats {
+        self.router.disagg_stats()
     }
 
     fn confirm(&mut self, now: Instant, id: RequestId, target: WorkerKey) -> Dispatch {
@@ -77,6 +153,9 @@ impl Dispatcher for CoreDispatcher {
             ..Request::default()
         };
         let draw = Draw(self.seed ^ req.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        if self.prefill_workers > 0 {
+            return self.arrive_disagg(now, request, draw);
+        }
         match self.router.handle_request(now, request, draw) {
             Ok(Decision::Routed(r)) => self.confirm(now, r.id, r.target),
             Ok(Decision::Queued) | Ok(Decision::Waiting) => Dispatch::Queued,
@@ -104,12 +183,17 @@ impl Dispatcher for CoreDispatcher {
         let _ = self.router.handle_kv_event(at(now_ms), key, ev);
     }
 
-    fn on_prefill_done(&mut self, now_ms: f64, _worker: u32, req_id: u64) {
-        let _ = self.router.handle_prefill_done(at(now_ms), RequestId(req_id), Phase::Aggregated);
+    fn on_prefill_done(&mut self, now_ms: f64, worker: u32, req_id: u64) {
+        let phase = self.phase_on(worker, req_id);
+        let _ = self.router.handle_prefill_done(at(now_ms), RequestId(req_id), phase);
     }
 
-    fn on_finished(&mut self, now_ms: f64, _worker: u32, req_id: u64) {
-        let _ = self.router.handle_finished(at(now_ms), RequestId(req_id), Phase::Aggregated);
+    fn on_finished(&mut self, now_ms: f64, worker: u32, req_id: u64) {
+        let phase = self.phase_on(worker, req_id);
+        let _ = self.router.handle_finished(at(now_ms), RequestId(req_id), phase);
+        if phase == Phase::Decode {
+            self.split.remove(&req_id);
+        }
     }
 
     fn poll_dispatch(&mut self, now_ms: f64) -> Option<(u64, Dispatch)> {

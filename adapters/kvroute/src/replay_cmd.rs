@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
-use kvroute_sim::engine::EngineConfig;
+use kvroute_sim::engine::{EngineConfig, EngineRole};
 use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
@@ -47,9 +47,18 @@ pub struct ReplayArgs {
     /// Use the bundled 1,500-request slice of the Mooncake conversation trace.
     #[arg(long)]
     pub bundled: bool,
-    /// Number of simulated workers.
+    /// Number of simulated workers (aggregated: each does prefill and decode).
     #[arg(long, default_value_t = 8)]
     pub workers: u32,
+    /// Disaggregated fleet: this many prefill workers (use with --decode-workers; replaces --workers).
+    #[arg(long, value_name = "P", requires = "decode_workers")]
+    pub prefill_workers: Option<u32>,
+    /// Disaggregated fleet: this many decode workers.
+    #[arg(long, value_name = "D", requires = "prefill_workers")]
+    pub decode_workers: Option<u32>,
+    /// Disaggregated fleet: uncached prompts shorter than this run aggregated on a decode worker.
+    #[arg(long, default_value_t = 2_048, value_name = "TOKENS")]
+    pub disagg_isl_min_tokens: u32,
     /// Routing policy: kv, round-robin, random, power-of-two or least-loaded.
     #[arg(long, default_value = "kv")]
     pub policy: Policy,
@@ -170,6 +179,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;
     cfg.approx.blocks_max_per_worker = a.blocks_per_worker;
+    cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
     Ok(cfg)
 }
 
@@ -187,9 +197,14 @@ pub fn run_policy(
         max_num_seqs: a.max_num_seqs,
         ..EngineConfig::default()
     };
-    let rcfg =
-        ReplayConfig { workers: a.workers, engine, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
-    let fleet = Fleet { workers: a.workers, kv_blocks: a.blocks_per_worker, max_batched_tokens: a.max_batched_tokens };
+    let (workers, prefill_workers) = fleet_shape(a);
+    let roles = match prefill_workers {
+        0 => Vec::new(),
+        p => (0..workers).map(|w| if w < p { EngineRole::Prefill } else { EngineRole::Decode }).collect(),
+    };
+    let rcfg = ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
+    let fleet =
+        Fleet { workers, prefill_workers, kv_blocks: a.blocks_per_worker, max_batched_tokens: a.max_batched_tokens };
     let core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
     let mut d = Observed {
         inner: core,
@@ -202,7 +217,18 @@ pub fn run_policy(
     let t0 = WallClock::now();
     let rep = replay(&rcfg, reqs, &mut d).map_err(|e| format!("simulator configuration: {e}"))?;
     let wall_s = t0.elapsed().as_secs_f64();
-    Ok(RunReport::new(policy.to_string(), a.workers, reqs.len(), &rep, wall_s, d.inner.errors, d.loads))
+    let mut run = RunReport::new(policy.to_string(), workers, reqs.len(), &rep, wall_s, d.inner.errors, d.loads);
+    run.prefill_workers = prefill_workers;
+    run.disagg = d.inner.disagg_stats();
+    Ok(run)
+}
+
+/// Total workers and how many of them prefill (0 for an aggregated fleet).
+pub fn fleet_shape(a: &ReplayArgs) -> (u32, u32) {
+    match (a.prefill_workers, a.decode_workers) {
+        (Some(p), Some(d)) => (p + d, p),
+        _ => (a.workers, 0),
+    }
 }
 
 /// Wraps the core dispatcher with progress reporting and load sampling for plots.
@@ -268,7 +294,7 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
         runs.push(run_policy(a, p, reqs, &pb)?);
     }
     pb.finish_and_clear();
-    let fleet_blocks = u64::from(a.workers) * u64::from(a.blocks_per_worker);
+    let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);
     for r in &mut runs {
@@ -284,8 +310,12 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
     if reqs.is_empty() {
         return Err("the workload has no requests".into());
     }
-    if a.workers == 0 {
-        return Err("--workers must be at least 1".into());
+    match (a.prefill_workers, a.decode_workers, a.workers) {
+        (Some(0), _, _) | (_, Some(0), _) => {
+            return Err("--prefill-workers and --decode-workers must be at least 1".into())
+        }
+        (None, None, 0) => return Err("--workers must be at least 1".into()),
+        _ => {}
     }
     let policies = if a.compare.is_empty() { vec![a.policy] } else { a.compare.clone() };
     let runs = run_all(a, &policies, &reqs)?;

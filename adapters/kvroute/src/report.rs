@@ -4,6 +4,19 @@ use serde::Serialize;
 
 use kvroute_sim::replay::ReplayReport;
 use kvroute_sim::stats::Dist;
+use router_core::router::DisaggStats;
+
+fn disagg_json<S: serde::Serializer>(d: &DisaggStats, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(
+        &serde_json::json!({
+            "split": d.split,
+            "bypass_short_prompt": d.bypass_short_prompt,
+            "bypass_prefill_busy": d.bypass_prefill_busy,
+            "bypass_no_prefill_workers": d.bypass_no_prefill_workers,
+        }),
+        s,
+    )
+}
 
 /// Mean and percentiles, as the report prints them.
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -36,6 +49,11 @@ pub struct LoadPoint {
 pub struct RunReport {
     pub policy: String,
     pub workers: u32,
+    /// Of `workers`, how many prefill (0: an aggregated fleet).
+    pub prefill_workers: u32,
+    /// Split and bypass counts in a disaggregated fleet.
+    #[serde(serialize_with = "disagg_json")]
+    pub disagg: DisaggStats,
     pub requests: usize,
     pub completed: u64,
     pub rejected: u64,
@@ -93,6 +111,8 @@ impl RunReport {
         RunReport {
             policy,
             workers,
+            prefill_workers: 0,
+            disagg: DisaggStats::default(),
             requests,
             completed: s.completed,
             rejected: s.rejected,

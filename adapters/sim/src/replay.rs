@@ -37,7 +37,7 @@ pub struct SimRequest {
 /// A dispatcher's answer for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dispatch {
-    /// Serve it on this worker (which must have the aggregated role).
+    /// Serve it whole on this worker (aggregated role, or decode role for a bypass).
     To(u32),
     /// Prefill on a prefill-role worker, then hand the KV to a decode-role worker.
     Split {
@@ -411,7 +411,10 @@ impl<D: Dispatcher> Loop<'_, D> {
 
     fn dispatch(&mut self, now: f64, i: usize, decision: Dispatch) {
         match decision {
-            Dispatch::To(w) if self.role(w) == Some(EngineRole::Aggregated) => self.submit(now, i, w, Leg::Whole),
+            // A decode worker may serve a whole request: a disaggregation bypass.
+            Dispatch::To(w) if matches!(self.role(w), Some(EngineRole::Aggregated | EngineRole::Decode)) => {
+                self.submit(now, i, w, Leg::Whole)
+            }
             Dispatch::Split { prefill, decode }
                 if self.role(prefill) == Some(EngineRole::Prefill) && self.role(decode) == Some(EngineRole::Decode) =>
             {

@@ -108,11 +108,8 @@ impl Router {
         } else if eligible::all_overloaded(&verdicts) {
             DisaggPlan::Bypass(BypassReason::PrefillBusy)
         } else {
-            let eligible: Vec<WorkerKey> = verdicts
-                .iter()
-                .filter(|v| matches!(v.verdict, Verdict::Eligible { .. }))
-                .map(|v| v.key)
-                .collect();
+            let eligible: Vec<WorkerKey> =
+                verdicts.iter().filter(|v| matches!(v.verdict, Verdict::Eligible { .. })).map(|v| v.key).collect();
             if eligible.is_empty() {
                 DisaggPlan::Bypass(BypassReason::NoPrefillWorkers)
             } else {

@@ -274,7 +274,12 @@ fn untrusted_overlap_earns_no_credit() {
 /// and 21 share rack "b".
 fn disagg_router() -> Router {
     let mut r = Router::new(RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() });
-    for (id, role, rack) in [(10, WorkerRole::Prefill, "a"), (11, WorkerRole::Prefill, "b"), (20, WorkerRole::Decode, "a"), (21, WorkerRole::Decode, "b")] {
+    for (id, role, rack) in [
+        (10, WorkerRole::Prefill, "a"),
+        (11, WorkerRole::Prefill, "b"),
+        (20, WorkerRole::Decode, "a"),
+        (21, WorkerRole::Decode, "b"),
+    ] {
         let mut s = spec(id, role);
         s.labels = vec![("rack".into(), rack.into())];
         r.handle_worker_update(T0, WorkerUpdate::Upsert(s)).unwrap();
@@ -299,7 +304,12 @@ fn disagg_plans_split_and_bypass() {
     for (i, &(blocks, cached, want)) in cases.iter().enumerate() {
         let mut r2 = disagg_router();
         let stored: Vec<BlockHash> = (1..=cached).map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
-        r2.handle_kv_event(T0, WorkerKey::new(10, 0), IndexEvent::Stored { parent: None, blocks: &stored, tier: Tier::Device }).unwrap();
+        r2.handle_kv_event(
+            T0,
+            WorkerKey::new(10, 0),
+            IndexEvent::Stored { parent: None, blocks: &stored, tier: Tier::Device },
+        )
+        .unwrap();
         assert_eq!(r2.plan_disagg(&long_req(i as u64, blocks)), want, "case {i}");
     }
     assert_eq!(r.plan_disagg(&long_req(1, 64)), DisaggPlan::Split);
@@ -362,7 +372,12 @@ fn decode_gets_no_prefix_credit_and_honours_topology() {
     let mut r = disagg_router();
     let cached: Vec<BlockHash> = (1..=40).map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
     // Decode worker 21 holds the prompt; decode selection must not care.
-    r.handle_kv_event(T0, WorkerKey::new(21, 0), IndexEvent::Stored { parent: None, blocks: &cached, tier: Tier::Device }).unwrap();
+    r.handle_kv_event(
+        T0,
+        WorkerKey::new(21, 0),
+        IndexEvent::Stored { parent: None, blocks: &cached, tier: Tier::Device },
+    )
+    .unwrap();
     let mut q = long_req(1, 40);
     q.phase = PhaseField(Phase::Decode);
     q.preview = true;

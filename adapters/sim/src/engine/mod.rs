@@ -340,6 +340,7 @@ impl Engine {
             prompt_len,
             target_tokens: target,
             generated: req.generated_before.min(target - 1),
+            kv_arrived: self.cfg.role == EngineRole::Decode && req.generated_before > 0,
             computed: 0,
             held: Vec::new(),
             has_private: false,

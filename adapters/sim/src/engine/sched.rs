@@ -18,10 +18,10 @@ struct Plan {
     decoding: bool,
 }
 
-fn plan(role: EngineRole, r: &Req, budget: u32) -> Plan {
+fn plan(r: &Req, budget: u32) -> Plan {
     let seq_len = r.seq_len();
     let from = r.computed;
-    if role == EngineRole::Decode {
+    if r.kv_arrived {
         // The prompt's KV arrived computed: catching up is free, then one decode token.
         return Plan { to: seq_len, cost: 1, prompt_tokens: 0, decoding: true };
     }
@@ -59,7 +59,7 @@ impl Engine {
                 }
                 break;
             }
-            let t_prefill = if self.cfg.role == EngineRole::Decode { 0.0 } else { prefill_ms(tally.prompt_tokens) };
+            let t_prefill = prefill_ms(tally.prompt_tokens);
             let t_decode = if tally.decoding && self.cfg.role != EngineRole::Prefill {
                 decode_ms(u64::from(active_full_at_start), u64::from(self.pool.capacity()))
             } else {
@@ -77,7 +77,7 @@ impl Engine {
     fn schedule_running(&mut self, t: f64, tally: &mut Tally, out: &mut Vec<EngineOutput>) {
         let mut i = 0;
         while i < self.running.len() && tally.budget > 0 {
-            let p = plan(self.cfg.role, &self.running[i], tally.budget);
+            let p = plan(&self.running[i], tally.budget);
             let fits = loop {
                 let mut ev = Engine::events(out, &mut self.next_event_id, &mut self.stats, t);
                 if grow(&mut self.pool, &mut self.scratch, &mut self.running[i], p.to, self.bs, &mut ev) {
@@ -113,7 +113,7 @@ impl Engine {
             };
             let hit = r.prefix_hit(&self.pool, self.bs);
             r.computed = hit * self.bs;
-            let p = plan(self.cfg.role, r, tally.budget);
+            let p = plan(r, tally.budget);
             let mut ev = Engine::events(out, &mut self.next_event_id, &mut self.stats, t);
             if !grow(&mut self.pool, &mut self.scratch, r, p.to, self.bs, &mut ev) {
                 // No preemption for admissions: the queue head waits for room.
@@ -167,7 +167,7 @@ impl Engine {
                 if r.first_token_ms.is_nan() {
                     r.first_token_ms = end;
                 }
-                if r.generated == 1 && role != EngineRole::Decode {
+                if r.generated == 1 && !r.kv_arrived {
                     out.push(EngineOutput::FirstToken { id: r.id, at_ms: end });
                 }
                 finished = r.generated >= r.target_tokens;

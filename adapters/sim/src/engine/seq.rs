@@ -33,6 +33,10 @@ pub(crate) struct Req {
     pub(crate) emitted: u32,
     pub(crate) preemptions: u32,
     pub(crate) scheduled: bool,
+    /// The prompt's KV arrived from a prefill worker (a decode-role engine's handoff):
+    /// catching up on the prompt is free. A decode-role engine given a whole request
+    /// (a disaggregation bypass) computes the prompt itself.
+    pub(crate) kv_arrived: bool,
 }
 
 impl Req {
