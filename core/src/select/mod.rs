@@ -18,6 +18,8 @@ mod cost;
 
 pub use cost::{kv_cost, KvCostConfig, KvCostOverrides};
 
+use cost::CostTerms;
+
 use crate::hash::BlockSize;
 use crate::mathf;
 use crate::types::{Draw, Overlap, Phase, WorkerKey, WorkerLoad};
@@ -304,7 +306,8 @@ impl Selector {
             ),
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             RouterMode::Kv | RouterMode::Direct => {
-                let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
+                let terms = CostTerms::new(req);
+                let scores: Vec<_> = cands.iter().map(|c| terms.score(c)).collect();
                 (kv_pick(&scores, req.cost.temperature, draw), scores)
             }
         };
@@ -349,13 +352,14 @@ fn load_scores(
     cost: impl Fn(&Candidate) -> f64,
 ) -> Vec<CandidateScore> {
     let bs = f64::from(req.block_size.tokens());
+    let terms = CostTerms::new(req);
     cands
         .iter()
         .map(|c| CandidateScore {
             prefill_blocks: c.load.active_prefill_tokens as f64 / bs,
             decode_blocks: c.load.active_decode_blocks as f64,
             cost: cost(c),
-            ..kv_cost(req, c)
+            ..terms.score(c)
         })
         .collect()
 }
