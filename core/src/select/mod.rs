@@ -305,6 +305,7 @@ impl Selector {
                 load_scores(req, &cands, requests),
             ),
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
+            // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
                 let terms = CostTerms::new(req);
                 let scores: Vec<_> = cands.iter().map(|c| terms.score(c)).collect();
