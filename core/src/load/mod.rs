@@ -322,6 +322,22 @@ impl LoadTracker {
         fresh as u32
     }
 
+    /// [`Self::new_blocks`] for `blocks` that are one prompt's sequence-hash chain, in
+    /// O(log n) lookups instead of n.
+    ///
+    /// Sequence hashes chain, so a booking that holds block `i` of this prompt holds
+    /// blocks `0..i` as well: the prompt's active blocks on a key are always a leading run,
+    /// found by binary search. For blocks that are not one chain, use `new_blocks`.
+    pub fn new_blocks_chain(&self, key: WorkerKey, blocks: &[SeqHash]) -> u32 {
+        let blocks = &blocks[..blocks.len().min(BLOCKS_MAX_PER_REQUEST)];
+        let active = match self.keys.get(&key) {
+            None => 0,
+            Some(kl) => blocks.partition_point(|b| kl.blocks.contains_key(b)),
+        };
+        // The cap keeps this within u32.
+        (blocks.len() - active) as u32
+    }
+
     /// The key a booking sits on, if the tracker holds it.
     pub fn booking(&self, req: RequestId, phase: Phase) -> Option<WorkerKey> {
         self.bookings.get(&(req, phase)).map(|b| b.key)

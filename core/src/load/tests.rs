@@ -270,3 +270,34 @@ fn errors_display() {
         assert_eq!(alloc::format!("{e}"), want);
     }
 }
+
+proptest::proptest! {
+    /// For real chains (prompts drawn from a small alphabet so prefixes are shared), the
+    /// binary-search count always equals the linear one.
+    #[test]
+    fn new_blocks_chain_matches_new_blocks(
+        prompts in proptest::collection::vec(proptest::collection::vec(0u64..3, 0..8), 1..6),
+        booked in proptest::collection::vec(proptest::bool::ANY, 6),
+        phases in proptest::collection::vec(proptest::sample::select(Phase::ALL.to_vec()), 6),
+    ) {
+        let chains: Vec<Vec<SeqHash>> = prompts
+            .iter()
+            .map(|locals| {
+                let locals: Vec<_> = locals.iter().map(|&l| crate::hash::LocalHash(l)).collect();
+                let mut out = Vec::new();
+                crate::hash::chain_all(None, &locals, &mut out);
+                out.into_iter().map(|b| b.seq).collect()
+            })
+            .collect();
+        let mut t = tracker();
+        let k = WorkerKey::new(0, 0);
+        for (i, chain) in chains.iter().enumerate() {
+            if booked[i] {
+                t.add(Instant::ZERO, RequestId(i as u64), phases[i], k, chain, 0, 0).unwrap();
+            }
+        }
+        for chain in &chains {
+            proptest::prop_assert_eq!(t.new_blocks_chain(k, chain), t.new_blocks(k, chain));
+        }
+    }
+}

@@ -84,34 +84,90 @@ impl KvCostConfig {
 /// least 1. `overlap_effective` is reported in every phase. A NaN cost (from NaN weights)
 /// is reported as infinite, so such a candidate is never preferred.
 pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
-    let cfg = &req.cost;
-    let bs = f64::from(req.block_size.tokens());
-    let overlap_effective = f64::from(c.overlap.device)
-        + cfg.host_tier_weight * f64::from(c.overlap.host)
-        + cfg.disk_tier_weight * f64::from(c.overlap.disk);
-    let prefill = || {
-        let queued = (c.load.active_prefill_tokens as f64 + f64::from(req.isl_tokens)) / bs;
-        (queued - cfg.overlap_credit * overlap_effective).max(0.0)
-    };
-    let active = c.load.active_decode_blocks as f64;
-    let expected = f64::from(req.expected_output_blocks);
-    let (prefill_blocks, decode_blocks, request_weight) = match req.phase {
-        Phase::Aggregated => (prefill(), active + f64::from(c.new_decode_blocks) + expected, cfg.active_request_weight),
-        Phase::Prefill => (prefill(), 0.0, cfg.active_request_weight),
-        Phase::Decode => {
-            let prompt_blocks = f64::from(req.isl_tokens / req.block_size.tokens());
-            (0.0, active + prompt_blocks + expected, cfg.active_request_weight.max(1.0))
+    CostTerms::new(req).score(c)
+}
+
+/// The parts of the kv cost that depend only on the request, worked out once per
+/// decision so the per-candidate loop is a handful of multiply-adds.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CostTerms {
+    /// `1 / block_size`, exact since block sizes are powers of two.
+    blocks_per_token: f64,
+    isl_tokens: f64,
+    host_tier_weight: f64,
+    disk_tier_weight: f64,
+    /// `None` when the phase has no prefill term, else the overlap credit.
+    prefill_credit: Option<f64>,
+    prefill_load_scale: f64,
+    decode: DecodeTerm,
+    request_weight: f64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum DecodeTerm {
+    /// Prefill workers hold no decode blocks.
+    None,
+    /// Active blocks plus the candidate's new blocks plus this many (expected output).
+    NewBlocksPlus(f64),
+    /// Active blocks plus this many (every prompt block plus expected output).
+    Plus(f64),
+}
+
+impl CostTerms {
+    pub(super) fn new(req: &SelectRequest) -> Self {
+        let cfg = &req.cost;
+        let expected = f64::from(req.expected_output_blocks);
+        let (prefill_credit, decode, request_weight) = match req.phase {
+            Phase::Aggregated => {
+                (Some(cfg.overlap_credit), DecodeTerm::NewBlocksPlus(expected), cfg.active_request_weight)
+            }
+            Phase::Prefill => (Some(cfg.overlap_credit), DecodeTerm::None, cfg.active_request_weight),
+            Phase::Decode => {
+                let prompt_blocks = f64::from(req.isl_tokens / req.block_size.tokens());
+                (None, DecodeTerm::Plus(prompt_blocks + expected), cfg.active_request_weight.max(1.0))
+            }
+        };
+        CostTerms {
+            blocks_per_token: 1.0 / f64::from(req.block_size.tokens()),
+            isl_tokens: f64::from(req.isl_tokens),
+            host_tier_weight: cfg.host_tier_weight,
+            disk_tier_weight: cfg.disk_tier_weight,
+            prefill_credit,
+            prefill_load_scale: cfg.prefill_load_scale,
+            decode,
+            request_weight,
         }
-    };
-    let requests = f64::from(c.load.active_requests);
-    let cost = c.cost_factor * (cfg.prefill_load_scale * prefill_blocks + decode_blocks + request_weight * requests);
-    CandidateScore {
-        key: c.key,
-        // Not `Overlap::raw`, whose plain sum could overflow on hostile input.
-        overlap_raw: c.overlap.device.saturating_add(c.overlap.host).saturating_add(c.overlap.disk),
-        overlap_effective,
-        prefill_blocks,
-        decode_blocks,
-        cost: if cost.is_nan() { f64::INFINITY } else { cost },
+    }
+
+    #[inline]
+    pub(super) fn score(&self, c: &Candidate) -> CandidateScore {
+        let overlap_effective = f64::from(c.overlap.device)
+            + self.host_tier_weight * f64::from(c.overlap.host)
+            + self.disk_tier_weight * f64::from(c.overlap.disk);
+        let prefill_blocks = match self.prefill_credit {
+            None => 0.0,
+            Some(credit) => {
+                let queued = (c.load.active_prefill_tokens as f64 + self.isl_tokens) * self.blocks_per_token;
+                (queued - credit * overlap_effective).max(0.0)
+            }
+        };
+        let active = c.load.active_decode_blocks as f64;
+        let decode_blocks = match self.decode {
+            DecodeTerm::None => 0.0,
+            DecodeTerm::NewBlocksPlus(extra) => active + f64::from(c.new_decode_blocks) + extra,
+            DecodeTerm::Plus(extra) => active + extra,
+        };
+        let requests = f64::from(c.load.active_requests);
+        let cost =
+            c.cost_factor * (self.prefill_load_scale * prefill_blocks + decode_blocks + self.request_weight * requests);
+        CandidateScore {
+            key: c.key,
+            // Not `Overlap::raw`, whose plain sum could overflow on hostile input.
+            overlap_raw: c.overlap.device.saturating_add(c.overlap.host).saturating_add(c.overlap.disk),
+            overlap_effective,
+            prefill_blocks,
+            decode_blocks,
+            cost: if cost.is_nan() { f64::INFINITY } else { cost },
+        }
     }
 }

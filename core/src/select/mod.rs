@@ -18,6 +18,8 @@ mod cost;
 
 pub use cost::{kv_cost, KvCostConfig, KvCostOverrides};
 
+use cost::CostTerms;
+
 use crate::hash::BlockSize;
 use crate::mathf;
 use crate::types::{Draw, Overlap, Phase, WorkerKey, WorkerLoad};
@@ -275,8 +277,10 @@ impl Selector {
             RouterMode::PowerOfTwo => (power_of_two(&cands, draw), load_scores(req, &cands, requests)),
             RouterMode::LeastLoaded => (least_loaded(&cands, draw), load_scores(req, &cands, requests)),
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
+            // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
-                let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
+                let terms = CostTerms::new(req);
+                let scores: Vec<_> = cands.iter().map(|c| terms.score(c)).collect();
                 (kv_pick(&scores, req.cost.temperature, draw), scores)
             }
         };
@@ -314,13 +318,14 @@ fn selection(cands: &[Candidate], i: usize, scores: Vec<CandidateScore>) -> Sele
 /// Scores for the modes that do not compute a kv cost: overlap and current load.
 fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidate) -> f64) -> Vec<CandidateScore> {
     let bs = f64::from(req.block_size.tokens());
+    let terms = CostTerms::new(req);
     cands
         .iter()
         .map(|c| CandidateScore {
             prefill_blocks: c.load.active_prefill_tokens as f64 / bs,
             decode_blocks: c.load.active_decode_blocks as f64,
             cost: cost(c),
-            ..kv_cost(req, c)
+            ..terms.score(c)
         })
         .collect()
 }
