@@ -141,7 +141,7 @@ pub struct Overlap {
 impl Overlap {
     /// Length of the leading run, every tier counted fully.
     pub const fn raw(self) -> u32 {
-        self.device + self.host + self.disk
+        self.device.saturating_add(self.host).saturating_add(self.disk)
     }
 }
 

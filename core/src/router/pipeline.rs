@@ -156,7 +156,7 @@ impl Router {
                     key: v.key,
                     load: self.load.load(v.key),
                     overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
-                    new_decode_blocks: self.load.new_blocks(v.key, &req.blocks),
+                    new_decode_blocks: self.load.new_blocks_chain(v.key, &req.blocks),
                     weight: self.workers.get(v.key.worker).map_or(1, |s| s.weight),
                     cost_factor,
                 }),
