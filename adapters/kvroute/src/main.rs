@@ -32,6 +32,13 @@ enum Cmd {
     /// Run the router in front of a simulated fleet and compare policies (start here).
     Demo(demo::DemoArgs),
     /// Replay a request trace through the router and simulated GPU workers, offline.
+    ///
+    /// Every arrival goes through the real router-core at the simulated time; KV events,
+    /// prefill completions and finishes flow back through the same calls the proxy uses.
+    /// The simulated workers follow a vLLM-style reference model: KV blocks with LRU
+    /// reuse, a chunked-prefill scheduler, fitted prefill and decode timings. The same
+    /// inputs and seed give the same report.
+    #[command(after_help = replay_cmd::EXAMPLES)]
     Replay(replay_cmd::ReplayArgs),
 }
 

@@ -24,19 +24,20 @@ use crate::report::{LoadPoint, RunReport};
 /// the kvroute-sim crate).
 pub const BUNDLED_TRACE: &str = include_str!("../../sim/fixtures/mooncake_conversation_head.jsonl");
 
+/// Worked examples for `kvroute replay --help`.
+pub const EXAMPLES: &str = "Examples:
+  kvroute replay --bundled --compare kv,round-robin
+  kvroute replay --trace conversation_trace.jsonl --workers 8 --policy kv --json
+  kvroute replay --synthetic --sessions --workers 4 --compare kv,least-loaded,random --plot out.svg
+  kvroute replay --trace conversation_trace.jsonl --prefill-workers 2 --decode-workers 6";
+
 /// Replay a request trace through the router and simulated GPU workers, offline.
 ///
 /// Every arrival goes through the real router-core façade at the simulated time; KV
 /// events, prefill completions and finishes flow back through the same calls the proxy
 /// uses. The simulated workers follow the vLLM-style reference model (KV blocks with LRU
 /// reuse, chunked-prefill scheduler, fitted prefill and decode timings).
-///
-/// Examples:
-///   kvroute replay --bundled --compare kv,round-robin
-///   kvroute replay --trace conversation_trace.jsonl --workers 8 --policy kv --json
-///   kvroute replay --synthetic --workers 4 --compare kv,least-loaded,random --plot out.svg
 #[derive(Args, Debug, Clone)]
-#[command(verbatim_doc_comment)]
 pub struct ReplayArgs {
     /// Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["synthetic", "bundled"])]

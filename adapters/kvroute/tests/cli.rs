@@ -1,0 +1,153 @@
+//! The `kvroute` binary as a user runs it: real processes, real arguments.
+
+use std::process::{Command, Output};
+
+fn kvroute(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvroute")).args(args).output().expect("run kvroute")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(out.status.success(), "kvroute failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout.clone()).expect("utf-8 stdout");
+    assert_eq!(text.trim().lines().count(), 1, "exactly one JSON object on stdout, got:\n{text}");
+    serde_json::from_str(text.trim()).expect("stdout is JSON")
+}
+
+fn without_wall(mut v: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("wall_s");
+    }
+    v
+}
+
+#[test]
+fn replay_json_has_the_documented_keys_and_is_deterministic() {
+    let args = ["replay", "--bundled", "--requests", "300", "--workers", "4", "--json", "--seed", "7"];
+    let a = json(&kvroute(&args));
+    for key in [
+        "policy",
+        "workers",
+        "requests",
+        "completed",
+        "rejected",
+        "prefix_reuse_ratio",
+        "ttft_ms",
+        "itl_ms",
+        "e2e_ms",
+        "output_tokens_per_s",
+        "sim_duration_s",
+        "wall_s",
+        "pooled_reuse_ratio",
+        "infinite_reuse_ratio",
+    ] {
+        assert!(a.get(key).is_some(), "missing key {key} in {a}");
+    }
+    for key in ["mean", "p50", "p90", "p99", "max"] {
+        assert!(a["ttft_ms"].get(key).is_some(), "ttft_ms.{key}");
+    }
+    assert_eq!(a["requests"], 300);
+    assert_eq!(a["completed"], 300, "every request completes on an idle fleet");
+    let b = json(&kvroute(&args));
+    assert_eq!(without_wall(a), without_wall(b), "same inputs and seed give the same report");
+}
+
+#[test]
+fn compare_prints_each_policy() {
+    let out = json(&kvroute(&[
+        "replay",
+        "--synthetic",
+        "--requests",
+        "200",
+        "--workers",
+        "3",
+        "--compare",
+        "kv,round-robin",
+        "--json",
+    ]));
+    let runs = out["runs"].as_array().expect("runs");
+    let names: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["kv", "round-robin"]);
+    let reuse = |i: usize| runs[i]["prefix_reuse_ratio"].as_f64().unwrap();
+    assert!(
+        reuse(0) >= reuse(1),
+        "kv routing reuses at least as much cache as round-robin: {} vs {}",
+        reuse(0),
+        reuse(1)
+    );
+}
+
+#[test]
+fn disaggregated_replay_splits_long_prompts_and_bypasses_short_ones() {
+    let out = json(&kvroute(&[
+        "replay",
+        "--bundled",
+        "--requests",
+        "300",
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "3",
+        "--json",
+    ]));
+    assert_eq!(out["workers"], 4);
+    assert_eq!(out["completed"], 300);
+    let d = &out["disagg"];
+    let split = d["split"].as_u64().unwrap();
+    let short = d["bypass_short_prompt"].as_u64().unwrap();
+    assert!(split > 0 && short > 0, "both paths taken: {d}");
+    assert_eq!(
+        split + short + d["bypass_prefill_busy"].as_u64().unwrap() + d["bypass_no_prefill_workers"].as_u64().unwrap(),
+        300
+    );
+}
+
+#[test]
+fn demo_json_has_both_policies() {
+    let out = json(&kvroute(&["demo", "--requests", "200", "--json"]));
+    for p in ["kv", "round-robin"] {
+        let r = &out["policies"][p];
+        assert_eq!(r["requests"], 200, "{p}");
+        assert_eq!(r["errors"], 0, "{p}");
+        assert!(r["prefix_reuse_ratio"].as_f64().is_some(), "{p}");
+        assert!(r["ttft_ms"]["p99"].as_f64().unwrap() > 0.0, "{p}");
+    }
+}
+
+#[track_caller]
+fn check_error(args: &[&str], want: &str) {
+    let out = kvroute(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(want), "{args:?}: stderr should mention {want:?}, got:\n{err}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    check_error(&["replay"], "choose a workload");
+    check_error(&["replay", "--trace", "no/such/trace.jsonl"], "cannot open trace no/such/trace.jsonl");
+    check_error(&["replay", "--bundled", "--policy", "fastest"], "unknown policy");
+    check_error(&["replay", "--bundled", "--block-size", "48"], "block size 48");
+    check_error(&["replay", "--bundled", "--speedup", "0"], "--speedup must be a positive number");
+    check_error(&["replay", "--bundled", "--workers", "0"], "--workers must be at least 1");
+    let dir = std::env::temp_dir().join(format!("kvroute-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [0]}\nnot json\n",
+    )
+    .unwrap();
+    check_error(&["replay", "--trace", bad.to_str().unwrap()], "line 2");
+}
+
+#[test]
+fn help_teaches() {
+    let out = kvroute(&["--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("demo") && text.contains("replay"), "{text}");
+    let out = kvroute(&["replay", "--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Examples:") && text.contains("--compare"), "{text}");
+    let out = kvroute(&["--version"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("kvroute "));
+}
