@@ -27,6 +27,10 @@ pub(crate) const SPECIAL_TOKEN_KEYS: [&str; 7] = [
     "mask_token",
 ];
 
+/// A model's templates as `(name, source)` pairs, and whether they are named (a set) rather
+/// than one template.
+type TemplateSet = (Vec<(String, String)>, bool);
+
 /// What `ModelTokenizer` needs from a model folder, read but not yet interpreted.
 #[derive(Debug)]
 pub(crate) struct ModelFiles {
@@ -99,7 +103,7 @@ fn config_error(path: &Path, message: &str) -> TokenizeError {
 }
 
 /// `chat_template.jinja` and `additional_chat_templates/*.jinja`, if the model has any.
-fn template_files(dir: &Path) -> Result<Option<(Vec<(String, String)>, bool)>, TokenizeError> {
+fn template_files(dir: &Path) -> Result<Option<TemplateSet>, TokenizeError> {
     let mut found = Vec::new();
     let main = dir.join("chat_template.jinja");
     if main.is_file() {
@@ -140,10 +144,7 @@ fn read_text(path: &Path) -> Result<String, TokenizeError> {
     })
 }
 
-fn config_templates(
-    path: &Path,
-    value: Option<&Json>,
-) -> Result<(Vec<(String, String)>, bool), TokenizeError> {
+fn config_templates(path: &Path, value: Option<&Json>) -> Result<TemplateSet, TokenizeError> {
     match value {
         None | Some(Json::Null) => Ok((Vec::new(), false)),
         Some(Json::String(s)) => Ok((vec![("default".to_owned(), s.clone())], false)),
