@@ -505,7 +505,7 @@ fn generated_conversations_match_transformers() {
         })
         .collect();
     check(fixture::chatml(), Dialect::Transformers, &cases, &[]);
-    let texts: Vec<String> = (0..64).map(|_| random_text(&mut rng, 120)).collect();
+    let texts: Vec<String> = (0..32).map(|_| random_text(&mut rng, 120)).collect();
     check(fixture::llama3(), Dialect::Transformers, &[], &texts);
     check(fixture::inst(), Dialect::Transformers, &[], &texts);
 }
