@@ -21,6 +21,10 @@
 //! (`router-core`) and turning errors into HTTP answers (see
 //! [`TokenizeError::is_bad_request`]) belong to the proxy. Multimodal content parts, whose
 //! placeholders are model-specific, are refused with a typed error.
+//!
+//! Testing: `tests/it/parity.rs` renders and tokenizes generated model folders with this
+//! crate and with Hugging Face transformers (`tests/it/parity.py`, run with `python3`), and
+//! requires `pip install transformers tokenizers jinja2` (no torch).
 
 #![forbid(unsafe_code)]
 

@@ -134,3 +134,10 @@ fn no_template_is_a_typed_error() {
     ));
     assert!(!tok.encode_text("plain", false).expect("encode").is_empty());
 }
+
+/// The proxy shares one tokenizer per model across request tasks.
+#[test]
+fn model_tokenizer_is_shareable_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<ModelTokenizer>();
+}

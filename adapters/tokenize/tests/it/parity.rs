@@ -32,7 +32,7 @@ fn case(name: &str, messages: Value, tools: Value, gen: bool, kwargs: Value) -> 
 }
 
 /// Runs `parity.py` on `model` for these chats and texts.
-fn reference(model: &Model, cases: &[Case], texts: &[String]) -> Value {
+fn reference(model: &Model, cases: &[&Case], texts: &[String]) -> Value {
     let chats: Vec<Value> = cases
         .iter()
         .map(|c| {
@@ -71,62 +71,26 @@ fn reference(model: &Model, cases: &[Case], texts: &[String]) -> Value {
     serde_json::from_slice(&out.stdout).expect("parity.py output is JSON")
 }
 
-/// Renders and encodes every case with `dialect` and compares with transformers.
+/// Renders and encodes every case of every `(dialect, cases)` group and each text, and
+/// compares with transformers. One Python run per call: its start-up dominates the cost.
 #[track_caller]
-pub fn check(model: &Model, dialect: Dialect, cases: &[Case], texts: &[String]) {
-    let config = TokenizerConfig {
-        dialect,
-        ..TokenizerConfig::default()
-    };
-    let tok = ModelTokenizer::from_dir_with(&model.dir, config).expect("load fixture");
-    let want = reference(model, cases, texts);
-    for (c, w) in cases.iter().zip(want["chats"].as_array().expect("chats")) {
-        // Only cases named "... raises" may fail in transformers; a surprise error there
-        // would otherwise turn a parity case into a vacuous pass.
-        let raises = c.name.contains("raises");
-        assert_eq!(
-            w.get("error").is_some(),
-            raises,
-            "{}: python said {}",
-            c.name,
-            w
-        );
-        if let Some(err) = w.get("error") {
-            let got = tok.render_chat(&c.req);
-            match got {
-                Err(e) => assert!(
-                    e.is_bad_request(),
-                    "{}: wrong error kind {e:?} (python: {err})",
-                    c.name
-                ),
-                Ok(text) => panic!(
-                    "{}: python failed with {err} but we rendered {text:?}",
-                    c.name
-                ),
-            }
-            continue;
+pub fn check(model: &Model, groups: &[(Dialect, Vec<Case>)], texts: &[String]) {
+    let all: Vec<&Case> = groups.iter().flat_map(|(_, cases)| cases).collect();
+    let want = reference(model, &all, texts);
+    let mut answers = want["chats"].as_array().expect("chats").iter();
+    let mut tok = None;
+    for (dialect, cases) in groups {
+        let config = TokenizerConfig {
+            dialect: dialect.clone(),
+            ..TokenizerConfig::default()
+        };
+        let t = ModelTokenizer::from_dir_with(&model.dir, config).expect("load fixture");
+        for c in cases {
+            check_case(&t, c, answers.next().expect("one answer per case"));
         }
-        let text = tok
-            .render_chat(&c.req)
-            .unwrap_or_else(|e| panic!("{}: render failed: {e}", c.name));
-        assert_eq!(
-            text,
-            w["text"].as_str().expect("text"),
-            "{}: rendered text differs",
-            c.name
-        );
-        let want_ids: Vec<u32> = serde_json::from_value(w["ids_text"].clone()).expect("ids");
-        let want_chat_ids: Vec<u32> = serde_json::from_value(w["ids_chat"].clone()).expect("ids");
-        assert_eq!(
-            want_ids, want_chat_ids,
-            "{}: transformers disagrees with itself",
-            c.name
-        );
-        for pass in ["cold", "cached"] {
-            let ids = tok.encode_chat(&c.req).expect("encode");
-            assert_eq!(ids, want_ids, "{}: {pass} token ids differ", c.name);
-        }
+        tok = Some(t);
     }
+    let tok = tok.unwrap_or_else(|| ModelTokenizer::from_dir(&model.dir).expect("load fixture"));
     for (t, w) in texts.iter().zip(want["texts"].as_array().expect("texts")) {
         let plain: Vec<u32> = serde_json::from_value(w["plain"].clone()).expect("ids");
         let special: Vec<u32> = serde_json::from_value(w["special"].clone()).expect("ids");
@@ -145,6 +109,55 @@ pub fn check(model: &Model, dialect: Dialect, cases: &[Case], texts: &[String]) 
             plain,
             "{t:?} through the cache"
         );
+    }
+}
+
+#[track_caller]
+fn check_case(tok: &ModelTokenizer, c: &Case, w: &Value) {
+    // Only cases named "... raises" may fail in transformers; a surprise error there
+    // would otherwise turn a parity case into a vacuous pass.
+    let raises = c.name.contains("raises");
+    assert_eq!(
+        w.get("error").is_some(),
+        raises,
+        "{}: python said {}",
+        c.name,
+        w
+    );
+    if let Some(err) = w.get("error") {
+        let got = tok.render_chat(&c.req);
+        match got {
+            Err(e) => assert!(
+                e.is_bad_request(),
+                "{}: wrong error kind {e:?} (python: {err})",
+                c.name
+            ),
+            Ok(text) => panic!(
+                "{}: python failed with {err} but we rendered {text:?}",
+                c.name
+            ),
+        }
+        return;
+    }
+    let text = tok
+        .render_chat(&c.req)
+        .unwrap_or_else(|e| panic!("{}: render failed: {e}", c.name));
+    assert_eq!(
+        text,
+        w["text"].as_str().expect("text"),
+        "{}: rendered text differs",
+        c.name
+    );
+    let want_ids: Vec<u32> = serde_json::from_value(w["ids_text"].clone()).expect("ids");
+    let want_chat_ids: Vec<u32> = serde_json::from_value(w["ids_chat"].clone()).expect("ids");
+    assert_eq!(
+        want_ids, want_chat_ids,
+        "{}: transformers disagrees with itself",
+        c.name
+    );
+    for pass in ["cold", "cached"] {
+        let ids = tok.encode_chat(&c.req).expect("encode");
+        assert_eq!(ids, want_ids, "{}: {pass} token ids differ", c.name);
     }
 }
 
@@ -409,40 +422,9 @@ fn texts() -> Vec<String> {
     .collect()
 }
 
-#[test]
-fn chatml_matches_transformers() {
-    check(
-        fixture::chatml(),
-        Dialect::Transformers,
-        &chatml_cases(),
-        &texts(),
-    );
-}
-
-#[test]
-fn llama3_matches_transformers() {
-    check(
-        fixture::llama3(),
-        Dialect::Transformers,
-        &llama3_cases(),
-        &texts(),
-    );
-}
-
-#[test]
-fn inst_matches_transformers() {
-    check(
-        fixture::inst(),
-        Dialect::Transformers,
-        &inst_cases(),
-        &texts(),
-    );
-}
-
-/// Requests already in the shape vLLM hands to the template render the same under the
-/// vLLM dialect: the rewriting changes nothing that it should not.
-#[test]
-fn vllm_dialect_matches_on_normalized_requests() {
+/// Requests already in the shape vLLM hands to the template must render the same under
+/// the vLLM dialect: its rewriting changes nothing it should not.
+fn vllm_normalized_cases() -> Vec<Case> {
     let normalized = json!([
         {"role": "system", "content": "You are a careful agent."},
         {"role": "user", "content": "Weather in Paris?"},
@@ -452,62 +434,89 @@ fn vllm_dialect_matches_on_normalized_requests() {
         {"role": "tool", "content": "{\"temp\": 21.5}", "tool_call_id": "call_1"},
         {"role": "user", "content": "Thanks"}
     ]);
-    let cases = vec![
+    vec![
         case(
-            "chatml agentic",
+            "vllm: agentic",
             normalized.clone(),
             tools(),
             true,
             json!({}),
         ),
         case(
-            "chatml no tools",
+            "vllm: no tools",
             normalized,
             Value::Null,
             true,
             json!({"enable_thinking": false}),
         ),
+    ]
+}
+
+/// Many generated conversations and texts: they catch regex and template edge cases the
+/// hand-written tables miss. Deterministic (fixed seed).
+fn generated_cases(rng: &mut Lcg) -> Vec<Case> {
+    (0..48)
+        .map(|i| {
+            let tools = if i % 3 == 0 { tools() } else { Value::Null };
+            case(
+                &format!("generated #{i}"),
+                random_conversation(rng),
+                tools,
+                i % 4 != 0,
+                json!({}),
+            )
+        })
+        .collect()
+}
+
+fn generated_texts(seed: u64) -> Vec<String> {
+    let mut rng = Lcg(seed);
+    let mut t = texts();
+    t.extend((0..32).map(|_| random_text(&mut rng, 120)));
+    t
+}
+
+#[test]
+fn chatml_matches_transformers() {
+    let mut rng = Lcg(0x5eed_1234_abcd_0001);
+    let groups = [
+        (Dialect::Transformers, chatml_cases()),
+        (Dialect::Transformers, generated_cases(&mut rng)),
+        (Dialect::default(), vllm_normalized_cases()),
     ];
-    check(fixture::chatml(), Dialect::default(), &cases, &[]);
+    check(fixture::chatml(), &groups, &texts());
+}
+
+#[test]
+fn llama3_matches_transformers() {
+    check(
+        fixture::llama3(),
+        &[(Dialect::Transformers, llama3_cases())],
+        &generated_texts(1),
+    );
+}
+
+#[test]
+fn inst_matches_transformers() {
     let parts = json!([
         {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "Calling."}]},
         {"role": "user", "content": [{"type": "text", "text": "More"}]}
     ]);
-    check(
-        fixture::inst(),
-        Dialect::default(),
-        &[case(
-            "openai content format",
-            parts,
-            tools(),
-            true,
-            json!({}),
-        )],
-        &[],
-    );
-}
-
-/// Many generated conversations in one Python call: catches regex and template edge
-/// cases that the hand-written table misses. Deterministic (fixed seed).
-#[test]
-fn generated_conversations_match_transformers() {
-    let mut rng = Lcg(0x5eed_1234_abcd_0001);
-    let cases: Vec<Case> = (0..48)
-        .map(|i| {
-            case(
-                &format!("generated #{i}"),
-                random_conversation(&mut rng),
-                if i % 3 == 0 { tools() } else { Value::Null },
-                i % 4 != 0,
+    let groups = [
+        (Dialect::Transformers, inst_cases()),
+        (
+            Dialect::default(),
+            vec![case(
+                "vllm: openai content format",
+                parts,
+                tools(),
+                true,
                 json!({}),
-            )
-        })
-        .collect();
-    check(fixture::chatml(), Dialect::Transformers, &cases, &[]);
-    let texts: Vec<String> = (0..32).map(|_| random_text(&mut rng, 120)).collect();
-    check(fixture::llama3(), Dialect::Transformers, &[], &texts);
-    check(fixture::inst(), Dialect::Transformers, &[], &texts);
+            )],
+        ),
+    ];
+    check(fixture::inst(), &groups, &generated_texts(2));
 }
 
 pub struct Lcg(pub u64);
