@@ -1,0 +1,253 @@
+//! Measures what tokenization costs the router: a long multi-turn agentic prompt (about 8k
+//! and 32k tokens) rendered and tokenized cold, against turn N+1 of the same conversation
+//! with turn N already cached. Prints one JSON object per size.
+//!
+//! Run: `cargo run --release -p kvroute-tokenize --example tok_bench`
+//!
+//! The model folder is built here (byte-level BPE with the Qwen2 pre-tokenizer regex,
+//! trained on generated text to an 8k vocabulary, and a ChatML-with-tools template), so
+//! figures are indicative of real BPE models of that shape, not of any one model.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kvroute_tokenize::{ChatRequest, ModelTokenizer};
+use serde_json::{json, Value};
+use tokenizers::models::bpe::BpeTrainerBuilder;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer};
+
+const REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const WORDS: &[&str] = &[
+    "the",
+    "router",
+    "request",
+    "worker",
+    "cache",
+    "prefix",
+    "token",
+    "model",
+    "tool",
+    "call",
+    "result",
+    "error",
+    "file",
+    "function",
+    "return",
+    "value",
+    "string",
+    "number",
+    "list",
+    "user",
+    "assistant",
+    "system",
+    "search",
+    "weather",
+    "Paris",
+    "Tokyo",
+    "because",
+    "therefore",
+    "and",
+    "with",
+    "from",
+    "into",
+    "over",
+    "under",
+    "latency",
+    "throughput",
+    "memory",
+    "block",
+    "hash",
+    "schedule",
+    "queue",
+    "deadline",
+    "retry",
+    "timeout",
+    "config",
+    "deploy",
+    "cluster",
+    "node",
+];
+const TURNS_MAX: usize = 2000;
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+    fn sentence(&mut self, words: usize) -> String {
+        let mut s = String::new();
+        for i in 0..words {
+            if i > 0 {
+                s.push(' ');
+            }
+            s.push_str(WORDS[self.below(WORDS.len())]);
+            if self.below(9) == 0 {
+                s.push_str(&format!(" {}", self.below(100_000)));
+            }
+        }
+        s.push('.');
+        s
+    }
+}
+
+fn build_model() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvroute-tok-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let skeleton = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": REGEX}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": {}, "merges": []},
+    });
+    let mut tok: Tokenizer = skeleton.to_string().parse().expect("skeleton");
+    let specials: Vec<AddedToken> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        .iter()
+        .map(|s| AddedToken::from(*s, true))
+        .collect();
+    let mut trainer = TrainerWrapper::from(
+        BpeTrainerBuilder::new()
+            .vocab_size(8000)
+            .min_frequency(2)
+            .show_progress(false)
+            .special_tokens(specials.clone())
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build(),
+    );
+    let mut rng = Rng(7);
+    let corpus: Vec<String> = (0..4000).map(|_| rng.sentence(30)).collect();
+    tok.train(&mut trainer, corpus.iter()).expect("train");
+    tok.add_special_tokens(specials).expect("specials");
+    tok.save(dir.join("tokenizer.json"), false).expect("save");
+    let config = json!({
+        "eos_token": "<|im_end|>",
+        "chat_template": include_str!("../tests/it/templates/chatml_tools.jinja"),
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("config");
+    dir
+}
+
+fn tools() -> Vec<Value> {
+    (0..8)
+        .map(|i| {
+            json!({"type": "function", "function": {
+                "name": format!("tool_{i}"),
+                "description": format!("Tool number {i} that does useful work on files and returns JSON."),
+                "parameters": {"type": "object", "properties": {
+                    "path": {"type": "string", "description": "A file path"},
+                    "limit": {"type": "integer", "minimum": 1}
+                }, "required": ["path"]}
+            }})
+        })
+        .collect()
+}
+
+/// An agentic conversation: user asks, assistant calls a tool, tool answers at length.
+fn conversation(rng: &mut Rng, turns: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": rng.sentence(200)})];
+    for t in 0..turns {
+        m.push(json!({"role": "user", "content": rng.sentence(40)}));
+        m.push(json!({"role": "assistant", "content": rng.sentence(20), "tool_calls": [
+            {"id": format!("call_{t}"), "type": "function", "function": {"name": "tool_1", "arguments": {"path": format!("/src/{t}.rs"), "limit": t}}}
+        ]}));
+        m.push(json!({"role": "tool", "content": rng.sentence(250)}));
+    }
+    m
+}
+
+fn request(messages: Vec<Value>) -> ChatRequest {
+    let mut req = ChatRequest::new(messages);
+    req.tools = Some(tools());
+    req
+}
+
+fn median_us(mut samples: Vec<Duration>) -> f64 {
+    samples.sort();
+    samples[samples.len() / 2].as_secs_f64() * 1e6
+}
+
+fn time<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
+fn bench(dir: &PathBuf, target_tokens: usize) -> Value {
+    const REPEATS: usize = 7;
+    let probe = ModelTokenizer::from_dir(dir).expect("load");
+    // Grow the conversation until its prompt reaches the target size.
+    let mut turns = 1;
+    let mut rng = Rng(1);
+    let base = loop {
+        let msgs = conversation(&mut Rng(1), turns);
+        let n = probe
+            .encode_chat(&request(msgs.clone()))
+            .expect("encode")
+            .len();
+        if n >= target_tokens || turns >= TURNS_MAX {
+            break msgs;
+        }
+        turns += 1;
+    };
+    let mut next = base.clone();
+    next.push(json!({"role": "user", "content": rng.sentence(40)}));
+    let (req_n, req_next) = (request(base), request(next));
+
+    let (mut render, mut encode_plain, mut cold, mut warm) = (vec![], vec![], vec![], vec![]);
+    let mut tokens = 0;
+    for _ in 0..REPEATS {
+        // Fresh tokenizers each round, so neither the prefix cache nor the BPE word cache
+        // inside `tokenizers` carries over between the cold measurements.
+        let plain = ModelTokenizer::from_dir(dir).expect("load");
+        let text = plain.render_chat(&req_n).expect("render");
+        let (ids, d) = time(|| plain.encode_text(&text, false).expect("encode"));
+        encode_plain.push(d);
+        tokens = ids.len();
+        let tok = ModelTokenizer::from_dir(dir).expect("load");
+        let (_, d) = time(|| tok.render_chat(&req_n).expect("render"));
+        render.push(d);
+        let (cold_ids, d) = time(|| tok.encode_chat(&req_n).expect("encode"));
+        cold.push(d);
+        assert_eq!(cold_ids, ids);
+        let (next_ids, d) = time(|| tok.encode_chat(&req_next).expect("encode"));
+        warm.push(d);
+        let text_next = tok.render_chat(&req_next).expect("render");
+        assert_eq!(
+            next_ids,
+            tok.encode_text(&text_next, false).expect("encode")
+        );
+    }
+    let cold_us = median_us(cold);
+    let warm_us = median_us(warm);
+    json!({
+        "target_tokens": target_tokens,
+        "prompt_tokens": tokens,
+        "messages": req_n.messages.len(),
+        "render_us": median_us(render),
+        "encode_uncached_us": median_us(encode_plain),
+        "cold_render_and_encode_us": cold_us,
+        "next_turn_cached_us": warm_us,
+        "speedup": cold_us / warm_us,
+        "repeats": REPEATS,
+    })
+}
+
+fn main() {
+    let dir = build_model();
+    for target in [8_192, 32_768] {
+        println!("{}", bench(&dir, target));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

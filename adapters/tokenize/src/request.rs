@@ -1,0 +1,404 @@
+//! The chat request as the router receives it, and the rewriting an engine applies to it
+//! before its chat template sees it. It leaves rendering to `template.rs`.
+//!
+//! Parity with the engine means rendering what the engine renders, and vLLM does not hand
+//! the client's messages to the template as they came. [`Dialect::Vllm`] mirrors vLLM's
+//! OpenAI server (`parse_chat_messages` and `_postprocess_messages`):
+//! - each message is rebuilt from `role`, `content`, and per role `tool_calls` and
+//!   `reasoning` (assistant, copied to `reasoning_content` too), `tool_call_id` (tool),
+//!   `tools` (developer), plus `name` and `task` when they are strings; other fields are
+//!   dropped;
+//! - `content` becomes a string (text parts joined by `"\n"`, `null` becomes `""`) or, for
+//!   templates that loop over `message.content` (the "openai" content format, detected the
+//!   way vLLM does), a list of `{"type": "text", "text": ...}` parts; tool messages always
+//!   get a string when all parts are text;
+//! - tool-call `arguments` given as a JSON string are parsed (invalid JSON becomes `{}`) and
+//!   an empty `tool_calls` list is removed;
+//! - tools are dumped as vLLM's pydantic model does: `{"type", "function": {"name",
+//!   "description", "parameters"[, "strict"]}}`, absent fields as `null`, extra fields after.
+//!
+//! Then both dialects apply what transformers' `apply_chat_template` does: keys whose value
+//! is `null` are dropped from each message, and a message's reasoning is also offered as
+//! `thinking` and `reasoning_content`. [`Dialect::Transformers`] does only that, for callers
+//! that render through transformers directly.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as Json};
+
+use crate::TokenizeError;
+
+/// A chat request: the parts of an OpenAI `/v1/chat/completions` body a template can see.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation, each message a JSON object (`role`, `content`, `tool_calls`, ...).
+    pub messages: Vec<Json>,
+    /// The tool schemas, if the request offers tools. `Some(vec![])` still selects a
+    /// model's `tool_use` template, as in transformers.
+    #[serde(default)]
+    pub tools: Option<Vec<Json>>,
+    /// Documents for retrieval-augmented templates (`documents` in the template).
+    #[serde(default)]
+    pub documents: Option<Vec<Json>>,
+    /// Whether the template appends the assistant header; vLLM's default is `true`.
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    /// Extra template variables (`chat_template_kwargs`), e.g. `enable_thinking`. They
+    /// override the special tokens; `add_generation_prompt` and `documents` given here
+    /// override the fields above, as vLLM merges them.
+    #[serde(default)]
+    pub chat_template_kwargs: Map<String, Json>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl ChatRequest {
+    /// A request with these messages, no tools and the generation prompt on.
+    pub fn new(messages: Vec<Json>) -> Self {
+        Self {
+            messages,
+            tools: None,
+            documents: None,
+            add_generation_prompt: true,
+            chat_template_kwargs: Map::new(),
+        }
+    }
+}
+
+/// Which engine's view of the request to render.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dialect {
+    /// vLLM's OpenAI-compatible server (see the module doc for the rewriting it applies).
+    Vllm(VllmOptions),
+    /// transformers' `apply_chat_template` called on the request's JSON as it is.
+    Transformers,
+}
+
+impl Default for Dialect {
+    fn default() -> Self {
+        Self::Vllm(VllmOptions::default())
+    }
+}
+
+/// Knobs of [`Dialect::Vllm`] that differ between vLLM versions or deployments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VllmOptions {
+    /// `--chat-template-content-format`; default [`ContentFormat::Auto`].
+    pub content_format: ContentFormat,
+    /// Whether the engine's `FunctionDefinition` has a `strict` field, which its tool dump
+    /// then prints as `"strict": null` when the client left it out. Default `true`
+    /// (recent vLLM); older releases lack the field.
+    pub function_strict_field: bool,
+}
+
+impl Default for VllmOptions {
+    fn default() -> Self {
+        Self {
+            content_format: ContentFormat::Auto,
+            function_strict_field: true,
+        }
+    }
+}
+
+/// How message content reaches the template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentFormat {
+    /// Detect from the template: "openai" if it loops over a message's `content`.
+    Auto,
+    /// Content is one string.
+    String,
+    /// Content is a list of `{"type": "text", "text": ...}` parts.
+    OpenAi,
+}
+
+/// Keys of `chat_template_kwargs` that would clobber what the engine passes itself.
+const RESERVED_KWARGS: [&str; 5] = [
+    "messages",
+    "tools",
+    "chat_template",
+    "tokenize",
+    "conversation",
+];
+
+/// The template variables for `req`: special tokens, then kwargs, then the request fields.
+pub(crate) fn render_context(
+    req: &ChatRequest,
+    dialect: &Dialect,
+    openai_content: bool,
+    special_tokens: &[(String, String)],
+) -> Result<Map<String, Json>, TokenizeError> {
+    if req.messages.is_empty() {
+        return Err(TokenizeError::invalid("the conversation has no messages"));
+    }
+    let mut ctx = Map::new();
+    for (k, v) in special_tokens {
+        ctx.insert(k.clone(), Json::String(v.clone()));
+    }
+    for (k, v) in &req.chat_template_kwargs {
+        if RESERVED_KWARGS.contains(&k.as_str()) {
+            return Err(TokenizeError::invalid(format!(
+                "chat_template_kwargs may not set {k:?}"
+            )));
+        }
+        ctx.insert(k.clone(), v.clone());
+    }
+    let (messages, tools) = match dialect {
+        Dialect::Vllm(opts) => (
+            vllm_messages(&req.messages, openai_content)?,
+            req.tools
+                .as_ref()
+                .map(|t| t.iter().map(|x| vllm_tool(x, opts)).collect()),
+        ),
+        Dialect::Transformers => (req.messages.clone(), req.tools.clone()),
+    };
+    let messages = transformers_messages(messages)?;
+    ctx.insert("messages".into(), Json::Array(messages));
+    ctx.insert("tools".into(), tools.map_or(Json::Null, Json::Array));
+    if !ctx.contains_key("documents") {
+        let docs = req.documents.clone().map_or(Json::Null, Json::Array);
+        ctx.insert("documents".into(), docs);
+    }
+    if !ctx.contains_key("add_generation_prompt") {
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(req.add_generation_prompt),
+        );
+    }
+    Ok(ctx)
+}
+
+/// transformers drops `null` keys and aliases reasoning under `thinking`/`reasoning_content`.
+fn transformers_messages(messages: Vec<Json>) -> Result<Vec<Json>, TokenizeError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for message in messages {
+        let Json::Object(map) = message else {
+            return Err(TokenizeError::invalid("each message must be a JSON object"));
+        };
+        let map: Map<String, Json> = map.into_iter().filter(|(_, v)| !v.is_null()).collect();
+        let reasoning = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|k| map.get(*k).cloned());
+        let map = match reasoning {
+            None => map,
+            Some(r) => {
+                let mut aliased = Map::with_capacity(map.len() + 2);
+                aliased.insert("thinking".into(), r.clone());
+                for (k, v) in map {
+                    aliased.insert(k, v);
+                }
+                aliased.insert("reasoning_content".into(), r);
+                aliased
+            }
+        };
+        out.push(Json::Object(map));
+    }
+    Ok(out)
+}
+
+fn vllm_messages(messages: &[Json], openai_content: bool) -> Result<Vec<Json>, TokenizeError> {
+    messages
+        .iter()
+        .map(|m| vllm_message(m, openai_content))
+        .collect()
+}
+
+fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeError> {
+    let Json::Object(msg) = message else {
+        return Err(TokenizeError::invalid("each message must be a JSON object"));
+    };
+    let role = match msg.get("role") {
+        Some(Json::String(r)) => r.as_str(),
+        _ => return Err(TokenizeError::invalid("each message needs a string `role`")),
+    };
+    let texts = content_texts(msg.get("content"))?;
+    let mut out = Map::new();
+    out.insert("role".into(), Json::String(role.to_owned()));
+    out.insert(
+        "content".into(),
+        content_value(&texts, openai_content && role != "tool"),
+    );
+    match role {
+        "assistant" => {
+            if let Some(calls) = msg.get("tool_calls").filter(|v| !v.is_null()) {
+                if let Some(calls) = vllm_tool_calls(calls)? {
+                    out.insert("tool_calls".into(), calls);
+                }
+            }
+            if let Some(r) = msg.get("reasoning").filter(|v| !v.is_null()) {
+                out.insert("reasoning".into(), r.clone());
+                out.insert("reasoning_content".into(), r.clone());
+            }
+        }
+        "tool" => {
+            if let Some(id) = msg.get("tool_call_id") {
+                out.insert("tool_call_id".into(), id.clone());
+            }
+        }
+        _ => {}
+    }
+    for key in ["name", "task"] {
+        if let Some(Json::String(s)) = msg.get(key) {
+            out.insert(key.into(), Json::String(s.clone()));
+        }
+    }
+    if role == "developer" {
+        out.insert(
+            "tools".into(),
+            msg.get("tools").cloned().unwrap_or(Json::Null),
+        );
+    }
+    Ok(Json::Object(out))
+}
+
+/// The text of each content part, in order; parts whose text is `null` are skipped.
+fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
+    let parts = match content {
+        None | Some(Json::Null) => return Ok(Vec::new()),
+        Some(Json::String(s)) => return Ok(vec![s.clone()]),
+        Some(Json::Array(parts)) => parts,
+        Some(_) => {
+            return Err(TokenizeError::invalid(
+                "message content must be a string, a list of parts or null",
+            ))
+        }
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for part in parts {
+        let obj = match part {
+            Json::String(s) => {
+                texts.push(s.clone());
+                continue;
+            }
+            Json::Object(o) => o,
+            _ => return Err(TokenizeError::invalid("a content part must be an object")),
+        };
+        let kind = match obj.get("type") {
+            Some(Json::String(t)) => t.as_str(),
+            Some(_) => return Err(TokenizeError::invalid("invalid content part `type`")),
+            None => return Err(missing_type(obj)),
+        };
+        let field = match kind {
+            "text" | "input_text" | "output_text" => "text",
+            "refusal" => "refusal",
+            "thinking" => "thinking",
+            other => {
+                return Err(TokenizeError::UnsupportedContentPart {
+                    kind: other.to_owned(),
+                })
+            }
+        };
+        match obj.get(field) {
+            None | Some(Json::Null) => {}
+            Some(Json::String(s)) => texts.push(s.clone()),
+            Some(_) => return Err(TokenizeError::invalid("content part text must be a string")),
+        }
+    }
+    Ok(texts)
+}
+
+fn missing_type(part: &Map<String, Json>) -> TokenizeError {
+    let media = [
+        "image_url",
+        "image_pil",
+        "image_embeds",
+        "audio_url",
+        "input_audio",
+        "video_url",
+    ];
+    match media.iter().find(|k| part.contains_key(**k)) {
+        Some(k) => TokenizeError::UnsupportedContentPart {
+            kind: (*k).to_owned(),
+        },
+        None => TokenizeError::invalid("content part without `type`"),
+    }
+}
+
+fn content_value(texts: &[String], openai: bool) -> Json {
+    if openai {
+        let parts = texts
+            .iter()
+            .map(|t| {
+                let mut p = Map::new();
+                p.insert("type".into(), Json::String("text".into()));
+                p.insert("text".into(), Json::String(t.clone()));
+                Json::Object(p)
+            })
+            .collect();
+        Json::Array(parts)
+    } else {
+        Json::String(texts.join("\n"))
+    }
+}
+
+/// vLLM parses string `arguments` to JSON and drops an empty call list (`None`).
+fn vllm_tool_calls(calls: &Json) -> Result<Option<Json>, TokenizeError> {
+    let Json::Array(items) = calls else {
+        return Err(TokenizeError::invalid("tool_calls must be a list"));
+    };
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let mut call = match item {
+            Json::Object(o) => o.clone(),
+            _ => return Err(TokenizeError::invalid("each tool call must be an object")),
+        };
+        let Some(Json::Object(function)) = call.get_mut("function") else {
+            return Err(TokenizeError::invalid(
+                "each tool call needs a `function` object",
+            ));
+        };
+        let args = match function.get("arguments") {
+            Some(Json::String(s)) => {
+                serde_json::from_str(s).unwrap_or_else(|_| Json::Object(Map::new()))
+            }
+            Some(v @ (Json::Object(_) | Json::Array(_))) => v.clone(),
+            _ => Json::Object(Map::new()),
+        };
+        function.insert("arguments".into(), args);
+        out.push(Json::Object(call));
+    }
+    Ok(Some(Json::Array(out)))
+}
+
+/// vLLM's `ChatCompletionToolsParam.model_dump()`: declared fields first, then extras.
+fn vllm_tool(tool: &Json, opts: &VllmOptions) -> Json {
+    let Json::Object(t) = tool else {
+        return tool.clone();
+    };
+    let Some(Json::Object(f)) = t.get("function") else {
+        return tool.clone();
+    };
+    let mut function = Map::new();
+    let mut declared = vec!["name", "description", "parameters"];
+    if opts.function_strict_field {
+        declared.push("strict");
+    }
+    for key in &declared {
+        function.insert((*key).into(), f.get(*key).cloned().unwrap_or(Json::Null));
+    }
+    for (k, v) in f {
+        if !declared.contains(&k.as_str()) {
+            function.insert(k.clone(), v.clone());
+        }
+    }
+    let mut out = Map::new();
+    let kind = t
+        .get("type")
+        .cloned()
+        .unwrap_or_else(|| Json::String("function".into()));
+    out.insert("type".into(), kind);
+    out.insert("function".into(), Json::Object(function));
+    for (k, v) in t {
+        if k != "type" && k != "function" {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Json::Object(out)
+}
+
+#[cfg(test)]
+mod tests;

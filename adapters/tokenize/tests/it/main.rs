@@ -1,0 +1,6 @@
+//! Integration tests of `kvroute-tokenize`, one module per concern.
+
+mod cache;
+mod fixture;
+mod load;
+mod parity;
