@@ -18,7 +18,8 @@ use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
-const REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const WORDS: &[&str] = &[
     "the",
     "router",
@@ -75,10 +76,7 @@ struct Rng(u64);
 
 impl Rng {
     fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((self.0 >> 33) % n as u64) as usize
     }
     fn sentence(&mut self, words: usize) -> String {
@@ -113,10 +111,8 @@ fn build_model() -> PathBuf {
                   "ignore_merges": false, "vocab": {}, "merges": []},
     });
     let mut tok: Tokenizer = skeleton.to_string().parse().expect("skeleton");
-    let specials: Vec<AddedToken> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        .iter()
-        .map(|s| AddedToken::from(*s, true))
-        .collect();
+    let specials: Vec<AddedToken> =
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].iter().map(|s| AddedToken::from(*s, true)).collect();
     let mut trainer = TrainerWrapper::from(
         BpeTrainerBuilder::new()
             .vocab_size(8000)
@@ -192,10 +188,7 @@ fn bench(dir: &PathBuf, target_tokens: usize) -> Value {
     let mut rng = Rng(1);
     let base = loop {
         let msgs = conversation(&mut Rng(1), turns);
-        let n = probe
-            .encode_chat(&request(msgs.clone()))
-            .expect("encode")
-            .len();
+        let n = probe.encode_chat(&request(msgs.clone())).expect("encode").len();
         if n >= target_tokens || turns >= TURNS_MAX {
             break msgs;
         }
@@ -224,10 +217,7 @@ fn bench(dir: &PathBuf, target_tokens: usize) -> Value {
         let (next_ids, d) = time(|| tok.encode_chat(&req_next).expect("encode"));
         warm.push(d);
         let text_next = tok.render_chat(&req_next).expect("render");
-        assert_eq!(
-            next_ids,
-            tok.encode_text(&text_next, false).expect("encode")
-        );
+        assert_eq!(next_ids, tok.encode_text(&text_next, false).expect("encode"));
     }
     let cold_us = median_us(cold);
     let warm_us = median_us(warm);

@@ -32,12 +32,7 @@ pub struct CacheConfig {
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self {
-            entries_max: 65_536,
-            bytes_max: 256 << 20,
-            piece_bytes_min: 256,
-            hash_seed: 0x6b76_726f_7574_6521,
-        }
+        Self { entries_max: 65_536, bytes_max: 256 << 20, piece_bytes_min: 256, hash_seed: 0x6b76_726f_7574_6521 }
     }
 }
 
@@ -87,13 +82,7 @@ pub(crate) struct PieceCache {
 
 impl PieceCache {
     pub(crate) fn new(config: CacheConfig) -> Self {
-        Self {
-            config,
-            map: HashMap::new(),
-            lru: BTreeMap::new(),
-            tick: 0,
-            stats: CacheStats::default(),
-        }
+        Self { config, map: HashMap::new(), lru: BTreeMap::new(), tick: 0, stats: CacheStats::default() }
     }
 
     pub(crate) fn config(&self) -> &CacheConfig {
@@ -140,9 +129,7 @@ impl PieceCache {
             return;
         }
         self.remove(key);
-        while self.map.len() >= self.config.entries_max
-            || self.stats.bytes + need > self.config.bytes_max
-        {
+        while self.map.len() >= self.config.entries_max || self.stats.bytes + need > self.config.bytes_max {
             let Some((_, oldest)) = self.lru.pop_first() else {
                 break;
             };
@@ -152,11 +139,7 @@ impl PieceCache {
             }
         }
         self.tick += 1;
-        let entry = Entry {
-            text: text.into(),
-            ids,
-            tick: self.tick,
-        };
+        let entry = Entry { text: text.into(), ids, tick: self.tick };
         self.stats.bytes += entry.cost();
         self.lru.insert(self.tick, key);
         self.map.insert(key, entry);

@@ -29,10 +29,7 @@ pub(crate) fn loops_over_content(template: &str) -> bool {
         .filter(|(_, iter)| base_access(iter, &lists, None))
         .map(|(target, _)| target)
         .collect();
-    stmts
-        .iter()
-        .filter_map(|s| parse_for(s))
-        .any(|(_, iter)| base_access(iter, &messages, Some("content")))
+    stmts.iter().filter_map(|s| parse_for(s)).any(|(_, iter)| base_access(iter, &messages, Some("content")))
 }
 
 /// The inside of every `{% ... %}` tag, whitespace-control markers removed.
@@ -42,9 +39,7 @@ fn statements(template: &str) -> Vec<&str> {
     while let Some(start) = rest.find("{%") {
         let tag = &rest[start + 2..];
         let Some(end) = tag.find("%}") else { break };
-        let inner = tag[..end]
-            .trim_matches(|c: char| c == '-' || c == '+')
-            .trim();
+        let inner = tag[..end].trim_matches(|c: char| c == '-' || c == '+').trim();
         out.push(inner);
         rest = &tag[end + 2..];
     }
@@ -76,9 +71,7 @@ fn is_ident(s: &str) -> bool {
 /// Whether `expr` is one of `vars` (then `.key` / `['key']` when `key` is given), optionally
 /// sliced before the key and followed by filters, a test, or a loop condition.
 fn base_access(expr: &str, vars: &[String], key: Option<&str>) -> bool {
-    let end = expr
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or(expr.len());
+    let end = expr.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(expr.len());
     if !vars.iter().any(|v| v == &expr[..end]) {
         return false;
     }
@@ -91,11 +84,7 @@ fn base_access(expr: &str, vars: &[String], key: Option<&str>) -> bool {
         rest = inner.1.trim_start();
     }
     if let Some(key) = key {
-        let quoted = [
-            format!("['{key}']"),
-            format!("[\"{key}\"]"),
-            format!(".{key}"),
-        ];
+        let quoted = [format!("['{key}']"), format!("[\"{key}\"]"), format!(".{key}")];
         match quoted.iter().find(|q| rest.starts_with(q.as_str())) {
             Some(q) => rest = &rest[q.len()..],
             None => return false,
@@ -120,25 +109,22 @@ mod tests {
     #[test]
     fn detects_content_loops_like_vllm() {
         check("{% for m in messages %}{{ m.content }}{% endfor %}", false);
+        check("{% for m in messages %}{% for c in m.content %}{{ c.text }}{% endfor %}{% endfor %}", true);
         check(
-            "{% for m in messages %}{% for c in m.content %}{{ c.text }}{% endfor %}{% endfor %}",
+            "{%- for m in messages -%}{%- for c in m['content'] | selectattr('type') -%}x{%- endfor -%}{%- endfor -%}",
             true,
         );
-        check("{%- for m in messages -%}{%- for c in m['content'] | selectattr('type') -%}x{%- endfor -%}{%- endfor -%}", true);
-        check("{% set msgs = messages[1:] %}{% for m in msgs %}{% for c in m[\"content\"] %}{% endfor %}{% endfor %}", true);
-        check("{% for m in messages[::-1] %}{% for c in m.content if c.type == 'text' %}{% endfor %}{% endfor %}", true);
         check(
-            "{% for m in messages %}{% for c in m.contents %}{% endfor %}{% endfor %}",
-            false,
+            "{% set msgs = messages[1:] %}{% for m in msgs %}{% for c in m[\"content\"] %}{% endfor %}{% endfor %}",
+            true,
         );
+        check(
+            "{% for m in messages[::-1] %}{% for c in m.content if c.type == 'text' %}{% endfor %}{% endfor %}",
+            true,
+        );
+        check("{% for m in messages %}{% for c in m.contents %}{% endfor %}{% endfor %}", false);
         check("{% for c in message.content %}{% endfor %}", false);
-        check(
-            "{% for i, m in messages %}{% for c in m.content %}{% endfor %}{% endfor %}",
-            false,
-        );
-        check(
-            "{% for m in messages %}{% for c in m.content.split('x') %}{% endfor %}{% endfor %}",
-            false,
-        );
+        check("{% for i, m in messages %}{% for c in m.content %}{% endfor %}{% endfor %}", false);
+        check("{% for m in messages %}{% for c in m.content.split('x') %}{% endfor %}{% endfor %}", false);
     }
 }

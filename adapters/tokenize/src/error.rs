@@ -89,9 +89,7 @@ impl TokenizeError {
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
-        Self::InvalidRequest {
-            message: message.into(),
-        }
+        Self::InvalidRequest { message: message.into() }
     }
 }
 
@@ -102,11 +100,9 @@ impl fmt::Display for TokenizeError {
             Self::TokenizerFile { message } => write!(f, "bad tokenizer.json: {message}"),
             Self::ConfigFile { path, message } => write!(f, "bad {}: {message}", path.display()),
             Self::NoChatTemplate => f.write_str("the model has no chat template"),
-            Self::NoDefaultTemplate { available } => write!(
-                f,
-                "the model has several chat templates and none is named default: {}",
-                available.join(", ")
-            ),
+            Self::NoDefaultTemplate { available } => {
+                write!(f, "the model has several chat templates and none is named default: {}", available.join(", "))
+            }
             Self::TemplateSyntax { name, message } => {
                 write!(f, "chat template {name:?} does not parse: {message}")
             }

@@ -17,15 +17,8 @@ use serde_json::Value as Json;
 use crate::TokenizeError;
 
 /// The named special tokens transformers passes to every chat template render.
-pub(crate) const SPECIAL_TOKEN_KEYS: [&str; 7] = [
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
+pub(crate) const SPECIAL_TOKEN_KEYS: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
 /// A model's templates as `(name, source)` pairs, and whether they are named (a set) rather
 /// than one template.
@@ -45,9 +38,8 @@ pub(crate) struct ModelFiles {
 
 pub(crate) fn load(dir: &Path) -> Result<ModelFiles, TokenizeError> {
     let tokenizer_path = dir.join("tokenizer.json");
-    let tokenizer_json = fs::read(&tokenizer_path).map_err(|e| TokenizeError::TokenizerFile {
-        message: format!("{}: {e}", tokenizer_path.display()),
-    })?;
+    let tokenizer_json = fs::read(&tokenizer_path)
+        .map_err(|e| TokenizeError::TokenizerFile { message: format!("{}: {e}", tokenizer_path.display()) })?;
     let config_path = dir.join("tokenizer_config.json");
     let config = read_json_object(&config_path)?.unwrap_or_default();
     let (templates, templates_named) = match template_files(dir)? {
@@ -69,24 +61,14 @@ pub(crate) fn load(dir: &Path) -> Result<ModelFiles, TokenizeError> {
             special_tokens.push((key.to_owned(), text));
         }
     }
-    Ok(ModelFiles {
-        tokenizer_json,
-        templates,
-        templates_named,
-        special_tokens,
-    })
+    Ok(ModelFiles { tokenizer_json, templates, templates_named, special_tokens })
 }
 
 fn read_json_object(path: &Path) -> Result<Option<serde_json::Map<String, Json>>, TokenizeError> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(TokenizeError::Io {
-                path: path.to_owned(),
-                source,
-            })
-        }
+        Err(source) => return Err(TokenizeError::Io { path: path.to_owned(), source }),
     };
     match serde_json::from_slice(&bytes) {
         Ok(Json::Object(map)) => Ok(Some(map)),
@@ -96,10 +78,7 @@ fn read_json_object(path: &Path) -> Result<Option<serde_json::Map<String, Json>>
 }
 
 fn config_error(path: &Path, message: &str) -> TokenizeError {
-    TokenizeError::ConfigFile {
-        path: path.to_owned(),
-        message: message.to_owned(),
-    }
+    TokenizeError::ConfigFile { path: path.to_owned(), message: message.to_owned() }
 }
 
 /// `chat_template.jinja` and `additional_chat_templates/*.jinja`, if the model has any.
@@ -111,10 +90,8 @@ fn template_files(dir: &Path) -> Result<Option<TemplateSet>, TokenizeError> {
     }
     let extra_dir = dir.join("additional_chat_templates");
     if extra_dir.is_dir() {
-        let entries = fs::read_dir(&extra_dir).map_err(|source| TokenizeError::Io {
-            path: extra_dir.clone(),
-            source,
-        })?;
+        let entries =
+            fs::read_dir(&extra_dir).map_err(|source| TokenizeError::Io { path: extra_dir.clone(), source })?;
         let mut paths: Vec<PathBuf> = entries
             .filter_map(Result::ok)
             .map(|e| e.path())
@@ -122,10 +99,7 @@ fn template_files(dir: &Path) -> Result<Option<TemplateSet>, TokenizeError> {
             .collect();
         paths.sort();
         for path in paths {
-            let name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
             found.push((name, read_text(&path)?));
         }
     }
@@ -138,10 +112,7 @@ fn template_files(dir: &Path) -> Result<Option<TemplateSet>, TokenizeError> {
 }
 
 fn read_text(path: &Path) -> Result<String, TokenizeError> {
-    fs::read_to_string(path).map_err(|source| TokenizeError::Io {
-        path: path.to_owned(),
-        source,
-    })
+    fs::read_to_string(path).map_err(|source| TokenizeError::Io { path: path.to_owned(), source })
 }
 
 fn config_templates(path: &Path, value: Option<&Json>) -> Result<TemplateSet, TokenizeError> {
@@ -155,20 +126,12 @@ fn config_templates(path: &Path, value: Option<&Json>) -> Result<TemplateSet, To
                 let template = item.get("template").and_then(Json::as_str);
                 match (name, template) {
                     (Some(n), Some(t)) => out.push((n.to_owned(), t.to_owned())),
-                    _ => {
-                        return Err(config_error(
-                            path,
-                            "chat_template list items need string `name` and `template`",
-                        ))
-                    }
+                    _ => return Err(config_error(path, "chat_template list items need string `name` and `template`")),
                 }
             }
             Ok((out, true))
         }
-        Some(_) => Err(config_error(
-            path,
-            "chat_template must be a string or a list",
-        )),
+        Some(_) => Err(config_error(path, "chat_template must be a string or a list")),
     }
 }
 
@@ -179,14 +142,8 @@ fn token_text(path: &Path, key: &str, value: &Json) -> Result<Option<String>, To
         Json::String(s) => Ok(Some(s.clone())),
         Json::Object(o) => match o.get("content") {
             Some(Json::String(s)) => Ok(Some(s.clone())),
-            _ => Err(config_error(
-                path,
-                &format!("{key} has no string `content`"),
-            )),
+            _ => Err(config_error(path, &format!("{key} has no string `content`"))),
         },
-        _ => Err(config_error(
-            path,
-            &format!("{key} must be a string or an object"),
-        )),
+        _ => Err(config_error(path, &format!("{key} must be a string or an object"))),
     }
 }

@@ -64,11 +64,7 @@ pub struct TokenizerConfig {
 
 impl Default for TokenizerConfig {
     fn default() -> Self {
-        Self {
-            dialect: Dialect::default(),
-            cache: CacheConfig::default(),
-            clock: Arc::new(system_unix_secs),
-        }
+        Self { dialect: Dialect::default(), cache: CacheConfig::default(), clock: Arc::new(system_unix_secs) }
     }
 }
 
@@ -122,33 +118,17 @@ impl ModelTokenizer {
     /// `chat_template.jinja`, `additional_chat_templates/*.jinja` and
     /// `special_tokens_map.json` (all optional). Templates are compiled here, so a template
     /// that does not parse fails the load, not the first request.
-    pub fn from_dir_with(
-        dir: impl AsRef<Path>,
-        config: TokenizerConfig,
-    ) -> Result<Self, TokenizeError> {
+    pub fn from_dir_with(dir: impl AsRef<Path>, config: TokenizerConfig) -> Result<Self, TokenizeError> {
         let files = files::load(dir.as_ref())?;
-        let mut tokenizer =
-            tokenizers::Tokenizer::from_bytes(&files.tokenizer_json).map_err(|e| {
-                TokenizeError::TokenizerFile {
-                    message: e.to_string(),
-                }
-            })?;
+        let mut tokenizer = tokenizers::Tokenizer::from_bytes(&files.tokenizer_json)
+            .map_err(|e| TokenizeError::TokenizerFile { message: e.to_string() })?;
         // transformers turns both off unless asked per call, and the engine does not ask.
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| TokenizeError::TokenizerFile {
-                message: e.to_string(),
-            })?;
+        tokenizer.with_truncation(None).map_err(|e| TokenizeError::TokenizerFile { message: e.to_string() })?;
         tokenizer.with_padding(None);
-        let added: Vec<tokenizers::AddedToken> =
-            tokenizer.get_added_tokens_decoder().into_values().collect();
-        let templates =
-            Templates::compile(files.templates.clone(), files.templates_named, config.clock)?;
-        let content_loops = files
-            .templates
-            .iter()
-            .map(|(name, source)| (name.clone(), detect::loops_over_content(source)))
-            .collect();
+        let added: Vec<tokenizers::AddedToken> = tokenizer.get_added_tokens_decoder().into_values().collect();
+        let templates = Templates::compile(files.templates.clone(), files.templates_named, config.clock)?;
+        let content_loops =
+            files.templates.iter().map(|(name, source)| (name.clone(), detect::loops_over_content(source))).collect();
         Ok(Self {
             tokenizer,
             templates,
@@ -162,17 +142,11 @@ impl ModelTokenizer {
 
     /// Tokenizes plain `text`, adding the tokenizer's post-processor tokens (e.g. BOS) when
     /// `add_special_tokens` is set. Not cached. Work grows linearly with `text`.
-    pub fn encode_text(
-        &self,
-        text: &str,
-        add_special_tokens: bool,
-    ) -> Result<Vec<u32>, TokenizeError> {
+    pub fn encode_text(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
-            .map_err(|e| TokenizeError::Encode {
-                message: e.to_string(),
-            })?;
+            .map_err(|e| TokenizeError::Encode { message: e.to_string() })?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -182,17 +156,13 @@ impl ModelTokenizer {
         let name = self.templates.select(req.tools.is_some())?;
         let openai_content = match &self.dialect {
             Dialect::Vllm(opts) => match opts.content_format {
-                ContentFormat::Auto => self
-                    .content_loops
-                    .iter()
-                    .any(|(n, loops)| n == name && *loops),
+                ContentFormat::Auto => self.content_loops.iter().any(|(n, loops)| n == name && *loops),
                 ContentFormat::String => false,
                 ContentFormat::OpenAi => true,
             },
             Dialect::Transformers => false,
         };
-        let ctx =
-            request::render_context(req, &self.dialect, openai_content, &self.special_tokens)?;
+        let ctx = request::render_context(req, &self.dialect, openai_content, &self.special_tokens)?;
         let ctx = minijinja::Value::from(minijinja::value::Serde(&ctx));
         self.templates.render(name, &ctx)
     }
@@ -210,10 +180,7 @@ impl ModelTokenizer {
     pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         let (piece_bytes_min, enabled) = {
             let cache = self.lock_cache();
-            (
-                cache.config().piece_bytes_min,
-                cache.config().entries_max > 0,
-            )
+            (cache.config().piece_bytes_min, cache.config().entries_max > 0)
         };
         if !enabled {
             return self.encode_text(text, false);

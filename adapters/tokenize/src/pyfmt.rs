@@ -31,12 +31,7 @@ pub(crate) fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, Error> 
     };
     let key_sep = opts.key_separator.as_deref().unwrap_or(": ");
     let mut out = String::new();
-    let mut w = Dumper {
-        opts,
-        item_sep,
-        key_sep,
-        out: &mut out,
-    };
+    let mut w = Dumper { opts, item_sep, key_sep, out: &mut out };
     w.value(value, 0)?;
     Ok(out)
 }
@@ -52,13 +47,9 @@ impl Dumper<'_> {
     fn value(&mut self, v: &Value, depth: usize) -> Result<(), Error> {
         match v.kind() {
             ValueKind::None => self.out.push_str("null"),
-            ValueKind::Bool => self
-                .out
-                .push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Bool => self.out.push_str(if v.is_true() { "true" } else { "false" }),
             ValueKind::Number => self.number(v, true)?,
-            ValueKind::String => {
-                json_string(self.out, v.as_str().unwrap_or(""), self.opts.ensure_ascii)
-            }
+            ValueKind::String => json_string(self.out, v.as_str().unwrap_or(""), self.opts.ensure_ascii),
             ValueKind::Seq | ValueKind::Iterable => self.seq(v, depth)?,
             ValueKind::Map => self.map(v, depth)?,
             _ => {
@@ -75,8 +66,7 @@ impl Dumper<'_> {
         if v.is_integer() {
             self.out.push_str(&v.to_string());
         } else {
-            let f = f64::try_from(v.clone())
-                .map_err(|_| Error::new(ErrorKind::InvalidOperation, "bad number"))?;
+            let f = f64::try_from(v.clone()).map_err(|_| Error::new(ErrorKind::InvalidOperation, "bad number"))?;
             push_float(self.out, f, json);
         }
         Ok(())
@@ -147,21 +137,10 @@ fn json_key(key: &Value) -> Result<String, Error> {
         ValueKind::Bool => (if key.is_true() { "true" } else { "false" }).to_owned(),
         ValueKind::Number => {
             let mut s = String::new();
-            Dumper {
-                opts: &DumpOptions::default(),
-                item_sep: "",
-                key_sep: "",
-                out: &mut s,
-            }
-            .number(key, true)?;
+            Dumper { opts: &DumpOptions::default(), item_sep: "", key_sep: "", out: &mut s }.number(key, true)?;
             s
         }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "keys must be str, int, float, bool or None",
-            ))
-        }
+        _ => return Err(Error::new(ErrorKind::InvalidOperation, "keys must be str, int, float, bool or None")),
     })
 }
 
@@ -302,11 +281,7 @@ fn py_repr(out: &mut String, value: &Value) -> Result<(), Error> {
 
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 fn py_repr_str(out: &mut String, s: &str) {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
     out.push(quote);
     for c in s.chars() {
         match c {

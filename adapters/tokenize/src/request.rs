@@ -56,13 +56,7 @@ fn default_true() -> bool {
 impl ChatRequest {
     /// A request with these messages, no tools and the generation prompt on.
     pub fn new(messages: Vec<Json>) -> Self {
-        Self {
-            messages,
-            tools: None,
-            documents: None,
-            add_generation_prompt: true,
-            chat_template_kwargs: Map::new(),
-        }
+        Self { messages, tools: None, documents: None, add_generation_prompt: true, chat_template_kwargs: Map::new() }
     }
 }
 
@@ -95,10 +89,7 @@ pub struct VllmOptions {
 
 impl Default for VllmOptions {
     fn default() -> Self {
-        Self {
-            content_format: ContentFormat::Auto,
-            function_strict_field: true,
-        }
+        Self { content_format: ContentFormat::Auto, function_strict_field: true }
     }
 }
 
@@ -114,13 +105,7 @@ pub enum ContentFormat {
 }
 
 /// Keys of `chat_template_kwargs` that would clobber what the engine passes itself.
-const RESERVED_KWARGS: [&str; 5] = [
-    "messages",
-    "tools",
-    "chat_template",
-    "tokenize",
-    "conversation",
-];
+const RESERVED_KWARGS: [&str; 5] = ["messages", "tools", "chat_template", "tokenize", "conversation"];
 
 /// The template variables for `req`: special tokens, then kwargs, then the request fields.
 pub(crate) fn render_context(
@@ -138,18 +123,14 @@ pub(crate) fn render_context(
     }
     for (k, v) in &req.chat_template_kwargs {
         if RESERVED_KWARGS.contains(&k.as_str()) {
-            return Err(TokenizeError::invalid(format!(
-                "chat_template_kwargs may not set {k:?}"
-            )));
+            return Err(TokenizeError::invalid(format!("chat_template_kwargs may not set {k:?}")));
         }
         ctx.insert(k.clone(), v.clone());
     }
     let (messages, tools) = match dialect {
         Dialect::Vllm(opts) => (
             vllm_messages(&req.messages, openai_content)?,
-            req.tools
-                .as_ref()
-                .map(|t| t.iter().map(|x| vllm_tool(x, opts)).collect()),
+            req.tools.as_ref().map(|t| t.iter().map(|x| vllm_tool(x, opts)).collect()),
         ),
         Dialect::Transformers => (req.messages.clone(), req.tools.clone()),
     };
@@ -161,10 +142,7 @@ pub(crate) fn render_context(
         ctx.insert("documents".into(), docs);
     }
     if !ctx.contains_key("add_generation_prompt") {
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Json::Bool(req.add_generation_prompt),
-        );
+        ctx.insert("add_generation_prompt".into(), Json::Bool(req.add_generation_prompt));
     }
     Ok(ctx)
 }
@@ -177,9 +155,7 @@ fn transformers_messages(messages: Vec<Json>) -> Result<Vec<Json>, TokenizeError
             return Err(TokenizeError::invalid("each message must be a JSON object"));
         };
         let map: Map<String, Json> = map.into_iter().filter(|(_, v)| !v.is_null()).collect();
-        let reasoning = ["reasoning_content", "thinking", "reasoning"]
-            .iter()
-            .find_map(|k| map.get(*k).cloned());
+        let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| map.get(*k).cloned());
         let map = match reasoning {
             None => map,
             Some(r) => {
@@ -198,10 +174,7 @@ fn transformers_messages(messages: Vec<Json>) -> Result<Vec<Json>, TokenizeError
 }
 
 fn vllm_messages(messages: &[Json], openai_content: bool) -> Result<Vec<Json>, TokenizeError> {
-    messages
-        .iter()
-        .map(|m| vllm_message(m, openai_content))
-        .collect()
+    messages.iter().map(|m| vllm_message(m, openai_content)).collect()
 }
 
 fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeError> {
@@ -215,10 +188,7 @@ fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeEr
     let texts = content_texts(msg.get("content"))?;
     let mut out = Map::new();
     out.insert("role".into(), Json::String(role.to_owned()));
-    out.insert(
-        "content".into(),
-        content_value(&texts, openai_content && role != "tool"),
-    );
+    out.insert("content".into(), content_value(&texts, openai_content && role != "tool"));
     match role {
         "assistant" => {
             if let Some(calls) = msg.get("tool_calls").filter(|v| !v.is_null()) {
@@ -244,10 +214,7 @@ fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeEr
         }
     }
     if role == "developer" {
-        out.insert(
-            "tools".into(),
-            msg.get("tools").cloned().unwrap_or(Json::Null),
-        );
+        out.insert("tools".into(), msg.get("tools").cloned().unwrap_or(Json::Null));
     }
     Ok(Json::Object(out))
 }
@@ -258,11 +225,7 @@ fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
         None | Some(Json::Null) => return Ok(Vec::new()),
         Some(Json::String(s)) => return Ok(vec![s.clone()]),
         Some(Json::Array(parts)) => parts,
-        Some(_) => {
-            return Err(TokenizeError::invalid(
-                "message content must be a string, a list of parts or null",
-            ))
-        }
+        Some(_) => return Err(TokenizeError::invalid("message content must be a string, a list of parts or null")),
     };
     let mut texts = Vec::with_capacity(parts.len());
     for part in parts {
@@ -283,11 +246,7 @@ fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
             "text" | "input_text" | "output_text" => "text",
             "refusal" => "refusal",
             "thinking" => "thinking",
-            other => {
-                return Err(TokenizeError::UnsupportedContentPart {
-                    kind: other.to_owned(),
-                })
-            }
+            other => return Err(TokenizeError::UnsupportedContentPart { kind: other.to_owned() }),
         };
         match obj.get(field) {
             None | Some(Json::Null) => {}
@@ -299,18 +258,9 @@ fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
 }
 
 fn missing_type(part: &Map<String, Json>) -> TokenizeError {
-    let media = [
-        "image_url",
-        "image_pil",
-        "image_embeds",
-        "audio_url",
-        "input_audio",
-        "video_url",
-    ];
+    let media = ["image_url", "image_pil", "image_embeds", "audio_url", "input_audio", "video_url"];
     match media.iter().find(|k| part.contains_key(**k)) {
-        Some(k) => TokenizeError::UnsupportedContentPart {
-            kind: (*k).to_owned(),
-        },
+        Some(k) => TokenizeError::UnsupportedContentPart { kind: (*k).to_owned() },
         None => TokenizeError::invalid("content part without `type`"),
     }
 }
@@ -347,14 +297,10 @@ fn vllm_tool_calls(calls: &Json) -> Result<Option<Json>, TokenizeError> {
             _ => return Err(TokenizeError::invalid("each tool call must be an object")),
         };
         let Some(Json::Object(function)) = call.get_mut("function") else {
-            return Err(TokenizeError::invalid(
-                "each tool call needs a `function` object",
-            ));
+            return Err(TokenizeError::invalid("each tool call needs a `function` object"));
         };
         let args = match function.get("arguments") {
-            Some(Json::String(s)) => {
-                serde_json::from_str(s).unwrap_or_else(|_| Json::Object(Map::new()))
-            }
+            Some(Json::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| Json::Object(Map::new())),
             Some(v @ (Json::Object(_) | Json::Array(_))) => v.clone(),
             _ => Json::Object(Map::new()),
         };
@@ -386,10 +332,7 @@ fn vllm_tool(tool: &Json, opts: &VllmOptions) -> Json {
         }
     }
     let mut out = Map::new();
-    let kind = t
-        .get("type")
-        .cloned()
-        .unwrap_or_else(|| Json::String("function".into()));
+    let kind = t.get("type").cloned().unwrap_or_else(|| Json::String("function".into()));
     out.insert("type".into(), kind);
     out.insert("function".into(), Json::Object(function));
     for (k, v) in t {

@@ -29,11 +29,8 @@ pub(crate) struct Cutter {
 impl Cutter {
     pub(crate) fn new(added: &[AddedToken]) -> Self {
         let any_single_word = added.iter().any(|t| t.single_word);
-        let mut tokens: Vec<String> = added
-            .iter()
-            .filter(|t| eligible(t, added, any_single_word))
-            .map(|t| t.content.clone())
-            .collect();
+        let mut tokens: Vec<String> =
+            added.iter().filter(|t| eligible(t, added, any_single_word)).map(|t| t.content.clone()).collect();
         tokens.sort();
         tokens.dedup();
         Self { tokens }
@@ -86,12 +83,8 @@ fn eligible(t: &AddedToken, all: &[AddedToken], any_single_word: bool) -> bool {
 
 /// True if a proper, non-empty suffix of `u` equals a proper prefix of `t`.
 fn suffix_meets_prefix(u: &str, t: &str) -> bool {
-    (1..t.len()).any(|n| {
-        t.is_char_boundary(n)
-            && u.len() > n
-            && u.is_char_boundary(u.len() - n)
-            && u.ends_with(&t[..n])
-    })
+    (1..t.len())
+        .any(|n| t.is_char_boundary(n) && u.len() > n && u.is_char_boundary(u.len() - n) && u.ends_with(&t[..n]))
 }
 
 #[cfg(test)]
@@ -110,26 +103,14 @@ mod tests {
 
     #[test]
     fn picks_cut_tokens_that_cannot_be_straddled() {
-        check_eligible(
-            &[special("<|im_start|>"), special("<|im_end|>")],
-            &["<|im_end|>", "<|im_start|>"],
-        );
+        check_eligible(&[special("<|im_start|>"), special("<|im_end|>")], &["<|im_end|>", "<|im_start|>"]);
         // "x<s>y" contains "<s>", which is harmless; "<s>" inside "x<s>y" is not a safe cut.
         check_eligible(&[special("<s>"), special("x<s>y")], &["x<s>y"]);
         check_eligible(&[special("<a>"), special("q<")], &["q<"]);
         check_eligible(&[special("abab")], &[]);
         check_eligible(&[special("<a>").lstrip(true), special("<b>")], &["<b>"]);
-        check_eligible(
-            &[
-                AddedToken::from("<n>", false).normalized(true),
-                special("<b>"),
-            ],
-            &["<b>"],
-        );
-        check_eligible(
-            &[special("tok").single_word(true), special("<b>")],
-            &["<b>"],
-        );
+        check_eligible(&[AddedToken::from("<n>", false).normalized(true), special("<b>")], &["<b>"]);
+        check_eligible(&[special("tok").single_word(true), special("<b>")], &["<b>"]);
     }
 
     #[track_caller]

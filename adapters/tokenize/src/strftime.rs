@@ -16,15 +16,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const WEEKDAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Formats `unix_secs` (UTC) with the C directives templates use: `%Y %y %m %d %e %j %H %I
 /// %M %S %p %b %B %a %A %%`. Other directives are copied through unchanged, as glibc does.
@@ -105,21 +97,13 @@ mod tests {
 
     #[track_caller]
     fn check(unix_secs: i64, format: &str, want: &str) {
-        assert_eq!(
-            format_utc(unix_secs, format),
-            want,
-            "{unix_secs} {format:?}"
-        );
+        assert_eq!(format_utc(unix_secs, format), want, "{unix_secs} {format:?}");
     }
 
     #[test]
     fn formats_known_instants() {
         // Values cross-checked with `date -u -d @N +FORMAT`.
-        check(
-            0,
-            "%Y-%m-%d %H:%M:%S %a %A %b %B %j",
-            "1970-01-01 00:00:00 Thu Thursday Jan January 001",
-        );
+        check(0, "%Y-%m-%d %H:%M:%S %a %A %b %B %j", "1970-01-01 00:00:00 Thu Thursday Jan January 001");
         check(1_721_952_000, "%d %b %Y", "26 Jul 2024");
         check(951_782_400, "%Y-%m-%d %j", "2000-02-29 060");
         check(1_735_689_599, "%y %I %p %e", "24 11 PM 31");

@@ -40,36 +40,22 @@ pub(crate) struct Templates {
 
 impl std::fmt::Debug for Templates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Templates")
-            .field("names", &self.names)
-            .finish()
+        f.debug_struct("Templates").field("names", &self.names).finish()
     }
 }
 
 impl Templates {
     /// Compiles `(name, source)` pairs; a syntax error names the template at fault.
-    pub(crate) fn compile(
-        sources: Vec<(String, String)>,
-        named: bool,
-        clock: Clock,
-    ) -> Result<Self, TokenizeError> {
+    pub(crate) fn compile(sources: Vec<(String, String)>, named: bool, clock: Clock) -> Result<Self, TokenizeError> {
         let mut env = new_environment(clock);
         let mut names = Vec::with_capacity(sources.len());
         for (name, source) in &sources {
             env.add_template_owned(name.clone(), rewrite_generation_tags(source))
-                .map_err(|e| TokenizeError::TemplateSyntax {
-                    name: name.clone(),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| TokenizeError::TemplateSyntax { name: name.clone(), message: e.to_string() })?;
             names.push(name.clone());
         }
         names.sort();
-        Ok(Self {
-            env,
-            names,
-            sources,
-            named,
-        })
+        Ok(Self { env, names, sources, named })
     }
 
     /// Picks the template transformers' `get_chat_template` would: the only one, else
@@ -77,11 +63,7 @@ impl Templates {
     pub(crate) fn select(&self, has_tools: bool) -> Result<&str, TokenizeError> {
         let has = |n: &str| self.names.iter().any(|x| x == n);
         if !self.named {
-            return self
-                .sources
-                .first()
-                .map(|(n, _)| n.as_str())
-                .ok_or(TokenizeError::NoChatTemplate);
+            return self.sources.first().map(|(n, _)| n.as_str()).ok_or(TokenizeError::NoChatTemplate);
         }
         if has_tools && has("tool_use") {
             return Ok("tool_use");
@@ -92,19 +74,12 @@ impl Templates {
         if self.names.is_empty() {
             return Err(TokenizeError::NoChatTemplate);
         }
-        Err(TokenizeError::NoDefaultTemplate {
-            available: self.names.clone(),
-        })
+        Err(TokenizeError::NoDefaultTemplate { available: self.names.clone() })
     }
 
     /// Renders template `name` with `ctx`. Work grows with the template's loops over the input.
     pub(crate) fn render(&self, name: &str, ctx: &Value) -> Result<String, TokenizeError> {
-        let tmpl = self
-            .env
-            .get_template(name)
-            .map_err(|e| TokenizeError::TemplateRender {
-                message: e.to_string(),
-            })?;
+        let tmpl = self.env.get_template(name).map_err(|e| TokenizeError::TemplateRender { message: e.to_string() })?;
         tmpl.render(ctx).map_err(render_error)
     }
 }
@@ -114,26 +89,19 @@ fn render_error(err: Error) -> TokenizeError {
     while let Some(e) = cur {
         if let Some(mj) = e.downcast_ref::<Error>() {
             if let Some(message) = mj.detail().and_then(|d| d.strip_prefix(RAISED)) {
-                return TokenizeError::TemplateRaised {
-                    message: message.to_owned(),
-                };
+                return TokenizeError::TemplateRaised { message: message.to_owned() };
             }
         }
         cur = e.source();
     }
-    TokenizeError::TemplateRender {
-        message: err.to_string(),
-    }
+    TokenizeError::TemplateRender { message: err.to_string() }
 }
 
 fn new_environment(clock: Clock) -> Environment<'static> {
     let mut env = Environment::new();
     // The default delimiters with Jinja2's whitespace options as transformers sets them.
-    if let Ok(syntax) = SyntaxConfig::builder()
-        .trim_blocks(true)
-        .lstrip_blocks(true)
-        .keep_trailing_newline(false)
-        .build()
+    if let Ok(syntax) =
+        SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).keep_trailing_newline(false).build()
     {
         env.set_syntax(syntax);
     }
@@ -144,19 +112,11 @@ fn new_environment(clock: Clock) -> Environment<'static> {
     });
     env.add_filter("tojson", tojson);
     env.add_filter("string", |v: &Value| pyfmt::py_str(v));
-    env.add_function(
-        "raise_exception",
-        |message: Value| -> Result<Value, Error> {
-            let text = pyfmt::py_str(&message)?;
-            Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("{RAISED}{text}"),
-            ))
-        },
-    );
-    env.add_function("strftime_now", move |format: String| {
-        strftime::format_utc(clock(), &format)
+    env.add_function("raise_exception", |message: Value| -> Result<Value, Error> {
+        let text = pyfmt::py_str(&message)?;
+        Err(Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{text}")))
     });
+    env.add_function("strftime_now", move |format: String| strftime::format_utc(clock(), &format));
     env
 }
 
@@ -166,10 +126,7 @@ fn tojson(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, Er
     for (slot, arg) in slots.iter_mut().zip(args.iter()) {
         *slot = Some(arg.clone());
     }
-    for (i, name) in ["ensure_ascii", "indent", "separators", "sort_keys"]
-        .iter()
-        .enumerate()
-    {
+    for (i, name) in ["ensure_ascii", "indent", "separators", "sort_keys"].iter().enumerate() {
         if let Some(v) = kwargs.get::<Option<Value>>(name)? {
             slots[i] = Some(v);
         }
@@ -185,9 +142,7 @@ fn tojson(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, Er
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or("").to_owned()),
-        Some(v) if v.kind() == ValueKind::Bool => {
-            Some(if v.is_true() { " " } else { "" }.to_owned())
-        }
+        Some(v) if v.kind() == ValueKind::Bool => Some(if v.is_true() { " " } else { "" }.to_owned()),
         Some(v) => {
             let n = i64::try_from(v).map_err(|_| bad_arg("indent must be an int or a str"))?;
             Some(" ".repeat(n.max(0) as usize))
@@ -197,13 +152,8 @@ fn tojson(value: &Value, args: Rest<Value>, kwargs: Kwargs) -> Result<String, Er
         let parts: Vec<Value> = seps.try_iter()?.collect();
         match parts.as_slice() {
             [item, key] => {
-                opts.item_separator = Some(
-                    item.as_str()
-                        .ok_or_else(|| bad_arg("separator"))?
-                        .to_owned(),
-                );
-                opts.key_separator =
-                    Some(key.as_str().ok_or_else(|| bad_arg("separator"))?.to_owned());
+                opts.item_separator = Some(item.as_str().ok_or_else(|| bad_arg("separator"))?.to_owned());
+                opts.key_separator = Some(key.as_str().ok_or_else(|| bad_arg("separator"))?.to_owned());
             }
             _ => return Err(bad_arg("separators must be a pair of strings")),
         }

@@ -11,10 +11,7 @@ fn check_dumps(j: serde_json::Value, opts: DumpOptions, want: &str) {
 }
 
 fn ascii() -> DumpOptions {
-    DumpOptions {
-        ensure_ascii: true,
-        ..DumpOptions::default()
-    }
+    DumpOptions { ensure_ascii: true, ..DumpOptions::default() }
 }
 
 // Every expected string below was printed by CPython 3.11's `json.dumps` / `repr`.
@@ -45,48 +42,26 @@ fn floats_print_like_python_repr() {
 #[test]
 fn strings_and_containers_like_json_dumps() {
     let obj = json!({"b": [1, {"c": null}], "a": "x\u{e9}\n\u{1}\"\\\u{2028}🚀"});
-    check_dumps(
-        obj.clone(),
-        ascii(),
-        r#"{"b": [1, {"c": null}], "a": "x\u00e9\n\u0001\"\\\u2028\ud83d\ude80"}"#,
-    );
+    check_dumps(obj.clone(), ascii(), r#"{"b": [1, {"c": null}], "a": "x\u00e9\n\u0001\"\\\u2028\ud83d\ude80"}"#);
     check_dumps(
         obj,
         DumpOptions::default(),
         "{\"b\": [1, {\"c\": null}], \"a\": \"x\u{e9}\\n\\u0001\\\"\\\\\u{2028}🚀\"}",
     );
-    let sorted = DumpOptions {
-        ensure_ascii: true,
-        indent: Some("  ".into()),
-        sort_keys: true,
-        ..DumpOptions::default()
-    };
+    let sorted =
+        DumpOptions { ensure_ascii: true, indent: Some("  ".into()), sort_keys: true, ..DumpOptions::default() };
     check_dumps(
         json!({"b": [1, {"c": null}], "a": "x\u{e9}"}),
         sorted,
         "{\n  \"a\": \"x\\u00e9\",\n  \"b\": [\n    1,\n    {\n      \"c\": null\n    }\n  ]\n}",
     );
-    let zero_indent = DumpOptions {
-        indent: Some(String::new()),
-        ..DumpOptions::default()
-    };
-    check_dumps(
-        json!({"a": [], "b": {}}),
-        zero_indent,
-        "{\n\"a\": [],\n\"b\": {}\n}",
-    );
-    let compact = DumpOptions {
-        item_separator: Some(",".into()),
-        key_separator: Some(":".into()),
-        ..DumpOptions::default()
-    };
+    let zero_indent = DumpOptions { indent: Some(String::new()), ..DumpOptions::default() };
+    check_dumps(json!({"a": [], "b": {}}), zero_indent, "{\n\"a\": [],\n\"b\": {}\n}");
+    let compact =
+        DumpOptions { item_separator: Some(",".into()), key_separator: Some(":".into()), ..DumpOptions::default() };
     check_dumps(json!([1, 2, {"k": true}]), compact, r#"[1,2,{"k":true}]"#);
     check_dumps(json!({"a": "\u{7f}\t"}), ascii(), r#"{"a": "\u007f\t"}"#);
-    check_dumps(
-        json!({"a": "\u{7f}\t"}),
-        DumpOptions::default(),
-        "{\"a\": \"\u{7f}\\t\"}",
-    );
+    check_dumps(json!({"a": "\u{7f}\t"}), DumpOptions::default(), "{\"a\": \"\u{7f}\\t\"}");
 }
 
 #[test]
@@ -97,10 +72,7 @@ fn undefined_is_not_serializable() {
 #[test]
 fn str_prints_like_python() {
     let cases = [
-        (
-            json!({"a": null, "b": [true, 1.5, "it's"]}),
-            r#"{'a': None, 'b': [True, 1.5, "it's"]}"#,
-        ),
+        (json!({"a": null, "b": [true, 1.5, "it's"]}), r#"{'a': None, 'b': [True, 1.5, "it's"]}"#),
         (json!(null), "None"),
         (json!(false), "False"),
         (json!("plain"), "plain"),

@@ -2,10 +2,7 @@ use super::*;
 use serde_json::json;
 
 fn vllm(strict: bool) -> Dialect {
-    Dialect::Vllm(VllmOptions {
-        content_format: ContentFormat::Auto,
-        function_strict_field: strict,
-    })
+    Dialect::Vllm(VllmOptions { content_format: ContentFormat::Auto, function_strict_field: strict })
 }
 
 fn request(messages: Json, tools: Json) -> ChatRequest {
@@ -16,14 +13,7 @@ fn request(messages: Json, tools: Json) -> ChatRequest {
 
 /// Renders the context and returns (messages, tools) as the template would see them.
 #[track_caller]
-fn check(
-    dialect: &Dialect,
-    openai: bool,
-    messages: Json,
-    tools: Json,
-    want_messages: Json,
-    want_tools: Json,
-) {
+fn check(dialect: &Dialect, openai: bool, messages: Json, tools: Json, want_messages: Json, want_tools: Json) {
     let ctx = render_context(&request(messages, tools), dialect, openai, &[]).unwrap();
     // Compare as strings so key order, which templates can observe, is checked too.
     assert_eq!(ctx["messages"].to_string(), want_messages.to_string());
@@ -137,80 +127,32 @@ fn rejects_malformed_requests() {
     let invalid = |e: &TokenizeError| matches!(e, TokenizeError::InvalidRequest { .. });
     check_rejects(&d, request(json!([]), Json::Null), invalid);
     check_rejects(&d, request(json!(["text"]), Json::Null), invalid);
+    check_rejects(&d, request(json!([{"content": "no role"}]), Json::Null), invalid);
+    check_rejects(&d, request(json!([{"role": "user", "content": 5}]), Json::Null), invalid);
+    check_rejects(&d, request(json!([{"role": "user", "content": [{"text": "no type"}]}]), Json::Null), invalid);
+    check_rejects(&d, request(json!([{"role": "assistant", "tool_calls": [{"id": "x"}]}]), Json::Null), invalid);
+    check_rejects(&d, request(json!([{"role": "assistant", "tool_calls": {"a": 1}}]), Json::Null), invalid);
     check_rejects(
         &d,
-        request(json!([{"content": "no role"}]), Json::Null),
-        invalid,
-    );
-    check_rejects(
-        &d,
-        request(json!([{"role": "user", "content": 5}]), Json::Null),
-        invalid,
-    );
-    check_rejects(
-        &d,
-        request(
-            json!([{"role": "user", "content": [{"text": "no type"}]}]),
-            Json::Null,
-        ),
-        invalid,
-    );
-    check_rejects(
-        &d,
-        request(
-            json!([{"role": "assistant", "tool_calls": [{"id": "x"}]}]),
-            Json::Null,
-        ),
-        invalid,
-    );
-    check_rejects(
-        &d,
-        request(
-            json!([{"role": "assistant", "tool_calls": {"a": 1}}]),
-            Json::Null,
-        ),
-        invalid,
-    );
-    check_rejects(
-        &d,
-        request(
-            json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
-            Json::Null,
-        ),
+        request(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), Json::Null),
         |e| matches!(e, TokenizeError::UnsupportedContentPart { kind } if kind == "image_url"),
     );
-    check_rejects(
-        &d,
-        request(
-            json!([{"role": "user", "content": [{"image_url": "x"}]}]),
-            Json::Null,
-        ),
-        |e| matches!(e, TokenizeError::UnsupportedContentPart { .. }),
-    );
+    check_rejects(&d, request(json!([{"role": "user", "content": [{"image_url": "x"}]}]), Json::Null), |e| {
+        matches!(e, TokenizeError::UnsupportedContentPart { .. })
+    });
     let mut req = request(json!([{"role": "user", "content": "q"}]), Json::Null);
-    req.chat_template_kwargs
-        .insert("messages".into(), json!([]));
+    req.chat_template_kwargs.insert("messages".into(), json!([]));
     check_rejects(&d, req, invalid);
-    check_rejects(
-        &Dialect::Transformers,
-        request(json!([1]), Json::Null),
-        invalid,
-    );
+    check_rejects(&Dialect::Transformers, request(json!([1]), Json::Null), invalid);
 }
 
 #[test]
 fn kwargs_layer_over_special_tokens_and_request_fields() {
     let mut req = request(json!([{"role": "user", "content": "q"}]), Json::Null);
-    req.chat_template_kwargs
-        .insert("bos_token".into(), json!("<B>"));
-    req.chat_template_kwargs
-        .insert("add_generation_prompt".into(), json!(false));
-    req.chat_template_kwargs
-        .insert("enable_thinking".into(), json!(true));
-    let specials = [
-        ("bos_token".to_owned(), "<s>".to_owned()),
-        ("eos_token".to_owned(), "</s>".to_owned()),
-    ];
+    req.chat_template_kwargs.insert("bos_token".into(), json!("<B>"));
+    req.chat_template_kwargs.insert("add_generation_prompt".into(), json!(false));
+    req.chat_template_kwargs.insert("enable_thinking".into(), json!(true));
+    let specials = [("bos_token".to_owned(), "<s>".to_owned()), ("eos_token".to_owned(), "</s>".to_owned())];
     let ctx = render_context(&req, &vllm(true), false, &specials).unwrap();
     assert_eq!(ctx["bos_token"], json!("<B>"));
     assert_eq!(ctx["eos_token"], json!("</s>"));
@@ -222,8 +164,7 @@ fn kwargs_layer_over_special_tokens_and_request_fields() {
 
 #[test]
 fn requests_deserialize_with_engine_defaults() {
-    let req: ChatRequest =
-        serde_json::from_value(json!({"messages": [{"role": "user", "content": "q"}]})).unwrap();
+    let req: ChatRequest = serde_json::from_value(json!({"messages": [{"role": "user", "content": "q"}]})).unwrap();
     assert!(req.add_generation_prompt);
     assert_eq!(req.tools, None);
     assert!(req.chat_template_kwargs.is_empty());

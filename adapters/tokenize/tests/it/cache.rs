@@ -13,11 +13,7 @@ use crate::parity::{Lcg, FRAGMENTS};
 
 fn tokenizer(model: &Model, entries_max: usize, piece_bytes_min: usize) -> ModelTokenizer {
     let config = TokenizerConfig {
-        cache: CacheConfig {
-            entries_max,
-            piece_bytes_min,
-            ..CacheConfig::default()
-        },
+        cache: CacheConfig { entries_max, piece_bytes_min, ..CacheConfig::default() },
         ..TokenizerConfig::default()
     };
     ModelTokenizer::from_dir_with(&model.dir, config).expect("load fixture")
@@ -27,11 +23,7 @@ fn tokenizer(model: &Model, entries_max: usize, piece_bytes_min: usize) -> Model
 fn check_same_ids(tok: &ModelTokenizer, text: &str) {
     let whole = tok.encode_text(text, false).expect("encode");
     for pass in ["cold", "warm"] {
-        assert_eq!(
-            tok.encode_rendered(text).expect("encode"),
-            whole,
-            "{pass}: {text:?}"
-        );
+        assert_eq!(tok.encode_rendered(text).expect("encode"), whole, "{pass}: {text:?}");
     }
 }
 
@@ -73,10 +65,7 @@ proptest! {
 #[test]
 fn every_added_token_of_the_fixtures_is_a_cut_point() {
     for (model, want) in [
-        (
-            fixture::chatml(),
-            &["<|endoftext|>", "<|im_end|>", "<|im_start|>"][..],
-        ),
+        (fixture::chatml(), &["<|endoftext|>", "<|im_end|>", "<|im_start|>"][..]),
         (
             fixture::inst(),
             &[
@@ -107,13 +96,12 @@ fn next_turn_reuses_previous_pieces() {
     let mut messages = vec![json!({"role": "system", "content": "You are an agent. ".repeat(20)})];
     let mut last = tok.cache_stats();
     for turn in 0..6 {
-        messages.push(json!({"role": "user", "content": format!("turn {turn}: {}", crate::parity::random_text(&mut rng, 30))}));
+        messages.push(
+            json!({"role": "user", "content": format!("turn {turn}: {}", crate::parity::random_text(&mut rng, 30))}),
+        );
         let req = ChatRequest::new(messages.clone());
         let text = tok.render_chat(&req).expect("render");
-        assert_eq!(
-            tok.encode_chat(&req).expect("encode"),
-            tok.encode_text(&text, false).expect("encode")
-        );
+        assert_eq!(tok.encode_chat(&req).expect("encode"), tok.encode_text(&text, false).expect("encode"));
         let now = tok.cache_stats();
         if turn > 0 {
             // Reused: system prompt and every earlier message; new: the last user message and

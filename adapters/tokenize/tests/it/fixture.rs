@@ -12,7 +12,8 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 
 /// The pre-tokenizer regex of the Qwen2 family (digits one by one).
-const QWEN_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// The pre-tokenizer regex of the Llama 3 family (digits in runs of up to three).
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -96,7 +97,18 @@ pub fn inst() -> &'static Model {
                 "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false},
                 "byte_fallback": false,
             }),
-            special: &["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
+            special: &[
+                "<unk>",
+                "<s>",
+                "</s>",
+                "[INST]",
+                "[/INST]",
+                "[TOOL_CALLS]",
+                "[AVAILABLE_TOOLS]",
+                "[/AVAILABLE_TOOLS]",
+                "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]",
+            ],
             plain: &[],
             bos_post_processor: Some("<s>"),
             config: json!({
@@ -136,8 +148,7 @@ struct Spec {
 }
 
 fn build(spec: Spec) -> Model {
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tokenize-fixture-{}", spec.name));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("tokenize-fixture-{}", spec.name));
     std::fs::create_dir_all(&dir).expect("create fixture dir");
     let skeleton = json!({
         "version": "1.0",
@@ -153,32 +164,18 @@ fn build(spec: Spec) -> Model {
                   "ignore_merges": false, "vocab": {}, "merges": []},
     });
     let mut tok: Tokenizer = skeleton.to_string().parse().expect("skeleton tokenizer");
-    let specials: Vec<AddedToken> = spec
-        .special
-        .iter()
-        .map(|s| AddedToken::from(*s, true))
-        .collect();
-    let mut builder = BpeTrainerBuilder::new()
-        .vocab_size(700)
-        .min_frequency(1)
-        .show_progress(false)
-        .special_tokens(specials.clone());
+    let specials: Vec<AddedToken> = spec.special.iter().map(|s| AddedToken::from(*s, true)).collect();
+    let mut builder =
+        BpeTrainerBuilder::new().vocab_size(700).min_frequency(1).show_progress(false).special_tokens(specials.clone());
     if spec.pipeline["byte_level"] == json!(true) {
         builder = builder.initial_alphabet(ByteLevel::alphabet().into_iter().collect());
     }
     let mut trainer = TrainerWrapper::from(builder.build());
-    tok.train(&mut trainer, CORPUS.iter().copied())
-        .expect("train");
-    tok.add_special_tokens(specials.clone())
-        .expect("add special tokens");
-    let plain: Vec<AddedToken> = spec
-        .plain
-        .iter()
-        .map(|s| AddedToken::from(*s, false))
-        .collect();
+    tok.train(&mut trainer, CORPUS.iter().copied()).expect("train");
+    tok.add_special_tokens(specials.clone()).expect("add special tokens");
+    let plain: Vec<AddedToken> = spec.plain.iter().map(|s| AddedToken::from(*s, false)).collect();
     tok.add_tokens(plain).expect("add tokens");
-    let mut file: Value =
-        serde_json::from_str(&tok.to_string(false).expect("serialize")).expect("json");
+    let mut file: Value = serde_json::from_str(&tok.to_string(false).expect("serialize")).expect("json");
     if let Some(bos) = spec.bos_post_processor {
         let id = tok.token_to_id(bos).expect("bos id");
         file["post_processor"] = json!({

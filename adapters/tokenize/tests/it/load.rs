@@ -61,13 +61,7 @@ fn broken_folders_fail_with_typed_errors() {
     );
     check_load(
         "bad template list",
-        |d| {
-            write(
-                d,
-                "tokenizer_config.json",
-                "{\"chat_template\": [{\"name\": \"x\"}]}",
-            )
-        },
+        |d| write(d, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"x\"}]}"),
         |e| matches!(e, TokenizeError::ConfigFile { .. }),
     );
     check_load(
@@ -85,42 +79,24 @@ fn broken_folders_fail_with_typed_errors() {
 #[test]
 fn template_files_override_the_config_and_special_tokens_fall_back() {
     let dir = folder("template files", |d| {
-        write(
-            d,
-            "tokenizer_config.json",
-            &json!({"eos_token": "<|im_end|>", "chat_template": "config"}).to_string(),
-        );
+        write(d, "tokenizer_config.json", &json!({"eos_token": "<|im_end|>", "chat_template": "config"}).to_string());
         write(
             d,
             "special_tokens_map.json",
             &json!({"bos_token": {"content": "<|endoftext|>"}, "eos_token": "ignored"}).to_string(),
         );
-        write(
-            d,
-            "chat_template.jinja",
-            "file {{ bos_token }} {{ eos_token }}",
-        );
+        write(d, "chat_template.jinja", "file {{ bos_token }} {{ eos_token }}");
     });
     let tok = ModelTokenizer::from_dir(&dir).expect("load");
     let req = ChatRequest::new(vec![json!({"role": "user", "content": "q"})]);
-    assert_eq!(
-        tok.render_chat(&req).expect("render"),
-        "file <|endoftext|> <|im_end|>"
-    );
+    assert_eq!(tok.render_chat(&req).expect("render"), "file <|endoftext|> <|im_end|>");
     std::fs::create_dir_all(dir.join("additional_chat_templates")).expect("mkdir");
-    write(
-        &dir,
-        "additional_chat_templates/tool_use.jinja",
-        "tools {{ tools | length }}",
-    );
+    write(&dir, "additional_chat_templates/tool_use.jinja", "tools {{ tools | length }}");
     let tok = ModelTokenizer::from_dir(&dir).expect("load");
     let mut with_tools = req.clone();
     with_tools.tools = Some(vec![json!({"type": "function", "function": {"name": "f"}})]);
     assert_eq!(tok.render_chat(&with_tools).expect("render"), "tools 1");
-    assert_eq!(
-        tok.render_chat(&req).expect("render"),
-        "file <|endoftext|> <|im_end|>"
-    );
+    assert_eq!(tok.render_chat(&req).expect("render"), "file <|endoftext|> <|im_end|>");
 }
 
 #[test]
@@ -128,10 +104,7 @@ fn no_template_is_a_typed_error() {
     let dir = folder("no template", |d| write(d, "tokenizer_config.json", "{}"));
     let tok = ModelTokenizer::from_dir(&dir).expect("load");
     let req = ChatRequest::new(vec![json!({"role": "user", "content": "q"})]);
-    assert!(matches!(
-        tok.render_chat(&req),
-        Err(TokenizeError::NoChatTemplate)
-    ));
+    assert!(matches!(tok.render_chat(&req), Err(TokenizeError::NoChatTemplate)));
     assert!(!tok.encode_text("plain", false).expect("encode").is_empty());
 }
 
