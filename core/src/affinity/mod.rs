@@ -100,7 +100,7 @@ pub struct LeaseId {
 }
 
 /// A request parked behind an initialization; [`AffinityOutput::Woken`] names it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct WaitToken {
     slot: u32,
     serial: u64,

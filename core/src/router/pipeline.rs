@@ -72,6 +72,7 @@ impl Router {
                 }
                 Acquire::Wait(token) => {
                     self.set_state(fk, State::Waiting(token));
+                    self.waiters.insert(token, fk);
                     return Ok(SessionStep::Wait);
                 }
                 Acquire::Bound { binding, lease } => {
@@ -263,7 +264,14 @@ impl Router {
     }
 
     /// Turns affinity outputs into router outputs; woken waiters go through the pipeline.
+    ///
+    /// Not re-entrant: a waiter's failure releases its hold, which can wake the next
+    /// waiter; the outer loop picks that up instead of recursing once per waiter.
     pub(super) fn drain_affinity(&mut self, now: Instant) {
+        if self.draining_affinity {
+            return;
+        }
+        self.draining_affinity = true;
         while let Some(out) = self.affinity.poll_output() {
             match out {
                 AffinityOutput::Woken(token) => self.wake(now, token),
@@ -273,16 +281,19 @@ impl Router {
                 _ => {}
             }
         }
+        self.draining_affinity = false;
     }
 
     fn wake(&mut self, now: Instant, token: WaitToken) {
-        let Some(fk) = self.flights.iter().find(|(_, f)| f.state == State::Waiting(token)).map(|(k, _)| *k) else {
+        let Some(fk) = self.waiters.remove(&token) else {
             return;
         };
         self.set_state(fk, State::New);
         match self.admit(now, fk) {
             Ok(Decision::Routed(r)) => self.outputs.push_back(Output::Routed(r)),
-            Ok(Decision::Rejected(_)) => self.outputs.push_back(Output::TimedOut { id: fk.0, phase: fk.1 }),
+            Ok(Decision::Rejected(rejection)) => {
+                self.outputs.push_back(Output::Rejected { id: fk.0, phase: fk.1, rejection })
+            }
             Ok(_) => {}
             Err(error) => {
                 self.drop_flight(now, fk, false);
@@ -312,6 +323,7 @@ impl Router {
                 self.tickets.remove(&ticket);
             }
             State::Waiting(token) => {
+                self.waiters.remove(&token);
                 let _ = self.affinity.cancel_wait(token);
             }
             State::New | State::Orphaned => {}
@@ -386,6 +398,13 @@ impl Router {
                 "queue holds {} ({} tickets), router has {queued} queued",
                 self.queue.len(),
                 self.tickets.len()
+            )));
+        }
+        let waiting = self.flights.values().filter(|f| matches!(f.state, State::Waiting(_))).count();
+        if self.waiters.len() != waiting {
+            return Err(InvariantViolation(format!(
+                "{} waiter tokens, router has {waiting} waiting",
+                self.waiters.len()
             )));
         }
         let leases = self.flights.values().filter(|f| matches!(f.hold, Hold::Lease(_))).count();

@@ -141,6 +141,16 @@ pub enum Output {
         /// Why.
         error: RouteError,
     },
+    /// A request that waited for a session's first binding was then refused by the
+    /// admission queue (a 429 with `Retry-After`).
+    Rejected {
+        /// The request.
+        id: RequestId,
+        /// Its phase.
+        phase: Phase,
+        /// The limit it hit.
+        rejection: QueueRejection,
+    },
     /// A queued request waited longer than `queue_timeout_ms`.
     TimedOut {
         /// The request.
