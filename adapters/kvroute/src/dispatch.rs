@@ -201,7 +201,9 @@ impl Dispatcher for CoreDispatcher {
         while let Some(out) = self.router.poll_output() {
             match out {
                 Output::Routed(r) => return Some((r.id.0, self.confirm(now, r.id, r.target))),
-                Output::Failed { id, .. } | Output::TimedOut { id, .. } => return Some((id.0, Dispatch::Reject)),
+                Output::Failed { id, .. } | Output::TimedOut { id, .. } | Output::Rejected { id, .. } => {
+                    return Some((id.0, Dispatch::Reject))
+                }
                 _ => {}
             }
         }
