@@ -258,6 +258,8 @@ impl EngineTask {
         out.clear();
         self.engine.advance(w, &mut out);
         self.in_flight = self.engine.next_wakeup().is_some();
+        // Gauges first: a handler that hears "done" may be asked for /metrics at once.
+        self.update_gauges();
         if pass_ended {
             self.sweep_pass_end();
         }
@@ -272,7 +274,6 @@ impl EngineTask {
                 self.metrics.event_batches_dropped.inc();
             }
         }
-        self.update_gauges();
     }
 
     /// One token for each decoding request at a pass end, holding back the last.

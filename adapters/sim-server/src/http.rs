@@ -21,9 +21,11 @@ use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine_task::{Done, Submit, SubmitError};
+use crate::engine_task::{Submit, SubmitError};
 use crate::metrics::{render, Metrics};
-use crate::openai::{self, filler_seed, full_response, ApiError, Kind, ParseLimits, PromptInput, ResponseMeta};
+use crate::openai::{
+    self, filler_seed, full_response, ApiError, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta,
+};
 use crate::sse::{collect, Finish, SseBody};
 use crate::tokenizer::{PromptTokenizer, TokenizeError};
 
@@ -145,7 +147,11 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         kind,
         prompt_tokens,
     };
-    let kv_params = (state.role == EngineRole::Prefill).then(|| kv_params_fn(state));
+    let kv_params = (state.role == EngineRole::Prefill).then(|| KvSource {
+        engine_id: state.engine_id.clone(),
+        host: state.host.clone(),
+        port: state.port,
+    });
     if parsed.stream {
         let finish = Finish { meta, seed, kv_params };
         let body = SseBody::new(rx, finish, parsed.include_usage, guard);
@@ -157,7 +163,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
     }
     let (text, done) = collect(rx, seed).await.ok_or_else(unavailable)?;
     drop(guard);
-    let kv = kv_params.map(|f| f(&done));
+    let kv = kv_params.map(|k| k.params(done.prompt_blocks));
     Ok(json_response(StatusCode::OK, &full_response(&meta, &text, &done, kv)))
 }
 
@@ -172,26 +178,6 @@ fn admit(state: &State) -> Result<InFlight, ApiError> {
         ));
     }
     Ok(guard)
-}
-
-/// The `kv_transfer_params` a prefill worker hands back, shaped like vLLM's NIXL
-/// connector's. Block ids are the prompt's full-block indices (the model has no
-/// physical block numbers).
-fn kv_params_fn(state: &State) -> Box<dyn Fn(&Done) -> Value + Send + Sync> {
-    let engine_id = state.engine_id.clone();
-    let host = state.host.clone();
-    let port = state.port;
-    Box::new(move |d: &Done| {
-        json!({
-            "do_remote_prefill": true,
-            "do_remote_decode": false,
-            "remote_block_ids": (0..d.prompt_blocks).collect::<Vec<u32>>(),
-            "remote_engine_id": engine_id,
-            "remote_host": host,
-            "remote_port": port,
-            "tp_size": 1,
-        })
-    })
 }
 
 fn submit_error(e: SubmitError) -> ApiError {

@@ -210,6 +210,30 @@ pub(crate) fn filler_seed(tokens: &[u32]) -> u64 {
     tokens.iter().fold(tokens.len() as u64, |h, &t| (h ^ u64::from(t)).wrapping_mul(0x0100_0000_01B3))
 }
 
+/// Where a decode worker pulls a prefill worker's KV from.
+pub(crate) struct KvSource {
+    pub(crate) engine_id: String,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+}
+
+impl KvSource {
+    /// The `kv_transfer_params` a prefill worker answers with, shaped like vLLM's NIXL
+    /// connector's. Block ids are the prompt's full-block indices (the model has no
+    /// physical block numbers).
+    pub(crate) fn params(&self, prompt_blocks: u32) -> Value {
+        json!({
+            "do_remote_prefill": true,
+            "do_remote_decode": false,
+            "remote_block_ids": (0..prompt_blocks).collect::<Vec<u32>>(),
+            "remote_engine_id": self.engine_id,
+            "remote_host": self.host,
+            "remote_port": self.port,
+            "tp_size": 1,
+        })
+    }
+}
+
 /// Identity of one response.
 pub(crate) struct ResponseMeta {
     pub(crate) id: String,

@@ -97,7 +97,7 @@ pub(crate) fn bracket(host: &str) -> String {
 }
 
 fn validate(cfg: &SimServerConfig) -> Result<(), SimServerError> {
-    if !(cfg.engine.speedup <= SPEEDUP_MAX) {
+    if cfg.engine.speedup.is_nan() || cfg.engine.speedup > SPEEDUP_MAX {
         return Err(SimServerError::Config("speedup must be at most 1e6"));
     }
     if cfg.max_tokens_default == 0 || cfg.max_tokens_max == 0 || cfg.max_tokens_default > cfg.max_tokens_max {

@@ -18,14 +18,14 @@ use tokio::sync::mpsc;
 
 use crate::engine_task::{Done, Progress};
 use crate::http::InFlight;
-use crate::openai::{chunk, filler_word, usage_chunk, ApiError, ResponseMeta};
+use crate::openai::{chunk, filler_word, usage_chunk, ApiError, KvSource, ResponseMeta};
 
 /// What a finished request's response needs besides its tokens.
 pub(crate) struct Finish {
     pub(crate) meta: ResponseMeta,
     pub(crate) seed: u64,
-    /// Builds `kv_transfer_params` for the response (prefill role), from the done figures.
-    pub(crate) kv_params: Option<Box<dyn Fn(&Done) -> Value + Send + Sync>>,
+    /// Prefill role: where a decode worker would pull the KV from.
+    pub(crate) kv_params: Option<KvSource>,
 }
 
 /// The SSE body of one streaming response.
@@ -63,7 +63,7 @@ impl SseBody {
         let mut buf = BytesMut::with_capacity(512);
         let mut last = chunk(&self.finish.meta, None, false);
         if let (Some(f), Some(o)) = (&self.finish.kv_params, last.as_object_mut()) {
-            o.insert("kv_transfer_params".into(), f(d));
+            o.insert("kv_transfer_params".into(), f.params(d.prompt_blocks));
         }
         push_event(&mut buf, &last);
         if self.include_usage {
