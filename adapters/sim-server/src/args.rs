@@ -32,6 +32,7 @@ use crate::{PromptTokenizer, SimServerConfig, SimServerError};
 ///   kvroute sim-worker --port 8003 --events-port 5559 --role prefill
 ///   curl -s localhost:8001/v1/completions -d '{"prompt":"hello","max_tokens":8}'
 #[derive(Args, Debug, Clone)]
+#[command(verbatim_doc_comment)]
 pub struct SimWorkerArgs {
     /// HTTP port of the OpenAI-compatible API (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
@@ -77,14 +78,15 @@ pub struct SimWorkerArgs {
     /// the KV transfer before decoding.
     #[arg(long, value_enum, default_value_t = RoleArg::Aggregated)]
     pub role: RoleArg,
-    /// Data-parallel rank stamped on every event batch.
+    /// Data-parallel rank stamped on every event batch (ports are not offset by it, unlike
+    /// vLLM: give each rank its own --events-port).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub dp_rank: u32,
     /// Output length when a request sets no max_tokens.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_name = "N")]
     pub default_max_tokens: u32,
     /// KV bytes per token, for the prefill-to-decode transfer time.
-    #[arg(long, default_value_t = 160 * 1024)]
+    #[arg(long, default_value_t = 160 * 1024, value_name = "BYTES")]
     pub kv_bytes_per_token: u64,
     /// Prefill-to-decode link bandwidth, in GB/s.
     #[arg(long, default_value_t = 64.0, value_name = "GBPS")]
@@ -201,6 +203,13 @@ mod tests {
         let e = &cfg.engine;
         assert_eq!((e.block_size, e.blocks_per_worker, e.max_batched_tokens, e.max_num_seqs), (16, 64, 512, 4));
         assert_eq!((e.speedup, e.role), (100.0, EngineRole::Prefill));
+    }
+
+    #[test]
+    fn help_keeps_the_examples_on_their_own_lines() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.lines().any(|l| l.trim() == "kvroute sim-worker --port 8001 --events-port 5557"), "{help}");
     }
 
     #[test]

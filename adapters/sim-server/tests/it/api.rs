@@ -4,7 +4,9 @@
 use hyper::StatusCode;
 use serde_json::{json, Value};
 
-use crate::support::{bounded, fast_config, get, post, request, request_h2, start, Reply};
+use crate::support::{
+    bounded, fast_config, get, open_stream, post, request, request_h2, start, stream_arrivals, Reply,
+};
 
 /// Checks a non-streaming generation and returns its text.
 #[track_caller]
@@ -268,4 +270,82 @@ async fn shutdown_closes_the_port() {
     assert_eq!(get(a, "/health").await.status, StatusCode::OK);
     bounded(w.shutdown()).await;
     assert!(tokio::net::TcpStream::connect(a).await.is_err(), "nothing listens after shutdown");
+}
+
+#[tokio::test]
+async fn tokens_arrive_on_the_models_clock() {
+    use kvroute_sim::engine::{decode_ms, prefill_ms};
+    let mut cfg = fast_config();
+    cfg.engine.speedup = 1.0;
+    let w = start(cfg).await;
+    let body = r#"{"prompt":"abcdefgh","max_tokens":10,"stream":true}"#;
+    let events = stream_arrivals(w.http_addr(), "/v1/completions", body).await;
+    assert_eq!(events.len(), 10 + 2, "ten tokens, the final chunk, [DONE]");
+    // Time never runs ahead of the model: the first token needs the prefill pass, the
+    // last one nine decode passes more (each at least the empty-cache step time).
+    let first = events[0].0.as_secs_f64() * 1000.0;
+    let last = events[9].0.as_secs_f64() * 1000.0;
+    assert!(first >= prefill_ms(8), "first token at {first:.2} ms");
+    assert!(last >= prefill_ms(8) + 9.0 * decode_ms(0, 4096), "last token at {last:.2} ms");
+    assert!(events.windows(2).all(|p| p[0].0 <= p[1].0));
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_in_flight_limit_refuses_with_503() {
+    let mut cfg = fast_config();
+    cfg.engine.speedup = 1.0;
+    cfg.requests_in_flight_max = 1;
+    let w = start(cfg).await;
+    let a = w.http_addr();
+    // A slow stream (about 300 ms of decoding) holds the only slot once it streams.
+    let (conn, _, body) = open_stream(a, "/v1/completions", r#"{"prompt":"slow","max_tokens":50,"stream":true}"#).await;
+    check_error(&post(a, "/v1/completions", r#"{"prompt":"x"}"#).await, StatusCode::SERVICE_UNAVAILABLE, None);
+    assert_eq!(get(a, "/health").await.status, StatusCode::OK, "non-generation routes are not limited");
+    conn.abort();
+    drop(body);
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_mid_stream_does_not_disturb_the_worker() {
+    let mut cfg = fast_config();
+    cfg.engine.speedup = 10.0;
+    let w = start(cfg).await;
+    let a = w.http_addr();
+    let (conn, _, body) =
+        open_stream(a, "/v1/completions", r#"{"prompt":"leaving early","max_tokens":40,"stream":true}"#).await;
+    conn.abort();
+    drop(body);
+    // The model has no abort: the request runs to its end, its tokens discarded.
+    bounded(async {
+        loop {
+            let m = metrics(&get(a, "/metrics").await);
+            if m["vllm:request_success_total"] == 1.0 {
+                assert_eq!(m["vllm:num_requests_running"], 0.0);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    check_full(&post(a, "/v1/completions", r#"{"prompt":"still here","max_tokens":3}"#).await, false, 10, 3);
+    w.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_open_streams_finish() {
+    use http_body_util::BodyExt;
+    let mut cfg = fast_config();
+    cfg.engine.speedup = 10.0;
+    let w = start(cfg).await;
+    let (_conn, first, body) =
+        open_stream(w.http_addr(), "/v1/completions", r#"{"prompt":"finish me","max_tokens":30,"stream":true}"#).await;
+    let shutdown = tokio::spawn(w.shutdown());
+    let rest = bounded(body.collect()).await.expect("the stream completes").to_bytes();
+    let all = [first, rest].concat();
+    let all = std::str::from_utf8(&all).expect("utf-8");
+    assert!(all.ends_with("data: [DONE]\n\n"), "{all}");
+    assert_eq!(all.matches("data: {").count(), 30 + 1, "every token and the final chunk: {all}");
+    bounded(shutdown).await.expect("shutdown completes");
 }

@@ -113,3 +113,63 @@ pub async fn post(addr: SocketAddr, path: &str, body: &str) -> Reply {
 pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     request(addr, "GET", path, "").await
 }
+
+/// Streams a POST and returns each SSE `data:` payload with its arrival time, measured
+/// from just before the request was sent.
+pub async fn stream_arrivals(addr: SocketAddr, path: &str, body: &str) -> Vec<(Duration, String)> {
+    bounded(async {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("host", addr.to_string())
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("valid request");
+        let t0 = std::time::Instant::now();
+        let mut body = tx.send_request(req).await.expect("response").into_body();
+        let mut out = Vec::new();
+        let mut pending = String::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.expect("frame").into_data() else { continue };
+            let at = t0.elapsed();
+            pending.push_str(std::str::from_utf8(&data).expect("utf-8"));
+            while let Some(end) = pending.find("\n\n") {
+                let event: String = pending.drain(..end + 2).collect();
+                out.push((at, event.trim_end().trim_start_matches("data: ").to_string()));
+            }
+        }
+        out
+    })
+    .await
+}
+
+/// A stream in progress: the connection task (abort it to hang up), the bytes of the
+/// first data frame, and the rest of the body.
+pub type OpenStream = (tokio::task::JoinHandle<()>, Bytes, hyper::body::Incoming);
+
+/// Starts a streaming POST and returns once its first data frame arrived.
+pub async fn open_stream(addr: SocketAddr, path: &str, body: &str) -> OpenStream {
+    bounded(async {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("host", addr.to_string())
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("valid request");
+        let mut body = tx.send_request(req).await.expect("response").into_body();
+        loop {
+            let frame = body.frame().await.expect("a first event").expect("frame");
+            if let Ok(data) = frame.into_data() {
+                return (conn, data, body);
+            }
+        }
+    })
+    .await
+}
