@@ -18,6 +18,18 @@
 //! What it leaves to others: real tokenization (plug a [`PromptTokenizer`]; the built-in
 //! fallback maps UTF-8 bytes to ids), routing, and logging setup (it only emits
 //! `tracing` events).
+//!
+//! Fidelity, and what is not modelled:
+//! - Tokens reach clients at the pass ends the engine model computes, never earlier.
+//!   Wake-ups ride tokio's millisecond timer, so at speedups where a pass lasts well
+//!   under a millisecond of wall time tokens arrive in bursts; the model's clock is
+//!   anchored to the wall clock, so lateness never accumulates.
+//! - Per-token times between the first token and the finish are inferred from observed
+//!   pass ends (see the engine task's docs); the first token and the finish are exact.
+//! - Every prompt hashes with the unsalted seed: LoRA adapters and `cache_salt` are
+//!   ignored. No logprobs, stop sequences, or `n > 1`; output is always `max_tokens`
+//!   long (`finish_reason: "length"`).
+//! - A request whose client hangs up still runs to its end (the model has no abort).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
