@@ -1,0 +1,210 @@
+//! The HTTP surface: routing, body limits, the in-flight limit, and the generation
+//! handler that turns a parsed request into an engine submission and a response.
+//!
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
+//! `GET /health`, `GET /metrics`. Every refusal is an OpenAI error body; no input panics.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use kvroute_sim::engine::{EngineRole, RejectReason};
+use kvroute_sim::prompt::PromptError;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine_task::{Submit, SubmitError};
+use crate::metrics::{render, Metrics};
+use crate::openai::{
+    self, filler_seed, full_response, ApiError, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta,
+};
+use crate::sse::{collect, Finish, SseBody};
+use crate::tokenizer::{PromptTokenizer, TokenizeError};
+
+pub(crate) type Body = BoxBody<Bytes, Infallible>;
+
+/// What every handler shares.
+pub(crate) struct State {
+    pub(crate) model: String,
+    pub(crate) role: EngineRole,
+    pub(crate) max_model_len: u64,
+    pub(crate) limits: ParseLimits,
+    pub(crate) body_bytes_max: usize,
+    pub(crate) requests_in_flight_max: usize,
+    pub(crate) tokenizer: Arc<dyn PromptTokenizer>,
+    pub(crate) submit_tx: mpsc::Sender<Submit>,
+    pub(crate) metrics: Metrics,
+    pub(crate) registry: Registry,
+    pub(crate) in_flight: Arc<AtomicUsize>,
+    pub(crate) next_response: AtomicU64,
+    pub(crate) engine_id: String,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) created: u64,
+}
+
+/// Holds one slot of the in-flight limit until dropped.
+pub(crate) struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one request; never fails (errors are responses).
+pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let resp = match (req.method(), path.as_str()) {
+        (&Method::POST, "/v1/completions") => generate(&state, Kind::Completions, req).await,
+        (&Method::POST, "/v1/chat/completions") => generate(&state, Kind::Chat, req).await,
+        (&Method::GET, "/v1/models") => Ok(json_response(StatusCode::OK, &models(&state))),
+        (&Method::GET, "/health") => Ok(text_response(StatusCode::OK, "", "text/plain")),
+        (&Method::GET, "/metrics") => Ok(text_response(
+            StatusCode::OK,
+            render(&state.registry),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )),
+        (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health" | "/metrics") => {
+            Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed"))
+        }
+        _ => Err(ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route for {path}"))),
+    };
+    Ok(resp.unwrap_or_else(|e| json_response(e.status, &e.body())))
+}
+
+fn models(state: &State) -> Value {
+    json!({"object": "list", "data": [{
+        "id": state.model,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "kvroute",
+        "root": state.model,
+        "max_model_len": state.max_model_len,
+    }]})
+}
+
+async fn generate(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    state.metrics.requests.inc();
+    let result = generate_inner(state, kind, req).await;
+    if result.is_err() {
+        state.metrics.rejected.inc();
+    }
+    result
+}
+
+async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let guard = admit(state)?;
+    let body = Limited::new(req.into_body(), state.body_bytes_max).collect().await.map_err(|e| {
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("request body exceeds {} bytes", state.body_bytes_max),
+            )
+        } else {
+            ApiError::bad(None, format!("cannot read the request body: {e}"))
+        }
+    })?;
+    let (parsed, json_body) = openai::parse(kind, &body.to_bytes(), &state.limits)?;
+    let tokens = match &parsed.prompt {
+        PromptInput::Text(t) => state.tokenizer.encode_text(t),
+        PromptInput::Tokens(t) => Ok(t.clone()),
+        PromptInput::Chat => state.tokenizer.encode_chat(&json_body),
+    }
+    .map_err(|e| match e {
+        TokenizeError::BadInput(m) => ApiError::bad(Some("prompt"), m),
+        other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", other.to_string()),
+    })?;
+    if tokens.is_empty() {
+        return Err(ApiError::bad(Some("prompt"), "the prompt tokenizes to nothing"));
+    }
+    let prompt_tokens = tokens.len() as u32;
+    let seed = filler_seed(&tokens);
+    let remote_prefill = state.role == EngineRole::Decode
+        && parsed.kv_transfer_params.as_ref().is_some_and(|p| p.get("do_remote_prefill") != Some(&Value::Bool(false)));
+    let (progress, rx) = mpsc::unbounded_channel();
+    let (accepted_tx, accepted_rx) = oneshot::channel();
+    let submit = Submit { tokens, output_len: parsed.max_tokens, remote_prefill, progress, accepted: accepted_tx };
+    let unavailable = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the worker is shutting down");
+    state.submit_tx.send(submit).await.map_err(|_| unavailable())?;
+    accepted_rx.await.map_err(|_| unavailable())?.map_err(submit_error)?;
+
+    let n = state.next_response.fetch_add(1, Ordering::Relaxed);
+    let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+    let meta = ResponseMeta {
+        id: format!("{prefix}-{:x}-{n}", state.created),
+        created: unix_secs(),
+        model: state.model.clone(),
+        kind,
+        prompt_tokens,
+    };
+    let kv_params = (state.role == EngineRole::Prefill).then(|| KvSource {
+        engine_id: state.engine_id.clone(),
+        host: state.host.clone(),
+        port: state.port,
+    });
+    if parsed.stream {
+        let finish = Finish { meta, seed, kv_params };
+        let body = SseBody::new(rx, finish, parsed.include_usage, guard);
+        let mut resp = Response::new(body.boxed());
+        let h = resp.headers_mut();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Ok(resp);
+    }
+    let (text, done) = collect(rx, seed).await.ok_or_else(unavailable)?;
+    drop(guard);
+    let kv = kv_params.map(|k| k.params(done.prompt_blocks));
+    Ok(json_response(StatusCode::OK, &full_response(&meta, &text, &done, kv)))
+}
+
+fn admit(state: &State) -> Result<InFlight, ApiError> {
+    let prev = state.in_flight.fetch_add(1, Ordering::Relaxed);
+    let guard = InFlight(state.in_flight.clone());
+    if prev >= state.requests_in_flight_max {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("overloaded: {} requests in flight", state.requests_in_flight_max),
+        ));
+    }
+    Ok(guard)
+}
+
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Engine(RejectReason::TooLong { blocks, capacity }) => ApiError::bad(
+            Some("prompt"),
+            format!("prompt plus max_tokens need {blocks} KV blocks; this worker holds {capacity}"),
+        ),
+        SubmitError::Prompt(PromptError::ReservedTokenId { index, id }) => {
+            ApiError::bad(Some("prompt"), format!("token {index} has id {id}; ids must be below 2^31"))
+        }
+        SubmitError::Prompt(p) => ApiError::bad(Some("prompt"), p.to_string()),
+        SubmitError::Engine(r) => ApiError::bad(None, r.to_string()),
+    }
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    text_response(status, v.to_string(), "application/json")
+}
+
+fn text_response(status: StatusCode, body: impl Into<Bytes>, content_type: &'static str) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()).boxed());
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}

@@ -1,0 +1,137 @@
+//! The response side of a generation: a server-sent-events body fed by the engine
+//! task's progress channel, and the collector for non-streaming responses.
+//!
+//! The stream is `data: {chunk}\n\n` per token, a final chunk with `finish_reason`, an
+//! optional usage chunk, then `data: [DONE]\n\n`. Dropping the body (the client went
+//! away) drops the progress receiver; the engine task then discards that request's
+//! tokens. The in-flight guard travels with the body, so a streaming request counts
+//! against the limit until its stream ends.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use hyper::body::{Body, Frame};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::engine_task::{Done, Progress};
+use crate::http::InFlight;
+use crate::openai::{chunk, filler_word, usage_chunk, ApiError, KvSource, ResponseMeta};
+
+/// What a finished request's response needs besides its tokens.
+pub(crate) struct Finish {
+    pub(crate) meta: ResponseMeta,
+    pub(crate) seed: u64,
+    /// Prefill role: where a decode worker would pull the KV from.
+    pub(crate) kv_params: Option<KvSource>,
+}
+
+/// The SSE body of one streaming response.
+pub(crate) struct SseBody {
+    rx: mpsc::UnboundedReceiver<Progress>,
+    finish: Finish,
+    include_usage: bool,
+    emitted: u32,
+    ended: bool,
+    _guard: InFlight,
+}
+
+impl SseBody {
+    pub(crate) fn new(
+        rx: mpsc::UnboundedReceiver<Progress>,
+        finish: Finish,
+        include_usage: bool,
+        guard: InFlight,
+    ) -> Self {
+        SseBody { rx, finish, include_usage, emitted: 0, ended: false, _guard: guard }
+    }
+
+    fn tokens(&mut self, n: u32) -> Bytes {
+        let mut buf = BytesMut::with_capacity(n as usize * 200);
+        for _ in 0..n {
+            let word = filler_word(self.finish.seed, self.emitted);
+            let c = chunk(&self.finish.meta, Some(word), self.emitted == 0);
+            self.emitted += 1;
+            push_event(&mut buf, &c);
+        }
+        buf.freeze()
+    }
+
+    fn done(&mut self, d: &Done) -> Bytes {
+        let mut buf = BytesMut::with_capacity(512);
+        let mut last = chunk(&self.finish.meta, None, false);
+        if let (Some(f), Some(o)) = (&self.finish.kv_params, last.as_object_mut()) {
+            o.insert("kv_transfer_params".into(), f.params(d.prompt_blocks));
+        }
+        push_event(&mut buf, &last);
+        if self.include_usage {
+            push_event(&mut buf, &usage_chunk(&self.finish.meta, d));
+        }
+        buf.put_slice(b"data: [DONE]\n\n");
+        buf.freeze()
+    }
+}
+
+fn push_event(buf: &mut BytesMut, v: &Value) {
+    buf.put_slice(b"data: ");
+    buf.put_slice(v.to_string().as_bytes());
+    buf.put_slice(b"\n\n");
+}
+
+impl Body for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let bytes = match self.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Progress::Tokens(n))) => self.tokens(n),
+            Poll::Ready(Some(Progress::Done(d))) => {
+                self.ended = true;
+                self.done(&d)
+            }
+            Poll::Ready(None) => {
+                // The engine task stopped (shutdown) before the request finished.
+                self.ended = true;
+                let e = ApiError::new(
+                    hyper::StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "the worker is shutting down",
+                );
+                let mut buf = BytesMut::new();
+                push_event(&mut buf, &e.body());
+                buf.put_slice(b"data: [DONE]\n\n");
+                buf.freeze()
+            }
+        };
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+}
+
+/// Waits for a request to finish and returns its text and figures; `None` if the
+/// engine task stopped first.
+pub(crate) async fn collect(mut rx: mpsc::UnboundedReceiver<Progress>, seed: u64) -> Option<(String, Done)> {
+    let mut text = String::new();
+    let mut k = 0u32;
+    while let Some(p) = rx.recv().await {
+        match p {
+            Progress::Tokens(n) => {
+                for _ in 0..n {
+                    text.push_str(filler_word(seed, k));
+                    k += 1;
+                }
+            }
+            Progress::Done(d) => return Some((text, d)),
+        }
+    }
+    None
+}
