@@ -11,6 +11,7 @@ mod dispatch;
 mod plot;
 mod replay_cmd;
 mod report;
+mod tok;
 
 /// KV-cache-aware request router for LLM inference fleets (vLLM, SGLang, TensorRT-LLM).
 ///
@@ -31,6 +32,13 @@ struct Cli {
 enum Cmd {
     /// Run the router in front of a simulated fleet and compare policies (start here).
     Demo(demo::DemoArgs),
+    /// Run one simulated GPU worker: an OpenAI-compatible server that publishes KV events.
+    ///
+    /// The worker runs the same vLLM-style model as `replay`, in real time scaled by
+    /// --speedup, serves /v1/chat/completions, /v1/completions (streaming or not),
+    /// /v1/models, /health and /metrics, and publishes its KV-cache events over ZeroMQ in
+    /// vLLM's wire format, so `kvroute serve` can route to it exactly as to a real engine.
+    SimWorker(kvroute_sim_server::SimWorkerArgs),
     /// Replay a request trace through the router and simulated GPU workers, offline.
     ///
     /// Every arrival goes through the real router-core at the simulated time; KV events,
@@ -42,11 +50,23 @@ enum Cmd {
     Replay(replay_cmd::ReplayArgs),
 }
 
+fn sim_worker(a: kvroute_sim_server::SimWorkerArgs) -> Result<(), String> {
+    let tokenizer = match &a.tokenizer {
+        Some(dir) => Some(std::sync::Arc::new(tok::HfTokenizer::load(dir)?)
+            as std::sync::Arc<dyn kvroute_sim_server::PromptTokenizer>),
+        None => None,
+    };
+    let cfg = a.into_config(tokenizer).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(kvroute_sim_server::run(cfg)).map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Replay(a) => replay_cmd::run(&a),
+        Cmd::SimWorker(a) => sim_worker(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
