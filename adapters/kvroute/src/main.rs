@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dispatch;
+mod load;
 mod plot;
 mod replay_cmd;
 mod report;
