@@ -29,11 +29,18 @@ pub struct Booking {
     shared: Arc<Shared>,
     routed: Routed,
     state: State,
+    waited: bool,
 }
 
 impl Booking {
-    pub(crate) fn new(shared: Arc<Shared>, routed: Routed) -> Self {
-        Booking { shared, routed, state: State::Booked }
+    pub(crate) fn new(shared: Arc<Shared>, routed: Routed, waited: bool) -> Self {
+        Booking { shared, routed, state: State::Booked, waited }
+    }
+
+    /// Whether the request waited in the admission queue or behind a session's first
+    /// request before it was routed.
+    pub fn waited(&self) -> bool {
+        self.waited
     }
 
     /// The request.
@@ -154,7 +161,7 @@ impl Pending {
         // From here to the return nothing awaits, so the outcome cannot be lost.
         self.armed = false;
         match out {
-            Ok(Output::Routed(r)) => Ok(Booking::new(self.shared.clone(), r)),
+            Ok(Output::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, true)),
             Ok(Output::Failed { error, .. }) => Err(DriveError::Route(error)),
             Ok(Output::TimedOut { .. }) => Err(DriveError::QueueTimeout),
             Ok(_) | Err(_) => Err(DriveError::Closed),

@@ -118,7 +118,7 @@ impl Driver {
             other => (other, None),
         });
         match decision {
-            Ok(Decision::Routed(r)) => Ok(Booking::new(self.shared.clone(), r)),
+            Ok(Decision::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, false)),
             Ok(Decision::Rejected(rej)) => Err(DriveError::Rejected(rej)),
             Err(e) => Err(DriveError::Route(e)),
             Ok(_) => match rx {
