@@ -16,6 +16,9 @@ use serde_json::{json, Value};
 use crate::body::ProxyBody;
 use crate::config::ConfigError;
 
+/// Longest `Retry-After` suggested for a full queue, in seconds.
+const RETRY_AFTER_S_MAX: u64 = 10;
+
 /// Why [`crate::serve`] could not start.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -135,6 +138,16 @@ impl ApiError {
         Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout", "the request timed out")
     }
 
+    /// 408: the client did not send its body within `request_timeout_ms`.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "body_timeout",
+            "the request body did not arrive in time",
+        )
+    }
+
     /// 503: the proxy is shutting down.
     pub fn shutting_down() -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "the proxy is shutting down")
@@ -165,7 +178,7 @@ impl ApiError {
             e
         };
         match e {
-            DriveError::Rejected(r) => Self::rejected(r, queue_timeout_ms.div_ceil(1000)),
+            DriveError::Rejected(r) => Self::rejected(r, queue_timeout_ms.div_ceil(1000).min(RETRY_AFTER_S_MAX)),
             DriveError::QueueTimeout => unavailable("queue_timeout", e.to_string()),
             DriveError::Route(RouteError::Pin(p @ PinError::Ineligible { .. })) => {
                 unavailable("pinned_worker_unavailable", p.to_string())

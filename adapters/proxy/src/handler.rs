@@ -57,11 +57,16 @@ pub async fn proxy(
     let mut model = "unknown".to_string();
     let result = match state.concurrency.clone().try_acquire_owned() {
         Err(_) => Err(ApiError::overloaded()),
-        Ok(permit) => match prepare(&state, peer, req, Some(endpoint), &mut model).await {
-            Ok(p) if p.preview => preview(&state, p),
-            Ok(p) => forward(&state, p, arrived, permit).await,
-            Err(e) => Err(e),
-        },
+        Ok(permit) => {
+            // A client trickling its body must not hold a permit past the request's time.
+            let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
+            match tokio::time::timeout_at(deadline, prepare(&state, peer, req, Some(endpoint), &mut model)).await {
+                Err(_) => Err(ApiError::body_timeout()),
+                Ok(Ok(p)) if p.preview => preview(&state, p),
+                Ok(Ok(p)) => forward(&state, p, arrived, permit).await,
+                Ok(Err(e)) => Err(e),
+            }
+        }
     };
     result.unwrap_or_else(|e| {
         state.metrics.request(&model, None, e.code, e.status.as_u16());

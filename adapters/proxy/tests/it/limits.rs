@@ -141,3 +141,28 @@ async fn concurrent_requests_max_sheds_load() {
     let a = post(addr, "/v1/chat/completions", &[], &chat("c")).await;
     assert_eq!(a.status, 200, "the permit returns with the finished stream");
 }
+
+#[tokio::test]
+async fn slow_clients_are_cut_off() {
+    let w = Fake::start(&[MODEL]).await;
+    let mut cfg = config(&[(1, w.addr)]);
+    cfg.limits.header_read_timeout_ms = 200;
+    cfg.limits.request_timeout_ms = 300;
+    let p = start(cfg).await;
+    let mut buf = vec![0u8; 512];
+
+    // Headers that never finish: the connection is closed.
+    let mut s = tokio::net::TcpStream::connect(p.local_addr()).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let n = within(2_000, s.read(&mut buf)).await.unwrap_or(0);
+    let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(n == 0 || answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // A body that never finishes: 408, and the permit is back.
+    let mut s = tokio::net::TcpStream::connect(p.local_addr()).await.unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"model\":";
+    s.write_all(head.as_bytes()).await.unwrap();
+    let n = within(2_000, s.read(&mut buf)).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"), "{}", String::from_utf8_lossy(&buf[..n]));
+    assert!(w.seen().is_empty());
+}
