@@ -121,7 +121,6 @@ pub async fn prepare(
         session,
     };
     let request = request::build(build, &tokens);
-    parsed.kv = Default::default();
     state.metrics.stage("tokenize", t1.elapsed());
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
     Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview: hh.preview })

@@ -59,6 +59,9 @@ use crate::trust::Trust;
 use crate::upstream::RetryBudget;
 
 /// A running proxy: its address, its pools, and the way to stop it.
+///
+/// Dropping the handle starts the same graceful shutdown as [`ServeHandle::shutdown`],
+/// without waiting for it; keep the handle for as long as the proxy should serve.
 pub struct ServeHandle {
     local_addr: SocketAddr,
     state: Arc<State>,

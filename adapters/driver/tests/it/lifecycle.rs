@@ -150,3 +150,22 @@ async fn preview_books_nothing() {
     check_released(&d);
     assert_eq!(d.snapshot().affinity_sessions, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_routed_output_nobody_reads_is_rolled_back() {
+    // The queued request is routed while its task is not running (one thread, no yield),
+    // then the task is dropped before it reads the booking.
+    let d = tiny_fleet(|_| {});
+    let mut a = d.route(req(&d, 3, None), d.draw()).await.unwrap();
+    a.dispatched().unwrap();
+    let (d2, r) = (d.clone(), req(&d, 1, None));
+    let queued = tokio::spawn(async move { d2.route(r, d2.draw()).await });
+    settle("request queued", || d.snapshot().queue_depth == 1).await;
+    a.prefill_done().unwrap();
+    assert_eq!(d.snapshot().load_total.active_requests, 2, "the queued request now holds a booking");
+    queued.abort();
+    assert!(queued.await.unwrap_err().is_cancelled());
+    assert_eq!(d.snapshot().load_total.active_requests, 1, "its booking was rolled back");
+    a.finish().unwrap();
+    check_released(&d);
+}

@@ -17,19 +17,25 @@ async fn connect_failures_are_retried_on_other_workers_once_each() {
     cfg.ejection.consecutive_failures = 0; // keep the dead workers in rotation
     cfg.retry.budget_initial = 100;
     let p = start(cfg).await;
-    let requests = 6;
-    for i in 0..requests {
+    let fails = |text: &str, w: &str| {
+        metric(text, "kvroute_upstream_failures_total", &[&format!("worker=\"{w}\""), "kind=\"connect\""])
+    };
+    let mut before = (0.0, 0.0);
+    let mut retried = 0;
+    for i in 0..6 {
         let a = post(p.local_addr(), "/v1/chat/completions", &[], &chat(&format!("q{i}"))).await;
         assert_eq!((a.status.as_u16(), a.worker()), (200, Some(3)), "{}", a.text());
+        let text = get(p.local_addr(), "/metrics").await.text();
+        let now = (fails(&text, "1"), fails(&text, "2"));
+        let delta = (now.0 - before.0, now.1 - before.1);
+        assert!(delta.0 <= 1.0 && delta.1 <= 1.0, "request {i} tried a dead worker twice: {delta:?}");
+        retried += (delta.0 + delta.1) as u32;
+        before = now;
     }
-    assert_eq!(live.seen().len(), requests, "every request reached the live worker exactly once");
+    assert!(retried >= 4, "round-robin starts most requests on a dead worker ({retried} retries)");
+    assert_eq!(live.seen().len(), 6, "every request reached the live worker exactly once");
     let text = get(p.local_addr(), "/metrics").await.text();
-    let fails =
-        |w: &str| metric(&text, "kvroute_upstream_failures_total", &[&format!("worker=\"{w}\""), "kind=\"connect\""]);
-    // Round-robin starts each request at the next worker; a worker tried twice for one
-    // request would push these counts past one per request.
-    assert!(fails("1") <= requests as f64 && fails("2") <= requests as f64, "{} {}", fails("1"), fails("2"));
-    assert_eq!(fails("1") + fails("2"), metric(&text, "kvroute_retries_total", &[]));
+    assert_eq!(f64::from(retried), metric(&text, "kvroute_retries_total", &[]));
     eventually(2_000, "released", || released(p.local_addr())).await;
 }
 
