@@ -69,18 +69,18 @@ impl fmt::Debug for Tokenizers {
 /// The fallback tokens of a chat body: canonical tools, then each message. Linear in
 /// the body's size.
 pub fn fallback_chat(body: &Value) -> Vec<u32> {
-    let mut out = String::new();
+    let mut out = Vec::new();
     if let Some(tools) = body.get("tools") {
         write_canonical(tools, &mut out);
-        out.push('\n');
+        out.push(b'\n');
     }
     if let Some(Value::Array(messages)) = body.get("messages") {
         for m in messages {
             write_canonical(m, &mut out);
-            out.push('\n');
+            out.push(b'\n');
         }
     }
-    pack_bytes(out.as_bytes())
+    pack_bytes(&out)
 }
 
 /// The fallback tokens of a text prompt.
@@ -101,33 +101,36 @@ fn pack_bytes(bytes: &[u8]) -> Vec<u32> {
 }
 
 /// JSON with object keys sorted at every level, whatever order the input had.
-pub fn write_canonical(v: &Value, out: &mut String) {
+pub fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[k], out);
+                // Writing into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut *out, k.as_str());
+                out.push(b':');
+                write_canonical(v, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => {
+            let _ = serde_json::to_writer(&mut *out, scalar);
+        }
     }
 }
 

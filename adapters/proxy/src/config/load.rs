@@ -12,10 +12,26 @@ use super::*;
 impl ProxyConfig {
     /// Parses and checks a TOML document.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        let cfg: ProxyConfig = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-            let source_line = line.and_then(|l| text.lines().nth(l - 1)).unwrap_or("").trim().to_string();
-            ConfigError::Parse { line, source_line, message: e.message().trim().to_string() }
+        let cfg: ProxyConfig = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses a TOML document, applies `overrides` (dotted keys such as
+    /// `limits.body_bytes_max` with TOML values, bare words taken as strings), and checks
+    /// the result. This is how command-line flags override a file.
+    pub fn from_toml_with_overrides(text: &str, overrides: &[(&str, &str)]) -> Result<Self, ConfigError> {
+        if overrides.is_empty() {
+            return Self::from_toml_str(text);
+        }
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
+        for (key, raw) in overrides {
+            set_dotted(&mut table, key, override_value(raw))
+                .map_err(|message| ConfigError::Invalid { key: (*key).to_string(), message })?;
+        }
+        let cfg: ProxyConfig = toml::Table::try_into(table).map_err(|e| ConfigError::Invalid {
+            key: overrides.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+            message: e.message().trim().to_string(),
         })?;
         cfg.validate()?;
         Ok(cfg)
@@ -98,6 +114,32 @@ impl ProxyConfig {
         }
         Ok(())
     }
+}
+
+fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    let source_line = line.and_then(|l| text.lines().nth(l - 1)).unwrap_or("").trim().to_string();
+    ConfigError::Parse { line, source_line, message: e.message().trim().to_string() }
+}
+
+/// A flag's value as TOML (`1024`, `true`, `["a"]`), or a plain string.
+fn override_value(raw: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+}
+
+fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().filter(|l| !l.is_empty()).ok_or("empty key")?;
+    let mut t = table;
+    for p in parts {
+        let entry = t.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry.as_table_mut().ok_or_else(|| format!("{p} is not a table"))?;
+    }
+    t.insert(last.to_string(), value);
+    Ok(())
 }
 
 /// The router configuration of one model. `seed` salts the hash tables so clients
@@ -185,6 +227,22 @@ mod tests {
         let cfg = ProxyConfig::from_toml_str(include_str!("../../kvroute.example.toml")).unwrap();
         assert!(!cfg.models.is_empty() && !cfg.workers.is_empty());
         assert_eq!(cfg.limits.body_bytes_max, 8 << 20);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file = "listen = \"127.0.0.1:1\"\n[limits]\nbody_bytes_max = 10\n";
+        let overrides =
+            [("limits.body_bytes_max", "2048"), ("router.mode", "round-robin"), ("trust.cidrs", "[\"10.0.0.0/8\"]")];
+        let cfg = ProxyConfig::from_toml_with_overrides(file, &overrides).unwrap();
+        assert_eq!(cfg.limits.body_bytes_max, 2048);
+        assert_eq!(cfg.router.mode, RouterMode::RoundRobin);
+        assert_eq!(cfg.trust.cidrs.len(), 1);
+        assert_eq!(cfg.listen.port(), 1, "keys not overridden keep the file's values");
+        let e = ProxyConfig::from_toml_with_overrides(file, &[("limits.bogus", "1")]).unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = ProxyConfig::from_toml_with_overrides(file, &[("listen.port", "1")]).unwrap_err();
+        assert!(e.to_string().contains("listen"), "{e}");
     }
 
     #[test]
