@@ -1,0 +1,187 @@
+//! Guards that tie a request's router state to a Rust value: [`Booking`] for a routed
+//! request and `Pending` for one waiting in the queue or behind a session's first request.
+//! Dropping either releases everything the request holds in the router.
+
+use std::fmt;
+use std::sync::Arc;
+
+use router_core::router::{DispatchFailure, Output, Routed};
+use router_core::{Phase, RequestId, WorkerKey};
+use tokio::sync::oneshot;
+
+use crate::driver::{FlightKey, Shared};
+use crate::error::DriveError;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Routed, not yet confirmed: dropping rolls the booking back.
+    Booked,
+    /// The worker accepted it: dropping cancels it.
+    Dispatched,
+    /// Finished or failed through a method: dropping does nothing.
+    Done,
+}
+
+/// A routed request's hold on its worker: reserved load, and the session lease or first
+/// binding. Dropped without [`Booking::finish`] or [`Booking::fail`], it releases all of
+/// it as a cancellation (the session binding survives).
+pub struct Booking {
+    shared: Arc<Shared>,
+    routed: Routed,
+    state: State,
+    waited: bool,
+}
+
+impl Booking {
+    pub(crate) fn new(shared: Arc<Shared>, routed: Routed, waited: bool) -> Self {
+        Booking { shared, routed, state: State::Booked, waited }
+    }
+
+    /// Whether the request waited in the admission queue or behind a session's first
+    /// request before it was routed.
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
+
+    /// The request.
+    pub fn id(&self) -> RequestId {
+        self.routed.id
+    }
+
+    /// Its phase.
+    pub fn phase(&self) -> Phase {
+        self.routed.phase
+    }
+
+    /// The worker key it was routed to.
+    pub fn target(&self) -> WorkerKey {
+        self.routed.target
+    }
+
+    /// The full decision, with its explanation.
+    pub fn routed(&self) -> &Routed {
+        &self.routed
+    }
+
+    /// Whether [`Booking::dispatched`] succeeded.
+    pub fn is_dispatched(&self) -> bool {
+        self.state == State::Dispatched
+    }
+
+    /// The worker accepted the request: commits a session's first binding. Call it once,
+    /// when the upstream's response headers arrive.
+    pub fn dispatched(&mut self) -> Result<(), DriveError> {
+        if self.state != State::Booked {
+            return Ok(());
+        }
+        let (id, phase) = self.key();
+        self.shared.with(|inner, now| inner.router.handle_dispatched(now, id, phase))?;
+        self.state = State::Dispatched;
+        Ok(())
+    }
+
+    /// The prompt's prefill finished (the first output token arrived).
+    pub fn prefill_done(&self) -> Result<(), DriveError> {
+        let (id, phase) = self.key();
+        self.shared.with(|inner, now| inner.router.handle_prefill_done(now, id, phase)).map_err(DriveError::Input)
+    }
+
+    /// The request produced `output_tokens` tokens so far.
+    pub fn decode_progress(&self, output_tokens: u32) -> Result<(), DriveError> {
+        let (id, phase) = self.key();
+        self.shared
+            .with(|inner, now| inner.router.handle_decode_progress(now, id, phase, output_tokens))
+            .map_err(DriveError::Input)
+    }
+
+    /// The request ended normally: load, lease and slot are released.
+    ///
+    /// An error here means the router had already let the request go (its worker was
+    /// removed or the booking outlived `request_age_max_ms`); nothing is left held.
+    pub fn finish(mut self) -> Result<(), DriveError> {
+        let (id, phase) = self.key();
+        self.state = State::Done;
+        self.shared.with(|inner, now| inner.router.handle_finished(now, id, phase)).map_err(DriveError::Input)
+    }
+
+    /// The request failed: rolled back, and with [`DispatchFailure::Worker`] the session's
+    /// binding to this worker is dropped too.
+    pub fn fail(mut self, why: DispatchFailure) -> Result<(), DriveError> {
+        let (id, phase) = self.key();
+        self.state = State::Done;
+        self.shared
+            .with(|inner, now| inner.router.handle_dispatch_failed(now, id, phase, why))
+            .map_err(DriveError::Input)
+    }
+
+    fn key(&self) -> FlightKey {
+        (self.routed.id, self.routed.phase)
+    }
+}
+
+impl Drop for Booking {
+    fn drop(&mut self) {
+        let (id, phase) = self.key();
+        match self.state {
+            State::Done => {}
+            State::Booked => self.shared.with(|inner, now| {
+                let _ = inner.router.handle_dispatch_failed(now, id, phase, DispatchFailure::Cancelled);
+            }),
+            State::Dispatched => self.shared.with(|inner, now| {
+                let _ = inner.router.handle_cancel(now, id, phase);
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for Booking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Booking").field("id", &self.routed.id).field("target", &self.routed.target).finish()
+    }
+}
+
+/// A request the router holds in its queue or behind a session initialization. The driver
+/// removes the waiter entry when it delivers an output, so on drop the entry's presence
+/// says who owns the outcome: still there, the router holds the request (cancel it);
+/// gone, the output sits in the channel (roll back a routed one).
+pub(crate) struct Pending {
+    shared: Arc<Shared>,
+    key: FlightKey,
+    rx: oneshot::Receiver<Output>,
+    armed: bool,
+}
+
+impl Pending {
+    pub(crate) fn new(shared: Arc<Shared>, key: FlightKey, rx: oneshot::Receiver<Output>) -> Self {
+        Pending { shared, key, rx, armed: true }
+    }
+
+    pub(crate) async fn wait(mut self) -> Result<Booking, DriveError> {
+        let out = (&mut self.rx).await;
+        // From here to the return nothing awaits, so the outcome cannot be lost.
+        self.armed = false;
+        match out {
+            Ok(Output::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, true)),
+            Ok(Output::Failed { error, .. }) => Err(DriveError::Route(error)),
+            Ok(Output::TimedOut { .. }) => Err(DriveError::QueueTimeout),
+            Ok(_) | Err(_) => Err(DriveError::Closed),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (id, phase) = self.key;
+        let rx = &mut self.rx;
+        self.shared.with(|inner, now| {
+            if inner.waiters.remove(&(id, phase)).is_some() {
+                let _ = inner.router.handle_cancel(now, id, phase);
+            } else if let Ok(Output::Routed(_)) = rx.try_recv() {
+                let _ = inner.router.handle_dispatch_failed(now, id, phase, DispatchFailure::Cancelled);
+            }
+        });
+    }
+}

@@ -1,0 +1,42 @@
+//! The driver's error type.
+
+use std::fmt;
+
+use router_core::admission::QueueRejection;
+use router_core::router::{InputError, RouteError};
+
+/// Why a driver call did not succeed.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum DriveError {
+    /// The router could not route the request (pins, eligibility, sessions, limits).
+    Route(RouteError),
+    /// The admission queue refused the request; answer 429 with `Retry-After`.
+    Rejected(QueueRejection),
+    /// The request waited in the admission queue longer than `queue_timeout_ms`.
+    QueueTimeout,
+    /// The router refused a lifecycle, worker or KV-event input.
+    Input(InputError),
+    /// The driver went away while the request waited.
+    Closed,
+}
+
+impl fmt::Display for DriveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DriveError::Route(e) => write!(f, "cannot route: {e}"),
+            DriveError::Rejected(r) => write!(f, "admission queue full: {r}"),
+            DriveError::QueueTimeout => f.write_str("timed out in the admission queue"),
+            DriveError::Input(e) => write!(f, "{e}"),
+            DriveError::Closed => f.write_str("the router driver shut down"),
+        }
+    }
+}
+
+impl std::error::Error for DriveError {}
+
+impl From<InputError> for DriveError {
+    fn from(e: InputError) -> Self {
+        DriveError::Input(e)
+    }
+}

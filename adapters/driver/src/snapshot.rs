@@ -1,0 +1,71 @@
+//! Point-in-time views of the router for admin endpoints and metrics.
+
+use router_core::affinity::AffinityStats;
+use router_core::index::IndexStats;
+use router_core::router::RouterStats;
+use router_core::worker::{Health, WorkerSpec};
+use router_core::{WorkerKey, WorkerLoad};
+
+/// The driver's own counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// Requests awaiting an output now (queued or behind a session initialization).
+    pub waiters: usize,
+    /// Outputs whose waiter had gone; routed ones were rolled back.
+    pub undelivered: u64,
+    /// Idle session bindings that expired.
+    pub leases_expired: u64,
+    /// Bookings dropped by the router for age.
+    pub bookings_expired: u64,
+    /// Times the timer task ran `handle_timeout`.
+    pub timeouts_fired: u64,
+}
+
+/// One dp rank of a worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeySnapshot {
+    /// The worker and rank.
+    pub key: WorkerKey,
+    /// Its in-flight load as the router sees it.
+    pub load: WorkerLoad,
+    /// Blocks the exact prefix index holds for it.
+    pub index_entries: u32,
+}
+
+/// One worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerSnapshot {
+    /// Its configuration.
+    pub spec: WorkerSpec,
+    /// Its health as the router sees it.
+    pub health: Health,
+    /// Whether it has published KV events (its overlap is exact, not predicted).
+    pub publishes_events: bool,
+    /// Its routable ranks, in rank order.
+    pub keys: Vec<KeySnapshot>,
+}
+
+/// The whole router at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// Every worker, in id order.
+    pub workers: Vec<WorkerSnapshot>,
+    /// Requests in the admission queue.
+    pub queue_depth: usize,
+    /// Requests tracked: booked, dispatched, queued or waiting.
+    pub requests_in_flight: usize,
+    /// Session entries in the affinity table.
+    pub affinity_sessions: usize,
+    /// Session leases held by running requests.
+    pub affinity_live_leases: usize,
+    /// Affinity counters.
+    pub affinity: AffinityStats,
+    /// Router counters.
+    pub router: RouterStats,
+    /// Prefix index sizes and counters.
+    pub index: IndexStats,
+    /// Load summed over every worker key.
+    pub load_total: WorkerLoad,
+    /// The driver's counters.
+    pub driver: DriverStats,
+}

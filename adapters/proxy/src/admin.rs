@@ -1,0 +1,213 @@
+//! The proxy's own endpoints: `/v1/models`, `/health`, `/ready`, `/metrics`, and the
+//! trusted admin API (`/workers`, `/route/preview`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use router_core::router::Routed;
+use router_core::worker::Health;
+use serde_json::{json, Value};
+
+use crate::body::ProxyBody;
+use crate::config::WorkerConfig;
+use crate::error::{json_response, ApiError};
+use crate::handler;
+use crate::state::State;
+
+/// Largest admin request body.
+const ADMIN_BODY_BYTES_MAX: usize = 64 << 10;
+
+/// `GET /health`: the process is up.
+pub fn health() -> Response<ProxyBody> {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+/// `GET /ready`: at least one healthy worker in some pool.
+pub fn ready(state: &State) -> Response<ProxyBody> {
+    let healthy: usize = state
+        .fleet
+        .pools()
+        .map(|p| p.driver.with_router(|r| r.workers().iter().filter(|(_, h)| *h == Health::Healthy).count()))
+        .sum();
+    let status = if healthy > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json_response(status, &json!({"ready": healthy > 0, "healthy_workers": healthy}))
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+pub fn metrics(state: &State) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(state.metrics.encode()));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE));
+    resp
+}
+
+/// `GET /v1/models`: the configured models and adapters, merged with what each worker's
+/// own `/v1/models` lists (asked concurrently, one second each at most).
+pub async fn models(state: &Arc<State>) -> Response<ProxyBody> {
+    let mut seen: BTreeMap<String, Value> = state
+        .fleet
+        .model_names()
+        .map(|m| (m.to_string(), json!({"id": m, "object": "model", "owned_by": "kvroute"})))
+        .collect();
+    let mut asks = tokio::task::JoinSet::new();
+    for w in state.fleet.workers() {
+        let state = state.clone();
+        asks.spawn(async move { worker_models(&state, &w).await });
+    }
+    while let Some(r) = asks.join_next().await {
+        for m in r.unwrap_or_default() {
+            if let Some(id) = m.get("id").and_then(Value::as_str) {
+                seen.entry(id.to_string()).or_insert(m);
+            }
+        }
+    }
+    json_response(StatusCode::OK, &json!({"object": "list", "data": seen.into_values().collect::<Vec<_>>()}))
+}
+
+async fn worker_models(state: &State, w: &WorkerConfig) -> Vec<Value> {
+    let Ok(uri) = w.url.join("/v1/models") else { return Vec::new() };
+    let Ok(req) = http::Request::get(uri).body(Full::new(Bytes::new())) else { return Vec::new() };
+    let fetch = async {
+        let resp = state.client.request(req).await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = Limited::new(resp.into_body(), 1 << 20).collect().await.ok()?.to_bytes();
+        let v: Value = serde_json::from_slice(&body).ok()?;
+        v.get("data")?.as_array().cloned()
+    };
+    tokio::time::timeout(Duration::from_secs(1), fetch).await.ok().flatten().unwrap_or_default()
+}
+
+/// `GET /workers`: every worker with its health and per-rank load, and every pool.
+pub fn workers(state: &State) -> Response<ProxyBody> {
+    let mut workers = Vec::new();
+    let mut pools = Vec::new();
+    for p in state.fleet.pools() {
+        let s = p.driver.snapshot();
+        for w in &s.workers {
+            let id = w.spec.id.0;
+            let cfg = state.fleet.worker(id);
+            let keys: Vec<Value> = w
+                .keys
+                .iter()
+                .map(|k| {
+                    json!({
+                        "rank": k.key.rank.0,
+                        "active_prefill_tokens": k.load.active_prefill_tokens,
+                        "active_decode_blocks": k.load.active_decode_blocks,
+                        "active_requests": k.load.active_requests,
+                        "index_entries": k.index_entries,
+                    })
+                })
+                .collect();
+            workers.push(json!({
+                "id": id,
+                "url": cfg.as_ref().map(|c| c.url.to_string()),
+                "model": p.name,
+                "role": w.spec.role.as_str(),
+                "health": w.health.as_str(),
+                "outlier": state.outliers.view(id),
+                "publishes_events": w.publishes_events,
+                "ranks": keys,
+            }));
+        }
+        pools.push(json!({
+            "model": p.name,
+            "queue_depth": s.queue_depth,
+            "requests_in_flight": s.requests_in_flight,
+            "waiters": s.driver.waiters,
+            "affinity_sessions": s.affinity_sessions,
+            "affinity_live_leases": s.affinity_live_leases,
+            "active_requests": s.load_total.active_requests,
+            "active_prefill_tokens": s.load_total.active_prefill_tokens,
+            "dispatched": s.router.dispatched,
+            "rejected": s.router.rejected,
+            "timed_out": s.router.timed_out,
+        }));
+    }
+    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools}))
+}
+
+/// `POST /workers`: add or replace a worker (a [`WorkerConfig`] as JSON).
+pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<Response<ProxyBody>, ApiError> {
+    let body = Limited::new(req.into_body(), ADMIN_BODY_BYTES_MAX)
+        .collect()
+        .await
+        .map_err(|_| ApiError::too_large(ADMIN_BODY_BYTES_MAX as u64))?
+        .to_bytes();
+    let w: WorkerConfig =
+        serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid worker: {e}")))?;
+    state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
+    let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
+    let new = state.fleet.add_worker(w).map_err(|e| ApiError::bad_request(e.0))?;
+    Ok(json_response(if new { StatusCode::CREATED } else { StatusCode::OK }, &shown))
+}
+
+/// `DELETE /workers/{id}`: remove a worker; its sessions re-bind elsewhere and its
+/// in-flight streams run to completion.
+pub fn remove_worker(state: &State, id: &str) -> Result<Response<ProxyBody>, ApiError> {
+    let id: u64 = id.parse().map_err(|_| ApiError::bad_request(format!("{id:?} is not a worker id")))?;
+    if !state.fleet.remove_worker(id) {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "worker_not_found",
+            ..ApiError::bad_request(format!("no worker {id}"))
+        });
+    }
+    state.outliers.forget(id);
+    let mut resp = Response::new(ProxyBody::full(Bytes::new()));
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    Ok(resp)
+}
+
+/// `POST /route/preview`: the decision for a request body, with the per-worker
+/// explanation, changing nothing.
+pub async fn preview(
+    state: &Arc<State>,
+    peer: SocketAddr,
+    req: http::Request<Incoming>,
+) -> Result<Response<ProxyBody>, ApiError> {
+    let mut model = String::new();
+    let p = handler::prepare(state, peer, req, None, &mut model).await?;
+    handler::preview(state, p)
+}
+
+/// A decision as JSON: the target and each candidate's overlap, score or exclusion.
+pub fn routed_json(model: &str, isl_tokens: u32, r: &Routed) -> Value {
+    let rows: Vec<Value> = r
+        .explanation
+        .iter()
+        .map(|row| {
+            json!({
+                "worker": row.key.worker.0,
+                "rank": row.key.rank.0,
+                "overlap": {"device": row.overlap.device, "host": row.overlap.host, "disk": row.overlap.disk},
+                "eligible": row.excluded.is_none(),
+                "excluded": row.excluded.as_ref().map(|e| e.as_str()),
+                "excluded_detail": row.excluded.as_ref().map(|e| e.to_string()),
+                "cost": row.score.as_ref().map(|s| s.cost),
+                "overlap_effective": row.score.as_ref().map(|s| s.overlap_effective),
+                "prefill_blocks": row.score.as_ref().map(|s| s.prefill_blocks),
+                "decode_blocks": row.score.as_ref().map(|s| s.decode_blocks),
+            })
+        })
+        .collect();
+    json!({
+        "model": model,
+        "worker": r.target.worker.0,
+        "rank": r.target.rank.0,
+        "overlap_blocks": r.overlap.raw(),
+        "max_overlap_blocks": r.max_overlap_blocks,
+        "request_blocks": r.request_blocks,
+        "isl_tokens": isl_tokens,
+        "explanation": rows,
+    })
+}

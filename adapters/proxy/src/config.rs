@@ -1,0 +1,531 @@
+//! The proxy's configuration: a TOML file (see `kvroute.example.toml`), every field
+//! defaulted, unknown keys refused, and every error naming its key and line.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+
+use router_core::admission::QueueOrder;
+use router_core::affinity::AffinityMode;
+use router_core::hash::BlockSize;
+use router_core::select::RouterMode;
+use router_core::worker::{Taint, TaintEffect, WorkerRole, WorkerSpec};
+use router_core::WorkerId;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::trust::Cidr;
+
+/// Everything `kvroute serve` can be configured with. `Default` is a proxy on
+/// `127.0.0.1:8080` with no models and no workers.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Address to listen on (default `127.0.0.1:8080`; port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Header carrying the session id (default `x-session-id`).
+    pub session_header: String,
+    /// Header telling a multi-rank worker which dp rank to use (default
+    /// `x-data-parallel-rank`); sent only to workers with more than one rank.
+    pub dp_rank_header: String,
+    /// Pool for requests whose `model` names no configured model (default none: 404).
+    pub default_model: Option<String>,
+    /// Seed of routing draws and hash tables; `None` (default) draws one at startup.
+    pub seed: Option<u64>,
+    /// Request and connection limits.
+    pub limits: LimitsConfig,
+    /// Which clients may pin workers, preview decisions and set priorities.
+    pub trust: TrustConfig,
+    /// Retries after a connect failure.
+    pub retry: RetryConfig,
+    /// Outlier ejection after consecutive failures.
+    pub ejection: EjectionConfig,
+    /// Active health checks.
+    pub health_check: HealthCheckConfig,
+    /// Routing policy shared by every model.
+    pub router: RoutingConfig,
+    /// The models served; each is one pool of workers with its own router.
+    pub models: Vec<ModelConfig>,
+    /// The workers known at startup; more can be added through `POST /workers`.
+    pub workers: Vec<WorkerConfig>,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            session_header: "x-session-id".into(),
+            dp_rank_header: "x-data-parallel-rank".into(),
+            default_model: None,
+            seed: None,
+            limits: LimitsConfig::default(),
+            trust: TrustConfig::default(),
+            retry: RetryConfig::default(),
+            ejection: EjectionConfig::default(),
+            health_check: HealthCheckConfig::default(),
+            router: RoutingConfig::default(),
+            models: Vec::new(),
+            workers: Vec::new(),
+        }
+    }
+}
+
+/// Request and connection limits.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body accepted, in bytes (default 8 MiB); larger gets 413.
+    pub body_bytes_max: u64,
+    /// Time a client has to send its request headers, in ms (default 10,000).
+    pub header_read_timeout_ms: u64,
+    /// Proxied requests in progress at once (default 4,096); more get 503.
+    pub concurrent_requests_max: usize,
+    /// Time from arrival to the end of the response, in ms (default 600,000).
+    pub request_timeout_ms: u64,
+    /// Time to open a connection to a worker, in ms (default 2,000).
+    pub connect_timeout_ms: u64,
+    /// How long idle upstream connections are kept, in ms (default 90,000).
+    pub upstream_idle_timeout_ms: u64,
+    /// How long shutdown waits for in-flight requests, in seconds (default 30).
+    pub shutdown_grace_s: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            body_bytes_max: 8 << 20,
+            header_read_timeout_ms: 10_000,
+            concurrent_requests_max: 4096,
+            request_timeout_ms: 600_000,
+            connect_timeout_ms: 2_000,
+            upstream_idle_timeout_ms: 90_000,
+            shutdown_grace_s: 30,
+        }
+    }
+}
+
+/// Trusted clients may send pins, the preview flag and priority fields; from anyone
+/// else these are stripped and counted.
+#[derive(Clone, Debug, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrustConfig {
+    /// Source networks trusted by address, e.g. `["10.0.0.0/8", "::1/128"]` (default none).
+    pub cidrs: Vec<Cidr>,
+    /// Header carrying the shared token (default `x-kvroute-token`).
+    pub token_header: Option<String>,
+    /// The shared token; a request carrying it is trusted (default none).
+    pub token: Option<String>,
+}
+
+/// Retries after a connect failure (nothing was sent, so a retry is always safe).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Retries per request, each on a worker not yet tried (default 2).
+    pub retries_max: u32,
+    /// Retries earned per request, as a fraction (default 0.2).
+    pub budget_ratio: f64,
+    /// Retries available at startup (default 10).
+    pub budget_initial: u32,
+    /// Most retries banked (default 100).
+    pub budget_max: u32,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig { retries_max: 2, budget_ratio: 0.2, budget_initial: 10, budget_max: 100 }
+    }
+}
+
+/// Outlier ejection: a worker failing this many requests in a row is taken out of
+/// rotation for a back-off that doubles with every failed probe, up to a cap. After the
+/// back-off one probe (`GET` of the health-check path) readmits it.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EjectionConfig {
+    /// Consecutive failures that eject a worker (default 5; 0 disables ejection).
+    pub consecutive_failures: u32,
+    /// First back-off, in ms (default 1,000).
+    pub base_ms: u64,
+    /// Longest back-off, in ms (default 60,000).
+    pub max_ms: u64,
+}
+
+impl Default for EjectionConfig {
+    fn default() -> Self {
+        EjectionConfig { consecutive_failures: 5, base_ms: 1_000, max_ms: 60_000 }
+    }
+}
+
+/// Active health checks: `GET` of `path` on every worker. A failed check counts as a
+/// failure towards ejection; a passed one resets the count.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthCheckConfig {
+    /// Time between checks, in ms (default 5,000; 0 disables active checks, probes of
+    /// ejected workers still run).
+    pub interval_ms: u64,
+    /// Time a check may take, in ms (default 1,000).
+    pub timeout_ms: u64,
+    /// Path checked (default `/health`).
+    pub path: String,
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig { interval_ms: 5_000, timeout_ms: 1_000, path: "/health".into() }
+    }
+}
+
+/// The routing policy every model's router starts from.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingConfig {
+    /// `kv` (default), `round-robin`, `random`, `power-of-two`, `least-loaded`,
+    /// `weighted` or `direct`.
+    #[serde(deserialize_with = "from_str")]
+    pub mode: RouterMode,
+    /// Tokens per KV block; must match the engines' (default 64).
+    pub block_size: u32,
+    /// Predict cache contents of workers that publish no KV events (default true).
+    pub approximate: bool,
+    /// Longest wait in the admission queue, in ms (default 30,000).
+    pub queue_timeout_ms: u64,
+    /// Most requests queued per model (default 4,096).
+    pub queued_max: usize,
+    /// `fcfs` (default) or `wspt` (short uncached prompts first).
+    #[serde(deserialize_with = "from_str")]
+    pub queue_order: QueueOrderName,
+    /// Named request classes with their own queue limits.
+    pub classes: Vec<ClassConfig>,
+    /// Most sessions remembered per model (default 65,536).
+    pub sessions_max: usize,
+    /// How long an idle session stays bound, in ms (default 300,000).
+    pub lease_ttl_ms: u64,
+    /// `hard` (default: a session stays on its worker or fails) or `soft` (re-bind
+    /// when the worker is unavailable).
+    #[serde(deserialize_with = "from_str")]
+    pub affinity_mode: AffinityModeName,
+    /// Requests tracked per model: booked, streaming, queued or waiting (default 65,536).
+    pub requests_max: usize,
+    /// A booking older than this is dropped as if finished, in ms (default 900,000);
+    /// keep it above `limits.request_timeout_ms`.
+    pub request_age_max_ms: u64,
+    /// A worker with more queued prefill tokens than this is busy (default 0: no bound).
+    pub prefill_tokens_max: u64,
+    /// A worker with more queued prefill tokens than this many batches is busy
+    /// (default 4.0; 0 disables).
+    pub prefill_tokens_frac_of_batch: f64,
+    /// A worker holding more than this fraction of its KV blocks is busy (default 0.95;
+    /// 0 disables).
+    pub decode_blocks_frac_of_kv: f64,
+    /// Blocks of prefill credited per cached block (default 1.0; 0 ignores the cache).
+    pub overlap_credit: f64,
+    /// Weight of the prefill term of the kv cost (default 1.0).
+    pub prefill_load_scale: f64,
+    /// Cost per running request (default 0.0).
+    pub active_request_weight: f64,
+    /// Sampling temperature of the kv cost; 0 picks the cheapest (default 0.0).
+    pub temperature: f64,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            mode: RouterMode::Kv,
+            block_size: BlockSize::DEFAULT.tokens(),
+            approximate: true,
+            queue_timeout_ms: 30_000,
+            queued_max: 4096,
+            queue_order: QueueOrderName(QueueOrder::Fcfs),
+            classes: Vec::new(),
+            sessions_max: 65_536,
+            lease_ttl_ms: 300_000,
+            affinity_mode: AffinityModeName(AffinityMode::Hard),
+            requests_max: 65_536,
+            request_age_max_ms: 900_000,
+            prefill_tokens_max: 0,
+            prefill_tokens_frac_of_batch: 4.0,
+            decode_blocks_frac_of_kv: 0.95,
+            overlap_credit: 1.0,
+            prefill_load_scale: 1.0,
+            active_request_weight: 0.0,
+            temperature: 0.0,
+        }
+    }
+}
+
+/// A request class (set by trusted clients with `kvroute.policy_class`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// The class name.
+    pub name: String,
+    /// Most requests of the class queued at once.
+    pub queued_requests_max: Option<u32>,
+    /// Most prompt tokens of the class queued at once.
+    pub queued_prompt_tokens_max: Option<u64>,
+}
+
+/// One model: a pool of workers with its own router.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The name clients send as `model`.
+    pub name: String,
+    /// Overrides `router.block_size` for this model.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// Overrides `router.mode` for this model.
+    #[serde(default, deserialize_with = "opt_from_str")]
+    pub mode: Option<RouterMode>,
+    /// LoRA adapters the pool's workers serve; a request naming one goes to this pool and
+    /// hashes its prompt salted by the adapter's name.
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
+    /// Where the binary loads this model's tokenizer from; the proxy itself only
+    /// passes it on. Without one, routing hashes the prompt's bytes.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
+}
+
+/// One worker: an OpenAI-compatible server of one model.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Unique id; also the value of the `x-kvroute-worker` response header.
+    pub id: u64,
+    /// Base URL, `http://host:port` with an optional path prefix.
+    pub url: WorkerUrl,
+    /// The model it serves (a `[[models]]` name).
+    pub model: String,
+    /// `aggregated` (default), `prefill` or `decode`.
+    #[serde(default = "aggregated", deserialize_with = "from_str", serialize_with = "display")]
+    pub role: WorkerRole,
+    /// Data-parallel ranks (default 1).
+    #[serde(default = "one")]
+    pub dp_ranks: u32,
+    /// Relative capacity (default 1).
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Tokens per forward pass, per rank (default 8,192).
+    #[serde(default = "batch")]
+    pub max_batched_tokens: u32,
+    /// KV-cache capacity in blocks, per rank (default 16,384).
+    #[serde(default = "kv_blocks")]
+    pub kv_blocks: u32,
+    /// Topology labels, e.g. `{ node = "n7" }`.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Taints, e.g. `[{ key = "maintenance", effect = "NoSchedule" }]`.
+    #[serde(default)]
+    pub taints: Vec<TaintConfig>,
+}
+
+/// A taint on a worker.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaintConfig {
+    /// The key.
+    pub key: String,
+    /// The value (default empty).
+    #[serde(default)]
+    pub value: String,
+    /// `NoSchedule` or `PreferNoSchedule`.
+    #[serde(deserialize_with = "from_str", serialize_with = "display")]
+    pub effect: TaintEffect,
+}
+
+fn aggregated() -> WorkerRole {
+    WorkerRole::Aggregated
+}
+fn one() -> u32 {
+    1
+}
+fn batch() -> u32 {
+    8192
+}
+fn kv_blocks() -> u32 {
+    16_384
+}
+
+impl WorkerConfig {
+    /// The router's view of this worker.
+    pub fn spec(&self) -> WorkerSpec {
+        let mut s = WorkerSpec::new(WorkerId(self.id), self.role);
+        s.dp_ranks = Some(self.dp_ranks);
+        s.weight = self.weight;
+        s.max_batched_tokens = self.max_batched_tokens;
+        s.kv_blocks = self.kv_blocks;
+        s.labels = self.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        s.taints = self.taints();
+        s
+    }
+
+    /// Its taints in the router's type.
+    pub fn taints(&self) -> Vec<Taint> {
+        self.taints.iter().map(|t| Taint { key: t.key.clone(), value: t.value.clone(), effect: t.effect }).collect()
+    }
+}
+
+/// A worker's base URL: plain `http`, an authority, and an optional path prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerUrl {
+    authority: String,
+    prefix: String,
+}
+
+impl WorkerUrl {
+    /// The URI of `path_and_query` on this worker.
+    pub fn join(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        let uri = format!("http://{}{}{}", self.authority, self.prefix, path_and_query);
+        Ok(http::Uri::try_from(uri)?)
+    }
+
+    /// `host:port`.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+}
+
+impl FromStr for WorkerUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let uri: http::Uri = s.parse().map_err(|e| format!("invalid worker URL {s:?}: {e}"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!("worker URL {s:?} must start with http:// (TLS to workers is not supported)"));
+        }
+        let Some(authority) = uri.authority() else {
+            return Err(format!("worker URL {s:?} has no host"));
+        };
+        if uri.query().is_some() {
+            return Err(format!("worker URL {s:?} must not carry a query"));
+        }
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(WorkerUrl { authority: authority.to_string(), prefix })
+    }
+}
+
+impl fmt::Display for WorkerUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}{}", self.authority, self.prefix)
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkerUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for WorkerUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// `fcfs` or `wspt`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueOrderName(pub QueueOrder);
+
+impl FromStr for QueueOrderName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fcfs" => Ok(QueueOrderName(QueueOrder::Fcfs)),
+            "wspt" => Ok(QueueOrderName(QueueOrder::Wspt)),
+            _ => Err(format!("unknown queue order {s:?}; expected fcfs or wspt")),
+        }
+    }
+}
+
+/// `hard` or `soft`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AffinityModeName(pub AffinityMode);
+
+impl FromStr for AffinityModeName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "hard" => Ok(AffinityModeName(AffinityMode::Hard)),
+            "soft" => Ok(AffinityModeName(AffinityMode::Soft)),
+            _ => Err(format!("unknown affinity mode {s:?}; expected hard or soft")),
+        }
+    }
+}
+
+fn from_str<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    let s = String::deserialize(d)?;
+    s.parse().map_err(serde::de::Error::custom)
+}
+
+fn opt_from_str<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+fn display<S: Serializer, T: fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Why a configuration was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read {
+        /// The path.
+        path: String,
+        /// The OS error.
+        message: String,
+    },
+    /// The TOML is malformed, has an unknown key, or a value of the wrong type.
+    Parse {
+        /// 1-based line of the offending key or value, when known.
+        line: Option<usize>,
+        /// The text of that line.
+        source_line: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is well-formed but not acceptable.
+    Invalid {
+        /// The key, e.g. `workers[2].model`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read { path, message } => write!(f, "cannot read {path}: {message}"),
+            ConfigError::Parse { line: Some(l), source_line, message } => {
+                write!(f, "line {l}: `{source_line}`: {message}")
+            }
+            ConfigError::Parse { line: None, message, .. } => write!(f, "{message}"),
+            ConfigError::Invalid { key, message } => write!(f, "{key}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+mod load;
+pub use load::router_config;

@@ -1,0 +1,252 @@
+//! Loading and checking a [`ProxyConfig`], and turning it into router configs.
+
+use std::collections::BTreeSet;
+
+use router_core::admission::ClassLimits;
+use router_core::affinity::AffinityConfig;
+use router_core::hash::BlockSize;
+use router_core::router::RouterConfig;
+
+use super::*;
+
+impl ProxyConfig {
+    /// Parses and checks a TOML document.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let cfg: ProxyConfig = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses a TOML document, applies `overrides` (dotted keys such as
+    /// `limits.body_bytes_max` with TOML values, bare words taken as strings), and checks
+    /// the result. This is how command-line flags override a file.
+    pub fn from_toml_with_overrides(text: &str, overrides: &[(&str, &str)]) -> Result<Self, ConfigError> {
+        if overrides.is_empty() {
+            return Self::from_toml_str(text);
+        }
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
+        for (key, raw) in overrides {
+            set_dotted(&mut table, key, override_value(raw))
+                .map_err(|message| ConfigError::Invalid { key: (*key).to_string(), message })?;
+        }
+        let cfg: ProxyConfig = toml::Table::try_into(table).map_err(|e| ConfigError::Invalid {
+            key: overrides.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+            message: e.message().trim().to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and checks a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?;
+        Self::from_toml_str(&text)
+    }
+
+    /// Checks what types alone cannot: names unique, references resolved, sizes sane.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+        for (key, name) in [("session_header", &self.session_header), ("dp_rank_header", &self.dp_rank_header)] {
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return invalid(key.into(), format!("{name:?} is not a valid header name"));
+            }
+        }
+        if let Some(h) = &self.trust.token_header {
+            if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return invalid("trust.token_header".into(), format!("{h:?} is not a valid header name"));
+            }
+        }
+        if self.trust.token.as_deref() == Some("") {
+            return invalid("trust.token".into(), "must not be empty".into());
+        }
+        if self.limits.body_bytes_max == 0 || self.limits.concurrent_requests_max == 0 {
+            return invalid("limits".into(), "body_bytes_max and concurrent_requests_max must be above 0".into());
+        }
+        if !self.health_check.path.starts_with('/') {
+            return invalid("health_check.path".into(), "must start with /".into());
+        }
+        if BlockSize::new(self.router.block_size).is_err() {
+            return invalid(
+                "router.block_size".into(),
+                format!("{} is not a valid block size", self.router.block_size),
+            );
+        }
+        let mut names = BTreeSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            if let Some(bs) = m.block_size {
+                if BlockSize::new(bs).is_err() {
+                    return invalid(format!("models[{i}].block_size"), format!("{bs} is not a valid block size"));
+                }
+            }
+            for name in std::iter::once(&m.name).chain(&m.lora_adapters) {
+                if name.is_empty() || !names.insert(name.as_str()) {
+                    return invalid(
+                        format!("models[{i}]"),
+                        format!("model or adapter name {name:?} is empty or repeated"),
+                    );
+                }
+            }
+        }
+        if let Some(d) = &self.default_model {
+            if !self.models.iter().any(|m| &m.name == d) {
+                return invalid("default_model".into(), format!("{d:?} is not a configured model"));
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for (i, w) in self.workers.iter().enumerate() {
+            if !ids.insert(w.id) {
+                return invalid(format!("workers[{i}].id"), format!("worker id {} is repeated", w.id));
+            }
+            self.check_worker(w)
+                .map_err(|(k, m)| ConfigError::Invalid { key: format!("workers[{i}].{k}"), message: m })?;
+        }
+        Ok(())
+    }
+
+    /// Checks one worker against the models (also used by `POST /workers`).
+    pub(crate) fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
+        if !self.models.iter().any(|m| m.name == w.model) {
+            return Err(("model", format!("{:?} is not a configured model", w.model)));
+        }
+        if w.dp_ranks == 0 || w.weight == 0 {
+            return Err(("dp_ranks", "dp_ranks and weight must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    let source_line = line.and_then(|l| text.lines().nth(l - 1)).unwrap_or("").trim().to_string();
+    ConfigError::Parse { line, source_line, message: e.message().trim().to_string() }
+}
+
+/// A flag's value as TOML (`1024`, `true`, `["a"]`), or a plain string.
+fn override_value(raw: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+}
+
+fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().filter(|l| !l.is_empty()).ok_or("empty key")?;
+    let mut t = table;
+    for p in parts {
+        let entry = t.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry.as_table_mut().ok_or_else(|| format!("{p} is not a table"))?;
+    }
+    t.insert(last.to_string(), value);
+    Ok(())
+}
+
+/// The router configuration of one model. `seed` salts the hash tables so clients
+/// cannot aim session ids or blocks at one bucket.
+pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> RouterConfig {
+    let r = &cfg.router;
+    let mut rc = RouterConfig {
+        mode: model.mode.unwrap_or(r.mode),
+        block_size: BlockSize::new(model.block_size.unwrap_or(r.block_size)).unwrap_or(BlockSize::DEFAULT),
+        approximate: r.approximate,
+        requests_max: r.requests_max,
+        ..RouterConfig::default()
+    };
+    rc.cost.overlap_credit = r.overlap_credit;
+    rc.cost.prefill_load_scale = r.prefill_load_scale;
+    rc.cost.active_request_weight = r.active_request_weight;
+    rc.cost.temperature = r.temperature;
+    rc.queue.order = r.queue_order.0;
+    rc.queue.queued_max = r.queued_max;
+    rc.queue.queue_timeout_ms = r.queue_timeout_ms;
+    rc.queue.classes = r
+        .classes
+        .iter()
+        .map(|c| ClassLimits {
+            queued_requests_max: c.queued_requests_max,
+            queued_prompt_tokens_max: c.queued_prompt_tokens_max,
+            ..ClassLimits::unlimited(&c.name)
+        })
+        .collect();
+    rc.affinity = AffinityConfig {
+        sessions_max: r.sessions_max,
+        lease_ttl_ms: r.lease_ttl_ms,
+        mode: r.affinity_mode.0,
+        hash_seed: seed,
+        ..AffinityConfig::default()
+    };
+    rc.load.request_age_max_ms = r.request_age_max_ms;
+    rc.load.hash_seed = seed.rotate_left(17);
+    rc.index.hash_seed = seed.rotate_left(31);
+    rc.approx.hash_seed = seed.rotate_left(47);
+    rc.eligibility.prefill_tokens_max = (r.prefill_tokens_max > 0).then_some(r.prefill_tokens_max);
+    rc.eligibility.prefill_tokens_frac_of_batch =
+        (r.prefill_tokens_frac_of_batch > 0.0).then_some(r.prefill_tokens_frac_of_batch);
+    rc.eligibility.decode_blocks_frac_of_kv = (r.decode_blocks_frac_of_kv > 0.0).then_some(r.decode_blocks_frac_of_kv);
+    rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check_err(text: &str, want_line: Option<usize>, want_in_message: &str) {
+        let e = ProxyConfig::from_toml_str(text).unwrap_err();
+        let shown = e.to_string();
+        assert!(shown.contains(want_in_message), "{shown:?} should mention {want_in_message:?}");
+        if let ConfigError::Parse { line, .. } = e {
+            assert_eq!(line, want_line, "{shown}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key_and_line() {
+        let m = "[[models]]\nname = \"m\"\n";
+        check_err("listen = \"127.0.0.1:1\"\nbogus = 1\n", Some(2), "bogus");
+        check_err("[limits]\nbody_bytes_max = \"big\"\n", Some(2), "body_bytes_max");
+        check_err("[router]\nmode = \"fastest\"\n", Some(2), "mode");
+        check_err("[trust]\ncidrs = [\"10.0.0.0/33\"]\n", Some(2), "cidrs");
+        check_err(&format!("{m}[[workers]]\nid = 1\nurl = \"https://x:1\"\nmodel = \"m\"\n"), Some(5), "http://");
+        check_err(
+            &format!("{m}[[workers]]\nid = 1\nurl = \"http://x:1\"\nmodel = \"other\"\n"),
+            None,
+            "workers[0].model",
+        );
+        check_err(
+            &format!("{m}[[workers]]\nid = 1\nurl = \"http://x:1\"\nmodel = \"m\"\n[[workers]]\nid = 1\nurl = \"http://y:1\"\nmodel = \"m\"\n"),
+            None,
+            "workers[1].id",
+        );
+        check_err("[router]\nblock_size = 0\n", None, "router.block_size");
+    }
+
+    #[test]
+    fn the_example_file_loads() {
+        let cfg = ProxyConfig::from_toml_str(include_str!("../../kvroute.example.toml")).unwrap();
+        assert!(!cfg.models.is_empty() && !cfg.workers.is_empty());
+        assert_eq!(cfg.limits.body_bytes_max, 8 << 20);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file = "listen = \"127.0.0.1:1\"\n[limits]\nbody_bytes_max = 10\n";
+        let overrides =
+            [("limits.body_bytes_max", "2048"), ("router.mode", "round-robin"), ("trust.cidrs", "[\"10.0.0.0/8\"]")];
+        let cfg = ProxyConfig::from_toml_with_overrides(file, &overrides).unwrap();
+        assert_eq!(cfg.limits.body_bytes_max, 2048);
+        assert_eq!(cfg.router.mode, RouterMode::RoundRobin);
+        assert_eq!(cfg.trust.cidrs.len(), 1);
+        assert_eq!(cfg.listen.port(), 1, "keys not overridden keep the file's values");
+        let e = ProxyConfig::from_toml_with_overrides(file, &[("limits.bogus", "1")]).unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = ProxyConfig::from_toml_with_overrides(file, &[("listen.port", "1")]).unwrap_err();
+        assert!(e.to_string().contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_file_is_the_default() {
+        assert_eq!(ProxyConfig::from_toml_str("").unwrap(), ProxyConfig::default());
+    }
+}

@@ -1,0 +1,235 @@
+//! Errors: [`ProxyError`] for starting the proxy, [`ApiError`] for answering a client
+//! in the OpenAI error shape. A client's mistake is always a 4xx, never a 500.
+
+use std::fmt;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use kvroute_driver::DriveError;
+use router_core::admission::QueueRejection;
+use router_core::eligible::EligibilityError;
+use router_core::pin::PinError;
+use router_core::router::RouteError;
+use serde_json::{json, Value};
+
+use crate::body::ProxyBody;
+use crate::config::ConfigError;
+
+/// Longest `Retry-After` suggested for a full queue, in seconds.
+const RETRY_AFTER_S_MAX: u64 = 10;
+
+/// Why [`crate::serve`] could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// The configuration was refused.
+    Config(ConfigError),
+    /// The listening socket could not be bound.
+    Bind(std::io::Error),
+    /// A configured worker was refused by its model's router.
+    Worker {
+        /// The worker.
+        id: u64,
+        /// Why.
+        message: String,
+    },
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProxyError::Config(e) => write!(f, "configuration: {e}"),
+            ProxyError::Bind(e) => write!(f, "cannot listen: {e}"),
+            ProxyError::Worker { id, message } => write!(f, "worker {id}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ProxyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProxyError::Config(e) => Some(e),
+            ProxyError::Bind(e) => Some(e),
+            ProxyError::Worker { .. } => None,
+        }
+    }
+}
+
+impl From<ConfigError> for ProxyError {
+    fn from(e: ConfigError) -> Self {
+        ProxyError::Config(e)
+    }
+}
+
+/// An error answer: status, OpenAI error `type` and `code`, message, and the metrics
+/// outcome it counts as.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// OpenAI error `type`.
+    pub kind: &'static str,
+    /// Stable machine-readable `code`, also the metrics outcome.
+    pub code: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after_s: Option<u64>,
+    /// Extra fields under `error.kvroute`.
+    pub detail: Option<Value>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, kind, code, message: message.into(), retry_after_s: None, detail: None }
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request", message)
+    }
+
+    /// 404: no pool serves the model.
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("the model `{model}` does not exist"),
+        )
+    }
+
+    /// 404: no such endpoint.
+    pub fn no_route(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", format!("no endpoint at {path}"))
+    }
+
+    /// 403: an admin endpoint from an untrusted client.
+    pub fn forbidden() -> Self {
+        Self::new(StatusCode::FORBIDDEN, "permission_error", "forbidden", "this endpoint is for trusted clients only")
+    }
+
+    /// 413: the body is larger than `body_bytes_max`.
+    pub fn too_large(limit: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "body_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )
+    }
+
+    /// 503: `concurrent_requests_max` requests are in progress.
+    pub fn overloaded() -> Self {
+        let mut e =
+            Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "overloaded", "too many requests in progress");
+        e.retry_after_s = Some(1);
+        e
+    }
+
+    /// 502: no worker could be reached.
+    pub fn upstream(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "server_error", "upstream_unavailable", message)
+    }
+
+    /// 504: `request_timeout_ms` passed before the worker answered.
+    pub fn timeout() -> Self {
+        Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "timeout", "the request timed out")
+    }
+
+    /// 408: the client did not send its body within `request_timeout_ms`.
+    pub fn body_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "body_timeout",
+            "the request body did not arrive in time",
+        )
+    }
+
+    /// 503: the proxy is shutting down.
+    pub fn shutting_down() -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "the proxy is shutting down")
+    }
+
+    /// 429 for a queue rejection, with the rejection in `error.kvroute`.
+    pub fn rejected(r: &QueueRejection, retry_after_s: u64) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            "queue_full",
+            format!("admission queue refused the request: {r}"),
+        );
+        e.retry_after_s = Some(retry_after_s.max(1));
+        e.detail = Some(json!({
+            "class": r.class, "limit_kind": r.limit_kind.as_str(), "current": r.current, "limit": r.limit,
+        }));
+        e
+    }
+
+    /// The answer for a routing failure. Unsatisfiable pins and bad session ids are the
+    /// client's (4xx); a fleet that cannot take the request is ours (503).
+    pub fn from_drive(e: &DriveError, queue_timeout_ms: u64) -> Self {
+        use router_core::affinity::AffinityError;
+        let unavailable = |code, msg: String| {
+            let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", code, msg);
+            e.retry_after_s = Some(1);
+            e
+        };
+        match e {
+            DriveError::Rejected(r) => Self::rejected(r, queue_timeout_ms.div_ceil(1000).min(RETRY_AFTER_S_MAX)),
+            DriveError::QueueTimeout => unavailable("queue_timeout", e.to_string()),
+            DriveError::Route(RouteError::Pin(p @ PinError::Ineligible { .. })) => {
+                unavailable("pinned_worker_unavailable", p.to_string())
+            }
+            DriveError::Route(RouteError::Pin(p)) => Self::bad_request(format!("cannot honour the routing pins: {p}")),
+            DriveError::Route(RouteError::Select(s)) => Self::bad_request(s.to_string()),
+            DriveError::Route(RouteError::Affinity(AffinityError::TableFull { .. })) => {
+                unavailable("sessions_full", e.to_string())
+            }
+            DriveError::Route(RouteError::Affinity(a)) => Self::bad_request(format!("bad session id: {a}")),
+            DriveError::Route(RouteError::Eligibility(EligibilityError::TooManyTolerations { .. })) => {
+                Self::bad_request(e.to_string())
+            }
+            DriveError::Route(_) => unavailable("no_worker", e.to_string()),
+            DriveError::Input(_) | DriveError::Closed => unavailable("no_worker", e.to_string()),
+            _ => unavailable("no_worker", e.to_string()),
+        }
+    }
+
+    /// The OpenAI-shaped JSON body.
+    pub fn body_json(&self) -> Value {
+        let mut err = json!({ "message": self.message, "type": self.kind, "param": null, "code": self.code });
+        if let Some(d) = &self.detail {
+            err["kvroute"] = d.clone();
+        }
+        json!({ "error": err })
+    }
+
+    /// The response.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let body = Bytes::from(self.body_json().to_string());
+        let mut resp = Response::new(ProxyBody::full(body));
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+/// A JSON response with status 200 (or `status`).
+pub fn json_response(status: StatusCode, v: &Value) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(Bytes::from(v.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}

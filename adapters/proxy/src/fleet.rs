@@ -1,0 +1,134 @@
+//! The fleet: one pool (a driver over its own router) per configured model, the names
+//! clients may use for each, and the worker registry with each worker's URL.
+//!
+//! The set of pools is fixed at startup; workers come and go through the admin API.
+//! The registry and the pools' routers agree because both change under the registry's
+//! write lock.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use kvroute_driver::{Driver, DriverConfig};
+use router_core::hash::BlockSize;
+use router_core::WorkerId;
+
+use crate::config::{router_config, ProxyConfig, WorkerConfig};
+
+/// One model's workers and router.
+pub struct Pool {
+    /// The model name (also its metrics label).
+    pub name: String,
+    /// The model's router.
+    pub driver: Driver,
+    /// Tokens per KV block for this model.
+    pub block_size: BlockSize,
+}
+
+/// Pools, model names and workers.
+pub struct Fleet {
+    pools: BTreeMap<String, Arc<Pool>>,
+    /// Name a client may send → (pool, LoRA adapter it names).
+    names: BTreeMap<String, (String, Option<String>)>,
+    default_model: Option<String>,
+    workers: RwLock<BTreeMap<u64, Arc<WorkerConfig>>>,
+}
+
+/// Why a worker could not be added.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FleetError(pub String);
+
+impl Fleet {
+    /// Pools for every model, without workers. Needs a tokio runtime (drivers spawn their
+    /// timers).
+    pub fn new(cfg: &ProxyConfig, seed: u64) -> Self {
+        let mut pools = BTreeMap::new();
+        let mut names = BTreeMap::new();
+        for (i, m) in cfg.models.iter().enumerate() {
+            let pool_seed = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let router = router_config(cfg, m, pool_seed);
+            let block_size = router.block_size;
+            let driver = Driver::new(DriverConfig { router, draw_seed: pool_seed });
+            pools.insert(m.name.clone(), Arc::new(Pool { name: m.name.clone(), driver, block_size }));
+            names.insert(m.name.clone(), (m.name.clone(), None));
+            for a in &m.lora_adapters {
+                names.insert(a.clone(), (m.name.clone(), Some(a.clone())));
+            }
+        }
+        Fleet { pools, names, default_model: cfg.default_model.clone(), workers: RwLock::new(BTreeMap::new()) }
+    }
+
+    /// The pool serving `model` and the LoRA adapter it names, falling back to the
+    /// default model for unknown names.
+    pub fn resolve(&self, model: &str) -> Option<(&Arc<Pool>, Option<&str>)> {
+        let (pool, lora) = match self.names.get(model) {
+            Some((p, l)) => (p.as_str(), l.as_deref()),
+            None => (self.default_model.as_deref()?, None),
+        };
+        Some((self.pools.get(pool)?, lora))
+    }
+
+    /// A pool by model name.
+    pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.pools.get(name)
+    }
+
+    /// Every pool, in name order.
+    pub fn pools(&self) -> impl Iterator<Item = &Arc<Pool>> {
+        self.pools.values()
+    }
+
+    /// Every name clients may use: models and adapters.
+    pub fn model_names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(String::as_str)
+    }
+
+    /// A worker's configuration.
+    pub fn worker(&self, id: u64) -> Option<Arc<WorkerConfig>> {
+        self.read().get(&id).cloned()
+    }
+
+    /// Every worker, in id order.
+    pub fn workers(&self) -> Vec<Arc<WorkerConfig>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// Ids of `model`'s workers, in id order.
+    pub fn worker_ids(&self, model: &str) -> Vec<WorkerId> {
+        self.read().values().filter(|w| w.model == model).map(|w| WorkerId(w.id)).collect()
+    }
+
+    /// Adds a worker, or replaces one with the same id (moving it between pools if its
+    /// model changed). Returns whether it is new.
+    pub fn add_worker(&self, w: WorkerConfig) -> Result<bool, FleetError> {
+        let Some(pool) = self.pools.get(&w.model) else {
+            return Err(FleetError(format!("{:?} is not a configured model", w.model)));
+        };
+        let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+        let old = workers.get(&w.id).cloned();
+        pool.driver.upsert_worker(w.spec()).map_err(|e| FleetError(e.to_string()))?;
+        if let Some(old) = old.as_ref().filter(|o| o.model != w.model) {
+            if let Some(p) = self.pools.get(&old.model) {
+                let _ = p.driver.remove_worker(WorkerId(old.id));
+            }
+        }
+        workers.insert(w.id, Arc::new(w));
+        Ok(old.is_none())
+    }
+
+    /// Removes a worker from its pool; its sessions re-bind elsewhere. Returns whether it
+    /// existed.
+    pub fn remove_worker(&self, id: u64) -> bool {
+        let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(old) = workers.remove(&id) else {
+            return false;
+        };
+        if let Some(p) = self.pools.get(&old.model) {
+            let _ = p.driver.remove_worker(WorkerId(id));
+        }
+        true
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Arc<WorkerConfig>>> {
+        self.workers.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}

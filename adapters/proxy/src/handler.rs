@@ -1,0 +1,320 @@
+//! The proxied endpoints: read and check the request, build the router's question,
+//! route it, forward it (retrying connect failures elsewhere), and stream the answer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, Response};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use kvroute_driver::{Booking, DispatchFailure, DriveError};
+use router_core::router::Request;
+use router_core::WorkerId;
+use serde_json::Value;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
+use crate::config::WorkerConfig;
+use crate::error::ApiError;
+use crate::fleet::Pool;
+use crate::health;
+use crate::request::{self, Build, Endpoint, Prompt};
+use crate::state::State;
+use crate::tokenize::{fallback_chat, fallback_text};
+use crate::upstream::{strip_hop_by_hop, upstream_headers, WORKER_HEADER};
+
+/// Bodies larger than this are tokenized on a blocking thread, off the reactor.
+const TOKENIZE_INLINE_BYTES_MAX: usize = 64 << 10;
+
+/// A request read, checked and turned into a routing question.
+pub struct Prepared {
+    /// The pool serving it.
+    pub pool: Arc<Pool>,
+    /// The router's question.
+    pub request: Request,
+    /// The body to forward (the `kvroute` object removed).
+    pub forward_body: Bytes,
+    /// The client's headers.
+    pub headers: HeaderMap,
+    /// Path and query to forward to.
+    pub path_and_query: String,
+    /// Whether the trusted preview flag was set.
+    pub preview: bool,
+}
+
+/// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+pub async fn proxy(
+    state: Arc<State>,
+    peer: SocketAddr,
+    req: http::Request<Incoming>,
+    endpoint: Endpoint,
+) -> Response<ProxyBody> {
+    let arrived = Instant::now();
+    let mut model = "unknown".to_string();
+    let result = match state.concurrency.clone().try_acquire_owned() {
+        Err(_) => Err(ApiError::overloaded()),
+        Ok(permit) => {
+            // A client trickling its body must not hold a permit past the request's time.
+            let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
+            match tokio::time::timeout_at(deadline, prepare(&state, peer, req, Some(endpoint), &mut model)).await {
+                Err(_) => Err(ApiError::body_timeout()),
+                Ok(Ok(p)) if p.preview => preview(&state, p),
+                Ok(Ok(p)) => forward(&state, p, arrived, permit).await,
+                Ok(Err(e)) => Err(e),
+            }
+        }
+    };
+    result.unwrap_or_else(|e| {
+        state.metrics.request(&model, None, e.code, e.status.as_u16());
+        e.into_response()
+    })
+}
+
+/// Reads, checks and hashes a request. `endpoint: None` guesses it from the body (for
+/// `/route/preview`). `model_label` becomes the pool's name once it is known.
+pub async fn prepare(
+    state: &Arc<State>,
+    peer: SocketAddr,
+    req: http::Request<Incoming>,
+    endpoint: Option<Endpoint>,
+    model_label: &mut String,
+) -> Result<Prepared, ApiError> {
+    let t0 = Instant::now();
+    let (parts, body) = req.into_parts();
+    let trusted = state.trust.is_trusted(peer.ip(), &parts.headers);
+    let raw = read_body(body, &parts.headers, state.cfg.limits.body_bytes_max).await?;
+    let mut json: Value =
+        serde_json::from_slice(&raw).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let endpoint = match endpoint.or_else(|| Endpoint::guess(&json)) {
+        Some(e) => e,
+        None => return Err(ApiError::bad_request("the body has none of `messages`, `prompt`, `input`")),
+    };
+    let had_kvroute = json.get("kvroute").is_some();
+    let mut parsed = request::parse(endpoint, &mut json)?;
+    let Some((pool, alias_lora)) = state.fleet.resolve(&parsed.model) else {
+        return Err(ApiError::model_not_found(&parsed.model));
+    };
+    let pool = pool.clone();
+    *model_label = pool.name.clone();
+    let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
+    let (hh, stripped_headers) = request::header_hints(&parts.headers, trusted)?;
+    let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
+    for f in stripped_headers.into_iter().chain(stripped_fields) {
+        state.metrics.untrusted(f);
+    }
+    let session = parts.headers.get(&state.session_header).map(|v| v.as_bytes().to_vec()).filter(|s| !s.is_empty());
+    let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
+    state.metrics.stage("parse", t0.elapsed());
+
+    let t1 = Instant::now();
+    let tokens = tokens(state, &pool.name, &parsed.prompt, json, forward_body.len()).await;
+    let build = Build {
+        id: pool.driver.next_request_id(),
+        block_size: pool.block_size,
+        lora: lora.as_deref(),
+        parsed: &parsed,
+        hints: hh.hints,
+        session,
+    };
+    let request = request::build(build, &tokens);
+    state.metrics.stage("tokenize", t1.elapsed());
+    let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
+    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview: hh.preview })
+}
+
+/// Reads the body, refusing more than `max` bytes before buffering them.
+async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, ApiError> {
+    let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(ApiError::too_large(max));
+    }
+    match Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX)).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::too_large(max)),
+        Err(e) => Err(ApiError::bad_request(format!("could not read the request body: {e}"))),
+    }
+}
+
+/// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
+async fn tokens(state: &Arc<State>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
+    if let Prompt::Tokens(t) = prompt {
+        return t.clone();
+    }
+    let Some(tok) = state.tokenizers.get(model).cloned() else {
+        state.metrics.fallback(model, "no_tokenizer");
+        return fallback(prompt, &body);
+    };
+    let prompt = prompt.clone();
+    let run = move || {
+        let out = match &prompt {
+            Prompt::Text(t) => tok.encode_text(t),
+            _ => tok.encode_chat(&body),
+        };
+        out.map_err(|e| (e, prompt, body))
+    };
+    let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
+        match tokio::task::spawn_blocking(run).await {
+            Ok(r) => r,
+            Err(_) => return Vec::new(),
+        }
+    } else {
+        run()
+    };
+    out.unwrap_or_else(|(e, prompt, body)| {
+        tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
+        state.metrics.fallback(model, "tokenizer_error");
+        fallback(&prompt, &body)
+    })
+}
+
+fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
+    match prompt {
+        Prompt::Text(t) => fallback_text(t),
+        Prompt::Tokens(t) => t.clone(),
+        Prompt::Chat => fallback_chat(body),
+    }
+}
+
+/// Answers with the decision the router would make, changing nothing.
+pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiError> {
+    let driver = &p.pool.driver;
+    let isl = p.request.isl_tokens;
+    let routed = driver
+        .preview(p.request, driver.draw())
+        .map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms))?;
+    Ok(crate::error::json_response(http::StatusCode::OK, &crate::admin::routed_json(&p.pool.name, isl, &routed)))
+}
+
+/// Routes and forwards, retrying connect failures on workers not yet tried.
+async fn forward(
+    state: &Arc<State>,
+    p: Prepared,
+    arrived: Instant,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response<ProxyBody>, ApiError> {
+    if state.shutting_down() {
+        return Err(ApiError::shutting_down());
+    }
+    let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
+    let pool = p.pool.clone();
+    let mut request = p.request.clone();
+    let client_allow = request.hints.allowed_worker_ids.clone();
+    let mut tried: Vec<WorkerId> = Vec::new();
+    let mut last_err: Option<ApiError> = None;
+    state.budget.deposit();
+    for attempt in 0..=state.cfg.retry.retries_max {
+        if attempt > 0 {
+            request.hints.allowed_worker_ids =
+                Some(untried(state.fleet.worker_ids(&pool.name), client_allow.as_deref(), &tried));
+        }
+        let t0 = Instant::now();
+        let routed = tokio::time::timeout_at(deadline, pool.driver.route(request.clone(), pool.driver.draw())).await;
+        let booking = match routed {
+            Err(_) => return Err(ApiError::timeout()),
+            // A retry that finds no other worker reports the failure that caused it.
+            Ok(Err(_)) if last_err.is_some() => break,
+            Ok(Err(e)) => {
+                if let DriveError::Rejected(r) = &e {
+                    state.metrics.rejected(&pool.name, &r.class, r.limit_kind.as_str());
+                }
+                return Err(ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms));
+            }
+            Ok(Ok(b)) => b,
+        };
+        state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
+        let r = booking.routed();
+        state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
+        let worker_id = booking.target().worker;
+        tried.push(worker_id);
+        let Some(worker) = state.fleet.worker(worker_id.0) else {
+            // Removed between the decision and now.
+            let _ = booking.fail(DispatchFailure::Worker);
+            continue;
+        };
+        let up = upstream_request(state, &worker, &booking, &p)?;
+        match tokio::time::timeout_at(deadline, state.client.request(up)).await {
+            Err(_) => return Err(ApiError::timeout()),
+            Ok(Ok(resp)) => return Ok(respond(state, resp, booking, &pool.name, arrived, deadline, permit)),
+            Ok(Err(e)) => {
+                let connect = e.is_connect();
+                let _ = booking.fail(DispatchFailure::Worker);
+                health::failure(state, worker_id.0, if connect { "connect" } else { "request" });
+                last_err = Some(ApiError::upstream(format!("worker {} failed: {}", worker_id.0, error_chain(&e))));
+                if !connect || attempt == state.cfg.retry.retries_max || !state.budget.withdraw() {
+                    break;
+                }
+                state.metrics.retry(&pool.name);
+            }
+        }
+    }
+    Err(last_err.unwrap_or_else(|| ApiError::upstream("no worker could take the request")))
+}
+
+/// The pool's workers not tried yet, within the client's own allow-list.
+fn untried(pool: Vec<WorkerId>, client: Option<&[WorkerId]>, tried: &[WorkerId]) -> Vec<WorkerId> {
+    pool.into_iter().filter(|w| !tried.contains(w) && client.is_none_or(|c| c.contains(w))).collect()
+}
+
+fn upstream_request(
+    state: &State,
+    worker: &WorkerConfig,
+    booking: &Booking,
+    p: &Prepared,
+) -> Result<http::Request<Full<Bytes>>, ApiError> {
+    let uri = worker.url.join(&p.path_and_query).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
+    let mut headers = upstream_headers(&p.headers, state.trust.token_header(), p.forward_body.len());
+    if worker.dp_ranks > 1 {
+        headers.insert(state.dp_rank_header.clone(), HeaderValue::from(booking.target().rank.0));
+    }
+    let mut req = http::Request::post(uri)
+        .body(Full::new(p.forward_body.clone()))
+        .map_err(|e| ApiError::upstream(e.to_string()))?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// The worker accepted: confirm the booking and stream its answer back.
+fn respond(
+    state: &Arc<State>,
+    resp: Response<Incoming>,
+    mut booking: Booking,
+    model: &str,
+    arrived: Instant,
+    deadline: Instant,
+    permit: OwnedSemaphorePermit,
+) -> Response<ProxyBody> {
+    let _ = booking.dispatched();
+    let worker = booking.target().worker.0;
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.insert(WORKER_HEADER, HeaderValue::from(worker));
+    let sse = parts.headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let injects_errors =
+        sse && !parts.headers.contains_key(CONTENT_LENGTH) && !parts.headers.contains_key(CONTENT_ENCODING);
+    let ctx = StreamCtx {
+        state: state.clone(),
+        model: model.to_string(),
+        worker,
+        status: parts.status.as_u16(),
+        arrived,
+        deadline,
+        injects_errors,
+    };
+    Response::from_parts(parts, ProxyBody::Stream(Box::new(UpstreamBody::new(body, booking, ctx, Some(permit)))))
+}
+
+/// An error and its causes, for messages.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,239 @@
+//! Worker health: passive outlier ejection and active health checks, both driving the
+//! router's `Health` through the pool's driver.
+//!
+//! A worker that fails `consecutive_failures` times in a row (connect failures, 5xx
+//! answers, broken streams, failed checks) is ejected: the router stops choosing it. A
+//! probe task then waits out the back-off and sends one `GET` of the health-check path;
+//! success readmits the worker, failure doubles the back-off up to `max_ms` and waits
+//! again. A success anywhere resets the count and the back-off. There is one probe task
+//! per ejected worker, so their number is bounded by the fleet's size.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use router_core::worker::Health;
+use router_core::WorkerId;
+use serde::Serialize;
+
+use crate::config::{EjectionConfig, WorkerConfig};
+use crate::state::State;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Tracked {
+    consecutive: u32,
+    ejected: bool,
+    backoff_ms: u64,
+    ejections: u64,
+}
+
+/// What `/workers` shows about a worker's health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HealthView {
+    /// Failures in a row.
+    pub consecutive_failures: u32,
+    /// Whether it is ejected now.
+    pub ejected: bool,
+    /// Times it was ejected.
+    pub ejections: u64,
+}
+
+/// Consecutive failures and ejection state per worker.
+pub struct Outliers {
+    cfg: EjectionConfig,
+    table: Mutex<BTreeMap<u64, Tracked>>,
+}
+
+impl Outliers {
+    /// An empty tracker.
+    pub fn new(cfg: EjectionConfig) -> Self {
+        Outliers { cfg, table: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn with<R>(&self, id: u64, f: impl FnOnce(&mut Tracked, &EjectionConfig) -> R) -> R {
+        let mut t = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        f(t.entry(id).or_default(), &self.cfg)
+    }
+
+    /// Counts a failure; returns the back-off in ms when this failure ejects the worker.
+    fn failure(&self, id: u64) -> Option<u64> {
+        self.with(id, |t, cfg| {
+            t.consecutive = t.consecutive.saturating_add(1);
+            if cfg.consecutive_failures == 0 || t.ejected || t.consecutive < cfg.consecutive_failures {
+                return None;
+            }
+            t.ejected = true;
+            t.ejections += 1;
+            t.backoff_ms = if t.backoff_ms == 0 { cfg.base_ms } else { t.backoff_ms };
+            Some(t.backoff_ms)
+        })
+    }
+
+    fn success(&self, id: u64) {
+        self.with(id, |t, _| {
+            if !t.ejected {
+                t.consecutive = 0;
+                t.backoff_ms = 0;
+            }
+        });
+    }
+
+    /// The probe failed: the next back-off, doubled up to the cap.
+    fn probe_failed(&self, id: u64) -> u64 {
+        self.with(id, |t, cfg| {
+            t.backoff_ms = t.backoff_ms.max(1).saturating_mul(2).min(cfg.max_ms.max(cfg.base_ms));
+            t.backoff_ms
+        })
+    }
+
+    fn readmit(&self, id: u64) {
+        self.with(id, |t, _| {
+            t.ejected = false;
+            t.consecutive = 0;
+        });
+    }
+
+    fn is_ejected(&self, id: u64) -> bool {
+        self.with(id, |t, _| t.ejected)
+    }
+
+    /// Forgets a removed worker.
+    pub fn forget(&self, id: u64) {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
+    }
+
+    /// The worker's health as `/workers` shows it.
+    pub fn view(&self, id: u64) -> HealthView {
+        let t = self.table.lock().unwrap_or_else(PoisonError::into_inner).get(&id).copied().unwrap_or_default();
+        HealthView { consecutive_failures: t.consecutive, ejected: t.ejected, ejections: t.ejections }
+    }
+}
+
+/// A request to `worker` failed in a way that is the worker's fault.
+pub fn failure(state: &Arc<State>, worker: u64, kind: &'static str) {
+    let Some(w) = state.fleet.worker(worker) else { return };
+    state.metrics.failure(&w.model, worker, kind);
+    if let Some(backoff_ms) = state.outliers.failure(worker) {
+        if let Some(pool) = state.fleet.pool(&w.model) {
+            let _ = pool.driver.set_health(WorkerId(worker), Health::Ejected);
+        }
+        state.metrics.ejected(&w.model, worker);
+        tracing::warn!(worker, backoff_ms, "worker ejected after consecutive failures");
+        tokio::spawn(probe_loop(state.clone(), worker, backoff_ms));
+    }
+}
+
+/// A request to `worker` succeeded.
+pub fn success(state: &State, worker: u64) {
+    state.outliers.success(worker);
+}
+
+/// Waits out the back-off, probes once, and readmits or backs off further.
+async fn probe_loop(state: Arc<State>, worker: u64, mut backoff_ms: u64) {
+    let mut shutdown = state.shutdown.clone();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
+            _ = shutdown.changed() => return,
+        }
+        let Some(w) = state.fleet.worker(worker) else {
+            state.outliers.forget(worker);
+            return;
+        };
+        if probe(&state, &w).await {
+            state.outliers.readmit(worker);
+            if let Some(pool) = state.fleet.pool(&w.model) {
+                let _ = pool.driver.set_health(WorkerId(worker), Health::Healthy);
+            }
+            tracing::info!(worker, "worker readmitted after a successful probe");
+            return;
+        }
+        state.metrics.failure(&w.model, worker, "probe");
+        backoff_ms = state.outliers.probe_failed(worker);
+    }
+}
+
+/// One `GET` of the health-check path; true on a 2xx within the timeout.
+pub async fn probe(state: &State, w: &WorkerConfig) -> bool {
+    let Ok(uri) = w.url.join(&state.cfg.health_check.path) else { return false };
+    let Ok(req) = http::Request::get(uri).body(Full::new(Bytes::new())) else { return false };
+    let timeout = Duration::from_millis(state.cfg.health_check.timeout_ms);
+    match tokio::time::timeout(timeout, state.client.request(req)).await {
+        Ok(Ok(resp)) => resp.status().is_success(),
+        _ => false,
+    }
+}
+
+/// Checks every worker that is not ejected, every `interval_ms`, until shutdown.
+pub async fn active_checks(state: Arc<State>) {
+    let interval_ms = state.cfg.health_check.interval_ms;
+    if interval_ms == 0 {
+        return;
+    }
+    let mut shutdown = state.shutdown.clone();
+    let mut tick = tokio::time::interval(Duration::from_millis(interval_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let mut checks = tokio::task::JoinSet::new();
+        for w in state.fleet.workers() {
+            if state.outliers.is_ejected(w.id) {
+                continue;
+            }
+            let state = state.clone();
+            checks.spawn(async move {
+                if probe(&state, &w).await {
+                    success(&state, w.id);
+                } else {
+                    failure(&state, w.id, "probe");
+                }
+            });
+        }
+        while checks.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ejection_backs_off_and_readmits() {
+        let o = Outliers::new(EjectionConfig { consecutive_failures: 3, base_ms: 100, max_ms: 350 });
+        assert_eq!((o.failure(1), o.failure(1)), (None, None));
+        assert_eq!(o.failure(1), Some(100), "the third failure in a row ejects");
+        assert_eq!(o.failure(1), None, "an ejected worker is not ejected again");
+        assert_eq!([o.probe_failed(1), o.probe_failed(1), o.probe_failed(1)], [200, 350, 350]);
+        o.readmit(1);
+        assert!(!o.view(1).ejected);
+        assert_eq!(
+            (o.failure(1), o.failure(1), o.failure(1)),
+            (None, None, Some(350)),
+            "back-off survives readmission"
+        );
+        o.readmit(1);
+        o.success(1);
+        assert_eq!((o.failure(1), o.failure(1), o.failure(1)), (None, None, Some(100)), "a success resets it");
+        assert_eq!(o.view(1).ejections, 3);
+    }
+
+    #[test]
+    fn a_success_breaks_the_run() {
+        let o = Outliers::new(EjectionConfig { consecutive_failures: 2, base_ms: 1, max_ms: 1 });
+        assert_eq!(o.failure(7), None);
+        o.success(7);
+        assert_eq!(o.failure(7), None);
+        assert_eq!(o.failure(7), Some(1));
+    }
+
+    #[test]
+    fn zero_disables_ejection() {
+        let o = Outliers::new(EjectionConfig { consecutive_failures: 0, base_ms: 1, max_ms: 1 });
+        assert!((0..100).all(|_| o.failure(1).is_none()));
+    }
+}

@@ -1,0 +1,332 @@
+//! Prometheus metrics. Counters and histograms are updated on the request path; gauges
+//! of the fleet (queue depth, per-worker load, affinity table) are read from the
+//! routers' snapshots at scrape time.
+//!
+//! Labels are bounded sets only: model names from the config, worker ids, outcomes,
+//! status codes, stages, queue classes the router bounds. Never a session id, a prompt
+//! or a client-chosen model name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use router_core::worker::Health;
+
+use crate::fleet::Fleet;
+
+/// A request's end: model, worker (`none` if it reached none), outcome and status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The pool, or `unknown`.
+    pub model: String,
+    /// The worker id, or `none`.
+    pub worker: String,
+    /// `ok`, `upstream_error`, `stream_broken`, `cancelled`, `timeout` or an error code.
+    pub outcome: String,
+    /// The HTTP status sent to the client.
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabels {
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectLabels {
+    model: String,
+    class: String,
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FieldLabels {
+    field: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    model: String,
+    worker: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FallbackLabels {
+    model: String,
+    reason: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every metric the proxy exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    ttft: HistogramFamily<ModelLabels>,
+    itl: HistogramFamily<ModelLabels>,
+    overhead: HistogramFamily<StageLabels>,
+    overlap_ratio: HistogramFamily<ModelLabels>,
+    not_max_overlap: Family<ModelLabels, Counter>,
+    rejections: Family<RejectLabels, Counter>,
+    untrusted: Family<FieldLabels, Counter>,
+    retries: Family<ModelLabels, Counter>,
+    failures: Family<FailureLabels, Counter>,
+    ejections: Family<FailureLabels, Counter>,
+    fallbacks: Family<FallbackLabels, Counter>,
+}
+
+fn ttft_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+fn itl_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+fn overhead_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 24))
+}
+fn ratio_buckets() -> Histogram {
+    Histogram::new(linear_buckets(0.1, 0.1, 10))
+}
+
+impl Metrics {
+    /// Registers every metric, with a collector reading `fleet` at scrape time.
+    pub fn new(fleet: Arc<Fleet>) -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            requests: Family::default(),
+            ttft: Family::new_with_constructor(ttft_buckets),
+            itl: Family::new_with_constructor(itl_buckets),
+            overhead: Family::new_with_constructor(overhead_buckets),
+            overlap_ratio: Family::new_with_constructor(ratio_buckets),
+            not_max_overlap: Family::default(),
+            rejections: Family::default(),
+            untrusted: Family::default(),
+            retries: Family::default(),
+            failures: Family::default(),
+            ejections: Family::default(),
+            fallbacks: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("kvroute_requests", "Proxied requests by model, worker, outcome and status", m.requests.clone());
+        r.register("kvroute_ttft_seconds", "Time to first response byte, seen at the proxy", m.ttft.clone());
+        r.register("kvroute_itl_seconds", "Time between streamed chunks, seen at the proxy", m.itl.clone());
+        r.register(
+            "kvroute_routing_overhead_microseconds",
+            "Time the proxy spends per stage before forwarding",
+            m.overhead.clone(),
+        );
+        r.register(
+            "kvroute_overlap_ratio",
+            "Share of the prompt's blocks cached on the chosen worker",
+            m.overlap_ratio.clone(),
+        );
+        r.register(
+            "kvroute_chosen_not_max_overlap",
+            "Decisions that chose a worker with less than the best cache overlap",
+            m.not_max_overlap.clone(),
+        );
+        r.register("kvroute_queue_rejections", "Requests the admission queue refused", m.rejections.clone());
+        r.register(
+            "kvroute_untrusted_fields_stripped",
+            "Routing fields removed from untrusted requests",
+            m.untrusted.clone(),
+        );
+        r.register("kvroute_retries", "Requests re-sent to another worker after a connect failure", m.retries.clone());
+        r.register("kvroute_upstream_failures", "Failures counted against workers", m.failures.clone());
+        r.register("kvroute_worker_ejections", "Times a worker was ejected", m.ejections.clone());
+        r.register(
+            "kvroute_tokenizer_fallbacks",
+            "Requests routed on hashed bytes instead of token ids",
+            m.fallbacks.clone(),
+        );
+        r.register_collector(Box::new(FleetCollector { fleet }));
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// A request ended.
+    pub fn request(&self, model: &str, worker: Option<u64>, outcome: &str, status: u16) {
+        let worker = worker.map_or_else(|| "none".to_string(), |w| w.to_string());
+        self.requests
+            .get_or_create(&RequestLabels { model: model.into(), worker, outcome: outcome.into(), status })
+            .inc();
+    }
+
+    /// Time to first byte.
+    pub fn ttft(&self, model: &str, d: Duration) {
+        self.ttft.get_or_create(&ModelLabels { model: model.into() }).observe(d.as_secs_f64());
+    }
+
+    /// Time between two chunks.
+    pub fn itl(&self, model: &str, d: Duration) {
+        self.itl.get_or_create(&ModelLabels { model: model.into() }).observe(d.as_secs_f64());
+    }
+
+    /// Time spent in a routing stage.
+    pub fn stage(&self, stage: &'static str, d: Duration) {
+        self.overhead.get_or_create(&StageLabels { stage }).observe(d.as_secs_f64() * 1e6);
+    }
+
+    /// A routing decision's cache overlap.
+    pub fn decision(&self, model: &str, overlap_blocks: u32, max_overlap_blocks: u32, request_blocks: u32) {
+        let labels = ModelLabels { model: model.into() };
+        if request_blocks > 0 {
+            self.overlap_ratio.get_or_create(&labels).observe(f64::from(overlap_blocks) / f64::from(request_blocks));
+        }
+        if overlap_blocks < max_overlap_blocks {
+            self.not_max_overlap.get_or_create(&labels).inc();
+        }
+    }
+
+    /// A queue rejection.
+    pub fn rejected(&self, model: &str, class: &str, limit: &'static str) {
+        self.rejections.get_or_create(&RejectLabels { model: model.into(), class: class.into(), limit }).inc();
+    }
+
+    /// A routing field removed from an untrusted request.
+    pub fn untrusted(&self, field: &'static str) {
+        self.untrusted.get_or_create(&FieldLabels { field }).inc();
+    }
+
+    /// A retry.
+    pub fn retry(&self, model: &str) {
+        self.retries.get_or_create(&ModelLabels { model: model.into() }).inc();
+    }
+
+    /// A failure counted against a worker: `connect`, `status_5xx`, `stream_broken`, `probe`.
+    pub fn failure(&self, model: &str, worker: u64, kind: &'static str) {
+        self.failures.get_or_create(&FailureLabels { model: model.into(), worker: worker.to_string(), kind }).inc();
+    }
+
+    /// A worker was ejected.
+    pub fn ejected(&self, model: &str, worker: u64) {
+        let labels = FailureLabels { model: model.into(), worker: worker.to_string(), kind: "consecutive_failures" };
+        self.ejections.get_or_create(&labels).inc();
+    }
+
+    /// A request routed on hashed bytes: `no_tokenizer` or `tokenizer_error`.
+    pub fn fallback(&self, model: &str, reason: &'static str) {
+        self.fallbacks.get_or_create(&FallbackLabels { model: model.into(), reason }).inc();
+    }
+}
+
+/// Reads every pool's snapshot once per scrape.
+#[derive(Debug)]
+struct FleetCollector {
+    fleet: Arc<Fleet>,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.pools().map(|p| &p.name)).finish()
+    }
+}
+
+impl Collector for FleetCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snaps: Vec<_> = self.fleet.pools().map(|p| (p.name.clone(), p.driver.snapshot())).collect();
+        let mut gauge = |name: &str, help: &str, rows: &mut dyn Iterator<Item = (Vec<(&str, String)>, i64)>| {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, v) in rows {
+                ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+            }
+            Ok::<(), std::fmt::Error>(())
+        };
+        let per_model = |f: fn(&kvroute_driver::Snapshot) -> i64| {
+            snaps.iter().map(move |(model, s)| (vec![("model", model.clone())], f(s)))
+        };
+        gauge(
+            "kvroute_queue_depth",
+            "Requests waiting in the admission queue",
+            &mut per_model(|s| s.queue_depth as i64),
+        )?;
+        gauge(
+            "kvroute_requests_in_flight",
+            "Requests the router tracks: booked, streaming, queued or waiting",
+            &mut per_model(|s| s.requests_in_flight as i64),
+        )?;
+        gauge(
+            "kvroute_affinity_sessions",
+            "Sessions in the affinity table",
+            &mut per_model(|s| s.affinity_sessions as i64),
+        )?;
+        gauge(
+            "kvroute_affinity_live_leases",
+            "Session leases held by running requests",
+            &mut per_model(|s| s.affinity_live_leases as i64),
+        )?;
+        let per_key = |f: fn(&router_core::WorkerLoad) -> i64| {
+            snaps.iter().flat_map(move |(model, s)| {
+                s.workers.iter().flat_map(move |w| {
+                    w.keys.iter().map(move |k| {
+                        let labels = vec![
+                            ("model", model.clone()),
+                            ("worker", k.key.worker.0.to_string()),
+                            ("rank", k.key.rank.0.to_string()),
+                        ];
+                        (labels, f(&k.load))
+                    })
+                })
+            })
+        };
+        gauge(
+            "kvroute_worker_active_prefill_tokens",
+            "Prompt tokens routed to a worker and not yet prefilled",
+            &mut per_key(|l| l.active_prefill_tokens as i64),
+        )?;
+        gauge(
+            "kvroute_worker_active_decode_blocks",
+            "KV blocks held by a worker's running requests",
+            &mut per_key(|l| l.active_decode_blocks as i64),
+        )?;
+        gauge(
+            "kvroute_worker_active_requests",
+            "Requests routed to a worker and not finished",
+            &mut per_key(|l| i64::from(l.active_requests)),
+        )?;
+        let mut healthy = snaps.iter().flat_map(|(model, s)| {
+            s.workers.iter().map(move |w| {
+                let labels = vec![("model", model.clone()), ("worker", w.spec.id.0.to_string())];
+                (labels, i64::from(w.health == Health::Healthy))
+            })
+        });
+        gauge("kvroute_worker_healthy", "1 while a worker takes new requests", &mut healthy)?;
+        for (name, help, f) in [
+            (
+                "kvroute_affinity_evictions",
+                "Idle sessions evicted to make room",
+                (|s| s.affinity.evictions) as fn(&kvroute_driver::Snapshot) -> u64,
+            ),
+            ("kvroute_affinity_expirations", "Idle sessions expired", |s| s.affinity.expirations),
+            ("kvroute_queue_timeouts", "Requests that timed out in the admission queue", |s| s.router.timed_out),
+        ] {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (model, s) in &snaps {
+                let labels = [("model", model.as_str())];
+                ConstCounter::new(f(s)).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,346 @@
+//! Reading an OpenAI request: which endpoint, which model, what prompt, the `kvroute`
+//! body object and the routing headers; and building the router's `Request` from them.
+
+use http::HeaderMap;
+use router_core::hash::{hash_tokens, BlockSize, HashSeed};
+use router_core::pin::RoutingHints;
+use router_core::router::{Priority, Request};
+use router_core::{DpRank, RequestId, WorkerId};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::upstream::PIN_HEADERS;
+
+/// The proxied endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`
+    Chat,
+    /// `POST /v1/completions`
+    Completions,
+    /// `POST /v1/embeddings`
+    Embeddings,
+}
+
+impl Endpoint {
+    /// The endpoint a body looks like (for `/route/preview`): `messages`, `prompt`, `input`.
+    pub fn guess(body: &Value) -> Option<Self> {
+        if body.get("messages").is_some() {
+            Some(Endpoint::Chat)
+        } else if body.get("prompt").is_some() {
+            Some(Endpoint::Completions)
+        } else if body.get("input").is_some() {
+            Some(Endpoint::Embeddings)
+        } else {
+            None
+        }
+    }
+}
+
+/// The optional `kvroute` object of a request body; removed before forwarding.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvrouteFields {
+    /// Strict priority: higher leaves the queue first (trusted only).
+    pub priority: Option<i32>,
+    /// Moves the request ahead in the queue by this many seconds (trusted only).
+    pub priority_jump: Option<f64>,
+    /// The admission class (trusted only).
+    pub policy_class: Option<String>,
+    /// The LoRA adapter, when `model` does not name it.
+    pub lora_name: Option<String>,
+    /// A tenant's cache salt, when the body has no top-level `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// The client's estimate of the output length.
+    pub expected_output_tokens: Option<u32>,
+}
+
+impl KvrouteFields {
+    /// Removes the fields only trusted clients may set; returns their names.
+    pub fn strip_untrusted(&mut self) -> Vec<&'static str> {
+        let mut gone = Vec::new();
+        if self.priority.take().is_some() {
+            gone.push("priority");
+        }
+        if self.priority_jump.take().is_some() {
+            gone.push("priority_jump");
+        }
+        if self.policy_class.take().is_some() {
+            gone.push("policy_class");
+        }
+        gone
+    }
+}
+
+/// Where the routing tokens come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// A chat: the tokenizer gets the whole body.
+    Chat,
+    /// A text prompt (the first one of a batch).
+    Text(String),
+    /// Token ids given by the client (the first prompt of a batch).
+    Tokens(Vec<u32>),
+}
+
+/// A parsed request body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parsed {
+    /// The `model` field.
+    pub model: String,
+    /// The prompt.
+    pub prompt: Prompt,
+    /// The `kvroute` object.
+    pub kv: KvrouteFields,
+    /// The top-level `cache_salt`, or the `kvroute` one.
+    pub cache_salt: Option<String>,
+}
+
+/// Reads `body` as a request to `endpoint`, removing its `kvroute` object. Work is
+/// linear in the body.
+pub fn parse(endpoint: Endpoint, body: &mut Value) -> Result<Parsed, ApiError> {
+    let Some(obj) = body.as_object_mut() else {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
+    };
+    let kv = match obj.remove("kvroute") {
+        None | Some(Value::Null) => KvrouteFields::default(),
+        Some(v) => {
+            serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("invalid `kvroute` object: {e}")))?
+        }
+    };
+    let model = match obj.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        _ => return Err(ApiError::bad_request("`model` must be a non-empty string")),
+    };
+    let prompt = match endpoint {
+        Endpoint::Chat => match obj.get("messages") {
+            Some(Value::Array(m)) if !m.is_empty() => Prompt::Chat,
+            _ => return Err(ApiError::bad_request("`messages` must be a non-empty array")),
+        },
+        Endpoint::Completions => prompt_field(obj, "prompt")?,
+        Endpoint::Embeddings => prompt_field(obj, "input")?,
+    };
+    let cache_salt = match obj.get("cache_salt") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Null) | None => kv.cache_salt.clone(),
+        Some(_) => return Err(ApiError::bad_request("`cache_salt` must be a string")),
+    };
+    Ok(Parsed { model, prompt, kv, cache_salt })
+}
+
+/// `prompt` or `input`: a string, an array of strings, an array of token ids, or an
+/// array of arrays of token ids. A batch routes on its first prompt.
+fn prompt_field(obj: &Map<String, Value>, key: &str) -> Result<Prompt, ApiError> {
+    let bad = || ApiError::bad_request(format!("`{key}` must be a string, a list of strings, or token ids"));
+    match obj.get(key) {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(bad()),
+            Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+            Some(Value::Number(_)) => token_ids(items).map(Prompt::Tokens).ok_or_else(bad),
+            Some(Value::Array(first)) if !first.is_empty() => token_ids(first).map(Prompt::Tokens).ok_or_else(bad),
+            Some(_) => Err(bad()),
+        },
+        _ => Err(bad()),
+    }
+}
+
+fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
+    items.iter().map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+}
+
+/// Routing fields from headers, honoured only when trusted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeaderHints {
+    /// The pins.
+    pub hints: RoutingHints,
+    /// Whether the preview flag was set.
+    pub preview: bool,
+}
+
+/// Reads the pin and preview headers. Untrusted requests get none of it, and the names of
+/// the headers they sent come back to be counted.
+pub fn header_hints(h: &HeaderMap, trusted: bool) -> Result<(HeaderHints, Vec<&'static str>), ApiError> {
+    let preview_set = h.get(crate::upstream::PREVIEW_HEADER).is_some();
+    if !trusted {
+        let mut sent: Vec<&'static str> = PIN_HEADERS.iter().copied().filter(|p| h.contains_key(*p)).collect();
+        if preview_set {
+            sent.push(crate::upstream::PREVIEW_HEADER);
+        }
+        return Ok((HeaderHints::default(), sent));
+    }
+    let num = |name: &str| -> Result<Option<u64>, ApiError> {
+        match h.get(name) {
+            None => Ok(None),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .map(Some)
+                .ok_or_else(|| ApiError::bad_request(format!("header {name} must be a non-negative integer"))),
+        }
+    };
+    let rank = |name| -> Result<Option<DpRank>, ApiError> {
+        num(name)?
+            .map(|n| {
+                u32::try_from(n)
+                    .map(DpRank)
+                    .map_err(|_| ApiError::bad_request(format!("header {name} is out of range")))
+            })
+            .transpose()
+    };
+    let hints = RoutingHints {
+        backend_instance_id: num("x-worker-id")?.map(WorkerId),
+        prefill_worker_id: num("x-prefill-worker-id")?.map(WorkerId),
+        decode_worker_id: num("x-decode-worker-id")?.map(WorkerId),
+        dp_rank: rank("x-dp-rank")?,
+        ..RoutingHints::default()
+    };
+    let preview = match h.get(crate::upstream::PREVIEW_HEADER).map(|v| v.as_bytes()) {
+        None | Some(b"0") | Some(b"false") => false,
+        Some(_) => true,
+    };
+    Ok((HeaderHints { hints, preview }, Vec::new()))
+}
+
+/// Everything the router needs besides the tokens.
+pub struct Build<'a> {
+    /// The request id.
+    pub id: RequestId,
+    /// Tokens per block of the pool.
+    pub block_size: BlockSize,
+    /// The LoRA adapter salting the hashes.
+    pub lora: Option<&'a str>,
+    /// The parsed body.
+    pub parsed: &'a Parsed,
+    /// Pins.
+    pub hints: RoutingHints,
+    /// The session id, if any.
+    pub session: Option<Vec<u8>>,
+}
+
+/// The router's request: the prompt's block hashes salted by adapter and cache salt,
+/// the session, pins and queue placement. Linear in the tokens.
+pub fn build(b: Build<'_>, tokens: &[u32]) -> Request {
+    let seed = HashSeed::salted(b.lora, b.parsed.cache_salt.as_deref());
+    let mut blocks = Vec::new();
+    hash_tokens(tokens, b.block_size, seed, &[], &mut blocks);
+    let kv = &b.parsed.kv;
+    Request {
+        id: b.id,
+        blocks: blocks.into_iter().map(|h| h.seq).collect(),
+        isl_tokens: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+        session: b.session,
+        hints: b.hints,
+        priority: Priority {
+            strict: kv.priority.unwrap_or(0),
+            jump_ms: kv.priority_jump.map_or(0, |s| (s * 1000.0).clamp(-1e15, 1e15) as i64),
+            class: kv.policy_class.clone(),
+        },
+        expected_output_tokens: kv.expected_output_tokens,
+        ..Request::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[track_caller]
+    fn check(endpoint: Endpoint, mut body: Value, want: Result<Prompt, &str>) {
+        match (parse(endpoint, &mut body), want) {
+            (Ok(p), Ok(w)) => assert_eq!(p.prompt, w),
+            (Err(e), Err(w)) => {
+                assert_eq!(e.status, 400);
+                assert!(e.message.contains(w), "{} should mention {w}", e.message);
+            }
+            (got, want) => panic!("got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn prompts_of_every_shape() {
+        use Endpoint::*;
+        check(Chat, json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), Ok(Prompt::Chat));
+        check(Chat, json!({"model": "m", "messages": []}), Err("messages"));
+        check(Chat, json!({"messages": [{}]}), Err("model"));
+        check(Completions, json!({"model": "m", "prompt": "abc"}), Ok(Prompt::Text("abc".into())));
+        check(Completions, json!({"model": "m", "prompt": ["a", "b"]}), Ok(Prompt::Text("a".into())));
+        check(Completions, json!({"model": "m", "prompt": [1, 2, 3]}), Ok(Prompt::Tokens(vec![1, 2, 3])));
+        check(Completions, json!({"model": "m", "prompt": [[4, 5], [6]]}), Ok(Prompt::Tokens(vec![4, 5])));
+        check(Completions, json!({"model": "m", "prompt": [1, -2]}), Err("token ids"));
+        check(Completions, json!({"model": "m", "prompt": [4294967296u64]}), Err("token ids"));
+        check(Completions, json!({"model": "m", "prompt": {}}), Err("prompt"));
+        check(Embeddings, json!({"model": "m", "input": "x"}), Ok(Prompt::Text("x".into())));
+        check(Embeddings, json!({"model": "m"}), Err("input"));
+        check(Chat, json!([1]), Err("JSON object"));
+        check(Chat, json!({"model": "m", "messages": [{}], "kvroute": {"prio": 1}}), Err("kvroute"));
+    }
+
+    #[test]
+    fn the_kvroute_object_is_removed_and_read() {
+        let mut body = json!({"model": "m", "prompt": "x", "cache_salt": "t1",
+            "kvroute": {"priority": 3, "priority_jump": 1.5, "lora_name": "sql", "expected_output_tokens": 9}});
+        let p = parse(Endpoint::Completions, &mut body).unwrap();
+        assert!(body.get("kvroute").is_none());
+        assert_eq!(body["cache_salt"], "t1", "the engine's own fields stay");
+        assert_eq!(
+            (p.kv.priority, p.kv.lora_name.as_deref(), p.cache_salt.as_deref()),
+            (Some(3), Some("sql"), Some("t1"))
+        );
+        let r = build(
+            Build {
+                id: RequestId(1),
+                block_size: BlockSize::new(4).unwrap(),
+                lora: None,
+                parsed: &p,
+                hints: RoutingHints::default(),
+                session: None,
+            },
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9],
+        );
+        assert_eq!((r.blocks.len(), r.isl_tokens, r.priority.jump_ms, r.expected_output_tokens), (2, 9, 1500, Some(9)));
+    }
+
+    #[test]
+    fn salts_separate_caches() {
+        let mut body = json!({"model": "m", "prompt": "x"});
+        let p = parse(Endpoint::Completions, &mut body).unwrap();
+        let bs = BlockSize::new(2).unwrap();
+        let blocks = |lora, salt: Option<&str>| {
+            let p = Parsed { cache_salt: salt.map(String::from), ..p.clone() };
+            let b = Build {
+                id: RequestId(1),
+                block_size: bs,
+                lora,
+                parsed: &p,
+                hints: RoutingHints::default(),
+                session: None,
+            };
+            build(b, &[1, 2, 3, 4]).blocks
+        };
+        let plain = blocks(None, None);
+        assert_ne!(plain, blocks(Some("sql"), None));
+        assert_ne!(plain, blocks(None, Some("tenant")));
+        assert_eq!(plain, blocks(None, None));
+    }
+
+    #[test]
+    fn pins_need_trust() {
+        let mut h = HeaderMap::new();
+        h.insert("x-worker-id", "3".parse().unwrap());
+        h.insert("x-dp-rank", "1".parse().unwrap());
+        h.insert("x-kvroute-preview", "1".parse().unwrap());
+        let (hh, stripped) = header_hints(&h, false).unwrap();
+        assert_eq!(hh, HeaderHints::default());
+        assert_eq!(stripped, ["x-worker-id", "x-dp-rank", "x-kvroute-preview"]);
+        let (hh, stripped) = header_hints(&h, true).unwrap();
+        assert!(stripped.is_empty() && hh.preview);
+        assert_eq!((hh.hints.backend_instance_id, hh.hints.dp_rank), (Some(WorkerId(3)), Some(DpRank(1))));
+        h.insert("x-worker-id", "three".parse().unwrap());
+        assert_eq!(header_hints(&h, true).unwrap_err().status, 400);
+    }
+}

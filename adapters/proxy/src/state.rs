@@ -1,0 +1,50 @@
+//! The state every connection shares: configuration, fleet, upstream client, metrics,
+//! limits and the shutdown signal.
+
+use std::sync::Arc;
+
+use http::HeaderName;
+use tokio::sync::{watch, Semaphore};
+
+use crate::config::ProxyConfig;
+use crate::fleet::Fleet;
+use crate::health::Outliers;
+use crate::metrics::Metrics;
+use crate::tokenize::Tokenizers;
+use crate::trust::Trust;
+use crate::upstream::{RetryBudget, UpstreamClient};
+
+/// Shared by every request.
+pub struct State {
+    /// The configuration the proxy started with.
+    pub cfg: ProxyConfig,
+    /// Who is trusted.
+    pub trust: Trust,
+    /// Pools and workers.
+    pub fleet: Arc<Fleet>,
+    /// Tokenizers by model.
+    pub tokenizers: Tokenizers,
+    /// The HTTP client to workers.
+    pub client: UpstreamClient,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Permits for `concurrent_requests_max`.
+    pub concurrency: Arc<Semaphore>,
+    /// Retries available.
+    pub budget: RetryBudget,
+    /// Consecutive failures and ejections per worker.
+    pub outliers: Outliers,
+    /// The session id header.
+    pub session_header: HeaderName,
+    /// The dp rank header sent to multi-rank workers.
+    pub dp_rank_header: HeaderName,
+    /// Becomes true when shutdown begins.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl State {
+    /// Whether shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}

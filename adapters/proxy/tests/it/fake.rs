@@ -1,0 +1,228 @@
+//! A tiny OpenAI-style upstream for the proxy's tests: streams SSE chunks, answers JSON,
+//! refuses, dies mid-stream, stalls, or fails its health check, on command.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+
+/// What the fake does with the next completion requests.
+#[derive(Clone)]
+pub enum Behavior {
+    /// 200 SSE: these chunks, one every `gap_ms`.
+    Stream { chunks: Vec<Bytes>, gap_ms: u64 },
+    /// 200 SSE: each chunk waits for a permit of the gate.
+    Gated { chunks: Vec<Bytes>, gate: Arc<Semaphore> },
+    /// 200 SSE: these chunks, then the connection dies.
+    DieAfter { chunks: Vec<Bytes> },
+    /// Wait this long before answering the headers.
+    Stall { ms: u64 },
+    /// This status with an error JSON body.
+    Status(u16),
+    /// 200 JSON echoing the model.
+    Json,
+}
+
+/// One request the fake received.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+struct Inner {
+    behavior: Mutex<Behavior>,
+    healthy: Mutex<bool>,
+    seen: Mutex<Vec<Seen>>,
+    models: Vec<String>,
+}
+
+/// A running fake upstream.
+#[derive(Clone)]
+pub struct Fake {
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+}
+
+/// The SSE chunks of a short completion, `[DONE]` last.
+pub fn sse_chunks(n: usize) -> Vec<Bytes> {
+    let mut v: Vec<Bytes> = (0..n)
+        .map(|i| {
+            Bytes::from(format!(
+                "data: {{\"id\":\"c\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n"
+            ))
+        })
+        .collect();
+    v.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    v
+}
+
+impl Fake {
+    /// Starts a fake that streams `sse_chunks(3)` and lists `models` at /v1/models.
+    pub async fn start(models: &[&str]) -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let inner = Arc::new(Inner {
+            behavior: Mutex::new(Behavior::Stream { chunks: sse_chunks(3), gap_ms: 0 }),
+            healthy: Mutex::new(true),
+            seen: Mutex::new(Vec::new()),
+            models: models.iter().map(|s| s.to_string()).collect(),
+        });
+        let fake = Fake { addr, inner };
+        let f = fake.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { return };
+                let f = f.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let f = f.clone();
+                        async move { Ok::<_, Infallible>(f.serve(req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        fake
+    }
+
+    /// An address nothing listens on.
+    pub async fn dead_addr() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn set(&self, b: Behavior) {
+        *self.inner.behavior.lock().unwrap() = b;
+    }
+
+    pub fn set_healthy(&self, h: bool) {
+        *self.inner.healthy.lock().unwrap() = h;
+    }
+
+    /// Completion requests received so far (health checks and model lists excluded).
+    pub fn seen(&self) -> Vec<Seen> {
+        self.inner.seen.lock().unwrap().clone()
+    }
+
+    async fn serve(&self, req: http::Request<Incoming>) -> Response<ChannelBody> {
+        let path = req.uri().path().to_string();
+        if path == "/health" {
+            let ok = *self.inner.healthy.lock().unwrap();
+            return full(if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, "text/plain", "ok");
+        }
+        if path == "/v1/models" {
+            let data: Vec<Value> =
+                self.inner.models.iter().map(|m| serde_json::json!({"id": m, "object": "model"})).collect();
+            return full(
+                StatusCode::OK,
+                "application/json",
+                &serde_json::json!({"object": "list", "data": data}).to_string(),
+            );
+        }
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        self.inner.seen.lock().unwrap().push(Seen { path, headers: parts.headers, body: body.clone() });
+        let behavior = self.inner.behavior.lock().unwrap().clone();
+        match behavior {
+            Behavior::Json => full(
+                StatusCode::OK,
+                "application/json",
+                &serde_json::json!({"object": "ok", "model": body["model"]}).to_string(),
+            ),
+            Behavior::Status(s) => {
+                full(StatusCode::from_u16(s).unwrap(), "application/json", r#"{"error":{"message":"fake failure"}}"#)
+            }
+            Behavior::Stall { ms } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                full(StatusCode::OK, "application/json", "{}")
+            }
+            Behavior::Stream { chunks, gap_ms } => sse(move |tx| async move {
+                for c in chunks {
+                    if gap_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(gap_ms)).await;
+                    }
+                    if tx.send(Ok(c)).await.is_err() {
+                        return;
+                    }
+                }
+            }),
+            Behavior::Gated { chunks, gate } => sse(move |tx| async move {
+                for c in chunks {
+                    let Ok(p) = gate.acquire().await else { return };
+                    p.forget();
+                    if tx.send(Ok(c)).await.is_err() {
+                        return;
+                    }
+                }
+            }),
+            Behavior::DieAfter { chunks } => sse(move |tx| async move {
+                for c in chunks {
+                    let _ = tx.send(Ok(c)).await;
+                }
+                let _ = tx.send(Err("worker died".to_string())).await;
+            }),
+        }
+    }
+}
+
+fn full(status: StatusCode, content_type: &str, body: &str) -> Response<ChannelBody> {
+    let (tx, rx) = mpsc::channel(1);
+    let _ = tx.try_send(Ok(Bytes::from(body.to_string())));
+    let mut r = Response::new(ChannelBody { rx });
+    *r.status_mut() = status;
+    r.headers_mut().insert("content-type", content_type.parse().unwrap());
+    r
+}
+
+fn sse<F, Fut>(produce: F) -> Response<ChannelBody>
+where
+    F: FnOnce(mpsc::Sender<Result<Bytes, String>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(produce(tx));
+    let mut r = Response::new(ChannelBody { rx });
+    r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+/// A body fed by a channel; an `Err` item breaks the connection.
+pub struct ChannelBody {
+    rx: mpsc::Receiver<Result<Bytes, String>>,
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
