@@ -164,6 +164,7 @@ impl Pending {
             Ok(Output::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, true)),
             Ok(Output::Failed { error, .. }) => Err(DriveError::Route(error)),
             Ok(Output::TimedOut { .. }) => Err(DriveError::QueueTimeout),
+            Ok(Output::Rejected { rejection, .. }) => Err(DriveError::Rejected(rejection)),
             Ok(_) | Err(_) => Err(DriveError::Closed),
         }
     }

@@ -171,6 +171,17 @@ impl Driver {
         self.shared.with(|inner, now| inner.router.handle_kv_event(now, key, event)).map_err(DriveError::Input)
     }
 
+    /// Forgets everything the index holds for `key` (its worker restarted, or its event
+    /// stream could not be replayed).
+    pub fn clear_kv(&self, key: WorkerKey) {
+        self.shared.with(|inner, _| inner.router.handle_kv_clear(key))
+    }
+
+    /// Trusts or distrusts `key`'s overlap while its event stream has a gap.
+    pub fn set_overlap_trust(&self, key: WorkerKey, trusted: bool) {
+        self.shared.with(|inner, _| inner.router.handle_overlap_trust(key, trusted))
+    }
+
     /// Everything `/workers` and `/metrics` show. Linear in the number of worker keys.
     pub fn snapshot(&self) -> Snapshot {
         self.shared.with(|inner, _| snapshot(inner))
@@ -221,7 +232,9 @@ impl Inner {
         while let Some(out) = self.router.poll_output() {
             let key = match &out {
                 Output::Routed(r) => (r.id, r.phase),
-                Output::Failed { id, phase, .. } | Output::TimedOut { id, phase } => (*id, *phase),
+                Output::Failed { id, phase, .. }
+                | Output::TimedOut { id, phase }
+                | Output::Rejected { id, phase, .. } => (*id, *phase),
                 Output::LeaseExpired { .. } => {
                     self.stats.leases_expired += 1;
                     continue;

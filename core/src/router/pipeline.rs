@@ -120,7 +120,7 @@ impl Router {
             phase,
             hints: &req.hints,
             pin: &pin,
-            failed: &[],
+            failed: &req.failed_workers,
             ignore_overload: affinity.is_some() && pin::explicit_pin(phase, &req.hints).is_none(),
             same_label_as: req.same_label_as.as_ref().map(|(k, v)| (k.as_str(), v.as_str())),
         };

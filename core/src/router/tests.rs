@@ -390,3 +390,24 @@ fn decode_gets_no_prefix_credit_and_honours_topology() {
         assert_eq!(routed(r.handle_request(T0, q.clone(), Draw(draw))).target.worker.0, 20, "only rack a");
     }
 }
+
+#[test]
+fn failed_workers_are_excluded_until_none_are_left() {
+    let mut r = router(RouterMode::RoundRobin, 2);
+    let mut q = req(1, &[1]);
+    q.failed_workers = vec![WorkerId(0)];
+    for id in 1..5 {
+        q.id = RequestId(id);
+        q.preview = true;
+        assert_eq!(routed(r.handle_request(T0, q.clone(), Draw(id))).target.worker, WorkerId(1));
+    }
+    q.failed_workers = vec![WorkerId(0), WorkerId(1)];
+    let e = r.handle_request(T0, q.clone(), Draw(0)).unwrap_err();
+    assert!(
+        matches!(e, RouteError::Eligibility(crate::eligible::EligibilityError::MigrationExhausted { .. })),
+        "{e:?}"
+    );
+    // An explicit pin overrides the failure record.
+    q.hints.backend_instance_id = Some(WorkerId(0));
+    assert_eq!(routed(r.handle_request(T0, q, Draw(0))).target.worker, WorkerId(0));
+}

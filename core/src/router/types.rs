@@ -53,6 +53,9 @@ pub struct Request {
     pub same_label_as: Option<(String, String)>,
     /// Query-only: compute the decision but change no state at all.
     pub preview: bool,
+    /// Workers that already failed this request (a retry or migration): excluded unless
+    /// an explicit pin names them.
+    pub failed_workers: Vec<crate::WorkerId>,
 }
 
 /// `Phase` with a default, so `Request` can derive `Default`.
