@@ -202,15 +202,12 @@ async fn forward(
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     let pool = p.pool.clone();
     let mut request = p.request.clone();
-    let client_allow = request.hints.allowed_worker_ids.clone();
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_err: Option<ApiError> = None;
     state.budget.deposit();
     for attempt in 0..=state.cfg.retry.retries_max {
-        if attempt > 0 {
-            request.hints.allowed_worker_ids =
-                Some(untried(state.fleet.worker_ids(&pool.name), client_allow.as_deref(), &tried));
-        }
+        // The core excludes workers that already failed this request (unless a pin names them).
+        request.failed_workers.clone_from(&tried);
         let t0 = Instant::now();
         let routed = tokio::time::timeout_at(deadline, pool.driver.route(request.clone(), pool.driver.draw())).await;
         let booking = match routed {
@@ -252,11 +249,6 @@ async fn forward(
         }
     }
     Err(last_err.unwrap_or_else(|| ApiError::upstream("no worker could take the request")))
-}
-
-/// The pool's workers not tried yet, within the client's own allow-list.
-fn untried(pool: Vec<WorkerId>, client: Option<&[WorkerId]>, tried: &[WorkerId]) -> Vec<WorkerId> {
-    pool.into_iter().filter(|w| !tried.contains(w) && client.is_none_or(|c| c.contains(w))).collect()
 }
 
 fn upstream_request(
