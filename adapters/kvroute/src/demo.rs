@@ -1,5 +1,6 @@
 //! `kvroute demo`: the embedded default. The router in front of a simulated fleet,
-//! replaying the bundled trace slice under KV-aware routing and under round-robin.
+//! replaying the bundled trace slice under KV-aware routing and under round-robin:
+//! live over real HTTP and ZeroMQ by default, or offline on virtual time.
 
 use clap::Args;
 use serde_json::json;
@@ -9,18 +10,25 @@ use router_core::select::RouterMode;
 
 /// Run the router in front of a simulated fleet and compare kv routing with round-robin.
 ///
-/// Replays the bundled 1,500-request slice of the Mooncake conversation trace (real
-/// arrival times, prompt lengths and prefix structure) through router-core and a fleet
-/// of simulated vLLM-style workers, once with KV-aware routing and once with
-/// round-robin, then prints both side by side. Runs offline in a few seconds.
+/// Starts two fleets of simulated vLLM-style workers on loopback (real HTTP servers that
+/// publish KV events over ZeroMQ), a kvroute proxy in front of each (one routing by KV
+/// cache and load, one round-robin), and sends both the bundled 1,500-request slice of
+/// the Mooncake conversation trace at once, printing a live table. With --offline it
+/// replays the same slice on virtual time instead, in a few seconds.
 #[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// Number of simulated workers.
+    /// Number of simulated workers behind each router.
     #[arg(long, default_value_t = 4)]
     pub workers: u32,
-    /// Divide trace timestamps by K (more load as K grows).
+    /// Wall-clock budget of the live demo, seconds.
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub duration: f64,
+    /// Load relative to the trace: arrivals this many times faster than the engines.
     #[arg(long, default_value_t = 2.0, value_name = "K")]
     pub speedup: f64,
+    /// Replay offline on virtual time instead of live over HTTP.
+    #[arg(long)]
+    pub offline: bool,
     /// Replay only the first N requests of the slice.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
@@ -31,6 +39,62 @@ pub struct DemoArgs {
 
 /// `kvroute demo`.
 pub fn run(d: &DemoArgs) -> Result<(), String> {
+    if !(d.speedup.is_finite() && d.speedup > 0.0) {
+        return Err(format!("--speedup must be a positive number, got {}", d.speedup));
+    }
+    if d.offline {
+        offline(d)
+    } else {
+        live(d)
+    }
+}
+
+fn live(d: &DemoArgs) -> Result<(), String> {
+    if !(d.duration.is_finite() && d.duration >= 5.0) {
+        return Err(format!("--duration must be at least 5 seconds, got {}", d.duration));
+    }
+    let o = crate::live::LiveOptions {
+        workers: d.workers.max(1),
+        duration_s: d.duration,
+        load_factor: d.speedup,
+        requests: d.requests,
+        table: !d.json,
+    };
+    let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let results = rt.block_on(crate::live::run(o))?;
+    let mut policies = serde_json::Map::new();
+    for r in &results {
+        let s = &r.stats;
+        let k = r.speedup;
+        policies.insert(
+            r.policy.to_string(),
+            json!({
+                "requests": s.sent,
+                "completed": s.done,
+                "errors": s.errors,
+                "prefix_reuse_ratio": (s.reuse() * 1e6).round() / 1e6,
+                "ttft_ms": { "mean": s.ttft_mean() * k, "p50": s.ttft_pct(50.0) * k, "p99": s.ttft_pct(99.0) * k },
+            }),
+        );
+    }
+    if d.json {
+        println!("{}", json!({ "mode": "live", "workers": d.workers, "policies": policies }));
+    } else {
+        println!("\nfinal (TTFT in model ms):");
+        println!("{:<12} {:>8} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10}", "policy", "sent", "completed", "errors", "reuse", "TTFT mean", "TTFT p50", "TTFT p99");
+        for r in &results {
+            let s = &r.stats;
+            let k = r.speedup;
+            println!(
+                "{:<12} {:>8} {:>9} {:>7} {:>7.3} {:>10.0} {:>10.0} {:>10.0}",
+                r.policy, s.sent, s.done, s.errors, s.reuse(), s.ttft_mean() * k, s.ttft_pct(50.0) * k, s.ttft_pct(99.0) * k
+            );
+        }
+    }
+    Ok(())
+}
+
+fn offline(d: &DemoArgs) -> Result<(), String> {
     let args = ReplayArgs {
         trace: None,
         synthetic: false,

@@ -8,10 +8,12 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dispatch;
+mod live;
 mod load;
 mod plot;
 mod replay_cmd;
 mod report;
+mod serve;
 mod tok;
 
 /// KV-cache-aware request router for LLM inference fleets (vLLM, SGLang, TensorRT-LLM).
@@ -33,6 +35,15 @@ struct Cli {
 enum Cmd {
     /// Run the router in front of a simulated fleet and compare policies (start here).
     Demo(demo::DemoArgs),
+    /// Route requests to a fleet of OpenAI-compatible workers (the production proxy).
+    ///
+    /// Serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models in
+    /// front of vLLM, SGLang, TensorRT-LLM or `kvroute sim-worker` servers, choosing a
+    /// worker per request by prefix cache, load and session affinity. Workers that name a
+    /// `kv_events` endpoint feed the exact prefix index over ZeroMQ; the others are
+    /// predicted. Admin: GET/POST /workers, DELETE /workers/{id}, POST /route/preview,
+    /// GET /metrics, /health, /ready. SIGTERM drains in-flight streams, then exits.
+    Serve(serve::ServeArgs),
     /// Run one simulated GPU worker: an OpenAI-compatible server that publishes KV events.
     ///
     /// The worker runs the same vLLM-style model as `replay`, in real time scaled by
@@ -68,6 +79,7 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Replay(a) => replay_cmd::run(&a),
         Cmd::SimWorker(a) => sim_worker(a),
+        Cmd::Serve(a) => serve::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -321,6 +321,13 @@ pub struct WorkerConfig {
     /// Taints, e.g. `[{ key = "maintenance", effect = "NoSchedule" }]`.
     #[serde(default)]
     pub taints: Vec<TaintConfig>,
+    /// The worker's KV-event ZeroMQ PUB endpoint, e.g. `tcp://10.0.0.5:5557`. Without
+    /// one, the router predicts the worker's cache from its own decisions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<String>,
+    /// Its ROUTER replay endpoint, used to fill gaps in the event stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events_replay: Option<String>,
 }
 
 /// A taint on a worker.

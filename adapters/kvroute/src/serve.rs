@@ -1,0 +1,183 @@
+//! `kvroute serve`: the routing proxy, with its tokenizers and KV-event subscriptions.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use kvroute_driver::Driver;
+use kvroute_events::{runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector};
+use kvroute_proxy::{ProxyConfig, Tokenize, TokenizeError, Tokenizers, WorkerConfig};
+use router_core::hash::BlockSize;
+use router_core::WorkerKey;
+
+use crate::tok::HfTokenizer;
+
+/// Flags of `kvroute serve`; each overrides the file.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The TOML configuration (see kvroute.example.toml in the proxy crate).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Address to listen on, overriding `listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Routing mode, overriding `router.mode` (kv, round-robin, random, ...).
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Any other key, e.g. --set limits.body_bytes_max=1048576 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+}
+
+/// Feeds one model's router from its workers' event streams.
+#[derive(Clone)]
+pub struct DriverSink(pub Driver);
+
+impl EventSink for DriverSink {
+    fn apply(&mut self, key: WorkerKey, ev: &RouterEvent) {
+        // The router counts what it refuses (unregistered worker, unknown parent).
+        let _ = self.0.apply_kv_event(key, ev.as_index_event());
+    }
+    fn clear_worker(&mut self, key: WorkerKey) {
+        self.0.clear_kv(key);
+    }
+    fn set_trusted(&mut self, key: WorkerKey, trusted: bool) {
+        self.0.set_overlap_trust(key, trusted);
+    }
+}
+
+impl Tokenize for HfTokenizer {
+    fn encode_chat(&self, body: &serde_json::Value) -> Result<Vec<u32>, TokenizeError> {
+        self.chat_tokens(body).map_err(|e| TokenizeError(e.to_string()))
+    }
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        self.0.encode_text(text, true).map_err(|e| TokenizeError(e.to_string()))
+    }
+}
+
+/// Reads the file and applies the flags.
+pub fn load_config(a: &ServeArgs) -> Result<ProxyConfig, String> {
+    let text = std::fs::read_to_string(&a.config).map_err(|e| format!("cannot read {}: {e}", a.config.display()))?;
+    let mut overrides: Vec<(String, String)> = Vec::new();
+    if let Some(l) = &a.listen {
+        overrides.push(("listen".into(), format!("{l:?}")));
+    }
+    if let Some(m) = &a.mode {
+        overrides.push(("router.mode".into(), format!("{m:?}")));
+    }
+    for s in &a.sets {
+        let (k, v) = s.split_once('=').ok_or_else(|| format!("--set {s:?}: expected KEY=VALUE"))?;
+        overrides.push((k.trim().into(), v.trim().into()));
+    }
+    let pairs: Vec<(&str, &str)> = overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    ProxyConfig::from_toml_with_overrides(&text, &pairs).map_err(|e| format!("{}: {e}", a.config.display()))
+}
+
+/// Loads every model's tokenizer named in the config.
+pub fn load_tokenizers(cfg: &ProxyConfig) -> Result<Tokenizers, String> {
+    let mut t = Tokenizers::new();
+    for m in &cfg.models {
+        if let Some(dir) = &m.tokenizer {
+            t.insert(m.name.clone(), Arc::new(HfTokenizer::load(std::path::Path::new(dir))?));
+        }
+    }
+    Ok(t)
+}
+
+/// The event subscriptions of every model, keyed by model name.
+pub struct Subscriptions {
+    by_model: BTreeMap<String, IngestHandle<DriverSink>>,
+}
+
+impl Subscriptions {
+    /// Subscribes to every configured worker that names a KV-event endpoint.
+    pub async fn start(cfg: &ProxyConfig, handle: &kvroute_proxy::ServeHandle) -> Result<Self, String> {
+        let mut subs = Subscriptions { by_model: BTreeMap::new() };
+        for w in &cfg.workers {
+            subs.add(cfg, handle, w).await?;
+        }
+        Ok(subs)
+    }
+
+    /// Subscribes to one worker's events (if it names an endpoint).
+    pub async fn add(&mut self, cfg: &ProxyConfig, handle: &kvroute_proxy::ServeHandle, w: &WorkerConfig) -> Result<(), String> {
+        let Some(endpoint) = &w.kv_events else { return Ok(()) };
+        let driver = handle.driver(&w.model).ok_or_else(|| format!("worker {}: unknown model {}", w.id, w.model))?;
+        let block = cfg.models.iter().find(|m| m.name == w.model).and_then(|m| m.block_size).unwrap_or(cfg.router.block_size);
+        let block_size = BlockSize::new(block).map_err(|e| e.to_string())?;
+        let ingest = self.by_model.entry(w.model.clone()).or_insert_with(|| {
+            let (h, _task) = runner::spawn(RunnerConfig::default(), ZmqConnector::default(), DriverSink(driver));
+            h
+        });
+        for rank in 0..w.dp_ranks {
+            let stream = StreamConfig {
+                key: WorkerKey::new(w.id, rank),
+                block_size,
+                cache_salt: None,
+                blocks_max: w.kv_blocks as usize,
+                has_replay: w.kv_events_replay.is_some(),
+            };
+            let ep = EndpointConfig {
+                stream,
+                endpoint: offset_port(endpoint, rank),
+                replay_endpoint: w.kv_events_replay.as_deref().map(|r| offset_port(r, rank)),
+                topic: String::new(),
+            };
+            ingest.add_endpoint(ep).await.map_err(|e| format!("worker {} rank {rank}: {e:?}", w.id))?;
+        }
+        Ok(())
+    }
+}
+
+/// Engines bind one socket per dp rank, at the base port plus the rank.
+fn offset_port(endpoint: &str, rank: u32) -> String {
+    if rank == 0 {
+        return endpoint.to_string();
+    }
+    match endpoint.rsplit_once(':') {
+        Some((host, port)) => match port.parse::<u32>() {
+            Ok(p) => format!("{host}:{}", p + rank),
+            Err(_) => endpoint.to_string(),
+        },
+        None => endpoint.to_string(),
+    }
+}
+
+/// `kvroute serve`.
+pub fn run(a: &ServeArgs) -> Result<(), String> {
+    let cfg = load_config(a)?;
+    let tokenizers = load_tokenizers(&cfg)?;
+    let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(async move {
+        let handle = kvroute_proxy::serve(cfg.clone(), tokenizers).await.map_err(|e| e.to_string())?;
+        let _subs = Subscriptions::start(&cfg, &handle).await?;
+        eprintln!(
+            "kvroute: serving {} model(s), {} worker(s) on http://{}",
+            cfg.models.len(),
+            cfg.workers.len(),
+            handle.local_addr()
+        );
+        shutdown_signal().await;
+        eprintln!("kvroute: shutting down; in-flight streams get {} s", cfg.limits.shutdown_grace_s);
+        let report = handle.shutdown().await;
+        eprintln!("kvroute: stopped ({report:?})");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
