@@ -57,6 +57,7 @@ use crate::hash::{BlockHash, SeqHash};
 use crate::types::{Tier, WorkerId, WorkerKey};
 use blocks::Blocks;
 use sets::{SetId, Sets, EMPTY};
+use table::Vacant;
 
 /// What a `Stored` event whose parent the key does not hold does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -228,21 +229,26 @@ pub struct PrefixIndex {
     counters: IndexStats,
 }
 
-/// Table lines a `Stored` event fetches at once when it leaves a stored chain.
-const PRELOAD_BLOCKS: usize = 16;
+/// How far ahead a `Stored` event off its stored chain loads table lines.
+const PRELOAD_BLOCKS: usize = 32;
 
-/// A one-entry cache of the holder-set change an event makes. Sets are freed only at
-/// the end of an operation, so an entry stays right for the whole operation.
+/// A one-entry cache of what storing a block does to a holder set, for one event. Sets
+/// are freed only at the end of an operation, so an entry stays right for the whole
+/// operation, and blocks in a run share their set, so it mostly hits.
 #[derive(Clone, Copy)]
 struct Memo {
     from: SetId,
+    /// The new set (equal to `from` if the key already held the block in that tier).
     to: SetId,
+    /// Whether the change gives the key a block it held in no tier.
+    new_entry: bool,
 }
 
 impl Memo {
     const NONE: Memo = Memo {
         from: SetId::MAX,
         to: EMPTY,
+        new_entry: false,
     };
 }
 
@@ -396,25 +402,28 @@ impl PrefixIndex {
         let (mut memo, mut fresh, mut preloaded) = (Memo::NONE, None, 0);
         for (i, b) in blocks.iter().enumerate() {
             let seq = b.seq.0;
-            let found = self.blocks.follow(seq, hint).ok_or(()).or_else(|()| {
-                // Off the stored chain: the blocks after this one will likely need the
-                // table too, so fetch their lines together.
-                if i >= preloaded {
-                    preloaded = i + PRELOAD_BLOCKS;
-                    self.blocks
-                        .preload(blocks[i..].iter().take(PRELOAD_BLOCKS).map(|b| b.seq.0));
+            let found = match self.blocks.follow(seq, hint) {
+                Some(s) => Ok(s),
+                None => {
+                    // Off the stored chain: the blocks after this one will likely need
+                    // the table too, so keep their lines loading well ahead.
+                    if i + PRELOAD_BLOCKS > preloaded {
+                        let from = preloaded.max(i);
+                        preloaded = (i + 2 * PRELOAD_BLOCKS).min(blocks.len());
+                        self.blocks
+                            .preload(blocks[from..preloaded].iter().map(|b| b.seq.0));
+                    }
+                    self.blocks.lookup(seq)
                 }
-                self.blocks.lookup(seq)
-            });
+            };
             let stored = match found {
                 Ok(slot) => self.store_held(w, tier, slot, cap, &mut memo),
-                Err(tag) => self.store_new(w, tier, seq, tag, cap, &mut fresh),
+                Err(at) => self.store_new(w, tier, seq, at, cap, &mut fresh),
             };
             match stored {
                 Some((slot, added)) => {
                     sum.added += u32::from(added);
                     sum.duplicates += u32::from(!added);
-                    self.blocks.link(hint, slot);
                     hint = Some(slot);
                 }
                 None => {
@@ -437,20 +446,26 @@ impl PrefixIndex {
         memo: &mut Memo,
     ) -> Option<(u32, bool)> {
         let old = self.blocks.sets[slot as usize];
-        if self.sets.contains(old, w, tier) {
+        if memo.from != old {
+            let (to, new_entry) = if self.sets.contains(old, w, tier) {
+                (old, false)
+            } else {
+                (self.sets.with(old, w, tier, true), !self.sets.holds(old, w))
+            };
+            *memo = Memo {
+                from: old,
+                to,
+                new_entry,
+            };
+        }
+        if memo.to == old {
             return Some((slot, false));
         }
-        if !self.sets.holds(old, w) {
+        if memo.new_entry {
             if self.slot_entries[w as usize] >= cap {
                 return None;
             }
             self.slot_entries[w as usize] += 1;
-        }
-        if memo.from != old {
-            *memo = Memo {
-                from: old,
-                to: self.sets.with(old, w, tier, true),
-            };
         }
         self.blocks.set_holders(slot as usize, memo.to);
         self.sets.acquire(memo.to, 1);
@@ -465,7 +480,7 @@ impl PrefixIndex {
         w: u32,
         tier: Tier,
         seq: u64,
-        tag: u32,
+        at: Vacant,
         cap: u32,
         fresh: &mut Option<SetId>,
     ) -> Option<(u32, bool)> {
@@ -473,7 +488,7 @@ impl PrefixIndex {
             return None;
         }
         let set = *fresh.get_or_insert_with(|| self.sets.with(EMPTY, w, tier, true));
-        let slot = self.blocks.push(seq, tag, set)?;
+        let slot = self.blocks.push(seq, at, set)?;
         self.sets.acquire(set, 1);
         self.slot_entries[w as usize] += 1;
         Some((slot, true))
@@ -492,18 +507,25 @@ impl PrefixIndex {
             };
             hint = Some(slot);
             let old = self.blocks.sets[slot as usize];
-            if !self.sets.contains(old, w, tier) {
-                sum.absent += 1;
-                continue;
-            }
             if memo.from != old {
+                let to = if self.sets.contains(old, w, tier) {
+                    self.sets.with(old, w, tier, false)
+                } else {
+                    old
+                };
+                // Here `new_entry` means the key loses its last copy of the block.
                 memo = Memo {
                     from: old,
-                    to: self.sets.with(old, w, tier, false),
+                    to,
+                    new_entry: !self.sets.holds(to, w),
                 };
             }
             let new = memo.to;
-            if !self.sets.holds(new, w) {
+            if new == old {
+                sum.absent += 1;
+                continue;
+            }
+            if memo.new_entry {
                 self.slot_entries[w as usize] -= 1;
             }
             self.blocks.set_holders(slot as usize, new);
