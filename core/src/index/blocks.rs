@@ -168,10 +168,13 @@ impl Blocks {
         }
         self.seqs.push(seq);
         self.sets.push(set);
-        if self.cuts.len() * 64 < self.seqs.len() {
+        // A new slot starts a run unless it continues the previous slot's set.
+        let s = slot as usize;
+        let cut = s == 0 || self.sets[s - 1] != set;
+        if s % 64 == 0 {
             self.cuts.push(0);
         }
-        self.update_cut(slot as usize);
+        self.cuts[s / 64] |= u64::from(cut) << (s % 64);
         Some(slot)
     }
 

@@ -67,7 +67,7 @@ const fn tier_group(tier: Tier) -> usize {
 /// A seeded folded multiply: cheap, and with an unknown seed an outsider cannot aim
 /// inputs at one bucket.
 pub(crate) fn mix(seed: u64, x: u64) -> u64 {
-    let m = u128::from(x ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+    let m = u128::from(x ^ seed) * u128::from(0x9E37_79B9_7F4A_7C15_u64);
     (m as u64) ^ ((m >> 64) as u64)
 }
 
