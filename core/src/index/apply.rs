@@ -106,6 +106,9 @@ impl PrefixIndex {
                 }
             }
         }
+        if let Some((set, n)) = fresh {
+            self.sets.acquire(set, n);
+        }
         Ok(())
     }
 
@@ -148,7 +151,8 @@ impl PrefixIndex {
     }
 
     /// Adds a block no key holds, held by `w` alone; `None` if a bound refuses it.
-    /// `fresh` caches the id of the set `{w in tier}` across one event.
+    /// `fresh` holds the id of the set `{w in tier}` for the event and how many new
+    /// blocks took it (the caller acquires them).
     fn store_new(
         &mut self,
         w: u32,
@@ -156,14 +160,20 @@ impl PrefixIndex {
         seq: u64,
         at: Vacant,
         cap: u32,
-        fresh: &mut Option<SetId>,
+        fresh: &mut Option<(SetId, u32)>,
     ) -> Option<(u32, bool)> {
         if self.slot_entries[w as usize] >= cap {
             return None;
         }
-        let set = *fresh.get_or_insert_with(|| self.sets.with(EMPTY, w, tier, true));
+        let set = match fresh {
+            Some((set, _)) => *set,
+            None => fresh.insert((self.sets.with(EMPTY, w, tier, true), 0)).0,
+        };
         let slot = self.blocks.push(seq, at, set)?;
-        self.sets.acquire(set, 1);
+        // The event counts its new blocks and takes their set once, at its end.
+        if let Some((_, n)) = fresh {
+            *n += 1;
+        }
         self.slot_entries[w as usize] += 1;
         Some((slot, true))
     }

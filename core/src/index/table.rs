@@ -61,6 +61,8 @@ pub(crate) struct SlotTable {
     bits: u32,
     live: usize,
     tombs: usize,
+    /// Entries (live or dead) allowed before a rebuild: 7/8 of the ways.
+    used_max: usize,
 }
 
 impl SlotTable {
@@ -70,6 +72,7 @@ impl SlotTable {
             bits: 0,
             live: 0,
             tombs: 0,
+            used_max: 0,
         }
     }
 
@@ -117,7 +120,7 @@ impl SlotTable {
         tag: u32,
         mut eq: impl FnMut(u32) -> bool,
     ) -> Result<u32, Vacant> {
-        if (self.live + self.tombs + 1) * 8 > self.buckets.len() * WAYS * 7 {
+        if self.live + self.tombs >= self.used_max {
             self.rebuild(self.live + 1);
         }
         if let Some(s) = self.find(tag, &mut eq) {
@@ -204,6 +207,7 @@ impl SlotTable {
         let old = core::mem::replace(&mut self.buckets, alloc::vec![EMPTY_BUCKET; need_buckets]);
         self.bits = need_buckets.trailing_zeros();
         self.tombs = 0;
+        self.used_max = need_buckets * WAYS / 8 * 7;
         let mut fill = alloc::vec![0u8; need_buckets];
         let mask = need_buckets - 1;
         for bucket in &old {
