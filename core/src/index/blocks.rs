@@ -171,7 +171,7 @@ impl Blocks {
         // A new slot starts a run unless it continues the previous slot's set.
         let s = slot as usize;
         let cut = s == 0 || self.sets[s - 1] != set;
-        if s % 64 == 0 {
+        if s == self.cuts.len() * 64 {
             self.cuts.push(0);
         }
         self.cuts[s / 64] |= u64::from(cut) << (s % 64);
