@@ -3,12 +3,12 @@
 //!
 //! A bucket is one 64-byte cache line of eight `(tag, slot)` pairs. The tag is the top
 //! 32 bits of the block's seeded hash with the lowest bit set (a free or dead way has
-//! tag 0), and the home bucket is the tag's top bits, so a
-//! lookup reads one line (rarely the next: linear probing over buckets) and the caller
-//! confirms a tag match against the arena, which it reads next anyway. Because the home
-//! bucket is a prefix of the tag, growing the table reads the old buckets in order and
-//! never touches the arena. Keys are never stored here; false tag matches are filtered
-//! by the caller's `eq`.
+//! tag 0), and the home bucket is the tag's top bits, so a lookup reads one line
+//! (rarely the next: linear probing over buckets) and the caller confirms a tag match
+//! against the arena, which it reads next anyway. Because the home bucket is a prefix
+//! of the tag, growing the table reads the old buckets in order and never touches the
+//! arena. Keys are never stored here; false tag matches are filtered by the caller's
+//! `eq`. The table grows when 7/8 of its ways are used, to half full.
 //!
 //! Deleted entries become tombstones unless their bucket was never full (then no probe
 //! sequence runs through it and the entry can simply be emptied); tombstones are
@@ -114,7 +114,8 @@ impl SlotTable {
     }
 
     /// Like [`SlotTable::find`], but when nothing matches, returns where `tag` would go,
-    /// for [`SlotTable::fill`] (valid until the table next changes). One probe does both.
+    /// for [`SlotTable::fill`] (valid until the table next changes). Grows the table
+    /// first if one more entry would pass the load bound.
     pub(crate) fn find_or_vacant(
         &mut self,
         tag: u32,
