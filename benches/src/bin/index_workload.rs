@@ -464,7 +464,9 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "remove_plan": args.plan.as_str(),
         "mode": "mem",
         "a_entries": stats_a.entries,
-        "bytes_per_entry": heap_growth as f64 / entries,
+        // VmRSS growth when available (it includes allocator overhead), else heap.
+        "bytes_per_entry": per(rss_growth).unwrap_or(heap_growth as f64 / entries),
+        "heap_bytes_per_entry": heap_growth as f64 / entries,
         "rss_bytes_per_entry": per(rss_growth),
         "heap_growth_bytes_a": heap_growth,
         "rss_growth_bytes_a": rss_growth,
