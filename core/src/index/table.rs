@@ -45,8 +45,8 @@ impl Bucket {
 /// Where an absent key would go in a [`SlotTable`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Vacant {
-    bucket: usize,
-    way: usize,
+    bucket: u32,
+    way: u32,
     tag: u32,
 }
 
@@ -133,9 +133,10 @@ impl SlotTable {
         // The load bound leaves free ways, so this ends within the table.
         loop {
             if let Some(way) = self.buckets[b].open_way() {
+                // Bucket counts stay far below 2^32 (slots are u32, eight per bucket).
                 return Err(Vacant {
-                    bucket: b,
-                    way,
+                    bucket: b as u32,
+                    way: way as u32,
                     tag,
                 });
             }
@@ -147,11 +148,11 @@ impl SlotTable {
     /// [`SLOT_MAX`].
     pub(crate) fn fill(&mut self, at: Vacant, slot: u32) {
         debug_assert!(slot <= SLOT_MAX);
-        let bucket = &mut self.buckets[at.bucket];
-        debug_assert!(bucket.tags[at.way] == 0);
-        self.tombs -= usize::from(bucket.slots[at.way] == TOMB);
-        bucket.tags[at.way] = at.tag;
-        bucket.slots[at.way] = slot;
+        let (bucket, way) = (&mut self.buckets[at.bucket as usize], at.way as usize);
+        debug_assert!(bucket.tags[way] == 0);
+        self.tombs -= usize::from(bucket.slots[way] == TOMB);
+        bucket.tags[way] = at.tag;
+        bucket.slots[way] = slot;
         self.live += 1;
     }
 
