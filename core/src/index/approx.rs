@@ -8,7 +8,7 @@
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
-use core::mem;
+use core::{fmt, mem};
 use hashbrown::HashTable;
 
 use super::scores::OverlapScores;
@@ -106,6 +106,16 @@ pub struct ApproxIndex {
     live: usize,
     /// The latest `now` seen; earlier times are treated as this one.
     now_max: Instant,
+}
+
+impl fmt::Debug for ApproxIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApproxIndex")
+            .field("cfg", &self.cfg)
+            .field("keys", &self.keys.len())
+            .field("entries", &self.live)
+            .finish()
+    }
 }
 
 impl ApproxIndex {

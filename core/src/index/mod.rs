@@ -235,6 +235,15 @@ pub struct PrefixIndex {
     counters: IndexStats,
 }
 
+impl fmt::Debug for PrefixIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixIndex")
+            .field("cfg", &self.cfg)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
 impl PrefixIndex {
     /// An empty index.
     pub fn new(cfg: IndexConfig) -> Self {
