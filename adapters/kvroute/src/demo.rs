@@ -81,13 +81,23 @@ fn live(d: &DemoArgs) -> Result<(), String> {
         println!("{}", json!({ "mode": "live", "workers": d.workers, "policies": policies }));
     } else {
         println!("\nfinal (TTFT in model ms):");
-        println!("{:<12} {:>8} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10}", "policy", "sent", "completed", "errors", "reuse", "TTFT mean", "TTFT p50", "TTFT p99");
+        println!(
+            "{:<12} {:>8} {:>9} {:>7} {:>7} {:>10} {:>10} {:>10}",
+            "policy", "sent", "completed", "errors", "reuse", "TTFT mean", "TTFT p50", "TTFT p99"
+        );
         for r in &results {
             let s = &r.stats;
             let k = r.speedup;
             println!(
                 "{:<12} {:>8} {:>9} {:>7} {:>7.3} {:>10.0} {:>10.0} {:>10.0}",
-                r.policy, s.sent, s.done, s.errors, s.reuse(), s.ttft_mean() * k, s.ttft_pct(50.0) * k, s.ttft_pct(99.0) * k
+                r.policy,
+                s.sent,
+                s.done,
+                s.errors,
+                s.reuse(),
+                s.ttft_mean() * k,
+                s.ttft_pct(50.0) * k,
+                s.ttft_pct(99.0) * k
             );
         }
     }

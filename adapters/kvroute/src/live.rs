@@ -111,7 +111,11 @@ pub async fn run(o: LiveOptions) -> Result<Vec<LiveResult>, String> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let targets: Vec<Target> = stacks
         .iter()
-        .map(|s| Target { name: s.policy.into(), base_url: format!("http://{}", s.proxy.local_addr()), stats: s.stats.clone() })
+        .map(|s| Target {
+            name: s.policy.into(),
+            base_url: format!("http://{}", s.proxy.local_addr()),
+            stats: s.stats.clone(),
+        })
         .collect();
     if o.table {
         println!(

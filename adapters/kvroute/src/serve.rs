@@ -7,7 +7,9 @@ use std::sync::Arc;
 use clap::Args;
 
 use kvroute_driver::Driver;
-use kvroute_events::{runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector};
+use kvroute_events::{
+    runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector,
+};
 use kvroute_proxy::{ProxyConfig, Tokenize, TokenizeError, Tokenizers, WorkerConfig};
 use router_core::hash::BlockSize;
 use router_core::WorkerKey;
@@ -102,10 +104,16 @@ impl Subscriptions {
     }
 
     /// Subscribes to one worker's events (if it names an endpoint).
-    pub async fn add(&mut self, cfg: &ProxyConfig, handle: &kvroute_proxy::ServeHandle, w: &WorkerConfig) -> Result<(), String> {
+    pub async fn add(
+        &mut self,
+        cfg: &ProxyConfig,
+        handle: &kvroute_proxy::ServeHandle,
+        w: &WorkerConfig,
+    ) -> Result<(), String> {
         let Some(endpoint) = &w.kv_events else { return Ok(()) };
         let driver = handle.driver(&w.model).ok_or_else(|| format!("worker {}: unknown model {}", w.id, w.model))?;
-        let block = cfg.models.iter().find(|m| m.name == w.model).and_then(|m| m.block_size).unwrap_or(cfg.router.block_size);
+        let block =
+            cfg.models.iter().find(|m| m.name == w.model).and_then(|m| m.block_size).unwrap_or(cfg.router.block_size);
         let block_size = BlockSize::new(block).map_err(|e| e.to_string())?;
         let ingest = self.by_model.entry(w.model.clone()).or_insert_with(|| {
             let (h, _task) = runner::spawn(RunnerConfig::default(), ZmqConnector::default(), DriverSink(driver));

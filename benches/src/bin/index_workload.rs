@@ -247,9 +247,15 @@ fn rate(n: u64, ns: u64) -> f64 {
     }
 }
 
-fn cpu_delta(start: Option<u64>) -> Value {
-    match (start, cpu_time_ns()) {
-        (Some(a), Some(b)) => json!((b.saturating_sub(a)) as f64 / 1e9),
+/// CPU seconds since `start` (a [`cpu_time_ns`] reading), if both readings exist.
+fn cpu_delta(start: Option<u64>) -> Option<f64> {
+    Some(cpu_time_ns()?.saturating_sub(start?) as f64 / 1e9)
+}
+
+/// `n` per CPU second, or null without a CPU clock.
+fn cpu_rate(n: u64, cpu_s: Option<f64>) -> Value {
+    match cpu_s {
+        Some(s) if s > 0.0 => json!(n as f64 / s),
         _ => Value::Null,
     }
 }
@@ -315,6 +321,7 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "remove_plan": args.plan.as_str(),
         "mode": "time",
         "a_events_per_s": rate(n, t_a),
+        "a_blocks_per_cpu_s": cpu_rate(blocks_listed, cpu_a),
         "a_blocks_per_s": rate(blocks_listed, t_a),
         "a_entries": stats_a.entries,
         "a_distinct_blocks": stats_a.blocks,
@@ -331,6 +338,7 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "c_entries_left": stats_c.entries,
         "c_blocks_per_s": rate(c_listed, t_c),
         "c_entries_removed_per_s": rate(c_removed, t_c),
+        "c_blocks_per_cpu_s": cpu_rate(c_listed, cpu_c),
         "d_p50_ns": nearest_rank(&lat_d, 50.0),
         "d_p99_ns": nearest_rank(&lat_d, 99.0),
         "d_max_ns": lat_d.last().copied().unwrap_or(0),
@@ -384,7 +392,9 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "remove_plan": args.plan.as_str(),
         "mode": "mem",
         "a_entries": stats_a.entries,
-        "bytes_per_entry": heap_growth as f64 / entries,
+        // VmRSS growth when available (it includes allocator overhead), else heap.
+        "bytes_per_entry": per(rss_growth).unwrap_or(heap_growth as f64 / entries),
+        "heap_bytes_per_entry": heap_growth as f64 / entries,
         "rss_bytes_per_entry": per(rss_growth),
         "heap_growth_bytes_a": heap_growth,
         "rss_growth_bytes_a": rss_growth,

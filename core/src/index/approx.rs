@@ -1,10 +1,5 @@
-//! [`ApproxIndex`]: predicted cache contents for fleets that publish no KV events.
-//!
-//! After each routing decision the caller records the request's blocks as resident on
-//! the chosen key. A prediction lives `ttl_ms` after it was last recorded, and each key
-//! keeps at most `blocks_max_per_worker` of them, dropping its least recently recorded
-//! first. Blocks of one record are stamped leaf first, so a key at its bound loses the
-//! deep ends of old chains before their shared prefixes, as a prefix cache would.
+//! [`ApproxIndex`]: predicted cache contents for fleets that publish no KV events. It
+//! leaves deciding what to record (and when) to the router.
 //!
 //! Every prediction sits on three lists: the chain of its sequence hash (to answer
 //! queries), its key's recency list (for the per-key bound) and one global recency list.
@@ -13,7 +8,7 @@
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
-use core::mem;
+use core::{fmt, mem};
 use hashbrown::HashTable;
 
 use super::scores::OverlapScores;
@@ -77,7 +72,14 @@ struct Entry {
     same: u32,
 }
 
-/// Predicted prefix index with TTL and per-key LRU bounds; see the [module docs](self).
+/// Predicted prefix index with TTL and per-key LRU bounds.
+///
+/// After each routing decision the caller records the request's blocks as resident on
+/// the chosen key. A prediction lives `ttl_ms` after it was last recorded, and each key
+/// keeps at most `blocks_max_per_worker` of them, dropping its least recently recorded
+/// first; a record's blocks are stamped leaf first, so a key at its bound loses the deep
+/// ends of old chains before their shared prefixes. Memory: about 45 bytes per
+/// prediction, at most `keys_max × blocks_max_per_worker` of them.
 ///
 /// Calling order: `record` after each decision; `find_matches` to score a request;
 /// sleep until [`ApproxIndex::poll_timeout`], then call
@@ -96,6 +98,16 @@ pub struct ApproxIndex {
     live: usize,
     /// The latest `now` seen; earlier times are treated as this one.
     now_max: Instant,
+}
+
+impl fmt::Debug for ApproxIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApproxIndex")
+            .field("cfg", &self.cfg)
+            .field("keys", &self.keys.len())
+            .field("entries", &self.live)
+            .finish()
+    }
 }
 
 impl ApproxIndex {

@@ -3,10 +3,9 @@
 //!
 //! Blocks stored by one event land in consecutive slots, so a later walk along the same
 //! chain (a query, or an event re-stating a prefix) finds the next block by comparing
-//! the next slot's hash instead of probing the table. Where a chain continues in another
-//! event's slots, the slot it left remembers where it went (`next`), which saves the
-//! probe when the walk follows the same branch again. A walk reads 8 bytes per block
-//! (the hash) plus one bit (where the holder set changes).
+//! the next slot's hash instead of probing the table. A walk reads 8 bytes per block
+//! (the hash) plus one bit (where the holder set changes); the 4-byte holder set is read
+//! only where a run starts.
 //!
 //! A block whose last holder leaves becomes a dead slot. When dead slots outnumber live
 //! ones, [`Blocks::compact_if_sparse`] squeezes them out in one pass, keeping order.
@@ -14,10 +13,10 @@
 use alloc::vec::Vec;
 
 use super::sets::{mix, SetId, EMPTY};
-use super::table::{SlotTable, SLOT_MAX};
+use super::table::{SlotTable, Vacant, SLOT_MAX};
 
-/// "No hint" in [`Blocks::next`].
-const NO_NEXT: u32 = u32::MAX;
+/// Marks a dead slot in the compaction map.
+const GONE: u32 = u32::MAX;
 
 /// Dead slots tolerated before compaction, whatever the live count (tiny in tests, so
 /// that model tests compact often).
@@ -29,8 +28,6 @@ pub(crate) struct Blocks {
     pub(crate) seqs: Vec<u64>,
     /// Holder set per slot; [`EMPTY`] marks a dead slot.
     pub(crate) sets: Vec<SetId>,
-    /// Per slot, a slot where some stored chain continued after it (a hint: verify).
-    next: Vec<u32>,
     /// One bit per slot: set where a run of equal live holder sets starts (slot 0, a
     /// dead slot, or a set unlike the previous slot's), so a walk finds how far its run
     /// goes from the bits alone and compares only hashes inside it.
@@ -39,12 +36,12 @@ pub(crate) struct Blocks {
     seed: u64,
 }
 
-/// Where a block lives, or the table tag to insert it under.
-pub(crate) type Located = Result<u32, u32>;
+/// Where a block lives, or where to insert it.
+pub(crate) type Located = Result<u32, Vacant>;
 
 impl Blocks {
     pub(crate) fn new(seed: u64) -> Self {
-        Blocks { seqs: Vec::new(), sets: Vec::new(), next: Vec::new(), cuts: Vec::new(), table: SlotTable::new(), seed }
+        Blocks { seqs: Vec::new(), sets: Vec::new(), cuts: Vec::new(), table: SlotTable::new(), seed }
     }
 
     /// Arena slots, live or dead.
@@ -57,9 +54,9 @@ impl Blocks {
         self.table.len()
     }
 
-    /// The table tag of `seq`.
+    /// The table tag of `seq` (odd: the table marks unused ways with tag 0).
     pub(crate) fn tag(&self, seq: u64) -> u32 {
-        (mix(self.seed, seq) >> 32) as u32
+        (mix(self.seed, seq) >> 32) as u32 | 1
     }
 
     /// Loads the table lines of `seqs` all at once, so that the lookups that follow
@@ -75,8 +72,7 @@ impl Blocks {
     }
 
     fn locate_tagged(&self, seq: u64, tag: u32) -> Option<u32> {
-        let seqs = &self.seqs;
-        self.table.find(tag, |s| seqs[s as usize] == seq)
+        self.table.find(tag, |s| self.seqs[s as usize] == seq)
     }
 
     /// Whether slot `s` exists, is live, and holds `seq`.
@@ -122,29 +118,22 @@ impl Blocks {
     }
 
     /// The live slot of `seq` for a walk that is at slot `prev`: tries the slot after
-    /// it, then its hint, then the table. `Err(tag)` if absent.
-    pub(crate) fn find_after(&self, seq: u64, prev: Option<u32>) -> Located {
-        match self.follow(seq, prev) {
-            Some(s) => Ok(s),
-            None => self.lookup(seq),
-        }
+    /// it, then the table.
+    pub(crate) fn find_after(&self, seq: u64, prev: Option<u32>) -> Option<u32> {
+        self.follow(seq, prev).or_else(|| self.locate(seq))
     }
 
-    /// The slot after `prev`, or its hint, if it is `seq`'s live slot.
+    /// The slot after `prev`, if it is `seq`'s live slot.
     pub(crate) fn follow(&self, seq: u64, prev: Option<u32>) -> Option<u32> {
-        let p = prev?;
-        let after = p.wrapping_add(1);
-        if self.is_live_at(after, seq) {
-            return Some(after);
-        }
-        let hint = self.next[p as usize];
-        (hint != NO_NEXT && self.is_live_at(hint, seq)).then_some(hint)
+        let after = prev?.wrapping_add(1);
+        self.is_live_at(after, seq).then_some(after)
     }
 
-    /// The live slot of `seq` from the table; `Err(tag)` if absent.
-    pub(crate) fn lookup(&self, seq: u64) -> Located {
+    /// The live slot of `seq`, or where [`Blocks::push`] would record it.
+    pub(crate) fn lookup(&mut self, seq: u64) -> Located {
         let tag = self.tag(seq);
-        self.locate_tagged(seq, tag).ok_or(tag)
+        let seqs = &self.seqs;
+        self.table.find_or_vacant(tag, |s| seqs[s as usize] == seq)
     }
 
     /// Like [`Blocks::find_after`], but also tries the slot before `near` (removals
@@ -155,30 +144,29 @@ impl Blocks {
                 return Some(before);
             }
         }
-        self.find_after(seq, near).ok()
+        self.find_after(seq, near)
     }
 
-    /// Records that a chain went from slot `from` to slot `to`.
-    pub(crate) fn link(&mut self, from: Option<u32>, to: u32) {
-        if let Some(f) = from {
-            if f.wrapping_add(1) != to {
-                self.next[f as usize] = to;
-            }
-        }
-    }
-
-    /// Appends a block, known absent (`tag` from [`Blocks::find_after`]), as a new live
-    /// slot with holder set `set`. `None` when the arena is full.
-    pub(crate) fn push(&mut self, seq: u64, tag: u32, set: SetId) -> Option<u32> {
+    /// Appends a block found absent by [`Blocks::lookup`] (with no change to the index
+    /// since), as a new live slot with holder set `set`. `None` when the arena is full.
+    pub(crate) fn push(&mut self, seq: u64, at: Vacant, set: SetId) -> Option<u32> {
         let slot = u32::try_from(self.seqs.len()).ok().filter(|&s| s <= SLOT_MAX)?;
-        self.table.insert(tag, slot);
+        self.table.fill(at, slot);
+        if self.seqs.len() == self.seqs.capacity() {
+            // Grow by half rather than double: the arena is most of the index.
+            let more = (self.seqs.len() / 2).max(64);
+            self.seqs.reserve_exact(more);
+            self.sets.reserve_exact(more);
+        }
         self.seqs.push(seq);
         self.sets.push(set);
-        self.next.push(NO_NEXT);
-        if self.cuts.len() * 64 < self.seqs.len() {
+        // A new slot starts a run unless it continues the previous slot's set.
+        let s = slot as usize;
+        let cut = s == 0 || self.sets[s - 1] != set;
+        if s == self.cuts.len() * 64 {
             self.cuts.push(0);
         }
-        self.update_cut(slot as usize);
+        self.cuts[s / 64] |= u64::from(cut) << (s % 64);
         Some(slot)
     }
 
@@ -201,23 +189,16 @@ impl Blocks {
         let mut w = 0;
         for r in 0..self.slots() {
             if self.sets[r] == EMPTY {
-                remap.push(NO_NEXT);
+                remap.push(GONE);
                 continue;
             }
             remap.push(w as u32);
             self.seqs[w] = self.seqs[r];
             self.sets[w] = self.sets[r];
-            self.next[w] = self.next[r];
             w += 1;
         }
         shorten(&mut self.seqs, w);
         shorten(&mut self.sets, w);
-        shorten(&mut self.next, w);
-        for n in &mut self.next {
-            if *n != NO_NEXT {
-                *n = remap[*n as usize];
-            }
-        }
         self.cuts.clear();
         self.cuts.resize(w.div_ceil(64), 0);
         for s in 0..w {
@@ -229,10 +210,7 @@ impl Blocks {
 
     /// Heap bytes held by the arena and the table.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.seqs.capacity() * 8
-            + (self.sets.capacity() + self.next.capacity()) * 4
-            + self.cuts.capacity() * 8
-            + self.table.heap_bytes()
+        self.seqs.capacity() * 8 + self.sets.capacity() * 4 + self.cuts.capacity() * 8 + self.table.heap_bytes()
     }
 }
 

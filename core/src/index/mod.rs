@@ -10,32 +10,39 @@
 //!
 //! # Layout and cost
 //!
-//! Every block some worker holds has one slot in an arena, in arrival order, storing its
-//! sequence hash (8 bytes) and the id of its *holder set* (4 bytes): which worker slots
-//! hold it, in which tiers. Holder sets are interned and shared, so a block held by a
-//! hundred workers costs no more than one held by one. A hash table maps a sequence
-//! hash to its slot with one 4-byte entry per block. A chain stored by one event sits
-//! in consecutive slots, so walking along a chain is a sequential scan: a query or an
-//! event probes the table only where the chain or its holders change.
+//! Every block some worker holds has one slot in an arena, in arrival order: its
+//! sequence hash (8 bytes), the id of its *holder set* (4 bytes: which worker keys hold
+//! it, in which tiers) and one bit marking where a run of equal holder sets starts.
+//! Holder sets are interned and shared, so a block held by a hundred workers costs no
+//! more than one held by one. A hash table maps a sequence hash to its slot through
+//! 8-byte entries packed eight to a cache line, so a probe costs one cache miss. A chain
+//! stored by one event sits in consecutive slots, so walking a chain is a sequential
+//! scan of hashes: a query or an event probes the table only where the chain leaves
+//! the arena's order, and looks at holder sets only where they change.
 //!
-//! * Memory: about 12 bytes of arena plus 5 to 10 bytes of table per distinct block
-//!   (the table is a power of two sized at most 8/7 of the blocks), growth slack up to
-//!   twice that, plus one holder set per distinct set (tiny in practice). Per (worker,
-//!   block) entry that is 18 bytes measured on the Mooncake conversation workload at 16
-//!   workers, and less as more workers share blocks. It is bounded by
-//!   [`IndexConfig::keys_max`] times [`IndexConfig::blocks_max_per_worker`] blocks.
-//! * `Stored` and `Removed`: O(blocks in the event), plus one amortised compaction pass
-//!   (see below). `Cleared`, [`PrefixIndex::clear_key`] and
+//! * Memory per distinct block: 12.1 bytes of arena plus 9 to 18 bytes of table (it
+//!   doubles when 7/8 full), plus up to half again of the arena as growth slack. Per
+//!   (worker key, block) entry that is the per-block figure divided by the keys sharing
+//!   a block: measured on the Mooncake conversation workload, 17.0 bytes of heap per
+//!   entry at 16 workers and 16.4 at 128. Each distinct holder set costs about 60 bytes
+//!   plus 32 bytes per 64 worker keys; real fleets have a few thousand (1,305 and 3,818
+//!   in that workload), and there are never more than live blocks. The total is bounded
+//!   by [`IndexConfig::keys_max`] × [`IndexConfig::blocks_max_per_worker`] entries (and
+//!   by 2³² − 2 arena slots).
+//! * `Stored` and `Removed`: O(blocks in the event), plus the occasional table growth
+//!   or arena compaction (below). `Cleared`, [`PrefixIndex::clear_key`] and
 //!   [`PrefixIndex::remove_worker`] scan the whole arena: O(blocks in the index). They
 //!   are rare (a worker restart or departure), which is why the index keeps no
 //!   per-worker list of blocks.
-//! * A query is O(blocks of the query it walks) with a small constant (two sequential
-//!   arrays), plus one table probe and O(workers / 64) word operations wherever the
-//!   walk leaves a stored chain or the set of holders changes.
-//! * When dead slots outnumber live ones, the next operation compacts the arena in one
-//!   O(blocks) pass, so a single `apply` can take that long; it happens at most once per
-//!   as many removals as there are live blocks.
+//! * A query is O(blocks of the query it walks) with a small constant (8 bytes of arena
+//!   per block, compared eight at a time), plus one table probe and O(keys / 64) word
+//!   operations wherever the walk leaves a stored chain or the holders change, plus
+//!   O(keys matched) to write the answer.
+//! * The table grows by rebuilding (O(blocks), reading its own lines in order), and
+//!   when dead slots outnumber live ones the arena is compacted in one O(blocks) pass.
+//!   Either makes a single `apply` that long; both are amortised O(1) per block.
 
+mod apply;
 mod approx;
 mod blocks;
 mod query;
@@ -56,15 +63,15 @@ use core::fmt;
 use crate::hash::{BlockHash, SeqHash};
 use crate::types::{Tier, WorkerId, WorkerKey};
 use blocks::Blocks;
-use sets::{SetId, Sets, EMPTY};
+use sets::Sets;
 
 /// What a `Stored` event whose parent the key does not hold does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum UnknownParentPolicy {
     /// Store the blocks anyway, as if the chain started there, and report it in
     /// [`ApplySummary::unknown_parent`]. The default: a missed event should cost cache
-    /// hits, not the blocks that follow it. Overlap still counts only from block 0 of a
-    /// query, so such blocks match only once their prefix is stored too.
+    /// hits, not the blocks that follow it. Overlap counts from a query's first block,
+    /// so such blocks lengthen an overlap only once the blocks before them are held.
     #[default]
     AcceptAsRoot,
     /// Refuse the whole event with [`IndexError::UnknownParent`].
@@ -221,19 +228,10 @@ pub struct PrefixIndex {
     counters: IndexStats,
 }
 
-/// Table lines a `Stored` event fetches at once when it leaves a stored chain.
-const PRELOAD_BLOCKS: usize = 16;
-
-/// A one-entry cache of the holder-set change an event makes. Sets are freed only at
-/// the end of an operation, so an entry stays right for the whole operation.
-#[derive(Clone, Copy)]
-struct Memo {
-    from: SetId,
-    to: SetId,
-}
-
-impl Memo {
-    const NONE: Memo = Memo { from: SetId::MAX, to: EMPTY };
+impl fmt::Debug for PrefixIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PrefixIndex").field("cfg", &self.cfg).field("stats", &self.stats()).finish()
+    }
 }
 
 impl PrefixIndex {
@@ -329,182 +327,6 @@ impl PrefixIndex {
     fn finish_op(&mut self) {
         self.sets.collect();
         self.blocks.compact_if_sparse();
-    }
-
-    fn store(
-        &mut self,
-        key: WorkerKey,
-        parent: Option<SeqHash>,
-        blocks: &[BlockHash],
-        tier: Tier,
-        sum: &mut ApplySummary,
-    ) -> Result<(), IndexError> {
-        let known = self.keys.get(&key).copied();
-        if known.is_none() && self.keys.len() >= self.cfg.keys_max as usize {
-            return Err(IndexError::KeysFull { key, keys_max: self.cfg.keys_max });
-        }
-        let mut hint = None;
-        if let Some(p) = parent {
-            hint = self.blocks.locate(p.0);
-            let held = matches!((known, hint), (Some(w), Some(s))
-                if self.sets.holds(self.blocks.sets[s as usize], w));
-            if !held {
-                self.counters.unknown_parents += 1;
-                if self.cfg.unknown_parent == UnknownParentPolicy::Reject {
-                    return Err(IndexError::UnknownParent { parent: p });
-                }
-                sum.unknown_parent = true;
-            }
-        }
-        if blocks.is_empty() {
-            return Ok(());
-        }
-        let w = match known {
-            Some(w) => w,
-            None => self.add_key(key),
-        };
-        let cap = self.cfg.blocks_max_per_worker.unwrap_or(u32::MAX);
-        let (mut memo, mut fresh, mut preloaded) = (Memo::NONE, None, 0);
-        for (i, b) in blocks.iter().enumerate() {
-            let seq = b.seq.0;
-            let found = self.blocks.follow(seq, hint).ok_or(()).or_else(|()| {
-                // Off the stored chain: the blocks after this one will likely need the
-                // table too, so fetch their lines together.
-                if i >= preloaded {
-                    preloaded = i + PRELOAD_BLOCKS;
-                    self.blocks.preload(blocks[i..].iter().take(PRELOAD_BLOCKS).map(|b| b.seq.0));
-                }
-                self.blocks.lookup(seq)
-            });
-            let stored = match found {
-                Ok(slot) => self.store_held(w, tier, slot, cap, &mut memo),
-                Err(tag) => self.store_new(w, tier, seq, tag, cap, &mut fresh),
-            };
-            match stored {
-                Some((slot, added)) => {
-                    sum.added += u32::from(added);
-                    sum.duplicates += u32::from(!added);
-                    self.blocks.link(hint, slot);
-                    hint = Some(slot);
-                }
-                None => {
-                    sum.evicted += (blocks.len() - i) as u32;
-                    break;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Adds `w in tier` to the live block at `slot`: `(slot, true)` if added, `(slot,
-    /// false)` if already there, `None` if the key's bound refuses it.
-    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, cap: u32, memo: &mut Memo) -> Option<(u32, bool)> {
-        let old = self.blocks.sets[slot as usize];
-        if self.sets.contains(old, w, tier) {
-            return Some((slot, false));
-        }
-        if !self.sets.holds(old, w) {
-            if self.slot_entries[w as usize] >= cap {
-                return None;
-            }
-            self.slot_entries[w as usize] += 1;
-        }
-        if memo.from != old {
-            *memo = Memo { from: old, to: self.sets.with(old, w, tier, true) };
-        }
-        self.blocks.set_holders(slot as usize, memo.to);
-        self.sets.acquire(memo.to, 1);
-        self.sets.release(old, 1);
-        Some((slot, true))
-    }
-
-    /// Adds a block no key holds, held by `w` alone; `None` if a bound refuses it.
-    /// `fresh` caches the id of the set `{w in tier}` across one event.
-    fn store_new(
-        &mut self,
-        w: u32,
-        tier: Tier,
-        seq: u64,
-        tag: u32,
-        cap: u32,
-        fresh: &mut Option<SetId>,
-    ) -> Option<(u32, bool)> {
-        if self.slot_entries[w as usize] >= cap {
-            return None;
-        }
-        let set = *fresh.get_or_insert_with(|| self.sets.with(EMPTY, w, tier, true));
-        let slot = self.blocks.push(seq, tag, set)?;
-        self.sets.acquire(set, 1);
-        self.slot_entries[w as usize] += 1;
-        Some((slot, true))
-    }
-
-    fn remove(&mut self, key: WorkerKey, blocks: &[SeqHash], tier: Tier, sum: &mut ApplySummary) {
-        let Some(&w) = self.keys.get(&key) else {
-            sum.absent = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
-            return;
-        };
-        let (mut memo, mut hint) = (Memo::NONE, None);
-        for seq in blocks {
-            let Some(slot) = self.blocks.locate_near(seq.0, hint) else {
-                sum.absent += 1;
-                continue;
-            };
-            hint = Some(slot);
-            let old = self.blocks.sets[slot as usize];
-            if !self.sets.contains(old, w, tier) {
-                sum.absent += 1;
-                continue;
-            }
-            if memo.from != old {
-                memo = Memo { from: old, to: self.sets.with(old, w, tier, false) };
-            }
-            let new = memo.to;
-            if !self.sets.holds(new, w) {
-                self.slot_entries[w as usize] -= 1;
-            }
-            self.blocks.set_holders(slot as usize, new);
-            self.sets.acquire(new, 1);
-            self.sets.release(old, 1);
-            if new == EMPTY {
-                self.blocks.kill(slot);
-            }
-            sum.removed += 1;
-        }
-    }
-
-    /// Removes worker slots `slots` from every block, in one scan of the arena.
-    fn purge(&mut self, slots: &[u32]) {
-        let mut mask = Vec::new();
-        for &s in slots {
-            let w = s as usize / 64;
-            if mask.len() <= w {
-                mask.resize(w + 1, 0u64);
-            }
-            mask[w] |= 1 << (s % 64);
-            self.slot_entries[s as usize] = 0;
-        }
-        // Each live set's image, computed once; the scan then only reads this table.
-        let ids: Vec<SetId> = self.sets.live_ids().collect();
-        let mut image: Vec<SetId> = (0..self.sets.id_bound() as SetId).collect();
-        for id in ids {
-            let hit = self.sets.any(id).iter().zip(&mask).any(|(a, m)| a & m != 0);
-            if hit {
-                image[id as usize] = self.sets.without(id, &mask);
-            }
-        }
-        for slot in 0..self.blocks.slots() {
-            let old = self.blocks.sets[slot];
-            let new = image[old as usize];
-            if new != old {
-                self.blocks.set_holders(slot, new);
-                self.sets.acquire(new, 1);
-                self.sets.release(old, 1);
-                if new == EMPTY {
-                    self.blocks.kill(slot as u32);
-                }
-            }
-        }
     }
 
     /// Gives `key` the smallest free worker slot.

@@ -71,7 +71,7 @@ impl PrefixIndex {
                 stop(sc, end);
                 return end;
             }
-            let Ok(next) = self.blocks.find_after(seq[end].0, Some(slot)) else {
+            let Some(next) = self.blocks.find_after(seq[end].0, Some(slot)) else {
                 stop(sc, end);
                 return end + 1;
             };

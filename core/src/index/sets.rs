@@ -7,7 +7,6 @@
 //! index operation ([`Sets::collect`]), never in the middle of one, so an id stays valid
 //! (and a memoised transition stays right) for the whole operation.
 
-use alloc::boxed::Box;
 use alloc::vec::Vec;
 use hashbrown::HashTable;
 
@@ -19,12 +18,21 @@ pub(crate) type SetId = u32;
 /// The empty set: never freed, never counted.
 pub(crate) const EMPTY: SetId = 0;
 
+/// Dead pool words tolerated before compacting the pool (tiny in tests, so that model
+/// tests compact often).
+const POOL_DEAD_WORDS_MIN: usize = if cfg!(test) { 8 } else { 1024 };
+
 /// Bit groups of a set's words, in order: any tier, then one group per tier.
 const GROUPS: usize = 4;
 
 /// All distinct holder sets in use.
 pub(crate) struct Sets {
     recs: Vec<Rec>,
+    /// Every set's words, back to back (a query reads a few sets; keeping them dense
+    /// keeps them cached).
+    pool: Vec<u64>,
+    /// Words of freed sets still in `pool`.
+    pool_dead: usize,
     free: Vec<SetId>,
     intern: HashTable<SetId>,
     seed: u64,
@@ -35,9 +43,11 @@ pub(crate) struct Sets {
 
 /// One interned set.
 struct Rec {
-    /// `n` words per group, groups `[any, device, host, disk]`; the last `any` word is
-    /// non-zero (no trailing empty words), so equal sets have equal words.
-    words: Box<[u64]>,
+    /// Its words are `pool[off..off + 4 * n]`: `n` words per group, groups `[any,
+    /// device, host, disk]`; the last `any` word is non-zero (no trailing empty words),
+    /// so equal sets have equal words.
+    off: u32,
+    n: u32,
     /// Blocks whose holder set this is.
     refs: u32,
     hash: u64,
@@ -57,15 +67,17 @@ const fn tier_group(tier: Tier) -> usize {
 /// A seeded folded multiply: cheap, and with an unknown seed an outsider cannot aim
 /// inputs at one bucket.
 pub(crate) fn mix(seed: u64, x: u64) -> u64 {
-    let m = u128::from(x ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+    let m = u128::from(x ^ seed) * u128::from(0x9E37_79B9_7F4A_7C15_u64);
     (m as u64) ^ ((m >> 64) as u64)
 }
 
 impl Sets {
     pub(crate) fn new(seed: u64) -> Self {
-        let empty = Rec { words: Box::new([]), refs: 0, hash: 0, live: true, lower_tiers: false };
+        let empty = Rec { off: 0, n: 0, refs: 0, hash: 0, live: true, lower_tiers: false };
         Sets {
             recs: alloc::vec![empty],
+            pool: Vec::new(),
+            pool_dead: 0,
             free: Vec::new(),
             intern: HashTable::new(),
             seed,
@@ -76,14 +88,19 @@ impl Sets {
 
     /// Words per group of set `id`.
     fn n(&self, id: SetId) -> usize {
-        self.recs[id as usize].words.len() / GROUPS
+        self.recs[id as usize].n as usize
+    }
+
+    /// All words of set `id`.
+    fn words(&self, id: SetId) -> &[u64] {
+        let rec = &self.recs[id as usize];
+        let off = rec.off as usize;
+        &self.pool[off..off + GROUPS * rec.n as usize]
     }
 
     fn bit(&self, id: SetId, group: usize, slot: u32) -> bool {
-        let rec = &self.recs[id as usize];
-        let n = rec.words.len() / GROUPS;
-        let w = slot as usize / 64;
-        w < n && rec.words[group * n + w] & (1 << (slot % 64)) != 0
+        let (n, w) = (self.n(id), slot as usize / 64);
+        w < n && self.words(id)[group * n + w] & (1 << (slot % 64)) != 0
     }
 
     /// Whether `slot` holds the block in `tier`.
@@ -98,8 +115,7 @@ impl Sets {
 
     /// The slots holding the block in any tier, one bit per slot.
     pub(crate) fn any(&self, id: SetId) -> &[u64] {
-        let rec = &self.recs[id as usize];
-        &rec.words[..rec.words.len() / GROUPS]
+        &self.words(id)[..self.n(id)]
     }
 
     /// Whether some slot holds the block only below the device tier.
@@ -109,12 +125,11 @@ impl Sets {
 
     /// Word `w` of the slots whose best tier is host, and of those whose best is disk.
     pub(crate) fn lower_words(&self, id: SetId, w: usize) -> (u64, u64) {
-        let rec = &self.recs[id as usize];
-        let n = rec.words.len() / GROUPS;
+        let (n, words) = (self.n(id), self.words(id));
         if w >= n {
             return (0, 0);
         }
-        let (dev, host, disk) = (rec.words[n + w], rec.words[2 * n + w], rec.words[3 * n + w]);
+        let (dev, host, disk) = (words[n + w], words[2 * n + w], words[3 * n + w]);
         (host & !dev, disk & !dev & !host)
     }
 
@@ -147,8 +162,9 @@ impl Sets {
 
     /// Copies set `id` into the scratch buffer, widened to `n` words per group.
     fn load_scratch(&mut self, id: SetId, n: usize) {
-        let src = &self.recs[id as usize].words;
-        let old_n = src.len() / GROUPS;
+        let old_n = self.n(id);
+        let off = self.recs[id as usize].off as usize;
+        let src = &self.pool[off..off + GROUPS * old_n];
         self.scratch.clear();
         self.scratch.resize(GROUPS * n, 0);
         for g in 0..GROUPS {
@@ -175,15 +191,18 @@ impl Sets {
         }
         let words = &self.scratch[..];
         let hash = words.iter().fold(self.seed, |h, &x| mix(h, x));
-        let recs = &self.recs;
-        if let Some(&id) = self.intern.find(hash, |&i| recs[i as usize].words[..] == *words) {
+        if let Some(&id) = self.intern.find(hash, |&i| self.words(i) == words) {
             return id;
         }
         let lower_tiers = (0..m).any(|w| {
             let (d, h, k) = (words[m + w], words[2 * m + w], words[3 * m + w]);
             (h | k) & !d != 0
         });
-        let rec = Rec { words: words.into(), refs: 0, hash, live: true, lower_tiers };
+        // The pool stays far below u32::MAX words: sets are bounded by blocks, and
+        // `collect` compacts it when half of it is dead.
+        let off = self.pool.len() as u32;
+        let rec = Rec { off, n: m as u32, refs: 0, hash, live: true, lower_tiers };
+        self.pool.extend_from_slice(&self.scratch);
         let id = match self.free.pop() {
             Some(id) => {
                 self.recs[id as usize] = rec;
@@ -232,13 +251,27 @@ impl Sets {
                 continue;
             }
             rec.live = false;
-            rec.words = Box::new([]);
+            self.pool_dead += GROUPS * rec.n as usize;
             let hash = rec.hash;
             if let Ok(e) = self.intern.find_entry(hash, |&i| i == id) {
                 e.remove();
             }
             self.free.push(id);
         }
+        if self.pool_dead > POOL_DEAD_WORDS_MIN && self.pool_dead * 2 > self.pool.len() {
+            self.compact_pool();
+        }
+    }
+
+    /// Drops the words of freed sets from the pool, keeping set order.
+    fn compact_pool(&mut self) {
+        let old = core::mem::take(&mut self.pool);
+        for rec in self.recs.iter_mut().filter(|r| r.live) {
+            let (off, len) = (rec.off as usize, GROUPS * rec.n as usize);
+            rec.off = self.pool.len() as u32;
+            self.pool.extend_from_slice(&old[off..off + len]);
+        }
+        self.pool_dead = 0;
     }
 
     /// Ids of the live sets, ascending (the empty set excluded).
@@ -258,9 +291,8 @@ impl Sets {
 
     /// Heap bytes held (approximate: allocator overhead not counted).
     pub(crate) fn heap_bytes(&self) -> usize {
-        let words: usize = self.recs.iter().map(|r| r.words.len() * 8).sum();
         self.recs.capacity() * core::mem::size_of::<Rec>()
-            + words
+            + self.pool.capacity() * 8
             + self.intern.allocation_size()
             + (self.free.capacity() + self.pending.capacity()) * 4
             + self.scratch.capacity() * 8

@@ -2,12 +2,13 @@
 //! built so that a lookup costs one cache miss.
 //!
 //! A bucket is one 64-byte cache line of eight `(tag, slot)` pairs. The tag is the top
-//! 32 bits of the block's seeded hash and the home bucket is the tag's top bits, so a
-//! lookup reads one line (rarely the next: linear probing over buckets) and the caller
-//! confirms a tag match against the arena, which it reads next anyway. Because the home
-//! bucket is a prefix of the tag, growing the table reads the old buckets in order and
-//! never touches the arena. Keys are never stored here; false tag matches are filtered
-//! by the caller's `eq`.
+//! 32 bits of the block's seeded hash with the lowest bit set (a free or dead way has
+//! tag 0), and the home bucket is the tag's top bits, so a lookup reads one line
+//! (rarely the next: linear probing over buckets) and the caller confirms a tag match
+//! against the arena, which it reads next anyway. Because the home bucket is a prefix
+//! of the tag, growing the table reads the old buckets in order and never touches the
+//! arena. Keys are never stored here; false tag matches are filtered by the caller's
+//! `eq`. The table grows when 7/8 of its ways are used, to half full.
 //!
 //! Deleted entries become tombstones unless their bucket was never full (then no probe
 //! sequence runs through it and the entry can simply be emptied); tombstones are
@@ -29,6 +30,26 @@ struct Bucket {
     slots: [u32; WAYS],
 }
 
+impl Bucket {
+    /// Whether some way was never used (written so it compiles to one vector compare).
+    fn has_free(&self) -> bool {
+        self.slots.iter().fold(false, |free, &s| free | (s == FREE))
+    }
+
+    /// The first way free or dead (tag 0), if any.
+    fn open_way(&self) -> Option<usize> {
+        self.tags.iter().position(|&t| t == 0)
+    }
+}
+
+/// Where an absent key would go in a [`SlotTable`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Vacant {
+    bucket: u32,
+    way: u32,
+    tag: u32,
+}
+
 const EMPTY_BUCKET: Bucket = Bucket { tags: [0; WAYS], slots: [FREE; WAYS] };
 
 pub(crate) struct SlotTable {
@@ -37,11 +58,13 @@ pub(crate) struct SlotTable {
     bits: u32,
     live: usize,
     tombs: usize,
+    /// Entries (live or dead) allowed before a rebuild: 7/8 of the ways.
+    used_max: usize,
 }
 
 impl SlotTable {
     pub(crate) fn new() -> Self {
-        SlotTable { buckets: Vec::new(), bits: 0, live: 0, tombs: 0 }
+        SlotTable { buckets: Vec::new(), bits: 0, live: 0, tombs: 0, used_max: 0 }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -49,11 +72,8 @@ impl SlotTable {
     }
 
     fn home(&self, tag: u32) -> usize {
-        if self.bits == 0 {
-            0
-        } else {
-            (tag >> (32 - self.bits)) as usize
-        }
+        // A 64-bit shift by 32 - bits is defined for every table size, 0 bits included.
+        (u64::from(tag) >> (32 - self.bits)) as usize
     }
 
     /// A word of `tag`'s home bucket, for the caller to load early (it cannot fault and
@@ -68,13 +88,15 @@ impl SlotTable {
         let mut b = self.home(tag);
         for _ in 0..self.buckets.len() {
             let bucket = &self.buckets[b];
-            for i in 0..WAYS {
-                let s = bucket.slots[i];
-                if bucket.tags[i] == tag && s < TOMB && eq(s) {
-                    return Some(s);
+            // Any tag equal? (one vector compare); then which.
+            if bucket.tags.iter().fold(false, |hit, &t| hit | (t == tag)) {
+                for i in 0..WAYS {
+                    if bucket.tags[i] == tag && eq(bucket.slots[i]) {
+                        return Some(bucket.slots[i]);
+                    }
                 }
             }
-            if bucket.slots.contains(&FREE) {
+            if bucket.has_free() {
                 return None;
             }
             b = (b + 1) & mask;
@@ -82,33 +104,46 @@ impl SlotTable {
         None
     }
 
-    /// Stores `slot` under `tag`; the caller knows the key is absent. `slot` must not
-    /// exceed [`SLOT_MAX`].
-    pub(crate) fn insert(&mut self, tag: u32, slot: u32) {
-        debug_assert!(slot <= SLOT_MAX);
-        if (self.live + self.tombs + 1) * 8 > self.buckets.len() * WAYS * 7 {
+    /// Like [`SlotTable::find`], but when nothing matches, returns where `tag` would go,
+    /// for [`SlotTable::fill`] (valid until the table next changes). Grows the table
+    /// first if one more entry would pass the load bound.
+    pub(crate) fn find_or_vacant(&mut self, tag: u32, mut eq: impl FnMut(u32) -> bool) -> Result<u32, Vacant> {
+        if self.live + self.tombs >= self.used_max {
             self.rebuild(self.live + 1);
         }
-        let tombs = self.place(tag, slot);
-        self.tombs -= tombs;
+        if let Some(s) = self.find(tag, &mut eq) {
+            return Ok(s);
+        }
+        // Absent: the first free or dead way from home (the probe just read these lines).
+        let mask = self.buckets.len() - 1;
+        let mut b = self.home(tag);
+        // The load bound leaves free ways, so this ends within the table.
+        loop {
+            if let Some(way) = self.buckets[b].open_way() {
+                // Bucket counts stay far below 2^32 (slots are u32, eight per bucket).
+                return Err(Vacant { bucket: b as u32, way: way as u32, tag });
+            }
+            b = (b + 1) & mask;
+        }
+    }
+
+    /// Stores `slot` where [`SlotTable::find_or_vacant`] said. `slot` must not exceed
+    /// [`SLOT_MAX`].
+    pub(crate) fn fill(&mut self, at: Vacant, slot: u32) {
+        debug_assert!(slot <= SLOT_MAX);
+        let (bucket, way) = (&mut self.buckets[at.bucket as usize], at.way as usize);
+        debug_assert!(bucket.tags[way] == 0);
+        self.tombs -= usize::from(bucket.slots[way] == TOMB);
+        bucket.tags[way] = at.tag;
+        bucket.slots[way] = slot;
         self.live += 1;
     }
 
-    /// Puts the pair in the first free or dead way from its home bucket; returns 1 if
-    /// that way was a tombstone.
-    fn place(&mut self, tag: u32, slot: u32) -> usize {
-        let mask = self.buckets.len() - 1;
-        let mut b = self.home(tag);
-        // The load bound leaves free ways, so this finds one within the table.
-        loop {
-            let bucket = &mut self.buckets[b];
-            if let Some(i) = bucket.slots.iter().position(|&s| s >= TOMB) {
-                let was_tomb = usize::from(bucket.slots[i] == TOMB);
-                bucket.tags[i] = tag;
-                bucket.slots[i] = slot;
-                return was_tomb;
-            }
-            b = (b + 1) & mask;
+    /// Stores `slot` under `tag`; the caller knows the key is absent.
+    #[cfg(test)]
+    pub(crate) fn insert(&mut self, tag: u32, slot: u32) {
+        if let Err(at) = self.find_or_vacant(tag, |_| false) {
+            self.fill(at, slot);
         }
     }
 
@@ -118,8 +153,9 @@ impl SlotTable {
         let mut b = self.home(tag);
         for _ in 0..self.buckets.len() {
             let bucket = &mut self.buckets[b];
-            let never_full = bucket.slots.contains(&FREE);
+            let never_full = bucket.has_free();
             if let Some(i) = (0..WAYS).find(|&i| bucket.slots[i] == slot && bucket.tags[i] == tag) {
+                bucket.tags[i] = 0;
                 if never_full {
                     bucket.slots[i] = FREE;
                 } else {
@@ -148,18 +184,32 @@ impl SlotTable {
     }
 
     /// Rebuilds with room for `want` entries at most half full, dropping tombstones.
-    /// Reads the old buckets in order; no arena access.
+    /// Reads the old buckets in order and never touches the arena. A fresh table fills
+    /// each bucket's ways in order, so a count per bucket replaces the search for a
+    /// free way.
     fn rebuild(&mut self, want: usize) {
         let need_buckets = (want * 2).div_ceil(WAYS).max(1).next_power_of_two();
-        let bits = need_buckets.trailing_zeros();
         let old = core::mem::replace(&mut self.buckets, alloc::vec![EMPTY_BUCKET; need_buckets]);
-        self.bits = bits;
+        self.bits = need_buckets.trailing_zeros();
         self.tombs = 0;
+        self.used_max = need_buckets * WAYS / 8 * 7;
+        let mut fill = alloc::vec![0u8; need_buckets];
+        let mask = need_buckets - 1;
         for bucket in &old {
             for i in 0..WAYS {
-                if bucket.slots[i] < TOMB {
-                    self.place(bucket.tags[i], bucket.slots[i]);
+                let (tag, slot) = (bucket.tags[i], bucket.slots[i]);
+                if slot >= TOMB {
+                    continue;
                 }
+                // At most half full, so a bucket with room is near.
+                let mut b = self.home(tag);
+                while fill[b] as usize == WAYS {
+                    b = (b + 1) & mask;
+                }
+                let way = fill[b] as usize;
+                self.buckets[b].tags[way] = tag;
+                self.buckets[b].slots[way] = slot;
+                fill[b] += 1;
             }
         }
     }

@@ -1,0 +1,230 @@
+//! Applying events to a [`PrefixIndex`]: `Stored`, `Removed`, and purging keys.
+//!
+//! Each walks the event's blocks along the arena (the next slot first, the table only
+//! where the chain leaves the arena's order) and moves each block to its new holder
+//! set, caching the set change across a run of blocks that share a set.
+
+use alloc::vec::Vec;
+
+use super::sets::{SetId, EMPTY};
+use super::table::Vacant;
+use super::{ApplySummary, IndexError, PrefixIndex, UnknownParentPolicy};
+use crate::hash::{BlockHash, SeqHash};
+use crate::types::{Tier, WorkerKey};
+
+/// How far ahead a `Stored` event off its stored chain loads table lines.
+const PRELOAD_BLOCKS: usize = 32;
+
+/// A one-entry cache of what storing a block does to a holder set, for one event. Sets
+/// are freed only at the end of an operation, so an entry stays right for the whole
+/// operation, and blocks in a run share their set, so it mostly hits.
+#[derive(Clone, Copy)]
+struct Memo {
+    from: SetId,
+    /// The new set (equal to `from` if the key already held the block in that tier).
+    to: SetId,
+    /// Whether the change moves the key's entry count: storing its first copy of the
+    /// block (in any tier), or removing its last.
+    entry_changes: bool,
+}
+
+impl Memo {
+    const NONE: Memo = Memo { from: SetId::MAX, to: EMPTY, entry_changes: false };
+}
+
+impl PrefixIndex {
+    pub(super) fn store(
+        &mut self,
+        key: WorkerKey,
+        parent: Option<SeqHash>,
+        blocks: &[BlockHash],
+        tier: Tier,
+        sum: &mut ApplySummary,
+    ) -> Result<(), IndexError> {
+        let known = self.keys.get(&key).copied();
+        if known.is_none() && self.keys.len() >= self.cfg.keys_max as usize {
+            return Err(IndexError::KeysFull { key, keys_max: self.cfg.keys_max });
+        }
+        let mut hint = None;
+        if let Some(p) = parent {
+            hint = self.blocks.locate(p.0);
+            let held = matches!((known, hint), (Some(w), Some(s))
+                if self.sets.holds(self.blocks.sets[s as usize], w));
+            if !held {
+                self.counters.unknown_parents += 1;
+                if self.cfg.unknown_parent == UnknownParentPolicy::Reject {
+                    return Err(IndexError::UnknownParent { parent: p });
+                }
+                sum.unknown_parent = true;
+            }
+        }
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let w = match known {
+            Some(w) => w,
+            None => self.add_key(key),
+        };
+        let cap = self.cfg.blocks_max_per_worker.unwrap_or(u32::MAX);
+        let (mut memo, mut fresh, mut preloaded) = (Memo::NONE, None, 0);
+        for (i, b) in blocks.iter().enumerate() {
+            let seq = b.seq.0;
+            let found = match self.blocks.follow(seq, hint) {
+                Some(s) => Ok(s),
+                None => {
+                    // Off the stored chain: the blocks after this one will likely need
+                    // the table too, so keep their lines loading well ahead.
+                    if i + PRELOAD_BLOCKS > preloaded {
+                        let from = preloaded.max(i);
+                        preloaded = (i + 2 * PRELOAD_BLOCKS).min(blocks.len());
+                        self.blocks.preload(blocks[from..preloaded].iter().map(|b| b.seq.0));
+                    }
+                    self.blocks.lookup(seq)
+                }
+            };
+            let stored = match found {
+                Ok(slot) => self.store_held(w, tier, slot, cap, &mut memo),
+                Err(at) => self.store_new(w, tier, seq, at, cap, &mut fresh),
+            };
+            match stored {
+                Some((slot, added)) => {
+                    sum.added += u32::from(added);
+                    sum.duplicates += u32::from(!added);
+                    hint = Some(slot);
+                }
+                None => {
+                    sum.evicted += (blocks.len() - i) as u32;
+                    break;
+                }
+            }
+        }
+        if let Some((set, n)) = fresh {
+            self.sets.acquire(set, n);
+        }
+        Ok(())
+    }
+
+    /// Adds `w in tier` to the live block at `slot`: `(slot, true)` if added, `(slot,
+    /// false)` if already there, `None` if the key's bound refuses it.
+    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, cap: u32, memo: &mut Memo) -> Option<(u32, bool)> {
+        let old = self.blocks.sets[slot as usize];
+        if memo.from != old {
+            let (to, entry_changes) = if self.sets.contains(old, w, tier) {
+                (old, false)
+            } else {
+                (self.sets.with(old, w, tier, true), !self.sets.holds(old, w))
+            };
+            *memo = Memo { from: old, to, entry_changes };
+        }
+        if memo.to == old {
+            return Some((slot, false));
+        }
+        if memo.entry_changes {
+            if self.slot_entries[w as usize] >= cap {
+                return None;
+            }
+            self.slot_entries[w as usize] += 1;
+        }
+        self.blocks.set_holders(slot as usize, memo.to);
+        self.sets.acquire(memo.to, 1);
+        self.sets.release(old, 1);
+        Some((slot, true))
+    }
+
+    /// Adds a block no key holds, held by `w` alone; `None` if a bound refuses it.
+    /// `fresh` holds the id of the set `{w in tier}` for the event and how many new
+    /// blocks took it (the caller acquires them).
+    fn store_new(
+        &mut self,
+        w: u32,
+        tier: Tier,
+        seq: u64,
+        at: Vacant,
+        cap: u32,
+        fresh: &mut Option<(SetId, u32)>,
+    ) -> Option<(u32, bool)> {
+        if self.slot_entries[w as usize] >= cap {
+            return None;
+        }
+        let set = match fresh {
+            Some((set, _)) => *set,
+            None => fresh.insert((self.sets.with(EMPTY, w, tier, true), 0)).0,
+        };
+        let slot = self.blocks.push(seq, at, set)?;
+        // The event counts its new blocks and takes their set once, at its end.
+        if let Some((_, n)) = fresh {
+            *n += 1;
+        }
+        self.slot_entries[w as usize] += 1;
+        Some((slot, true))
+    }
+
+    pub(super) fn remove(&mut self, key: WorkerKey, blocks: &[SeqHash], tier: Tier, sum: &mut ApplySummary) {
+        let Some(&w) = self.keys.get(&key) else {
+            sum.absent = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
+            return;
+        };
+        let (mut memo, mut hint) = (Memo::NONE, None);
+        for seq in blocks {
+            let Some(slot) = self.blocks.locate_near(seq.0, hint) else {
+                sum.absent += 1;
+                continue;
+            };
+            hint = Some(slot);
+            let old = self.blocks.sets[slot as usize];
+            if memo.from != old {
+                let to = if self.sets.contains(old, w, tier) { self.sets.with(old, w, tier, false) } else { old };
+                memo = Memo { from: old, to, entry_changes: !self.sets.holds(to, w) };
+            }
+            let new = memo.to;
+            if new == old {
+                sum.absent += 1;
+                continue;
+            }
+            if memo.entry_changes {
+                self.slot_entries[w as usize] -= 1;
+            }
+            self.blocks.set_holders(slot as usize, new);
+            self.sets.acquire(new, 1);
+            self.sets.release(old, 1);
+            if new == EMPTY {
+                self.blocks.kill(slot);
+            }
+            sum.removed += 1;
+        }
+    }
+
+    /// Removes worker slots `slots` from every block, in one scan of the arena.
+    pub(super) fn purge(&mut self, slots: &[u32]) {
+        let mut mask = Vec::new();
+        for &s in slots {
+            let w = s as usize / 64;
+            if mask.len() <= w {
+                mask.resize(w + 1, 0u64);
+            }
+            mask[w] |= 1 << (s % 64);
+            self.slot_entries[s as usize] = 0;
+        }
+        // Each live set's image, computed once; the scan then only reads this table.
+        let ids: Vec<SetId> = self.sets.live_ids().collect();
+        let mut image: Vec<SetId> = (0..self.sets.id_bound() as SetId).collect();
+        for id in ids {
+            let hit = self.sets.any(id).iter().zip(&mask).any(|(a, m)| a & m != 0);
+            if hit {
+                image[id as usize] = self.sets.without(id, &mask);
+            }
+        }
+        for slot in 0..self.blocks.slots() {
+            let old = self.blocks.sets[slot];
+            let new = image[old as usize];
+            if new != old {
+                self.blocks.set_holders(slot, new);
+                self.sets.acquire(new, 1);
+                self.sets.release(old, 1);
+                if new == EMPTY {
+                    self.blocks.kill(slot as u32);
+                }
+            }
+        }
+    }
+}
