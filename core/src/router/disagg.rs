@@ -115,7 +115,7 @@ impl Router {
             } else {
                 let mut scores = mem::take(&mut self.scratch_scores);
                 scores.clear();
-                self.index.find_matches(&req.blocks, true, &mut scores);
+                self.index.find_matches(&req.blocks, false, &mut scores);
                 let best = eligible
                     .iter()
                     .filter(|k| !self.untrusted.contains(k))

@@ -189,6 +189,7 @@ pub struct Router {
     stats: RouterStats,
     scratch_verdicts: Vec<crate::eligible::Eligibility>,
     scratch_scores: crate::index::OverlapScores,
+    scratch_approx: crate::index::OverlapScores,
 }
 
 impl core::fmt::Debug for Router {
@@ -225,6 +226,7 @@ impl Router {
             stats: RouterStats::default(),
             scratch_verdicts: Vec::new(),
             scratch_scores: crate::index::OverlapScores::new(),
+            scratch_approx: crate::index::OverlapScores::new(),
             cfg,
         }
     }

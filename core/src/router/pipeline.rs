@@ -136,9 +136,17 @@ impl Router {
 
         let mut scores = mem::take(&mut self.scratch_scores);
         scores.clear();
-        self.index.find_matches(&req.blocks, true, &mut scores);
+        // Exact overlaps: the early exit only stops once no worker matches any more.
+        self.index.find_matches(&req.blocks, false, &mut scores);
         if self.cfg.approximate {
-            self.approx.find_matches(now, &req.blocks, &mut scores);
+            // Predictions exist only for workers that publish no events, so adding them
+            // never double-counts an exact overlap.
+            let mut predicted = mem::take(&mut self.scratch_approx);
+            self.approx.find_matches(now, &req.blocks, &mut predicted);
+            for (key, o) in predicted.iter() {
+                scores.add_device(key, o.device);
+            }
+            self.scratch_approx = predicted;
         }
         let bs = self.cfg.block_size.tokens();
         let max_overlap_blocks = scores.max_raw();

@@ -411,3 +411,34 @@ fn failed_workers_are_excluded_until_none_are_left() {
     q.hints.backend_instance_id = Some(WorkerId(0));
     assert_eq!(routed(r.handle_request(T0, q, Draw(0))).target.worker, WorkerId(0));
 }
+
+#[test]
+fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
+    let mut r = Router::new(RouterConfig { mode: RouterMode::Kv, approximate: true, ..RouterConfig::default() });
+    for w in 0..3 {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
+    }
+    // Worker 2 publishes events and holds blocks 1..=4 exactly.
+    let stored: Vec<BlockHash> = (1..=4).map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
+    r.handle_kv_event(
+        T0,
+        WorkerKey::new(2, 0),
+        IndexEvent::Stored { parent: None, blocks: &stored, tier: Tier::Device },
+    )
+    .unwrap();
+    // A request for blocks 10..=17 lands on silent worker 1 and is confirmed: a prediction.
+    let mut pinned = req(1, &[10, 11, 12, 13, 14, 15, 16, 17]);
+    pinned.hints.backend_instance_id = Some(WorkerId(1));
+    let first = routed(r.handle_request(T0, pinned, Draw(0)));
+    r.handle_dispatched(T0, first.id, first.phase).unwrap();
+    r.handle_finished(T0, first.id, first.phase).unwrap();
+    let mut q = req(2, &[10, 11, 12, 13, 14, 15, 16, 17]);
+    q.preview = true;
+    let d = routed(r.handle_request(T0, q, Draw(0)));
+    assert_eq!(d.target, first.target, "the predicted cache attracts the repeat");
+    assert_eq!(d.overlap.device, 8);
+    let mut q = req(3, &[1, 2, 3, 4]);
+    q.preview = true;
+    let d = routed(r.handle_request(T0, q, Draw(0)));
+    assert_eq!((d.target, d.overlap.device), (WorkerKey::new(2, 0), 4), "exact overlaps survive the merge");
+}
