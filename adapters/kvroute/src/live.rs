@@ -12,7 +12,7 @@ use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
 
 use crate::load::{replay_http, LiveStats, Target};
 use crate::replay_cmd::BUNDLED_TRACE;
-use crate::serve::Subscriptions;
+use kvroute_proxy::events::Subscriptions;
 
 const MODEL: &str = "demo";
 

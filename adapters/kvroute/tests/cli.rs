@@ -102,8 +102,21 @@ fn disaggregated_replay_splits_long_prompts_and_bypasses_short_ones() {
 }
 
 #[test]
+fn live_demo_routes_over_http_and_finishes_every_request() {
+    let out = json(&kvroute(&["demo", "--duration", "8", "--requests", "40", "--json"]));
+    assert_eq!(out["mode"], "live");
+    for p in ["kv", "round-robin"] {
+        let r = &out["policies"][p];
+        assert_eq!(r["requests"], 40, "{p}: {r}");
+        assert_eq!(r["completed"], 40, "{p}: {r}");
+        assert_eq!(r["errors"], 0, "{p}: {r}");
+        assert!(r["ttft_ms"]["p50"].as_f64().unwrap() > 0.0, "{p}: {r}");
+    }
+}
+
+#[test]
 fn demo_json_has_both_policies() {
-    let out = json(&kvroute(&["demo", "--requests", "200", "--json"]));
+    let out = json(&kvroute(&["demo", "--offline", "--requests", "200", "--json"]));
     for p in ["kv", "round-robin"] {
         let r = &out["policies"][p];
         assert_eq!(r["requests"], 200, "{p}");

@@ -77,7 +77,7 @@ pub struct ApiError {
     /// Seconds for a `Retry-After` header.
     pub retry_after_s: Option<u64>,
     /// Extra fields under `error.kvroute`.
-    pub detail: Option<Value>,
+    pub detail: Option<Box<Value>>,
 }
 
 impl ApiError {
@@ -162,9 +162,9 @@ impl ApiError {
             format!("admission queue refused the request: {r}"),
         );
         e.retry_after_s = Some(retry_after_s.max(1));
-        e.detail = Some(json!({
+        e.detail = Some(Box::new(json!({
             "class": r.class, "limit_kind": r.limit_kind.as_str(), "current": r.current, "limit": r.limit,
-        }));
+        })));
         e
     }
 
@@ -202,7 +202,7 @@ impl ApiError {
     pub fn body_json(&self) -> Value {
         let mut err = json!({ "message": self.message, "type": self.kind, "param": null, "code": self.code });
         if let Some(d) = &self.detail {
-            err["kvroute"] = d.clone();
+            err["kvroute"] = (**d).clone();
         }
         json!({ "error": err })
     }

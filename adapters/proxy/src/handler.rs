@@ -154,7 +154,8 @@ async fn tokens(state: &Arc<State>, model: &str, prompt: &Prompt, body: Value, b
             Prompt::Text(t) => tok.encode_text(t),
             _ => tok.encode_chat(&body),
         };
-        out.map_err(|e| (e, prompt, body))
+        // Boxed: the request travels back for the fallback, and Err stays small.
+        out.map_err(|e| Box::new((e, prompt, body)))
     };
     let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
         match tokio::task::spawn_blocking(run).await {
@@ -164,7 +165,8 @@ async fn tokens(state: &Arc<State>, model: &str, prompt: &Prompt, body: Value, b
     } else {
         run()
     };
-    out.unwrap_or_else(|(e, prompt, body)| {
+    out.unwrap_or_else(|failed| {
+        let (e, prompt, body) = *failed;
         tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
         state.metrics.fallback(model, "tokenizer_error");
         fallback(&prompt, &body)

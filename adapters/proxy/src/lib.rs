@@ -24,6 +24,7 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod fleet;
 pub mod handler;
 pub mod health;

@@ -3,6 +3,7 @@
 mod admin;
 mod failures;
 mod fake;
+mod fleet;
 mod limits;
 mod release;
 mod sessions;
