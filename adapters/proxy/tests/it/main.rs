@@ -5,6 +5,7 @@ mod failures;
 mod fake;
 mod fleet;
 mod limits;
+mod openai_client;
 mod release;
 mod sessions;
 mod shutdown;
