@@ -143,7 +143,8 @@ pub struct RouterStats {
 enum Hold {
     None,
     Init(InitToken),
-    Lease(LeaseId),
+    /// A lease, and the binding revision it was taken on.
+    Lease(LeaseId, u64),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -356,8 +357,13 @@ impl Router {
         f.state = State::Dispatched(key);
         if let Hold::Init(token) = f.hold {
             f.hold = match self.affinity.commit(now, token, key.worker, Some(key.rank)) {
-                Ok((_, lease)) => Hold::Lease(lease),
-                Err(_) => Hold::None,
+                Ok((b, lease)) => Hold::Lease(lease, b.revision),
+                Err(_) => {
+                    // A refused commit (lease table full) must still end the initialization,
+                    // or the session stays initializing and its waiters wait forever.
+                    let _ = self.affinity.abort(token);
+                    Hold::None
+                }
             };
         }
         if self.cfg.approximate && !self.event_workers.contains(&key.worker) {
@@ -406,7 +412,7 @@ impl Router {
     /// The request produced `output_tokens` tokens so far: its predicted output shrinks.
     pub fn handle_decode_progress(
         &mut self,
-        _now: Instant,
+        now: Instant,
         id: RequestId,
         phase: Phase,
         output_tokens: u32,
@@ -416,6 +422,8 @@ impl Router {
             return Err(self.unknown(fk));
         }
         let _ = self.load.decode_progress(id, phase, output_tokens, self.cfg.block_size);
+        // Any output ends the booking's prefill, which may free capacity for the queue.
+        self.drain_queue(now);
         Ok(())
     }
 

@@ -27,7 +27,15 @@ impl Router {
             SessionStep::Wait => return Ok(Decision::Waiting),
             SessionStep::Go(b) => b,
         };
-        match self.place(now, fk, binding, true)? {
+        let placed = match self.place(now, fk, binding, true) {
+            Err(RouteError::Pin(_)) if self.soft_binding_only(fk, binding) => {
+                // A soft binding is a preference: drop it and place the request afresh.
+                self.drop_binding(now, fk);
+                self.place(now, fk, None, true)?
+            }
+            other => other?,
+        };
+        match placed {
             Placed::Routed(r) => {
                 self.set_state(fk, State::Booked(r.target));
                 Ok(Decision::Routed(r))
@@ -81,12 +89,31 @@ impl Router {
                         self.affinity.invalidate(&session, fk.1, binding.revision);
                         continue;
                     }
-                    self.set_hold(fk, Hold::Lease(lease));
+                    self.set_hold(fk, Hold::Lease(lease, binding.revision));
                     return Ok(SessionStep::Go(Some(binding)));
                 }
             }
         }
         Err(RouteError::WorkerGone)
+    }
+
+    /// True when the request's only pin is a soft session binding.
+    fn soft_binding_only(&self, fk: FlightKey, binding: Option<Binding>) -> bool {
+        self.cfg.affinity.mode == AffinityMode::Soft
+            && binding.is_some()
+            && self.flights.get(&fk).is_some_and(|f| pin::explicit_pin(fk.1, &f.req.hints).is_none())
+    }
+
+    /// Releases the flight's lease and invalidates the binding it was taken on.
+    fn drop_binding(&mut self, now: Instant, fk: FlightKey) {
+        let Some(f) = self.flights.get_mut(&fk) else { return };
+        if let Hold::Lease(lease, revision) = f.hold {
+            f.hold = Hold::None;
+            if let Some(s) = f.req.session.clone() {
+                self.affinity.invalidate(&s, fk.1, revision);
+            }
+            let _ = self.affinity.release(now, lease);
+        }
     }
 
     fn can_serve(&self, worker: WorkerId, phase: Phase) -> bool {
@@ -129,10 +156,6 @@ impl Router {
             self.scratch_verdicts = verdicts;
             return Err(RouteError::Eligibility(e));
         }
-        if let Err(e) = pin::check_pinned(&pin, &verdicts) {
-            self.scratch_verdicts = verdicts;
-            return Err(RouteError::Pin(e));
-        }
 
         let mut scores = mem::take(&mut self.scratch_scores);
         scores.clear();
@@ -156,6 +179,12 @@ impl Router {
             self.scratch_verdicts = verdicts;
             self.scratch_scores = scores;
             return Ok(Placed::AllBusy { cached_tokens });
+        }
+        // After the busy check: a pin to a worker that is only busy queues, it does not fail.
+        if let Err(e) = pin::check_pinned(&pin, &verdicts) {
+            self.scratch_verdicts = verdicts;
+            self.scratch_scores = scores;
+            return Err(RouteError::Pin(e));
         }
 
         let candidates: Vec<Candidate> = verdicts
@@ -252,7 +281,12 @@ impl Router {
                 continue;
             };
             let binding = self.binding_of(fk);
-            match self.place(now, fk, binding, true) {
+            let mut placed = self.place(now, fk, binding, true);
+            if matches!(placed, Err(RouteError::Pin(_))) && self.soft_binding_only(fk, binding) {
+                self.drop_binding(now, fk);
+                placed = self.place(now, fk, None, true);
+            }
+            match placed {
                 Ok(Placed::AllBusy { .. }) => return,
                 Ok(Placed::Routed(r)) => {
                     let _ = self.queue.pop();
@@ -313,7 +347,7 @@ impl Router {
     fn binding_of(&self, fk: FlightKey) -> Option<Binding> {
         let f = self.flights.get(&fk)?;
         match f.hold {
-            Hold::Lease(_) => f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.1)),
+            Hold::Lease(..) => f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.1)),
             _ => None,
         }
     }
@@ -341,13 +375,10 @@ impl Router {
             Hold::Init(token) => {
                 let _ = self.affinity.abort(token);
             }
-            Hold::Lease(lease) => {
-                if invalidate {
-                    if let (Some(s), Some(b)) =
-                        (&f.req.session, f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.1)))
-                    {
-                        self.affinity.invalidate(s, fk.1, b.revision);
-                    }
+            Hold::Lease(lease, revision) => {
+                // The revision the lease was taken on: a newer binding survives a late failure.
+                if let (true, Some(s)) = (invalidate, &f.req.session) {
+                    self.affinity.invalidate(s, fk.1, revision);
                 }
                 let _ = self.affinity.release(now, lease);
             }
@@ -415,7 +446,7 @@ impl Router {
                 self.waiters.len()
             )));
         }
-        let leases = self.flights.values().filter(|f| matches!(f.hold, Hold::Lease(_))).count();
+        let leases = self.flights.values().filter(|f| matches!(f.hold, Hold::Lease(..))).count();
         if self.affinity.live_leases() != leases {
             return Err(InvariantViolation(format!(
                 "affinity has {} live leases, router holds {leases}",
