@@ -1,11 +1,26 @@
-//! The kv routing cost: what sending a request to a worker would cost, in blocks.
+//! The kv routing cost: what sending a request to a worker would cost. Lower is better.
 //!
-//! The cost adds the prefill the worker would have to compute (its queued prompt tokens
-//! plus this prompt, minus the prefix it already caches) to the KV blocks it would hold
-//! while decoding and, optionally, a charge per running request. Lower is better.
+//! Two models, chosen by [`KvCostConfig::model`]:
+//! - [`KvCostModel::Ttft`] (the default) predicts the request's time to first token on
+//!   the worker from an engine timing model (see [`TtftModel`]).
+//! - [`KvCostModel::Blocks`] adds the prefill the worker would have to compute (its
+//!   queued prompt tokens plus this prompt, minus the prefix it already caches) to the KV
+//!   blocks it would hold while decoding and, optionally, a charge per running request.
 
+use super::ttft::{predict, TtftModel};
 use super::{Candidate, CandidateScore, SelectRequest};
 use crate::types::Phase;
+
+/// Which formula [`kv_cost`] uses.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub enum KvCostModel {
+    /// Prefill blocks plus decode blocks, as specified on [`kv_cost`].
+    Blocks,
+    /// Predicted time to first token in milliseconds, from [`KvCostConfig::ttft`].
+    #[default]
+    Ttft,
+}
 
 /// Weights of the kv cost. Every field can be overridden per request with
 /// [`KvCostOverrides`].
@@ -26,6 +41,10 @@ pub struct KvCostConfig {
     /// Overlap credit of a block held only on disk, relative to a device block.
     /// Default 0.25.
     pub disk_tier_weight: f64,
+    /// The formula. Default [`KvCostModel::Ttft`].
+    pub model: KvCostModel,
+    /// The engine timing model [`KvCostModel::Ttft`] predicts with.
+    pub ttft: TtftModel,
 }
 
 impl Default for KvCostConfig {
@@ -37,6 +56,8 @@ impl Default for KvCostConfig {
             temperature: 0.0,
             host_tier_weight: 0.75,
             disk_tier_weight: 0.25,
+            model: KvCostModel::default(),
+            ttft: TtftModel::default(),
         }
     }
 }
@@ -69,7 +90,19 @@ impl KvCostConfig {
     }
 }
 
-/// The kv cost of sending `req` to `c`, with its parts.
+/// The kv cost of sending `req` to `c`, with its parts, under `req.cost.model`.
+///
+/// [`Phase::Decode`] always uses the blocks formula: a decode worker computes no prompt,
+/// so there is no first-token wait to predict. A NaN cost (from NaN weights) is reported
+/// as infinite, so such a candidate is never preferred.
+pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+    match (req.cost.model, req.phase) {
+        (KvCostModel::Ttft, Phase::Aggregated | Phase::Prefill) => ttft_cost(req, c),
+        _ => blocks_cost(req, c),
+    }
+}
+
+/// The blocks cost of sending `req` to `c`, with its parts.
 ///
 /// ```text
 /// overlap_effective = device + host_tier_weight × host + disk_tier_weight × disk
@@ -83,14 +116,11 @@ impl KvCostConfig {
 /// blocks). [`Phase::Decode`] has no prefill term and no prefix credit, since the cache
 /// arrives by transfer: its decode term assumes no reuse (`active_decode_blocks` plus
 /// every full block of the prompt plus the expected output), and its request weight is at
-/// least 1. `overlap_effective` is reported in every phase. A NaN cost (from NaN weights)
-/// is reported as infinite, so such a candidate is never preferred.
-pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+/// least 1. `overlap_effective` is reported in every phase.
+pub fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let cfg = &req.cost;
     let bs = f64::from(req.block_size.tokens());
-    let overlap_effective = f64::from(c.overlap.device)
-        + cfg.host_tier_weight * f64::from(c.overlap.host)
-        + cfg.disk_tier_weight * f64::from(c.overlap.disk);
+    let overlap_effective = overlap_effective(req, c);
     let prefill = || {
         let queued = (c.load.active_prefill_tokens as f64 + f64::from(req.isl_tokens)) / bs;
         (queued - cfg.overlap_credit * overlap_effective).max(0.0)
@@ -116,6 +146,53 @@ pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let requests = f64::from(c.load.active_requests);
     let cost = c.cost_factor
         * (cfg.prefill_load_scale * prefill_blocks + decode_blocks + request_weight * requests);
+    score(c, overlap_effective, prefill_blocks, decode_blocks, cost)
+}
+
+/// The predicted time to first token of `req` on `c`, in ms, with its parts.
+///
+/// ```text
+/// cached_tokens = min(isl, overlap_credit × overlap_effective × block_size)
+/// prefill_ms    = time to compute active_prefill_tokens + (isl − cached_tokens) tokens
+///                 in passes of max_batched_tokens (see TtftModel)
+/// decode_ms     = one decode step per such pass while the worker has running requests
+///                 (none in Phase::Prefill)
+/// cost          = cost_factor × (prefill_load_scale × prefill_ms + decode_ms
+///                                + active_request_weight × active_requests)
+/// ```
+///
+/// The score reports `prefill_blocks` as those prompt tokens in blocks and
+/// `decode_blocks` as in the blocks formula.
+pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+    let cfg = &req.cost;
+    let bs = f64::from(req.block_size.tokens());
+    let overlap_effective = overlap_effective(req, c);
+    let cached_blocks = overlap_effective.max(f64::from(c.inflight_prefix_blocks));
+    let cached_tokens = (cfg.overlap_credit * cached_blocks * bs).min(f64::from(req.isl_tokens));
+    let decoding = req.phase == Phase::Aggregated && c.load.active_requests > c.prefill_requests;
+    let t = predict(&cfg.ttft, req, c, cached_tokens, decoding);
+    let decode_blocks = if req.phase == Phase::Aggregated {
+        c.load.active_decode_blocks as f64 + f64::from(c.new_decode_blocks) + f64::from(req.expected_output_blocks)
+    } else {
+        0.0
+    };
+    let requests = f64::from(c.load.active_requests);
+    let cost = c.cost_factor
+        * (cfg.prefill_load_scale * t.prefill_ms
+            + t.decode_ms
+            + cfg.ttft.others_delay_weight * t.others_ms
+            + cfg.active_request_weight * requests);
+    score(c, overlap_effective, t.tokens / bs, decode_blocks, cost)
+}
+
+fn overlap_effective(req: &SelectRequest, c: &Candidate) -> f64 {
+    let cfg = &req.cost;
+    f64::from(c.overlap.device)
+        + cfg.host_tier_weight * f64::from(c.overlap.host)
+        + cfg.disk_tier_weight * f64::from(c.overlap.disk)
+}
+
+fn score(c: &Candidate, overlap_effective: f64, prefill_blocks: f64, decode_blocks: f64, cost: f64) -> CandidateScore {
     CandidateScore {
         key: c.key,
         // Not `Overlap::raw`, whose plain sum could overflow on hostile input.

@@ -15,8 +15,10 @@
 //! number of candidates (plus the sort when unsorted).
 
 mod cost;
+mod ttft;
 
-pub use cost::{kv_cost, KvCostConfig, KvCostOverrides};
+pub use cost::{blocks_cost, kv_cost, ttft_cost, KvCostConfig, KvCostModel, KvCostOverrides};
+pub use ttft::TtftModel;
 
 use crate::hash::BlockSize;
 use crate::mathf;
@@ -119,23 +121,45 @@ pub struct Candidate {
     pub overlap: Overlap,
     /// Decode blocks the request would add here (prompt blocks not already active).
     pub new_decode_blocks: u32,
+    /// Leading prompt blocks that requests already routed here hold: cached by the time
+    /// this one is admitted (engines take prompts in order), announced or not.
+    pub inflight_prefix_blocks: u32,
     /// Share in [`RouterMode::Weighted`].
     pub weight: u32,
     /// Multiplies the kv cost; above 1.0 for a worker to avoid (a `PreferNoSchedule`
     /// taint), 1.0 normally.
     pub cost_factor: f64,
+    /// Its KV capacity in blocks; 0 if unknown (the cost model's default is used).
+    pub kv_blocks: u32,
+    /// Prompt tokens one forward pass of it computes at most; 0 if unknown (the cost
+    /// model's default is used).
+    pub max_batched_tokens: u32,
+    /// Requests on it whose prefill has not finished (those not yet decoding).
+    pub prefill_requests: u32,
+    /// How long it has been computing its current prefill backlog without a break, in
+    /// ms; 0 if idle or unknown (then none of `active_prefill_tokens` counts as done).
+    pub prefill_busy_ms: u64,
+    /// Prefill tokens it finished within those `prefill_busy_ms`.
+    pub prefill_done_tokens: u64,
 }
 
 impl Candidate {
-    /// A candidate with no overlap, no new blocks, weight 1 and cost factor 1.0.
+    /// A candidate with no overlap, no new blocks, weight 1, cost factor 1.0 and unknown
+    /// capacity.
     pub fn new(key: WorkerKey, load: WorkerLoad) -> Self {
         Candidate {
             key,
             load,
             overlap: Overlap::default(),
             new_decode_blocks: 0,
+            inflight_prefix_blocks: 0,
             weight: 1,
             cost_factor: 1.0,
+            kv_blocks: 0,
+            max_batched_tokens: 0,
+            prefill_requests: 0,
+            prefill_busy_ms: 0,
+            prefill_done_tokens: 0,
         }
     }
 }

@@ -284,8 +284,14 @@ fn costed(cost_factor: f64) -> Candidate {
             disk: 4,
         },
         new_decode_blocks: 6,
+        inflight_prefix_blocks: 0,
         weight: 1,
         cost_factor,
+        kv_blocks: 0,
+        max_batched_tokens: 0,
+        prefill_requests: 0,
+        prefill_busy_ms: 0,
+        prefill_done_tokens: 0,
     }
 }
 
@@ -326,10 +332,18 @@ fn check_cost(
     assert_eq!((s.key, s.overlap_raw), (c.key, 10));
 }
 
+/// The specified blocks formula (the default model is the TTFT one).
+fn blocks_model() -> KvCostConfig {
+    KvCostConfig {
+        model: KvCostModel::Blocks,
+        ..KvCostConfig::default()
+    }
+}
+
 #[test]
 fn kv_cost_matches_hand_computation() {
     use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};
-    let d = KvCostConfig::default();
+    let d = blocks_model();
     let tuned = KvCostConfig {
         prefill_load_scale: 2.0,
         active_request_weight: 0.5,
@@ -421,6 +435,7 @@ fn kv_picks_the_cheapest_and_breaks_ties_by_draw() {
     let r = SelectRequest {
         isl_tokens: 160,
         block_size: bs16,
+        cost: blocks_model(),
         ..req(Kv)
     };
     let overlap = |c: Candidate, device| Candidate {
@@ -460,7 +475,7 @@ fn temperature_samples_by_softmax_of_normalised_cost() {
     let at = |t: f64| SelectRequest {
         cost: KvCostConfig {
             temperature: t,
-            ..KvCostConfig::default()
+            ..blocks_model()
         },
         ..req(Kv)
     };
