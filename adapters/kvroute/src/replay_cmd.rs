@@ -144,6 +144,12 @@ pub struct ModelArgs {
     /// ttft model: weight of the delay a request adds to those queued before it.
     #[arg(long, value_name = "X")]
     pub others_delay_weight: Option<f64>,
+    /// ttft model: weight of the compute a request adds (its own prefill time).
+    #[arg(long, value_name = "X")]
+    pub work_weight: Option<f64>,
+    /// ttft model: wait charged per KV block a worker would be short of, ms.
+    #[arg(long, value_name = "MS")]
+    pub memory_ms_per_block: Option<f64>,
 }
 
 /// A kv cost model name as the command line spells it.
@@ -192,6 +198,8 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.model = a.model.cost_model.map_or(c.model, |m| m.0);
     c.ttft.progress_credit = a.model.progress_credit.unwrap_or(c.ttft.progress_credit);
     c.ttft.others_delay_weight = a.model.others_delay_weight.unwrap_or(c.ttft.others_delay_weight);
+    c.ttft.work_weight = a.model.work_weight.unwrap_or(c.ttft.work_weight);
+    c.ttft.memory_ms_per_block = a.model.memory_ms_per_block.unwrap_or(c.ttft.memory_ms_per_block);
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;

@@ -181,6 +181,8 @@ pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
         * (cfg.prefill_load_scale * t.prefill_ms
             + t.decode_ms
             + cfg.ttft.others_delay_weight * t.others_ms
+            + cfg.ttft.work_weight * t.work_ms
+            + t.memory_ms
             + cfg.active_request_weight * requests);
     score(c, overlap_effective, t.tokens / bs, decode_blocks, cost)
 }

@@ -51,6 +51,12 @@ pub struct TtftModel {
     /// the worker whose prompts end in the pass it joins (0 ignores it, 1 minimises
     /// total first-token time).
     pub others_delay_weight: f64,
+    /// Weight of the compute this request adds to the worker (its own prefill time),
+    /// charged on top of its wait: the delay that work passes on to later requests.
+    pub work_weight: f64,
+    /// Wait charged per KV block the worker would be short of to hold this request next
+    /// to the ones it runs (an engine admits nothing it has no room for), ms.
+    pub memory_ms_per_block: f64,
 }
 
 impl Default for TtftModel {
@@ -67,6 +73,8 @@ impl Default for TtftModel {
             kv_blocks_default: 16384,
             progress_credit: 1.0,
             others_delay_weight: 1.0,
+            work_weight: 1.0,
+            memory_ms_per_block: 10.0,
         }
     }
 }
@@ -113,6 +121,10 @@ pub(super) struct TtftParts {
     pub decode_ms: f64,
     /// What joining the last queued pass adds to the wait of the requests ending there.
     pub others_ms: f64,
+    /// The compute this request adds: prefill time with it less without it.
+    pub work_ms: f64,
+    /// The wait for KV room, when the worker would be short of blocks.
+    pub memory_ms: f64,
 }
 
 /// Predicts the first-token wait of `req` on `c` given `cached_tokens` of its prompt
@@ -134,7 +146,12 @@ pub(super) fn predict(m: &TtftModel, req: &SelectRequest, c: &Candidate, cached_
     let (prefill_ms, passes) = m.chunked_prefill_ms(tokens, batch);
     let decode_ms = passes.max(1.0) * step_ms;
     let others_ms = others_delay(m, c, queued, own, batch);
-    TtftParts { tokens, prefill_ms, decode_ms, others_ms }
+    let work_ms = prefill_ms - m.chunked_prefill_ms(queued, batch).0;
+    let needed = c.load.active_decode_blocks as f64
+        + f64::from(c.new_decode_blocks)
+        + f64::from(req.expected_output_blocks);
+    let memory_ms = m.memory_ms_per_block * (needed - f64::from(kv)).max(0.0);
+    TtftParts { tokens, prefill_ms, decode_ms, others_ms, work_ms, memory_ms }
 }
 
 /// The requests queued on `c` whose prompts end in the backlog's last, partly filled
