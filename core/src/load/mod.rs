@@ -56,11 +56,7 @@ pub struct LoadConfig {
 
 impl Default for LoadConfig {
     fn default() -> Self {
-        LoadConfig {
-            request_age_max_ms: 600_000,
-            requests_max: 1 << 20,
-            hash_seed: 0,
-        }
+        LoadConfig { request_age_max_ms: 600_000, requests_max: 1 << 20, hash_seed: 0 }
     }
 }
 
@@ -267,15 +263,9 @@ impl LoadTracker {
         }
         if self.bookings.len() >= self.cfg.requests_max {
             self.stats.table_full += 1;
-            return Err(LoadError::TableFull {
-                requests_max: self.cfg.requests_max,
-            });
+            return Err(LoadError::TableFull { requests_max: self.cfg.requests_max });
         }
-        let blocks = if phase == Phase::Prefill {
-            &[][..]
-        } else {
-            self.capped(blocks)
-        };
+        let blocks = if phase == Phase::Prefill { &[][..] } else { self.capped(blocks) };
         let expiry = (now.add_ms(self.cfg.request_age_max_ms), self.next_seq);
         self.next_seq += 1;
         let booking = Booking {
@@ -370,10 +360,7 @@ impl LoadTracker {
     /// Drops every booking on any rank of `worker` and returns how many there were.
     /// Dropped bookings are not reported as expired. Work is linear in the live bookings.
     pub fn remove_worker(&mut self, worker: WorkerId) -> usize {
-        let gone: Vec<_> = self
-            .bookings
-            .extract_if(|_, b| b.key.worker == worker)
-            .collect();
+        let gone: Vec<_> = self.bookings.extract_if(|_, b| b.key.worker == worker).collect();
         let n = gone.len();
         for ((_, phase), mut b) in gone {
             self.expiry.remove(&b.expiry);
@@ -405,10 +392,7 @@ impl LoadTracker {
         let blocks = &blocks[..blocks.len().min(BLOCKS_MAX_PER_REQUEST)];
         let fresh = match self.keys.get(&key) {
             None => blocks.len(),
-            Some(kl) => blocks
-                .iter()
-                .filter(|b| !kl.blocks.contains_key(*b))
-                .count(),
+            Some(kl) => blocks.iter().filter(|b| !kl.blocks.contains_key(*b)).count(),
         };
         // The cap keeps this within u32.
         fresh as u32
@@ -434,9 +418,7 @@ impl LoadTracker {
 
     /// When the oldest booking expires; `None` when there are no bookings.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.expiry
-            .first_key_value()
-            .map(|(&(deadline, _), _)| deadline)
+        self.expiry.first_key_value().map(|(&(deadline, _), _)| deadline)
     }
 
     /// Expires bookings whose deadline is at or before `now`, oldest first, at most
@@ -487,14 +469,11 @@ impl LoadTracker {
 
     /// The load summed over every key. Linear in the number of keys; meant for checks.
     pub fn total(&self) -> WorkerLoad {
-        self.keys
-            .values()
-            .map(KeyLoad::load)
-            .fold(WorkerLoad::default(), |acc, l| WorkerLoad {
-                active_prefill_tokens: acc.active_prefill_tokens + l.active_prefill_tokens,
-                active_decode_blocks: acc.active_decode_blocks + l.active_decode_blocks,
-                active_requests: acc.active_requests.saturating_add(l.active_requests),
-            })
+        self.keys.values().map(KeyLoad::load).fold(WorkerLoad::default(), |acc, l| WorkerLoad {
+            active_prefill_tokens: acc.active_prefill_tokens + l.active_prefill_tokens,
+            active_decode_blocks: acc.active_decode_blocks + l.active_decode_blocks,
+            active_requests: acc.active_requests.saturating_add(l.active_requests),
+        })
     }
 
     fn capped<'a>(&mut self, blocks: &'a [SeqHash]) -> &'a [SeqHash] {

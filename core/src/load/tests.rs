@@ -29,35 +29,22 @@ fn key((w, r): (u64, u32)) -> WorkerKey {
 }
 
 fn tracker() -> LoadTracker {
-    LoadTracker::new(LoadConfig {
-        request_age_max_ms: AGE_MS,
-        requests_max: 8,
-        hash_seed: 99,
-    })
+    LoadTracker::new(LoadConfig { request_age_max_ms: AGE_MS, requests_max: 8, hash_seed: 99 })
 }
 
 /// A key and its expected (prefill tokens, decode blocks, requests).
 type Want = ((u64, u32), (u64, u64, u32));
 
-/// Runs `ops`, expecting each to succeed, then checks every listed key's load and that
-/// no other key holds any.
+/// Runs `ops` on a fresh tracker, expecting each to succeed.
 #[track_caller]
-fn check(ops: &[Op], want: &[Want]) {
+fn run(ops: &[Op]) -> LoadTracker {
     let mut t = tracker();
     let mut now = Instant::ZERO;
     for op in ops {
         let r = match *op {
             Op::Add(req, phase, k, blocks, prefill, expected) => {
                 let blocks: Vec<SeqHash> = blocks.iter().map(|&h| SeqHash(h)).collect();
-                t.add(
-                    now,
-                    RequestId(req),
-                    phase,
-                    key(k),
-                    &blocks,
-                    prefill,
-                    expected,
-                )
+                t.add(now, RequestId(req), phase, key(k), &blocks, prefill, expected)
             }
             Op::PrefillDone(req, phase) => t.prefill_done(RequestId(req), phase),
             Op::Progress(req, phase, out) => t.decode_progress(RequestId(req), phase, out, BS4),
@@ -74,25 +61,26 @@ fn check(ops: &[Op], want: &[Want]) {
         };
         assert_eq!(r, Ok(()), "{op:?}");
     }
+    t
+}
+
+/// Runs `ops`, expecting each to succeed, then checks every listed key's load and that
+/// no other key holds any.
+#[track_caller]
+fn check(ops: &[Op], want: &[Want]) {
+    let t = run(ops);
     let mut sum = WorkerLoad::default();
     for &(k, (prefill, decode, requests)) in want {
         let got = t.load(key(k));
-        let want = WorkerLoad {
-            active_prefill_tokens: prefill,
-            active_decode_blocks: decode,
-            active_requests: requests,
-        };
+        let want =
+            WorkerLoad { active_prefill_tokens: prefill, active_decode_blocks: decode, active_requests: requests };
         assert_eq!(got, want, "load of {k:?}");
         sum.active_prefill_tokens += prefill;
         sum.active_decode_blocks += decode;
         sum.active_requests += requests;
     }
     assert_eq!(t.total(), sum, "load on keys not listed");
-    assert_eq!(
-        t.len(),
-        sum.active_requests as usize,
-        "bookings vs requests"
-    );
+    assert_eq!(t.len(), sum.active_requests as usize, "bookings vs requests");
 }
 
 /// Calls `handle_timeout` until nothing is due, as an adapter would; returns the calls made.
@@ -110,17 +98,11 @@ fn drain_timeouts(t: &mut LoadTracker, now: Instant) -> usize {
 #[test]
 fn shared_prompt_blocks_count_once_per_key() {
     check(
-        &[
-            Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
-            Op::Add(2, Agg, (0, 0), &[1, 2, 4], 7, 0),
-        ],
+        &[Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0), Op::Add(2, Agg, (0, 0), &[1, 2, 4], 7, 0)],
         &[((0, 0), (17, 4, 2))],
     );
     check(
-        &[
-            Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
-            Op::Add(2, Agg, (0, 1), &[1, 2, 3], 7, 0),
-        ],
+        &[Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0), Op::Add(2, Agg, (0, 1), &[1, 2, 3], 7, 0)],
         &[((0, 0), (10, 3, 1)), ((0, 1), (7, 3, 1))],
     );
 }
@@ -129,19 +111,10 @@ fn shared_prompt_blocks_count_once_per_key() {
 fn phases_differ_in_what_they_hold() {
     // Prefill bookings hold tokens and a slot, never decode blocks; the same request may
     // hold a prefill and a decode booking at once.
+    check(&[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 5)], &[((0, 0), (8, 0, 1))]);
+    check(&[Op::Add(1, Dec, (0, 0), &[1, 2], 0, 5)], &[((0, 0), (0, 7, 1))]);
     check(
-        &[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 5)],
-        &[((0, 0), (8, 0, 1))],
-    );
-    check(
-        &[Op::Add(1, Dec, (0, 0), &[1, 2], 0, 5)],
-        &[((0, 0), (0, 7, 1))],
-    );
-    check(
-        &[
-            Op::Add(1, Pre, (0, 0), &[1, 2], 8, 0),
-            Op::Add(1, Dec, (1, 0), &[1, 2], 0, 0),
-        ],
+        &[Op::Add(1, Pre, (0, 0), &[1, 2], 8, 0), Op::Add(1, Dec, (1, 0), &[1, 2], 0, 0)],
         &[((0, 0), (8, 0, 1)), ((1, 0), (0, 2, 1))],
     );
 }
@@ -164,23 +137,11 @@ fn expected_output_shrinks_as_decode_progresses() {
     // 13 tokens = 4 blocks: generation overtook the prediction.
     check(&[add, Op::Progress(1, Agg, 13)], &[((0, 0), (0, 6, 1))]);
     // A stale, lower count changes nothing.
-    check(
-        &[add, Op::Progress(1, Agg, 13), Op::Progress(1, Agg, 2)],
-        &[((0, 0), (0, 6, 1))],
-    );
+    check(&[add, Op::Progress(1, Agg, 13), Op::Progress(1, Agg, 2)], &[((0, 0), (0, 6, 1))]);
     // Unknown prediction: output blocks join as they are generated.
-    check(
-        &[Op::Add(1, Agg, (0, 0), &[], 0, 0), Op::Progress(1, Agg, 5)],
-        &[((0, 0), (0, 2, 1))],
-    );
+    check(&[Op::Add(1, Agg, (0, 0), &[], 0, 0), Op::Progress(1, Agg, 5)], &[((0, 0), (0, 2, 1))]);
     // Prefill bookings never hold decode blocks, whatever the progress.
-    check(
-        &[
-            Op::Add(1, Pre, (0, 0), &[1], 4, 2),
-            Op::Progress(1, Pre, 40),
-        ],
-        &[((0, 0), (0, 0, 1))],
-    );
+    check(&[Op::Add(1, Pre, (0, 0), &[1], 4, 2), Op::Progress(1, Pre, 40)], &[((0, 0), (0, 0, 1))]);
 }
 
 #[test]
@@ -190,12 +151,7 @@ fn free_and_remove_worker_return_load() {
     check(&[a, b, Op::Free(1, Agg)], &[((0, 0), (5, 3, 1))]);
     check(&[a, b, Op::Free(1, Agg), Op::Free(2, Agg)], &[]);
     check(
-        &[
-            a,
-            Op::Add(2, Agg, (0, 3), &[1], 1, 0),
-            Op::Add(3, Agg, (1, 0), &[1], 1, 0),
-            Op::RemoveWorker(0),
-        ],
+        &[a, Op::Add(2, Agg, (0, 3), &[1], 1, 0), Op::Add(3, Agg, (1, 0), &[1], 1, 0), Op::RemoveWorker(0)],
         &[((1, 0), (1, 1, 1))],
     );
 }
@@ -206,10 +162,7 @@ fn bookings_expire_with_age() {
     check(&[a, Op::AtMs(AGE_MS - 1)], &[((0, 0), (5, 1, 1))]);
     check(&[a, Op::AtMs(AGE_MS)], &[]);
     // Re-adding after expiry is a fresh booking, aged from its own start.
-    check(
-        &[a, Op::AtMs(AGE_MS), a, Op::AtMs(2 * AGE_MS - 1)],
-        &[((0, 0), (5, 1, 1))],
-    );
+    check(&[a, Op::AtMs(AGE_MS), a, Op::AtMs(2 * AGE_MS - 1)], &[((0, 0), (5, 1, 1))]);
     // The clock going backwards expires nothing and does not panic.
     check(&[Op::AtMs(5000), a, Op::AtMs(10)], &[((0, 0), (5, 1, 1))]);
 }
@@ -225,23 +178,10 @@ fn unknown_ids_and_duplicates_are_counted_no_ops() {
     assert_eq!(t.add(Instant::ZERO, r, Agg, k, &[SeqHash(1)], 3, 0), Ok(()));
     let dup = t.add(Instant::ZERO, r, Agg, k, &[SeqHash(2)], 9, 0);
     assert_eq!(dup, Err(LoadError::DuplicateRequest { req: r, phase: Agg }));
-    assert_eq!(
-        t.free(r, Dec),
-        Err(LoadError::UnknownRequest { req: r, phase: Dec })
-    );
-    assert_eq!(
-        t.load(k),
-        WorkerLoad {
-            active_prefill_tokens: 3,
-            active_decode_blocks: 1,
-            active_requests: 1
-        }
-    );
+    assert_eq!(t.free(r, Dec), Err(LoadError::UnknownRequest { req: r, phase: Dec }));
+    assert_eq!(t.load(k), WorkerLoad { active_prefill_tokens: 3, active_decode_blocks: 1, active_requests: 1 });
     let s = t.stats();
-    assert_eq!(
-        (s.unknown_request, s.duplicate_request, s.table_full),
-        (4, 1, 0)
-    );
+    assert_eq!((s.unknown_request, s.duplicate_request, s.table_full), (4, 1, 0));
     assert_eq!(t.remove_worker(WorkerId(7)), 0);
 }
 
@@ -250,21 +190,12 @@ fn table_full_refuses_and_counts() {
     let mut t = tracker();
     let k = WorkerKey::new(0, 0);
     for i in 0..8 {
-        assert_eq!(
-            t.add(Instant::ZERO, RequestId(i), Agg, k, &[], 1, 0),
-            Ok(())
-        );
+        assert_eq!(t.add(Instant::ZERO, RequestId(i), Agg, k, &[], 1, 0), Ok(()));
     }
-    assert_eq!(
-        t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0),
-        Err(LoadError::TableFull { requests_max: 8 })
-    );
+    assert_eq!(t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0), Err(LoadError::TableFull { requests_max: 8 }));
     assert_eq!((t.len(), t.stats().table_full), (8, 1));
     assert_eq!(t.free(RequestId(0), Agg), Ok(()));
-    assert_eq!(
-        t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0),
-        Ok(())
-    );
+    assert_eq!(t.add(Instant::ZERO, RequestId(8), Agg, k, &[], 1, 0), Ok(()));
 }
 
 #[test]
@@ -273,92 +204,108 @@ fn new_blocks_counts_what_a_booking_would_add() {
     let k = WorkerKey::new(0, 0);
     let hashes = |v: &[u64]| v.iter().map(|&h| SeqHash(h)).collect::<Vec<_>>();
     assert_eq!(t.new_blocks(k, &hashes(&[1, 2, 3])), 3);
-    t.add(Instant::ZERO, RequestId(1), Agg, k, &hashes(&[1, 2]), 0, 0)
-        .unwrap();
-    for (blocks, want) in [
-        (vec![1, 2, 3], 1),
-        (vec![1, 2], 0),
-        (vec![4, 5], 2),
-        (vec![], 0),
-    ] {
+    t.add(Instant::ZERO, RequestId(1), Agg, k, &hashes(&[1, 2]), 0, 0).unwrap();
+    for (blocks, want) in [(vec![1, 2, 3], 1), (vec![1, 2], 0), (vec![4, 5], 2), (vec![], 0)] {
         let before = t.load(k).active_decode_blocks;
         assert_eq!(t.new_blocks(k, &hashes(&blocks)), want, "{blocks:?}");
         // The count must match what booking those blocks actually adds.
-        t.add(Instant::ZERO, RequestId(2), Agg, k, &hashes(&blocks), 0, 0)
-            .unwrap();
-        assert_eq!(
-            t.load(k).active_decode_blocks - before,
-            u64::from(want),
-            "{blocks:?}"
-        );
+        t.add(Instant::ZERO, RequestId(2), Agg, k, &hashes(&blocks), 0, 0).unwrap();
+        assert_eq!(t.load(k).active_decode_blocks - before, u64::from(want), "{blocks:?}");
         t.free(RequestId(2), Agg).unwrap();
     }
-    assert_eq!(
-        t.new_blocks(WorkerKey::new(0, 1), &hashes(&[1])),
-        1,
-        "other rank"
-    );
+    assert_eq!(t.new_blocks(WorkerKey::new(0, 1), &hashes(&[1])), 1, "other rank");
+}
+
+/// Runs `ops`, then compares key (0, 0)'s prefill progress with (requests, ms the
+/// stretch began, done tokens).
+#[track_caller]
+fn check_progress(ops: &[Op], want: (u32, Option<u64>, u64)) {
+    let got = run(ops).prefill_progress(key((0, 0)));
+    let want = PrefillProgress { requests: want.0, busy_since: want.1.map(Instant::from_millis), done_tokens: want.2 };
+    assert_eq!(got, want, "{ops:?}");
+}
+
+#[test]
+fn prefill_progress_follows_a_stretch_of_outstanding_prefill() {
+    let a = Op::Add(1, Agg, (0, 0), &[1], 100, 0);
+    let b = Op::Add(2, Agg, (0, 0), &[2], 50, 0);
+    let c = Op::Add(3, Agg, (0, 0), &[3], 30, 0);
+    check_progress(&[], (0, None, 0));
+    check_progress(&[Op::AtMs(5), a], (1, Some(5), 0));
+    // A second booking joins the stretch the first began.
+    check_progress(&[a, Op::AtMs(10), b], (2, Some(0), 0));
+    // Finished prefills count as done, by prefill_done or by any output.
+    check_progress(&[a, Op::AtMs(10), b, Op::PrefillDone(1, Agg)], (1, Some(0), 100));
+    check_progress(&[a, Op::AtMs(10), b, Op::Progress(1, Agg, 1)], (1, Some(0), 100));
+    check_progress(&[a, b, Op::Progress(1, Agg, 0)], (2, Some(0), 0));
+    check_progress(&[a, b, Op::PrefillDone(1, Agg), Op::PrefillDone(1, Agg)], (1, Some(0), 100));
+    // The stretch ends with the last prefill; the next booking begins a new one.
+    check_progress(&[a, b, Op::PrefillDone(1, Agg), Op::PrefillDone(2, Agg)], (0, None, 0));
+    let done = [a, b, Op::PrefillDone(1, Agg), Op::PrefillDone(2, Agg), Op::AtMs(20), c];
+    check_progress(&done, (1, Some(20), 0));
+    // A decoding booking keeps the key but not the stretch.
+    check_progress(&[a, Op::PrefillDone(1, Agg), Op::AtMs(20), c], (1, Some(20), 0));
+    // Dropped bookings leave without counting as done.
+    check_progress(&[a, b, Op::Free(1, Agg)], (1, Some(0), 0));
+    check_progress(&[a, Op::AtMs(AGE_MS)], (0, None, 0));
+    check_progress(&[a, b, Op::RemoveWorker(0)], (0, None, 0));
+    // Prefill bookings prefill; decode bookings compute no prompt.
+    check_progress(&[Op::Add(4, Pre, (0, 0), &[1], 10, 0)], (1, Some(0), 0));
+    check_progress(&[Op::Add(4, Dec, (0, 0), &[1], 0, 0)], (0, None, 0));
+    // A fully cached prompt is still a prefill to wait for.
+    check_progress(&[Op::Add(5, Agg, (0, 0), &[1], 0, 0)], (1, Some(0), 0));
+    // Other keys have their own.
+    check_progress(&[Op::Add(6, Agg, (0, 1), &[1], 10, 0)], (0, None, 0));
+}
+
+#[test]
+fn held_prefix_counts_leading_blocks_booked_on_the_key() {
+    let hashes = |v: &[u64]| v.iter().map(|&h| SeqHash(h)).collect::<Vec<_>>();
+    let t = run(&[
+        Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
+        Op::Add(2, Pre, (0, 0), &[7, 8], 10, 0),
+        Op::Add(3, Agg, (0, 1), &[5], 10, 0),
+    ]);
+    for (k, blocks, want) in [
+        ((0, 0), vec![1, 2, 3, 4], 3),
+        ((0, 0), vec![1, 2], 2),
+        ((0, 0), vec![1, 9, 3], 1),
+        ((0, 0), vec![9, 1], 0),
+        ((0, 0), vec![], 0),
+        // Prefill bookings hold no blocks.
+        ((0, 0), vec![7, 8], 0),
+        ((0, 1), vec![5, 1], 1),
+        ((1, 0), vec![1], 0),
+    ] {
+        assert_eq!(t.held_prefix(key(k), &hashes(&blocks)), want, "{k:?} {blocks:?}");
+    }
 }
 
 #[test]
 fn clock_jump_expires_everything_with_bounded_work() {
     let n = 2 * EXPIRE_PER_CALL_MAX + 10;
-    let mut t = LoadTracker::new(LoadConfig {
-        request_age_max_ms: AGE_MS,
-        ..LoadConfig::default()
-    });
+    let mut t = LoadTracker::new(LoadConfig { request_age_max_ms: AGE_MS, ..LoadConfig::default() });
     for i in 0..n as u64 {
-        t.add(
-            Instant::from_millis(i),
-            RequestId(i),
-            Agg,
-            WorkerKey::new(i % 3, 0),
-            &[SeqHash(i % 5)],
-            1,
-            0,
-        )
-        .unwrap();
+        t.add(Instant::from_millis(i), RequestId(i), Agg, WorkerKey::new(i % 3, 0), &[SeqHash(i % 5)], 1, 0).unwrap();
     }
     assert_eq!(t.poll_timeout(), Some(Instant::from_millis(AGE_MS)));
     let now = Instant::from_millis(1 << 40);
     t.handle_timeout(now);
-    assert_eq!(
-        t.len(),
-        n - EXPIRE_PER_CALL_MAX,
-        "one call does bounded work"
-    );
-    assert!(
-        t.poll_timeout().is_some_and(|d| d <= now),
-        "more is due, so poll_timeout says so"
-    );
+    assert_eq!(t.len(), n - EXPIRE_PER_CALL_MAX, "one call does bounded work");
+    assert!(t.poll_timeout().is_some_and(|d| d <= now), "more is due, so poll_timeout says so");
     // The oldest expire first.
     assert_eq!(t.poll_expired(), Some((RequestId(0), Agg)));
     assert_eq!(drain_timeouts(&mut t, now), 2);
-    assert_eq!(
-        (t.len(), t.total(), t.poll_timeout()),
-        (0, WorkerLoad::default(), None)
-    );
+    assert_eq!((t.len(), t.total(), t.poll_timeout()), (0, WorkerLoad::default(), None));
     assert_eq!(t.stats().expired, n as u64);
 }
 
 #[test]
 fn undrained_expiry_reports_are_bounded() {
     let n = EXPIRED_QUEUE_MAX + 100;
-    let mut t = LoadTracker::new(LoadConfig {
-        request_age_max_ms: 1,
-        ..LoadConfig::default()
-    });
+    let mut t = LoadTracker::new(LoadConfig { request_age_max_ms: 1, ..LoadConfig::default() });
     for i in 0..n as u64 {
-        t.add(
-            Instant::ZERO,
-            RequestId(i),
-            Dec,
-            WorkerKey::new(0, 0),
-            &[],
-            0,
-            0,
-        )
-        .unwrap();
+        t.add(Instant::ZERO, RequestId(i), Dec, WorkerKey::new(0, 0), &[], 0, 0).unwrap();
     }
     let now = Instant::from_millis(1);
     for _ in 0..n.div_ceil(EXPIRE_PER_CALL_MAX) {
@@ -376,41 +323,20 @@ fn undrained_expiry_reports_are_bounded() {
 #[test]
 fn overlong_prompts_are_capped() {
     let mut t = tracker();
-    let blocks: Vec<SeqHash> = (0..BLOCKS_MAX_PER_REQUEST as u64 + 3)
-        .map(SeqHash)
-        .collect();
+    let blocks: Vec<SeqHash> = (0..BLOCKS_MAX_PER_REQUEST as u64 + 3).map(SeqHash).collect();
     let k = WorkerKey::new(0, 0);
     assert_eq!(t.new_blocks(k, &blocks), BLOCKS_MAX_PER_REQUEST as u32);
-    t.add(Instant::ZERO, RequestId(1), Agg, k, &blocks, 0, 0)
-        .unwrap();
-    assert_eq!(
-        t.load(k).active_decode_blocks,
-        BLOCKS_MAX_PER_REQUEST as u64
-    );
+    t.add(Instant::ZERO, RequestId(1), Agg, k, &blocks, 0, 0).unwrap();
+    assert_eq!(t.load(k).active_decode_blocks, BLOCKS_MAX_PER_REQUEST as u64);
     assert_eq!(t.stats().blocks_truncated, 3);
 }
 
 #[test]
 fn errors_display() {
     let cases = [
-        (
-            LoadError::UnknownRequest {
-                req: RequestId(4),
-                phase: Dec,
-            },
-            "no decode booking for request 4",
-        ),
-        (
-            LoadError::DuplicateRequest {
-                req: RequestId(4),
-                phase: Pre,
-            },
-            "request 4 already has a prefill booking",
-        ),
-        (
-            LoadError::TableFull { requests_max: 8 },
-            "load tracker full (8 bookings)",
-        ),
+        (LoadError::UnknownRequest { req: RequestId(4), phase: Dec }, "no decode booking for request 4"),
+        (LoadError::DuplicateRequest { req: RequestId(4), phase: Pre }, "request 4 already has a prefill booking"),
+        (LoadError::TableFull { requests_max: 8 }, "load tracker full (8 bookings)"),
     ];
     for (e, want) in cases {
         assert_eq!(alloc::format!("{e}"), want);

@@ -128,6 +128,8 @@ impl Router {
 
         let mut scores = mem::take(&mut self.scratch_scores);
         scores.clear();
+        // Exact overlaps for every worker: an early exit would report the best one's overlap
+        // as where the runner-up stopped, hiding how much its cache saves.
         self.index.find_matches(&req.blocks, false, &mut scores);
         if self.cfg.approximate {
             self.approx.find_matches(now, &req.blocks, &mut scores);
@@ -405,7 +407,7 @@ fn explain(verdicts: &[Eligibility], scores: &OverlapScores, selected: &[crate::
         .map(|v| ExplainRow {
             key: v.key,
             overlap: scores.get(v.key),
-            score: selected.binary_search_by_key(&v.key, |s| s.key).ok().map(|i| selected[i].clone()),
+            score: selected.binary_search_by_key(&v.key, |s| s.key).ok().map(|i| selected[i]),
             excluded: match &v.verdict {
                 Verdict::Excluded(r) => Some(r.clone()),
                 Verdict::Eligible { .. } => None,

@@ -2,12 +2,13 @@
 //!
 //! Two models, chosen by [`KvCostConfig::model`]:
 //! - [`KvCostModel::Ttft`] (the default) predicts the request's time to first token on
-//!   the worker from an engine timing model (see [`TtftModel`]).
+//!   the worker from an engine timing model, plus the delay it passes on to others (see
+//!   [`ttft_cost`]).
 //! - [`KvCostModel::Blocks`] adds the prefill the worker would have to compute (its
 //!   queued prompt tokens plus this prompt, minus the prefix it already caches) to the KV
 //!   blocks it would hold while decoding and, optionally, a charge per running request.
 
-use super::ttft::{predict, TtftModel};
+use super::ttft::{ttft_cost, TtftModel, TtftWeights};
 use super::{Candidate, CandidateScore, SelectRequest};
 use crate::types::Phase;
 
@@ -15,23 +16,26 @@ use crate::types::Phase;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum KvCostModel {
-    /// Prefill blocks plus decode blocks, as specified on [`kv_cost`].
+    /// Prefill blocks plus decode blocks (see [`blocks_cost`]).
     Blocks,
-    /// Predicted time to first token in milliseconds, from [`KvCostConfig::ttft`].
+    /// Predicted time to first token and the delay passed on to others, in milliseconds
+    /// (see [`ttft_cost`]).
     #[default]
     Ttft,
 }
 
-/// Weights of the kv cost. Every field can be overridden per request with
-/// [`KvCostOverrides`].
+/// Weights of the kv cost. The first four fields can be overridden per request with
+/// [`KvCostOverrides`]. Costs are in blocks under [`KvCostModel::Blocks`] and in
+/// milliseconds under [`KvCostModel::Ttft`]; the weights apply to the matching terms.
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct KvCostConfig {
-    /// Multiplies the prefill term. Default 1.0.
+    /// Multiplies the prefill term (the predicted wait, under the TTFT model). Default 1.0.
     pub prefill_load_scale: f64,
     /// Blocks of prefill credited per block of effective prefix overlap. 0 ignores the
     /// cache (pure load balancing). Default 1.0.
     pub overlap_credit: f64,
-    /// Cost per running request on the worker. Default 0.0 (decode uses at least 1.0).
+    /// Cost per running request on the worker, in the model's unit. Default 0.0 (decode
+    /// uses at least 1.0).
     pub active_request_weight: f64,
     /// Sampling temperature; 0 picks the cheapest worker. Default 0.0.
     pub temperature: f64,
@@ -43,8 +47,10 @@ pub struct KvCostConfig {
     pub disk_tier_weight: f64,
     /// The formula. Default [`KvCostModel::Ttft`].
     pub model: KvCostModel,
-    /// The engine timing model [`KvCostModel::Ttft`] predicts with.
-    pub ttft: TtftModel,
+    /// The engine timing [`KvCostModel::Ttft`] predicts with.
+    pub timing: TtftModel,
+    /// The weights of [`KvCostModel::Ttft`]'s terms.
+    pub ttft: TtftWeights,
 }
 
 impl Default for KvCostConfig {
@@ -57,7 +63,8 @@ impl Default for KvCostConfig {
             host_tier_weight: 0.75,
             disk_tier_weight: 0.25,
             model: KvCostModel::default(),
-            ttft: TtftModel::default(),
+            timing: TtftModel::default(),
+            ttft: TtftWeights::default(),
         }
     }
 }
@@ -81,24 +88,20 @@ impl KvCostConfig {
         KvCostConfig {
             prefill_load_scale: o.prefill_load_scale.unwrap_or(self.prefill_load_scale),
             overlap_credit: o.overlap_credit.unwrap_or(self.overlap_credit),
-            active_request_weight: o
-                .active_request_weight
-                .unwrap_or(self.active_request_weight),
+            active_request_weight: o.active_request_weight.unwrap_or(self.active_request_weight),
             temperature: o.temperature.unwrap_or(self.temperature),
             ..*self
         }
     }
 }
 
-/// The kv cost of sending `req` to `c`, with its parts, under `req.cost.model`.
-///
-/// [`Phase::Decode`] always uses the blocks formula: a decode worker computes no prompt,
-/// so there is no first-token wait to predict. A NaN cost (from NaN weights) is reported
-/// as infinite, so such a candidate is never preferred.
+/// The kv cost of sending `req` to `c`, with its parts: [`ttft_cost`] or [`blocks_cost`]
+/// as `req.cost.model` says. A NaN cost (from NaN weights) is reported as infinite, so
+/// such a candidate is never preferred.
 pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
-    match (req.cost.model, req.phase) {
-        (KvCostModel::Ttft, Phase::Aggregated | Phase::Prefill) => ttft_cost(req, c),
-        _ => blocks_cost(req, c),
+    match req.cost.model {
+        KvCostModel::Ttft => ttft_cost(req, c),
+        KvCostModel::Blocks => blocks_cost(req, c),
     }
 }
 
@@ -128,81 +131,38 @@ pub fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let active = c.load.active_decode_blocks as f64;
     let expected = f64::from(req.expected_output_blocks);
     let (prefill_blocks, decode_blocks, request_weight) = match req.phase {
-        Phase::Aggregated => (
-            prefill(),
-            active + f64::from(c.new_decode_blocks) + expected,
-            cfg.active_request_weight,
-        ),
+        Phase::Aggregated => (prefill(), active + f64::from(c.new_decode_blocks) + expected, cfg.active_request_weight),
         Phase::Prefill => (prefill(), 0.0, cfg.active_request_weight),
         Phase::Decode => {
             let prompt_blocks = f64::from(req.isl_tokens / req.block_size.tokens());
-            (
-                0.0,
-                active + prompt_blocks + expected,
-                cfg.active_request_weight.max(1.0),
-            )
+            (0.0, active + prompt_blocks + expected, cfg.active_request_weight.max(1.0))
         }
     };
     let requests = f64::from(c.load.active_requests);
-    let cost = c.cost_factor
-        * (cfg.prefill_load_scale * prefill_blocks + decode_blocks + request_weight * requests);
+    let cost = c.cost_factor * (cfg.prefill_load_scale * prefill_blocks + decode_blocks + request_weight * requests);
     score(c, overlap_effective, prefill_blocks, decode_blocks, cost)
 }
 
-/// The predicted time to first token of `req` on `c`, in ms, with its parts.
-///
-/// ```text
-/// cached_tokens = min(isl, overlap_credit × overlap_effective × block_size)
-/// prefill_ms    = time to compute active_prefill_tokens + (isl − cached_tokens) tokens
-///                 in passes of max_batched_tokens (see TtftModel)
-/// decode_ms     = one decode step per such pass while the worker has running requests
-///                 (none in Phase::Prefill)
-/// cost          = cost_factor × (prefill_load_scale × prefill_ms + decode_ms
-///                                + active_request_weight × active_requests)
-/// ```
-///
-/// The score reports `prefill_blocks` as those prompt tokens in blocks and
-/// `decode_blocks` as in the blocks formula.
-pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
-    let cfg = &req.cost;
-    let bs = f64::from(req.block_size.tokens());
-    let overlap_effective = overlap_effective(req, c);
-    let cached_blocks = overlap_effective.max(f64::from(c.inflight_prefix_blocks));
-    let cached_tokens = (cfg.overlap_credit * cached_blocks * bs).min(f64::from(req.isl_tokens));
-    let decoding = req.phase == Phase::Aggregated && c.load.active_requests > c.prefill_requests;
-    let t = predict(&cfg.ttft, req, c, cached_tokens, decoding);
-    let decode_blocks = if req.phase == Phase::Aggregated {
-        c.load.active_decode_blocks as f64 + f64::from(c.new_decode_blocks) + f64::from(req.expected_output_blocks)
-    } else {
-        0.0
-    };
-    let requests = f64::from(c.load.active_requests);
-    let cost = c.cost_factor
-        * (cfg.prefill_load_scale * t.prefill_ms
-            + t.decode_ms
-            + cfg.ttft.others_delay_weight * t.others_ms
-            + cfg.ttft.work_weight * t.work_ms
-            + t.memory_ms
-            + cfg.active_request_weight * requests);
-    score(c, overlap_effective, t.tokens / bs, decode_blocks, cost)
-}
-
-fn overlap_effective(req: &SelectRequest, c: &Candidate) -> f64 {
+/// The candidate's overlap with lower tiers discounted, in blocks.
+pub(super) fn overlap_effective(req: &SelectRequest, c: &Candidate) -> f64 {
     let cfg = &req.cost;
     f64::from(c.overlap.device)
         + cfg.host_tier_weight * f64::from(c.overlap.host)
         + cfg.disk_tier_weight * f64::from(c.overlap.disk)
 }
 
-fn score(c: &Candidate, overlap_effective: f64, prefill_blocks: f64, decode_blocks: f64, cost: f64) -> CandidateScore {
+/// A score from its parts; a NaN cost becomes infinite.
+pub(super) fn score(
+    c: &Candidate,
+    overlap_effective: f64,
+    prefill_blocks: f64,
+    decode_blocks: f64,
+    cost: f64,
+) -> CandidateScore {
     CandidateScore {
         key: c.key,
         // Not `Overlap::raw`, whose plain sum could overflow on hostile input.
-        overlap_raw: c
-            .overlap
-            .device
-            .saturating_add(c.overlap.host)
-            .saturating_add(c.overlap.disk),
+        overlap_raw: c.overlap.device.saturating_add(c.overlap.host).saturating_add(c.overlap.disk),
         overlap_effective,
         prefill_blocks,
         decode_blocks,

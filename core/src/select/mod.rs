@@ -17,8 +17,8 @@
 mod cost;
 mod ttft;
 
-pub use cost::{blocks_cost, kv_cost, ttft_cost, KvCostConfig, KvCostModel, KvCostOverrides};
-pub use ttft::TtftModel;
+pub use cost::{blocks_cost, kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
+pub use ttft::{ttft_cost, TtftModel, TtftWeights};
 
 use crate::hash::BlockSize;
 use crate::mathf;
@@ -103,10 +103,7 @@ impl FromStr for RouterMode {
     type Err = RouterModeParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RouterMode::ALL
-            .into_iter()
-            .find(|m| m.as_str() == s)
-            .ok_or(RouterModeParseError::Unknown)
+        RouterMode::ALL.into_iter().find(|m| m.as_str() == s).ok_or(RouterModeParseError::Unknown)
     }
 }
 
@@ -252,17 +249,10 @@ impl fmt::Display for SelectError {
         match self {
             SelectError::NoCandidates => f.write_str("no eligible worker"),
             SelectError::DirectTargetRequired { phase } => {
-                write!(
-                    f,
-                    "worker ID required for {} request in Direct routing mode",
-                    phase.as_str()
-                )
+                write!(f, "worker ID required for {} request in Direct routing mode", phase.as_str())
             }
             SelectError::DirectTargetNotEligible { target } => {
-                write!(
-                    f,
-                    "worker {target} named for Direct routing is not eligible"
-                )
+                write!(f, "worker {target} named for Direct routing is not eligible")
             }
         }
     }
@@ -294,9 +284,7 @@ impl Selector {
         commit: bool,
     ) -> Result<Selection, SelectError> {
         let direct = match (req.mode, req.direct) {
-            (RouterMode::Direct, None) => {
-                return Err(SelectError::DirectTargetRequired { phase: req.phase })
-            }
+            (RouterMode::Direct, None) => return Err(SelectError::DirectTargetRequired { phase: req.phase }),
             (RouterMode::Direct, Some(target)) => Some(target),
             _ => None,
         };
@@ -314,18 +302,9 @@ impl Selector {
         let requests = |c: &Candidate| f64::from(c.load.active_requests);
         let (i, scores) = match req.mode {
             RouterMode::Random => (draw.below(n), load_scores(req, &cands, |_| 0.0)),
-            RouterMode::RoundRobin => (
-                self.round_robin(req.phase, &cands, commit),
-                load_scores(req, &cands, |_| 0.0),
-            ),
-            RouterMode::PowerOfTwo => (
-                power_of_two(&cands, draw),
-                load_scores(req, &cands, requests),
-            ),
-            RouterMode::LeastLoaded => (
-                least_loaded(&cands, draw),
-                load_scores(req, &cands, requests),
-            ),
+            RouterMode::RoundRobin => (self.round_robin(req.phase, &cands, commit), load_scores(req, &cands, |_| 0.0)),
+            RouterMode::PowerOfTwo => (power_of_two(&cands, draw), load_scores(req, &cands, requests)),
+            RouterMode::LeastLoaded => (least_loaded(&cands, draw), load_scores(req, &cands, requests)),
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             RouterMode::Kv | RouterMode::Direct => {
                 let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
@@ -360,18 +339,11 @@ fn sorted(candidates: &[Candidate]) -> Cow<'_, [Candidate]> {
 }
 
 fn selection(cands: &[Candidate], i: usize, scores: Vec<CandidateScore>) -> Selection {
-    Selection {
-        chosen: cands[i].key,
-        scores,
-    }
+    Selection { chosen: cands[i].key, scores }
 }
 
 /// Scores for the modes that do not compute a kv cost: overlap and current load.
-fn load_scores(
-    req: &SelectRequest,
-    cands: &[Candidate],
-    cost: impl Fn(&Candidate) -> f64,
-) -> Vec<CandidateScore> {
+fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidate) -> f64) -> Vec<CandidateScore> {
     let bs = f64::from(req.block_size.tokens());
     cands
         .iter()
@@ -396,19 +368,11 @@ fn pick_min(n: usize, draw: &mut Draw, cmp: impl Fn(usize, usize) -> Ordering) -
         }
     }
     let k = if ties > 1 { draw.below(ties) } else { 0 };
-    (best..n)
-        .filter(|&i| cmp(i, best) == Ordering::Equal)
-        .nth(k)
-        .unwrap_or(best)
+    (best..n).filter(|&i| cmp(i, best) == Ordering::Equal).nth(k).unwrap_or(best)
 }
 
 fn least_loaded(cands: &[Candidate], draw: &mut Draw) -> usize {
-    let rank = |i: usize| {
-        (
-            cands[i].load.active_requests,
-            cands[i].load.active_decode_blocks,
-        )
-    };
+    let rank = |i: usize| (cands[i].load.active_requests, cands[i].load.active_decode_blocks);
     pick_min(cands.len(), draw, |a, b| rank(a).cmp(&rank(b)))
 }
 
@@ -457,9 +421,7 @@ fn kv_pick(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usiz
         return sample(scores, temperature, draw);
     }
     let cost = |i: usize| scores[i].cost;
-    pick_min(scores.len(), draw, |a, b| {
-        cost(a).partial_cmp(&cost(b)).unwrap_or(Ordering::Equal)
-    })
+    pick_min(scores.len(), draw, |a, b| cost(a).partial_cmp(&cost(b)).unwrap_or(Ordering::Equal))
 }
 
 fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {
@@ -493,3 +455,5 @@ fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod ttft_tests;

@@ -11,19 +11,12 @@ const TRIALS: u64 = 20_000;
 
 /// A candidate on rank 0 of `worker` with `requests` running and `decode` decode blocks.
 fn cand(worker: u64, requests: u32, decode: u64) -> Candidate {
-    let load = WorkerLoad {
-        active_prefill_tokens: 0,
-        active_decode_blocks: decode,
-        active_requests: requests,
-    };
+    let load = WorkerLoad { active_prefill_tokens: 0, active_decode_blocks: decode, active_requests: requests };
     Candidate::new(WorkerKey::new(worker, 0), load)
 }
 
 fn req(mode: RouterMode) -> SelectRequest {
-    SelectRequest {
-        mode,
-        ..SelectRequest::default()
-    }
+    SelectRequest { mode, ..SelectRequest::default() }
 }
 
 fn key(worker: u64) -> WorkerKey {
@@ -32,16 +25,8 @@ fn key(worker: u64) -> WorkerKey {
 
 /// Selects with draw `draw` (committing) and compares the chosen worker or the error.
 #[track_caller]
-fn check(
-    sel: &mut Selector,
-    req: &SelectRequest,
-    cands: &[Candidate],
-    draw: u64,
-    want: Result<u64, SelectError>,
-) {
-    let got = sel
-        .select(req, cands, &mut Draw(draw), true)
-        .map(|s| s.chosen);
+fn check(sel: &mut Selector, req: &SelectRequest, cands: &[Candidate], draw: u64, want: Result<u64, SelectError>) {
+    let got = sel.select(req, cands, &mut Draw(draw), true).map(|s| s.chosen);
     assert_eq!(got, want.map(key), "{} with draw {draw}", req.mode);
 }
 
@@ -53,9 +38,7 @@ fn shares(req: &SelectRequest, cands: &[Candidate]) -> BTreeMap<u64, f64> {
         let s = sel.select(req, cands, &mut Draw(d), true).unwrap();
         *n.entry(s.chosen.worker.0).or_insert(0u64) += 1;
     }
-    n.into_iter()
-        .map(|(w, c)| (w, c as f64 / TRIALS as f64))
-        .collect()
+    n.into_iter().map(|(w, c)| (w, c as f64 / TRIALS as f64)).collect()
 }
 
 #[track_caller]
@@ -63,11 +46,7 @@ fn check_shares(req: &SelectRequest, cands: &[Candidate], want: &[(u64, f64)]) {
     let got = shares(req, cands);
     for &(w, p) in want {
         let g = got.get(&w).copied().unwrap_or(0.0);
-        assert!(
-            (g - p).abs() < 0.02,
-            "{}: worker {w} chosen {g:.4}, want {p:.4}; all {got:?}",
-            req.mode
-        );
+        assert!((g - p).abs() < 0.02, "{}: worker {w} chosen {g:.4}, want {p:.4}; all {got:?}", req.mode);
     }
     let listed: f64 = want.iter().map(|&(_, p)| p).sum();
     assert!((listed - 1.0).abs() < 1e-9, "test lists every outcome");
@@ -75,26 +54,14 @@ fn check_shares(req: &SelectRequest, cands: &[Candidate], want: &[(u64, f64)]) {
 
 #[test]
 fn modes_parse_and_print() {
-    let names = [
-        "random",
-        "round-robin",
-        "power-of-two",
-        "least-loaded",
-        "weighted",
-        "direct",
-        "kv",
-    ];
+    let names = ["random", "round-robin", "power-of-two", "least-loaded", "weighted", "direct", "kv"];
     for (m, name) in RouterMode::ALL.into_iter().zip(names) {
         assert_eq!(m.as_str(), name);
         assert_eq!(name.parse::<RouterMode>(), Ok(m));
         assert_eq!(format!("{m}"), name);
     }
     for bad in ["", "KV", "round_robin", "kv "] {
-        assert_eq!(
-            bad.parse::<RouterMode>(),
-            Err(RouterModeParseError::Unknown),
-            "{bad:?}"
-        );
+        assert_eq!(bad.parse::<RouterMode>(), Err(RouterModeParseError::Unknown), "{bad:?}");
     }
 }
 
@@ -102,9 +69,7 @@ fn modes_parse_and_print() {
 fn empty_candidates_is_an_error_in_every_mode() {
     for mode in RouterMode::ALL {
         let want = match mode {
-            Direct => SelectError::DirectTargetRequired {
-                phase: Phase::Aggregated,
-            },
+            Direct => SelectError::DirectTargetRequired { phase: Phase::Aggregated },
             _ => SelectError::NoCandidates,
         };
         check(&mut Selector::new(), &req(mode), &[], 0, Err(want));
@@ -114,11 +79,7 @@ fn empty_candidates_is_an_error_in_every_mode() {
 #[test]
 fn random_is_uniform() {
     let cands = [cand(1, 9, 0), cand(2, 0, 0), cand(3, 0, 0), cand(4, 0, 0)];
-    check_shares(
-        &req(Random),
-        &cands,
-        &[(1, 0.25), (2, 0.25), (3, 0.25), (4, 0.25)],
-    );
+    check_shares(&req(Random), &cands, &[(1, 0.25), (2, 0.25), (3, 0.25), (4, 0.25)]);
 }
 
 #[test]
@@ -138,10 +99,7 @@ fn round_robin_cycles_in_key_order_and_peeking_does_not_advance() {
         check(&mut sel, &r, &cands, 0, Ok(want));
     }
     // Each phase keeps its own cursor.
-    let decode = SelectRequest {
-        phase: Phase::Decode,
-        ..r
-    };
+    let decode = SelectRequest { phase: Phase::Decode, ..r };
     check(&mut sel, &decode, &cands, 0, Ok(1));
     check(&mut sel, &r, &cands, 0, Ok(3));
 }
@@ -149,26 +107,12 @@ fn round_robin_cycles_in_key_order_and_peeking_does_not_advance() {
 #[test]
 fn power_of_two_compares_two_distinct_candidates() {
     // With two candidates, distinct picks always compare both: the idle one always wins.
-    check_shares(
-        &req(PowerOfTwo),
-        &[cand(1, 5, 0), cand(2, 1, 0)],
-        &[(1, 0.0), (2, 1.0)],
-    );
+    check_shares(&req(PowerOfTwo), &[cand(1, 5, 0), cand(2, 1, 0)], &[(1, 0.0), (2, 1.0)]);
     // Pairs {1,2} {1,3} {2,3} are equally likely; 1 wins both of its pairs, and the tied
     // pair {2,3} splits evenly.
     let cands = [cand(1, 0, 0), cand(2, 5, 0), cand(3, 5, 0)];
-    check_shares(
-        &req(PowerOfTwo),
-        &cands,
-        &[(1, 2.0 / 3.0), (2, 1.0 / 6.0), (3, 1.0 / 6.0)],
-    );
-    check(
-        &mut Selector::new(),
-        &req(PowerOfTwo),
-        &[cand(7, 100, 0)],
-        3,
-        Ok(7),
-    );
+    check_shares(&req(PowerOfTwo), &cands, &[(1, 2.0 / 3.0), (2, 1.0 / 6.0), (3, 1.0 / 6.0)]);
+    check(&mut Selector::new(), &req(PowerOfTwo), &[cand(7, 100, 0)], 3, Ok(7));
 }
 
 #[test]
@@ -177,14 +121,8 @@ fn least_loaded_ranks_requests_then_blocks_then_draw() {
     type Case<'a> = (&'a [Candidate], &'a [(u64, f64)]);
     let cases: &[Case] = &[
         (&[cand(1, 3, 0), cand(2, 1, 90), cand(3, 2, 0)], &[(2, 1.0)]),
-        (
-            &[cand(1, 1, 50), cand(2, 1, 40), cand(3, 4, 0)],
-            &[(2, 1.0)],
-        ),
-        (
-            &[cand(1, 1, 40), cand(2, 1, 40), cand(3, 1, 41)],
-            &[(1, 0.5), (2, 0.5)],
-        ),
+        (&[cand(1, 1, 50), cand(2, 1, 40), cand(3, 4, 0)], &[(2, 1.0)]),
+        (&[cand(1, 1, 40), cand(2, 1, 40), cand(3, 1, 41)], &[(1, 0.5), (2, 0.5)]),
     ];
     for (cands, want) in cases {
         check_shares(&r, cands, want);
@@ -194,17 +132,9 @@ fn least_loaded_ranks_requests_then_blocks_then_draw() {
 #[test]
 fn weighted_is_proportional() {
     let with_weight = |c: Candidate, weight| Candidate { weight, ..c };
-    let cands = [
-        with_weight(cand(1, 0, 0), 1),
-        with_weight(cand(2, 0, 0), 3),
-        with_weight(cand(3, 0, 0), 0),
-    ];
+    let cands = [with_weight(cand(1, 0, 0), 1), with_weight(cand(2, 0, 0), 3), with_weight(cand(3, 0, 0), 0)];
     let cands = [cands[0], cands[1], cands[2], with_weight(cand(4, 0, 0), 6)];
-    check_shares(
-        &req(Weighted),
-        &cands,
-        &[(1, 0.1), (2, 0.3), (3, 0.0), (4, 0.6)],
-    );
+    check_shares(&req(Weighted), &cands, &[(1, 0.1), (2, 0.3), (3, 0.0), (4, 0.6)]);
     // All weights zero: uniform rather than nothing.
     let zero = [with_weight(cand(1, 0, 0), 0), with_weight(cand(2, 0, 0), 0)];
     check_shares(&req(Weighted), &zero, &[(1, 0.5), (2, 0.5)]);
@@ -214,18 +144,8 @@ fn weighted_is_proportional() {
 fn direct_routes_to_the_named_worker_or_says_why_not() {
     let cands = [cand(1, 0, 0), cand(2, 50, 500)];
     let mut sel = Selector::new();
-    let direct = |target: Option<u64>, phase| SelectRequest {
-        phase,
-        direct: target.map(key),
-        ..req(Direct)
-    };
-    check(
-        &mut sel,
-        &direct(Some(2), Phase::Aggregated),
-        &cands,
-        0,
-        Ok(2),
-    );
+    let direct = |target: Option<u64>, phase| SelectRequest { phase, direct: target.map(key), ..req(Direct) };
+    check(&mut sel, &direct(Some(2), Phase::Aggregated), &cands, 0, Ok(2));
     check(
         &mut sel,
         &direct(Some(3), Phase::Aggregated),
@@ -241,30 +161,16 @@ fn direct_routes_to_the_named_worker_or_says_why_not() {
         Err(SelectError::DirectTargetNotEligible { target: key(1) }),
     );
     for (phase, msg) in [
-        (
-            Phase::Aggregated,
-            "worker ID required for aggregated request in Direct routing mode",
-        ),
-        (
-            Phase::Prefill,
-            "worker ID required for prefill request in Direct routing mode",
-        ),
-        (
-            Phase::Decode,
-            "worker ID required for decode request in Direct routing mode",
-        ),
+        (Phase::Aggregated, "worker ID required for aggregated request in Direct routing mode"),
+        (Phase::Prefill, "worker ID required for prefill request in Direct routing mode"),
+        (Phase::Decode, "worker ID required for decode request in Direct routing mode"),
     ] {
-        let err = sel
-            .select(&direct(None, phase), &cands, &mut Draw(0), true)
-            .unwrap_err();
+        let err = sel.select(&direct(None, phase), &cands, &mut Draw(0), true).unwrap_err();
         assert_eq!(err, SelectError::DirectTargetRequired { phase });
         assert_eq!(format!("{err}"), msg);
     }
     // Other modes ignore a named worker.
-    let kv = SelectRequest {
-        direct: Some(key(2)),
-        ..req(Kv)
-    };
+    let kv = SelectRequest { direct: Some(key(2)), ..req(Kv) };
     check(&mut sel, &kv, &cands, 0, Ok(1));
 }
 
@@ -273,16 +179,8 @@ fn direct_routes_to_the_named_worker_or_says_why_not() {
 fn costed(cost_factor: f64) -> Candidate {
     Candidate {
         key: key(1),
-        load: WorkerLoad {
-            active_prefill_tokens: 32,
-            active_decode_blocks: 10,
-            active_requests: 4,
-        },
-        overlap: Overlap {
-            device: 4,
-            host: 2,
-            disk: 4,
-        },
+        load: WorkerLoad { active_prefill_tokens: 32, active_decode_blocks: 10, active_requests: 4 },
+        overlap: Overlap { device: 4, host: 2, disk: 4 },
         new_decode_blocks: 6,
         inflight_prefix_blocks: 0,
         weight: 1,
@@ -298,35 +196,14 @@ fn costed(cost_factor: f64) -> Candidate {
 /// `kv_cost` of `c` for a 160-token prompt (block size 16, 10 blocks) with 3 expected
 /// output blocks, compared with hand-computed (effective overlap, prefill, decode, cost).
 #[track_caller]
-fn check_cost(
-    phase: Phase,
-    cost: KvCostConfig,
-    isl_tokens: u32,
-    c: Candidate,
-    want: (f64, f64, f64, f64),
-) {
+fn check_cost(phase: Phase, cost: KvCostConfig, isl_tokens: u32, c: Candidate, want: (f64, f64, f64, f64)) {
     let bs = BlockSize::new(16).unwrap();
-    let r = SelectRequest {
-        phase,
-        cost,
-        isl_tokens,
-        block_size: bs,
-        expected_output_blocks: 3,
-        ..req(Kv)
-    };
+    let r = SelectRequest { phase, cost, isl_tokens, block_size: bs, expected_output_blocks: 3, ..req(Kv) };
     let s = kv_cost(&r, &c);
-    let got = (
-        s.overlap_effective,
-        s.prefill_blocks,
-        s.decode_blocks,
-        s.cost,
-    );
+    let got = (s.overlap_effective, s.prefill_blocks, s.decode_blocks, s.cost);
     let close = |a: f64, b: f64| (a - b).abs() < 1e-9 || a == b;
     assert!(
-        close(got.0, want.0)
-            && close(got.1, want.1)
-            && close(got.2, want.2)
-            && close(got.3, want.3),
+        close(got.0, want.0) && close(got.1, want.1) && close(got.2, want.2) && close(got.3, want.3),
         "{phase}: got {got:?}, want {want:?}"
     );
     assert_eq!((s.key, s.overlap_raw), (c.key, 10));
@@ -334,97 +211,42 @@ fn check_cost(
 
 /// The specified blocks formula (the default model is the TTFT one).
 fn blocks_model() -> KvCostConfig {
-    KvCostConfig {
-        model: KvCostModel::Blocks,
-        ..KvCostConfig::default()
-    }
+    KvCostConfig { model: KvCostModel::Blocks, ..KvCostConfig::default() }
 }
 
 #[test]
 fn kv_cost_matches_hand_computation() {
     use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};
     let d = blocks_model();
-    let tuned = KvCostConfig {
-        prefill_load_scale: 2.0,
-        active_request_weight: 0.5,
-        ..d
-    };
+    let tuned = KvCostConfig { prefill_load_scale: 2.0, active_request_weight: 0.5, ..d };
     // Effective overlap 4 + 0.75·2 + 0.25·4 = 6.5. Queued prefill (32 + 160) / 16 = 12 blocks.
     // Aggregated: prefill 12 − 6.5 = 5.5; decode 10 + 6 + 3 = 19.
     check_cost(Agg, d, 160, costed(1.0), (6.5, 5.5, 19.0, 24.5));
     // Scale 2, 0.5 per request, taint factor 1.5: 1.5 · (2·5.5 + 19 + 0.5·4) = 48.
     check_cost(Agg, tuned, 160, costed(1.5), (6.5, 5.5, 19.0, 48.0));
     // No credit: the cache is ignored.
-    check_cost(
-        Agg,
-        KvCostConfig {
-            overlap_credit: 0.0,
-            ..d
-        },
-        160,
-        costed(1.0),
-        (6.5, 12.0, 19.0, 31.0),
-    );
+    check_cost(Agg, KvCostConfig { overlap_credit: 0.0, ..d }, 160, costed(1.0), (6.5, 12.0, 19.0, 31.0));
     // Lower tiers count fully when weighted 1: 12 − 10 = 2.
-    let flat = KvCostConfig {
-        host_tier_weight: 1.0,
-        disk_tier_weight: 1.0,
-        ..d
-    };
+    let flat = KvCostConfig { host_tier_weight: 1.0, disk_tier_weight: 1.0, ..d };
     check_cost(Agg, flat, 160, costed(1.0), (10.0, 2.0, 19.0, 21.0));
     // Overlap beyond the queued work never makes prefill negative.
-    check_cost(
-        Agg,
-        KvCostConfig {
-            overlap_credit: 5.0,
-            ..d
-        },
-        160,
-        costed(1.0),
-        (6.5, 0.0, 19.0, 19.0),
-    );
+    check_cost(Agg, KvCostConfig { overlap_credit: 5.0, ..d }, 160, costed(1.0), (6.5, 0.0, 19.0, 19.0));
     // Prefill: no decode term. 1.5 · (2·5.5 + 0.5·4) = 19.5.
     check_cost(Pre, tuned, 160, costed(1.5), (6.5, 5.5, 0.0, 19.5));
     // Decode: no prefill term, no reuse: 10 active + 10 prompt + 3 expected = 23 blocks,
     // requests weigh at least 1: 1.5 · (23 + 4) = 40.5.
     check_cost(Dec, tuned, 160, costed(1.5), (6.5, 0.0, 23.0, 40.5));
     // Decode counts full prompt blocks only: 175 tokens are still 10 blocks.
-    check_cost(
-        Dec,
-        KvCostConfig {
-            active_request_weight: 3.0,
-            ..d
-        },
-        175,
-        costed(1.0),
-        (6.5, 0.0, 23.0, 35.0),
-    );
+    check_cost(Dec, KvCostConfig { active_request_weight: 3.0, ..d }, 175, costed(1.0), (6.5, 0.0, 23.0, 35.0));
     // NaN weights never produce a NaN cost.
-    check_cost(
-        Agg,
-        d,
-        160,
-        costed(f64::NAN),
-        (6.5, 5.5, 19.0, f64::INFINITY),
-    );
+    check_cost(Agg, d, 160, costed(f64::NAN), (6.5, 5.5, 19.0, f64::INFINITY));
 }
 
 #[test]
 fn overrides_replace_only_what_they_name() {
-    let base = KvCostConfig {
-        host_tier_weight: 0.5,
-        ..KvCostConfig::default()
-    };
-    let o = KvCostOverrides {
-        overlap_credit: Some(0.0),
-        temperature: Some(0.7),
-        ..KvCostOverrides::default()
-    };
-    let want = KvCostConfig {
-        overlap_credit: 0.0,
-        temperature: 0.7,
-        ..base
-    };
+    let base = KvCostConfig { host_tier_weight: 0.5, ..KvCostConfig::default() };
+    let o = KvCostOverrides { overlap_credit: Some(0.0), temperature: Some(0.7), ..KvCostOverrides::default() };
+    let want = KvCostConfig { overlap_credit: 0.0, temperature: 0.7, ..base };
     assert_eq!(base.with(&o), want);
     assert_eq!(base.with(&KvCostOverrides::default()), base);
 }
@@ -432,39 +254,17 @@ fn overrides_replace_only_what_they_name() {
 #[test]
 fn kv_picks_the_cheapest_and_breaks_ties_by_draw() {
     let bs16 = BlockSize::new(16).unwrap();
-    let r = SelectRequest {
-        isl_tokens: 160,
-        block_size: bs16,
-        cost: blocks_model(),
-        ..req(Kv)
-    };
-    let overlap = |c: Candidate, device| Candidate {
-        overlap: Overlap {
-            device,
-            host: 0,
-            disk: 0,
-        },
-        ..c
-    };
+    let r = SelectRequest { isl_tokens: 160, block_size: bs16, cost: blocks_model(), ..req(Kv) };
+    let overlap = |c: Candidate, device| Candidate { overlap: Overlap { device, host: 0, disk: 0 }, ..c };
     // Worker 2 caches 8 of 10 blocks: cost 2 + 4 against 10 + 0.
     check_shares(&r, &[cand(1, 0, 0), overlap(cand(2, 3, 4), 8)], &[(2, 1.0)]);
     // Same load and overlap: a coin flip by draw.
-    check_shares(
-        &r,
-        &[cand(1, 1, 4), cand(2, 1, 4), cand(3, 1, 5)],
-        &[(1, 0.5), (2, 0.5)],
-    );
+    check_shares(&r, &[cand(1, 1, 4), cand(2, 1, 4), cand(3, 1, 5)], &[(1, 0.5), (2, 0.5)]);
     // A taint factor pushes work to the untainted worker.
-    let tainted = Candidate {
-        cost_factor: 2.0,
-        ..overlap(cand(2, 3, 4), 8)
-    };
+    let tainted = Candidate { cost_factor: 2.0, ..overlap(cand(2, 3, 4), 8) };
     check_shares(&r, &[cand(1, 0, 0), tainted], &[(1, 1.0)]);
     // A NaN-cost candidate is never chosen while another exists.
-    let broken = Candidate {
-        cost_factor: f64::NAN,
-        ..cand(1, 0, 0)
-    };
+    let broken = Candidate { cost_factor: f64::NAN, ..cand(1, 0, 0) };
     check_shares(&r, &[broken, cand(2, 9, 99)], &[(2, 1.0)]);
 }
 
@@ -472,17 +272,9 @@ fn kv_picks_the_cheapest_and_breaks_ties_by_draw() {
 fn temperature_samples_by_softmax_of_normalised_cost() {
     // Decode blocks 0, 1, 2 give costs 0, 1, 2: p ∝ e^0, e^-0.5, e^-1 at T = 1.
     let cands = [cand(1, 0, 0), cand(2, 0, 1), cand(3, 0, 2)];
-    let at = |t: f64| SelectRequest {
-        cost: KvCostConfig {
-            temperature: t,
-            ..blocks_model()
-        },
-        ..req(Kv)
-    };
+    let at = |t: f64| SelectRequest { cost: KvCostConfig { temperature: t, ..blocks_model() }, ..req(Kv) };
     let softmax = |t: f64| {
-        let w: Vec<f64> = (0..3)
-            .map(|c| std::primitive::f64::exp(-(c as f64) / (2.0 * t)))
-            .collect();
+        let w: Vec<f64> = (0..3).map(|c| std::primitive::f64::exp(-(c as f64) / (2.0 * t))).collect();
         let sum: f64 = w.iter().sum();
         vec![(1, w[0] / sum), (2, w[1] / sum), (3, w[2] / sum)]
     };
@@ -490,24 +282,13 @@ fn temperature_samples_by_softmax_of_normalised_cost() {
     check_shares(&at(0.25), &cands, &softmax(0.25));
     // Equal costs: uniform at any temperature.
     let equal = [cand(1, 0, 3), cand(2, 0, 3), cand(3, 0, 3)];
-    check_shares(
-        &at(0.5),
-        &equal,
-        &[(1, 1.0 / 3.0), (2, 1.0 / 3.0), (3, 1.0 / 3.0)],
-    );
+    check_shares(&at(0.5), &equal, &[(1, 1.0 / 3.0), (2, 1.0 / 3.0), (3, 1.0 / 3.0)]);
     // An infinite temperature flattens everything; zero or NaN is plain argmin.
-    check_shares(
-        &at(f64::INFINITY),
-        &cands,
-        &[(1, 1.0 / 3.0), (2, 1.0 / 3.0), (3, 1.0 / 3.0)],
-    );
+    check_shares(&at(f64::INFINITY), &cands, &[(1, 1.0 / 3.0), (2, 1.0 / 3.0), (3, 1.0 / 3.0)]);
     check_shares(&at(0.0), &cands, &[(1, 1.0)]);
     check_shares(&at(f64::NAN), &cands, &[(1, 1.0)]);
     // Infinite costs get no weight.
-    let broken = Candidate {
-        cost_factor: f64::INFINITY,
-        ..cand(4, 0, 1)
-    };
+    let broken = Candidate { cost_factor: f64::INFINITY, ..cand(4, 0, 1) };
     check_shares(&at(1.0), &[cands[0], broken], &[(1, 1.0)]);
 }
 
@@ -527,10 +308,7 @@ fn decisions_ignore_input_order_and_previews_match_commits() {
         let r = SelectRequest {
             isl_tokens: 512,
             direct: Some(key(5)),
-            cost: KvCostConfig {
-                temperature: 0.3,
-                ..KvCostConfig::default()
-            },
+            cost: KvCostConfig { temperature: 0.3, ..KvCostConfig::default() },
             ..req(mode)
         };
         let (mut a, mut b) = (Selector::new(), Selector::new());
@@ -541,10 +319,7 @@ fn decisions_ignore_input_order_and_previews_match_commits() {
             assert_eq!(preview, sorted, "{mode}: preview differs from commit");
             assert_eq!(sorted, unsorted, "{mode}: input order changed the decision");
             let keys: Vec<_> = sorted.scores.iter().map(|s| s.key).collect();
-            assert!(
-                keys.windows(2).all(|w| w[0] < w[1]) && keys.len() == 12,
-                "{mode}: scores in key order"
-            );
+            assert!(keys.windows(2).all(|w| w[0] < w[1]) && keys.len() == 12, "{mode}: scores in key order");
         }
     }
 }
@@ -554,9 +329,7 @@ fn errors_display() {
     let cases = [
         (SelectError::NoCandidates, "no eligible worker"),
         (
-            SelectError::DirectTargetNotEligible {
-                target: WorkerKey::new(3, 1),
-            },
+            SelectError::DirectTargetNotEligible { target: WorkerKey::new(3, 1) },
             "worker 3/1 named for Direct routing is not eligible",
         ),
     ];
