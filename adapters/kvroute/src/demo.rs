@@ -128,6 +128,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         overlap_credit: None,
         active_request_weight: None,
         temperature: None,
+        model: Default::default(),
         seed: 0,
         json: d.json,
         plot: None,

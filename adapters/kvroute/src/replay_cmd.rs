@@ -15,7 +15,7 @@ use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
 use router_core::hash::BlockSize;
 use router_core::router::RouterConfig;
-use router_core::select::RouterMode;
+use router_core::select::{KvCostModel, RouterMode};
 
 use crate::dispatch::{CoreDispatcher, Fleet};
 use crate::report::{LoadPoint, RunReport};
@@ -102,6 +102,9 @@ pub struct ReplayArgs {
     /// kv cost: weight of each active request.
     #[arg(long, value_name = "X")]
     pub active_request_weight: Option<f64>,
+    /// kv cost model knobs.
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// kv cost: sampling temperature (0 picks the cheapest worker).
     #[arg(long, value_name = "T")]
     pub temperature: Option<f64>,
@@ -142,6 +145,42 @@ impl fmt::Display for Policy {
     }
 }
 
+/// Flags of the kv cost model beyond the blocks formula's weights.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ModelArgs {
+    /// kv cost model: ttft (predicted time to first token, the default) or blocks
+    /// (prefill plus decode blocks).
+    #[arg(long, value_name = "MODEL")]
+    pub cost_model: Option<CostModel>,
+    /// ttft model: share of a busy worker's predicted prefill progress credited (0..1).
+    #[arg(long, value_name = "X")]
+    pub progress_credit: Option<f64>,
+    /// ttft model: weight of the delay a request adds to those queued before it.
+    #[arg(long, value_name = "X")]
+    pub others_delay_weight: Option<f64>,
+    /// ttft model: weight of the compute a request adds (its own prefill time).
+    #[arg(long, value_name = "X")]
+    pub work_weight: Option<f64>,
+    /// ttft model: wait charged per KV block a worker would be short of, ms.
+    #[arg(long, value_name = "MS")]
+    pub memory_ms_per_block: Option<f64>,
+}
+
+/// A kv cost model name as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CostModel(pub KvCostModel);
+
+impl FromStr for CostModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ttft" => Ok(CostModel(KvCostModel::Ttft)),
+            "blocks" => Ok(CostModel(KvCostModel::Blocks)),
+            _ => Err(format!("unknown cost model {s:?}; expected ttft or blocks")),
+        }
+    }
+}
+
 /// Loads the workload the arguments name, hashed at the engines' block size.
 pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     let records: Vec<TraceRecord> = if let Some(path) = &a.trace {
@@ -176,6 +215,11 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.overlap_credit = a.overlap_credit.unwrap_or(c.overlap_credit);
     c.active_request_weight = a.active_request_weight.unwrap_or(c.active_request_weight);
     c.temperature = a.temperature.unwrap_or(c.temperature);
+    c.model = a.model.cost_model.map_or(c.model, |m| m.0);
+    c.ttft.progress_credit = a.model.progress_credit.unwrap_or(c.ttft.progress_credit);
+    c.ttft.others_delay_weight = a.model.others_delay_weight.unwrap_or(c.ttft.others_delay_weight);
+    c.ttft.work_weight = a.model.work_weight.unwrap_or(c.ttft.work_weight);
+    c.ttft.memory_ms_per_block = a.model.memory_ms_per_block.unwrap_or(c.ttft.memory_ms_per_block);
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;

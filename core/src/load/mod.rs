@@ -5,7 +5,9 @@
 //! prefill is done, and (except for [`Phase::Prefill`] bookings) the KV blocks it keeps
 //! alive while decoding: its prompt blocks, counted once per worker however many requests
 //! share them, plus its output blocks. [`LoadTracker::load`] sums them per worker for
-//! selection to weigh.
+//! selection to weigh, and [`LoadTracker::prefill_progress`] says since when a worker has
+//! been working through its prefill backlog, so selection can estimate how much of it is
+//! already computed (the tracker only learns a prefill finished at its first token).
 //!
 //! What it leaves to others: choosing a worker (`select`), learning what a worker has
 //! cached (`index`), and noticing that a request finished (the adapter calls
@@ -116,6 +118,18 @@ pub struct LoadStats {
     pub blocks_truncated: u64,
 }
 
+/// How far a key has got through its prefill backlog; see [`LoadTracker::prefill_progress`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct PrefillProgress {
+    /// Bookings on the key whose prefill has not finished.
+    pub requests: u32,
+    /// When the key's current stretch of outstanding prefill began: the time of the `add`
+    /// that found no booking there prefilling. `None` while none is.
+    pub busy_since: Option<Instant>,
+    /// Prefill tokens of the bookings that finished their prefill within that stretch.
+    pub done_tokens: u64,
+}
+
 /// One live booking.
 struct Booking {
     key: WorkerKey,
@@ -123,6 +137,9 @@ struct Booking {
     blocks: Vec<SeqHash>,
     /// Uncached prompt tokens still to prefill.
     prefill_tokens: u32,
+    /// Its prefill has not finished (never true for decode bookings, which compute no
+    /// prompt).
+    prefilling: bool,
     expected_output_blocks: u32,
     /// Output blocks generated so far.
     output_blocks: u32,
@@ -149,6 +166,13 @@ struct KeyLoad {
     output_blocks: u64,
     /// Prompt block → number of bookings on this key holding it.
     blocks: HashMap<SeqHash, u32, SeededState>,
+    /// Bookings whose prefill has not finished.
+    prefill_requests: u64,
+    /// Start of the current stretch of outstanding prefill (meaningless while
+    /// `prefill_requests == 0`).
+    busy_since: Instant,
+    /// Prefill tokens finished within the stretch.
+    done_tokens: u64,
 }
 
 impl KeyLoad {
@@ -158,6 +182,31 @@ impl KeyLoad {
             active_decode_blocks: self.blocks.len() as u64 + self.output_blocks,
             active_requests: u32::try_from(self.requests).unwrap_or(u32::MAX),
         }
+    }
+
+    fn progress(&self) -> PrefillProgress {
+        let busy = self.prefill_requests > 0;
+        PrefillProgress {
+            requests: u32::try_from(self.prefill_requests).unwrap_or(u32::MAX),
+            busy_since: busy.then_some(self.busy_since),
+            done_tokens: if busy { self.done_tokens } else { 0 },
+        }
+    }
+
+    /// A booking stops prefilling: finished (`done`) or dropped.
+    fn end_prefill(&mut self, b: &mut Booking, done: bool) {
+        self.prefill_tokens -= u64::from(b.prefill_tokens);
+        if b.prefilling {
+            b.prefilling = false;
+            self.prefill_requests -= 1;
+            if done {
+                self.done_tokens += u64::from(b.prefill_tokens);
+            }
+            if self.prefill_requests == 0 {
+                self.done_tokens = 0;
+            }
+        }
+        b.prefill_tokens = 0;
     }
 }
 
@@ -219,15 +268,32 @@ impl LoadTracker {
         let blocks = if phase == Phase::Prefill { &[][..] } else { self.capped(blocks) };
         let expiry = (now.add_ms(self.cfg.request_age_max_ms), self.next_seq);
         self.next_seq += 1;
-        let booking =
-            Booking { key, blocks: blocks.to_vec(), prefill_tokens, expected_output_blocks, output_blocks: 0, expiry };
+        let booking = Booking {
+            key,
+            blocks: blocks.to_vec(),
+            prefill_tokens,
+            prefilling: phase != Phase::Decode,
+            expected_output_blocks,
+            output_blocks: 0,
+            expiry,
+        };
         let state = SeededState(self.cfg.hash_seed);
         let kl = self.keys.entry(key).or_insert_with(|| KeyLoad {
             requests: 0,
             prefill_tokens: 0,
             output_blocks: 0,
             blocks: HashMap::with_hasher(state),
+            prefill_requests: 0,
+            busy_since: now,
+            done_tokens: 0,
         });
+        if booking.prefilling {
+            if kl.prefill_requests == 0 {
+                kl.busy_since = now;
+                kl.done_tokens = 0;
+            }
+            kl.prefill_requests += 1;
+        }
         kl.requests += 1;
         kl.prefill_tokens += u64::from(prefill_tokens);
         kl.output_blocks += booking.output_load(phase);
@@ -245,9 +311,8 @@ impl LoadTracker {
             return Err(self.unknown(req, phase));
         };
         if let Some(kl) = self.keys.get_mut(&b.key) {
-            kl.prefill_tokens -= u64::from(b.prefill_tokens);
+            kl.end_prefill(b, true);
         }
-        b.prefill_tokens = 0;
         Ok(())
     }
 
@@ -271,8 +336,7 @@ impl LoadTracker {
             return Ok(()); // Unreachable: every booking's key has a KeyLoad.
         };
         if output_tokens > 0 {
-            kl.prefill_tokens -= u64::from(b.prefill_tokens);
-            b.prefill_tokens = 0;
+            kl.end_prefill(b, true);
         }
         let generated = output_tokens.div_ceil(block_size.tokens());
         if generated > b.output_blocks {
@@ -285,11 +349,11 @@ impl LoadTracker {
 
     /// The request finished: drops the booking and everything it held.
     pub fn free(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
-        let Some(b) = self.bookings.remove(&(req, phase)) else {
+        let Some(mut b) = self.bookings.remove(&(req, phase)) else {
             return Err(self.unknown(req, phase));
         };
         self.expiry.remove(&b.expiry);
-        self.unbook(phase, &b);
+        self.unbook(phase, &mut b);
         Ok(())
     }
 
@@ -297,16 +361,28 @@ impl LoadTracker {
     /// Dropped bookings are not reported as expired. Work is linear in the live bookings.
     pub fn remove_worker(&mut self, worker: WorkerId) -> usize {
         let gone: Vec<_> = self.bookings.extract_if(|_, b| b.key.worker == worker).collect();
-        for ((_, phase), b) in &gone {
+        let n = gone.len();
+        for ((_, phase), mut b) in gone {
             self.expiry.remove(&b.expiry);
-            self.unbook(*phase, b);
+            self.unbook(phase, &mut b);
         }
-        gone.len()
+        n
     }
 
     /// The load on `key` (all zero for a key with no bookings).
     pub fn load(&self, key: WorkerKey) -> WorkerLoad {
         self.keys.get(&key).map(KeyLoad::load).unwrap_or_default()
+    }
+
+    /// How far `key` has got through its prefill backlog.
+    ///
+    /// A key's prefill stretch starts at the `add` of an aggregated or prefill booking
+    /// that finds none of its bookings prefilling, and ends when the last one finishes
+    /// (`prefill_done`, or any output in `decode_progress`) or is dropped. Engines compute
+    /// prompts first come first served, so `now − busy_since` of computing has gone into
+    /// `done_tokens` plus the front of the still-queued `active_prefill_tokens`.
+    pub fn prefill_progress(&self, key: WorkerKey) -> PrefillProgress {
+        self.keys.get(&key).map(KeyLoad::progress).unwrap_or_default()
     }
 
     /// How many of `blocks` are not already decode blocks on `key`: the decode blocks an
@@ -338,6 +414,19 @@ impl LoadTracker {
         (blocks.len() - active) as u32
     }
 
+    /// How many leading `blocks` bookings on `key` hold as prompt blocks. Engines compute
+    /// prompts first come first served, so a request routed there now finds them cached
+    /// when it is admitted, even before the worker has announced them. Linear in the
+    /// answer (capped like [`Self::add`]).
+    pub fn held_prefix(&self, key: WorkerKey, blocks: &[SeqHash]) -> u32 {
+        let Some(kl) = self.keys.get(&key) else {
+            return 0;
+        };
+        let blocks = &blocks[..blocks.len().min(BLOCKS_MAX_PER_REQUEST)];
+        // The cap keeps this within u32.
+        blocks.iter().take_while(|b| kl.blocks.contains_key(*b)).count() as u32
+    }
+
     /// The key a booking sits on, if the tracker holds it.
     pub fn booking(&self, req: RequestId, phase: Phase) -> Option<WorkerKey> {
         self.bookings.get(&(req, phase)).map(|b| b.key)
@@ -361,8 +450,8 @@ impl LoadTracker {
                 return;
             }
             let (req, phase) = entry.remove();
-            if let Some(b) = self.bookings.remove(&(req, phase)) {
-                self.unbook(phase, &b);
+            if let Some(mut b) = self.bookings.remove(&(req, phase)) {
+                self.unbook(phase, &mut b);
             }
             self.stats.expired += 1;
             if self.expired.len() >= EXPIRED_QUEUE_MAX {
@@ -415,12 +504,12 @@ impl LoadTracker {
     }
 
     /// Takes a removed booking's load off its key, dropping the key when it empties.
-    fn unbook(&mut self, phase: Phase, b: &Booking) {
+    fn unbook(&mut self, phase: Phase, b: &mut Booking) {
         let Some(kl) = self.keys.get_mut(&b.key) else {
             return;
         };
         kl.requests -= 1;
-        kl.prefill_tokens -= u64::from(b.prefill_tokens);
+        kl.end_prefill(b, false);
         kl.output_blocks -= b.output_load(phase);
         for h in &b.blocks {
             if let Some(n) = kl.blocks.get_mut(h) {

@@ -23,6 +23,8 @@ struct MBooking {
     output: u32,
     deadline: Instant,
     seq: u64,
+    /// Its prefill has not finished (never for decode bookings).
+    prefilling: bool,
 }
 
 /// What the last transition returned, for the real tracker to match.
@@ -42,6 +44,8 @@ struct Model {
     next_seq: u64,
     stats: LoadStats,
     last: Outcome,
+    /// Per key with a booking prefilling: when that stretch began, tokens done in it.
+    stretch: BTreeMap<WorkerKey, (Instant, u64)>,
 }
 
 impl Model {
@@ -58,6 +62,38 @@ impl Model {
         }
         l.active_decode_blocks += blocks.len() as u64;
         l
+    }
+
+    fn progress(&self, key: WorkerKey) -> PrefillProgress {
+        let requests = self.bookings.values().filter(|b| b.key == key && b.prefilling).count();
+        let stretch = self.stretch.get(&key).copied();
+        PrefillProgress {
+            requests: requests as u32,
+            busy_since: stretch.map(|s| s.0),
+            done_tokens: stretch.map_or(0, |s| s.1),
+        }
+    }
+
+    /// The booking's prefill finished (`done`) or it left; the stretch ends with the last.
+    fn end_prefill(&mut self, id: (RequestId, Phase), done: bool) {
+        let Some(b) = self.bookings.get_mut(&id) else { return };
+        let (key, tokens, was) = (b.key, b.prefill, b.prefilling);
+        b.prefilling = false;
+        b.prefill = 0;
+        if was && done {
+            if let Some(s) = self.stretch.get_mut(&key) {
+                s.1 += u64::from(tokens);
+            }
+        }
+        if !self.bookings.values().any(|b| b.key == key && b.prefilling) {
+            self.stretch.remove(&key);
+        }
+    }
+
+    /// Removes a booking as free, expiry or worker removal do.
+    fn drop_booking(&mut self, id: (RequestId, Phase)) {
+        self.end_prefill(id, false);
+        self.bookings.remove(&id);
     }
 
     fn unknown(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
@@ -144,38 +180,46 @@ impl ReferenceStateMachine for Reference {
                 } else {
                     let (deadline, seq) = (m.now.add_ms(AGE_MS), m.next_seq);
                     m.next_seq += 1;
-                    let b = MBooking { key, blocks, prefill, expected, output: 0, deadline, seq };
+                    let prefilling = phase != Phase::Decode;
+                    if prefilling && !m.stretch.contains_key(&key) {
+                        m.stretch.insert(key, (m.now, 0));
+                    }
+                    let b = MBooking { key, blocks, prefill, expected, output: 0, deadline, seq, prefilling };
                     m.bookings.insert((req, phase), b);
                     Ok(())
                 })
             }
-            Step::PrefillDone { req, phase } => Outcome::Result(match m.bookings.get_mut(&(req, phase)) {
-                Some(b) => {
-                    b.prefill = 0;
-                    Ok(())
-                }
-                None => m.unknown(req, phase),
+            Step::PrefillDone { req, phase } => Outcome::Result(if m.bookings.contains_key(&(req, phase)) {
+                m.end_prefill((req, phase), true);
+                Ok(())
+            } else {
+                m.unknown(req, phase)
             }),
             Step::Progress { req, phase, output_tokens, block_size } => {
-                Outcome::Result(match m.bookings.get_mut(&(req, phase)) {
-                    Some(b) => {
-                        if output_tokens > 0 {
-                            b.prefill = 0;
-                        }
-                        b.output = b.output.max(output_tokens.div_ceil(block_size));
-                        Ok(())
+                Outcome::Result(if m.bookings.contains_key(&(req, phase)) {
+                    if output_tokens > 0 {
+                        m.end_prefill((req, phase), true);
                     }
-                    None => m.unknown(req, phase),
+                    if let Some(b) = m.bookings.get_mut(&(req, phase)) {
+                        b.output = b.output.max(output_tokens.div_ceil(block_size));
+                    }
+                    Ok(())
+                } else {
+                    m.unknown(req, phase)
                 })
             }
-            Step::Free { req, phase } => Outcome::Result(match m.bookings.remove(&(req, phase)) {
-                Some(_) => Ok(()),
-                None => m.unknown(req, phase),
+            Step::Free { req, phase } => Outcome::Result(if m.bookings.contains_key(&(req, phase)) {
+                m.drop_booking((req, phase));
+                Ok(())
+            } else {
+                m.unknown(req, phase)
             }),
             Step::RemoveWorker(w) => {
-                let before = m.bookings.len();
-                m.bookings.retain(|_, b| b.key.worker != w);
-                Outcome::Removed(before - m.bookings.len())
+                let gone: Vec<_> = m.bookings.iter().filter(|(_, b)| b.key.worker == w).map(|(&id, _)| id).collect();
+                for &id in &gone {
+                    m.drop_booking(id);
+                }
+                Outcome::Removed(gone.len())
             }
             Step::Advance(ms) => {
                 let us = ms.unsigned_abs() * 1000;
@@ -189,7 +233,7 @@ impl ReferenceStateMachine for Reference {
                     .collect();
                 due.sort();
                 for &(_, _, id) in &due {
-                    m.bookings.remove(&id);
+                    m.drop_booking(id);
                 }
                 m.stats.expired += due.len() as u64;
                 Outcome::Expired(due.into_iter().map(|(_, _, id)| id).collect())
@@ -241,6 +285,7 @@ impl StateMachineTest for RealTracker {
         let mut requests = 0;
         for key in universe() {
             assert_eq!(t.load(key), m.load(key), "load of {key}");
+            assert_eq!(t.prefill_progress(key), m.progress(key), "prefill progress of {key}");
             requests += t.load(key).active_requests as usize;
         }
         assert_eq!(requests, t.len(), "per-key requests vs live bookings");

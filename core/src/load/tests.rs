@@ -35,10 +35,9 @@ fn tracker() -> LoadTracker {
 /// A key and its expected (prefill tokens, decode blocks, requests).
 type Want = ((u64, u32), (u64, u64, u32));
 
-/// Runs `ops`, expecting each to succeed, then checks every listed key's load and that
-/// no other key holds any.
+/// Runs `ops` on a fresh tracker, expecting each to succeed.
 #[track_caller]
-fn check(ops: &[Op], want: &[Want]) {
+fn run(ops: &[Op]) -> LoadTracker {
     let mut t = tracker();
     let mut now = Instant::ZERO;
     for op in ops {
@@ -62,6 +61,14 @@ fn check(ops: &[Op], want: &[Want]) {
         };
         assert_eq!(r, Ok(()), "{op:?}");
     }
+    t
+}
+
+/// Runs `ops`, expecting each to succeed, then checks every listed key's load and that
+/// no other key holds any.
+#[track_caller]
+fn check(ops: &[Op], want: &[Want]) {
+    let t = run(ops);
     let mut sum = WorkerLoad::default();
     for &(k, (prefill, decode, requests)) in want {
         let got = t.load(key(k));
@@ -207,6 +214,71 @@ fn new_blocks_counts_what_a_booking_would_add() {
         t.free(RequestId(2), Agg).unwrap();
     }
     assert_eq!(t.new_blocks(WorkerKey::new(0, 1), &hashes(&[1])), 1, "other rank");
+}
+
+/// Runs `ops`, then compares key (0, 0)'s prefill progress with (requests, ms the
+/// stretch began, done tokens).
+#[track_caller]
+fn check_progress(ops: &[Op], want: (u32, Option<u64>, u64)) {
+    let got = run(ops).prefill_progress(key((0, 0)));
+    let want = PrefillProgress { requests: want.0, busy_since: want.1.map(Instant::from_millis), done_tokens: want.2 };
+    assert_eq!(got, want, "{ops:?}");
+}
+
+#[test]
+fn prefill_progress_follows_a_stretch_of_outstanding_prefill() {
+    let a = Op::Add(1, Agg, (0, 0), &[1], 100, 0);
+    let b = Op::Add(2, Agg, (0, 0), &[2], 50, 0);
+    let c = Op::Add(3, Agg, (0, 0), &[3], 30, 0);
+    check_progress(&[], (0, None, 0));
+    check_progress(&[Op::AtMs(5), a], (1, Some(5), 0));
+    // A second booking joins the stretch the first began.
+    check_progress(&[a, Op::AtMs(10), b], (2, Some(0), 0));
+    // Finished prefills count as done, by prefill_done or by any output.
+    check_progress(&[a, Op::AtMs(10), b, Op::PrefillDone(1, Agg)], (1, Some(0), 100));
+    check_progress(&[a, Op::AtMs(10), b, Op::Progress(1, Agg, 1)], (1, Some(0), 100));
+    check_progress(&[a, b, Op::Progress(1, Agg, 0)], (2, Some(0), 0));
+    check_progress(&[a, b, Op::PrefillDone(1, Agg), Op::PrefillDone(1, Agg)], (1, Some(0), 100));
+    // The stretch ends with the last prefill; the next booking begins a new one.
+    check_progress(&[a, b, Op::PrefillDone(1, Agg), Op::PrefillDone(2, Agg)], (0, None, 0));
+    let done = [a, b, Op::PrefillDone(1, Agg), Op::PrefillDone(2, Agg), Op::AtMs(20), c];
+    check_progress(&done, (1, Some(20), 0));
+    // A decoding booking keeps the key but not the stretch.
+    check_progress(&[a, Op::PrefillDone(1, Agg), Op::AtMs(20), c], (1, Some(20), 0));
+    // Dropped bookings leave without counting as done.
+    check_progress(&[a, b, Op::Free(1, Agg)], (1, Some(0), 0));
+    check_progress(&[a, Op::AtMs(AGE_MS)], (0, None, 0));
+    check_progress(&[a, b, Op::RemoveWorker(0)], (0, None, 0));
+    // Prefill bookings prefill; decode bookings compute no prompt.
+    check_progress(&[Op::Add(4, Pre, (0, 0), &[1], 10, 0)], (1, Some(0), 0));
+    check_progress(&[Op::Add(4, Dec, (0, 0), &[1], 0, 0)], (0, None, 0));
+    // A fully cached prompt is still a prefill to wait for.
+    check_progress(&[Op::Add(5, Agg, (0, 0), &[1], 0, 0)], (1, Some(0), 0));
+    // Other keys have their own.
+    check_progress(&[Op::Add(6, Agg, (0, 1), &[1], 10, 0)], (0, None, 0));
+}
+
+#[test]
+fn held_prefix_counts_leading_blocks_booked_on_the_key() {
+    let hashes = |v: &[u64]| v.iter().map(|&h| SeqHash(h)).collect::<Vec<_>>();
+    let t = run(&[
+        Op::Add(1, Agg, (0, 0), &[1, 2, 3], 10, 0),
+        Op::Add(2, Pre, (0, 0), &[7, 8], 10, 0),
+        Op::Add(3, Agg, (0, 1), &[5], 10, 0),
+    ]);
+    for (k, blocks, want) in [
+        ((0, 0), vec![1, 2, 3, 4], 3),
+        ((0, 0), vec![1, 2], 2),
+        ((0, 0), vec![1, 9, 3], 1),
+        ((0, 0), vec![9, 1], 0),
+        ((0, 0), vec![], 0),
+        // Prefill bookings hold no blocks.
+        ((0, 0), vec![7, 8], 0),
+        ((0, 1), vec![5, 1], 1),
+        ((1, 0), vec![1], 0),
+    ] {
+        assert_eq!(t.held_prefix(key(k), &hashes(&blocks)), want, "{k:?} {blocks:?}");
+    }
 }
 
 #[test]

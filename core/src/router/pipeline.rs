@@ -159,7 +159,8 @@ impl Router {
 
         let mut scores = mem::take(&mut self.scratch_scores);
         scores.clear();
-        // Exact overlaps: the early exit only stops once no worker matches any more.
+        // Exact overlaps for every worker: an early exit would report the best one's overlap
+        // as where the runner-up stopped, hiding how much its cache saves.
         self.index.find_matches(&req.blocks, false, &mut scores);
         if self.cfg.approximate {
             // Predictions exist only for workers that publish no events, so adding them
@@ -190,14 +191,24 @@ impl Router {
         let candidates: Vec<Candidate> = verdicts
             .iter()
             .filter_map(|v| match v.verdict {
-                Verdict::Eligible { cost_factor } => Some(Candidate {
-                    key: v.key,
-                    load: self.load.load(v.key),
-                    overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
-                    new_decode_blocks: self.load.new_blocks_chain(v.key, &req.blocks),
-                    weight: self.workers.get(v.key.worker).map_or(1, |s| s.weight),
-                    cost_factor,
-                }),
+                Verdict::Eligible { cost_factor } => {
+                    let spec = self.workers.get(v.key.worker);
+                    let progress = self.load.prefill_progress(v.key);
+                    Some(Candidate {
+                        key: v.key,
+                        load: self.load.load(v.key),
+                        overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
+                        new_decode_blocks: self.load.new_blocks_chain(v.key, &req.blocks),
+                        inflight_prefix_blocks: self.load.held_prefix(v.key, &req.blocks),
+                        weight: spec.map_or(1, |s| s.weight),
+                        cost_factor,
+                        kv_blocks: spec.map_or(0, |s| s.kv_blocks),
+                        max_batched_tokens: spec.map_or(0, |s| s.max_batched_tokens),
+                        prefill_requests: progress.requests,
+                        prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),
+                        prefill_done_tokens: progress.done_tokens,
+                    })
+                }
                 Verdict::Excluded(_) => None,
             })
             .collect();
@@ -222,7 +233,9 @@ impl Router {
         let overlap = explanation.iter().find(|r| r.key == target).map_or(Overlap::default(), |r| r.overlap);
         if commit {
             let req = &self.flights[&fk].req;
-            let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
+            // Blocks that requests already routed there hold are computed before this one.
+            let cached_blocks = overlap.device.max(self.load.held_prefix(target, &req.blocks));
+            let cached = cached_blocks.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
             if let Err(_e) = self.load.add(now, fk.0, phase, target, &req.blocks, prefill_tokens, out_blocks) {

@@ -15,10 +15,10 @@
 //! number of candidates (plus the sort when unsorted).
 
 mod cost;
+mod ttft;
 
-pub use cost::{kv_cost, KvCostConfig, KvCostOverrides};
-
-use cost::CostTerms;
+pub use cost::{blocks_cost, kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
+pub use ttft::{ttft_cost, TtftModel, TtftWeights};
 
 use crate::hash::BlockSize;
 use crate::mathf;
@@ -118,17 +118,46 @@ pub struct Candidate {
     pub overlap: Overlap,
     /// Decode blocks the request would add here (prompt blocks not already active).
     pub new_decode_blocks: u32,
+    /// Leading prompt blocks that requests already routed here hold: cached by the time
+    /// this one is admitted (engines take prompts in order), announced or not.
+    pub inflight_prefix_blocks: u32,
     /// Share in [`RouterMode::Weighted`].
     pub weight: u32,
     /// Multiplies the kv cost; above 1.0 for a worker to avoid (a `PreferNoSchedule`
     /// taint), 1.0 normally.
     pub cost_factor: f64,
+    /// Its KV capacity in blocks; 0 if unknown (the cost model's default is used).
+    pub kv_blocks: u32,
+    /// Prompt tokens one forward pass of it computes at most; 0 if unknown (the cost
+    /// model's default is used).
+    pub max_batched_tokens: u32,
+    /// Requests on it whose prefill has not finished (those not yet decoding).
+    pub prefill_requests: u32,
+    /// How long it has been computing its current prefill backlog without a break, in
+    /// ms; 0 if idle or unknown (then none of `active_prefill_tokens` counts as done).
+    pub prefill_busy_ms: u64,
+    /// Prefill tokens it finished within those `prefill_busy_ms`.
+    pub prefill_done_tokens: u64,
 }
 
 impl Candidate {
-    /// A candidate with no overlap, no new blocks, weight 1 and cost factor 1.0.
+    /// A candidate with no overlap, no new blocks, weight 1, cost factor 1.0 and unknown
+    /// capacity.
     pub fn new(key: WorkerKey, load: WorkerLoad) -> Self {
-        Candidate { key, load, overlap: Overlap::default(), new_decode_blocks: 0, weight: 1, cost_factor: 1.0 }
+        Candidate {
+            key,
+            load,
+            overlap: Overlap::default(),
+            new_decode_blocks: 0,
+            inflight_prefix_blocks: 0,
+            weight: 1,
+            cost_factor: 1.0,
+            kv_blocks: 0,
+            max_batched_tokens: 0,
+            prefill_requests: 0,
+            prefill_busy_ms: 0,
+            prefill_done_tokens: 0,
+        }
     }
 }
 
@@ -279,8 +308,7 @@ impl Selector {
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
-                let terms = CostTerms::new(req);
-                let scores: Vec<_> = cands.iter().map(|c| terms.score(c)).collect();
+                let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
                 (kv_pick(&scores, req.cost.temperature, draw), scores)
             }
         };
@@ -318,14 +346,13 @@ fn selection(cands: &[Candidate], i: usize, scores: Vec<CandidateScore>) -> Sele
 /// Scores for the modes that do not compute a kv cost: overlap and current load.
 fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidate) -> f64) -> Vec<CandidateScore> {
     let bs = f64::from(req.block_size.tokens());
-    let terms = CostTerms::new(req);
     cands
         .iter()
         .map(|c| CandidateScore {
             prefill_blocks: c.load.active_prefill_tokens as f64 / bs,
             decode_blocks: c.load.active_decode_blocks as f64,
             cost: cost(c),
-            ..terms.score(c)
+            ..kv_cost(req, c)
         })
         .collect()
 }
@@ -429,3 +456,5 @@ fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod ttft_tests;

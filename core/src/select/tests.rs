@@ -182,8 +182,14 @@ fn costed(cost_factor: f64) -> Candidate {
         load: WorkerLoad { active_prefill_tokens: 32, active_decode_blocks: 10, active_requests: 4 },
         overlap: Overlap { device: 4, host: 2, disk: 4 },
         new_decode_blocks: 6,
+        inflight_prefix_blocks: 0,
         weight: 1,
         cost_factor,
+        kv_blocks: 0,
+        max_batched_tokens: 0,
+        prefill_requests: 0,
+        prefill_busy_ms: 0,
+        prefill_done_tokens: 0,
     }
 }
 
@@ -203,10 +209,15 @@ fn check_cost(phase: Phase, cost: KvCostConfig, isl_tokens: u32, c: Candidate, w
     assert_eq!((s.key, s.overlap_raw), (c.key, 10));
 }
 
+/// The specified blocks formula (the default model is the TTFT one).
+fn blocks_model() -> KvCostConfig {
+    KvCostConfig { model: KvCostModel::Blocks, ..KvCostConfig::default() }
+}
+
 #[test]
 fn kv_cost_matches_hand_computation() {
     use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};
-    let d = KvCostConfig::default();
+    let d = blocks_model();
     let tuned = KvCostConfig { prefill_load_scale: 2.0, active_request_weight: 0.5, ..d };
     // Effective overlap 4 + 0.75·2 + 0.25·4 = 6.5. Queued prefill (32 + 160) / 16 = 12 blocks.
     // Aggregated: prefill 12 − 6.5 = 5.5; decode 10 + 6 + 3 = 19.
@@ -243,7 +254,7 @@ fn overrides_replace_only_what_they_name() {
 #[test]
 fn kv_picks_the_cheapest_and_breaks_ties_by_draw() {
     let bs16 = BlockSize::new(16).unwrap();
-    let r = SelectRequest { isl_tokens: 160, block_size: bs16, ..req(Kv) };
+    let r = SelectRequest { isl_tokens: 160, block_size: bs16, cost: blocks_model(), ..req(Kv) };
     let overlap = |c: Candidate, device| Candidate { overlap: Overlap { device, host: 0, disk: 0 }, ..c };
     // Worker 2 caches 8 of 10 blocks: cost 2 + 4 against 10 + 0.
     check_shares(&r, &[cand(1, 0, 0), overlap(cand(2, 3, 4), 8)], &[(2, 1.0)]);
@@ -261,7 +272,7 @@ fn kv_picks_the_cheapest_and_breaks_ties_by_draw() {
 fn temperature_samples_by_softmax_of_normalised_cost() {
     // Decode blocks 0, 1, 2 give costs 0, 1, 2: p ∝ e^0, e^-0.5, e^-1 at T = 1.
     let cands = [cand(1, 0, 0), cand(2, 0, 1), cand(3, 0, 2)];
-    let at = |t: f64| SelectRequest { cost: KvCostConfig { temperature: t, ..KvCostConfig::default() }, ..req(Kv) };
+    let at = |t: f64| SelectRequest { cost: KvCostConfig { temperature: t, ..blocks_model() }, ..req(Kv) };
     let softmax = |t: f64| {
         let w: Vec<f64> = (0..3).map(|c| std::primitive::f64::exp(-(c as f64) / (2.0 * t))).collect();
         let sum: f64 = w.iter().sum();

@@ -1,0 +1,230 @@
+//! The time-to-first-token cost: how long a request would wait for its first token on
+//! each worker, predicted from an engine timing model, plus what placing it there costs
+//! the requests around it.
+//!
+//! A worker runs forward passes of at most `max_batched_tokens` prompt tokens, taking
+//! prompts first come first served and chunking long ones across passes. A pass over `T`
+//! prompt tokens takes `f_p(T)`; while any request there is decoding, every pass also
+//! takes one decode step `f_d(p)`, `p` being the share of the worker's KV blocks in use.
+//! A request's first token comes at the end of the pass that finishes its prompt, after
+//! the prompt tokens already queued there. [`ttft_cost`] predicts that wait and adds the
+//! delay the request passes on to others (see its formula).
+//!
+//! What it leaves to others: the coefficients describe one engine and model; adapters
+//! that know their engine set [`TtftModel`] (the defaults are the fitted vLLM model of
+//! the reference simulator). Queued tokens, in-flight prefixes and prefill progress come
+//! from the load tracker through the [`Candidate`], so they only cover what the router
+//! itself routed.
+
+use super::cost::{blocks_cost, overlap_effective, score};
+use super::{Candidate, CandidateScore, SelectRequest};
+use crate::mathf;
+use crate::types::Phase;
+
+/// Timing model of one engine, in milliseconds.
+///
+/// Prefill pass over `T` tokens: `f_p(T) = prefill_ms_per_token_squared·T² +
+/// prefill_ms_per_token·T + prefill_ms_per_pass` (0 for `T = 0`). Decode step at KV
+/// usage `p` (clamped to 0..=1): `f_d(p) = max(decode_ms_min, decode_ms_per_usage_squared·p²
+/// + decode_ms_per_usage·p + decode_ms_per_step)`.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct TtftModel {
+    /// Quadratic prefill coefficient, ms per token². Default 4.209989e-7.
+    pub prefill_ms_per_token_squared: f64,
+    /// Linear prefill coefficient, ms per token. Default 1.518344e-2.
+    pub prefill_ms_per_token: f64,
+    /// Fixed cost of a pass that computes prompt tokens, ms. Default 16.50142.
+    pub prefill_ms_per_pass: f64,
+    /// Decode step with an empty KV cache, ms. Default 5.74.
+    pub decode_ms_per_step: f64,
+    /// Linear decode coefficient, ms per unit of KV usage. Default 54.01.
+    pub decode_ms_per_usage: f64,
+    /// Quadratic decode coefficient, ms per unit of KV usage squared. Default −25.74.
+    pub decode_ms_per_usage_squared: f64,
+    /// Floor of one decode step, ms. Default 1.0.
+    pub decode_ms_min: f64,
+    /// Pass token budget of a worker that reports none (0). Default 8192.
+    pub max_batched_tokens_default: u32,
+    /// KV capacity in blocks of a worker that reports none (0). Default 16384.
+    pub kv_blocks_default: u32,
+}
+
+impl Default for TtftModel {
+    fn default() -> Self {
+        TtftModel {
+            prefill_ms_per_token_squared: 4.209989e-7,
+            prefill_ms_per_token: 1.518344e-2,
+            prefill_ms_per_pass: 16.50142,
+            decode_ms_per_step: 5.74,
+            decode_ms_per_usage: 54.01,
+            decode_ms_per_usage_squared: -25.74,
+            decode_ms_min: 1.0,
+            max_batched_tokens_default: 8192,
+            kv_blocks_default: 16384,
+        }
+    }
+}
+
+impl TtftModel {
+    /// `f_p(tokens)`: one pass computing `tokens` prompt tokens.
+    pub fn prefill_pass_ms(&self, tokens: f64) -> f64 {
+        if tokens.is_nan() || tokens <= 0.0 {
+            return 0.0;
+        }
+        (self.prefill_ms_per_token_squared * tokens + self.prefill_ms_per_token) * tokens + self.prefill_ms_per_pass
+    }
+
+    /// `f_d(usage)`: one decode step with `usage` of the KV blocks held.
+    pub fn decode_step_ms(&self, usage: f64) -> f64 {
+        let p = if usage.is_nan() { 1.0 } else { usage.clamp(0.0, 1.0) };
+        let t = (self.decode_ms_per_usage_squared * p + self.decode_ms_per_usage) * p + self.decode_ms_per_step;
+        t.max(self.decode_ms_min)
+    }
+
+    /// Time to compute `tokens` prompt tokens in passes of at most `batch` tokens,
+    /// `(n − 1)·f_p(batch) + f_p(rest)`, and the number of passes `n`.
+    pub fn chunked_prefill_ms(&self, tokens: f64, batch: u32) -> (f64, f64) {
+        if tokens.is_nan() || tokens <= 0.0 {
+            return (0.0, 0.0);
+        }
+        let batch = f64::from(batch.max(1));
+        let (full, rest) = split_passes(tokens, batch);
+        let passes = if rest > 0.0 { full + 1.0 } else { full };
+        (full * self.prefill_pass_ms(batch) + self.prefill_pass_ms(rest), passes)
+    }
+}
+
+/// Weights of the terms [`ttft_cost`] adds to the predicted wait. The defaults minimise
+/// the total wait of the fleet, not just this request's.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct TtftWeights {
+    /// Share of the prefill a busy worker is predicted to have computed since its backlog
+    /// began (see [`Candidate::prefill_busy_ms`]) that is taken off its queued tokens:
+    /// 0 trusts only finished prefills, 1 the timing model. Default 1.0.
+    pub progress_credit: f64,
+    /// Weight of the delay this request's tokens add to the requests queued before it
+    /// whose prompts end in the pass it joins. Default 1.0.
+    pub others_delay_weight: f64,
+    /// Weight of the compute this request adds to the worker (its share of the prefill
+    /// time): the wait that work passes on to later requests, which is what keeps a busy
+    /// fleet on its cached prefixes. Default 1.0.
+    pub work_weight: f64,
+    /// Wait charged per KV block the worker would be short of to hold this request next
+    /// to the ones it runs (an engine admits nothing it has no room for), ms. Default 10.
+    pub memory_ms_per_block: f64,
+}
+
+impl Default for TtftWeights {
+    fn default() -> Self {
+        TtftWeights { progress_credit: 1.0, others_delay_weight: 1.0, work_weight: 1.0, memory_ms_per_block: 10.0 }
+    }
+}
+
+/// The TTFT cost of sending `req` to `c`, in milliseconds, with its parts.
+///
+/// ```text
+/// cached   = min(isl, overlap_credit × max(overlap_effective, inflight_prefix_blocks) × block_size)
+/// own      = max(1, isl − cached)          (an engine computes at least the last token)
+/// queued   = active_prefill_tokens less what the worker computed since its backlog began
+///            beyond the prefills known done: progress_credit × prefill_busy_ms × batch
+///            / (f_p(batch) + step), clamped to 0..=active_prefill_tokens
+/// P(T)     = time of T tokens in passes of batch = max_batched_tokens (n passes)
+/// step     = f_d(active_decode_blocks / kv_blocks) if a request there is past its prefill
+/// wait     = P(queued + own) + n × step
+/// others   = k × (f_p(min(batch, r + own)) − f_p(r)),  r = queued mod batch: the requests
+///            whose prompts end in the backlog's last pass (k = prefill_requests when the
+///            backlog fits one pass, else 1) wait for this one's tokens there
+/// work     = P(queued + own) − P(queued)
+/// memory   = memory_ms_per_block × max(0, active_decode_blocks + new_decode_blocks
+///                                        + expected_output_blocks − kv_blocks)
+/// cost     = cost_factor × (prefill_load_scale × P(queued + own) + n × step
+///                           + others_delay_weight × others + work_weight × work + memory
+///                           + active_request_weight × active_requests)
+/// ```
+///
+/// `batch` and `kv_blocks` come from the candidate, or the model's defaults when it
+/// reports 0. [`Phase::Prefill`] has no decode step and no memory term (a prefill worker
+/// holds blocks only while computing). [`Phase::Decode`] computes no prompt, so it has no
+/// first-token wait to predict: it is scored by [`blocks_cost`]. The score reports
+/// `prefill_blocks` as `(queued + own) / block_size` and `decode_blocks` as the blocks
+/// formula does.
+pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+    if req.phase == Phase::Decode {
+        return blocks_cost(req, c);
+    }
+    let cfg = &req.cost;
+    let (m, w) = (&cfg.timing, &cfg.ttft);
+    let bs = f64::from(req.block_size.tokens());
+    let overlap = overlap_effective(req, c);
+    let cached_blocks = overlap.max(f64::from(c.inflight_prefix_blocks));
+    let cached = (cfg.overlap_credit * cached_blocks * bs).min(f64::from(req.isl_tokens));
+    let isl = f64::from(req.isl_tokens);
+    let own = if isl > 0.0 { (isl - cached).max(1.0) } else { 0.0 };
+    let aggregated = req.phase == Phase::Aggregated;
+    let batch = if c.max_batched_tokens == 0 { m.max_batched_tokens_default } else { c.max_batched_tokens };
+    let kv = f64::from(if c.kv_blocks == 0 { m.kv_blocks_default } else { c.kv_blocks }.max(1));
+    let active = c.load.active_decode_blocks as f64;
+    let decoding = aggregated && c.load.active_requests > c.prefill_requests;
+    let step_ms = if decoding { m.decode_step_ms(active / kv) } else { 0.0 };
+
+    let queued = queued_tokens(m, w, c, batch, step_ms);
+    let (prefill_ms, passes) = m.chunked_prefill_ms(queued + own, batch);
+    let decode_ms = passes.max(1.0) * step_ms;
+    let others_ms = others_delay(m, c, queued, own, batch);
+    let work_ms = prefill_ms - m.chunked_prefill_ms(queued, batch).0;
+    let decode_blocks = active + f64::from(c.new_decode_blocks) + f64::from(req.expected_output_blocks);
+    let memory_ms = if aggregated { w.memory_ms_per_block * (decode_blocks - kv).max(0.0) } else { 0.0 };
+
+    let requests = f64::from(c.load.active_requests);
+    let cost = c.cost_factor
+        * (cfg.prefill_load_scale * prefill_ms
+            + decode_ms
+            + w.others_delay_weight * others_ms
+            + w.work_weight * work_ms
+            + memory_ms
+            + cfg.active_request_weight * requests);
+    let decode_blocks = if aggregated { decode_blocks } else { 0.0 };
+    score(c, overlap, (queued + own) / bs, decode_blocks, cost)
+}
+
+/// Prompt tokens still queued on `c`: its booked ones less what it has computed since its
+/// backlog began, beyond the prefills known finished. Full passes bound that progress.
+fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step_ms: f64) -> f64 {
+    let queued = c.load.active_prefill_tokens as f64;
+    let pass_ms = m.prefill_pass_ms(f64::from(batch.max(1))) + step_ms;
+    if c.prefill_busy_ms == 0
+        || w.progress_credit.is_nan()
+        || w.progress_credit <= 0.0
+        || pass_ms.is_nan()
+        || pass_ms <= 0.0
+    {
+        return queued;
+    }
+    let computed = w.progress_credit * c.prefill_busy_ms as f64 * f64::from(batch.max(1)) / pass_ms;
+    (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
+}
+
+/// What `own` more tokens add to the wait of the requests queued on `c` whose prompts end
+/// in the backlog's last, partly filled pass: all of them when the backlog fits one pass,
+/// else (at least) the last one.
+fn others_delay(m: &TtftModel, c: &Candidate, queued: f64, own: f64, batch: u32) -> f64 {
+    if queued.is_nan() || queued <= 0.0 || c.prefill_requests == 0 {
+        return 0.0;
+    }
+    let batch = f64::from(batch.max(1));
+    let (_, rest) = split_passes(queued, batch);
+    if rest <= 0.0 {
+        return 0.0; // The backlog ends with a full pass: this request starts a new one.
+    }
+    let delay = m.prefill_pass_ms((rest + own).min(batch)) - m.prefill_pass_ms(rest);
+    let waiting = if queued <= batch { f64::from(c.prefill_requests) } else { 1.0 };
+    waiting * delay
+}
+
+/// `tokens` as full passes of `batch` and the rest.
+fn split_passes(tokens: f64, batch: f64) -> (f64, f64) {
+    // Bounded so `floor`'s float-to-integer step stays exact.
+    let tokens = tokens.min(1e15);
+    let full = mathf::floor(tokens / batch);
+    (full, tokens - full * batch)
+}

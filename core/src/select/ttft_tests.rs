@@ -1,0 +1,184 @@
+//! TTFT cost tests: the engine timing against the reference model's published figures,
+//! and the cost against hand computation on a model simple enough to do by hand.
+
+use super::*;
+
+/// `f_p(T) = 0.01·T + 10`, `f_d(p) = 5 + 10·p`, 1000-token passes, 100 KV blocks.
+fn simple() -> TtftModel {
+    TtftModel {
+        prefill_ms_per_token_squared: 0.0,
+        prefill_ms_per_token: 0.01,
+        prefill_ms_per_pass: 10.0,
+        decode_ms_per_step: 5.0,
+        decode_ms_per_usage: 10.0,
+        decode_ms_per_usage_squared: 0.0,
+        decode_ms_min: 1.0,
+        max_batched_tokens_default: 1000,
+        kv_blocks_default: 100,
+    }
+}
+
+fn cost(weights: TtftWeights) -> KvCostConfig {
+    KvCostConfig { model: KvCostModel::Ttft, timing: simple(), ttft: weights, ..KvCostConfig::default() }
+}
+
+/// A worker with `prefill` queued tokens of `prefilling` requests, `decode` active
+/// blocks and `requests` running in all, 10 new decode blocks for the request.
+fn worker(prefill: u64, decode: u64, requests: u32, prefilling: u32) -> Candidate {
+    let load = WorkerLoad { active_prefill_tokens: prefill, active_decode_blocks: decode, active_requests: requests };
+    Candidate { prefill_requests: prefilling, new_decode_blocks: 10, ..Candidate::new(WorkerKey::new(1, 0), load) }
+}
+
+fn idle() -> Candidate {
+    worker(0, 0, 0, 0)
+}
+
+/// Compares `ttft_cost` for a 160-token prompt (block size 16) with hand-computed
+/// (prefill blocks, decode blocks, cost).
+#[track_caller]
+fn check(phase: Phase, cost: KvCostConfig, c: Candidate, want: (f64, f64, f64)) {
+    let r = SelectRequest {
+        phase,
+        cost,
+        isl_tokens: 160,
+        block_size: BlockSize::new(16).unwrap(),
+        ..SelectRequest::default()
+    };
+    let s = ttft_cost(&r, &c);
+    let got = (s.prefill_blocks, s.decode_blocks, s.cost);
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9 || a == b;
+    assert!(
+        close(got.0, want.0) && close(got.1, want.1) && close(got.2, want.2),
+        "{phase}: got {got:?}, want {want:?}"
+    );
+    assert_eq!(kv_cost(&r, &c), s, "kv_cost uses the configured model");
+}
+
+#[test]
+fn default_timing_is_the_reference_engine() {
+    let m = TtftModel::default();
+    let close = |a: f64, b: f64| (a - b).abs() < 0.05;
+    // Published pass times of the reference model: T → f_p(T).
+    for (t, ms) in [(0.0, 0.0), (128.0, 18.5), (512.0, 24.4), (2048.0, 49.4), (8192.0, 169.1), (32768.0, 966.1)] {
+        assert!(close(m.prefill_pass_ms(t), ms), "f_p({t}) = {}, want {ms}", m.prefill_pass_ms(t));
+    }
+    // p → f_d(p); usage beyond the cache counts as full, and so does NaN.
+    for (p, ms) in
+        [(0.0, 5.74), (0.25, 17.63), (0.5, 26.31), (0.75, 31.77), (1.0, 34.01), (2.0, 34.01), (f64::NAN, 34.01)]
+    {
+        assert!(close(m.decode_step_ms(p), ms), "f_d({p}) = {}, want {ms}", m.decode_step_ms(p));
+    }
+    // A 12,000-token prompt alone: f_p(8192) + f_p(3808), the reference's 249.562 ms TTFT.
+    let (ms, passes) = m.chunked_prefill_ms(12_000.0, 8192);
+    assert!((ms - 249.562).abs() < 0.01 && passes == 2.0, "{ms} in {passes} passes");
+    assert_eq!(m.chunked_prefill_ms(16_384.0, 8192).1, 2.0, "full passes only");
+    assert_eq!(m.chunked_prefill_ms(f64::NAN, 8192), (0.0, 0.0));
+    assert_eq!(m.chunked_prefill_ms(100.0, 0).1, 100.0, "a zero budget is one token a pass");
+}
+
+#[test]
+fn ttft_cost_matches_hand_computation() {
+    use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};
+    let w = TtftWeights::default();
+    let d = cost(w);
+    let with = |f: fn(&mut Candidate)| {
+        let mut c = worker(1900, 20, 3, 2);
+        f(&mut c);
+        c
+    };
+    // Idle: P(160) = 11.6 in one pass, no decode step; work 11.6. Decode blocks 0 + 10 new.
+    check(Agg, d, idle(), (10.0, 10.0, 23.2));
+    // 6 cached blocks (device, or in flight, or 8 host blocks at weight 0.75) leave 64
+    // tokens: P = 10.64, work 10.64.
+    let cached = |device, host, inflight| Candidate {
+        overlap: Overlap { device, host, disk: 0 },
+        inflight_prefix_blocks: inflight,
+        ..idle()
+    };
+    check(Agg, d, cached(6, 0, 0), (4.0, 10.0, 21.28));
+    check(Agg, d, cached(0, 0, 6), (4.0, 10.0, 21.28));
+    check(Agg, d, cached(0, 8, 0), (4.0, 10.0, 21.28));
+    check(Agg, d, cached(4, 0, 6), (4.0, 10.0, 21.28));
+    // A fully cached prompt still computes one token: P(1) = 10.01.
+    check(Agg, d, cached(10, 0, 0), (1.0 / 16.0, 10.0, 20.02));
+    // No credit: the cache is ignored.
+    check(Agg, KvCostConfig { overlap_credit: 0.0, ..d }, cached(6, 0, 0), (10.0, 10.0, 23.2));
+    // Busy: 1900 queued + 160 = 2060 tokens in 3 passes: 20 + 20 + 10.6 = 50.6. One of
+    // the 3 requests decodes (2 are prefilling), KV 20% used: 3 steps of 7 = 21. The
+    // backlog's last pass holds 900 tokens; topping it up to 1000 delays its last
+    // request by 1. Work: 50.6 − P(1900) = 50.6 − 39 = 11.6. Total 84.2.
+    let busy = worker(1900, 20, 3, 2);
+    check(Agg, d, busy, (128.75, 30.0, 84.2));
+    check(Agg, TtftWeights { others_delay_weight: 0.0, work_weight: 0.0, ..w }.into_cost(), busy, (128.75, 30.0, 71.6));
+    // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): 2000 tokens computed, so
+    // the backlog is gone: P(160) = 11.6, one step 7, work 11.6.
+    check(Agg, d, with(|c| c.prefill_busy_ms = 54), (10.0, 30.0, 30.2));
+    // ... unless 500 of those were finished prefills: 400 queued. P(560) = 15.6, one step;
+    // both prefilling requests end in that pass: 2 × (15.6 − 14); work 1.6.
+    let done = with(|c| {
+        c.prefill_busy_ms = 54;
+        c.prefill_done_tokens = 500;
+    });
+    check(Agg, d, done, (35.0, 30.0, 27.4));
+    // Progress credit 0 trusts only finished prefills.
+    check(Agg, TtftWeights { progress_credit: 0.0, ..w }.into_cost(), done, (128.75, 30.0, 84.2));
+    // 95 + 10 blocks on a 100-block worker: 5 short, 50 ms; p = 0.95: a 14.5 ms step.
+    check(Agg, d, worker(0, 95, 2, 0), (10.0, 105.0, 87.7));
+    // The worker's own capacity replaces the defaults: 200 blocks, p = 0.475, no shortage.
+    check(Agg, d, Candidate { kv_blocks: 200, ..worker(0, 95, 2, 0) }, (10.0, 105.0, 32.95));
+    // 500-token passes, nothing decoding: 400 + 160 = 500 + 60: 15 + 10.6; the backlog's
+    // pass fills up: 15 − 14; work 25.6 − 14.
+    let small_batch = Candidate { max_batched_tokens: 500, ..worker(400, 40, 1, 1) };
+    check(Agg, d, small_batch, (35.0, 50.0, 38.2));
+    // Scale 2 on the wait, 0.5 per request, taint 1.5: 1.5 · (2·50.6 + 21 + 1 + 11.6 + 1.5).
+    let tuned = KvCostConfig { prefill_load_scale: 2.0, active_request_weight: 0.5, ..d };
+    check(Agg, tuned, Candidate { cost_factor: 1.5, ..busy }, (128.75, 30.0, 204.45));
+    // Prefill workers take no decode steps and keep no KV after the prompt.
+    check(Pre, d, busy, (128.75, 0.0, 63.2));
+    check(Pre, d, worker(0, 95, 2, 0), (10.0, 0.0, 23.2));
+    // Decode uses the blocks formula: 20 active + 10 prompt blocks, 3 requests × 1.
+    check(Dec, d, busy, (0.0, 30.0, 33.0));
+    // NaN weights never produce a NaN cost.
+    check(Agg, d, Candidate { cost_factor: f64::NAN, ..idle() }, (10.0, 10.0, f64::INFINITY));
+}
+
+impl TtftWeights {
+    fn into_cost(self) -> KvCostConfig {
+        cost(self)
+    }
+}
+
+/// How often each worker wins under the default cost for a 160-token prompt of 16-token
+/// blocks.
+#[track_caller]
+fn check_choice(cands: &[Candidate], want: &[(u64, f64)]) {
+    let r = SelectRequest { isl_tokens: 160, block_size: BlockSize::new(16).unwrap(), ..SelectRequest::default() };
+    let mut sel = Selector::new();
+    let mut wins = alloc::collections::BTreeMap::new();
+    for d in 0..2000 {
+        let s = sel.select(&r, cands, &mut Draw(d), true).unwrap();
+        *wins.entry(s.chosen.worker.0).or_insert(0u32) += 1;
+    }
+    for &(w, share) in want {
+        let got = f64::from(wins.get(&w).copied().unwrap_or(0)) / 2000.0;
+        assert!((got - share).abs() < 0.05, "worker {w}: {got}, want {share}; all {wins:?}");
+    }
+}
+
+#[test]
+fn the_default_kv_policy_weighs_cache_against_waiting() {
+    assert_eq!(KvCostConfig::default().model, KvCostModel::Ttft);
+    let empty = WorkerLoad::default();
+    let on = |w, load| Candidate::new(WorkerKey::new(w, 0), load);
+    let cached = |c: Candidate| Candidate { overlap: Overlap { device: 8, host: 0, disk: 0 }, ..c };
+    // Both idle: the cached one.
+    check_choice(&[on(1, empty), cached(on(2, empty))], &[(2, 1.0)]);
+    // The cached one has 20,000 prompt tokens queued: the idle one.
+    let queued = WorkerLoad { active_prefill_tokens: 20_000, active_requests: 3, ..empty };
+    check_choice(&[on(1, empty), Candidate { prefill_requests: 3, ..cached(on(2, queued)) }], &[(1, 1.0)]);
+    // A request decoding adds a decode step to every pass: the free worker.
+    let decoding = WorkerLoad { active_decode_blocks: 4000, active_requests: 1, ..empty };
+    check_choice(&[on(1, empty), on(2, decoding)], &[(1, 1.0)]);
+    // Equal workers: a coin flip by draw.
+    check_choice(&[on(1, empty), on(2, empty)], &[(1, 0.5), (2, 0.5)]);
+}
