@@ -4,7 +4,7 @@
 //! step (see `sim/driver.rs`) and a final settle that must leave nothing behind.
 //!
 //! `SIM_SEED=<n>` replays one seed, `SIM_STEPS=<n>` sets the steps per seed and
-//! `SIM_SEEDS=<n>` the number of seeds. A failure prints the `SIM_SEED` to replay.
+//! `SIM_SEEDS=<n>` the number of seeds (from `SIM_SEED_BASE`). A failure prints the `SIM_SEED` to replay.
 
 mod sim;
 
@@ -57,8 +57,9 @@ fn seeded_simulation() {
         return;
     }
     let mut total = Tally::default();
+    let base = env_u64("SIM_SEED_BASE").unwrap_or(SEED_BASE);
     for i in 0..env_u64("SIM_SEEDS").unwrap_or(SEEDS_DEFAULT) {
-        total.add(&run_reporting(SEED_BASE + i, steps));
+        total.add(&run_reporting(base.wrapping_add(i), steps));
     }
     eprintln!("{total:?}");
     // A simulation that never reaches a path proves nothing about it.

@@ -4,11 +4,11 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use router_core::index::{IndexEvent, OverlapScores};
-use router_core::router::{
-    Decision, DispatchFailure, InputError, Output, Priority, Request, RouteError, Router, RouterConfig,
-    WorkerUpdate, PhaseField,
-};
 use router_core::pin::RoutingHints;
+use router_core::router::{
+    Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Router, RouterConfig,
+    WorkerUpdate,
+};
 use router_core::worker::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
 use router_core::{DpRank, Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
 
@@ -32,9 +32,12 @@ pub enum MState {
 #[derive(Clone, Debug)]
 pub struct MReq {
     pub state: MState,
-    pub valid_session: bool,
+    /// The session id, when it is one the affinity table accepts.
+    pub session: Option<Vec<u8>>,
     pub chain: u8,
     pub len: u8,
+    /// When it was last booked, or queued: its expiry or time-out counts from here.
+    pub since: Instant,
 }
 
 /// How often each thing happened, to show a run exercised what it claims to.
@@ -138,9 +141,10 @@ impl Driver {
     /// Applies `op`, drains outputs, runs due timers, then checks everything.
     pub fn step(&mut self, op: Op) -> Check {
         self.steps += 1;
-        self.apply(op).and_then(|()| self.run_timers()).and_then(|()| self.check()).map_err(|e| {
-            format!("step {} ({op:?}) at {:?}: {e}", self.steps, self.now)
-        })
+        self.apply(op)
+            .and_then(|()| self.run_timers())
+            .and_then(|()| self.check())
+            .map_err(|e| format!("step {} ({op:?}) at {:?}: {e}", self.steps, self.now))
     }
 
     /// Ends every request and lets every deadline pass; then the router must hold
@@ -274,7 +278,8 @@ impl Driver {
         }
         spec.labels = vec![("zone".into(), format!("z{}", zone % 2))];
         spec.taints = taints_of(taint);
-        let valid = !matches!(spec.dp_ranks, Some(0)) && spec.dp_ranks.unwrap_or(1) <= self.cfg.workers.dp_ranks_max
+        let valid = !matches!(spec.dp_ranks, Some(0))
+            && spec.dp_ranks.unwrap_or(1) <= self.cfg.workers.dp_ranks_max
             && spec.weight > 0
             && (self.workers.contains_key(&id) || self.workers.len() < self.cfg.workers.workers_max);
         let res = self.router.handle_worker_update(self.now, WorkerUpdate::Upsert(spec.clone()));
@@ -402,9 +407,16 @@ impl Driver {
             *self.reqs.keys().nth((r.draw % self.reqs.len() as u64) as usize).expect("in range")
         } else {
             self.next_id += 1;
-            (RequestId(self.next_id), [Phase::Aggregated, Phase::Aggregated, Phase::Prefill, Phase::Decode][r.phase as usize % 4])
+            (
+                RequestId(self.next_id),
+                [Phase::Aggregated, Phase::Aggregated, Phase::Prefill, Phase::Decode][r.phase as usize % 4],
+            )
         };
         let (req, valid_session) = self.build(id, phase, &r);
+        let session = req.session.clone().filter(|_| valid_session);
+        // Only an unpinned request must follow its session's binding.
+        let follows = session.as_ref().filter(|_| r.pin == 0 && r.planned == 0);
+        let bound_before = follows.and_then(|s| self.router.affinity().peek(s, phase));
         let before = fingerprint(&self.router);
         let res = self.router.handle_request(self.now, req, Draw(r.draw));
         self.tally.requests += 1;
@@ -436,6 +448,14 @@ impl Driver {
                     return Err(format!("routed the wrong request: {rt:?}"));
                 }
                 self.check_target(rt.target, phase)?;
+                let bound_after = follows.and_then(|s| self.router.affinity().peek(s, phase));
+                if let (Some(b), Some(a)) = (bound_before, bound_after) {
+                    if a.revision == b.revision
+                        && (b.worker != rt.target.worker || b.rank.is_some_and(|r| r != rt.target.rank))
+                    {
+                        return Err(format!("session bound to {b:?} was routed to {}", rt.target));
+                    }
+                }
                 self.tally.routed += 1;
                 Some(MState::Booked(rt.target))
             }
@@ -462,7 +482,8 @@ impl Driver {
         };
         match state {
             Some(state) => {
-                self.reqs.insert((id, phase), MReq { state, valid_session, chain: r.chain, len: r.len });
+                let m = MReq { state, session, chain: r.chain, len: r.len, since: self.now };
+                self.reqs.insert((id, phase), m);
                 self.transitions += 1;
             }
             None => self.remember_ended((id, phase)),
@@ -483,8 +504,9 @@ impl Driver {
         let hints = RoutingHints {
             backend_instance_id: (r.pin > 0).then(|| WorkerId(u64::from(r.pin - 1) % (u64::from(WORKERS) + 1))),
             dp_rank: (r.pin_rank > 0).then(|| DpRank(u32::from(r.pin_rank - 1) % 5)),
-            allowed_worker_ids: (r.allow > 0)
-                .then(|| (0..8u64).filter(|b| r.allow & (1 << b) != 0 && *b < u64::from(WORKERS)).map(WorkerId).collect()),
+            allowed_worker_ids: (r.allow > 0).then(|| {
+                (0..8u64).filter(|b| r.allow & (1 << b) != 0 && *b < u64::from(WORKERS)).map(WorkerId).collect()
+            }),
             tolerations: if r.tolerate {
                 vec![Toleration { key: String::new(), value: None, effect: None }]
             } else {
@@ -552,6 +574,9 @@ impl Driver {
             (Life::Cancel, _) => (Ok(()), None),
             (_, s) => (wrong, Some(s)),
         };
+        let session = self.reqs[&fk].session.clone();
+        let peek = |r: &Router| session.as_ref().and_then(|s| r.affinity().peek(s, phase));
+        let bound_before = peek(&self.router);
         let got = match life {
             Life::Dispatched => self.router.handle_dispatched(self.now, id, phase),
             Life::Failed(worker_fault) => {
@@ -565,6 +590,14 @@ impl Driver {
         };
         if got != want {
             return Err(format!("{life:?} of {fk:?} in state {state:?} answered {got:?}, want {want:?}"));
+        }
+        if let (Life::Dispatched, Ok(()), MState::Booked(k)) = (life, &got, state) {
+            // A binding that appeared (or changed) was committed by this dispatch.
+            if let Some(b) = peek(&self.router).filter(|a| bound_before.is_none_or(|b| b.revision != a.revision)) {
+                if b.worker != k.worker || b.rank != Some(k.rank) {
+                    return Err(format!("dispatch to {k} committed the session to {b:?}"));
+                }
+            }
         }
         match (got.is_ok(), next) {
             (false, _) => self.tally.wrong_state += 1,
@@ -638,9 +671,9 @@ impl Driver {
     fn output(&mut self, out: Output) -> Check {
         let fk = match &out {
             Output::Routed(r) => (r.id, r.phase),
-            Output::Failed { id, phase, .. } | Output::TimedOut { id, phase } | Output::BookingExpired { id, phase } => {
-                (*id, *phase)
-            }
+            Output::Failed { id, phase, .. }
+            | Output::TimedOut { id, phase }
+            | Output::BookingExpired { id, phase } => (*id, *phase),
             Output::LeaseExpired { .. } => {
                 self.tally.lease_expired += 1;
                 return Ok(());
@@ -656,8 +689,10 @@ impl Driver {
                 self.check_target(r.target, r.phase)?;
                 self.tally.routed_later += 1;
                 self.transitions += 1;
+                let now = self.now;
                 if let Some(m) = self.reqs.get_mut(&fk) {
                     m.state = MState::Booked(r.target);
+                    m.since = now;
                 }
             }
             Output::Failed { .. } if pending => {
@@ -706,7 +741,16 @@ impl Driver {
         }
         let mut per_key: BTreeMap<WorkerKey, u32> = BTreeMap::new();
         let (mut seen_queued, mut pending, mut sessions) = (0, 0, 0);
+        let (queue_ms, age_ms) = (self.cfg.queue.queue_timeout_ms, self.cfg.load.request_age_max_ms);
         for (&(id, phase), m) in &self.reqs {
+            let overdue = match m.state {
+                MState::Pending { seen_queued: true } => m.since.add_ms(queue_ms) <= self.now,
+                MState::Booked(_) | MState::Dispatched(_) => m.since.add_ms(age_ms) <= self.now,
+                _ => false,
+            };
+            if overdue {
+                return Err(format!("{id:?} {phase} is {:?} since {:?}, past its deadline", m.state, m.since));
+            }
             let want = match m.state {
                 MState::Booked(k) | MState::Dispatched(k) => {
                     *per_key.entry(k).or_default() += 1;
@@ -719,9 +763,13 @@ impl Driver {
                 }
                 MState::Orphaned => None,
             };
-            sessions += usize::from(m.valid_session);
+            sessions += usize::from(m.session.is_some());
             if r.load().booking(id, phase) != want {
-                return Err(format!("{id:?} {phase} is {:?} but its booking is {:?}", m.state, r.load().booking(id, phase)));
+                return Err(format!(
+                    "{id:?} {phase} is {:?} but its booking is {:?}",
+                    m.state,
+                    r.load().booking(id, phase)
+                ));
             }
         }
         let booked: u32 = per_key.values().sum();
@@ -741,7 +789,10 @@ impl Driver {
             return Err(format!("{} sessions, limit {}", r.affinity().len(), self.cfg.affinity.sessions_max));
         }
         if !(seen_queued..=pending).contains(&r.queue().len()) {
-            return Err(format!("queue holds {}, the model {seen_queued} queued of {pending} pending", r.queue().len()));
+            return Err(format!(
+                "queue holds {}, the model {seen_queued} queued of {pending} pending",
+                r.queue().len()
+            ));
         }
         let leases = r.affinity().live_leases();
         if leases > sessions {

@@ -2,6 +2,8 @@
 //! path (requests, confirmations, finishes, engine events for dispatched prompts) and
 //! keep the rare inputs (removals, clears, time jumps) rare but present.
 
+use router_core::select::RouterMode;
+
 use super::driver::Driver;
 use super::ops::{Knobs, Op, ReqOp, CHAINS, SESSIONS, WORKERS};
 use super::rng::SplitMix64;
@@ -91,7 +93,7 @@ pub fn op(rng: &mut SplitMix64, d: &Driver) -> Op {
         7 => Op::Cleared { worker: w(rng), rank: rng.below(3) as u8 },
         8 => Op::KvClear { worker: w(rng), rank: rng.below(3) as u8 },
         9 => Op::Trust { worker: w(rng), rank: rng.below(3) as u8, trusted: rng.chance(50) },
-        10 => Op::Request(request(rng)),
+        10 => Op::Request(request(rng, d.config().mode == RouterMode::Direct)),
         11 => Op::Dispatched { pick },
         12 => Op::DispatchFailed { pick, worker_fault: rng.chance(50) },
         13 => Op::PrefillDone { pick },
@@ -133,20 +135,20 @@ fn engine_store(rng: &mut SplitMix64, d: &Driver) -> Op {
     }
 }
 
-fn request(rng: &mut SplitMix64) -> ReqOp {
+fn request(rng: &mut SplitMix64, direct: bool) -> ReqOp {
     let some = |rng: &mut SplitMix64, percent, n: u64| if rng.chance(percent) { 1 + rng.below(n) as u8 } else { 0 };
     ReqOp {
         chain: rng.below(u64::from(CHAINS)) as u8,
         len: rng.below(20) as u8,
         tail: if rng.chance(70) { 0 } else { rng.byte() },
-        phase: rng.byte(),
+        phase: if rng.chance(80) { 0 } else { rng.byte() },
         session: match rng.below(100) {
             0..50 => 0,
             50..52 => 1,
             52..54 => 2,
             _ => 3 + rng.below(u64::from(SESSIONS)) as u8,
         },
-        pin: some(rng, 8, u64::from(WORKERS) + 1),
+        pin: some(rng, if direct { 80 } else { 8 }, u64::from(WORKERS) + 1),
         pin_rank: some(rng, 5, 5),
         allow: if rng.chance(5) { rng.byte() } else { 0 },
         tolerate: rng.chance(10),

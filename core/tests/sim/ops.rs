@@ -131,35 +131,103 @@ pub struct ReqOp {
 pub enum Op {
     /// Register or reconfigure a worker. `ranks`: 0 unknown, 1–4, 5 zero (refused), 6 too
     /// many (refused). `weight` 0 is refused.
-    Upsert { worker: u8, role: u8, ranks: u8, weight: u8, small_kv: bool, zone: u8, taint: u8 },
-    Remove { worker: u8 },
+    Upsert {
+        worker: u8,
+        role: u8,
+        ranks: u8,
+        weight: u8,
+        small_kv: bool,
+        zone: u8,
+        taint: u8,
+    },
+    Remove {
+        worker: u8,
+    },
     /// 0 healthy, 1 ejected, 2 draining.
-    Health { worker: u8, health: u8 },
+    Health {
+        worker: u8,
+        health: u8,
+    },
     /// 0 none, 1 a `NoSchedule` taint, 2 a `PreferNoSchedule` taint, 3 both.
-    Taints { worker: u8, taints: u8 },
+    Taints {
+        worker: u8,
+        taints: u8,
+    },
     /// A KV `Stored` event: blocks `start..start+len` of `chain`, after its parent when
     /// `parent`. `tier` 0 device, 1 host, 2 disk.
-    Stored { worker: u8, rank: u8, chain: u8, start: u8, len: u8, parent: bool, tier: u8 },
-    Removed { worker: u8, rank: u8, chain: u8, start: u8, len: u8, tier: u8 },
-    Cleared { worker: u8, rank: u8 },
-    KvClear { worker: u8, rank: u8 },
-    Trust { worker: u8, rank: u8, trusted: bool },
+    Stored {
+        worker: u8,
+        rank: u8,
+        chain: u8,
+        start: u8,
+        len: u8,
+        parent: bool,
+        tier: u8,
+    },
+    Removed {
+        worker: u8,
+        rank: u8,
+        chain: u8,
+        start: u8,
+        len: u8,
+        tier: u8,
+    },
+    Cleared {
+        worker: u8,
+        rank: u8,
+    },
+    KvClear {
+        worker: u8,
+        rank: u8,
+    },
+    Trust {
+        worker: u8,
+        rank: u8,
+        trusted: bool,
+    },
     Request(ReqOp),
-    Dispatched { pick: u16 },
-    DispatchFailed { pick: u16, worker_fault: bool },
-    PrefillDone { pick: u16 },
-    Progress { pick: u16, tokens: u16 },
-    Finished { pick: u16 },
-    Cancel { pick: u16 },
+    Dispatched {
+        pick: u16,
+    },
+    DispatchFailed {
+        pick: u16,
+        worker_fault: bool,
+    },
+    PrefillDone {
+        pick: u16,
+    },
+    Progress {
+        pick: u16,
+        tokens: u16,
+    },
+    Finished {
+        pick: u16,
+    },
+    Cancel {
+        pick: u16,
+    },
     /// A lifecycle input for a request that already ended or never existed.
-    Late { pick: u16, kind: u8 },
-    Advance { ms: u32 },
-    Back { ms: u32 },
-    Jump { hours: u16 },
+    Late {
+        pick: u16,
+        kind: u8,
+    },
+    Advance {
+        ms: u32,
+    },
+    Back {
+        ms: u32,
+    },
+    Jump {
+        hours: u16,
+    },
     /// A spurious `handle_timeout` at the current time.
     Timeout,
     /// Compare the index with the model on one query.
-    Query { chain: u8, len: u8, twist: u8 },
+    Query {
+        chain: u8,
+        len: u8,
+        twist: u8,
+    },
 }
 
 /// Block `i` of chain `chain`. Chain `c` shares its first `SHARED[c]` blocks with chain 0,
