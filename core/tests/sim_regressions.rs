@@ -1,6 +1,9 @@
 //! Bugs the seeded simulation and the `router_ops` fuzz target found in the `Router`
 //! façade, each reduced to a scenario on the public API. A test marked `#[ignore]`
-//! fails today; drop the mark with the fix.
+//! fails today; drop the mark with the fix. The simulation steers clear of these bugs
+//! unless `SIM_KNOWN_BUGS=1` (see `sim::ops::avoid_known_bugs`); the seeds named below
+//! are where it first met each one (with `SIM_KNOWN_BUGS=1` a seed may now stop at
+//! another of them first).
 
 use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::worker::{WorkerRole, WorkerSpec};
@@ -33,7 +36,8 @@ fn invariants(r: &Router) {
     }
 }
 
-/// Found by the simulation (`SIM_SEED=7743502432347645210`, knobs `leases_max: 2`).
+/// Found by the simulation (`SIM_SEED=7743502432347645210`, knobs
+/// `leases_max: 2`; the settle found two requests waiting forever).
 ///
 /// When `handle_dispatched` commits a session's first binding and the affinity table
 /// refuses the commit (`TooManyLeases`), the façade sets `Hold::None` and drops the
@@ -70,4 +74,70 @@ fn refused_session_commit_wakes_waiters() {
     while r.poll_output().is_some() {}
     assert_eq!(r.requests_in_flight(), 0, "request 3 still waits on an initialization nobody will finish");
     assert_eq!(r.affinity().len(), 0, "session b's entry is stuck initializing");
+}
+
+/// Found by reading `place`, then by the simulation (`SIM_SEED=7743502432347645191`, a
+/// `planned` request at step 76; the check lives in `Driver::refusal`).
+///
+/// A request pinned to a worker that is only busy (over its prefill bound) fails with
+/// `Pin(Ineligible { reason: Overloaded })` instead of queueing, while the same request
+/// unpinned queues. `pin::check_pinned`'s doc says a façade that queues overloaded
+/// requests must test `eligible::all_overloaded` first; `place` calls `check_pinned`
+/// before it.
+///
+/// Fix (core/src/router/pipeline.rs, `place`): move the `eligible::all_overloaded`
+/// block above the `pin::check_pinned` call (the scores it needs can be computed
+/// before both).
+#[test]
+#[ignore = "bug: a request pinned to a busy worker fails instead of queueing"]
+fn pinned_request_to_a_busy_worker_queues() {
+    let mut cfg = RouterConfig::default();
+    cfg.eligibility.prefill_tokens_max = Some(100);
+    let mut r = router(cfg, 2);
+    let busy = |id| Request { id: RequestId(id), isl_tokens: 640, ..Request::default() };
+    // Both workers take one long prompt each and are then over the bound.
+    for id in [1, 2] {
+        let Decision::Routed(_) = decision(&mut r, busy(id)) else { panic!("routed") };
+    }
+    assert_eq!(decision(&mut r, busy(3)), Decision::Queued, "unpinned, the request queues");
+    let mut pinned = busy(4);
+    pinned.hints.backend_instance_id = Some(WorkerId(0));
+    assert_eq!(r.handle_request(T0, pinned, Draw(1)), Ok(Decision::Queued), "pinned, it must queue too");
+    invariants(&r);
+}
+
+/// Found by the simulation (`SIM_SEED=7743502432347645187`, step 1556:
+/// the bound worker was re-registered with fewer ranks, `Pin(RankOutOfRange)`); reduced
+/// here to its most common form, a taint.
+///
+/// In `AffinityMode::Soft` a binding is "a preference, kept only while the worker stays
+/// eligible", but `session_step` re-binds only when the worker is unhealthy or has the
+/// wrong role (`can_serve`). A bound worker that carries a `NoSchedule` taint the
+/// request does not tolerate is not eligible, yet the binding is kept as a pin and the
+/// request fails with `Pin(Ineligible { reason: Tainted })`. The same happens when the
+/// request's allow-list or `same_label_as` excludes the bound worker, and when the
+/// worker comes back with fewer dp ranks than the bound one (`Pin(RankOutOfRange)`).
+///
+/// Fix (core/src/router/pipeline.rs): in soft mode, when `place` fails with
+/// `RouteError::Pin(PinError::Ineligible { .. })` for a request whose pin came only from
+/// its binding, invalidate the binding's revision and place again without it (or have
+/// `can_serve` run the eligibility filter for the bound worker).
+#[test]
+#[ignore = "bug: soft affinity keeps a binding to a worker the request may not use"]
+fn soft_binding_to_a_tainted_worker_is_dropped() {
+    use router_core::affinity::AffinityMode;
+    use router_core::worker::{Taint, TaintEffect};
+    let mut cfg = RouterConfig::default();
+    cfg.affinity.mode = AffinityMode::Soft;
+    let mut r = router(cfg, 2);
+    let Decision::Routed(first) = decision(&mut r, session_request(1, "s")) else { panic!("routed") };
+    r.handle_dispatched(T0, first.id, first.phase).expect("booked");
+    r.handle_finished(T0, first.id, first.phase).expect("dispatched");
+    let taint = Taint { key: "maint".into(), value: String::new(), effect: TaintEffect::NoSchedule };
+    r.handle_worker_update(T0, WorkerUpdate::Taints(first.target.worker, vec![taint])).expect("known worker");
+    match r.handle_request(T0, session_request(2, "s"), Draw(1)) {
+        Ok(Decision::Routed(d)) => assert_ne!(d.target.worker, first.target.worker),
+        other => panic!("a soft binding must yield to a worker the request may use, got {other:?}"),
+    }
+    invariants(&r);
 }

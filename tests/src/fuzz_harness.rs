@@ -23,8 +23,11 @@ use router_core::{Instant, WorkerKey};
 #[path = "../../core/tests/sim/mod.rs"]
 mod sim;
 
+/// A target's body: any bytes in, a panic only on a bug.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, as the corpus folders are named.
-pub const TARGETS: [(&str, fn(&[u8])); 3] =
+pub const TARGETS: [(&str, Target); 3] =
     [("kv_event_decode", kv_event_decode), ("router_ops", router_ops), ("trace_parse", trace_parse)];
 
 // ---- kv_event_decode ----

@@ -3,8 +3,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use router_core::affinity::AffinityMode;
+use router_core::eligible::ExclusionReason;
 use router_core::index::{IndexEvent, OverlapScores};
-use router_core::pin::RoutingHints;
+use router_core::pin::{PinError, RoutingHints};
 use router_core::router::{
     Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Router, RouterConfig,
     WorkerUpdate,
@@ -13,7 +15,9 @@ use router_core::worker::{Health, Taint, TaintEffect, Toleration, WorkerError, W
 use router_core::{DpRank, Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
 
 use super::index_model::IndexModel;
-use super::ops::{block, chain_blocks, private_block, with_local, Knobs, Op, ReqOp, CHAIN_BLOCKS, SESSIONS, WORKERS};
+use super::ops::{
+    avoid_known_bugs, block, chain_blocks, private_block, with_local, Knobs, Op, ReqOp, CHAIN_BLOCKS, SESSIONS, WORKERS,
+};
 
 /// Where the model believes a tracked request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -475,7 +479,8 @@ impl Driver {
                 None
             }
             Ok(other) => return Err(format!("unexpected decision {other:?}")),
-            Err(_) => {
+            Err(e) => {
+                self.refusal(&e, &r, valid_session)?;
                 self.tally.refused += 1;
                 None
             }
@@ -489,6 +494,21 @@ impl Driver {
             None => self.remember_ended((id, phase)),
         }
         self.drain()
+    }
+
+    /// Refusals that contradict a documented rule.
+    fn refusal(&self, e: &RouteError, r: &ReqOp, valid_session: bool) -> Check {
+        if avoid_known_bugs() {
+            return Ok(()); // Both rules below are broken today: see sim_regressions.rs.
+        }
+        if let RouteError::Pin(PinError::Ineligible { reason: ExclusionReason::Overloaded { .. }, .. }) = e {
+            return Err(format!("a request pinned to a busy worker must queue, it failed: {e:?}"));
+        }
+        let soft = self.cfg.affinity.mode == AffinityMode::Soft;
+        if soft && valid_session && r.pin == 0 && r.planned == 0 && matches!(e, RouteError::Pin(_)) {
+            return Err(format!("a soft session binding acted as a pin: {e:?}"));
+        }
+        Ok(())
     }
 
     fn build(&self, id: RequestId, phase: Phase, r: &ReqOp) -> (Request, bool) {
