@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use router_core::affinity::AffinityMode;
 use router_core::eligible::ExclusionReason;
+use router_core::hash::SeqHash;
 use router_core::index::{IndexEvent, OverlapScores};
 use router_core::pin::{PinError, RoutingHints};
 use router_core::router::{
@@ -42,6 +43,27 @@ pub struct MReq {
     pub len: u8,
     /// When it was last booked, or queued: its expiry or time-out counts from here.
     pub since: Instant,
+    /// Its prompt's blocks and length, for the load it books.
+    pub blocks: Vec<SeqHash>,
+    pub isl_tokens: u32,
+    pub expected_out_blocks: u32,
+    /// While booked: uncached prompt tokens not yet prefilled, and output blocks made.
+    pub prefill_left: u32,
+    pub generated_blocks: u32,
+}
+
+/// Tokens per block in every configuration the driver builds.
+const BLOCK_TOKENS: u32 = 64;
+
+impl MReq {
+    /// The booking `Routed` with `overlap` makes: the tokens the cache does not cover.
+    fn book(&mut self, key: WorkerKey, device_blocks: u32, phase: Phase, now: Instant) {
+        let cached = device_blocks.saturating_mul(BLOCK_TOKENS).min(self.isl_tokens);
+        self.state = MState::Booked(key);
+        self.since = now;
+        self.prefill_left = if phase == Phase::Decode { 0 } else { self.isl_tokens - cached };
+        self.generated_blocks = 0;
+    }
 }
 
 /// How often each thing happened, to show a run exercised what it claims to.
@@ -418,6 +440,19 @@ impl Driver {
         };
         let (req, valid_session) = self.build(id, phase, &r);
         let session = req.session.clone().filter(|_| valid_session);
+        let mut m = MReq {
+            state: MState::Orphaned,
+            session: session.clone(),
+            chain: r.chain,
+            len: r.len,
+            since: self.now,
+            blocks: req.blocks.clone(),
+            isl_tokens: req.isl_tokens,
+            expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
+            prefill_left: 0,
+            generated_blocks: 0,
+        };
+        let replay = req.clone();
         // Only an unpinned request must follow its session's binding.
         let follows = session.as_ref().filter(|_| r.pin == 0 && r.planned == 0);
         let bound_before = follows.and_then(|s| self.router.affinity().peek(s, phase));
@@ -435,9 +470,12 @@ impl Driver {
             if fingerprint(&self.router) != before {
                 return Err(format!("a preview changed state: {before:?} -> {:?}", fingerprint(&self.router)));
             }
-            return match self.router.poll_output() {
-                None => Ok(()),
-                Some(o) => Err(format!("a preview produced output {o:?}")),
+            if let Some(o) = self.router.poll_output() {
+                return Err(format!("a preview produced output {o:?}"));
+            }
+            return match res {
+                Ok(Decision::Routed(p)) if replay.session.is_none() => self.commit_preview(replay, r.draw, p.target),
+                _ => Ok(()),
             };
         }
         if dup {
@@ -461,7 +499,8 @@ impl Driver {
                     }
                 }
                 self.tally.routed += 1;
-                Some(MState::Booked(rt.target))
+                m.book(rt.target, rt.overlap.device, phase, self.now);
+                Some(m.state)
             }
             Ok(Decision::Queued) => {
                 self.tally.queued += 1;
@@ -487,13 +526,49 @@ impl Driver {
         };
         match state {
             Some(state) => {
-                let m = MReq { state, session, chain: r.chain, len: r.len, since: self.now };
+                m.state = state;
                 self.reqs.insert((id, phase), m);
                 self.transitions += 1;
             }
             None => self.remember_ended((id, phase)),
         }
         self.drain()
+    }
+
+    /// Sends a previewed request for real, with the same draw and nothing changed in
+    /// between: it must go where the preview said.
+    fn commit_preview(&mut self, mut req: Request, draw: u64, previewed: WorkerKey) -> Check {
+        self.next_id += 1;
+        req.id = RequestId(self.next_id);
+        req.preview = false;
+        let (id, phase) = (req.id, req.phase.0);
+        let mut m = MReq {
+            state: MState::Orphaned,
+            session: None,
+            chain: 0,
+            len: 0,
+            since: self.now,
+            blocks: req.blocks.clone(),
+            isl_tokens: req.isl_tokens,
+            expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
+            prefill_left: 0,
+            generated_blocks: 0,
+        };
+        match self.router.handle_request(self.now, req, Draw(draw)) {
+            Ok(Decision::Routed(rt)) if rt.target == previewed => {
+                m.book(rt.target, rt.overlap.device, phase, self.now);
+                self.reqs.insert((id, phase), m);
+                self.transitions += 1;
+                self.tally.routed += 1;
+                self.drain()
+            }
+            // A preview holds no slot, so only the real request meets the limit.
+            Err(RouteError::TooManyRequests { .. }) => {
+                self.remember_ended((id, phase));
+                Ok(())
+            }
+            other => Err(format!("previewed {previewed}, then the same request answered {other:?}")),
+        }
     }
 
     /// Refusals that contradict a documented rule.
@@ -628,6 +703,17 @@ impl Driver {
                 }
                 if let Some(r) = self.reqs.get_mut(&fk) {
                     r.state = s;
+                    let holds_load = matches!(s, MState::Booked(_) | MState::Dispatched(_));
+                    match life {
+                        Life::PrefillDone if holds_load => r.prefill_left = 0,
+                        Life::Progress(t) if holds_load => {
+                            if t > 0 {
+                                r.prefill_left = 0;
+                            }
+                            r.generated_blocks = r.generated_blocks.max(u32::from(t).div_ceil(BLOCK_TOKENS));
+                        }
+                        _ => {}
+                    }
                 }
             }
             (true, None) => {
@@ -711,8 +797,7 @@ impl Driver {
                 self.transitions += 1;
                 let now = self.now;
                 if let Some(m) = self.reqs.get_mut(&fk) {
-                    m.state = MState::Booked(r.target);
-                    m.since = now;
+                    m.book(r.target, r.overlap.device, r.phase, now);
                 }
             }
             Output::Failed { .. } if pending => {
@@ -760,6 +845,7 @@ impl Driver {
             ));
         }
         let mut per_key: BTreeMap<WorkerKey, u32> = BTreeMap::new();
+        let mut loads: BTreeMap<WorkerKey, (u64, std::collections::BTreeSet<SeqHash>, u64)> = BTreeMap::new();
         let (mut seen_queued, mut pending, mut sessions) = (0, 0, 0);
         let (queue_ms, age_ms) = (self.cfg.queue.queue_timeout_ms, self.cfg.load.request_age_max_ms);
         for (&(id, phase), m) in &self.reqs {
@@ -774,6 +860,12 @@ impl Driver {
             let want = match m.state {
                 MState::Booked(k) | MState::Dispatched(k) => {
                     *per_key.entry(k).or_default() += 1;
+                    let l = loads.entry(k).or_default();
+                    l.0 += u64::from(m.prefill_left);
+                    if phase != Phase::Prefill {
+                        l.1.extend(m.blocks.iter().copied());
+                        l.2 += u64::from(m.expected_out_blocks.max(m.generated_blocks));
+                    }
                     Some(k)
                 }
                 MState::Pending { seen_queued: s } => {
@@ -794,9 +886,15 @@ impl Driver {
         }
         let booked: u32 = per_key.values().sum();
         for (&k, &n) in &per_key {
-            let got = r.load().load(k).active_requests;
-            if got != n {
-                return Err(format!("{k} carries {got} requests, the model books {n}"));
+            let got = r.load().load(k);
+            let (prefill, blocks, out) = &loads[&k];
+            let want = WorkerLoad {
+                active_prefill_tokens: *prefill,
+                active_decode_blocks: blocks.len() as u64 + out,
+                active_requests: n,
+            };
+            if got != want {
+                return Err(format!("{k} carries {got:?}, the model books {want:?}"));
             }
         }
         if r.load().len() != booked as usize || r.load().total().active_requests != booked {
