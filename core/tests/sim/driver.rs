@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use router_core::admission::QueueOrder;
 use router_core::affinity::AffinityMode;
 use router_core::eligible::ExclusionReason;
 use router_core::hash::SeqHash;
@@ -50,6 +51,8 @@ pub struct MReq {
     /// While booked: uncached prompt tokens not yet prefilled, and output blocks made.
     pub prefill_left: u32,
     pub generated_blocks: u32,
+    /// Where it sorts in a FCFS queue, when seen queued: lower leaves first.
+    pub fcfs: Option<(i32, i128, u64)>,
 }
 
 /// Tokens per block in every configuration the driver builds.
@@ -121,6 +124,8 @@ pub struct Driver {
     steps: u64,
     /// Bumped on every model transition; `settle` uses it to spot a stuck router.
     transitions: u64,
+    /// Requests seen queued so far (their push order).
+    pushes: u64,
     pub tally: Tally,
     scores: OverlapScores,
 }
@@ -141,6 +146,7 @@ impl Driver {
             next_id: 1,
             steps: 0,
             transitions: 0,
+            pushes: 0,
             tally: Tally::default(),
             scores: OverlapScores::new(),
         }
@@ -451,7 +457,9 @@ impl Driver {
             expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
             prefill_left: 0,
             generated_blocks: 0,
+            fcfs: None,
         };
+        let fcfs = (-req.priority.strict, i128::from(self.now.as_micros()) - i128::from(req.priority.jump_ms) * 1000);
         let replay = req.clone();
         // Only an unpinned request must follow its session's binding.
         let follows = session.as_ref().filter(|_| r.pin == 0 && r.planned == 0);
@@ -504,6 +512,8 @@ impl Driver {
             }
             Ok(Decision::Queued) => {
                 self.tally.queued += 1;
+                self.pushes += 1;
+                m.fcfs = Some((fcfs.0, fcfs.1, self.pushes));
                 Some(MState::Pending { seen_queued: true })
             }
             Ok(Decision::Waiting) => {
@@ -553,6 +563,7 @@ impl Driver {
             expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
             prefill_left: 0,
             generated_blocks: 0,
+            fcfs: None,
         };
         match self.router.handle_request(self.now, req, Draw(draw)) {
             Ok(Decision::Routed(rt)) if rt.target == previewed => {
@@ -790,6 +801,9 @@ impl Driver {
             return Err(format!("output {out:?} names a request that is not in flight (ended twice?)"));
         };
         let pending = matches!(state, MState::Pending { .. });
+        if matches!(out, Output::Routed(_) | Output::Failed { .. }) {
+            self.check_fcfs(fk)?;
+        }
         match out {
             Output::Routed(r) if pending && !r.preview => {
                 self.check_target(r.target, r.phase)?;
@@ -815,6 +829,22 @@ impl Driver {
             out => return Err(format!("output {out:?} for a request in state {state:?}")),
         }
         Ok(())
+    }
+
+    /// A FCFS queue lets requests out in order: none seen queued ahead of `fk` may still
+    /// wait when `fk` leaves (by routing or failure; time-outs and cancels leave anywhere).
+    fn check_fcfs(&self, fk: (RequestId, Phase)) -> Check {
+        if self.cfg.queue.order != QueueOrder::Fcfs {
+            return Ok(());
+        }
+        let Some(mine) = self.reqs.get(&fk).and_then(|m| m.fcfs) else { return Ok(()) };
+        let ahead = self.reqs.iter().find(|(k, m)| {
+            **k != fk && matches!(m.state, MState::Pending { seen_queued: true }) && m.fcfs.is_some_and(|f| f < mine)
+        });
+        match ahead {
+            Some((k, m)) => Err(format!("{fk:?} left the queue at {mine:?} before {k:?} at {:?}", m.fcfs)),
+            None => Ok(()),
+        }
     }
 
     fn run_timers(&mut self) -> Check {

@@ -79,7 +79,7 @@ impl Knobs {
             queued_prompt_tokens_max: limit.map(|n| u64::from(n) * 1024),
             ..ClassLimits::unlimited("a")
         }];
-        c.load.request_age_max_ms = pick(self.request_age, &[600_000, 0, 100, 5_000]);
+        c.load.request_age_max_ms = pick(self.request_age, &[600_000, 600_000, 0, 100, 5_000]);
         c.load.requests_max = pick(self.load_requests_max, &[1 << 20, 1 << 20, 3]);
         c.requests_max = pick(self.requests_max, &[65_536, 65_536, 2, 8]);
         // Small absolute prefill bounds make fleets busy, so requests queue.
