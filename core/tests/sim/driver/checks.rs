@@ -130,4 +130,23 @@ impl Driver {
         }
         Ok(())
     }
+
+    /// With nothing due, a spurious `handle_timeout` must change nothing: every input
+    /// that freed capacity has already re-tried the queue, and every timer that was due
+    /// has run.
+    pub(super) fn check_settled(&mut self) -> Check {
+        if self.router.poll_timeout().is_some_and(|t| t <= self.now) {
+            return Err(format!("a deadline is due after the timers ran: {:?}", self.router.poll_timeout()));
+        }
+        let before = fingerprint(&self.router);
+        self.router.handle_timeout(self.now);
+        if let Some(out) = self.router.poll_output() {
+            return Err(format!("a spurious handle_timeout produced {out:?}: an input left work undone"));
+        }
+        let after = fingerprint(&self.router);
+        if after != before {
+            return Err(format!("a spurious handle_timeout changed {before:?} into {after:?}"));
+        }
+        Ok(())
+    }
 }

@@ -13,6 +13,7 @@ use router_core::router::{
     Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Router, RouterConfig,
     WorkerUpdate,
 };
+use router_core::select::RouterMode;
 use router_core::worker::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
 use router_core::{DpRank, Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
 
@@ -181,6 +182,7 @@ impl Driver {
         self.steps += 1;
         self.apply(op)
             .and_then(|()| self.run_timers())
+            .and_then(|()| self.check_settled())
             .and_then(|()| self.check())
             .map_err(|e| format!("step {} ({op:?}) at {:?}: {e}", self.steps, self.now))
     }

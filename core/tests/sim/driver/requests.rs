@@ -162,7 +162,8 @@ impl Driver {
         if let RouteError::Pin(PinError::Ineligible { reason: ExclusionReason::Overloaded { .. }, .. }) = e {
             return Err(format!("a request pinned to a busy worker must queue, it failed: {e:?}"));
         }
-        let soft = self.cfg.affinity.mode == AffinityMode::Soft;
+        // Direct mode refuses every request without an explicit pin, bound or not.
+        let soft = self.cfg.affinity.mode == AffinityMode::Soft && self.cfg.mode != RouterMode::Direct;
         if soft && valid_session && r.pin == 0 && r.planned == 0 && matches!(e, RouteError::Pin(_)) {
             return Err(format!("a soft session binding acted as a pin: {e:?}"));
         }
@@ -307,6 +308,12 @@ impl Driver {
                 }
                 self.end(fk);
             }
+        }
+        if matches!(life, Life::Progress(_)) && avoid_known_bugs() {
+            // Stands in for the queue re-try `handle_decode_progress` lacks (see
+            // `sim_regressions::decode_progress_retries_the_queue`).
+            self.drain()?;
+            self.router.handle_timeout(self.now);
         }
         self.drain()
     }
