@@ -10,8 +10,8 @@ use router_core::hash::SeqHash;
 use router_core::index::{IndexEvent, OverlapScores};
 use router_core::pin::{PinError, RoutingHints};
 use router_core::router::{
-    Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Router, RouterConfig,
-    WorkerUpdate,
+    Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Routed, Router,
+    RouterConfig, WorkerUpdate,
 };
 use router_core::select::RouterMode;
 use router_core::worker::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
@@ -58,6 +58,8 @@ pub struct MReq {
     pub generated_blocks: u32,
     /// Where it sorts in a FCFS queue, when seen queued: lower leaves first.
     pub fcfs: Option<(i32, i128, u64)>,
+    /// It has a session and no pin of its own, so its session binding decides.
+    pub follows_binding: bool,
 }
 
 /// Tokens per block in every configuration the driver builds.
@@ -335,13 +337,19 @@ impl Driver {
         }
         match out {
             Output::Routed(r) if pending && !r.preview => {
-                self.check_target(r.target, r.phase)?;
+                let blocks = self.reqs.get(&fk).map(|m| m.blocks.clone()).unwrap_or_default();
+                self.check_routed(&r, &blocks)?;
                 self.tally.routed_later += 1;
                 self.transitions += 1;
                 let now = self.now;
                 if let Some(m) = self.reqs.get_mut(&fk) {
                     m.book(r.target, r.overlap.device, r.phase, now);
                 }
+            }
+            Output::Failed { error: RouteError::Pin(e), .. }
+                if pending && !avoid_known_bugs() && self.soft_affinity() && self.reqs[&fk].follows_binding =>
+            {
+                return Err(format!("a soft session binding failed a waiting request: {e:?}"));
             }
             Output::Failed { .. } if pending => {
                 self.tally.failed_later += 1;

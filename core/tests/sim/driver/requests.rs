@@ -30,6 +30,7 @@ impl Driver {
             prefill_left: 0,
             generated_blocks: 0,
             fcfs: None,
+            follows_binding: valid_session && r.pin == 0 && r.planned == 0,
         };
         let fcfs = (-req.priority.strict, i128::from(self.now.as_micros()) - i128::from(req.priority.jump_ms) * 1000);
         let replay = req.clone();
@@ -43,7 +44,7 @@ impl Driver {
             self.tally.previews += 1;
             if let Ok(d) = &res {
                 match d {
-                    Decision::Routed(rt) if rt.preview => self.check_target(rt.target, phase)?,
+                    Decision::Routed(rt) if rt.preview => self.check_routed(rt, &m.blocks)?,
                     other => return Err(format!("a preview answered {other:?}")),
                 }
             }
@@ -69,7 +70,7 @@ impl Driver {
                 if rt.id != id || rt.phase != phase || rt.preview {
                     return Err(format!("routed the wrong request: {rt:?}"));
                 }
-                self.check_target(rt.target, phase)?;
+                self.check_routed(&rt, &m.blocks)?;
                 let bound_after = follows.and_then(|s| self.router.affinity().peek(s, phase));
                 if let (Some(b), Some(a)) = (bound_before, bound_after) {
                     if a.revision == b.revision
@@ -101,7 +102,7 @@ impl Driver {
             }
             Ok(other) => return Err(format!("unexpected decision {other:?}")),
             Err(e) => {
-                self.refusal(&e, &r, valid_session)?;
+                self.refusal(&e, m.follows_binding)?;
                 self.tally.refused += 1;
                 None
             }
@@ -136,6 +137,7 @@ impl Driver {
             prefill_left: 0,
             generated_blocks: 0,
             fcfs: None,
+            follows_binding: false,
         };
         match self.router.handle_request(self.now, req, Draw(draw)) {
             Ok(Decision::Routed(rt)) if rt.target == previewed => {
@@ -154,17 +156,21 @@ impl Driver {
         }
     }
 
+    /// Soft affinity, where a binding is a preference (Direct mode refuses every request
+    /// without an explicit pin, bound or not).
+    pub(super) fn soft_affinity(&self) -> bool {
+        self.cfg.affinity.mode == AffinityMode::Soft && self.cfg.mode != RouterMode::Direct
+    }
+
     /// Refusals that contradict a documented rule.
-    pub(super) fn refusal(&self, e: &RouteError, r: &ReqOp, valid_session: bool) -> Check {
+    pub(super) fn refusal(&self, e: &RouteError, follows_binding: bool) -> Check {
         if avoid_known_bugs() {
             return Ok(()); // Both rules below are broken today: see sim_regressions.rs.
         }
         if let RouteError::Pin(PinError::Ineligible { reason: ExclusionReason::Overloaded { .. }, .. }) = e {
             return Err(format!("a request pinned to a busy worker must queue, it failed: {e:?}"));
         }
-        // Direct mode refuses every request without an explicit pin, bound or not.
-        let soft = self.cfg.affinity.mode == AffinityMode::Soft && self.cfg.mode != RouterMode::Direct;
-        if soft && valid_session && r.pin == 0 && r.planned == 0 && matches!(e, RouteError::Pin(_)) {
+        if follows_binding && self.soft_affinity() && matches!(e, RouteError::Pin(_)) {
             return Err(format!("a soft session binding acted as a pin: {e:?}"));
         }
         Ok(())
@@ -218,8 +224,25 @@ impl Driver {
         (req, valid_session)
     }
 
-    /// A routed key must exist, be healthy, serve the phase and be one of its ranks.
-    pub(super) fn check_target(&self, key: WorkerKey, phase: Phase) -> Check {
+    /// A routed key must exist, be healthy, serve the phase and be one of its ranks; the
+    /// overlap figures must fit the prompt and (exact mode) what the index holds.
+    pub(super) fn check_routed(&self, rt: &Routed, blocks: &[SeqHash]) -> Check {
+        let (raw, max) = (rt.overlap.raw(), rt.max_overlap_blocks);
+        if rt.request_blocks as usize != blocks.len() || raw > max || max > rt.request_blocks {
+            return Err(format!("routed with overlap {:?}, max {max}, of {} blocks", rt.overlap, rt.request_blocks));
+        }
+        if !self.cfg.approximate {
+            let exact = self.index.find_matches(blocks);
+            let best = exact.iter().map(|(_, o)| o.raw()).max().unwrap_or(0);
+            let mine = exact.iter().find(|(k, _)| *k == rt.target).map_or(0, |(_, o)| o.raw());
+            if raw > mine || max > best {
+                return Err(format!("routed with overlap {raw} (max {max}); the index holds {mine} (max {best})"));
+            }
+        }
+        self.check_target(rt.target, rt.phase)
+    }
+
+    fn check_target(&self, key: WorkerKey, phase: Phase) -> Check {
         let Some((spec, health)) = self.workers.get(&key.worker) else {
             return Err(format!("routed to {key}, which is not in the fleet"));
         };
