@@ -1,9 +1,9 @@
 //! Bugs the seeded simulation and the `router_ops` fuzz target found in the `Router`
 //! façade, each reduced to a scenario on the public API. A test marked `#[ignore]`
 //! fails today; drop the mark with the fix. The simulation steers clear of these bugs
-//! unless `SIM_KNOWN_BUGS=1` (see `sim::ops::avoid_known_bugs`); the seeds named below
-//! are where it first met each one (with `SIM_KNOWN_BUGS=1` a seed may now stop at
-//! another of them first).
+//! unless `SIM_KNOWN_BUGS=1` (see `sim::ops::avoid_known_bugs`); each test names a seed
+//! that meets its bug first: `SIM_KNOWN_BUGS=1 SIM_SEED=<n> cargo test -p router-core
+//! --test simulation`.
 
 use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::worker::{WorkerRole, WorkerSpec};
@@ -36,8 +36,8 @@ fn invariants(r: &Router) {
     }
 }
 
-/// Found by the simulation (`SIM_SEED=7743502432347645210`, knobs
-/// `leases_max: 2`; the settle found two requests waiting forever).
+/// Found by the simulation (seed 104, knobs `leases_max: 2`: the final settle finds a
+/// request waiting forever; seed 184 leaves a session stuck initializing instead).
 ///
 /// When `handle_dispatched` commits a session's first binding and the affinity table
 /// refuses the commit (`TooManyLeases`), the façade sets `Hold::None` and drops the
@@ -76,8 +76,8 @@ fn refused_session_commit_wakes_waiters() {
     assert_eq!(r.affinity().len(), 0, "session b's entry is stuck initializing");
 }
 
-/// Found by reading `place`, then by the simulation (`SIM_SEED=7743502432347645191`, a
-/// `planned` request at step 76; the check lives in `Driver::refusal`).
+/// Found by reading `place`, then by the simulation (seed 106, step 1801: a worker over
+/// its decode bound; the check lives in `Driver::refusal`).
 ///
 /// A request pinned to a worker that is only busy (over its prefill bound) fails with
 /// `Pin(Ineligible { reason: Overloaded })` instead of queueing, while the same request
@@ -106,9 +106,9 @@ fn pinned_request_to_a_busy_worker_queues() {
     invariants(&r);
 }
 
-/// Found by the simulation (`SIM_SEED=7743502432347645187`, step 1556:
-/// the bound worker was re-registered with fewer ranks, `Pin(RankOutOfRange)`); reduced
-/// here to its most common form, a taint.
+/// Found by the simulation (seed 13, step 170: `same_label_as` excludes the bound worker;
+/// seed 112: it came back with fewer ranks, `Pin(RankOutOfRange)`; seed 180: a queued
+/// request fails the same way); reduced here to a taint.
 ///
 /// In `AffinityMode::Soft` a binding is "a preference, kept only while the worker stays
 /// eligible", but `session_step` re-binds only when the worker is unhealthy or has the
@@ -143,7 +143,7 @@ fn soft_binding_to_a_tainted_worker_is_dropped() {
 }
 
 /// Found by reading the façade for inputs that free capacity, then by the simulation's
-/// spurious-timeout check (`Driver::check_settled`).
+/// spurious-timeout check (seed 11, step 1703; `Driver::check_settled`).
 ///
 /// `handle_decode_progress` with `output_tokens > 0` clears the booking's prefill
 /// tokens (any output means prefill is over), which can take a worker back under its

@@ -14,7 +14,7 @@ impl Driver {
                 "router tracks {} requests, the model {}: {:?}",
                 r.requests_in_flight(),
                 self.reqs.len(),
-                self.reqs
+                self.states()
             ));
         }
         let mut per_key: BTreeMap<WorkerKey, u32> = BTreeMap::new();

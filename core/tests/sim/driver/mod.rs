@@ -213,10 +213,14 @@ impl Driver {
                 return self.check_empty();
             }
             if (self.transitions, self.router.poll_timeout()) == before {
-                return Err(format!("settle: stuck with requests {:?}", self.reqs));
+                return Err(format!("settle: stuck with requests {:?}", self.states()));
             }
         }
-        Err(format!("settle: not done after {SETTLE_ROUNDS_MAX} rounds: {:?}", self.reqs))
+        Err(format!("settle: not done after {SETTLE_ROUNDS_MAX} rounds: {:?}", self.states()))
+    }
+
+    fn states(&self) -> Vec<((RequestId, Phase), MState)> {
+        self.reqs.iter().map(|(&k, m)| (k, m.state)).collect()
     }
 
     fn check_empty(&self) -> Check {
