@@ -1,10 +1,33 @@
 //! Seeded simulation of the `Router` façade: many workers joining and leaving, KV events
 //! with loss, sessions, pins, queueing, confirmations and failures, and time that
 //! stalls, runs backwards and jumps hours, with every invariant checked after every
-//! step (see `sim/driver.rs`) and a final settle that must leave nothing behind.
+//! step (see `sim/driver/checks.rs`) and a final settle that must leave nothing behind.
+//!
+//! After every step:
+//! * `Router::check_invariants()`;
+//! * the requests the model holds are exactly the tracked ones (count, and per request
+//!   its booking in the load tracker); every output names a request in a state that
+//!   allows it, so every request ends exactly once (routed → finished, failed, cancelled,
+//!   expired; queued or waiting → routed, failed, timed out, cancelled);
+//! * per worker key, the load (requests, prefill tokens, decode blocks) equals the sum of
+//!   the model's bookings;
+//! * `affinity().len() <= sessions_max`; live leases never outnumber requests with a
+//!   session; the queue holds between the requests seen queued and all pending ones;
+//! * no queued request outlives `queue_timeout_ms`, no booking `request_age_max_ms`;
+//!   a FCFS queue lets requests out in order;
+//! * with nothing due, a spurious `handle_timeout` changes nothing (every input that
+//!   freed capacity re-tried the queue);
+//! * the prefix index equals a `BTreeMap` model of the events applied (per-key sizes,
+//!   `apply` summaries, and `find_matches` answers, exact and early-exit);
+//! * answers obey the rules: a routed key is healthy, serves the phase and has the rank;
+//!   a session follows its binding; a dispatch commits the binding to its key; a
+//!   preview changes nothing and predicts the real decision; late and duplicate inputs
+//!   are refused with typed errors.
 //!
 //! `SIM_SEED=<n>` replays one seed, `SIM_STEPS=<n>` sets the steps per seed and
-//! `SIM_SEEDS=<n>` the number of seeds (from `SIM_SEED_BASE`). A failure prints the `SIM_SEED` to replay.
+//! `SIM_SEEDS=<n>` the number of seeds (from `SIM_SEED_BASE`). A failure prints the
+//! `SIM_SEED` to replay. `SIM_KNOWN_BUGS=1` stops avoiding the bugs pinned in
+//! `sim_regressions.rs`.
 
 mod sim;
 
