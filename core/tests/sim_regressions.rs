@@ -173,3 +173,38 @@ fn decode_progress_retries_the_queue() {
     }
     invariants(&r);
 }
+
+/// Found by reading `drop_flight`, then by the simulation's binding check (seed 708,
+/// step 236; seed 688, step 553; see `Driver::lifecycle`).
+///
+/// `handle_dispatch_failed(.., DispatchFailure::Worker)` drops the session's binding
+/// by peeking the *current* binding and invalidating its revision. When the failed
+/// request held a lease on an older binding (its worker was ejected and the session
+/// re-bound elsewhere meanwhile), the late failure breaks the new, healthy binding:
+/// the revision check in `AffinityTable::invalidate` exists to stop exactly that.
+///
+/// Fix (core/src/router): remember the binding revision with the lease (`Hold::Lease`
+/// gets the `Binding` from `Acquire::Bound` or `commit`), and pass that revision to
+/// `invalidate` in `drop_flight` instead of peeking.
+#[test]
+#[ignore = "bug: a late worker failure drops the session's newer binding"]
+fn late_worker_failure_keeps_a_newer_binding() {
+    use router_core::affinity::AffinityMode;
+    use router_core::router::DispatchFailure;
+    use router_core::worker::Health;
+    let mut cfg = RouterConfig::default();
+    cfg.affinity.mode = AffinityMode::Soft;
+    let mut r = router(cfg, 2);
+    let Decision::Routed(first) = decision(&mut r, session_request(1, "s")) else { panic!("routed") };
+    r.handle_dispatched(T0, first.id, first.phase).expect("booked");
+    // The first worker starts failing and is ejected; the session moves on.
+    r.handle_worker_update(T0, WorkerUpdate::Health(first.target.worker, Health::Ejected)).expect("known");
+    let Decision::Routed(second) = decision(&mut r, session_request(2, "s")) else { panic!("routed") };
+    r.handle_dispatched(T0, second.id, second.phase).expect("booked");
+    let moved = r.affinity().peek(b"s", Phase::Aggregated).expect("bound to the second worker");
+    assert_ne!(moved.worker, first.target.worker);
+    // Now the first request's stream breaks on the failing worker.
+    r.handle_dispatch_failed(T0, first.id, first.phase, DispatchFailure::Worker).expect("tracked");
+    invariants(&r);
+    assert_eq!(r.affinity().peek(b"s", Phase::Aggregated), Some(moved), "the new binding must survive");
+}

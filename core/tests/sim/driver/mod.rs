@@ -60,6 +60,8 @@ pub struct MReq {
     pub fcfs: Option<(i32, i128, u64)>,
     /// It has a session and no pin of its own, so its session binding decides.
     pub follows_binding: bool,
+    /// The revision of the session binding it holds a lease on, when seen.
+    pub lease_rev: Option<u64>,
 }
 
 /// Tokens per block in every configuration the driver builds.

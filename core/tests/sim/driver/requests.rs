@@ -31,12 +31,12 @@ impl Driver {
             generated_blocks: 0,
             fcfs: None,
             follows_binding: valid_session && r.pin == 0 && r.planned == 0,
+            lease_rev: None,
         };
         let fcfs = (-req.priority.strict, i128::from(self.now.as_micros()) - i128::from(req.priority.jump_ms) * 1000);
         let replay = req.clone();
-        // Only an unpinned request must follow its session's binding.
-        let follows = session.as_ref().filter(|_| r.pin == 0 && r.planned == 0);
-        let bound_before = follows.and_then(|s| self.router.affinity().peek(s, phase));
+        let peek = |router: &Router| session.as_ref().and_then(|s| router.affinity().peek(s, phase));
+        let bound_before = peek(&self.router);
         let before = fingerprint(&self.router);
         let res = self.router.handle_request(self.now, req, Draw(r.draw));
         self.tally.requests += 1;
@@ -71,12 +71,15 @@ impl Driver {
                     return Err(format!("routed the wrong request: {rt:?}"));
                 }
                 self.check_routed(&rt, &m.blocks)?;
-                let bound_after = follows.and_then(|s| self.router.affinity().peek(s, phase));
-                if let (Some(b), Some(a)) = (bound_before, bound_after) {
-                    if a.revision == b.revision
-                        && (b.worker != rt.target.worker || b.rank.is_some_and(|r| r != rt.target.rank))
-                    {
-                        return Err(format!("session bound to {b:?} was routed to {}", rt.target));
+                // The same binding before and after: the request took a lease on it, and
+                // unless pinned itself, went where it points.
+                if let (Some(b), Some(a)) = (bound_before, peek(&self.router)) {
+                    if a.revision == b.revision {
+                        m.lease_rev = Some(b.revision);
+                        let elsewhere = b.worker != rt.target.worker || b.rank.is_some_and(|r| r != rt.target.rank);
+                        if m.follows_binding && elsewhere {
+                            return Err(format!("session bound to {b:?} was routed to {}", rt.target));
+                        }
                     }
                 }
                 self.tally.routed += 1;
@@ -138,6 +141,7 @@ impl Driver {
             generated_blocks: 0,
             fcfs: None,
             follows_binding: false,
+            lease_rev: None,
         };
         match self.router.handle_request(self.now, req, Draw(draw)) {
             Ok(Decision::Routed(rt)) if rt.target == previewed => {
@@ -293,12 +297,24 @@ impl Driver {
         if got != want {
             return Err(format!("{life:?} of {fk:?} in state {state:?} answered {got:?}, want {want:?}"));
         }
+        let bound_after = peek(&self.router);
         if let (Life::Dispatched, Ok(()), MState::Booked(k)) = (life, &got, state) {
             // A binding that appeared (or changed) was committed by this dispatch.
-            if let Some(b) = peek(&self.router).filter(|a| bound_before.is_none_or(|b| b.revision != a.revision)) {
+            if let Some(b) = bound_after.filter(|a| bound_before.is_none_or(|b| b.revision != a.revision)) {
                 if b.worker != k.worker || b.rank != Some(k.rank) {
                     return Err(format!("dispatch to {k} committed the session to {b:?}"));
                 }
+                if let Some(m) = self.reqs.get_mut(&fk) {
+                    m.lease_rev = Some(b.revision);
+                }
+            }
+        }
+        if let (Life::Failed(true), Ok(()), Some(b)) = (life, &got, bound_before) {
+            // A worker failure may drop the binding the request held, never a newer one.
+            let dropped = bound_after.is_none_or(|a| a.revision != b.revision);
+            let held = self.reqs[&fk].lease_rev;
+            if dropped && held.is_some_and(|rev| rev != b.revision) && !avoid_known_bugs() {
+                return Err(format!("a worker failure of a request leased on revision {held:?} dropped {b:?}"));
             }
         }
         match (got.is_ok(), next) {
