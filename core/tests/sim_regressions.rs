@@ -1,9 +1,9 @@
 //! Bugs the seeded simulation and the `router_ops` fuzz target found in the `Router`
 //! façade, each reduced to a scenario on the public API. A test marked `#[ignore]`
-//! fails today; drop the mark with the fix. The simulation steers clear of these bugs
-//! unless `SIM_KNOWN_BUGS=1` (see `sim::ops::avoid_known_bugs`); each test names a seed
-//! that meets its bug first: `SIM_KNOWN_BUGS=1 SIM_SEED=<n> cargo test -p router-core
-//! --test simulation`.
+//! fails today; drop the mark with the fix. The simulation steers clear of each bug
+//! unless `SIM_KNOWN_BUGS` names it (see `sim::ops::Bug`); each test names a seed that
+//! meets it: `SIM_KNOWN_BUGS=<bug> SIM_SEED=<n> cargo test -p router-core --test
+//! simulation`.
 
 use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::worker::{WorkerRole, WorkerSpec};
@@ -36,8 +36,8 @@ fn invariants(r: &Router) {
     }
 }
 
-/// Found by the simulation (seed 104, knobs `leases_max: 2`: the final settle finds a
-/// request waiting forever; seed 184 leaves a session stuck initializing instead).
+/// Found by the simulation (`leaked_init`, seed 33, knobs `leases_max: 2`: the final
+/// settle finds a request waiting forever).
 ///
 /// When `handle_dispatched` commits a session's first binding and the affinity table
 /// refuses the commit (`TooManyLeases`), the façade sets `Hold::None` and drops the
@@ -76,8 +76,8 @@ fn refused_session_commit_wakes_waiters() {
     assert_eq!(r.affinity().len(), 0, "session b's entry is stuck initializing");
 }
 
-/// Found by reading `place`, then by the simulation (seed 106, step 1801: a worker over
-/// its decode bound; the check lives in `Driver::refusal`).
+/// Found by reading `place`, then by the simulation (`busy_pin`, seed 14, step 214; the
+/// check lives in `Driver::refusal`).
 ///
 /// A request pinned to a worker that is only busy (over its prefill bound) fails with
 /// `Pin(Ineligible { reason: Overloaded })` instead of queueing, while the same request
@@ -106,9 +106,9 @@ fn pinned_request_to_a_busy_worker_queues() {
     invariants(&r);
 }
 
-/// Found by the simulation (seed 13, step 170: `same_label_as` excludes the bound worker;
-/// seed 112: it came back with fewer ranks, `Pin(RankOutOfRange)`; seed 180: a queued
-/// request fails the same way); reduced here to a taint.
+/// Found by the simulation (`soft_binding`, seed 2, step 1566: a taint; with every bug
+/// on, seed 13 meets it through `same_label_as`, seed 112 through fewer ranks
+/// (`Pin(RankOutOfRange)`), seed 180 with a queued request).
 ///
 /// In `AffinityMode::Soft` a binding is "a preference, kept only while the worker stays
 /// eligible", but `session_step` re-binds only when the worker is unhealthy or has the
@@ -143,7 +143,8 @@ fn soft_binding_to_a_tainted_worker_is_dropped() {
 }
 
 /// Found by reading the façade for inputs that free capacity, then by the simulation's
-/// spurious-timeout check (seed 11, step 1703; `Driver::check_settled`).
+/// spurious-timeout check (`decode_progress`, seed 11, step 1703;
+/// `Driver::check_settled`).
 ///
 /// `handle_decode_progress` with `output_tokens > 0` clears the booking's prefill
 /// tokens (any output means prefill is over), which can take a worker back under its
@@ -174,8 +175,8 @@ fn decode_progress_retries_the_queue() {
     invariants(&r);
 }
 
-/// Found by reading `drop_flight`, then by the simulation's binding check (seed 708,
-/// step 236; seed 688, step 553; see `Driver::lifecycle`).
+/// Found by reading `drop_flight`, then by the simulation's binding check
+/// (`late_failure`, seed 688, step 553; see `Driver::lifecycle`).
 ///
 /// `handle_dispatch_failed(.., DispatchFailure::Worker)` drops the session's binding
 /// by peeking the *current* binding and invalidating its revision. When the failed
@@ -207,4 +208,35 @@ fn late_worker_failure_keeps_a_newer_binding() {
     r.handle_dispatch_failed(T0, first.id, first.phase, DispatchFailure::Worker).expect("tracked");
     invariants(&r);
     assert_eq!(r.affinity().peek(b"s", Phase::Aggregated), Some(moved), "the new binding must survive");
+}
+
+/// Found by reading `remove_worker` against the load tracker's contract ("because a
+/// lost free would otherwise leak load forever, every booking expires"), then by the
+/// simulation's deadline check (`orphan_expiry`, seed 2, step 451).
+///
+/// Removing a worker turns its bookings into `Orphaned` flights: their load and
+/// expiry timer go with the worker, but the flight stays in the table until the
+/// adapter reports the request's end. If that report is lost, nothing ever expires it
+/// and it holds one of `requests_max` slots forever (bookings on live workers expire
+/// after `request_age_max_ms`).
+///
+/// Fix (core/src/router): give orphaned flights a deadline (the booking's own, kept in
+/// the flight, or `request_age_max_ms` from the removal) and drop them in
+/// `handle_timeout` with an `Output::BookingExpired`.
+#[test]
+#[ignore = "bug: a request orphaned by its worker's removal never expires"]
+fn orphaned_request_expires() {
+    let mut cfg = RouterConfig::default();
+    cfg.load.request_age_max_ms = 1_000;
+    let mut r = router(cfg, 2);
+    let Decision::Routed(d) = decision(&mut r, Request { id: RequestId(1), ..Request::default() }) else {
+        panic!("routed")
+    };
+    r.handle_dispatched(T0, d.id, d.phase).expect("booked");
+    r.handle_worker_update(T0, WorkerUpdate::Removed(d.target.worker)).expect("removal");
+    // The adapter never hears from the request again.
+    let later = T0.add_ms(3_600_000);
+    r.handle_timeout(later);
+    while r.poll_output().is_some() {}
+    assert_eq!(r.requests_in_flight(), 0, "the orphaned request still holds a slot an hour later");
 }

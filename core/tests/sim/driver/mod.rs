@@ -23,7 +23,7 @@ mod requests;
 
 use super::index_model::IndexModel;
 use super::ops::{
-    avoid_known_bugs, block, chain_blocks, private_block, with_local, Knobs, Op, ReqOp, CHAIN_BLOCKS, SESSIONS, WORKERS,
+    avoid, block, chain_blocks, private_block, with_local, Bug, Knobs, Op, ReqOp, CHAIN_BLOCKS, SESSIONS, WORKERS,
 };
 
 /// Where the model believes a tracked request is.
@@ -353,7 +353,7 @@ impl Driver {
                 }
             }
             Output::Failed { error: RouteError::Pin(e), .. }
-                if pending && !avoid_known_bugs() && self.soft_affinity() && self.reqs[&fk].follows_binding =>
+                if pending && !avoid(Bug::SoftBinding) && self.soft_affinity() && self.reqs[&fk].follows_binding =>
             {
                 return Err(format!("a soft session binding failed a waiting request: {e:?}"));
             }

@@ -166,15 +166,16 @@ impl Driver {
         self.cfg.affinity.mode == AffinityMode::Soft && self.cfg.mode != RouterMode::Direct
     }
 
-    /// Refusals that contradict a documented rule.
+    /// Refusals that contradict a documented rule (both broken today, see
+    /// `sim_regressions.rs`).
     pub(super) fn refusal(&self, e: &RouteError, follows_binding: bool) -> Check {
-        if avoid_known_bugs() {
-            return Ok(()); // Both rules below are broken today: see sim_regressions.rs.
-        }
-        if let RouteError::Pin(PinError::Ineligible { reason: ExclusionReason::Overloaded { .. }, .. }) = e {
+        let busy =
+            matches!(e, RouteError::Pin(PinError::Ineligible { reason: ExclusionReason::Overloaded { .. }, .. }));
+        if busy && !avoid(Bug::BusyPin) {
             return Err(format!("a request pinned to a busy worker must queue, it failed: {e:?}"));
         }
-        if follows_binding && self.soft_affinity() && matches!(e, RouteError::Pin(_)) {
+        let soft = follows_binding && self.soft_affinity() && matches!(e, RouteError::Pin(_));
+        if soft && !avoid(Bug::SoftBinding) {
             return Err(format!("a soft session binding acted as a pin: {e:?}"));
         }
         Ok(())
@@ -313,7 +314,7 @@ impl Driver {
             // A worker failure may drop the binding the request held, never a newer one.
             let dropped = bound_after.is_none_or(|a| a.revision != b.revision);
             let held = self.reqs[&fk].lease_rev;
-            if dropped && held.is_some_and(|rev| rev != b.revision) && !avoid_known_bugs() {
+            if dropped && held.is_some_and(|rev| rev != b.revision) && !avoid(Bug::LateFailure) {
                 return Err(format!("a worker failure of a request leased on revision {held:?} dropped {b:?}"));
             }
         }
@@ -348,7 +349,7 @@ impl Driver {
                 self.end(fk);
             }
         }
-        if matches!(life, Life::Progress(_)) && avoid_known_bugs() {
+        if matches!(life, Life::Progress(_)) && avoid(Bug::DecodeProgress) {
             // Stands in for the queue re-try `handle_decode_progress` lacks (see
             // `sim_regressions::decode_progress_retries_the_queue`).
             self.drain()?;
