@@ -106,8 +106,8 @@ fn pinned_request_to_a_busy_worker_queues() {
     invariants(&r);
 }
 
-/// Found by the simulation (`soft_binding`, seed 2, step 1566: a taint; with every bug
-/// on, seed 13 meets it through `same_label_as`, seed 112 through fewer ranks
+/// Found by the simulation (`soft_binding`, seed 2, step 1566: a taint; with it,
+/// seed 13 meets it through `same_label_as`, seed 112 through fewer ranks
 /// (`Pin(RankOutOfRange)`), seed 180 with a queued request).
 ///
 /// In `AffinityMode::Soft` a binding is "a preference, kept only while the worker stays
