@@ -1,3 +1,5 @@
+//! Integration tests for kvroute; see `it/`.
 //! One integration-test binary, one module per scenario.
 
 mod core_smoke;
+mod fuzz_corpus;

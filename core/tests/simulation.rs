@@ -1,0 +1,104 @@
+//! Seeded simulation of the `Router` façade: many workers joining and leaving, KV events
+//! with loss, sessions, pins, queueing, confirmations and failures, and time that
+//! stalls, runs backwards and jumps hours, with every invariant checked after every
+//! step (see `sim/driver/checks.rs`) and a final settle that must leave nothing behind.
+//!
+//! After every step:
+//! * `Router::check_invariants()`;
+//! * the requests the model holds are exactly the tracked ones (count, and per request
+//!   its booking in the load tracker); every output names a request in a state that
+//!   allows it, so every request ends exactly once (routed → finished, failed, cancelled,
+//!   expired; queued or waiting → routed, failed, timed out, cancelled);
+//! * per worker key, the load (requests, prefill tokens, decode blocks) equals the sum of
+//!   the model's bookings;
+//! * `affinity().len() <= sessions_max`; live leases never outnumber requests with a
+//!   session; the queue holds between the requests seen queued and all pending ones;
+//! * no queued request outlives `queue_timeout_ms`, no booking `request_age_max_ms`;
+//!   a FCFS queue lets requests out in order;
+//! * with nothing due, a spurious `handle_timeout` changes nothing (every input that
+//!   freed capacity re-tried the queue);
+//! * the prefix index equals a `BTreeMap` model of the events applied (per-key sizes,
+//!   `apply` summaries, and `find_matches` answers, exact and early-exit);
+//! * answers obey the rules: a routed key is healthy, serves the phase and has the rank;
+//!   a session follows its binding; a dispatch commits the binding to its key; a
+//!   preview changes nothing and predicts the real decision; late and duplicate inputs
+//!   are refused with typed errors.
+//!
+//! `SIM_SEED=<n>` replays one seed, `SIM_STEPS=<n>` sets the steps per seed and
+//! `SIM_SEEDS=<n>` the number of seeds (from `SIM_SEED_BASE`). A failure prints the
+//! `SIM_SEED` to replay. `SIM_KNOWN_BUGS=<bug,...|all>` stops avoiding the bugs pinned
+//! in `sim_regressions.rs`.
+
+mod sim;
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use sim::driver::{Driver, Tally};
+use sim::{gen, rng::SplitMix64};
+
+const SEEDS_DEFAULT: u64 = 20;
+const STEPS_DEFAULT: u64 = 2_000;
+const SEED_BASE: u64 = 0x6B76_726F_7574_6500;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn run(seed: u64, steps: u64) -> Result<Tally, String> {
+    let mut rng = SplitMix64::new(seed);
+    let knobs = gen::knobs(&mut rng);
+    let mut d = Driver::new(knobs);
+    for op in gen::fleet(&mut rng) {
+        d.step(op)?;
+    }
+    for _ in 0..steps {
+        let op = gen::op(&mut rng, &d);
+        d.step(op)?;
+    }
+    d.settle().map_err(|e| format!("{e}\nknobs: {knobs:?}"))?;
+    Ok(d.tally)
+}
+
+/// Runs one seed; on failure names the seed to replay it.
+fn run_reporting(seed: u64, steps: u64) -> Tally {
+    match catch_unwind(AssertUnwindSafe(|| run(seed, steps))) {
+        Ok(Ok(t)) => t,
+        Ok(Err(msg)) => panic!("SIM_SEED={seed} SIM_STEPS={steps}: {msg}"),
+        Err(p) => {
+            eprintln!("SIM_SEED={seed} SIM_STEPS={steps}: the router panicked");
+            resume_unwind(p)
+        }
+    }
+}
+
+#[test]
+fn seeded_simulation() {
+    let steps = env_u64("SIM_STEPS").unwrap_or(STEPS_DEFAULT);
+    if let Some(seed) = env_u64("SIM_SEED") {
+        let t = run_reporting(seed, steps);
+        eprintln!("SIM_SEED={seed}: {t:?}");
+        return;
+    }
+    let mut total = Tally::default();
+    let base = env_u64("SIM_SEED_BASE").unwrap_or(SEED_BASE);
+    for i in 0..env_u64("SIM_SEEDS").unwrap_or(SEEDS_DEFAULT) {
+        total.add(&run_reporting(base.wrapping_add(i), steps));
+    }
+    eprintln!("{total:?}");
+    // A simulation that never reaches a path proves nothing about it.
+    let reached = [
+        ("routed", total.routed),
+        ("queued", total.queued),
+        ("waiting", total.waiting),
+        ("routed from queue or wait", total.routed_later),
+        ("timed out", total.timed_out),
+        ("booking expired", total.booking_expired),
+        ("orphaned", total.orphaned),
+        ("finished", total.finished),
+        ("dispatch failed", total.dispatch_failed),
+        ("kv applied", total.kv_applied),
+    ];
+    for (what, n) in reached {
+        assert!(n > 0, "the default simulation never reached '{what}': {total:?}");
+    }
+}
