@@ -154,8 +154,9 @@ enum State {
     Queued(RequestId),
     Booked(WorkerKey),
     Dispatched(WorkerKey),
-    /// Its worker was removed: load and lease are already gone.
-    Orphaned,
+    /// Its worker was removed: load and lease are already gone. It is dropped at this
+    /// deadline if the adapter never reports its end.
+    Orphaned(Instant),
 }
 
 #[derive(Clone, Debug)]
@@ -184,6 +185,7 @@ pub struct Router {
     next_ticket: u64,
     event_workers: BTreeSet<WorkerId>,
     untrusted: BTreeSet<WorkerKey>,
+    orphan_timers: BTreeSet<(Instant, FlightKey)>,
     disagg_stats: DisaggStats,
     draining_affinity: bool,
     outputs: alloc::collections::VecDeque<Output>,
@@ -221,6 +223,7 @@ impl Router {
             next_ticket: 0,
             event_workers: BTreeSet::new(),
             untrusted: BTreeSet::new(),
+            orphan_timers: BTreeSet::new(),
             disagg_stats: DisaggStats::default(),
             draining_affinity: false,
             outputs: alloc::collections::VecDeque::new(),
@@ -336,7 +339,7 @@ impl Router {
             WorkerUpdate::Upsert(spec) => {
                 self.workers.upsert(spec).map_err(InputError::Worker)?;
             }
-            WorkerUpdate::Removed(id) => self.remove_worker(id),
+            WorkerUpdate::Removed(id) => self.remove_worker(now, id),
             WorkerUpdate::Health(id, h) => self.workers.set_health(id, h).map_err(InputError::Worker)?,
             WorkerUpdate::Taints(id, t) => self.workers.set_taints(id, t).map_err(InputError::Worker)?,
         }
@@ -386,7 +389,7 @@ impl Router {
         let fk = (id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
-            Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned) => {}
+            Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned(_)) => {}
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }
         self.stats.dispatch_failed += 1;
@@ -401,7 +404,7 @@ impl Router {
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) => {}
-            Some(State::Orphaned) => return Ok(()),
+            Some(State::Orphaned(_)) => return Ok(()),
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }
         let _ = self.load.prefill_done(id, phase);
@@ -432,7 +435,7 @@ impl Router {
         let fk = (id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
-            Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned) => {}
+            Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned(_)) => {}
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }
         self.drop_flight(now, fk, false);
@@ -470,11 +473,12 @@ impl Router {
         while let Some((id, phase)) = self.load.poll_expired() {
             let fk = (id, phase);
             if let Some(f) = self.flights.get_mut(&fk) {
-                f.state = State::Orphaned;
+                f.state = State::New; // the tracker already dropped the booking
                 self.drop_flight(now, fk, false);
                 self.outputs.push_back(Output::BookingExpired { id, phase });
             }
         }
+        self.expire_orphans(now);
         self.affinity.handle_timeout(now);
         self.approx.handle_timeout(now);
         self.drain_affinity(now);
@@ -492,10 +496,17 @@ impl Router {
     /// The earliest deadline at which [`Router::handle_timeout`] has work to do.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.queue.poll_timeout(), self.load.poll_timeout(), self.affinity.poll_timeout(), self.approx.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
+        let orphan = self.orphan_timers.first().map(|(t, _)| *t);
+        [
+            self.queue.poll_timeout(),
+            self.load.poll_timeout(),
+            self.affinity.poll_timeout(),
+            self.approx.poll_timeout(),
+            orphan,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn unknown(&mut self, fk: FlightKey) -> InputError {

@@ -233,9 +233,9 @@ impl Router {
         let overlap = explanation.iter().find(|r| r.key == target).map_or(Overlap::default(), |r| r.overlap);
         if commit {
             let req = &self.flights[&fk].req;
-            // Blocks that requests already routed there hold are computed before this one.
-            let cached_blocks = overlap.device.max(self.load.held_prefix(target, &req.blocks));
-            let cached = cached_blocks.saturating_mul(bs).min(req.isl_tokens);
+            // The booking counts what the index says is cached; the in-flight prefix only
+            // informs the cost, so load accounting stays exact against the index.
+            let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
             if let Err(_e) = self.load.add(now, fk.0, phase, target, &req.blocks, prefill_tokens, out_blocks) {
@@ -381,7 +381,10 @@ impl Router {
                 self.waiters.remove(&token);
                 let _ = self.affinity.cancel_wait(token);
             }
-            State::New | State::Orphaned => {}
+            State::Orphaned(deadline) => {
+                self.orphan_timers.remove(&(deadline, fk));
+            }
+            State::New => {}
         }
         match f.hold {
             Hold::None => {}
@@ -399,7 +402,7 @@ impl Router {
         self.drain_affinity(now);
     }
 
-    pub(super) fn remove_worker(&mut self, id: WorkerId) {
+    pub(super) fn remove_worker(&mut self, now: Instant, id: WorkerId) {
         self.workers.remove(id);
         self.index.remove_worker(id);
         self.approx.remove_worker(id);
@@ -413,8 +416,25 @@ impl Router {
             .filter(|(_, f)| matches!(f.state, State::Booked(k) | State::Dispatched(k) if k.worker == id))
             .map(|(k, _)| *k)
             .collect();
+        // A lost end report must not hold a slot forever: orphans age out like bookings.
+        let deadline = now.add_ms(self.cfg.load.request_age_max_ms);
         for fk in gone {
-            self.set_state(fk, State::Orphaned);
+            self.set_state(fk, State::Orphaned(deadline));
+            self.orphan_timers.insert((deadline, fk));
+        }
+    }
+
+    /// Drops orphaned requests whose deadline passed, at most `ORPHANS_PER_CALL_MAX` per
+    /// call (`poll_timeout` stays due while more are).
+    pub(super) fn expire_orphans(&mut self, now: Instant) {
+        for _ in 0..ORPHANS_PER_CALL_MAX {
+            let Some(&(deadline, fk)) = self.orphan_timers.first() else { return };
+            if deadline > now {
+                return;
+            }
+            self.drop_flight(now, fk, false);
+            self.orphan_timers.remove(&(deadline, fk));
+            self.outputs.push_back(Output::BookingExpired { id: fk.0, phase: fk.1 });
         }
     }
 
@@ -476,6 +496,9 @@ impl Router {
         Ok(())
     }
 }
+
+/// Most orphaned requests one `handle_timeout` drops.
+const ORPHANS_PER_CALL_MAX: usize = 1024;
 
 enum SessionStep {
     Wait,

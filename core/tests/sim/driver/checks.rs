@@ -25,7 +25,6 @@ impl Driver {
             let overdue = match m.state {
                 MState::Pending { seen_queued: true } => m.since.add_ms(queue_ms) <= self.now,
                 MState::Booked(_) | MState::Dispatched(_) => m.since.add_ms(age_ms) <= self.now,
-                // Orphans never expire today (`sim_regressions::orphaned_request_expires`).
                 MState::Orphaned => !avoid(Bug::OrphanExpiry) && m.since.add_ms(age_ms) <= self.now,
                 _ => false,
             };

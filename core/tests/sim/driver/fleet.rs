@@ -62,6 +62,8 @@ impl Driver {
             if let MState::Booked(k) | MState::Dispatched(k) = r.state {
                 if k.worker == id {
                     r.state = MState::Orphaned;
+                    // Its deadline restarts: the router gives orphans `request_age_max_ms`.
+                    r.since = self.now;
                     self.transitions += 1;
                     self.tally.orphaned += 1;
                 }

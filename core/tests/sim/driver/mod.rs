@@ -327,6 +327,7 @@ impl Driver {
             Output::Routed(r) => (r.id, r.phase),
             Output::Failed { id, phase, .. }
             | Output::TimedOut { id, phase }
+            | Output::Rejected { id, phase, .. }
             | Output::BookingExpired { id, phase } => (*id, *phase),
             Output::LeaseExpired { .. } => {
                 self.tally.lease_expired += 1;
@@ -365,7 +366,14 @@ impl Driver {
                 self.tally.timed_out += 1;
                 self.end(fk);
             }
-            Output::BookingExpired { .. } if matches!(state, MState::Booked(_) | MState::Dispatched(_)) => {
+            // A session waiter the queue refused once its session's binding was settled.
+            Output::Rejected { .. } if matches!(state, MState::Pending { seen_queued: false }) => {
+                self.tally.rejected += 1;
+                self.end(fk);
+            }
+            Output::BookingExpired { .. }
+                if matches!(state, MState::Booked(_) | MState::Dispatched(_) | MState::Orphaned) =>
+            {
                 self.tally.booking_expired += 1;
                 self.end(fk);
             }
