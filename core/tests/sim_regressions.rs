@@ -1,9 +1,7 @@
 //! Bugs the seeded simulation and the `router_ops` fuzz target found in the `Router`
-//! façade, each reduced to a scenario on the public API. A test marked `#[ignore]`
-//! fails today; drop the mark with the fix. The simulation steers clear of each bug
-//! unless `SIM_KNOWN_BUGS` names it (see `sim::ops::Bug`); each test names a seed that
-//! meets it: `SIM_KNOWN_BUGS=<bug> SIM_SEED=<n> cargo test -p router-core --test
-//! simulation`.
+//! façade, each reduced to a scenario on the public API and kept as a named regression
+//! test now that it is fixed. The simulation faces all of them; `SIM_AVOID_BUGS=<bug>`
+//! steers around one again for triage (see `sim::ops::Bug`).
 
 use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::worker::{WorkerRole, WorkerSpec};

@@ -26,7 +26,7 @@
 //!
 //! `SIM_SEED=<n>` replays one seed, `SIM_STEPS=<n>` sets the steps per seed and
 //! `SIM_SEEDS=<n>` the number of seeds (from `SIM_SEED_BASE`). A failure prints the
-//! `SIM_SEED` to replay. `SIM_KNOWN_BUGS=<bug,...|all>` stops avoiding the bugs pinned
+//! `SIM_SEED` to replay. `SIM_AVOID_BUGS=<bug,...|all>` steers around the bugs pinned
 //! in `sim_regressions.rs`.
 
 mod sim;
