@@ -309,10 +309,12 @@ impl Router {
             self.stats.events_unknown_worker += 1;
             return Err(InputError::Worker(crate::worker::WorkerError::UnknownWorker { worker: key.worker }));
         }
+        let applied = self.index.apply(key, event).map_err(InputError::Index)?;
+        // Only an accepted event proves the worker publishes; then its predictions go.
         if self.event_workers.insert(key.worker) {
             self.approx.remove_worker(key.worker);
         }
-        self.index.apply(key, event).map_err(InputError::Index)
+        Ok(applied)
     }
 
     /// Marks `key`'s overlap as trusted or not. While a worker's event stream has a gap

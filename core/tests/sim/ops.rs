@@ -19,7 +19,7 @@ pub const WORKERS: u8 = 6;
 pub const SESSIONS: u8 = 10;
 
 /// The bugs `core/tests/sim_regressions.rs` pins with ignored tests, by the name
-/// `SIM_KNOWN_BUGS` takes.
+/// `SIM_AVOID_BUGS` takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bug {
     /// `refused_session_commit_wakes_waiters`.
