@@ -12,7 +12,6 @@ use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
 
 use crate::load::{replay_http, LiveStats, Target};
 use crate::replay_cmd::BUNDLED_TRACE;
-use kvroute_proxy::events::Subscriptions;
 
 const MODEL: &str = "demo";
 
@@ -36,7 +35,6 @@ struct Stack {
     policy: &'static str,
     workers: Vec<SimServerHandle>,
     proxy: ServeHandle,
-    _subs: Subscriptions,
     stats: Arc<Mutex<LiveStats>>,
 }
 
@@ -84,8 +82,7 @@ async fn stack(policy: &'static str, o: &LiveOptions, speedup: f64) -> Result<St
     }))
     .map_err(|e| format!("demo configuration: {e}"))?;
     let proxy = kvroute_proxy::serve(cfg.clone(), Tokenizers::new()).await.map_err(|e| format!("router: {e}"))?;
-    let subs = Subscriptions::start(&cfg, &proxy).await?;
-    Ok(Stack { policy, workers, proxy, _subs: subs, stats: Arc::new(Mutex::new(LiveStats::default())) })
+    Ok(Stack { policy, workers, proxy, stats: Arc::new(Mutex::new(LiveStats::default())) })
 }
 
 fn snapshot(s: &Mutex<LiveStats>) -> LiveStats {

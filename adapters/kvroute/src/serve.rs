@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use kvroute_proxy::events::Subscriptions;
 use kvroute_proxy::{ProxyConfig, Tokenize, TokenizeError, Tokenizers};
 
 use crate::tok::HfTokenizer;
@@ -72,7 +71,6 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
     rt.block_on(async move {
         let handle = kvroute_proxy::serve(cfg.clone(), tokenizers).await.map_err(|e| e.to_string())?;
-        let _subs = Subscriptions::start(&cfg, &handle).await?;
         eprintln!(
             "kvroute: serving {} model(s), {} worker(s) on http://{}",
             cfg.models.len(),

@@ -147,13 +147,15 @@ pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<R
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid worker: {e}")))?;
     state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
     let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
-    let new = state.fleet.add_worker(w).map_err(|e| ApiError::bad_request(e.0))?;
+    let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.0))?;
+    // Subscriptions follow registration: a replaced worker's stream is re-opened.
+    state.subs.lock().await.add(&state.cfg, &state.fleet, &w).await.map_err(ApiError::bad_request)?;
     Ok(json_response(if new { StatusCode::CREATED } else { StatusCode::OK }, &shown))
 }
 
 /// `DELETE /workers/{id}`: remove a worker; its sessions re-bind elsewhere and its
 /// in-flight streams run to completion.
-pub fn remove_worker(state: &State, id: &str) -> Result<Response<ProxyBody>, ApiError> {
+pub async fn remove_worker(state: &State, id: &str) -> Result<Response<ProxyBody>, ApiError> {
     let id: u64 = id.parse().map_err(|_| ApiError::bad_request(format!("{id:?} is not a worker id")))?;
     if !state.fleet.remove_worker(id) {
         return Err(ApiError {
@@ -163,6 +165,7 @@ pub fn remove_worker(state: &State, id: &str) -> Result<Response<ProxyBody>, Api
         });
     }
     state.outliers.forget(id);
+    state.subs.lock().await.remove(id).await;
     let mut resp = Response::new(ProxyBody::full(Bytes::new()));
     *resp.status_mut() = StatusCode::NO_CONTENT;
     Ok(resp)

@@ -11,7 +11,9 @@ use kvroute_events::{
 use router_core::hash::BlockSize;
 use router_core::WorkerKey;
 
-use crate::{ProxyConfig, ServeHandle, WorkerConfig};
+use crate::fleet::Fleet;
+use crate::metrics::Metrics;
+use crate::{ProxyConfig, WorkerConfig};
 
 /// Feeds one model's router from its workers' event streams.
 #[derive(Clone)]
@@ -33,22 +35,77 @@ impl EventSink for DriverSink {
 /// The event subscriptions of every model, keyed by model name.
 pub struct Subscriptions {
     by_model: BTreeMap<String, IngestHandle<DriverSink>>,
+    /// Subscribed workers: their model and rank count.
+    workers: BTreeMap<u64, (String, u32)>,
+    /// Streams already reported silent, so each is reported once per silence.
+    reported: std::collections::BTreeSet<WorkerKey>,
 }
 
 impl Subscriptions {
     /// Subscribes to every configured worker that names a KV-event endpoint.
-    pub async fn start(cfg: &ProxyConfig, handle: &ServeHandle) -> Result<Self, String> {
-        let mut subs = Subscriptions { by_model: BTreeMap::new() };
+    pub async fn start(cfg: &ProxyConfig, fleet: &Fleet) -> Result<Self, String> {
+        let mut subs =
+            Subscriptions { by_model: BTreeMap::new(), workers: BTreeMap::new(), reported: Default::default() };
         for w in &cfg.workers {
-            subs.add(cfg, handle, w).await?;
+            subs.add(cfg, fleet, w).await?;
         }
         Ok(subs)
     }
 
+    /// Closes a worker's subscriptions and purges what they fed (a worker left, or is
+    /// being replaced). A worker without a subscription is a no-op.
+    pub async fn remove(&mut self, id: u64) {
+        let Some((model, ranks)) = self.workers.remove(&id) else { return };
+        if let Some(ingest) = self.by_model.get(&model) {
+            for rank in 0..ranks {
+                // A stream that is already gone has nothing left to purge.
+                let _ = ingest.remove_endpoint(WorkerKey::new(id, rank)).await;
+            }
+        }
+        self.reported.retain(|k| k.worker.0 != id);
+    }
+
+    /// Reports streams that stayed silent while their worker served requests: a silent
+    /// stream is the most common misconfiguration (wrong port, events not enabled).
+    pub async fn check_silent(&mut self, metrics: &Metrics) {
+        let served = metrics.served_totals();
+        for (model, ingest) in &self.by_model {
+            let totals: BTreeMap<WorkerKey, u64> = self
+                .workers
+                .iter()
+                .filter(|(_, (m, _))| m == model)
+                .flat_map(|(&id, &(_, ranks))| {
+                    let n = served.get(&id).copied().unwrap_or(0);
+                    (0..ranks).map(move |r| (WorkerKey::new(id, r), n))
+                })
+                .collect();
+            let silent = ingest.silent_streams(totals).await;
+            let now_silent: std::collections::BTreeSet<WorkerKey> = silent.iter().map(|s| s.key).collect();
+            for s in &silent {
+                if self.reported.insert(s.key) {
+                    tracing::warn!(
+                        worker = s.key.worker.0,
+                        rank = s.key.rank.0,
+                        silent_ms = s.silent_ms,
+                        requests = s.requests,
+                        "KV-event stream silent while the worker serves requests; check its kv_events endpoint"
+                    );
+                    metrics.silent_stream(model, s.key.worker.0);
+                }
+            }
+            self.reported
+                .retain(|k| self.workers.get(&k.worker.0).is_none_or(|(m, _)| m != model) || now_silent.contains(k));
+        }
+    }
+
     /// Subscribes to one worker's events (if it names an endpoint).
-    pub async fn add(&mut self, cfg: &ProxyConfig, handle: &ServeHandle, w: &WorkerConfig) -> Result<(), String> {
+    pub async fn add(&mut self, cfg: &ProxyConfig, fleet: &Fleet, w: &WorkerConfig) -> Result<(), String> {
+        self.remove(w.id).await;
         let Some(endpoint) = &w.kv_events else { return Ok(()) };
-        let driver = handle.driver(&w.model).ok_or_else(|| format!("worker {}: unknown model {}", w.id, w.model))?;
+        let driver = fleet
+            .pool(&w.model)
+            .map(|p| p.driver.clone())
+            .ok_or_else(|| format!("worker {}: unknown model {}", w.id, w.model))?;
         let block =
             cfg.models.iter().find(|m| m.name == w.model).and_then(|m| m.block_size).unwrap_or(cfg.router.block_size);
         let block_size = BlockSize::new(block).map_err(|e| e.to_string())?;
@@ -72,6 +129,7 @@ impl Subscriptions {
             };
             ingest.add_endpoint(ep).await.map_err(|e| format!("worker {} rank {rank}: {e:?}", w.id))?;
         }
+        self.workers.insert(w.id, (w.model.clone(), w.dp_ranks));
         Ok(())
     }
 }
@@ -87,5 +145,17 @@ fn offset_port(endpoint: &str, rank: u32) -> String {
             Err(_) => endpoint.to_string(),
         },
         None => endpoint.to_string(),
+    }
+}
+
+/// How often streams are checked for silence.
+const SILENT_CHECK_INTERVAL_MS: u64 = 10_000;
+
+/// Checks for silent streams until the proxy is gone.
+pub async fn watch_silent(state: std::sync::Weak<crate::state::State>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(SILENT_CHECK_INTERVAL_MS)).await;
+        let Some(state) = state.upgrade() else { return };
+        state.subs.lock().await.check_silent(&state.metrics).await;
     }
 }

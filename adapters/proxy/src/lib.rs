@@ -80,6 +80,8 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     for w in &cfg.workers {
         fleet.add_worker(w.clone()).map_err(|e| ProxyError::Worker { id: w.id, message: e.0 })?;
     }
+    let subs =
+        events::Subscriptions::start(&cfg, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -96,11 +98,13 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         session_header: header(&cfg.session_header)?,
         dp_rank_header: header(&cfg.dp_rank_header)?,
         shutdown: shutdown_rx.clone(),
+        subs: tokio::sync::Mutex::new(subs),
         fleet,
         tokenizers,
         cfg,
     });
     tokio::spawn(health::active_checks(state.clone()));
+    tokio::spawn(events::watch_silent(std::sync::Arc::downgrade(&state)));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }

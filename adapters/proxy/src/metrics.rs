@@ -86,6 +86,15 @@ pub struct Metrics {
     failures: Family<FailureLabels, Counter>,
     ejections: Family<FailureLabels, Counter>,
     fallbacks: Family<FallbackLabels, Counter>,
+    silent_streams: Family<WorkerLabels, Counter>,
+    /// Requests served per worker id, cumulative.
+    served: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabels {
+    model: String,
+    worker: String,
 }
 
 fn ttft_buckets() -> Histogram {
@@ -118,6 +127,8 @@ impl Metrics {
             failures: Family::default(),
             ejections: Family::default(),
             fallbacks: Family::default(),
+            silent_streams: Family::default(),
+            served: std::sync::Mutex::new(std::collections::BTreeMap::new()),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -153,6 +164,11 @@ impl Metrics {
             "Requests routed on hashed bytes instead of token ids",
             m.fallbacks.clone(),
         );
+        r.register(
+            "kvroute_kv_event_streams_silent",
+            "Times a worker's KV-event stream was found silent while it served requests",
+            m.silent_streams.clone(),
+        );
         r.register_collector(Box::new(FleetCollector { fleet }));
         Metrics { registry, ..m }
     }
@@ -167,10 +183,23 @@ impl Metrics {
 
     /// A request ended.
     pub fn request(&self, model: &str, worker: Option<u64>, outcome: &str, status: u16) {
+        if let Some(w) = worker {
+            *self.served.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(w).or_default() += 1;
+        }
         let worker = worker.map_or_else(|| "none".to_string(), |w| w.to_string());
         self.requests
             .get_or_create(&RequestLabels { model: model.into(), worker, outcome: outcome.into(), status })
             .inc();
+    }
+
+    /// Requests each worker has served so far (for silent-stream detection).
+    pub fn served_totals(&self) -> std::collections::BTreeMap<u64, u64> {
+        self.served.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// A worker's KV-event stream was silent while it served traffic.
+    pub fn silent_stream(&self, model: &str, worker: u64) {
+        self.silent_streams.get_or_create(&WorkerLabels { model: model.into(), worker: worker.to_string() }).inc();
     }
 
     /// Time to first byte.

@@ -48,7 +48,9 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
         (&Method::GET, "/workers") => Ok(admin::workers(&state)),
         (&Method::POST, "/workers") => admin::add_worker(&state, req).await,
-        (&Method::DELETE, p) if p.starts_with("/workers/") => admin::remove_worker(&state, &p["/workers/".len()..]),
+        (&Method::DELETE, p) if p.starts_with("/workers/") => {
+            admin::remove_worker(&state, &p["/workers/".len()..]).await
+        }
         (&Method::POST, "/route/preview") => admin::preview(&state, peer, req).await,
         _ => Err(ApiError::no_route(&path)),
     };

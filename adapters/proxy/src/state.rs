@@ -40,6 +40,8 @@ pub struct State {
     pub dp_rank_header: HeaderName,
     /// Becomes true when shutdown begins.
     pub shutdown: watch::Receiver<bool>,
+    /// KV-event subscriptions of the workers that name an endpoint.
+    pub subs: tokio::sync::Mutex<crate::events::Subscriptions>,
 }
 
 impl State {

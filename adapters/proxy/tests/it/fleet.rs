@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use http::Method;
-use kvroute_proxy::events::Subscriptions;
 use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
 use serde_json::json;
 
@@ -45,7 +44,6 @@ async fn kv_events_from_sim_workers_steer_routing() {
         })
         .collect();
     let proxy = start(cfg.clone()).await;
-    let _subs = Subscriptions::start(&cfg, &proxy).await.expect("subscriptions");
     let driver = proxy.driver(MODEL).expect("the model's driver");
 
     let prompt: Vec<u32> = (0..640).map(|i| 1000 + i).collect();
@@ -82,4 +80,55 @@ async fn kv_events_from_sim_workers_steer_routing() {
     for w in workers {
         w.shutdown().await;
     }
+}
+
+/// Index entries the router holds for `worker` (rank 0), registered or not.
+fn entries(driver: &kvroute_driver::Driver, worker: u64) -> u32 {
+    driver.with_router(|r| r.index().worker_entries(router_core::WorkerKey::new(worker, 0)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_follow_dynamic_registration() {
+    let first = sim_worker().await;
+    let mut cfg = config(&[]);
+    cfg.router.mode = RouterMode::Kv;
+    cfg.router.approximate = false;
+    cfg.workers = vec![serde_json::from_value(json!({"id": 1, "url": first.base_url(), "model": MODEL})).unwrap()];
+    let proxy = start(cfg).await;
+    let driver = proxy.driver(MODEL).expect("driver");
+
+    // Register a second worker with an event endpoint through the admin API.
+    let second = sim_worker().await;
+    let body = json!({
+        "id": 2, "url": second.base_url(), "model": MODEL,
+        "kv_events": second.events_endpoint(), "kv_events_replay": second.replay_endpoint(),
+    });
+    let added = call(proxy.local_addr(), Method::POST, "/workers", &[], Some(&body)).await;
+    assert_eq!(added.status, StatusCode::CREATED, "{}", added.text());
+    let prompt: Vec<u32> = (0..320).map(|i| 7000 + i).collect();
+    let pinned = [("x-worker-id", "2")];
+    let a = call(proxy.local_addr(), Method::POST, "/v1/completions", &pinned, Some(&completion(&prompt))).await;
+    assert_eq!((a.status, a.worker()), (StatusCode::OK, Some(2)), "{}", a.text());
+    let mut seen = 0;
+    for _ in 0..200 {
+        seen = entries(&driver, 2);
+        if seen >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen >= 20, "the new worker's events reach the index ({seen} entries)");
+
+    // Removing it purges its entries and closes its stream.
+    let gone = call(proxy.local_addr(), Method::DELETE, "/workers/2", &[], None).await;
+    assert_eq!(gone.status, StatusCode::NO_CONTENT, "{}", gone.text());
+    assert_eq!(entries(&driver, 2), 0);
+    // Events it still publishes are not applied: it is no longer registered.
+    let direct = call(second.http_addr(), Method::POST, "/v1/completions", &[], Some(&completion(&prompt))).await;
+    assert_eq!(direct.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(entries(&driver, 2), 0, "a removed worker's stream feeds nothing");
+    let _ = proxy.shutdown().await;
+    first.shutdown().await;
+    second.shutdown().await;
 }
