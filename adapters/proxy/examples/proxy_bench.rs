@@ -9,7 +9,8 @@
 //! are in the process too, so the difference is the proxy's share), the proxy's mean
 //! per-stage routing overhead from its metrics, and the 1-minute load average.
 //!
-//! `cargo run --release -p kvroute-proxy --example proxy_bench -- [run_ms]`
+//! `cargo run --release -p kvroute-proxy --example proxy_bench -- [run_ms] [plain|stream]`
+//! (default 800 ms per run, both modes).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -236,6 +237,7 @@ async fn main() {
     let run_ms = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(800u64);
     let dur = Duration::from_millis(run_ms);
     let warm = Duration::from_millis(run_ms / 4);
+    let only = std::env::args().nth(2);
     let ups = vec![upstream().await, upstream().await, upstream().await, upstream().await];
     let mut cfg = ProxyConfig {
         listen: "127.0.0.1:0".parse().expect("listen"),
@@ -258,6 +260,9 @@ async fn main() {
     let via = [proxy.local_addr()];
     let client = client();
     for stream in [false, true] {
+        if only.as_deref().is_some_and(|o| o != if stream { "stream" } else { "plain" }) {
+            continue;
+        }
         let bodies = Arc::new(bodies(stream));
         for concurrency in [1usize, 16, 64] {
             let _ = run(&client, &ups, &bodies, concurrency, warm).await;
@@ -278,6 +283,7 @@ async fn main() {
                 "stream": stream,
                 "tokens": if stream { STREAM_TOKENS } else { 0 },
                 "requests": proxied.requests,
+                "direct_requests": direct.requests,
                 "proxy_rps": median(proxied.rps).round(),
                 "direct_rps": median(direct.rps).round(),
                 "proxy_p50_us": p50.round(),
