@@ -297,6 +297,8 @@ impl LoadTracker {
         kl.requests += 1;
         kl.prefill_tokens += u64::from(prefill_tokens);
         kl.output_blocks += booking.output_load(phase);
+        // One growth step instead of several while a prompt's blocks go in.
+        kl.blocks.reserve(blocks.len());
         for &b in blocks {
             *kl.blocks.entry(b).or_insert(0) += 1;
         }
