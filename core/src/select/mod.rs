@@ -352,7 +352,7 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
             prefill_blocks: c.load.active_prefill_tokens as f64 / bs,
             decode_blocks: c.load.active_decode_blocks as f64,
             cost: cost(c),
-            ..kv_cost(req, c)
+            ..blocks_cost(req, c)
         })
         .collect()
 }
