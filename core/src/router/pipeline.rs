@@ -84,7 +84,13 @@ impl Router {
                     return Ok(SessionStep::Wait);
                 }
                 Acquire::Bound { binding, lease } => {
-                    if self.cfg.affinity.mode == AffinityMode::Soft && !self.can_serve(binding.worker, fk.1) {
+                    // A binding to a worker that no longer exists in that shape (gone, another
+                    // role, fewer ranks) can never be served, in either mode: start over. Soft
+                    // bindings also yield to a worker that is merely unhealthy.
+                    let stale = !self.still_fits(binding, fk.1);
+                    let soft_unusable =
+                        self.cfg.affinity.mode == AffinityMode::Soft && !self.can_serve(binding.worker, fk.1);
+                    if stale || soft_unusable {
                         let _ = self.affinity.release(now, lease);
                         self.affinity.invalidate(&session, fk.1, binding.revision);
                         continue;
@@ -114,6 +120,13 @@ impl Router {
             }
             let _ = self.affinity.release(now, lease);
         }
+    }
+
+    /// The bound worker still exists, serves the phase, and has the bound rank.
+    fn still_fits(&self, b: Binding, phase: Phase) -> bool {
+        self.workers
+            .get(b.worker)
+            .is_some_and(|s| s.role.serves(phase) && b.rank.is_none_or(|r| s.dp_ranks.is_none_or(|n| r.0 < n)))
     }
 
     fn can_serve(&self, worker: WorkerId, phase: Phase) -> bool {

@@ -442,3 +442,21 @@ fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
     let d = routed(r.handle_request(T0, q, Draw(0)));
     assert_eq!((d.target, d.overlap.device), (WorkerKey::new(2, 0), 4), "exact overlaps survive the merge");
 }
+
+#[test]
+fn a_hard_binding_to_a_reshaped_worker_starts_over() {
+    let mut r = router(RouterMode::RoundRobin, 2);
+    let s = |id| {
+        let mut q = req(id, &[1]);
+        q.session = Some(b"s".to_vec());
+        q
+    };
+    let d = routed(r.handle_request(T0, s(1), Draw(0)));
+    r.handle_dispatched(T0, d.id, d.phase).unwrap();
+    r.handle_finished(T0, d.id, d.phase).unwrap();
+    // The bound worker comes back as a prefill worker: it can never serve this session.
+    r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(d.target.worker.0, WorkerRole::Prefill))).unwrap();
+    let d2 = routed(r.handle_request(T0, s(2), Draw(0)));
+    assert_ne!(d2.target.worker, d.target.worker, "the session re-binds instead of failing forever");
+    invariants(&r);
+}
