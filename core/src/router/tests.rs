@@ -33,6 +33,11 @@ fn req(id: u64, blocks: &[u64]) -> Request {
     }
 }
 
+/// A one-block request in session `session`.
+fn session_req(id: u64, session: &[u8]) -> Request {
+    Request { session: Some(session.to_vec()), ..req(id, &[1]) }
+}
+
 #[track_caller]
 fn routed(d: Result<Decision, RouteError>) -> Routed {
     match d {
@@ -151,11 +156,7 @@ fn finishing_releases_everything() {
 #[test]
 fn second_request_of_a_new_session_waits_for_the_first() {
     let mut r = router(RouterMode::RoundRobin, 3);
-    let s = |id| {
-        let mut q = req(id, &[1]);
-        q.session = Some(b"chat".to_vec());
-        q
-    };
+    let s = |id| session_req(id, b"chat");
     let first = routed(r.handle_request(T0, s(1), Draw(0)));
     assert_eq!(r.handle_request(T0, s(2), Draw(0)), Ok(Decision::Waiting));
     invariants(&r);
@@ -173,11 +174,7 @@ fn second_request_of_a_new_session_waits_for_the_first() {
 #[test]
 fn removing_a_worker_rebinds_its_sessions() {
     let mut r = router(RouterMode::RoundRobin, 2);
-    let s = |id| {
-        let mut q = req(id, &[1]);
-        q.session = Some(b"s".to_vec());
-        q
-    };
+    let s = |id| session_req(id, b"s");
     let d = routed(r.handle_request(T0, s(1), Draw(0)));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();
     r.handle_worker_update(T0, WorkerUpdate::Removed(d.target.worker)).unwrap();
@@ -446,11 +443,7 @@ fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
 #[test]
 fn a_hard_binding_to_a_reshaped_worker_starts_over() {
     let mut r = router(RouterMode::RoundRobin, 2);
-    let s = |id| {
-        let mut q = req(id, &[1]);
-        q.session = Some(b"s".to_vec());
-        q
-    };
+    let s = |id| session_req(id, b"s");
     let d = routed(r.handle_request(T0, s(1), Draw(0)));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();
     r.handle_finished(T0, d.id, d.phase).unwrap();
