@@ -8,21 +8,8 @@
 use std::time::Instant;
 
 use kvroute_sim::ceiling::reuse_ratio;
-use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest};
+use kvroute_sim::replay::{replay, ReplayConfig, RoundRobin};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
-
-struct RoundRobin {
-    n: u32,
-    next: u32,
-}
-
-impl Dispatcher for RoundRobin {
-    fn on_arrival(&mut self, _now_ms: f64, _req: &SimRequest) -> Dispatch {
-        let w = self.next;
-        self.next = (self.next + 1) % self.n;
-        Dispatch::To(w)
-    }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -44,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let cfg = ReplayConfig { workers, ..ReplayConfig::default() };
     let t1 = Instant::now();
-    let report = replay(&cfg, &reqs, &mut RoundRobin { n: workers, next: 0 })?;
+    let report = replay(&cfg, &reqs, &mut RoundRobin::new(workers))?;
     let t_replay = t1.elapsed();
 
     let fleet_blocks = u64::from(workers) * u64::from(cfg.engine.blocks_per_worker);

@@ -4,22 +4,9 @@
 //! `cargo run --release -p kvroute-sim --example synth_rr -- [WORKERS] [SEED]`
 
 use kvroute_sim::ceiling::reuse_ratio;
-use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest};
+use kvroute_sim::replay::{replay, ReplayConfig, RoundRobin};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{to_requests, LoadOptions};
-
-struct RoundRobin {
-    n: u32,
-    next: u32,
-}
-
-impl Dispatcher for RoundRobin {
-    fn on_arrival(&mut self, _now_ms: f64, _req: &SimRequest) -> Dispatch {
-        let w = self.next;
-        self.next = (self.next + 1) % self.n;
-        Dispatch::To(w)
-    }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -28,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let records = generate(&SynthConfig { seed, ..SynthConfig::default() });
     let reqs = to_requests(&records, &LoadOptions::default())?;
     let cfg = ReplayConfig { workers, ..ReplayConfig::default() };
-    let report = replay(&cfg, &reqs, &mut RoundRobin { n: workers, next: 0 })?;
+    let report = replay(&cfg, &reqs, &mut RoundRobin::new(workers))?;
     println!("{}", serde_json::to_string_pretty(&report.summary)?);
     let prompt_tokens: u64 = reqs.iter().map(|r| u64::from(r.prompt.len_tokens())).sum();
     println!(

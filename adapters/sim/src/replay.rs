@@ -90,6 +90,29 @@ pub trait Dispatcher {
     fn on_timeout(&mut self, _now_ms: f64) {}
 }
 
+/// The baseline policy: request `i` goes to worker `i mod n`, in arrival order. It needs
+/// no router, so the simulator can be checked against published round-robin figures.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundRobin {
+    n: u32,
+    next: u32,
+}
+
+impl RoundRobin {
+    /// Round robin over `workers` workers (at least one), starting at worker 0.
+    pub fn new(workers: u32) -> Self {
+        RoundRobin { n: workers.max(1), next: 0 }
+    }
+}
+
+impl Dispatcher for RoundRobin {
+    fn on_arrival(&mut self, _now_ms: f64, _req: &SimRequest) -> Dispatch {
+        let w = self.next;
+        self.next = (self.next + 1) % self.n;
+        Dispatch::To(w)
+    }
+}
+
 /// A worker's load as it publishes it once per pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerLoadSample {

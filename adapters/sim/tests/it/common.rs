@@ -1,6 +1,7 @@
 //! Shared helpers: trace text → requests, and trivial dispatchers.
 
-use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
+pub use kvroute_sim::replay::RoundRobin;
+use kvroute_sim::replay::{replay, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::trace::{parse_str, to_requests, LoadOptions, TraceLimits};
 
 /// Parses Mooncake lines and hashes them at block size 64.
@@ -9,24 +10,10 @@ pub fn requests(lines: &str) -> Vec<SimRequest> {
     to_requests(&recs, &LoadOptions::default()).expect("valid requests")
 }
 
-/// Sends request `i` to worker `i mod n`, in arrival order.
-pub struct RoundRobin {
-    pub n: u32,
-    pub next: u32,
-}
-
-impl Dispatcher for RoundRobin {
-    fn on_arrival(&mut self, _now_ms: f64, _req: &SimRequest) -> Dispatch {
-        let w = self.next;
-        self.next = (self.next + 1) % self.n;
-        Dispatch::To(w)
-    }
-}
-
 /// Replays on `workers` default engines with round robin.
 pub fn replay_rr(reqs: &[SimRequest], workers: u32) -> ReplayReport {
     let cfg = ReplayConfig { workers, ..ReplayConfig::default() };
-    replay(&cfg, reqs, &mut RoundRobin { n: workers, next: 0 }).expect("valid config")
+    replay(&cfg, reqs, &mut RoundRobin::new(workers)).expect("valid config")
 }
 
 use kvroute_sim::engine::{Engine, EngineConfig, EngineOutput, EngineRequest, EventLedger};

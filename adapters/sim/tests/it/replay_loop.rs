@@ -17,7 +17,7 @@ fn fixture(n: usize, speedup: f64) -> Vec<SimRequest> {
 }
 
 fn rr(n: u32) -> RoundRobin {
-    RoundRobin { n, next: 0 }
+    RoundRobin::new(n)
 }
 
 #[test]
