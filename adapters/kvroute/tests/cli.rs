@@ -103,7 +103,7 @@ fn disaggregated_replay_splits_long_prompts_and_bypasses_short_ones() {
 
 #[test]
 fn live_demo_routes_over_http_and_finishes_every_request() {
-    let out = json(&kvroute(&["demo", "--duration", "8", "--requests", "40", "--json"]));
+    let out = json(&kvroute(&["demo", "--duration", "8", "--speedup", "1", "--requests", "40", "--json"]));
     assert_eq!(out["mode"], "live");
     for p in ["kv", "round-robin"] {
         let r = &out["policies"][p];
