@@ -55,7 +55,7 @@ async fn kv_events_from_sim_workers_steer_routing() {
     // recovered by replay); wait until the router sees the whole prompt there.
     let full_blocks = (prompt.len() / 16) as u32;
     let mut seen = 0;
-    for _ in 0..200 {
+    for _ in 0..1000 {
         let snap = driver.snapshot();
         let w = snap.workers.iter().find(|w| w.spec.id.0 == home).expect("home worker");
         seen = w.keys.iter().map(|k| k.index_entries).sum::<u32>();
@@ -110,7 +110,7 @@ async fn subscriptions_follow_dynamic_registration() {
     let a = call(proxy.local_addr(), Method::POST, "/v1/completions", &pinned, Some(&completion(&prompt))).await;
     assert_eq!((a.status, a.worker()), (StatusCode::OK, Some(2)), "{}", a.text());
     let mut seen = 0;
-    for _ in 0..200 {
+    for _ in 0..1000 {
         seen = entries(&driver, 2);
         if seen >= 20 {
             break;
