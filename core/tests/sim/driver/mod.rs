@@ -68,6 +68,25 @@ pub struct MReq {
 const BLOCK_TOKENS: u32 = 64;
 
 impl MReq {
+    /// The model of `req` before its first decision: no session, no chain, not booked.
+    fn unrouted(req: &Request, now: Instant) -> Self {
+        MReq {
+            state: MState::Orphaned,
+            session: None,
+            chain: 0,
+            len: 0,
+            since: now,
+            blocks: req.blocks.clone(),
+            isl_tokens: req.isl_tokens,
+            expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
+            prefill_left: 0,
+            generated_blocks: 0,
+            fcfs: None,
+            follows_binding: false,
+            lease_rev: None,
+        }
+    }
+
     /// The booking `Routed` with `overlap` makes: the tokens the cache does not cover.
     fn book(&mut self, key: WorkerKey, device_blocks: u32, phase: Phase, now: Instant) {
         let cached = device_blocks.saturating_mul(BLOCK_TOKENS).min(self.isl_tokens);

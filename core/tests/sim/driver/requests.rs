@@ -19,19 +19,11 @@ impl Driver {
         let (req, valid_session) = self.build(id, phase, &r);
         let session = req.session.clone().filter(|_| valid_session);
         let mut m = MReq {
-            state: MState::Orphaned,
             session: session.clone(),
             chain: r.chain,
             len: r.len,
-            since: self.now,
-            blocks: req.blocks.clone(),
-            isl_tokens: req.isl_tokens,
-            expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
-            prefill_left: 0,
-            generated_blocks: 0,
-            fcfs: None,
             follows_binding: valid_session && r.pin == 0 && r.planned == 0,
-            lease_rev: None,
+            ..MReq::unrouted(&req, self.now)
         };
         let fcfs = (-req.priority.strict, i128::from(self.now.as_micros()) - i128::from(req.priority.jump_ms) * 1000);
         let replay = req.clone();
@@ -128,21 +120,7 @@ impl Driver {
         req.id = RequestId(self.next_id);
         req.preview = false;
         let (id, phase) = (req.id, req.phase.0);
-        let mut m = MReq {
-            state: MState::Orphaned,
-            session: None,
-            chain: 0,
-            len: 0,
-            since: self.now,
-            blocks: req.blocks.clone(),
-            isl_tokens: req.isl_tokens,
-            expected_out_blocks: req.expected_output_tokens.map_or(0, |t| t.div_ceil(BLOCK_TOKENS)),
-            prefill_left: 0,
-            generated_blocks: 0,
-            fcfs: None,
-            follows_binding: false,
-            lease_rev: None,
-        };
+        let mut m = MReq::unrouted(&req, self.now);
         match self.router.handle_request(self.now, req, Draw(draw)) {
             Ok(Decision::Routed(rt)) if rt.target == previewed => {
                 m.book(rt.target, rt.overlap.device, phase, self.now);
