@@ -5,6 +5,18 @@ use router_core::Phase;
 
 use crate::{check_released, driver, req, settle, tiny_fleet};
 
+/// A dispatched request that makes the tiny fleet busy, and a route queued behind it.
+async fn queued_behind_busy(
+    d: &kvroute_driver::Driver,
+) -> (kvroute_driver::Booking, tokio::task::JoinHandle<Result<kvroute_driver::Booking, DriveError>>) {
+    let mut a = d.route(req(d, 3, None), d.draw()).await.unwrap();
+    a.dispatched().unwrap();
+    let (d2, r) = (d.clone(), req(d, 1, None));
+    let queued = tokio::spawn(async move { d2.route(r, d2.draw()).await });
+    settle("request queued", || d.snapshot().queue_depth == 1).await;
+    (a, queued)
+}
+
 #[tokio::test(start_paused = true)]
 async fn finish_releases_load_and_lease() {
     let d = driver(2, |_| {});
@@ -49,11 +61,7 @@ async fn worker_failure_drops_the_session_binding() {
 #[tokio::test(start_paused = true)]
 async fn dropping_a_queued_route_frees_its_slot() {
     let d = tiny_fleet(|_| {});
-    let mut a = d.route(req(&d, 3, None), d.draw()).await.unwrap();
-    a.dispatched().unwrap();
-    let (d2, r) = (d.clone(), req(&d, 1, None));
-    let queued = tokio::spawn(async move { d2.route(r, d2.draw()).await });
-    settle("request queued", || d.snapshot().queue_depth == 1).await;
+    let (a, queued) = queued_behind_busy(&d).await;
     queued.abort();
     assert!(queued.await.unwrap_err().is_cancelled());
     let s = d.snapshot();
@@ -65,13 +73,9 @@ async fn dropping_a_queued_route_frees_its_slot() {
 #[tokio::test(start_paused = true)]
 async fn a_queued_request_is_routed_when_load_drops() {
     let d = tiny_fleet(|_| {});
-    let mut a = d.route(req(&d, 3, None), d.draw()).await.unwrap();
-    a.dispatched().unwrap();
-    let (d2, r) = (d.clone(), req(&d, 1, None));
-    let queued = tokio::spawn(async move { d2.route(r, d2.draw()).await.map(|b| b.target()) });
-    settle("request queued", || d.snapshot().queue_depth == 1).await;
+    let (a, queued) = queued_behind_busy(&d).await;
     a.prefill_done().unwrap();
-    assert_eq!(queued.await.unwrap(), Ok(a.target()));
+    assert_eq!(queued.await.unwrap().map(|b| b.target()), Ok(a.target()));
     a.finish().unwrap();
     check_released(&d);
 }
@@ -156,11 +160,7 @@ async fn a_routed_output_nobody_reads_is_rolled_back() {
     // The queued request is routed while its task is not running (one thread, no yield),
     // then the task is dropped before it reads the booking.
     let d = tiny_fleet(|_| {});
-    let mut a = d.route(req(&d, 3, None), d.draw()).await.unwrap();
-    a.dispatched().unwrap();
-    let (d2, r) = (d.clone(), req(&d, 1, None));
-    let queued = tokio::spawn(async move { d2.route(r, d2.draw()).await });
-    settle("request queued", || d.snapshot().queue_depth == 1).await;
+    let (a, queued) = queued_behind_busy(&d).await;
     a.prefill_done().unwrap();
     assert_eq!(d.snapshot().load_total.active_requests, 2, "the queued request now holds a booking");
     queued.abort();
