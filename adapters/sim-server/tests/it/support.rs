@@ -121,12 +121,7 @@ pub async fn stream_arrivals(addr: SocketAddr, path: &str, body: &str) -> Vec<(D
         let stream = TcpStream::connect(addr).await.expect("connect");
         let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
         tokio::spawn(conn);
-        let req = Request::builder()
-            .method("POST")
-            .uri(path)
-            .header("host", addr.to_string())
-            .body(Full::new(Bytes::from(body.to_string())))
-            .expect("valid request");
+        let req = post_request(addr, path, body);
         let t0 = std::time::Instant::now();
         let mut body = tx.send_request(req).await.expect("response").into_body();
         let mut out = Vec::new();
@@ -145,6 +140,16 @@ pub async fn stream_arrivals(addr: SocketAddr, path: &str, body: &str) -> Vec<(D
     .await
 }
 
+/// A POST of `body` to `path` on `addr`.
+fn post_request(addr: SocketAddr, path: &str, body: &str) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", addr.to_string())
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("valid request")
+}
+
 /// A stream in progress: the connection task (abort it to hang up), the bytes of the
 /// first data frame, and the rest of the body.
 pub type OpenStream = (tokio::task::JoinHandle<()>, Bytes, hyper::body::Incoming);
@@ -157,12 +162,7 @@ pub async fn open_stream(addr: SocketAddr, path: &str, body: &str) -> OpenStream
         let conn = tokio::spawn(async move {
             let _ = conn.await;
         });
-        let req = Request::builder()
-            .method("POST")
-            .uri(path)
-            .header("host", addr.to_string())
-            .body(Full::new(Bytes::from(body.to_string())))
-            .expect("valid request");
+        let req = post_request(addr, path, body);
         let mut body = tx.send_request(req).await.expect("response").into_body();
         loop {
             let frame = body.frame().await.expect("a first event").expect("frame");
