@@ -30,6 +30,7 @@ use crate::{PromptTokenizer, SimServerConfig, SimServerError};
 ///   kvroute sim-worker --port 8001 --events-port 5557
 ///   kvroute sim-worker --port 8002 --events-port 5558 --replay-port 5568 --speedup 10
 ///   kvroute sim-worker --port 8003 --events-port 5559 --role prefill
+///   kvroute sim-worker --port 8004 --events-port 5560 --role prefill --bootstrap-port 8998
 ///   curl -s localhost:8001/v1/completions -d '{"prompt":"hello","max_tokens":8}'
 #[derive(Args, Debug, Clone)]
 #[command(verbatim_doc_comment)]
@@ -91,6 +92,14 @@ pub struct SimWorkerArgs {
     /// Prefill-to-decode link bandwidth, in GB/s.
     #[arg(long, default_value_t = 64.0, value_name = "GBPS")]
     pub kv_bandwidth_gbps: f64,
+    /// Prefill role: serve SGLang-style bootstrap rooms on this port (GET /bootstrap/ROOM
+    /// answers once that room's prefill finished); decode workers given bootstrap_host,
+    /// bootstrap_port and bootstrap_room wait there before decoding.
+    #[arg(long, value_name = "PORT")]
+    pub bootstrap_port: Option<u16>,
+    /// How long a decode request waits for its bootstrap room, in milliseconds.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub bootstrap_timeout_ms: u64,
 }
 
 /// A worker role as the command line spells it.
@@ -148,6 +157,8 @@ impl SimWorkerArgs {
             },
             dp_rank: self.dp_rank,
             max_tokens_default: self.default_max_tokens,
+            bootstrap_port: self.bootstrap_port,
+            bootstrap_timeout_ms: self.bootstrap_timeout_ms,
             tokenizer,
             ..defaults
         })
@@ -195,10 +206,15 @@ mod tests {
             "prefill",
             "--dp-rank",
             "2",
+            "--bootstrap-port",
+            "12",
+            "--bootstrap-timeout-ms",
+            "500",
         ])
         .into_config(None)
         .expect("no tokenizer needed");
         assert_eq!((cfg.port, cfg.events_port, cfg.replay_port, cfg.dp_rank), (9, 10, Some(11), 2));
+        assert_eq!((cfg.bootstrap_port, cfg.bootstrap_timeout_ms), (Some(12), 500));
         assert_eq!(cfg.model, "m");
         let e = &cfg.engine;
         assert_eq!((e.block_size, e.blocks_per_worker, e.max_batched_tokens, e.max_num_seqs), (16, 64, 512, 4));

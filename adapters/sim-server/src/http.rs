@@ -3,6 +3,11 @@
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
 //! `GET /health`, `GET /metrics`. Every refusal is an OpenAI error body; no input panics.
+//!
+//! Disaggregation: a prefill-role request with `bootstrap_room` holds that room until
+//! its prefill is done; a decode-role request with one first pairs with its prefill
+//! through the prefill worker's bootstrap server (see the `bootstrap` module) and is
+//! refused with a 502 if that fails.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,10 +26,11 @@ use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::bootstrap::{self, Rooms, RoomsFull};
 use crate::engine_task::{Submit, SubmitError};
 use crate::metrics::{render, Metrics};
 use crate::openai::{
-    self, filler_seed, full_response, ApiError, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta,
+    self, filler_seed, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta,
 };
 use crate::sse::{collect, Finish, SseBody};
 use crate::tokenizer::{PromptTokenizer, TokenizeError};
@@ -49,6 +55,7 @@ pub(crate) struct State {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) created: u64,
+    pub(crate) rooms: Arc<Rooms>,
 }
 
 /// Holds one slot of the in-flight limit until dropped.
@@ -115,6 +122,13 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         }
     })?;
     let (parsed, json_body) = openai::parse(kind, &body.to_bytes(), &state.limits)?;
+    // Opened before anything else can fail, so that any failure fails the room.
+    let room = match (state.role, parsed.bootstrap.room) {
+        (EngineRole::Prefill, Some(room)) => Some(state.rooms.open(room).map_err(|RoomsFull(n)| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("{n} bootstrap rooms are open"))
+        })?),
+        _ => None,
+    };
     let tokens = match &parsed.prompt {
         PromptInput::Text(t) => state.tokenizer.encode_text(t),
         PromptInput::Tokens(t) => Ok(t.clone()),
@@ -129,8 +143,16 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
     }
     let prompt_tokens = tokens.len() as u32;
     let seed = filler_seed(&tokens);
+    let paired = match state.role {
+        EngineRole::Decode => pair(state, &parsed.bootstrap).await?,
+        _ => false,
+    };
     let remote_prefill = state.role == EngineRole::Decode
-        && parsed.kv_transfer_params.as_ref().is_some_and(|p| p.get("do_remote_prefill") != Some(&Value::Bool(false)));
+        && (paired
+            || parsed
+                .kv_transfer_params
+                .as_ref()
+                .is_some_and(|p| p.get("do_remote_prefill") != Some(&Value::Bool(false))));
     let (progress, rx) = mpsc::unbounded_channel();
     let (accepted_tx, accepted_rx) = oneshot::channel();
     let submit = Submit { tokens, output_len: parsed.max_tokens, remote_prefill, progress, accepted: accepted_tx };
@@ -154,7 +176,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
     });
     if parsed.stream {
         let finish = Finish { meta, seed, kv_params };
-        let body = SseBody::new(rx, finish, parsed.include_usage, guard);
+        let body = SseBody::new(rx, finish, parsed.include_usage, guard, room);
         let mut resp = Response::new(body.boxed());
         let h = resp.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
@@ -163,8 +185,24 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
     }
     let (text, done) = collect(rx, seed).await.ok_or_else(unavailable)?;
     drop(guard);
+    if let Some(room) = room {
+        room.done();
+    }
     let kv = kv_params.map(|k| k.params(done.prompt_blocks));
     Ok(json_response(StatusCode::OK, &full_response(&meta, &text, &done, kv)))
+}
+
+/// A decode request naming a bootstrap room waits for that room's prefill. Returns
+/// whether it paired (its KV comes from the prefill worker).
+async fn pair(state: &State, b: &Bootstrap) -> Result<bool, ApiError> {
+    let Some(room) = b.room else { return Ok(false) };
+    let (Some(host), Some(port)) = (&b.host, b.port) else {
+        return Err(ApiError::bad(Some("bootstrap_host"), "a bootstrap_room needs bootstrap_host and bootstrap_port"));
+    };
+    bootstrap::pair(host, port, room, state.rooms.timeout).await.map_err(|why| {
+        ApiError::new(StatusCode::BAD_GATEWAY, "server_error", format!("bootstrap room {room} failed: {why}"))
+    })?;
+    Ok(true)
 }
 
 fn admit(state: &State) -> Result<InFlight, ApiError> {

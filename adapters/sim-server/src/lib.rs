@@ -30,10 +30,18 @@
 //!   ignored. No logprobs, stop sequences, or `n > 1`; output is always `max_tokens`
 //!   long (`finish_reason: "length"`).
 //! - A request whose client hangs up still runs to its end (the model has no abort).
+//!
+//! Disaggregated serving speaks both wire protocols. vLLM's NIXL style: a prefill-role
+//! worker answers with `kv_transfer_params`, and a decode-role worker given them models
+//! the KV transfer, then decodes. SGLang's bootstrap style: a prefill-role worker with a
+//! bootstrap port serves `GET /bootstrap/{room}`, and a decode-role worker given
+//! `bootstrap_host`, `bootstrap_port` and `bootstrap_room` waits there for the room's
+//! prefill before it starts (an error answer if that prefill fails).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod args;
+mod bootstrap;
 mod engine_task;
 mod http;
 mod ledger;
@@ -93,6 +101,13 @@ pub struct SimServerConfig {
     pub event_queue_max: usize,
     /// How long shutdown waits for open connections to finish, ms; 5,000.
     pub shutdown_grace_ms: u64,
+    /// Prefill role: the port of the SGLang-style bootstrap server; `None` (no server).
+    /// `Some(0)` picks a free one.
+    pub bootstrap_port: Option<u16>,
+    /// Bootstrap rooms open at once; 65,536.
+    pub bootstrap_rooms_max: usize,
+    /// How long a decode request waits for its prefill's room, ms; 30,000.
+    pub bootstrap_timeout_ms: u64,
     /// Turns prompts into token ids for prefix hashing; [`FallbackTokenizer`].
     pub tokenizer: Arc<dyn PromptTokenizer>,
 }
@@ -116,6 +131,9 @@ impl Default for SimServerConfig {
             replay_batches_max: 10_000,
             event_queue_max: 100_000,
             shutdown_grace_ms: 5_000,
+            bootstrap_port: None,
+            bootstrap_rooms_max: 65_536,
+            bootstrap_timeout_ms: 30_000,
             tokenizer: Arc::new(FallbackTokenizer),
         }
     }
@@ -132,6 +150,7 @@ impl fmt::Debug for SimServerConfig {
             .field("model", &self.model)
             .field("engine", &self.engine)
             .field("dp_rank", &self.dp_rank)
+            .field("bootstrap_port", &self.bootstrap_port)
             .finish_non_exhaustive()
     }
 }
@@ -146,6 +165,8 @@ pub enum SimServerError {
     Config(&'static str),
     /// The HTTP listener could not bind.
     HttpBind(std::io::Error),
+    /// The bootstrap server's listener could not bind.
+    BootstrapBind(std::io::Error),
     /// A ZeroMQ socket could not bind.
     ZmqBind {
         /// Which socket: "events" or "replay".
@@ -167,6 +188,7 @@ impl fmt::Display for SimServerError {
             SimServerError::Engine(e) => write!(f, "engine configuration: {e}"),
             SimServerError::Config(what) => write!(f, "server configuration: {what}"),
             SimServerError::HttpBind(e) => write!(f, "cannot bind the HTTP listener: {e}"),
+            SimServerError::BootstrapBind(e) => write!(f, "cannot bind the bootstrap listener: {e}"),
             SimServerError::ZmqBind { socket, endpoint, message } => {
                 write!(f, "cannot bind the ZeroMQ {socket} socket on {endpoint}: {message}")
             }
@@ -182,7 +204,7 @@ impl std::error::Error for SimServerError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             SimServerError::Engine(e) => Some(e),
-            SimServerError::HttpBind(e) | SimServerError::Signal(e) => Some(e),
+            SimServerError::HttpBind(e) | SimServerError::BootstrapBind(e) | SimServerError::Signal(e) => Some(e),
             _ => None,
         }
     }

@@ -34,6 +34,16 @@ pub(crate) struct GenRequest {
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
     pub(crate) kv_transfer_params: Option<Map<String, Value>>,
+    pub(crate) bootstrap: Bootstrap,
+}
+
+/// SGLang's disaggregation fields: where the prefill's bootstrap server is, and the room
+/// pairing this request's prefill and decode.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Bootstrap {
+    pub(crate) host: Option<String>,
+    pub(crate) port: Option<u16>,
+    pub(crate) room: Option<u64>,
 }
 
 /// An error answered as `{"error": {"message", "type", "param", "code"}}`.
@@ -102,8 +112,34 @@ pub(crate) fn parse(kind: Kind, body: &[u8], limits: &ParseLimits) -> Result<(Ge
         Some(Value::Object(o)) => Some(o.clone()),
         Some(_) => return Err(ApiError::bad(Some("kv_transfer_params"), "`kv_transfer_params` must be an object")),
     };
-    let req = GenRequest { prompt, max_tokens, stream, include_usage, kv_transfer_params };
+    let bootstrap = parse_bootstrap(obj)?;
+    let req = GenRequest { prompt, max_tokens, stream, include_usage, kv_transfer_params, bootstrap };
     Ok((req, v))
+}
+
+fn parse_bootstrap(obj: &Map<String, Value>) -> Result<Bootstrap, ApiError> {
+    let host = match obj.get("bootstrap_host") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(h)) if !h.is_empty() => Some(h.clone()),
+        Some(_) => return Err(ApiError::bad(Some("bootstrap_host"), "`bootstrap_host` must be a non-empty string")),
+    };
+    let port = match obj.get("bootstrap_port") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().and_then(|p| u16::try_from(p).ok()).filter(|&p| p > 0) {
+            Some(p) => Some(p),
+            None => return Err(ApiError::bad(Some("bootstrap_port"), "`bootstrap_port` must be a port in 1..=65535")),
+        },
+    };
+    let room = match obj.get("bootstrap_room") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(r) => Some(r),
+            None => {
+                return Err(ApiError::bad(Some("bootstrap_room"), "`bootstrap_room` must be a non-negative integer"))
+            }
+        },
+    };
+    Ok(Bootstrap { host, port, room })
 }
 
 fn parse_prompt(p: Option<&Value>) -> Result<PromptInput, ApiError> {

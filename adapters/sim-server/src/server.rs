@@ -1,5 +1,5 @@
 //! Starting and stopping a worker: binding, spawning the three tasks (HTTP accept loop,
-//! engine, publisher), and the ordered shutdown.
+//! engine, publisher) and a prefill worker's bootstrap server, and the ordered shutdown.
 //!
 //! Shutdown order: stop accepting, let open connections finish (bounded by
 //! `shutdown_grace_ms`) while the engine keeps running so in-flight streams complete,
@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::bootstrap::{self, Rooms};
 use crate::engine_task::EngineTask;
 use crate::http::{handle, State};
 use crate::metrics::Metrics;
@@ -41,6 +42,7 @@ pub struct SimServerHandle {
     http_addr: SocketAddr,
     events_port: u16,
     replay_port: Option<u16>,
+    bootstrap_port: Option<u16>,
     events_bind: String,
     stop: watch::Sender<bool>,
     done: JoinHandle<()>,
@@ -70,6 +72,11 @@ impl SimServerHandle {
     /// The replay ROUTER port actually bound, if enabled.
     pub fn replay_port(&self) -> Option<u16> {
         self.replay_port
+    }
+
+    /// The bootstrap server's port actually bound, if this prefill worker runs one.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.bootstrap_port
     }
 
     /// The replay endpoint to connect a DEALER socket to, if enabled.
@@ -103,6 +110,12 @@ fn validate(cfg: &SimServerConfig) -> Result<(), SimServerError> {
     if cfg.max_tokens_default == 0 || cfg.max_tokens_max == 0 || cfg.max_tokens_default > cfg.max_tokens_max {
         return Err(SimServerError::Config("max_tokens_default must be in 1..=max_tokens_max"));
     }
+    if cfg.bootstrap_port.is_some() && cfg.engine.role != kvroute_sim::engine::EngineRole::Prefill {
+        return Err(SimServerError::Config("only a prefill worker runs a bootstrap server"));
+    }
+    if cfg.bootstrap_rooms_max == 0 || cfg.bootstrap_timeout_ms == 0 {
+        return Err(SimServerError::Config("bootstrap_rooms_max and bootstrap_timeout_ms must be positive"));
+    }
     if cfg.body_bytes_max == 0 || cfg.requests_in_flight_max == 0 || cfg.event_queue_max == 0 {
         return Err(SimServerError::Config(
             "body_bytes_max, requests_in_flight_max and event_queue_max must be positive",
@@ -118,6 +131,15 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
     let engine = Engine::new(cfg.engine.clone(), cfg.dp_rank).map_err(SimServerError::Engine)?;
     let listener = TcpListener::bind((cfg.host, cfg.port)).await.map_err(SimServerError::HttpBind)?;
     let http_addr = listener.local_addr().map_err(SimServerError::HttpBind)?;
+    let bootstrap = match cfg.bootstrap_port {
+        Some(port) => Some(TcpListener::bind((cfg.host, port)).await.map_err(SimServerError::BootstrapBind)?),
+        None => None,
+    };
+    let bootstrap_port = match &bootstrap {
+        Some(l) => Some(l.local_addr().map_err(SimServerError::BootstrapBind)?.port()),
+        None => None,
+    };
+    let rooms = Arc::new(Rooms::new(cfg.bootstrap_rooms_max, Duration::from_millis(cfg.bootstrap_timeout_ms)));
     let metrics = Metrics::default();
     let (publisher, ports) = Publisher::bind(&cfg, metrics.clone()).await?;
 
@@ -144,13 +166,18 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
         host: http_addr.ip().to_string(),
         port: http_addr.port(),
         created,
+        rooms: rooms.clone(),
     });
 
     let publisher_task = tokio::spawn(publisher.run(events_rx));
     let engine_task = tokio::spawn(EngineTask::new(engine, events_tx, metrics).run(submit_rx, engine_stop_rx));
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+    let bootstrap_task = bootstrap.map(|l| tokio::spawn(bootstrap::serve(l, rooms, stop_rx.clone())));
     let done = tokio::spawn(async move {
         serve(listener, state, stop_rx, grace).await;
+        if let Some(t) = bootstrap_task {
+            let _ = t.await;
+        }
         let _ = engine_stop_tx.send(true);
         let _ = engine_task.await;
         let _ = publisher_task.await;
@@ -160,6 +187,7 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
         http_addr,
         events_port: ports.events,
         replay_port: ports.replay,
+        bootstrap_port,
         events_bind: cfg.events_bind.clone(),
         stop: stop_tx,
         done,

@@ -16,6 +16,7 @@ use hyper::body::{Body, Frame};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::bootstrap::RoomGuard;
 use crate::engine_task::{Done, Progress};
 use crate::http::InFlight;
 use crate::openai::{chunk, filler_word, usage_chunk, ApiError, KvSource, ResponseMeta};
@@ -36,6 +37,8 @@ pub(crate) struct SseBody {
     emitted: u32,
     ended: bool,
     _guard: InFlight,
+    /// A prefill's bootstrap room, done with the stream (failed if dropped before).
+    room: Option<RoomGuard>,
 }
 
 impl SseBody {
@@ -44,8 +47,9 @@ impl SseBody {
         finish: Finish,
         include_usage: bool,
         guard: InFlight,
+        room: Option<RoomGuard>,
     ) -> Self {
-        SseBody { rx, finish, include_usage, emitted: 0, ended: false, _guard: guard }
+        SseBody { rx, finish, include_usage, emitted: 0, ended: false, _guard: guard, room }
     }
 
     fn tokens(&mut self, n: u32) -> Bytes {
@@ -93,6 +97,9 @@ impl Body for SseBody {
             Poll::Ready(Some(Progress::Tokens(n))) => self.tokens(n),
             Poll::Ready(Some(Progress::Done(d))) => {
                 self.ended = true;
+                if let Some(room) = self.room.take() {
+                    room.done();
+                }
                 self.done(&d)
             }
             Poll::Ready(None) => {

@@ -64,6 +64,11 @@ fn refusals_name_the_field() {
         (C, r#"{"prompt":"x","stream_options":1}"#, Some("stream_options")),
         (C, r#"{"prompt":"x","n":2}"#, Some("n")),
         (C, r#"{"prompt":"x","kv_transfer_params":[1]}"#, Some("kv_transfer_params")),
+        (C, r#"{"prompt":"x","bootstrap_host":""}"#, Some("bootstrap_host")),
+        (C, r#"{"prompt":"x","bootstrap_port":0}"#, Some("bootstrap_port")),
+        (C, r#"{"prompt":"x","bootstrap_port":65536}"#, Some("bootstrap_port")),
+        (C, r#"{"prompt":"x","bootstrap_room":-1}"#, Some("bootstrap_room")),
+        (C, r#"{"prompt":"x","bootstrap_room":"7"}"#, Some("bootstrap_room")),
         (Chat, r#"{"messages":[]}"#, Some("messages")),
         (Chat, r#"{"messages":"hi"}"#, Some("messages")),
         (Chat, r#"{"prompt":"hi"}"#, Some("messages")),
@@ -79,6 +84,17 @@ fn chat_keeps_the_body_for_the_tokenizer() {
     assert_eq!(r.prompt, PromptInput::Chat);
     assert_eq!(body["messages"][0]["content"], "q");
     assert_eq!(r.kv_transfer_params.and_then(|p| p.get("do_remote_prefill").cloned()), Some(Value::Bool(true)));
+}
+
+#[test]
+fn bootstrap_fields_are_read() {
+    let body =
+        br#"{"prompt":"x","bootstrap_host":"10.0.0.5","bootstrap_port":8998,"bootstrap_room":9223372036854775807}"#;
+    let (r, _) = parse(Kind::Completions, body, &LIMITS).expect("valid");
+    let want = Bootstrap { host: Some("10.0.0.5".into()), port: Some(8998), room: Some((1 << 63) - 1) };
+    assert_eq!(r.bootstrap, want);
+    let (r, _) = parse(Kind::Completions, br#"{"prompt":"x"}"#, &LIMITS).expect("valid");
+    assert_eq!(r.bootstrap, Bootstrap::default());
 }
 
 #[test]
