@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use router_core::index::{ApplySummary, IndexEvent};
-use router_core::router::{Decision, DispatchFailure, Output, Request, Routed, Router, RouterConfig, WorkerUpdate};
+use router_core::router::{
+    Decision, DisaggPlan, DisaggStats, DispatchFailure, Output, Request, Routed, Router, RouterConfig, WorkerUpdate,
+};
 use router_core::worker::{Health, Taint, WorkerSpec};
 use router_core::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 use tokio::sync::{oneshot, Notify};
@@ -138,6 +140,23 @@ impl Driver {
             Ok(_) => Err(DriveError::Closed),
             Err(e) => Err(DriveError::Route(e)),
         })
+    }
+
+    /// Whether a request runs split across a prefill and a decode worker, or aggregated
+    /// on a decode worker, and why; the outcome is counted in [`Driver::disagg_stats`].
+    /// Books nothing: route the phases the plan names with [`Driver::route`].
+    pub fn plan_disagg(&self, request: &Request) -> DisaggPlan {
+        self.shared.with(|inner, _| inner.router.plan_disagg(request))
+    }
+
+    /// [`Driver::plan_disagg`] without counting it (for previews).
+    pub fn plan_disagg_query(&self, request: &Request) -> DisaggPlan {
+        self.shared.with(|inner, _| inner.router.plan_disagg_query(request))
+    }
+
+    /// The router's split and bypass counters.
+    pub fn disagg_stats(&self) -> DisaggStats {
+        self.with_router(|r| r.disagg_stats())
     }
 
     /// Applies a fleet change. Removing a worker re-routes nothing in flight: its

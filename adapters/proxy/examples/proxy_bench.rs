@@ -248,6 +248,7 @@ async fn main() {
             mode: None,
             lora_adapters: vec![],
             tokenizer: None,
+            ..ModelConfig::default()
         }],
         ..ProxyConfig::default()
     };

@@ -288,6 +288,70 @@ pub struct ModelConfig {
     /// passes it on. Without one, routing hashes the prompt's bytes.
     #[serde(default)]
     pub tokenizer: Option<String>,
+    /// Disaggregated serving: how a request is split between a prefill and a decode
+    /// worker, `vllm-nixl` or `sglang-bootstrap` (default none: every request runs
+    /// aggregated, and prefill workers are refused).
+    #[serde(default, deserialize_with = "opt_from_str")]
+    pub disagg_protocol: Option<DisaggProtocol>,
+    /// With `disagg_protocol`: prompts whose uncached part is shorter than this many
+    /// tokens run aggregated on a decode worker (default 2,048).
+    #[serde(default)]
+    pub disagg_isl_min_tokens: Option<u32>,
+}
+
+impl Default for ModelConfig {
+    /// A model named `""` (give it a name) with every optional key unset.
+    fn default() -> Self {
+        ModelConfig {
+            name: String::new(),
+            block_size: None,
+            mode: None,
+            lora_adapters: Vec::new(),
+            tokenizer: None,
+            disagg_protocol: None,
+            disagg_isl_min_tokens: None,
+        }
+    }
+}
+
+/// The wire protocol that drives a model's prefill and decode workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DisaggProtocol {
+    /// vLLM with the NIXL connector: prefill answers `kv_transfer_params`, which the
+    /// decode request then carries.
+    VllmNixl,
+    /// SGLang: both workers get the request at once with `bootstrap_host`,
+    /// `bootstrap_port` and `bootstrap_room`, and pair through the prefill worker's
+    /// bootstrap server.
+    SglangBootstrap,
+}
+
+impl DisaggProtocol {
+    /// The name the configuration uses.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DisaggProtocol::VllmNixl => "vllm-nixl",
+            DisaggProtocol::SglangBootstrap => "sglang-bootstrap",
+        }
+    }
+}
+
+impl FromStr for DisaggProtocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "vllm-nixl" => Ok(DisaggProtocol::VllmNixl),
+            "sglang-bootstrap" => Ok(DisaggProtocol::SglangBootstrap),
+            _ => Err(format!("unknown disaggregation protocol {s:?}; expected vllm-nixl or sglang-bootstrap")),
+        }
+    }
+}
+
+impl fmt::Display for DisaggProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One worker: an OpenAI-compatible server of one model.
@@ -328,6 +392,11 @@ pub struct WorkerConfig {
     /// Its ROUTER replay endpoint, used to fill gaps in the event stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events_replay: Option<String>,
+    /// The port of a prefill worker's bootstrap server (SGLang's
+    /// `--disaggregation-bootstrap-port`), on the host of its `url`. Required for the
+    /// prefill workers of a `sglang-bootstrap` model, refused on other workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
 }
 
 /// A taint on a worker.

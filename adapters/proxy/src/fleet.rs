@@ -12,7 +12,7 @@ use kvroute_driver::{Driver, DriverConfig};
 use router_core::hash::BlockSize;
 use router_core::WorkerId;
 
-use crate::config::{router_config, ProxyConfig, WorkerConfig};
+use crate::config::{router_config, DisaggProtocol, ProxyConfig, WorkerConfig};
 
 /// One model's workers and router.
 pub struct Pool {
@@ -22,6 +22,9 @@ pub struct Pool {
     pub driver: Driver,
     /// Tokens per KV block for this model.
     pub block_size: BlockSize,
+    /// How requests split across prefill and decode workers; `None` serves every
+    /// request aggregated.
+    pub disagg: Option<DisaggProtocol>,
 }
 
 /// Pools, model names and workers.
@@ -48,7 +51,10 @@ impl Fleet {
             let router = router_config(cfg, m, pool_seed);
             let block_size = router.block_size;
             let driver = Driver::new(DriverConfig { router, draw_seed: pool_seed });
-            pools.insert(m.name.clone(), Arc::new(Pool { name: m.name.clone(), driver, block_size }));
+            pools.insert(
+                m.name.clone(),
+                Arc::new(Pool { name: m.name.clone(), driver, block_size, disagg: m.disagg_protocol }),
+            );
             names.insert(m.name.clone(), (m.name.clone(), None));
             for a in &m.lora_adapters {
                 names.insert(a.clone(), (m.name.clone(), Some(a.clone())));

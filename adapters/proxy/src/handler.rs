@@ -1,5 +1,6 @@
 //! The proxied endpoints: read and check the request, build the router's question,
 //! route it, forward it (retrying connect failures elsewhere), and stream the answer.
+//! Models with a `disagg_protocol` hand their requests to [`crate::disagg`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,13 +13,14 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
 use router_core::router::Request;
-use router_core::WorkerId;
+use router_core::{WorkerId, WorkerKey};
 use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
 use crate::config::WorkerConfig;
+use crate::disagg;
 use crate::error::ApiError;
 use crate::fleet::Pool;
 use crate::health;
@@ -44,6 +46,8 @@ pub struct Prepared {
     pub path_and_query: String,
     /// Whether the trusted preview flag was set.
     pub preview: bool,
+    /// The endpoint the request came to (or looks like, for a preview).
+    pub endpoint: Endpoint,
 }
 
 /// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
@@ -123,7 +127,7 @@ pub async fn prepare(
     let request = request::build(build, &tokens);
     state.metrics.stage("tokenize", t1.elapsed());
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
-    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview: hh.preview })
+    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview: hh.preview, endpoint })
 }
 
 /// Reads the body, refusing more than `max` bytes before buffering them.
@@ -183,6 +187,9 @@ fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
 
 /// Answers with the decision the router would make, changing nothing.
 pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiError> {
+    if let Some(protocol) = disagg::protocol(&p) {
+        return disagg::preview(state, p, protocol);
+    }
     let driver = &p.pool.driver;
     let isl = p.request.isl_tokens;
     let routed = driver
@@ -191,7 +198,8 @@ pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiErr
     Ok(crate::error::json_response(http::StatusCode::OK, &crate::admin::routed_json(&p.pool.name, isl, &routed)))
 }
 
-/// Routes and forwards, retrying connect failures on workers not yet tried.
+/// Routes and forwards: split across a prefill and a decode worker when the model is
+/// disaggregated, else to one worker.
 async fn forward(
     state: &Arc<State>,
     p: Prepared,
@@ -201,12 +209,26 @@ async fn forward(
     if state.shutting_down() {
         return Err(ApiError::shutting_down());
     }
+    state.budget.deposit();
+    match disagg::protocol(&p) {
+        Some(protocol) => disagg::forward(state, p, protocol, arrived, permit).await,
+        None => forward_aggregated(state, p, arrived, permit).await,
+    }
+}
+
+/// Routes `p.request` (whatever phase it names) and forwards it, retrying connect
+/// failures on workers not yet tried.
+pub(crate) async fn forward_aggregated(
+    state: &Arc<State>,
+    p: Prepared,
+    arrived: Instant,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response<ProxyBody>, ApiError> {
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     let pool = p.pool.clone();
     let mut request = p.request.clone();
     let mut tried: Vec<WorkerId> = Vec::new();
     let mut last_err: Option<ApiError> = None;
-    state.budget.deposit();
     for attempt in 0..=state.cfg.retry.retries_max {
         // The core excludes workers that already failed this request (unless a pin names them).
         request.failed_workers.clone_from(&tried);
@@ -234,10 +256,13 @@ async fn forward(
             let _ = booking.fail(DispatchFailure::Worker);
             continue;
         };
-        let up = upstream_request(state, &worker, &booking, &p)?;
+        let up = upstream_request(state, &worker, booking.target(), &p, p.forward_body.clone())?;
         match tokio::time::timeout_at(deadline, state.client.request(up)).await {
             Err(_) => return Err(ApiError::timeout()),
-            Ok(Ok(resp)) => return Ok(respond(state, resp, booking, &pool.name, arrived, deadline, permit)),
+            Ok(Ok(resp)) => {
+                let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
+                return Ok(respond(state, resp, booking, ctx, permit));
+            }
             Ok(Err(e)) => {
                 let connect = e.is_connect();
                 let _ = booking.fail(DispatchFailure::Worker);
@@ -253,39 +278,53 @@ async fn forward(
     Err(last_err.unwrap_or_else(|| ApiError::upstream("no worker could take the request")))
 }
 
-fn upstream_request(
+/// The request to send `body` to `target` on `worker`, with the client's headers.
+pub(crate) fn upstream_request(
     state: &State,
     worker: &WorkerConfig,
-    booking: &Booking,
+    target: WorkerKey,
     p: &Prepared,
+    body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, ApiError> {
     let uri = worker.url.join(&p.path_and_query).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
-    let mut headers = upstream_headers(&p.headers, state.trust.token_header(), p.forward_body.len());
+    let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
     if worker.dp_ranks > 1 {
-        headers.insert(state.dp_rank_header.clone(), HeaderValue::from(booking.target().rank.0));
+        headers.insert(state.dp_rank_header.clone(), HeaderValue::from(target.rank.0));
     }
-    let mut req = http::Request::post(uri)
-        .body(Full::new(p.forward_body.clone()))
-        .map_err(|e| ApiError::upstream(e.to_string()))?;
+    let mut req = http::Request::post(uri).body(Full::new(body)).map_err(|e| ApiError::upstream(e.to_string()))?;
     *req.headers_mut() = headers;
     Ok(req)
 }
 
+/// What a streamed answer is part of.
+pub(crate) struct Respond<'a> {
+    /// The pool's name.
+    pub model: &'a str,
+    /// When the request arrived.
+    pub arrived: Instant,
+    /// When it must be done.
+    pub deadline: Instant,
+    /// The prefill worker of a split request, named in `x-kvroute-prefill-worker`.
+    pub prefill_worker: Option<u64>,
+}
+
 /// The worker accepted: confirm the booking and stream its answer back.
-fn respond(
+pub(crate) fn respond(
     state: &Arc<State>,
     resp: Response<Incoming>,
     mut booking: Booking,
-    model: &str,
-    arrived: Instant,
-    deadline: Instant,
+    ctx: Respond<'_>,
     permit: OwnedSemaphorePermit,
 ) -> Response<ProxyBody> {
+    let Respond { model, arrived, deadline, prefill_worker } = ctx;
     let _ = booking.dispatched();
     let worker = booking.target().worker.0;
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(WORKER_HEADER, HeaderValue::from(worker));
+    if let Some(w) = prefill_worker {
+        parts.headers.insert(disagg::PREFILL_WORKER_HEADER, HeaderValue::from(w));
+    }
     let sse = parts.headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let injects_errors =
         sse && !parts.headers.contains_key(CONTENT_LENGTH) && !parts.headers.contains_key(CONTENT_ENCODING);
@@ -302,7 +341,7 @@ fn respond(
 }
 
 /// An error and its causes, for messages.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -10,19 +10,24 @@
 //! failures eject a worker until a probe readmits it. A client that goes away frees its
 //! load, lease and queue slot at once.
 //!
+//! A model with a `disagg_protocol` splits each request between a prefill and a decode
+//! worker, speaking vLLM's NIXL or SGLang's bootstrap protocol, or runs it aggregated on
+//! a decode worker when remote prefill would not pay (see [`disagg`]).
+//!
 //! Endpoints: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`;
 //! `GET /v1/models`, `/health`, `/ready`, `/metrics`; and for trusted clients
 //! `GET|POST /workers`, `DELETE /workers/{id}`, `POST /route/preview`.
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
-//! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and
-//! disaggregated prefill/decode orchestration (only the aggregated phase is routed).
+//! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and the
+//! KV transfer between prefill and decode workers (the engines move the cache).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod disagg;
 pub mod error;
 pub mod events;
 pub mod fleet;

@@ -87,8 +87,23 @@ pub struct Metrics {
     ejections: Family<FailureLabels, Counter>,
     fallbacks: Family<FallbackLabels, Counter>,
     silent_streams: Family<WorkerLabels, Counter>,
+    disagg_plans: Family<PlanLabels, Counter>,
+    disagg_aborts: Family<AbortLabels, Counter>,
     /// Requests served per worker id, cumulative.
     served: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlanLabels {
+    model: String,
+    plan: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AbortLabels {
+    model: String,
+    aborted: &'static str,
+    cause: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,6 +143,8 @@ impl Metrics {
             ejections: Family::default(),
             fallbacks: Family::default(),
             silent_streams: Family::default(),
+            disagg_plans: Family::default(),
+            disagg_aborts: Family::default(),
             served: std::sync::Mutex::new(std::collections::BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -168,6 +185,16 @@ impl Metrics {
             "kvroute_kv_event_streams_silent",
             "Times a worker's KV-event stream was found silent while it served requests",
             m.silent_streams.clone(),
+        );
+        r.register(
+            "kvroute_disagg_plans",
+            "Requests of disaggregated models by plan: split, or the reason they ran aggregated",
+            m.disagg_plans.clone(),
+        );
+        r.register(
+            "kvroute_disagg_aborts",
+            "Paired phases cut short because the other phase failed",
+            m.disagg_aborts.clone(),
         );
         r.register_collector(Box::new(FleetCollector { fleet }));
         Metrics { registry, ..m }
@@ -252,6 +279,18 @@ impl Metrics {
     pub fn ejected(&self, model: &str, worker: u64) {
         let labels = FailureLabels { model: model.into(), worker: worker.to_string(), kind: "consecutive_failures" };
         self.ejections.get_or_create(&labels).inc();
+    }
+
+    /// A disaggregated model's plan for a request: `split`, or a bypass reason
+    /// (`short_prompt`, `prefill_busy`, `no_prefill_workers`).
+    pub fn disagg_plan(&self, model: &str, plan: &'static str) {
+        self.disagg_plans.get_or_create(&PlanLabels { model: model.into(), plan }).inc();
+    }
+
+    /// One phase (`prefill` or `decode`) of a pair was aborted because the other failed
+    /// (`cause`: `connect`, `status`, `request`, `timeout`).
+    pub fn disagg_abort(&self, model: &str, aborted: &'static str, cause: &'static str) {
+        self.disagg_aborts.get_or_create(&AbortLabels { model: model.into(), aborted, cause }).inc();
     }
 
     /// A request routed on hashed bytes: `no_tokenizer` or `tokenizer_error`.

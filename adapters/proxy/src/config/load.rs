@@ -79,6 +79,9 @@ impl ProxyConfig {
                     return invalid(format!("models[{i}].block_size"), format!("{bs} is not a valid block size"));
                 }
             }
+            if m.disagg_protocol.is_none() && m.disagg_isl_min_tokens.is_some() {
+                return invalid(format!("models[{i}].disagg_isl_min_tokens"), "needs disagg_protocol".into());
+            }
             for name in std::iter::once(&m.name).chain(&m.lora_adapters) {
                 if name.is_empty() || !names.insert(name.as_str()) {
                     return invalid(
@@ -106,13 +109,29 @@ impl ProxyConfig {
 
     /// Checks one worker against the models (also used by `POST /workers`).
     pub(crate) fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
-        if !self.models.iter().any(|m| m.name == w.model) {
+        let Some(model) = self.models.iter().find(|m| m.name == w.model) else {
             return Err(("model", format!("{:?} is not a configured model", w.model)));
-        }
+        };
         if w.dp_ranks == 0 || w.weight == 0 {
             return Err(("dp_ranks", "dp_ranks and weight must be at least 1".into()));
         }
-        Ok(())
+        check_disagg(model.disagg_protocol, w)
+    }
+}
+
+/// A prefill worker needs a protocol that drives it, and SGLang's its bootstrap port.
+fn check_disagg(protocol: Option<DisaggProtocol>, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
+    let prefill = w.role == WorkerRole::Prefill;
+    if prefill && protocol.is_none() {
+        return Err(("role", format!("prefill workers need models.disagg_protocol for model {:?}", w.model)));
+    }
+    match w.bootstrap_port {
+        Some(_) if !prefill => Err(("bootstrap_port", "only prefill workers have a bootstrap port".into())),
+        Some(0) => Err(("bootstrap_port", "must be a port above 0".into())),
+        None if prefill && protocol == Some(DisaggProtocol::SglangBootstrap) => {
+            Err(("bootstrap_port", "prefill workers of a sglang-bootstrap model need one".into()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -184,6 +203,9 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.eligibility.prefill_tokens_frac_of_batch =
         (r.prefill_tokens_frac_of_batch > 0.0).then_some(r.prefill_tokens_frac_of_batch);
     rc.eligibility.decode_blocks_frac_of_kv = (r.decode_blocks_frac_of_kv > 0.0).then_some(r.decode_blocks_frac_of_kv);
+    if let Some(n) = model.disagg_isl_min_tokens {
+        rc.disagg.isl_min_tokens = n;
+    }
     rc
 }
 
@@ -220,6 +242,29 @@ mod tests {
             "workers[1].id",
         );
         check_err("[router]\nblock_size = 0\n", None, "router.block_size");
+    }
+
+    #[test]
+    fn disaggregation_keys_are_checked() {
+        let model = |protocol: &str| format!("[[models]]\nname = \"m\"\n{protocol}");
+        let worker = |extra: &str| format!("[[workers]]\nid = 1\nurl = \"http://x:1\"\nmodel = \"m\"\n{extra}");
+        let nixl = model("disagg_protocol = \"vllm-nixl\"\n");
+        let sglang = model("disagg_protocol = \"sglang-bootstrap\"\n");
+        let ok = |text: String| ProxyConfig::from_toml_str(&text).map(|_| ()).map_err(|e| e.to_string());
+        check_err(&model("disagg_protocol = \"nccl\"\n"), Some(3), "disagg_protocol");
+        check_err(&model("disagg_isl_min_tokens = 10\n"), None, "models[0].disagg_isl_min_tokens");
+        check_err(&model("disagg_bogus = 1\n"), Some(3), "disagg_bogus");
+        check_err(&format!("{}{}", model(""), worker("role = \"prefill\"\n")), None, "workers[0].role");
+        check_err(&format!("{sglang}{}", worker("role = \"prefill\"\n")), None, "workers[0].bootstrap_port");
+        check_err(&format!("{nixl}{}", worker("bootstrap_port = 9\n")), None, "workers[0].bootstrap_port");
+        check_err(&format!("{sglang}{}", worker("role = \"prefill\"\nbootstrap_port = 0\n")), None, "bootstrap_port");
+        assert_eq!(ok(format!("{nixl}{}", worker("role = \"prefill\"\n"))), Ok(()));
+        assert_eq!(ok(format!("{sglang}{}", worker("role = \"prefill\"\nbootstrap_port = 9\n"))), Ok(()));
+        assert_eq!(ok(format!("{sglang}{}", worker("role = \"decode\"\n"))), Ok(()));
+        let cfg =
+            ProxyConfig::from_toml_str(&model("disagg_protocol = \"vllm-nixl\"\ndisagg_isl_min_tokens = 7\n")).unwrap();
+        assert_eq!(cfg.models[0].disagg_protocol, Some(DisaggProtocol::VllmNixl));
+        assert_eq!(router_config(&cfg, &cfg.models[0], 0).disagg.isl_min_tokens, 7);
     }
 
     #[test]

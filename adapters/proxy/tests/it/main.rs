@@ -48,6 +48,7 @@ pub fn config(workers: &[(u64, SocketAddr)]) -> ProxyConfig {
             mode: None,
             lora_adapters: vec!["m-lora".into()],
             tokenizer: None,
+            ..ModelConfig::default()
         }],
         workers: workers.iter().map(|&(id, a)| worker(id, a)).collect(),
         ..ProxyConfig::default()

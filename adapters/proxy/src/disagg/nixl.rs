@@ -1,0 +1,177 @@
+//! vLLM's NIXL protocol: prefill first, then decode with what the prefill returned.
+//!
+//! 1. The prefill worker gets the request as a one-token, non-streaming completion
+//!    asking it to keep the KV for a remote decode (`kv_transfer_params` with
+//!    `do_remote_decode: true`, the other fields null, as vLLM's own disaggregation
+//!    proxy sends them). A failure here is retried on another prefill worker: the
+//!    client has seen nothing yet.
+//! 2. Its answer's `kv_transfer_params` (where and which blocks to pull) go into the
+//!    original request, which the decode worker streams back to the client. A decode
+//!    worker that refuses the connection is replaced by another one; the prefilled KV
+//!    stays where it is until some decode worker pulls it.
+//!
+//! The prefill booking ends when its answer arrives (the prefill worker's part is done);
+//! the decode booking lives as long as the client's stream.
+
+use std::sync::Arc;
+
+use http::Response;
+use kvroute_driver::DispatchFailure;
+use router_core::{Phase, WorkerId};
+use serde_json::{json, Map, Value};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::phase::{book, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
+use crate::body::ProxyBody;
+use crate::error::ApiError;
+use crate::handler::{error_chain, respond, upstream_request, Prepared, Respond};
+use crate::health;
+use crate::state::State;
+
+/// What the prefill step came to.
+enum Prefilled {
+    /// The KV waits on `worker`; `params` tell a decode worker how to pull it.
+    Ready { worker: u64, params: Option<Value> },
+    /// The prefill worker refused the request; this is the client's answer.
+    Answer(Response<ProxyBody>),
+}
+
+/// Prefill on one worker, then decode on another, streaming the decode's answer.
+pub(super) async fn forward(
+    state: &Arc<State>,
+    p: Prepared,
+    arrived: Instant,
+    deadline: Instant,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response<ProxyBody>, ApiError> {
+    let (prefill_worker, params) = match tokio::time::timeout_at(deadline, prefill(state, &p, deadline)).await {
+        Err(_) => return Err(ApiError::timeout()),
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(Prefilled::Answer(resp))) => return Ok(resp),
+        Ok(Ok(Prefilled::Ready { worker, params })) => (worker, params),
+    };
+    let body = match params {
+        Some(params) => edited_body(&p, |o| {
+            o.insert("kv_transfer_params".into(), params);
+        })?,
+        // Without params the decode worker computes the prompt itself.
+        None => p.forward_body.clone(),
+    };
+    let model = p.pool.name.as_str();
+    let mut req = phase_request(&p.request, Phase::Decode);
+    let mut retry = Retry::new();
+    loop {
+        let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
+        let up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
+        match tokio::time::timeout_at(deadline, state.client.request(up)).await {
+            Err(_) => return Err(ApiError::timeout()),
+            Ok(Ok(resp)) => {
+                let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker) };
+                return Ok(respond(state, resp, booking, ctx, permit));
+            }
+            Ok(Err(e)) => {
+                let connect = e.is_connect();
+                let _ = booking.fail(DispatchFailure::Worker);
+                health::failure(state, worker.id, if connect { "connect" } else { "request" });
+                let err = ApiError::upstream(format!("decode worker {} failed: {}", worker.id, error_chain(&e)));
+                if !retry.failed(state, model, WorkerId(worker.id), err, connect) {
+                    return Err(retry.into_err());
+                }
+            }
+        }
+    }
+}
+
+/// Runs the prefill on the first prefill worker that does not fail.
+async fn prefill(state: &Arc<State>, p: &Prepared, deadline: Instant) -> Result<Prefilled, ApiError> {
+    let body = edited_body(p, prefill_fields)?;
+    let model = p.pool.name.as_str();
+    let mut req = phase_request(&p.request, Phase::Prefill);
+    let mut retry = Retry::new();
+    loop {
+        let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
+        let up = upstream_request(state, &worker, booking.target(), p, body.clone())?;
+        match run_prefill(state, model, &worker, booking, up).await {
+            PrefillEnd::Done(answer) => {
+                return Ok(Prefilled::Ready { worker: worker.id, params: transfer_params(&answer) })
+            }
+            PrefillEnd::Refused(resp) => return Ok(Prefilled::Answer(resp)),
+            PrefillEnd::Failed { err, retryable, .. } => {
+                if !retry.failed(state, model, WorkerId(worker.id), err, retryable) {
+                    return Err(retry.into_err());
+                }
+            }
+        }
+    }
+}
+
+/// The prefill request: one token, no stream, and the KV kept for a remote decode.
+fn prefill_fields(o: &mut Map<String, Value>) {
+    let params = json!({
+        "do_remote_decode": true,
+        "do_remote_prefill": false,
+        "remote_engine_id": null,
+        "remote_block_ids": null,
+        "remote_host": null,
+        "remote_port": null,
+    });
+    o.insert("kv_transfer_params".into(), params);
+    o.insert("stream".into(), Value::Bool(false));
+    o.insert("max_tokens".into(), json!(1));
+    if o.contains_key("max_completion_tokens") {
+        o.insert("max_completion_tokens".into(), json!(1));
+    }
+    // Options of a stream or of a longer output that a one-token answer cannot honour.
+    for key in ["stream_options", "min_tokens", "min_completion_tokens"] {
+        o.remove(key);
+    }
+}
+
+/// The `kv_transfer_params` object of a prefill answer, if it has one.
+fn transfer_params(answer: &[u8]) -> Option<Value> {
+    let v: Value = serde_json::from_slice(answer).ok()?;
+    match v.get("kv_transfer_params") {
+        Some(o @ Value::Object(_)) => Some(o.clone()),
+        _ => {
+            tracing::debug!("prefill answer carries no kv_transfer_params; decode computes the prompt");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(client: Value, want: Value) {
+        let mut o = client.as_object().cloned().unwrap();
+        prefill_fields(&mut o);
+        assert_eq!(Value::Object(o), want);
+    }
+
+    #[test]
+    fn the_prefill_request_asks_for_one_token_and_keeps_the_kv() {
+        let kv = json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+            "remote_block_ids": null, "remote_host": null, "remote_port": null});
+        check(
+            json!({"model": "m", "prompt": "p", "stream": true, "max_tokens": 90, "stream_options": {"include_usage": true}}),
+            json!({"model": "m", "prompt": "p", "stream": false, "max_tokens": 1, "kv_transfer_params": kv}),
+        );
+        check(
+            json!({"model": "m", "messages": [], "max_completion_tokens": 9, "min_tokens": 3, "kv_transfer_params": {"x": 1}}),
+            json!({"model": "m", "messages": [], "stream": false, "max_tokens": 1, "max_completion_tokens": 1,
+                "kv_transfer_params": kv}),
+        );
+    }
+
+    #[test]
+    fn transfer_params_come_from_the_answer_object() {
+        let params = json!({"do_remote_prefill": true, "remote_block_ids": [0, 1]});
+        let answer = json!({"choices": [], "kv_transfer_params": params}).to_string();
+        assert_eq!(transfer_params(answer.as_bytes()), Some(params));
+        assert_eq!(transfer_params(br#"{"kv_transfer_params": null}"#), None);
+        assert_eq!(transfer_params(b"not json"), None);
+    }
+}
