@@ -1,6 +1,7 @@
 //! The proxy end to end on loopback: real sockets, a fake upstream, bounded waits.
 
 mod admin;
+mod disagg;
 mod failures;
 mod fake;
 mod fleet;
