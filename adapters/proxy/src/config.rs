@@ -297,6 +297,11 @@ pub struct ModelConfig {
     /// tokens run aggregated on a decode worker (default 2,048).
     #[serde(default)]
     pub disagg_isl_min_tokens: Option<u32>,
+    /// With `disagg_protocol`: a topology label (e.g. `node` or `rack`) a decode worker
+    /// must share with its request's prefill worker, so the KV moves over a short link
+    /// (default none: any decode worker). A prefill worker without it constrains nothing.
+    #[serde(default)]
+    pub disagg_same_label: Option<String>,
 }
 
 impl Default for ModelConfig {
@@ -310,6 +315,7 @@ impl Default for ModelConfig {
             tokenizer: None,
             disagg_protocol: None,
             disagg_isl_min_tokens: None,
+            disagg_same_label: None,
         }
     }
 }

@@ -25,6 +25,8 @@ pub struct Pool {
     /// How requests split across prefill and decode workers; `None` serves every
     /// request aggregated.
     pub disagg: Option<DisaggProtocol>,
+    /// The topology label a split request's decode worker shares with its prefill worker.
+    pub disagg_same_label: Option<String>,
 }
 
 /// Pools, model names and workers.
@@ -53,7 +55,13 @@ impl Fleet {
             let driver = Driver::new(DriverConfig { router, draw_seed: pool_seed });
             pools.insert(
                 m.name.clone(),
-                Arc::new(Pool { name: m.name.clone(), driver, block_size, disagg: m.disagg_protocol }),
+                Arc::new(Pool {
+                    name: m.name.clone(),
+                    driver,
+                    block_size,
+                    disagg: m.disagg_protocol,
+                    disagg_same_label: m.disagg_same_label.clone(),
+                }),
             );
             names.insert(m.name.clone(), (m.name.clone(), None));
             for a in &m.lora_adapters {

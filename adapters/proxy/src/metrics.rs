@@ -287,8 +287,10 @@ impl Metrics {
         self.disagg_plans.get_or_create(&PlanLabels { model: model.into(), plan }).inc();
     }
 
-    /// One phase (`prefill` or `decode`) of a pair was aborted because the other failed
-    /// (`cause`: `connect`, `status`, `request`, `timeout`).
+    /// One phase (`prefill` or `decode`) of a pair was aborted because the other failed.
+    /// `cause` is the other phase's failure: `connect`, `request`, `status_5xx`,
+    /// `stream_broken` or `refused` (a 4xx) for a prefill; `connect`, `request` or
+    /// `status` for a decode.
     pub fn disagg_abort(&self, model: &str, aborted: &'static str, cause: &'static str) {
         self.disagg_aborts.get_or_create(&AbortLabels { model: model.into(), aborted, cause }).inc();
     }

@@ -82,6 +82,9 @@ impl ProxyConfig {
             if m.disagg_protocol.is_none() && m.disagg_isl_min_tokens.is_some() {
                 return invalid(format!("models[{i}].disagg_isl_min_tokens"), "needs disagg_protocol".into());
             }
+            if m.disagg_protocol.is_none() && m.disagg_same_label.is_some() {
+                return invalid(format!("models[{i}].disagg_same_label"), "needs disagg_protocol".into());
+            }
             for name in std::iter::once(&m.name).chain(&m.lora_adapters) {
                 if name.is_empty() || !names.insert(name.as_str()) {
                     return invalid(
@@ -253,6 +256,7 @@ mod tests {
         let ok = |text: String| ProxyConfig::from_toml_str(&text).map(|_| ()).map_err(|e| e.to_string());
         check_err(&model("disagg_protocol = \"nccl\"\n"), Some(3), "disagg_protocol");
         check_err(&model("disagg_isl_min_tokens = 10\n"), None, "models[0].disagg_isl_min_tokens");
+        check_err(&model("disagg_same_label = \"node\"\n"), None, "models[0].disagg_same_label");
         check_err(&model("disagg_bogus = 1\n"), Some(3), "disagg_bogus");
         check_err(&format!("{}{}", model(""), worker("role = \"prefill\"\n")), None, "workers[0].role");
         check_err(&format!("{sglang}{}", worker("role = \"prefill\"\n")), None, "workers[0].bootstrap_port");

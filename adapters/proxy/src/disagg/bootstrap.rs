@@ -30,7 +30,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::phase::{book, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
+use super::phase::{book, decode_request, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
 use crate::body::ProxyBody;
 use crate::config::{WorkerConfig, WorkerUrl};
 use crate::error::ApiError;
@@ -65,10 +65,10 @@ pub(super) async fn forward(
 ) -> Result<Response<ProxyBody>, ApiError> {
     let model = p.pool.name.as_str();
     let mut pre = phase_request(&p.request, Phase::Prefill);
-    let mut dec = phase_request(&p.request, Phase::Decode);
     let (mut retry_pre, mut retry_dec) = (Retry::new(), Retry::new());
     loop {
         let (pre_booking, pre_worker) = book(state, &p.pool, &mut pre, &retry_pre, deadline).await?;
+        let mut dec = decode_request(&p.request, &p.pool, &pre_worker);
         let (dec_booking, dec_worker) = book(state, &p.pool, &mut dec, &retry_dec, deadline).await?;
         // A u63, as SGLang draws it.
         let room = p.pool.driver.draw().next_u64() >> 1;

@@ -19,9 +19,11 @@
 //! lease and slot exactly once. Answers name the decode worker in `x-kvroute-worker`
 //! and the prefill worker in `x-kvroute-prefill-worker`.
 //!
-//! What it leaves to others: the KV transfer itself (the engines' business), and
-//! topology-constrained decode picks (the core supports them; nothing here asks yet).
-//! Embeddings are never split.
+//! With `disagg_same_label`, a decode pick is restricted to workers sharing that
+//! topology label with the prefill worker (the core's eligibility does it).
+//!
+//! What it leaves to others: the KV transfer itself (the engines' business). Embeddings
+//! are never split.
 
 mod bootstrap;
 mod nixl;
@@ -81,19 +83,22 @@ pub(crate) async fn forward(
 pub fn preview(state: &State, p: Prepared, protocol: DisaggProtocol) -> Result<Response<ProxyBody>, ApiError> {
     let driver = &p.pool.driver;
     let (name, isl) = (p.pool.name.as_str(), p.request.isl_tokens);
-    let pick = |phase| {
-        let r = phase::phase_request(&p.request, phase);
-        driver.preview(r, driver.draw()).map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms))
-    };
+    let pick =
+        |r| driver.preview(r, driver.draw()).map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms));
     let plan = plan(&p, false);
     let mut out = match plan {
         DisaggPlan::Split => {
-            let (pre, dec) = (pick(Phase::Prefill)?, pick(Phase::Decode)?);
+            let pre = pick(phase::phase_request(&p.request, Phase::Prefill))?;
+            let dec = match state.fleet.worker(pre.target.worker.0) {
+                Some(w) => phase::decode_request(&p.request, &p.pool, &w),
+                None => phase::phase_request(&p.request, Phase::Decode),
+            };
+            let dec = pick(dec)?;
             let mut v = routed_json(name, isl, &dec);
             v["prefill"] = routed_json(name, isl, &pre);
             v
         }
-        DisaggPlan::Bypass(_) => routed_json(name, isl, &pick(Phase::Aggregated)?),
+        DisaggPlan::Bypass(_) => routed_json(name, isl, &pick(p.request.clone())?),
     };
     out["disagg"] = plan_json(protocol, plan);
     Ok(json_response(StatusCode::OK, &out))

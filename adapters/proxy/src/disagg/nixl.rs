@@ -22,8 +22,9 @@ use serde_json::{json, Map, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::phase::{book, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
+use super::phase::{book, decode_request, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
 use crate::body::ProxyBody;
+use crate::config::WorkerConfig;
 use crate::error::ApiError;
 use crate::handler::{error_chain, respond, upstream_request, Prepared, Respond};
 use crate::health;
@@ -32,7 +33,7 @@ use crate::state::State;
 /// What the prefill step came to.
 enum Prefilled {
     /// The KV waits on `worker`; `params` tell a decode worker how to pull it.
-    Ready { worker: u64, params: Option<Value> },
+    Ready { worker: Arc<WorkerConfig>, params: Option<Value> },
     /// The prefill worker refused the request; this is the client's answer.
     Answer(Response<ProxyBody>),
 }
@@ -51,6 +52,7 @@ pub(super) async fn forward(
         Ok(Ok(Prefilled::Answer(resp))) => return Ok(resp),
         Ok(Ok(Prefilled::Ready { worker, params })) => (worker, params),
     };
+    let mut req = decode_request(&p.request, &p.pool, &prefill_worker);
     let body = match params {
         Some(params) => edited_body(&p, |o| {
             o.insert("kv_transfer_params".into(), params);
@@ -59,7 +61,6 @@ pub(super) async fn forward(
         None => p.forward_body.clone(),
     };
     let model = p.pool.name.as_str();
-    let mut req = phase_request(&p.request, Phase::Decode);
     let mut retry = Retry::new();
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
@@ -67,7 +68,7 @@ pub(super) async fn forward(
         match tokio::time::timeout_at(deadline, state.client.request(up)).await {
             Err(_) => return Err(ApiError::timeout()),
             Ok(Ok(resp)) => {
-                let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker) };
+                let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };
                 return Ok(respond(state, resp, booking, ctx, permit));
             }
             Ok(Err(e)) => {
@@ -93,9 +94,7 @@ async fn prefill(state: &Arc<State>, p: &Prepared, deadline: Instant) -> Result<
         let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), p, body.clone())?;
         match run_prefill(state, model, &worker, booking, up).await {
-            PrefillEnd::Done(answer) => {
-                return Ok(Prefilled::Ready { worker: worker.id, params: transfer_params(&answer) })
-            }
+            PrefillEnd::Done(answer) => return Ok(Prefilled::Ready { params: transfer_params(&answer), worker }),
             PrefillEnd::Refused(resp) => return Ok(Prefilled::Answer(resp)),
             PrefillEnd::Failed { err, retryable, .. } => {
                 if !retry.failed(state, model, WorkerId(worker.id), err, retryable) {

@@ -35,6 +35,17 @@ pub(super) fn phase_request(r: &Request, phase: Phase) -> Request {
     Request { phase: PhaseField(phase), ..r.clone() }
 }
 
+/// `r`'s decode phase, restricted to decode workers that share the pool's topology label
+/// with `prefill`.
+pub(super) fn decode_request(r: &Request, pool: &Pool, prefill: &WorkerConfig) -> Request {
+    let mut d = phase_request(r, Phase::Decode);
+    d.same_label_as = pool
+        .disagg_same_label
+        .as_ref()
+        .and_then(|key| prefill.labels.get(key).map(|value| (key.clone(), value.clone())));
+    d
+}
+
 /// The client's body with `edit` applied.
 pub(super) fn edited_body(p: &Prepared, edit: impl FnOnce(&mut Map<String, Value>)) -> Result<Bytes, ApiError> {
     let mut v: Value = serde_json::from_slice(&p.forward_body)

@@ -206,6 +206,30 @@ async fn phases_are_pinned_independently() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_workers_share_the_prefill_workers_node() {
+    let nodes = [(1, "a"), (2, "b"), (11, "a"), (12, "b"), (13, "b")];
+    for protocol in BOTH {
+        let f = fleet(protocol, sims(2), sims(3), |c| {
+            c.models[0].disagg_same_label = Some("node".into());
+            for w in &mut c.workers {
+                let node = nodes.iter().find(|(id, _)| *id == w.id).map(|(_, n)| n.to_string());
+                w.labels.extend(node.map(|n| ("node".to_string(), n)));
+            }
+        })
+        .await;
+        let cases: [(u64, &[u64]); 4] = [(1, &[11]), (2, &[12, 13]), (1, &[11]), (2, &[12, 13])];
+        for (i, (prefill, decode)) in cases.into_iter().enumerate() {
+            let pin = prefill.to_string();
+            let pins = [("x-prefill-worker-id", pin.as_str())];
+            let a = post(f.addr(), "/v1/completions", &pins, &completion(LONG, i % 2 == 0, i as u32)).await;
+            check_split(&a, i % 2 == 0, &[prefill], decode);
+        }
+        eventually(5_000, "released", || released(f.addr())).await;
+        f.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_prefill_worker_is_retried_on_another() {
     for protocol in BOTH {
         let f = fleet(protocol, vec![W::Dead, W::Sim], sims(1), |_| {}).await;
