@@ -106,7 +106,7 @@ pub async fn prepare(
     for f in stripped_headers.into_iter().chain(stripped_fields) {
         state.metrics.untrusted(f);
     }
-    let session = parts.headers.get(&state.session_header).map(|v| v.as_bytes().to_vec()).filter(|s| !s.is_empty());
+    let session = request::session_id(&parts.headers, &state.session_header, state.cfg.limits.session_id_bytes_max)?;
     let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
     state.metrics.stage("parse", t0.elapsed());
 
@@ -236,7 +236,13 @@ async fn forward(
         };
         let up = upstream_request(state, &worker, &booking, &p)?;
         match tokio::time::timeout_at(deadline, state.client.request(up)).await {
-            Err(_) => return Err(ApiError::timeout()),
+            Err(_) => {
+                // No answer at all within the request's time counts against the worker, so a
+                // worker gone slow is ejected like one gone dead.
+                let _ = booking.fail(DispatchFailure::Worker);
+                health::failure(state, worker_id.0, "timeout");
+                return Err(ApiError::timeout());
+            }
             Ok(Ok(resp)) => return Ok(respond(state, resp, booking, &pool.name, arrived, deadline, permit)),
             Ok(Err(e)) => {
                 let connect = e.is_connect();

@@ -3,6 +3,10 @@
 mod admin;
 mod failures;
 mod fake;
+mod fault_common;
+mod fault_overload;
+mod fault_slow;
+mod fault_workers;
 mod fleet;
 mod limits;
 mod openai_client;
