@@ -267,6 +267,8 @@ fn upstream_request(
 ) -> Result<http::Request<Full<Bytes>>, ApiError> {
     let uri = worker.url.join(&p.path_and_query).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
     let mut headers = upstream_headers(&p.headers, state.trust.token_header(), p.forward_body.len());
+    // The rank header is the router's word to the engine, never the client's.
+    headers.remove(&state.dp_rank_header);
     if worker.dp_ranks > 1 {
         headers.insert(state.dp_rank_header.clone(), HeaderValue::from(booking.target().rank.0));
     }
