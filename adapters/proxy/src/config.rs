@@ -89,6 +89,12 @@ pub struct LimitsConfig {
     pub upstream_idle_timeout_ms: u64,
     /// How long shutdown waits for in-flight requests, in seconds (default 30).
     pub shutdown_grace_s: u64,
+    /// Client connections open at once (default 10,000). A connection past the cap is
+    /// answered 503 and closed at once, before its request is read.
+    pub connections_max: usize,
+    /// Longest session id accepted, in bytes (default 256); a longer, empty or
+    /// non-UTF-8 session id gets a 400.
+    pub session_id_bytes_max: usize,
 }
 
 impl Default for LimitsConfig {
@@ -101,6 +107,8 @@ impl Default for LimitsConfig {
             connect_timeout_ms: 2_000,
             upstream_idle_timeout_ms: 90_000,
             shutdown_grace_s: 30,
+            connections_max: 10_000,
+            session_id_bytes_max: 256,
         }
     }
 }

@@ -11,6 +11,7 @@ use router_core::admission::QueueRejection;
 use router_core::eligible::EligibilityError;
 use router_core::pin::PinError;
 use router_core::router::RouteError;
+use router_core::select::SelectError;
 use serde_json::{json, Value};
 
 use crate::body::ProxyBody;
@@ -184,6 +185,13 @@ impl ApiError {
                 unavailable("pinned_worker_unavailable", p.to_string())
             }
             DriveError::Route(RouteError::Pin(p)) => Self::bad_request(format!("cannot honour the routing pins: {p}")),
+            // No worker can take it (all ejected, draining or busy with other roles): ours.
+            DriveError::Route(RouteError::Select(s @ SelectError::NoCandidates)) => {
+                unavailable("no_worker", s.to_string())
+            }
+            DriveError::Route(RouteError::Select(s @ SelectError::DirectTargetNotEligible { .. })) => {
+                unavailable("pinned_worker_unavailable", s.to_string())
+            }
             DriveError::Route(RouteError::Select(s)) => Self::bad_request(s.to_string()),
             DriveError::Route(RouteError::Affinity(AffinityError::TableFull { .. })) => {
                 unavailable("sessions_full", e.to_string())
@@ -232,4 +240,28 @@ pub fn json_response(status: StatusCode, v: &Value) -> Response<ProxyBody> {
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(e: DriveError, status: u16, code: &str) {
+        let a = ApiError::from_drive(&e, 1_000);
+        assert_eq!((a.status.as_u16(), a.code), (status, code), "{e}");
+    }
+
+    #[test]
+    fn a_fleet_that_cannot_serve_is_a_503_not_the_clients_fault() {
+        check(DriveError::Route(RouteError::Select(SelectError::NoCandidates)), 503, "no_worker");
+        check(DriveError::QueueTimeout, 503, "queue_timeout");
+        check(
+            DriveError::Route(RouteError::Select(SelectError::DirectTargetRequired {
+                phase: router_core::Phase::Aggregated,
+            })),
+            400,
+            "invalid_request",
+        );
+    }
 }

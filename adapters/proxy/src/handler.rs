@@ -110,7 +110,7 @@ pub async fn prepare(
     for f in stripped_headers.into_iter().chain(stripped_fields) {
         state.metrics.untrusted(f);
     }
-    let session = parts.headers.get(&state.session_header).map(|v| v.as_bytes().to_vec()).filter(|s| !s.is_empty());
+    let session = request::session_id(&parts.headers, &state.session_header, state.cfg.limits.session_id_bytes_max)?;
     let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
     state.metrics.stage("parse", t0.elapsed());
 
@@ -258,7 +258,13 @@ pub(crate) async fn forward_aggregated(
         };
         let up = upstream_request(state, &worker, booking.target(), &p, p.forward_body.clone())?;
         match tokio::time::timeout_at(deadline, state.client.request(up)).await {
-            Err(_) => return Err(ApiError::timeout()),
+            Err(_) => {
+                // No answer at all within the request's time counts against the worker, so a
+                // worker gone slow is ejected like one gone dead.
+                let _ = booking.fail(DispatchFailure::Worker);
+                health::failure(state, worker_id.0, "timeout");
+                return Err(ApiError::timeout());
+            }
             Ok(Ok(resp)) => {
                 let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
                 return Ok(respond(state, resp, booking, ctx, permit));
@@ -288,6 +294,8 @@ pub(crate) fn upstream_request(
 ) -> Result<http::Request<Full<Bytes>>, ApiError> {
     let uri = worker.url.join(&p.path_and_query).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
     let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
+    // The rank header is the router's word to the engine, never the client's.
+    headers.remove(&state.dp_rank_header);
     if worker.dp_ranks > 1 {
         headers.insert(state.dp_rank_header.clone(), HeaderValue::from(target.rank.0));
     }

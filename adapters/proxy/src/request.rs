@@ -1,7 +1,7 @@
 //! Reading an OpenAI request: which endpoint, which model, what prompt, the `kvroute`
 //! body object and the routing headers; and building the router's `Request` from them.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use router_core::hash::{hash_tokens, BlockSize, HashSeed};
 use router_core::pin::RoutingHints;
 use router_core::router::{Priority, Request};
@@ -204,6 +204,28 @@ pub fn header_hints(h: &HeaderMap, trusted: bool) -> Result<(HeaderHints, Vec<&'
     Ok((HeaderHints { hints, preview }, Vec::new()))
 }
 
+/// The session id from header `name`: `None` without the header, else its bytes. An
+/// empty, non-UTF-8, repeated or longer-than-`bytes_max` id is the client's mistake (400),
+/// caught here before the body is hashed or the router sees it. Work is linear in the
+/// header's length.
+pub fn session_id(h: &HeaderMap, name: &HeaderName, bytes_max: usize) -> Result<Option<Vec<u8>>, ApiError> {
+    let mut values = h.get_all(name).iter();
+    let Some(v) = values.next() else { return Ok(None) };
+    let bad = |why: String| Err(ApiError::bad_request(format!("bad session id in header {name}: {why}")));
+    if values.next().is_some() {
+        return bad("the header is repeated".into());
+    }
+    let bytes = v.as_bytes();
+    if bytes.len() > bytes_max {
+        return bad(format!("{} bytes, more than the {bytes_max} allowed", bytes.len()));
+    }
+    match std::str::from_utf8(bytes) {
+        Err(_) => bad("not UTF-8".into()),
+        Ok(s) if s.trim().is_empty() => bad("empty".into()),
+        Ok(_) => Ok(Some(bytes.to_vec())),
+    }
+}
+
 /// Everything the router needs besides the tokens.
 pub struct Build<'a> {
     /// The request id.
@@ -326,6 +348,36 @@ mod tests {
         assert_ne!(plain, blocks(Some("sql"), None));
         assert_ne!(plain, blocks(None, Some("tenant")));
         assert_eq!(plain, blocks(None, None));
+    }
+
+    #[track_caller]
+    fn check_session(values: &[&[u8]], want: Result<Option<&[u8]>, &str>) {
+        let name = HeaderName::from_static("x-session-id");
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(&name, http::HeaderValue::from_bytes(v).unwrap());
+        }
+        match (session_id(&h, &name, 8), want) {
+            (Ok(got), Ok(w)) => assert_eq!(got.as_deref(), w),
+            (Err(e), Err(w)) => {
+                assert_eq!(e.status, 400);
+                assert!(e.message.contains(w), "{} should mention {w}", e.message);
+            }
+            (got, want) => panic!("got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn session_ids_are_checked() {
+        check_session(&[], Ok(None));
+        check_session(&[b"s1"], Ok(Some(b"s1")));
+        check_session(&[b"12345678"], Ok(Some(b"12345678")));
+        check_session(&["h\u{e9}!".as_bytes()], Ok(Some("h\u{e9}!".as_bytes())));
+        check_session(&[b"123456789"], Err("more than the 8"));
+        check_session(&[b""], Err("empty"));
+        check_session(&[b"  "], Err("empty"));
+        check_session(&[b"\xff\xfe"], Err("UTF-8"));
+        check_session(&[b"a", b"b"], Err("repeated"));
     }
 
     #[test]

@@ -1,6 +1,12 @@
-//! The listener: accepts connections (TCP_NODELAY, HTTP/1.1 or h2c), sends each request
-//! to its endpoint, and shuts down gracefully: stop accepting, let in-flight requests
-//! finish within `shutdown_grace_s`, then cut what is left.
+//! The listener: accepts connections (TCP_NODELAY, HTTP/1.1 or h2c) up to
+//! `connections_max`, sends each request to its endpoint, and shuts down gracefully:
+//! stop accepting, let in-flight requests finish within `shutdown_grace_s`, then cut
+//! what is left.
+//!
+//! A connection past the cap is accepted only to be told `503` and closed, so a flood
+//! of idle sockets costs one descriptor each for an instant instead of a task each.
+//! Clients that dawdle over their request head (slowloris, or an idle keep-alive
+//! connection) are closed after `header_read_timeout_ms`, which frees their slot.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -13,8 +19,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::admin;
@@ -76,10 +82,15 @@ pub async fn accept_loop(
     let builder = builder(&state);
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(state.cfg.limits.connections_max));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        refuse(stream, peer);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     let st = state.clone();
                     let svc = service_fn(move |req| {
@@ -91,6 +102,7 @@ pub async fn accept_loop(
                         if let Err(e) = conn.await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
+                        drop(slot);
                     });
                 }
                 Err(e) => {
@@ -115,4 +127,32 @@ pub async fn accept_loop(
     conns.abort_all();
     while conns.join_next().await.is_some() {}
     ShutdownReport { drained, connections_aborted }
+}
+
+/// What a connection past `connections_max` is told before it is closed.
+const TOO_MANY_CONNECTIONS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+retry-after: 1\r\nconnection: close\r\ncontent-length: 114\r\n\r\n\
+{\"error\":{\"message\":\"too many connections open\",\"type\":\"server_error\",\"param\":null,\"code\":\"too_many_connections\"}}";
+
+/// Answers a connection past the cap without reading from it, and closes it. The write
+/// never waits: a fresh socket's send buffer always has room for one short answer, and
+/// if it has not, the client just sees the close.
+fn refuse(stream: TcpStream, peer: SocketAddr) {
+    tracing::debug!(%peer, "connection refused: connections_max reached");
+    let _ = stream.try_write(TOO_MANY_CONNECTIONS);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_is_well_framed_openai_json() {
+        let text = std::str::from_utf8(TOO_MANY_CONNECTIONS).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        assert!(head.lines().any(|l| l == format!("content-length: {}", body.len())), "{head}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "too_many_connections");
+    }
 }

@@ -63,6 +63,9 @@ impl ProxyConfig {
         if self.limits.body_bytes_max == 0 || self.limits.concurrent_requests_max == 0 {
             return invalid("limits".into(), "body_bytes_max and concurrent_requests_max must be above 0".into());
         }
+        if self.limits.connections_max == 0 || self.limits.session_id_bytes_max == 0 {
+            return invalid("limits".into(), "connections_max and session_id_bytes_max must be above 0".into());
+        }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
         }
@@ -196,6 +199,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
         lease_ttl_ms: r.lease_ttl_ms,
         mode: r.affinity_mode.0,
         hash_seed: seed,
+        session_id_bytes_max: cfg.limits.session_id_bytes_max,
         ..AffinityConfig::default()
     };
     rc.load.request_age_max_ms = r.request_age_max_ms;

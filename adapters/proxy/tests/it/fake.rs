@@ -1,9 +1,11 @@
 //! A tiny OpenAI-style upstream for the proxy's tests: streams SSE chunks, answers JSON,
-//! refuses, dies mid-stream, stalls, or fails its health check, on command.
+//! refuses, dies mid-stream, stalls, floods, or fails its health check, on command; and
+//! it can be killed outright, every connection cut and the port closed.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,7 +19,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
 
 /// What the fake does with the next completion requests.
 #[derive(Clone)]
@@ -30,6 +33,11 @@ pub enum Behavior {
     DieAfter { chunks: Vec<Bytes> },
     /// Wait this long before answering the headers.
     Stall { ms: u64 },
+    /// 200 SSE after `ms`: a worker with a fixed service time.
+    Delayed { ms: u64, chunks: Vec<Bytes> },
+    /// 200 SSE: `chunk` again and again until `bytes_total` were taken by the connection,
+    /// counted in [`Fake::written`]; a flood only goes as fast as the proxy reads.
+    Flood { chunk: Bytes, bytes_total: u64 },
     /// This status with an error JSON body.
     Status(u16),
     /// 200 JSON echoing the model.
@@ -42,13 +50,23 @@ pub struct Seen {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Value,
+    /// When its body had arrived.
+    pub at: Instant,
 }
 
-struct Inner {
+pub struct Inner {
     behavior: Mutex<Behavior>,
     healthy: Mutex<bool>,
     seen: Mutex<Vec<Seen>>,
     models: Vec<String>,
+    /// When each health check arrived.
+    probes: Mutex<Vec<Instant>>,
+    /// Body bytes of floods taken by the connections, and floods sent whole.
+    written: AtomicU64,
+    floods_done: AtomicU64,
+    /// Connections accepted.
+    connections: AtomicU64,
+    killed: watch::Sender<bool>,
 }
 
 /// A running fake upstream.
@@ -81,25 +99,61 @@ impl Fake {
             healthy: Mutex::new(true),
             seen: Mutex::new(Vec::new()),
             models: models.iter().map(|s| s.to_string()).collect(),
+            probes: Mutex::new(Vec::new()),
+            written: AtomicU64::new(0),
+            floods_done: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            killed: watch::channel(false).0,
         });
         let fake = Fake { addr, inner };
         let f = fake.clone();
+        let mut killed = fake.inner.killed.subscribe();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let stream = tokio::select! {
+                    a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => return },
+                    _ = killed.wait_for(|k| *k) => return,
+                };
+                f.inner.connections.fetch_add(1, Ordering::Relaxed);
+                // Like a real engine's server: small SSE writes are not held back by Nagle.
+                let _ = stream.set_nodelay(true);
                 let f = f.clone();
+                let mut killed = f.inner.killed.subscribe();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
                         let f = f.clone();
                         async move { Ok::<_, Infallible>(f.serve(req).await) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = killed.wait_for(|k| *k) => {}
+                    }
                 });
             }
         });
         fake
+    }
+
+    /// The process died: the port is closed and every connection is cut, mid-stream or not.
+    pub fn kill(&self) {
+        self.inner.killed.send_replace(true);
+    }
+
+    /// When each health check (a probe or an active check) arrived.
+    pub fn probes(&self) -> Vec<Instant> {
+        self.inner.probes.lock().unwrap().clone()
+    }
+
+    /// Flood bytes the connections took so far, and floods sent whole.
+    pub fn written(&self) -> (u64, u64) {
+        (self.inner.written.load(Ordering::Relaxed), self.inner.floods_done.load(Ordering::Relaxed))
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.inner.connections.load(Ordering::Relaxed)
     }
 
     /// An address nothing listens on.
@@ -128,6 +182,7 @@ impl Fake {
     async fn serve(&self, req: http::Request<Incoming>) -> Response<ChannelBody> {
         let path = req.uri().path().to_string();
         if path == "/health" {
+            self.inner.probes.lock().unwrap().push(Instant::now());
             let ok = *self.inner.healthy.lock().unwrap();
             return full(if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, "text/plain", "ok");
         }
@@ -143,7 +198,12 @@ impl Fake {
         let (parts, body) = req.into_parts();
         let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        self.inner.seen.lock().unwrap().push(Seen { path, headers: parts.headers, body: body.clone() });
+        self.inner.seen.lock().unwrap().push(Seen {
+            path,
+            headers: parts.headers,
+            body: body.clone(),
+            at: Instant::now(),
+        });
         let behavior = self.inner.behavior.lock().unwrap().clone();
         match behavior {
             Behavior::Json => full(
@@ -157,6 +217,21 @@ impl Fake {
             Behavior::Stall { ms } => {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 full(StatusCode::OK, "application/json", "{}")
+            }
+            Behavior::Delayed { ms, chunks } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                sse(move |tx| async move {
+                    for c in chunks {
+                        if tx.send(Ok(c)).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            }
+            Behavior::Flood { chunk, bytes_total } => {
+                let mut r = Response::new(ChannelBody::Flood { chunk, left: bytes_total, inner: self.inner.clone() });
+                r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
+                r
             }
             Behavior::Stream { chunks, gap_ms } => sse(move |tx| async move {
                 for c in chunks {
@@ -190,7 +265,7 @@ impl Fake {
 fn full(status: StatusCode, content_type: &str, body: &str) -> Response<ChannelBody> {
     let (tx, rx) = mpsc::channel(1);
     let _ = tx.try_send(Ok(Bytes::from(body.to_string())));
-    let mut r = Response::new(ChannelBody { rx });
+    let mut r = Response::new(ChannelBody::Channel { rx });
     *r.status_mut() = status;
     r.headers_mut().insert("content-type", content_type.parse().unwrap());
     r
@@ -203,26 +278,40 @@ where
 {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(produce(tx));
-    let mut r = Response::new(ChannelBody { rx });
+    let mut r = Response::new(ChannelBody::Channel { rx });
     r.headers_mut().insert("content-type", "text/event-stream".parse().unwrap());
     r
 }
 
-/// A body fed by a channel; an `Err` item breaks the connection.
-pub struct ChannelBody {
-    rx: mpsc::Receiver<Result<Bytes, String>>,
+/// A body fed by a channel (an `Err` item breaks the connection), or a flood that
+/// yields a chunk whenever the connection asks for one.
+pub enum ChannelBody {
+    Channel { rx: mpsc::Receiver<Result<Bytes, String>> },
+    Flood { chunk: Bytes, left: u64, inner: Arc<Inner> },
 }
 
 impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ChannelBody::Channel { rx } => match rx.poll_recv(cx) {
+                Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+            ChannelBody::Flood { left: 0, .. } => Poll::Ready(None),
+            ChannelBody::Flood { chunk, left, inner } => {
+                let n = (chunk.len() as u64).min(*left);
+                *left -= n;
+                inner.written.fetch_add(n, Ordering::Relaxed);
+                if *left == 0 {
+                    inner.floods_done.fetch_add(1, Ordering::Relaxed);
+                }
+                Poll::Ready(Some(Ok(Frame::data(chunk.slice(..n as usize)))))
+            }
         }
     }
 }
