@@ -330,9 +330,11 @@ pub(crate) fn respond(
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.insert(WORKER_HEADER, HeaderValue::from(worker));
-    if let Some(w) = prefill_worker {
-        parts.headers.insert(disagg::PREFILL_WORKER_HEADER, HeaderValue::from(w));
-    }
+    // Only the proxy names workers: a worker's own header of that name never passes.
+    match prefill_worker {
+        Some(w) => parts.headers.insert(disagg::PREFILL_WORKER_HEADER, HeaderValue::from(w)),
+        None => parts.headers.remove(disagg::PREFILL_WORKER_HEADER),
+    };
     let sse = parts.headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let injects_errors =
         sse && !parts.headers.contains_key(CONTENT_LENGTH) && !parts.headers.contains_key(CONTENT_ENCODING);
