@@ -153,6 +153,11 @@ impl EppHandle {
         self.shared.metrics.encode()
     }
 
+    /// A handle that encodes the metrics, for an HTTP endpoint that outlives borrows.
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle(self.shared.clone())
+    }
+
     /// Reports `NOT_SERVING`, stops accepting, lets open streams run for up to
     /// `limits.shutdown_grace_s`, then cuts the rest.
     pub async fn shutdown(self) {
@@ -163,6 +168,17 @@ impl EppHandle {
             task.abort();
             let _ = task.await;
         }
+    }
+}
+
+/// Encodes the picker's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct MetricsHandle(Arc<Shared>);
+
+impl MetricsHandle {
+    /// The Prometheus exposition.
+    pub fn encode(&self) -> String {
+        self.0.metrics.encode()
     }
 }
 

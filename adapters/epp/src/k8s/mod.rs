@@ -77,6 +77,12 @@ pub fn worker_id(uid: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(uid.as_bytes()) & ((1 << 53) - 1)
 }
 
+/// A client from the environment: the in-cluster service account, or `KUBECONFIG`.
+/// Reaching a real API server over HTTPS needs this crate's `tls` feature.
+pub async fn client() -> Result<Client, kube::Error> {
+    Client::try_default().await
+}
+
 /// The `InferencePool` resource, for a dynamic API.
 pub fn inference_pool_resource() -> ApiResource {
     ApiResource {
