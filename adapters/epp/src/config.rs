@@ -23,6 +23,39 @@ pub struct EppConfig {
     /// How the gateway delivers bodies when its first message does not say (default
     /// [`BodyMode::FullDuplex`], as Inference Extension gateways are configured).
     pub assumed_body_mode: BodyMode,
+    /// The certificate the gateway's connections are served with; `None` (default) serves
+    /// plaintext HTTP/2. Needs the `tls` feature.
+    pub tls: Option<TlsIdentity>,
+    /// A second, plaintext address serving only the gRPC health service (default none),
+    /// for kubelet probes when the gateway's port speaks TLS.
+    pub health_listen: Option<SocketAddr>,
+}
+
+/// A certificate chain and its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsIdentity {
+    /// The certificate chain.
+    pub cert_pem: String,
+    /// The private key.
+    pub key_pem: String,
+}
+
+impl fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key.
+        f.debug_struct("TlsIdentity").field("cert_pem_bytes", &self.cert_pem.len()).finish_non_exhaustive()
+    }
+}
+
+impl TlsIdentity {
+    /// A fresh self-signed certificate for `names` (DNS names or IP addresses), for
+    /// gateways that encrypt without verifying the picker, as the Inference Extension's
+    /// own picker is deployed by default.
+    #[cfg(feature = "tls")]
+    pub fn self_signed(names: &[String]) -> Result<Self, String> {
+        let c = rcgen::generate_simple_self_signed(names.to_vec()).map_err(|e| e.to_string())?;
+        Ok(TlsIdentity { cert_pem: c.cert.pem(), key_pem: c.signing_key.serialize_pem() })
+    }
 }
 
 impl Default for EppConfig {
@@ -31,6 +64,8 @@ impl Default for EppConfig {
             proxy: ProxyConfig::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 9002)),
             assumed_body_mode: BodyMode::FullDuplex,
+            tls: None,
+            health_listen: None,
         }
     }
 }

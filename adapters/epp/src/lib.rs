@@ -51,7 +51,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tonic_health::server::HealthReporter;
 
-pub use config::{BodyMode, EppConfig};
+pub use config::{BodyMode, EppConfig, TlsIdentity};
 pub use workers::Workers;
 
 /// The health-check service names, as the Inference Extension's picker reports them.
@@ -105,8 +105,13 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     }
     let subs =
         Subscriptions::start(&cfg.proxy, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
+    let server = service::server(&cfg)?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
+    let health_listener = match cfg.health_listen {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(ProxyError::Bind)?),
+        None => None,
+    };
     let header = |name: &str| {
         HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
     };
@@ -128,7 +133,10 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     let workers = Workers::new(shared.clone());
     shared.health.set_service_status(health_names::LIVENESS, tonic_health::ServingStatus::Serving).await;
     workers.set_ready(true).await;
-    let task = tokio::spawn(service::run(listener, shared.clone(), health_service, shutdown_rx));
+    if let Some(l) = health_listener {
+        tokio::spawn(service::run_health(l, health_service.clone(), shutdown_rx.clone()));
+    }
+    let task = tokio::spawn(service::run(server, listener, shared.clone(), health_service, shutdown_rx));
     Ok(EppHandle { local_addr, shared, shutdown, task })
 }
 

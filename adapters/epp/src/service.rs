@@ -3,16 +3,19 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::Stream;
+use kvroute_proxy::{ConfigError, ProxyError};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::pb::health_server::{Health, HealthServer};
 
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
-use crate::{exchange, health_names, Shared};
+use crate::{exchange, health_names, EppConfig, Shared};
 
 /// Answers queued per stream before the stream's task waits for the gateway to read.
 const ANSWERS_QUEUED_MAX: usize = 16;
@@ -39,8 +42,37 @@ impl ExternalProcessor for Picker {
     }
 }
 
+/// How often an idle gateway connection is pinged, so a vanished gateway's streams end.
+const KEEPALIVE_INTERVAL_S: u64 = 30;
+
+/// The server settings: one HTTP/2 stream per request in flight, keepalive pings, and
+/// TLS when configured.
+pub(crate) fn server(cfg: &EppConfig) -> Result<Server, ProxyError> {
+    let streams = u32::try_from(cfg.proxy.limits.concurrent_requests_max).unwrap_or(u32::MAX);
+    let server = Server::builder()
+        .max_concurrent_streams(streams)
+        .http2_keepalive_interval(Some(Duration::from_secs(KEEPALIVE_INTERVAL_S)));
+    let Some(id) = &cfg.tls else { return Ok(server) };
+    #[cfg(feature = "tls")]
+    {
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem));
+        server.tls_config(tls).map_err(|e| invalid(format!("cannot serve with this certificate: {e}")))
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = (id, server);
+        Err(invalid("this build has no TLS support (the `tls` feature)".into()))
+    }
+}
+
+fn invalid(message: String) -> ProxyError {
+    ProxyError::Config(ConfigError::Invalid { key: "tls".into(), message })
+}
+
 /// Serves until `shutdown` turns true, then reports `NOT_SERVING` and drains.
 pub(crate) async fn run(
+    mut server: Server,
     listener: TcpListener,
     shared: Arc<Shared>,
     health: HealthServer<impl Health>,
@@ -57,12 +89,23 @@ pub(crate) async fn run(
         }
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(picker)
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await;
+    let served = server.add_service(health).add_service(picker).serve_with_incoming_shutdown(incoming, stop).await;
     if let Err(e) = served {
         tracing::error!(error = %e, "the ext_proc server stopped");
+    }
+}
+
+/// Serves only the health service, in plaintext, until `shutdown` turns true.
+pub(crate) async fn run_health(
+    listener: TcpListener,
+    health: HealthServer<impl Health>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let stop = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    if let Err(e) = Server::builder().add_service(health).serve_with_incoming_shutdown(incoming, stop).await {
+        tracing::error!(error = %e, "the health server stopped");
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use kvroute_epp::k8s::{PoolRef, WorkerTemplate};
-use kvroute_epp::{BodyMode, EppConfig, EppHandle};
+use kvroute_epp::{BodyMode, EppConfig, EppHandle, TlsIdentity};
 use kvroute_proxy::ProxyConfig;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,6 +24,9 @@ Examples:
 
   # With the full routing configuration (models, tokenizers, limits, trust) from a file
   kvroute epp --config /etc/kvroute/kvroute.toml --pool llama --kv-events-port 5557
+
+  # Over TLS, for gateways that connect to the picker with TLS
+  kvroute epp --config kvroute.toml --pool llama --tls-self-signed
 
   # Outside Kubernetes: the workers listed in the file, for any ext_proc gateway
   kvroute epp --config kvroute.toml --listen 127.0.0.1:9002
@@ -46,6 +49,10 @@ pub struct EppArgs {
     /// Address of the ext_proc gRPC server (the gateway's `endpointPickerRef` port).
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9002")]
     pub listen: SocketAddr,
+    /// Also serve the gRPC health service in plaintext here, for kubelet probes when the
+    /// main port speaks TLS.
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
     /// Serve Prometheus metrics over HTTP at this address (GET /metrics).
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
@@ -58,6 +65,16 @@ pub struct EppArgs {
     /// How the gateway delivers bodies when it does not say: full-duplex or buffered.
     #[arg(long, value_name = "MODE", default_value = "full-duplex")]
     pub assume_body_mode: BodyMode,
+    /// Serve the gateway over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve the gateway over TLS with a certificate made at startup, for gateways that
+    /// encrypt without verifying the picker (the Inference Extension's default).
+    #[arg(long, conflicts_with = "tls_cert")]
+    pub tls_self_signed: bool,
     /// Follow this InferencePool (inference.networking.k8s.io/v1): its ready pods are the
     /// workers. Uses the in-cluster service account (or KUBECONFIG).
     #[arg(long, value_name = "NAME")]
@@ -89,7 +106,13 @@ pub fn run(a: &EppArgs) -> Result<(), String> {
         proxy.default_model = Some(m.clone());
     }
     let tokenizers = load_tokenizers(&proxy)?;
-    let cfg = EppConfig { proxy, listen: a.listen, assumed_body_mode: a.assume_body_mode };
+    let cfg = EppConfig {
+        proxy,
+        listen: a.listen,
+        assumed_body_mode: a.assume_body_mode,
+        tls: tls(a)?,
+        health_listen: a.health_listen,
+    };
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
     rt.block_on(async move {
         let handle = kvroute_epp::serve(cfg.clone(), tokenizers).await.map_err(|e| e.to_string())?;
@@ -140,6 +163,19 @@ fn proxy_config(a: &EppArgs) -> Result<ProxyConfig, String> {
     }
     let pairs: Vec<(&str, &str)> = overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     ProxyConfig::from_toml_with_overrides(&text, &pairs).map_err(|e| format!("{origin}: {e}"))
+}
+
+/// The certificate to serve the gateway with, if any.
+fn tls(a: &EppArgs) -> Result<Option<TlsIdentity>, String> {
+    let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsIdentity { cert_pem: read(cert)?, key_pem: read(key)? })),
+        _ if a.tls_self_signed => {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "kvroute-epp".into());
+            TlsIdentity::self_signed(&[host, "kvroute-epp".into(), "localhost".into()]).map(Some)
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The model the pool's pods serve: --model, or the only configured one.

@@ -260,3 +260,29 @@ async fn health_answers_serving() {
     assert!(metrics.contains("kvroute"), "the exposition is there");
     f.stop().await;
 }
+
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_over_tls_gets_the_same_answers() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+    let id = kvroute_epp::TlsIdentity::self_signed(&["localhost".into()]).unwrap();
+    let health_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let f = Fleet::start(1, |c| {
+        c.tls = Some(id.clone());
+        c.health_listen = Some(health_port);
+    })
+    .await;
+    // Probes reach the plaintext health port while the gateway's port speaks TLS.
+    let mut health = HealthClient::new(Gateway::channel(health_port));
+    let r = within(10_000, health.check(HealthCheckRequest { service: "readiness".into() })).await.expect("answers");
+    assert_eq!(r.into_inner().status, ServingStatus::Serving as i32);
+    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&id.cert_pem)).domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{}", f.epp.local_addr())).unwrap().tls_config(tls).unwrap();
+    let channel = within(10_000, channel.connect()).await.expect("a TLS connection");
+    let mut gw = Gateway::from_channel(channel);
+    let mut s = gw.open().await;
+    assert_eq!(s.ask(CHAT, &[], &[&chat("over tls")], None).await.endpoint(), f.addrs()[0]);
+    drop(s);
+    eventually(5_000, "released", || released(&f.epp)).await;
+    f.stop().await;
+}

@@ -39,6 +39,10 @@ impl Gateway {
         Gateway { client: ExternalProcessorClient::new(channel), mode: BodySendMode::FullDuplexStreamed }
     }
 
+    pub fn from_channel(channel: Channel) -> Self {
+        Gateway { client: ExternalProcessorClient::new(channel), mode: BodySendMode::FullDuplexStreamed }
+    }
+
     pub fn channel(addr: SocketAddr) -> Channel {
         Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy()
     }
