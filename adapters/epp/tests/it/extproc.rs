@@ -175,6 +175,53 @@ async fn a_full_queue_answers_429_and_a_queued_stream_that_leaves_frees_its_slot
     f.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kvroute_object_never_reaches_a_worker() {
+    let f = Fleet::start(1, |_| {}).await;
+    let body = json!({"model": MODEL, "prompt": "x", "kvroute": {"expected_output_tokens": 4}}).to_string();
+    for mode in [BodySendMode::FullDuplexStreamed, BodySendMode::Buffered] {
+        let mut gw = f.gateway().await;
+        gw.mode = mode;
+        let mut s = gw.open().await;
+        let Picked::Endpoint { body: passed, set, .. } = s.ask(COMPLETIONS, &[], &[body.as_bytes()], None).await else {
+            panic!("{mode:?}: refused")
+        };
+        let passed: serde_json::Value = serde_json::from_slice(&passed).expect("JSON");
+        assert_eq!(passed, json!({"model": MODEL, "prompt": "x"}), "{mode:?}");
+        if mode == BodySendMode::Buffered {
+            let len = set.get("content-length").expect("the new length");
+            assert_eq!(len.parse::<usize>().unwrap(), passed.to_string().len());
+        }
+        drop(s);
+    }
+    eventually(5_000, "released", || released(&f.epp)).await;
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_count_only_for_trusted_clients() {
+    let f = Fleet::start(3, |c| c.proxy.trust.token = Some("s3cret".into())).await;
+    let mut gw = f.gateway().await;
+    let addrs = f.addrs();
+    // (worker pinned, trusted, the pick must be the pinned worker)
+    for (id, addr) in addrs.iter().enumerate() {
+        let mut s = gw.open().await;
+        let pin = id.to_string();
+        let headers = [("x-worker-id", pin.as_str()), ("x-kvroute-token", "s3cret")];
+        assert_eq!(s.ask(CHAT, &headers, &[&chat("pinned")], None).await.endpoint(), addr, "pinned to {id}");
+    }
+    let mut s = gw.open().await;
+    let _ = s.ask(CHAT, &[("x-worker-id", "2")], &[&chat("pinned, untrusted")], None).await.endpoint().to_string();
+    let metrics = f.epp.metrics_text();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("kvroute_untrusted_fields_stripped") && l.contains("x-worker-id")),
+        "the untrusted pin is stripped and counted: {metrics}"
+    );
+    drop(s);
+    eventually(5_000, "released", || released(&f.epp)).await;
+    f.stop().await;
+}
+
 #[track_caller]
 fn check_refused(p: &Picked, want_status: i32, want_code: &str) {
     match p {
