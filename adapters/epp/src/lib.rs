@@ -19,9 +19,12 @@
 //! Endpoints come from the configuration, from [`Workers`] calls, or from the Kubernetes
 //! API through [`k8s::watch`], which follows the pods an `InferencePool` selects.
 //!
-//! What it leaves to others: proxying the bytes (the gateway does), TLS (terminate it
-//! in the mesh or configure the gateway for plaintext to the picker), and metrics
-//! exposition (see [`EppHandle::metrics_text`]).
+//! The gateway's connections are plaintext HTTP/2, or TLS with a given or self-signed
+//! certificate (the `tls` feature, which also lets [`k8s::client`] reach a real API
+//! server over HTTPS).
+//!
+//! What it leaves to others: proxying the bytes (the gateway does), and serving metrics
+//! over HTTP (the binary does, from [`EppHandle::metrics_handle`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
