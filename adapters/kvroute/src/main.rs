@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dispatch;
+mod epp;
 mod live;
 mod load;
 mod plot;
@@ -44,6 +45,18 @@ enum Cmd {
     /// predicted. Admin: GET/POST /workers, DELETE /workers/{id}, POST /route/preview,
     /// GET /metrics, /health, /ready. SIGTERM drains in-flight streams, then exits.
     Serve(serve::ServeArgs),
+    /// Pick endpoints for a Kubernetes Gateway (Gateway API Inference Extension).
+    ///
+    /// Serves Envoy's external-processing gRPC protocol: for each request the gateway
+    /// (Envoy Gateway, Istio, kgateway) sends the headers and body, kvroute makes the same
+    /// decision as `serve` (prefix cache, load, sessions, pins, admission queue) and answers
+    /// with the worker's ip:port in the x-gateway-destination-endpoint header and the
+    /// envoy.lb dynamic metadata; the gateway proxies the bytes. The response's end releases
+    /// the load. A full queue answers 429, no worker 503, a bad body 400. Endpoints come
+    /// from the config's workers or, with --pool, from the ready pods of an InferencePool.
+    /// gRPC health: liveness, readiness, envoy.service.ext_proc.v3.ExternalProcessor.
+    #[command(after_help = epp::EXAMPLES)]
+    Epp(epp::EppArgs),
     /// Run one simulated GPU worker: an OpenAI-compatible server that publishes KV events.
     ///
     /// The worker runs the same vLLM-style model as `replay`, in real time scaled by
@@ -80,6 +93,7 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => replay_cmd::run(&a),
         Cmd::SimWorker(a) => sim_worker(a),
         Cmd::Serve(a) => serve::run(&a),
+        Cmd::Epp(a) => epp::run(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

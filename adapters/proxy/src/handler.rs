@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, Response};
+use http::{HeaderMap, HeaderName, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
@@ -22,11 +22,12 @@ use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
 use crate::config::WorkerConfig;
 use crate::disagg;
 use crate::error::ApiError;
-use crate::fleet::Pool;
+use crate::fleet::{Fleet, Pool};
 use crate::health;
+use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
 use crate::state::State;
-use crate::tokenize::{fallback_chat, fallback_text};
+use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
 use crate::upstream::{strip_hop_by_hop, upstream_headers, WORKER_HEADER};
 
 /// Bodies larger than this are tokenized on a blocking thread, off the reactor.
@@ -87,10 +88,64 @@ pub async fn prepare(
     endpoint: Option<Endpoint>,
     model_label: &mut String,
 ) -> Result<Prepared, ApiError> {
-    let t0 = Instant::now();
     let (parts, body) = req.into_parts();
     let trusted = state.trust.is_trusted(peer.ip(), &parts.headers);
     let raw = read_body(body, &parts.headers, state.cfg.limits.body_bytes_max).await?;
+    let cx = Asker {
+        fleet: &state.fleet,
+        tokenizers: &state.tokenizers,
+        metrics: &state.metrics,
+        session_header: &state.session_header,
+        session_id_bytes_max: state.cfg.limits.session_id_bytes_max,
+    };
+    let q = question(&cx, trusted, &parts.headers, raw, endpoint, model_label).await?;
+    let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
+    let Question { pool, request, forward_body, preview, endpoint } = q;
+    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint })
+}
+
+/// What turning a request into a routing question reads: pools, tokenizers, metrics and
+/// the session header. The proxy lends its own; the endpoint picker builds one.
+pub struct Asker<'a> {
+    /// Pools and workers.
+    pub fleet: &'a Fleet,
+    /// Tokenizers by model.
+    pub tokenizers: &'a Tokenizers,
+    /// Where parse and tokenize times, fallbacks and stripped fields are counted.
+    pub metrics: &'a Metrics,
+    /// The session id header.
+    pub session_header: &'a HeaderName,
+    /// Longest session id accepted, in bytes.
+    pub session_id_bytes_max: usize,
+}
+
+/// A request body turned into the router's question.
+pub struct Question {
+    /// The pool serving it.
+    pub pool: Arc<Pool>,
+    /// The router's question.
+    pub request: Request,
+    /// The body to forward (the `kvroute` object removed).
+    pub forward_body: Bytes,
+    /// Whether the trusted preview flag was set.
+    pub preview: bool,
+    /// The endpoint the request came to (or looks like).
+    pub endpoint: Endpoint,
+}
+
+/// Checks a buffered request body with its headers, finds its pool and hashes its prompt
+/// into the router's question. Pins, priorities and the preview flag count only when
+/// `trusted`. `endpoint: None` guesses it from the body. Work is linear in the body;
+/// large prompts are tokenized on a blocking thread.
+pub async fn question(
+    cx: &Asker<'_>,
+    trusted: bool,
+    headers: &HeaderMap,
+    raw: Bytes,
+    endpoint: Option<Endpoint>,
+    model_label: &mut String,
+) -> Result<Question, ApiError> {
+    let t0 = Instant::now();
     let mut json: Value =
         serde_json::from_slice(&raw).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
     let endpoint = match endpoint.or_else(|| Endpoint::guess(&json)) {
@@ -99,23 +154,23 @@ pub async fn prepare(
     };
     let had_kvroute = json.get("kvroute").is_some();
     let mut parsed = request::parse(endpoint, &mut json)?;
-    let Some((pool, alias_lora)) = state.fleet.resolve(&parsed.model) else {
+    let Some((pool, alias_lora)) = cx.fleet.resolve(&parsed.model) else {
         return Err(ApiError::model_not_found(&parsed.model));
     };
     let pool = pool.clone();
     *model_label = pool.name.clone();
     let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
-    let (hh, stripped_headers) = request::header_hints(&parts.headers, trusted)?;
+    let (hh, stripped_headers) = request::header_hints(headers, trusted)?;
     let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
     for f in stripped_headers.into_iter().chain(stripped_fields) {
-        state.metrics.untrusted(f);
+        cx.metrics.untrusted(f);
     }
-    let session = request::session_id(&parts.headers, &state.session_header, state.cfg.limits.session_id_bytes_max)?;
+    let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
     let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
-    state.metrics.stage("parse", t0.elapsed());
+    cx.metrics.stage("parse", t0.elapsed());
 
     let t1 = Instant::now();
-    let tokens = tokens(state, &pool.name, &parsed.prompt, json, forward_body.len()).await;
+    let tokens = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await;
     let build = Build {
         id: pool.driver.next_request_id(),
         block_size: pool.block_size,
@@ -125,9 +180,8 @@ pub async fn prepare(
         session,
     };
     let request = request::build(build, &tokens);
-    state.metrics.stage("tokenize", t1.elapsed());
-    let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
-    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview: hh.preview, endpoint })
+    cx.metrics.stage("tokenize", t1.elapsed());
+    Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
 }
 
 /// Reads the body, refusing more than `max` bytes before buffering them.
@@ -144,12 +198,12 @@ async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Byte
 }
 
 /// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
-async fn tokens(state: &Arc<State>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
+async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
     if let Prompt::Tokens(t) = prompt {
         return t.clone();
     }
-    let Some(tok) = state.tokenizers.get(model).cloned() else {
-        state.metrics.fallback(model, "no_tokenizer");
+    let Some(tok) = cx.tokenizers.get(model).cloned() else {
+        cx.metrics.fallback(model, "no_tokenizer");
         return fallback(prompt, &body);
     };
     let prompt = prompt.clone();
@@ -172,7 +226,7 @@ async fn tokens(state: &Arc<State>, model: &str, prompt: &Prompt, body: Value, b
     out.unwrap_or_else(|failed| {
         let (e, prompt, body) = *failed;
         tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
-        state.metrics.fallback(model, "tokenizer_error");
+        cx.metrics.fallback(model, "tokenizer_error");
         fallback(&prompt, &body)
     })
 }

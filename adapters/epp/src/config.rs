@@ -1,0 +1,120 @@
+//! The endpoint picker's settings: the proxy's configuration (models, routing, limits,
+//! trust, workers) plus where to listen for the gateway and how it delivers bodies.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use kvroute_proxy::ProxyConfig;
+
+use crate::pb::BodySendMode;
+
+/// Everything `kvroute epp` is configured with. `Default` listens on `127.0.0.1:9002`
+/// with the proxy's defaults and no models.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EppConfig {
+    /// Models, routing policy, limits, trust and configured workers: the same file as
+    /// `kvroute serve`. Its `listen` is not used; its `limits.body_bytes_max`,
+    /// `concurrent_requests_max` and `shutdown_grace_s` apply to gateway streams.
+    pub proxy: ProxyConfig,
+    /// Where the gateway's ext_proc gRPC connects (default `127.0.0.1:9002`, the port the
+    /// Inference Extension assumes).
+    pub listen: SocketAddr,
+    /// How the gateway delivers bodies when its first message does not say (default
+    /// [`BodyMode::FullDuplex`], as Inference Extension gateways are configured).
+    pub assumed_body_mode: BodyMode,
+    /// The certificate the gateway's connections are served with; `None` (default) serves
+    /// plaintext HTTP/2. Needs the `tls` feature.
+    pub tls: Option<TlsIdentity>,
+    /// A second, plaintext address serving only the gRPC health service (default none),
+    /// for kubelet probes when the gateway's port speaks TLS.
+    pub health_listen: Option<SocketAddr>,
+}
+
+/// A certificate chain and its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsIdentity {
+    /// The certificate chain.
+    pub cert_pem: String,
+    /// The private key.
+    pub key_pem: String,
+}
+
+impl fmt::Debug for TlsIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key.
+        f.debug_struct("TlsIdentity").field("cert_pem_bytes", &self.cert_pem.len()).finish_non_exhaustive()
+    }
+}
+
+impl TlsIdentity {
+    /// A fresh self-signed certificate for `names` (DNS names or IP addresses), for
+    /// gateways that encrypt without verifying the picker, as the Inference Extension's
+    /// own picker is deployed by default.
+    #[cfg(feature = "tls")]
+    pub fn self_signed(names: &[String]) -> Result<Self, String> {
+        let c = rcgen::generate_simple_self_signed(names.to_vec()).map_err(|e| e.to_string())?;
+        Ok(TlsIdentity { cert_pem: c.cert.pem(), key_pem: c.signing_key.serialize_pem() })
+    }
+}
+
+impl Default for EppConfig {
+    fn default() -> Self {
+        EppConfig {
+            proxy: ProxyConfig::default(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9002)),
+            assumed_body_mode: BodyMode::FullDuplex,
+            tls: None,
+            health_listen: None,
+        }
+    }
+}
+
+/// How a body reaches the picker and what answers it expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyMode {
+    /// The body is not sent.
+    None,
+    /// Every message gets one answer before the next (`BUFFERED`, `BUFFERED_PARTIAL`,
+    /// `STREAMED`, `GRPC`): the endpoint rides on the answer to the last request chunk.
+    /// Only `BUFFERED` lets that answer still change the route.
+    Answered,
+    /// `FULL_DUPLEX_STREAMED`: the picker answers when it likes and passes every body
+    /// chunk back itself; the endpoint rides on the answer to the request headers, sent
+    /// once the whole body is in.
+    FullDuplex,
+}
+
+impl BodyMode {
+    /// The mode a gateway announces as Envoy's `BodySendMode` number; unknown numbers
+    /// are treated as [`BodyMode::Answered`], the strict one-answer-per-message rule.
+    pub fn from_envoy(mode: i32) -> Self {
+        match BodySendMode::try_from(mode) {
+            Ok(BodySendMode::None) => BodyMode::None,
+            Ok(BodySendMode::FullDuplexStreamed) => BodyMode::FullDuplex,
+            _ => BodyMode::Answered,
+        }
+    }
+}
+
+impl FromStr for BodyMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "full-duplex" => Ok(BodyMode::FullDuplex),
+            "buffered" => Ok(BodyMode::Answered),
+            _ => Err(format!("unknown body mode {s:?}; expected full-duplex or buffered")),
+        }
+    }
+}
+
+impl fmt::Display for BodyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BodyMode::None => "none",
+            BodyMode::Answered => "buffered",
+            BodyMode::FullDuplex => "full-duplex",
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! Which pods are workers: the pure part of the Kubernetes watch. An `InferencePool`'s
+//! spec becomes a [`PoolSpec`]; watch events of the pods it selects become additions
+//! and removals of workers, following readiness, addresses and deletion.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::Event;
+use serde::Deserialize;
+
+/// What the watch needs of an `InferencePool`: whose pods, and on which port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// `spec.selector.matchLabels`, every one required.
+    pub match_labels: BTreeMap<String, String>,
+    /// `spec.targetPorts[0].number`.
+    pub port: u16,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecJson {
+    selector: SelectorJson,
+    #[serde(default)]
+    target_ports: Vec<PortJson>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SelectorJson {
+    #[serde(default)]
+    match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct PortJson {
+    number: u16,
+}
+
+impl PoolSpec {
+    /// Reads `spec` of an `InferencePool` (`inference.networking.k8s.io/v1`). A pool
+    /// without labels or ports selects nothing and is refused.
+    pub fn from_json(spec: &serde_json::Value) -> Result<Self, String> {
+        let s = SpecJson::deserialize(spec).map_err(|e| format!("bad InferencePool spec: {e}"))?;
+        if s.selector.match_labels.is_empty() {
+            return Err("the InferencePool selects no labels".into());
+        }
+        let port = s.target_ports.first().map(|p| p.number).ok_or("the InferencePool has no targetPorts")?;
+        Ok(PoolSpec { match_labels: s.selector.match_labels, port })
+    }
+
+    /// The label selector of the pod watch, `k1=v1,k2=v2`.
+    pub fn selector(&self) -> String {
+        self.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// A pod that can take requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// `metadata.uid`: a new pod under an old name is a new worker with an empty cache.
+    pub uid: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `status.podIP`.
+    pub ip: IpAddr,
+    /// `spec.nodeName`, if scheduled.
+    pub node: Option<String>,
+}
+
+impl Member {
+    /// A pod that is a worker: it has a uid and an address, is not being deleted, and its
+    /// `Ready` condition is `True`. Anything else is `None`.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let meta = &pod.metadata;
+        if meta.deletion_timestamp.is_some() {
+            return None;
+        }
+        let status = pod.status.as_ref()?;
+        let ready = status.conditions.as_ref()?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        let ip = status.pod_ip.as_deref()?.parse().ok()?;
+        ready
+            .then(|| Member {
+                uid: meta.uid.clone().unwrap_or_default(),
+                name: meta.name.clone().unwrap_or_default(),
+                ip,
+                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            })
+            .filter(|m| !m.uid.is_empty())
+    }
+
+    /// `ip:port`, the address the gateway routes to.
+    pub fn endpoint(&self, port: u16) -> SocketAddr {
+        SocketAddr::new(self.ip, port)
+    }
+}
+
+/// A change to apply to the worker registry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Add the pod, or update it (its address changed).
+    Upsert(Member),
+    /// Remove the pod with this uid.
+    Remove(String),
+}
+
+/// The ready pods, kept from watch events. A relist (`Init` .. `InitDone`) is buffered
+/// and replaces the set at once, so pods deleted while the watch was down go away too.
+#[derive(Debug, Default)]
+pub struct PodSet {
+    members: BTreeMap<String, Member>,
+    relist: Option<BTreeMap<String, Member>>,
+}
+
+impl PodSet {
+    /// Applies one watch event; returns the changes in uid order. Work is linear in the
+    /// pods at `InitDone`, constant otherwise.
+    pub fn handle(&mut self, ev: Event<Pod>) -> Vec<Change> {
+        match ev {
+            Event::Init => {
+                self.relist = Some(BTreeMap::new());
+                Vec::new()
+            }
+            Event::InitApply(p) => {
+                if let (Some(m), Some(buf)) = (Member::of(&p), self.relist.as_mut()) {
+                    buf.insert(m.uid.clone(), m);
+                }
+                Vec::new()
+            }
+            Event::InitDone => {
+                let next = self.relist.take().unwrap_or_default();
+                let mut out: Vec<Change> =
+                    self.members.keys().filter(|u| !next.contains_key(*u)).map(|u| Change::Remove(u.clone())).collect();
+                out.extend(next.values().filter(|m| self.members.get(&m.uid) != Some(m)).cloned().map(Change::Upsert));
+                self.members = next;
+                out
+            }
+            Event::Apply(p) => match Member::of(&p) {
+                Some(m) if self.members.get(&m.uid) == Some(&m) => Vec::new(),
+                Some(m) => {
+                    self.members.insert(m.uid.clone(), m.clone());
+                    vec![Change::Upsert(m)]
+                }
+                None => self.forget(&p),
+            },
+            Event::Delete(p) => self.forget(&p),
+        }
+    }
+
+    /// Every member, in uid order.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// Empties the set; returns the removals.
+    pub fn clear(&mut self) -> Vec<Change> {
+        self.relist = None;
+        std::mem::take(&mut self.members).into_keys().map(Change::Remove).collect()
+    }
+
+    fn forget(&mut self, p: &Pod) -> Vec<Change> {
+        let uid = p.metadata.uid.as_deref().unwrap_or_default();
+        match self.members.remove(uid) {
+            Some(_) => vec![Change::Remove(uid.to_string())],
+            None => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(uid: &str, ip: Option<&str>, ready: &str, deleting: bool) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": format!("p-{uid}"), "uid": uid},
+            "spec": {"containers": [], "nodeName": "n1"},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        });
+        if let Some(ip) = ip {
+            v["status"]["podIP"] = json!(ip);
+        }
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[track_caller]
+    fn check(set: &mut PodSet, ev: Event<Pod>, want: &[&str]) {
+        let _ = set.handle(ev);
+        let got: Vec<&str> = set.members().map(|m| m.uid.as_str()).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn members_follow_readiness_address_and_deletion() {
+        let mut s = PodSet::default();
+        check(&mut s, Event::Init, &[]);
+        check(&mut s, Event::InitApply(pod("a", Some("10.0.0.1"), "True", false)), &[]);
+        check(&mut s, Event::InitApply(pod("b", Some("10.0.0.2"), "False", false)), &[]);
+        check(&mut s, Event::InitDone, &["a"]);
+        check(&mut s, Event::Apply(pod("b", Some("10.0.0.2"), "True", false)), &["a", "b"]);
+        check(&mut s, Event::Apply(pod("c", None, "True", false)), &["a", "b"]);
+        check(&mut s, Event::Apply(pod("a", Some("10.0.0.1"), "True", true)), &["b"]);
+        check(&mut s, Event::Apply(pod("b", Some("10.0.0.2"), "False", false)), &[]);
+        check(&mut s, Event::Apply(pod("b", Some("10.0.0.2"), "True", false)), &["b"]);
+        check(&mut s, Event::Delete(pod("b", Some("10.0.0.2"), "True", false)), &[]);
+    }
+
+    #[test]
+    fn a_relist_replaces_the_set() {
+        let mut s = PodSet::default();
+        let _ = s.handle(Event::Apply(pod("a", Some("10.0.0.1"), "True", false)));
+        let _ = s.handle(Event::Apply(pod("b", Some("10.0.0.2"), "True", false)));
+        let _ = s.handle(Event::Init);
+        let _ = s.handle(Event::InitApply(pod("b", Some("10.0.0.2"), "True", false)));
+        let _ = s.handle(Event::InitApply(pod("c", Some("10.0.0.3"), "True", false)));
+        let changes = s.handle(Event::InitDone);
+        let c = Member::of(&pod("c", Some("10.0.0.3"), "True", false)).unwrap();
+        assert_eq!(changes, vec![Change::Remove("a".into()), Change::Upsert(c)], "b is unchanged");
+    }
+
+    #[test]
+    fn pool_specs() {
+        let ok = json!({"selector": {"matchLabels": {"app": "vllm", "tier": "a"}}, "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "kvroute-epp"}});
+        let spec = PoolSpec::from_json(&ok).unwrap();
+        assert_eq!((spec.selector().as_str(), spec.port), ("app=vllm,tier=a", 8000));
+        for bad in [
+            json!({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 8000}]}),
+            json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": []}),
+            json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 70000}]}),
+            json!({"targetPorts": [{"number": 1}]}),
+        ] {
+            assert!(PoolSpec::from_json(&bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `kvroute-epp` runs kvroute as an endpoint picker for the Kubernetes Gateway API
+//! Inference Extension: a gateway (Envoy Gateway, Istio, kgateway) asks it over Envoy's
+//! external-processing gRPC protocol which model server should take each request, and
+//! it answers with the worker the same router core as `kvroute serve` picks.
+//!
+//! Per request the gateway opens one `envoy.service.ext_proc.v3.ExternalProcessor/Process`
+//! stream. The picker reads the request headers and the whole body (buffered, or
+//! full-duplex in chunks), turns them into the router's question with the proxy's own
+//! parsing and tokenization ([`kvroute_proxy::handler::question`]), waits in the
+//! admission queue if the fleet is busy, and answers with the chosen `ip:port` in the
+//! `x-gateway-destination-endpoint` header and in the dynamic metadata `envoy.lb`. It
+//! then follows the response on the same stream: the response headers confirm the
+//! booking, the end of the response body finishes it, and a stream that closes early
+//! cancels it, so load, leases and queue slots never outlive the request. Refusals are
+//! local replies in the OpenAI error shape (429 when the queue is full, 503 when no
+//! worker can serve, 400 for a bad body). The standard gRPC health service reports
+//! `liveness`, `readiness` and the ext_proc service.
+//!
+//! Endpoints come from the configuration, from [`Workers`] calls, or from the Kubernetes
+//! API through [`k8s::watch`], which follows the pods an `InferencePool` selects.
+//!
+//! The gateway's connections are plaintext HTTP/2, or TLS with a given or self-signed
+//! certificate (the `tls` feature, which also lets [`k8s::client`] reach a real API
+//! server over HTTPS).
+//!
+//! What it leaves to others: proxying the bytes (the gateway does), and serving metrics
+//! over HTTP (the binary does, from [`EppHandle::metrics_handle`]).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+mod decide;
+mod exchange;
+pub mod k8s;
+pub mod pb;
+pub mod reply;
+mod service;
+mod workers;
+
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use kvroute_driver::Driver;
+use kvroute_proxy::events::Subscriptions;
+use kvroute_proxy::fleet::Fleet;
+use kvroute_proxy::metrics::Metrics;
+use kvroute_proxy::trust::Trust;
+use kvroute_proxy::{ProxyError, Tokenizers};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+use tonic_health::server::HealthReporter;
+
+pub use config::{BodyMode, EppConfig, TlsIdentity};
+pub use workers::Workers;
+
+/// The health-check service names, as the Inference Extension's picker reports them.
+pub mod health_names {
+    /// The process answers.
+    pub const LIVENESS: &str = "liveness";
+    /// The picker knows its endpoints and takes requests.
+    pub const READINESS: &str = "readiness";
+    /// The ext_proc service itself; follows readiness.
+    pub const EXT_PROC: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+}
+
+/// Shared by every stream.
+pub(crate) struct Shared {
+    pub cfg: EppConfig,
+    pub trust: Trust,
+    pub fleet: Arc<Fleet>,
+    pub tokenizers: Tokenizers,
+    pub metrics: Metrics,
+    pub session_header: HeaderName,
+    pub dp_rank_header: HeaderName,
+    /// Permits for `limits.concurrent_requests_max` streams deciding or in flight.
+    pub concurrency: Arc<Semaphore>,
+    pub subs: tokio::sync::Mutex<Subscriptions>,
+    pub shutdown: watch::Receiver<bool>,
+    pub health: HealthReporter,
+}
+
+/// A running endpoint picker: its address, its pools, and the way to stop it.
+///
+/// Dropping the handle starts the same shutdown as [`EppHandle::shutdown`] without
+/// waiting for it.
+pub struct EppHandle {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Starts the picker: checks the configuration, builds a pool per model, registers and
+/// subscribes to the configured workers, binds `cfg.listen` and serves ext_proc and
+/// health checks until [`EppHandle::shutdown`]. Readiness starts `SERVING`; a Kubernetes
+/// watch holds it at `NOT_SERVING` until its first listing (see [`Workers::set_ready`]).
+/// Must run inside a tokio runtime.
+pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, ProxyError> {
+    cfg.proxy.validate()?;
+    let seed = cfg.proxy.seed.unwrap_or_else(random_seed);
+    let fleet = Arc::new(Fleet::new(&cfg.proxy, seed));
+    for w in &cfg.proxy.workers {
+        fleet.add_worker(w.clone()).map_err(|e| ProxyError::Worker { id: w.id, message: e.0 })?;
+    }
+    let subs =
+        Subscriptions::start(&cfg.proxy, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
+    let server = service::server(&cfg)?;
+    let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
+    let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
+    let health_listener = match cfg.health_listen {
+        Some(a) => Some(TcpListener::bind(a).await.map_err(ProxyError::Bind)?),
+        None => None,
+    };
+    let header = |name: &str| {
+        HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        trust: Trust::new(&cfg.proxy.trust),
+        metrics: Metrics::new(fleet.clone()),
+        session_header: header(&cfg.proxy.session_header)?,
+        dp_rank_header: header(&cfg.proxy.dp_rank_header)?,
+        concurrency: Arc::new(Semaphore::new(cfg.proxy.limits.concurrent_requests_max)),
+        subs: tokio::sync::Mutex::new(subs),
+        shutdown: shutdown_rx.clone(),
+        health,
+        fleet,
+        tokenizers,
+        cfg,
+    });
+    let workers = Workers::new(shared.clone());
+    shared.health.set_service_status(health_names::LIVENESS, tonic_health::ServingStatus::Serving).await;
+    workers.set_ready(true).await;
+    if let Some(l) = health_listener {
+        tokio::spawn(service::run_health(l, health_service.clone(), shutdown_rx.clone()));
+    }
+    let task = tokio::spawn(service::run(server, listener, shared.clone(), health_service, shutdown_rx));
+    Ok(EppHandle { local_addr, shared, shutdown, task })
+}
+
+impl EppHandle {
+    /// The address the gateway connects to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The driver of `model`'s pool, to feed it KV events or inspect it.
+    pub fn driver(&self, model: &str) -> Option<Driver> {
+        self.shared.fleet.pool(model).map(|p| p.driver.clone())
+    }
+
+    /// The worker registry, for discovery (see [`k8s::watch`]).
+    pub fn workers(&self) -> Workers {
+        Workers::new(self.shared.clone())
+    }
+
+    /// The Prometheus exposition of the pools and decisions, as `kvroute serve` serves it.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.encode()
+    }
+
+    /// A handle that encodes the metrics, for an HTTP endpoint that outlives borrows.
+    pub fn metrics_handle(&self) -> MetricsHandle {
+        MetricsHandle(self.shared.clone())
+    }
+
+    /// Reports `NOT_SERVING`, stops accepting, lets open streams run for up to
+    /// `limits.shutdown_grace_s`, then cuts the rest.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let grace = Duration::from_secs(self.shared.cfg.proxy.limits.shutdown_grace_s);
+        let mut task = self.task;
+        if tokio::time::timeout(grace, &mut task).await.is_err() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+/// Encodes the picker's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct MetricsHandle(Arc<Shared>);
+
+impl MetricsHandle {
+    /// The Prometheus exposition.
+    pub fn encode(&self) -> String {
+        self.0.metrics.encode()
+    }
+}
+
+/// A seed from the process's random hasher keys, so hash tables and draws differ per run.
+fn random_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6b76_6570_7021);
+    h.finish()
+}

@@ -1,0 +1,195 @@
+//! The Kubernetes watch against recorded API responses: a loopback HTTP server answers
+//! lists from `tests/fixtures/*-list.json` and streams watch events from
+//! `tests/fixtures/*-watch.jsonl` one at a time, when the test says so; the picker's
+//! workers must follow the pods' readiness, addresses and deletion, and the pool's port.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kvroute_epp::k8s::{self, PoolRef, WorkerTemplate};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use super::*;
+
+const POOLS: &str = "/apis/inference.networking.k8s.io/v1/namespaces/inference/inferencepools";
+const PODS: &str = "/api/v1/namespaces/inference/pods";
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture")
+}
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// A recorded API server: one list and one watch stream per resource path.
+struct FakeApi {
+    addr: SocketAddr,
+    watches: BTreeMap<&'static str, mpsc::UnboundedSender<String>>,
+}
+
+struct Paths {
+    lists: BTreeMap<&'static str, Value>,
+    watches: Mutex<BTreeMap<&'static str, mpsc::UnboundedReceiver<String>>>,
+}
+
+impl FakeApi {
+    async fn start() -> Self {
+        let mut lists = BTreeMap::new();
+        lists.insert(POOLS, serde_json::from_str(&fixture("inferencepools-list.json")).unwrap());
+        lists.insert(PODS, serde_json::from_str(&fixture("pods-list.json")).unwrap());
+        let (mut txs, mut rxs) = (BTreeMap::new(), BTreeMap::new());
+        for p in [POOLS, PODS] {
+            let (tx, rx) = mpsc::unbounded_channel();
+            txs.insert(p, tx);
+            rxs.insert(p, rx);
+        }
+        let paths = Arc::new(Paths { lists, watches: Mutex::new(rxs) });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let paths = paths.clone();
+                let svc = service_fn(move |req| {
+                    let paths = paths.clone();
+                    async move { Ok::<_, Infallible>(answer(&paths, req)) }
+                });
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc));
+            }
+        });
+        FakeApi { addr, watches: txs }
+    }
+
+    /// Streams the next recorded event of `path`'s watch.
+    fn event(&self, path: &'static str, line: &str) {
+        self.watches[path].send(format!("{line}\n")).expect("the watch is open");
+    }
+}
+
+fn answer(paths: &Paths, req: http::Request<Incoming>) -> http::Response<Body> {
+    let path = req.uri().path().to_string();
+    let query: BTreeMap<String, String> = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.replace("%3D", "=").replace("%2C", ",")))
+        .collect();
+    let Some((&key, list)) = paths.lists.iter().find(|(p, _)| **p == path) else {
+        return http::Response::builder().status(404).body(Full::new(Bytes::new()).boxed()).unwrap();
+    };
+    if query.get("watch").map(String::as_str) == Some("true") {
+        // The first watch gets the recorded events; a rewatch waits quietly.
+        let rx = paths.watches.lock().unwrap().remove(key);
+        let lines = futures::stream::unfold(rx, |rx| async move {
+            let mut rx = rx?;
+            let line = rx.recv().await?;
+            Some((Ok::<_, Infallible>(Frame::data(Bytes::from(line))), Some(rx)))
+        });
+        return http::Response::new(StreamBody::new(lines).boxed());
+    }
+    let mut list = list.clone();
+    if let Some(selector) = query.get("labelSelector") {
+        let want: BTreeMap<&str, &str> = selector.split(',').filter_map(|kv| kv.split_once('=')).collect();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        list["items"] = items
+            .into_iter()
+            .filter(|i| want.iter().all(|(k, v)| i["metadata"]["labels"][*k].as_str() == Some(*v)))
+            .collect();
+    }
+    http::Response::new(Full::new(Bytes::from(list.to_string())).boxed())
+}
+
+/// The picker's workers as `ip:port`.
+fn endpoints(epp: &EppHandle) -> BTreeSet<String> {
+    epp.workers().list().iter().map(|w| w.url.authority().to_string()).collect()
+}
+
+async fn readiness(epp: &EppHandle) -> i32 {
+    let mut health = HealthClient::new(Gateway::channel(epp.local_addr()));
+    let r = within(10_000, health.check(HealthCheckRequest { service: "readiness".into() })).await.expect("answers");
+    r.into_inner().status
+}
+
+/// Waits up to 10 s for readiness to report `status` (1 SERVING, 2 NOT_SERVING).
+async fn ready_becomes(epp: &EppHandle, status: i32, what: &str) {
+    for _ in 0..1000 {
+        if readiness(epp).await == status {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+fn set(addrs: &[&str]) -> BTreeSet<String> {
+    addrs.iter().map(|a| a.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_follow_the_pools_ready_pods() {
+    let api = FakeApi::start().await;
+    let epp = start(config(&[])).await;
+    let client = kube::Client::try_from(kube::Config::new(format!("http://{}", api.addr).parse().unwrap())).unwrap();
+    let template = WorkerTemplate {
+        worker: serde_json::from_value(json!({"id": 0, "url": "http://0.0.0.0:1", "model": MODEL, "kv_blocks": 2048}))
+            .unwrap(),
+        kv_events_port: None,
+    };
+    let pool = PoolRef { namespace: "inference".into(), name: "llama".into() };
+    let watch = tokio::spawn(k8s::watch(client, pool, template, epp.workers()));
+
+    // The listing: a and b are ready; c is not; the other app's pod is not selected.
+    let want = set(&["10.244.1.11:8000", "10.244.1.12:8000"]);
+    eventually(10_000, "the listed pods are workers", || endpoints(&epp) == want).await;
+    ready_becomes(&epp, 1, "SERVING once the pods are listed").await;
+    let w = &epp.workers().list()[0];
+    assert_eq!((w.kv_blocks, w.labels.get("node").map(String::as_str)), (2048, Some("gpu-node-1")));
+
+    // Each recorded pod event, and the workers after it.
+    let steps: [&[&str]; 6] = [
+        // c turns ready
+        &["10.244.1.11:8000", "10.244.1.12:8000", "10.244.2.13:8000"],
+        // a is being deleted
+        &["10.244.1.12:8000", "10.244.2.13:8000"],
+        // b is deleted
+        &["10.244.2.13:8000"],
+        // d is created, pending, without an address
+        &["10.244.2.13:8000"],
+        // d runs and is ready
+        &["10.244.2.13:8000", "10.244.2.14:8000"],
+        // c fails its readiness probe
+        &["10.244.2.14:8000"],
+    ];
+    for (line, want) in fixture("pods-watch.jsonl").lines().zip(steps) {
+        api.event(PODS, line);
+        let want = set(want);
+        eventually(10_000, &format!("after {}", &line[..60]), || endpoints(&epp) == want).await;
+    }
+    let driver = epp.driver(MODEL).unwrap();
+    assert_eq!(driver.snapshot().workers.len(), 1, "the router agrees with the registry");
+
+    // The pool moves to port 8001: its pods are listed again at the new port.
+    let mut pool_events =
+        fixture("inferencepools-watch.jsonl").lines().map(String::from).collect::<Vec<_>>().into_iter();
+    api.event(POOLS, &pool_events.next().unwrap());
+    let want = set(&["10.244.1.11:8001", "10.244.1.12:8001"]);
+    eventually(10_000, "the pool's new port", || endpoints(&epp) == want).await;
+
+    // The pool is deleted: no workers, not ready.
+    api.event(POOLS, &pool_events.next().unwrap());
+    eventually(10_000, "no pool, no workers", || endpoints(&epp).is_empty()).await;
+    ready_becomes(&epp, 2, "NOT_SERVING without a pool").await;
+    assert!(driver.snapshot().workers.is_empty());
+    watch.abort();
+    epp.shutdown().await;
+}
