@@ -186,10 +186,8 @@ async fn f10_crlf_injection_and_ambiguous_framing_are_refused() {
     // Content-Length and Transfer-Encoding both: the chunked body is the request, the
     // length is ignored, and the smuggled request behind it is never read.
     let smuggled = "GET /workers HTTP/1.1\r\nhost: x\r\n\r\n";
-    let req = post(
-        &format!("content-length: 4\r\ntransfer-encoding: chunked\r\n"),
-        &format!("{n:x}\r\n{body}\r\n0\r\n\r\n{smuggled}"),
-    );
+    let req =
+        post("content-length: 4\r\ntransfer-encoding: chunked\r\n", &format!("{n:x}\r\n{body}\r\n0\r\n\r\n{smuggled}"));
     let text = raw(addr, &req).await;
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "the smuggled request was never answered: {text}");
