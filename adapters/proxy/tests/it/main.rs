@@ -4,6 +4,7 @@ mod admin;
 mod failures;
 mod fake;
 mod fault_common;
+mod fault_conns;
 mod fault_input;
 mod fault_overload;
 mod fault_slow;
