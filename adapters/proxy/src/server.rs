@@ -69,7 +69,8 @@ pub fn builder(state: &State) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(state.cfg.limits.header_read_timeout_ms));
+        .header_read_timeout(Duration::from_millis(state.cfg.limits.header_read_timeout_ms))
+        .max_buf_size(state.cfg.limits.connection_buffer_bytes_max);
     b.http2().timer(TokioTimer::new());
     b
 }

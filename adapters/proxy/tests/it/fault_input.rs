@@ -55,7 +55,7 @@ async fn f7_bad_session_ids_get_a_400_in_the_openai_shape_and_reach_no_worker() 
         ("not UTF-8", b"x-session-id: \xff\xfe\xc3\r\n".to_vec(), 400),
         ("repeated", b"x-session-id: a\r\nx-session-id: b\r\n".to_vec(), 400),
         ("257 bytes", long(257), 400),
-        ("60 kB, still under the header limit", long(60_000), 400),
+        ("30 kB, still under the head limit", long(30_000), 400),
         ("256 bytes", long(256), 200),
     ];
     for (what, header, want) in cases {

@@ -7,6 +7,7 @@ mod fault_common;
 mod fault_conns;
 mod fault_input;
 mod fault_overload;
+mod fault_readers;
 mod fault_slow;
 mod fault_workers;
 mod fleet;
