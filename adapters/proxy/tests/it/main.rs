@@ -8,6 +8,7 @@ mod fault_conns;
 mod fault_input;
 mod fault_overload;
 mod fault_readers;
+mod fault_shutdown;
 mod fault_slow;
 mod fault_workers;
 mod fleet;
