@@ -6,8 +6,9 @@
 //! A connection past the cap is accepted only to be told `503` and closed, so a flood
 //! of idle sockets costs one descriptor each for an instant instead of a task each.
 //! Clients that dawdle over their request head (slowloris, a connection that never
-//! sends a byte, or an idle keep-alive connection) are closed after
-//! `header_read_timeout_ms`, which frees their slot.
+//! sends a byte, or an idle keep-alive connection) are closed, which frees their slot: a
+//! new connection has `header_read_timeout_ms` to send its first bytes and as long again
+//! to finish its first head; later heads get `header_read_timeout_ms` each.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

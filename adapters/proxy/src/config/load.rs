@@ -227,6 +227,8 @@ mod tests {
             "workers[1].id",
         );
         check_err("[router]\nblock_size = 0\n", None, "router.block_size");
+        check_err("[limits]\nconnection_buffer_bytes_max = 100\n", None, "connection_buffer_bytes_max");
+        check_err("[limits]\nconnections_max = 0\n", None, "connections_max");
     }
 
     #[test]
