@@ -95,6 +95,11 @@ pub struct LimitsConfig {
     /// Longest session id accepted, in bytes (default 256); a longer, empty or
     /// non-UTF-8 session id gets a 400.
     pub session_id_bytes_max: usize,
+    /// Buffer of each HTTP/1 connection, each way, in bytes (default 65,536; at least
+    /// 8,192). It bounds what the proxy holds of a stream whose client reads slowly (the
+    /// worker is then held back through TCP), and it is also the largest request head
+    /// accepted (431 beyond it).
+    pub connection_buffer_bytes_max: usize,
 }
 
 impl Default for LimitsConfig {
@@ -109,6 +114,7 @@ impl Default for LimitsConfig {
             shutdown_grace_s: 30,
             connections_max: 10_000,
             session_id_bytes_max: 256,
+            connection_buffer_bytes_max: 64 << 10,
         }
     }
 }

@@ -5,8 +5,10 @@
 //!
 //! A connection past the cap is accepted only to be told `503` and closed, so a flood
 //! of idle sockets costs one descriptor each for an instant instead of a task each.
-//! Clients that dawdle over their request head (slowloris, or an idle keep-alive
-//! connection) are closed after `header_read_timeout_ms`, which frees their slot.
+//! Clients that dawdle over their request head (slowloris, a connection that never
+//! sends a byte, or an idle keep-alive connection) are closed, which frees their slot: a
+//! new connection has `header_read_timeout_ms` to send its first bytes and as long again
+//! to finish its first head; later heads get `header_read_timeout_ms` each.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -68,7 +70,8 @@ pub fn builder(state: &State) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(state.cfg.limits.header_read_timeout_ms));
+        .header_read_timeout(Duration::from_millis(state.cfg.limits.header_read_timeout_ms))
+        .max_buf_size(state.cfg.limits.connection_buffer_bytes_max);
     b.http2().timer(TokioTimer::new());
     b
 }
@@ -97,8 +100,14 @@ pub async fn accept_loop(
                         let st = st.clone();
                         async move { Ok::<_, Infallible>(dispatch(st, peer, req).await) }
                     });
-                    let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned());
+                    let (builder, watcher, mut stop) = (builder.clone(), graceful.watcher(), shutdown.clone());
+                    let head_timeout = Duration::from_millis(state.cfg.limits.header_read_timeout_ms);
                     conns.spawn(async move {
+                        tokio::select! {
+                            sent = first_bytes(&stream, head_timeout) => if !sent { return },
+                            _ = stop.changed() => return,
+                        }
+                        let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned());
                         if let Err(e) = conn.await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }
@@ -127,6 +136,29 @@ pub async fn accept_loop(
     conns.abort_all();
     while conns.join_next().await.is_some() {}
     ShutdownReport { drained, connections_aborted }
+}
+
+/// The HTTP/2 connection preface; a client sending anything else speaks HTTP/1.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Waits, at most `limit`, until the client has sent enough to tell HTTP/1.1 from h2c.
+/// The server's own first read, which makes that choice, is covered by no hyper timeout:
+/// without this, a client that connects and sends nothing (or only part of the h2
+/// preface) would hold its connection slot for ever. Only peeks, so the server reads
+/// the same bytes afterwards. False when the time ran out or the client left.
+async fn first_bytes(stream: &TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    let decided = async {
+        loop {
+            match stream.peek(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) if n == H2_PREFACE.len() || buf[..n] != H2_PREFACE[..n] => return true,
+                // Part of the preface: peek would answer at once again, so pause instead.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    };
+    tokio::time::timeout(limit, decided).await.unwrap_or(false)
 }
 
 /// What a connection past `connections_max` is told before it is closed.

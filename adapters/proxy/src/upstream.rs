@@ -24,6 +24,7 @@ pub fn client(limits: &LimitsConfig) -> UpstreamClient {
     conn.enforce_http(true);
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_millis(limits.upstream_idle_timeout_ms))
+        .http1_max_buf_size(limits.connection_buffer_bytes_max)
         .build(conn)
 }
 

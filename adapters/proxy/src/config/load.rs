@@ -66,6 +66,9 @@ impl ProxyConfig {
         if self.limits.connections_max == 0 || self.limits.session_id_bytes_max == 0 {
             return invalid("limits".into(), "connections_max and session_id_bytes_max must be above 0".into());
         }
+        if self.limits.connection_buffer_bytes_max < 8192 {
+            return invalid("limits.connection_buffer_bytes_max".into(), "must be at least 8192".into());
+        }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
         }
@@ -249,6 +252,8 @@ mod tests {
             "workers[1].id",
         );
         check_err("[router]\nblock_size = 0\n", None, "router.block_size");
+        check_err("[limits]\nconnection_buffer_bytes_max = 100\n", None, "connection_buffer_bytes_max");
+        check_err("[limits]\nconnections_max = 0\n", None, "connections_max");
     }
 
     #[test]

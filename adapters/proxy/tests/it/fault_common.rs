@@ -72,3 +72,12 @@ pub fn rss_bytes() -> u64 {
         .expect("VmRSS in /proc/self/status");
     kib * 1024
 }
+
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Taken for the whole of a test that measures the process's memory or leans on the
+/// machine (thousands of sockets): such tests run one at a time, so that one's
+/// allocations are not read as another's growth.
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().await
+}

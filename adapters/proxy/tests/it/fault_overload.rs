@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fault_common::{assert_openai_error, rss_bytes, sse_ok};
+use crate::fault_common::{assert_openai_error, heavy, rss_bytes, sse_ok};
 use crate::*;
 
 /// What a closed-loop run saw.
@@ -82,6 +82,7 @@ async fn closed_loop(addr: SocketAddr, clients: usize, work: u64, shed_pause_ms:
 /// * goodput at 2x stays >= 90% of the capacity runs' goodput;
 /// * the process's resident memory grows by less than 32 MiB over the overload runs.
 async fn check_overload(what: &str, cfg: ProxyConfig, capacity: usize, shed_code: u16) {
+    let _alone = heavy().await;
     let p = start(cfg).await;
     let addr = p.local_addr();
     let work = 8 * capacity as u64;

@@ -61,7 +61,7 @@ fn median(outcomes: &[Vec<Outcome>], sessions: &[usize]) -> Duration {
 }
 
 /// Scenario 3. Three workers answer in 50 ms; worker 1 becomes 10x slow (500 ms) while
-/// `request_timeout_ms` is 300 ms. Pass criteria:
+/// `request_timeout_ms` is 400 ms. Pass criteria:
 /// * worker 1 is ejected after `consecutive_failures` (2) timeouts, once;
 /// * requests served by the other workers all succeed, and their median time stays
 ///   within 3x (+100 ms of slack) of the median measured before the slow-down;
@@ -70,7 +70,7 @@ fn median(outcomes: &[Vec<Outcome>], sessions: &[usize]) -> Duration {
 ///   the slow-down's first timeouts, and it readmits the worker.
 #[tokio::test]
 async fn f3_a_worker_gone_10x_slow_is_ejected_others_keep_their_latency_and_one_probe_readmits_it() {
-    let (service_ms, timeout_ms, base_ms) = (50, 300, 500);
+    let (service_ms, timeout_ms, base_ms) = (50, 400, 500);
     let fakes = [Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await];
     for f in &fakes {
         f.set(Behavior::Delayed { ms: service_ms, chunks: sse_chunks(2) });
