@@ -53,6 +53,29 @@ fn trace_parse_corpus_replays() {
     check("trace_parse", 10);
 }
 
+#[test]
+fn proxy_request_corpus_replays() {
+    check("proxy_request", 20);
+}
+
+#[test]
+fn config_parse_corpus_replays() {
+    check("config_parse", 20);
+}
+
+/// Every target has a corpus folder, and every corpus folder a target.
+#[test]
+fn every_target_has_a_corpus() {
+    let mut folders: Vec<String> = fs::read_dir(fuzz_dir().join("corpus"))
+        .expect("fuzz/corpus")
+        .map(|e| e.expect("readable entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    let mut names: Vec<&str> = TARGETS.iter().map(|(n, _)| *n).collect();
+    names.sort();
+    assert_eq!(folders, names);
+}
+
 /// Runs one regression file of `target` alone (it also runs with the whole folder).
 #[track_caller]
 fn regression(target: &str, name: &str) {
