@@ -3,3 +3,4 @@
 
 mod core_smoke;
 mod fuzz_corpus;
+mod soak;

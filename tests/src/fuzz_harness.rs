@@ -7,9 +7,9 @@
 //! * [`router_ops`]: bytes as a configuration and a sequence of router operations, run
 //!   by the simulation driver of `core/tests/sim` with its model checks after each step.
 //! * [`trace_parse`]: bytes as a Mooncake JSONL trace, line by line and whole.
-//!
-//! Still to come, with their crates: the proxy's request-body parser and the config
-//! parser.
+//! * [`proxy_request`]: bytes as a client's request line, headers and body, through the
+//!   proxy's body parser, routing-header reader, trust stripping and upstream headers.
+//! * [`config_parse`]: bytes as the proxy's TOML configuration, with overrides.
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
@@ -23,12 +23,20 @@ use router_core::{Instant, WorkerKey};
 #[path = "../../core/tests/sim/mod.rs"]
 mod sim;
 
+mod proxy;
+pub use proxy::{config_parse, proxy_request};
+
 /// A target's body: any bytes in, a panic only on a bug.
 pub type Target = fn(&[u8]);
 
 /// Every target by name, as the corpus folders are named.
-pub const TARGETS: [(&str, Target); 3] =
-    [("kv_event_decode", kv_event_decode), ("router_ops", router_ops), ("trace_parse", trace_parse)];
+pub const TARGETS: [(&str, Target); 5] = [
+    ("kv_event_decode", kv_event_decode),
+    ("router_ops", router_ops),
+    ("trace_parse", trace_parse),
+    ("proxy_request", proxy_request),
+    ("config_parse", config_parse),
+];
 
 // ---- kv_event_decode ----
 

@@ -27,6 +27,9 @@
 //! under-reports until the engine stores blocks again.
 //! A restarted publisher first seen at a number above `last + 1` cannot be told from a
 //! gap; the replay then brings the new publisher's batches, which is what it holds.
+//! While a gap is open, a batch (live or replayed) whose timestamp is newer than a held
+//! batch numbered after it is a restart too: the held batches are the previous run's,
+//! and applying them on top of the new run would announce blocks no engine holds.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -205,6 +208,10 @@ impl<P> Sequencer<P> {
             }
         }
         let next = self.next_seq();
+        if self.held_are_older(seq, ts) {
+            self.restart(seq, ts, payload);
+            return;
+        }
         if let Some(rec) = &mut self.recovery {
             if rec.pending.len() >= self.cfg.pending_batches_max && !rec.pending.contains_key(&seq) {
                 self.fail_recovery(now);
@@ -265,6 +272,8 @@ impl<P> Sequencer<P> {
         let next = self.next_seq();
         if seq < next {
             self.stats.duplicates += 1;
+        } else if seq == next && self.held_are_older(seq, ts) {
+            self.restart(seq, ts, payload);
         } else if seq == next {
             self.apply(seq, ts, payload);
             self.advance();
@@ -318,6 +327,16 @@ impl<P> Sequencer<P> {
     fn is_restart(&self, last: u64, seq: u64, ts: Option<f64>) -> bool {
         let newer = matches!((ts, self.last_ts), (Some(t), Some(lt)) if t > lt);
         newer || last - seq >= self.cfg.restart_backstep_seqs
+    }
+
+    /// Whether a batch held after `seq` is older than `ts`: then the publisher restarted
+    /// while the gap was open. Linear in the held batches after `seq`.
+    fn held_are_older(&self, seq: u64, ts: Option<f64>) -> bool {
+        let (Some(rec), Some(t)) = (&self.recovery, ts) else {
+            return false;
+        };
+        let after = (core::ops::Bound::Excluded(seq), core::ops::Bound::Unbounded);
+        rec.pending.range(after).any(|(_, (held, _))| held.is_some_and(|h| t > h))
     }
 
     fn apply(&mut self, seq: u64, ts: Option<f64>, payload: P) {

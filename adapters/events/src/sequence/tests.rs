@@ -9,6 +9,8 @@ enum In {
     LiveNoTs(u64),
     /// Replay `id` delivers `seq`.
     Replay(u64, u64),
+    /// Replay `id` delivers `seq` with this timestamp.
+    ReplayTs(u64, u64, f64),
     /// Replay `id` ended.
     End(u64),
     /// Replay `id` failed.
@@ -43,6 +45,7 @@ fn check(cfg: SequencerConfig, has_replay: bool, script: &[In], want: &[Out]) {
             Live(seq, ts) => s.handle_live(now, seq, Some(ts), seq),
             LiveNoTs(seq) => s.handle_live(now, seq, None, seq),
             Replay(id, seq) => s.handle_replay(now, ReplayId(id), seq, Some(seq as f64), seq),
+            ReplayTs(id, seq, ts) => s.handle_replay(now, ReplayId(id), seq, Some(ts), seq),
             End(id) => s.handle_replay_end(now, ReplayId(id)),
             Fail(id) => s.handle_replay_failed(now, ReplayId(id)),
             At(ms) => {
@@ -163,6 +166,24 @@ fn restarts() {
     let mut mid = live(&[4, 6]);
     mid.extend([Live(0, 100.0), Replay(0, 5)]);
     check(no_join(), true, &mid, &[A(4), T(false), R(0, 5), C, T(true), A(0)]);
+}
+
+/// Found by the whole-system soak (`tests/it/soak.rs`): a publisher restarted while a
+/// gap was open, its new batch 0 filled the hole, and the old run's held batch 1 was
+/// applied on top, announcing blocks the fresh engine did not hold. A timestamp newer
+/// than a held batch numbered after it now means a restart.
+#[test]
+fn a_restart_while_a_gap_is_open_drops_the_held_batches() {
+    // Joining: 0 lost, 1 held for a replay from 0; the restarted publisher's 0 arrives.
+    check(cfg(), true, &[Live(1, 1.0), Live(0, 10.0)], &[T(false), R(0, 0), C, T(true), A(0)]);
+    // Mid-stream: 1 lost, 2 held; the new run's 1 arrives live, or by the replay.
+    let want = [A(0), T(false), R(0, 1), C, T(true), A(1)];
+    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), Live(1, 11.0)], &want);
+    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), ReplayTs(0, 1, 11.0)], &want);
+    // The same run fills the hole with an older timestamp, and the held batch follows.
+    let same = [A(0), T(false), R(0, 1), A(1), A(2), T(true)];
+    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), Live(1, 1.5)], &same);
+    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), ReplayTs(0, 1, 1.5)], &same);
 }
 
 #[test]
