@@ -46,7 +46,7 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
         (&Method::GET, "/metrics") => Ok(admin::metrics(&state)),
         (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
-        (&Method::GET, "/workers") => Ok(admin::workers(&state)),
+        (&Method::GET, "/workers") => Ok(admin::workers(&state).await),
         (&Method::POST, "/workers") => admin::add_worker(&state, req).await,
         (&Method::DELETE, p) if p.starts_with("/workers/") => {
             admin::remove_worker(&state, &p["/workers/".len()..]).await
