@@ -235,7 +235,7 @@ async fn forward(
             continue;
         };
         let up = upstream_request(state, &worker, &booking, &p)?;
-        match tokio::time::timeout_at(deadline, state.client.request(up)).await {
+        match tokio::time::timeout_at(deadline, state.client.send(up)).await {
             Err(_) => return Err(ApiError::timeout()),
             Ok(Ok(resp)) => return Ok(respond(state, resp, booking, &pool.name, arrived, deadline, permit)),
             Ok(Err(e)) => {
@@ -274,7 +274,7 @@ fn upstream_request(
 /// The worker accepted: confirm the booking and stream its answer back.
 fn respond(
     state: &Arc<State>,
-    resp: Response<Incoming>,
+    resp: Response<crate::upstream::Upstream>,
     mut booking: Booking,
     model: &str,
     arrived: Instant,
