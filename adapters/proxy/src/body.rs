@@ -130,7 +130,9 @@ pub struct UpstreamBody {
     booking: Option<Booking>,
     ctx: StreamCtx,
     injects_errors: bool,
-    deadline: Pin<Box<Sleep>>,
+    /// Armed the first time the worker makes the client wait: a response that is ready
+    /// at once never touches the timer.
+    deadline: Option<Pin<Box<Sleep>>>,
     last_chunk: Option<Instant>,
     /// Whether the bytes sent so far end at an SSE event boundary.
     at_boundary: bool,
@@ -147,7 +149,7 @@ impl UpstreamBody {
             inner,
             booking: Some(booking),
             injects_errors: ctx.injects_errors,
-            deadline: Box::pin(tokio::time::sleep_until(ctx.deadline)),
+            deadline: None,
             ctx,
             last_chunk: None,
             at_boundary: true,
@@ -157,9 +159,9 @@ impl UpstreamBody {
         }
     }
 
-    /// A frame of `chunks` non-empty upstream chunks goes out. Chunks that arrived
-    /// together are zero apart.
-    fn on_data(&mut self, data: &Bytes, chunks: u32) {
+    /// A frame of `chunks` non-empty upstream chunks goes out; `last` when the worker's
+    /// body ended with it. Chunks that arrived together are zero apart.
+    fn on_data(&mut self, data: &Bytes, chunks: u32, last: bool) {
         if data.is_empty() || chunks == 0 {
             return;
         }
@@ -168,7 +170,9 @@ impl UpstreamBody {
         match self.last_chunk {
             None => {
                 m.ttft(&self.ctx.model, now - self.ctx.arrived);
-                if let Some(b) = &self.booking {
+                // A body that ends with its first frame is finished at once, which
+                // releases the prefill load too.
+                if let Some(b) = self.booking.as_ref().filter(|_| !last) {
                     let _ = b.prefill_done();
                 }
             }
@@ -229,15 +233,23 @@ impl UpstreamBody {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            this.end(End::TimedOut);
-            return this.fail_stream("timeout", "the request timed out mid-stream");
+        if this.deadline.as_mut().is_some_and(|d| d.as_mut().poll(cx).is_ready()) {
+            return this.time_out();
         }
         let next = match this.held.take() {
             Some(h) => Poll::Ready(h),
             None => Pin::new(&mut this.inner).poll_frame(cx).map(Next::from),
         };
         match next {
+            Poll::Pending if this.deadline.is_none() => {
+                let mut d = Box::pin(tokio::time::sleep_until(this.ctx.deadline));
+                let due = d.as_mut().poll(cx).is_ready();
+                this.deadline = Some(d);
+                if due {
+                    return this.time_out();
+                }
+                Poll::Pending
+            }
             Poll::Pending => Poll::Pending,
             Poll::Ready(Next::End) => {
                 this.end(End::Finished);
@@ -251,8 +263,9 @@ impl UpstreamBody {
             Poll::Ready(Next::Frame(frame)) => match frame.into_data() {
                 Ok(first) => {
                     let (data, chunks) = this.gather(first, cx);
-                    this.on_data(&data, chunks);
-                    if matches!(this.held, Some(Next::End)) {
+                    let last = matches!(this.held, Some(Next::End));
+                    this.on_data(&data, chunks, last);
+                    if last {
                         // Ending now lets the server finish the response with this frame.
                         this.held = None;
                         this.end(End::Finished);
@@ -304,6 +317,11 @@ impl UpstreamBody {
             }
         }
         (joined.map_or(first, BytesMut::freeze), chunks)
+    }
+
+    fn time_out(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.end(End::TimedOut);
+        self.fail_stream("timeout", "the request timed out mid-stream")
     }
 
     fn fail_stream(&mut self, code: &str, message: &str) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
