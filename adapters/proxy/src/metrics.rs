@@ -95,7 +95,12 @@ pub struct Metrics {
     served: std::sync::Mutex<BTreeMap<u64, u64>>,
     /// Resolved per-model series, at most [`MODEL_HANDLES_MAX`].
     handles: RwLock<Vec<(String, Arc<ModelHandles>)>>,
+    /// The request path's stages, resolved at start.
+    stages: Vec<(&'static str, Histogram)>,
 }
+
+/// Stages every request passes through; others are looked up by name.
+const STAGES: [&str; 4] = ["parse", "tokenize", "route", "queue_wait"];
 
 /// Models whose series are kept resolved; past this, lookups go through the families.
 const MODEL_HANDLES_MAX: usize = 256;
@@ -149,6 +154,7 @@ impl Metrics {
             silent_streams: Family::default(),
             served: std::sync::Mutex::new(BTreeMap::new()),
             handles: RwLock::new(Vec::new()),
+            stages: Vec::new(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -190,7 +196,9 @@ impl Metrics {
             m.silent_streams.clone(),
         );
         r.register_collector(Box::new(FleetCollector { fleet }));
-        Metrics { registry, ..m }
+        let stages =
+            STAGES.iter().map(|&stage| (stage, m.overhead.get_or_create(&StageLabels { stage }).clone())).collect();
+        Metrics { registry, stages, ..m }
     }
 
     /// The Prometheus text exposition.
@@ -289,7 +297,11 @@ impl Metrics {
 
     /// Time spent in a routing stage.
     pub fn stage(&self, stage: &'static str, d: Duration) {
-        self.overhead.get_or_create(&StageLabels { stage }).observe(d.as_secs_f64() * 1e6);
+        let us = d.as_secs_f64() * 1e6;
+        match self.stages.iter().find(|(s, _)| *s == stage) {
+            Some((_, h)) => h.observe(us),
+            None => self.overhead.get_or_create(&StageLabels { stage }).observe(us),
+        }
     }
 
     /// A routing decision's cache overlap.
