@@ -23,6 +23,9 @@
 //!   its process's CPU is added to its share;
 //! * `--baseline NAME`: report every other path's ratios to this external one;
 //! * `--no-inproc`: skip the in-process proxy;
+//! * `--wrk`: generate the load with wrk (a separate process, `-t1` at concurrency 1,
+//!   else `-t2`) instead of in-process clients; the direct path then goes to the first
+//!   upstream only;
 //! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator).
 
 use std::collections::VecDeque;
@@ -131,22 +134,49 @@ fn bodies(stream: bool) -> Vec<Bytes> {
 }
 
 /// Where a path sends its requests, and whose CPU it adds to this process's.
+#[derive(Clone)]
 struct Target {
     name: String,
     addrs: Vec<SocketAddr>,
     pid: Option<u32>,
 }
 
-/// One run: `concurrency` closed-loop clients for `dur`, each address picked round-robin.
-/// Returns sorted latencies, wall time and CPU seconds used by this process and the
-/// target's.
+/// One run's figures.
+struct Sample {
+    requests: usize,
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// CPU seconds of this process and the target's.
+    cpu: f64,
+}
+
+/// One run through `load`: in-process clients, or wrk when a Lua script is given.
 async fn run(
+    client: &BenchClient,
+    wrk: Option<&std::path::Path>,
+    target: &Target,
+    bodies: &Arc<Vec<Bytes>>,
+    concurrency: usize,
+    dur: Duration,
+) -> Sample {
+    match wrk {
+        None => run_inproc(client, target, bodies, concurrency, dur).await,
+        Some(script) => {
+            let (script, target) = (script.to_path_buf(), Target { ..target.clone() });
+            tokio::task::spawn_blocking(move || run_wrk(&script, &target, concurrency, dur)).await.expect("wrk run")
+        }
+    }
+}
+
+/// One run: `concurrency` closed-loop clients for `dur`, each address picked round-robin.
+async fn run_inproc(
     client: &BenchClient,
     target: &Target,
     bodies: &Arc<Vec<Bytes>>,
     concurrency: usize,
     dur: Duration,
-) -> (Vec<Duration>, Duration, f64) {
+) -> Sample {
     let targets = &target.addrs;
     let ext0 = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)));
     let next = Arc::new(AtomicUsize::new(0));
@@ -185,7 +215,76 @@ async fn run(
     let ext = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)) - ext0);
     let cpu = cpu_seconds_of(None) - cpu0 + ext;
     all.sort();
-    (all, wall, cpu)
+    Sample {
+        requests: all.len(),
+        rps: all.len() as f64 / wall.as_secs_f64(),
+        p50_us: pct_us(&all, 0.5),
+        p99_us: pct_us(&all, 0.99),
+        cpu,
+    }
+}
+
+/// One run of wrk (`wrk -t1` at concurrency 1, else `-t2`) against the target's first
+/// address, with `script` choosing the bodies.
+fn run_wrk(script: &std::path::Path, target: &Target, concurrency: usize, dur: Duration) -> Sample {
+    let ext0 = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)));
+    let cpu0 = cpu_seconds_of(None);
+    let out = std::process::Command::new("wrk")
+        .arg(format!("-t{}", if concurrency == 1 { 1 } else { 2 }))
+        .arg(format!("-c{concurrency}"))
+        .arg(format!("-d{}ms", dur.as_millis()))
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(format!("http://{}", target.addrs[0]))
+        .output()
+        .expect("wrk runs (apt-get install wrk)");
+    let ext = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)) - ext0);
+    let cpu = cpu_seconds_of(None) - cpu0 + ext;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("Non-2xx"), "{} answered errors:\n{text}", target.name);
+    let field = |prefix: &str| -> Option<&str> {
+        text.lines()
+            .find_map(|l| l.trim_start().strip_prefix(prefix))
+            .map(|r| r.split_whitespace().next().unwrap_or(""))
+    };
+    let us = |v: &str| -> f64 {
+        let split = v.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(v.len());
+        let n: f64 = v[..split].parse().unwrap_or(f64::NAN);
+        n * match &v[split..] {
+            "ms" => 1e3,
+            "s" => 1e6,
+            _ => 1.0,
+        }
+    };
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in").and_then(|(n, _)| n.parse().ok()))
+        .unwrap_or_else(|| panic!("no wrk summary:\n{text}"));
+    Sample {
+        requests,
+        rps: field("Requests/sec:").and_then(|v| v.parse().ok()).unwrap_or(0.0),
+        p50_us: field("50%").map_or(f64::NAN, us),
+        p99_us: field("99%").map_or(f64::NAN, us),
+        cpu,
+    }
+}
+
+/// A wrk script sending `bodies` round-robin.
+fn wrk_script(bodies: &[Bytes], stream: bool) -> std::path::PathBuf {
+    let mut lua = String::from("local bodies = {\n");
+    for b in bodies {
+        lua.push_str("  [==[");
+        lua.push_str(std::str::from_utf8(b).expect("JSON is UTF-8"));
+        lua.push_str("]==],\n");
+    }
+    lua.push_str("}\nlocal i = 0\nrequest = function()\n  i = i + 1\n");
+    lua.push_str("  return wrk.format('POST', '/v1/chat/completions', {['Content-Type']='application/json'}, ");
+    lua.push_str("bodies[(i % #bodies) + 1])\nend\n");
+    let mode = if stream { "stream" } else { "plain" };
+    let path = std::env::temp_dir().join(format!("proxy_bench_{}_{mode}.lua", std::process::id()));
+    std::fs::write(&path, lua).expect("write the wrk script");
+    path
 }
 
 /// utime + stime of a process (this one by default) from `/proc/<pid>/stat`, assuming
@@ -231,13 +330,12 @@ struct Path {
 }
 
 impl Path {
-    fn push(&mut self, (lat, wall, cpu): (Vec<Duration>, Duration, f64)) {
-        let n = lat.len().max(1) as f64;
-        self.rps.push(n / wall.as_secs_f64());
-        self.p50.push(pct_us(&lat, 0.5));
-        self.p99.push(pct_us(&lat, 0.99));
-        self.cpu10k.push(cpu / n * 10_000.0);
-        self.requests += lat.len();
+    fn push(&mut self, s: Sample) {
+        self.rps.push(s.rps);
+        self.p50.push(s.p50_us);
+        self.p99.push(s.p99_us);
+        self.cpu10k.push(s.cpu / s.requests.max(1) as f64 * 10_000.0);
+        self.requests += s.requests;
     }
 }
 
@@ -268,6 +366,7 @@ struct Args {
     baseline: String,
     inproc: bool,
     upstreams_only: bool,
+    wrk: bool,
 }
 
 fn args() -> Args {
@@ -281,6 +380,7 @@ fn args() -> Args {
         baseline: "sglang".into(),
         inproc: true,
         upstreams_only: false,
+        wrk: false,
     };
     let mut it = std::env::args().skip(1);
     let mut positional = 0;
@@ -293,6 +393,7 @@ fn args() -> Args {
             "--baseline" => a.baseline = value("--baseline"),
             "--no-inproc" => a.inproc = false,
             "--upstreams-only" => a.upstreams_only = true,
+            "--wrk" => a.wrk = true,
             "--external" => {
                 let v = value("--external");
                 let (name, rest) = v.split_once('=').expect("--external NAME=HOST:PORT[@PID]");
@@ -386,21 +487,24 @@ async fn main() {
             continue;
         }
         let bodies = Arc::new(bodies(stream));
+        let script = args.wrk.then(|| wrk_script(&bodies, stream));
+        let wrk = script.as_deref();
         for &concurrency in &args.conc {
             for t in &targets {
-                let _ = run(&client, t, &bodies, concurrency, warm).await;
+                let _ = run(&client, wrk, t, &bodies, concurrency, warm).await;
             }
             let before = proxy.as_ref().map(stages);
             let mut paths: Vec<Path> = targets.iter().map(|_| Path::default()).collect();
             for _ in 0..args.repeats {
                 for (t, p) in targets.iter().zip(&mut paths) {
-                    p.push(run(&client, t, &bodies, concurrency, dur).await);
+                    p.push(run(&client, wrk, t, &bodies, concurrency, dur).await);
                 }
             }
             let mut line = json!({
                 "concurrency": concurrency,
                 "stream": stream,
                 "tokens": if stream { STREAM_TOKENS } else { 0 },
+                "load": if args.wrk { "wrk" } else { "in-process" },
                 "load1": load1(),
             });
             let direct = &paths[0];
@@ -428,6 +532,9 @@ async fn main() {
                 line[format!("vs_{}", args.baseline)] = serde_json::Value::Object(vs);
             }
             println!("{line}");
+        }
+        if let Some(path) = script {
+            let _ = std::fs::remove_file(path);
         }
     }
     if let Some(p) = proxy {
