@@ -1,6 +1,6 @@
 //! Measures what the proxy adds on loopback. Four trivial upstreams, the proxy (kv mode,
 //! byte-fallback tokenizer) and the load generator share one process; every
-//! configuration runs direct-to-upstream and through-the-proxy runs interleaved, three
+//! configuration runs direct-to-upstream and through-the-proxy runs interleaved, a few
 //! short repeats each, and prints one JSON line with medians.
 //!
 //! Per configuration (concurrency 1, 16, 64; non-streaming and 16-token streaming):
@@ -9,8 +9,24 @@
 //! are in the process too, so the difference is the proxy's share), the proxy's mean
 //! per-stage routing overhead from its metrics, and the 1-minute load average.
 //!
-//! `cargo run --release -p kvroute-proxy --example proxy_bench -- [run_ms] [plain|stream]`
-//! (default 800 ms per run, both modes).
+//! Other proxies put in front of the same upstreams (another kvroute process, a
+//! reference router) are measured in the same interleaved loop with `--external`, so
+//! their ratios to kvroute hold even on a machine busy with other work.
+//!
+//! `cargo run --release -p kvroute-proxy --example proxy_bench -- [run_ms] [plain|stream] [flags]`
+//! (default 800 ms per run, both modes). Flags:
+//!
+//! * `--conc 1,16,64`: the concurrencies;
+//! * `--repeats 3`: runs per path and configuration;
+//! * `--upstream-port P`: the upstreams listen on P..P+3 (default: any free ports);
+//! * `--external NAME=HOST:PORT[@PID]` (repeatable): a proxy to measure too; with a PID
+//!   its process's CPU is added to its share;
+//! * `--baseline NAME`: report every other path's ratios to this external one;
+//! * `--no-inproc`: skip the in-process proxy;
+//! * `--wrk`: generate the load with wrk (a separate process, `-t1` at concurrency 1,
+//!   else `-t2`) instead of in-process clients; the direct path then goes to the first
+//!   upstream only;
+//! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -35,8 +51,6 @@ use tokio::net::TcpListener;
 
 /// Tokens per streamed response.
 const STREAM_TOKENS: usize = 16;
-/// Repeats per path and configuration; the line reports medians.
-const REPEATS: usize = 3;
 /// Distinct conversations; prompts share a system prompt so the cache term matters.
 const CONVERSATIONS: usize = 64;
 
@@ -70,8 +84,8 @@ fn sse_frames() -> VecDeque<Bytes> {
 
 /// An upstream that answers a chat completion at once: JSON, or SSE when the body asks
 /// for `"stream":true`.
-async fn upstream() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind upstream");
+async fn upstream(port: u16) -> SocketAddr {
+    let l = TcpListener::bind(("127.0.0.1", port)).await.expect("bind upstream");
     let addr = l.local_addr().expect("upstream addr");
     tokio::spawn(async move {
         loop {
@@ -119,19 +133,56 @@ fn bodies(stream: bool) -> Vec<Bytes> {
         .collect()
 }
 
-/// One run: `concurrency` closed-loop clients for `dur`, each target picked round-robin.
-/// Returns sorted latencies, wall time and process CPU seconds used.
+/// Where a path sends its requests, and whose CPU it adds to this process's.
+#[derive(Clone)]
+struct Target {
+    name: String,
+    addrs: Vec<SocketAddr>,
+    pid: Option<u32>,
+}
+
+/// One run's figures.
+struct Sample {
+    requests: usize,
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// CPU seconds of this process and the target's.
+    cpu: f64,
+}
+
+/// One run through `load`: in-process clients, or wrk when a Lua script is given.
 async fn run(
     client: &BenchClient,
-    targets: &[SocketAddr],
+    wrk: Option<&std::path::Path>,
+    target: &Target,
     bodies: &Arc<Vec<Bytes>>,
     concurrency: usize,
     dur: Duration,
-) -> (Vec<Duration>, Duration, f64) {
+) -> Sample {
+    match wrk {
+        None => run_inproc(client, target, bodies, concurrency, dur).await,
+        Some(script) => {
+            let (script, target) = (script.to_path_buf(), Target { ..target.clone() });
+            tokio::task::spawn_blocking(move || run_wrk(&script, &target, concurrency, dur)).await.expect("wrk run")
+        }
+    }
+}
+
+/// One run: `concurrency` closed-loop clients for `dur`, each address picked round-robin.
+async fn run_inproc(
+    client: &BenchClient,
+    target: &Target,
+    bodies: &Arc<Vec<Bytes>>,
+    concurrency: usize,
+    dur: Duration,
+) -> Sample {
+    let targets = &target.addrs;
+    let ext0 = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)));
     let next = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let uris: Arc<Vec<String>> = Arc::new(targets.iter().map(|t| format!("http://{t}/v1/chat/completions")).collect());
-    let cpu0 = cpu_seconds();
+    let cpu0 = cpu_seconds_of(None);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
@@ -161,14 +212,86 @@ async fn run(
         all.extend(t.await.expect("client task"));
     }
     let wall = t0.elapsed();
-    let cpu = cpu_seconds() - cpu0;
+    let ext = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)) - ext0);
+    let cpu = cpu_seconds_of(None) - cpu0 + ext;
     all.sort();
-    (all, wall, cpu)
+    Sample {
+        requests: all.len(),
+        rps: all.len() as f64 / wall.as_secs_f64(),
+        p50_us: pct_us(&all, 0.5),
+        p99_us: pct_us(&all, 0.99),
+        cpu,
+    }
 }
 
-/// utime + stime of the whole process from `/proc/self/stat`, assuming 100 ticks/s.
-fn cpu_seconds() -> f64 {
-    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+/// One run of wrk (`wrk -t1` at concurrency 1, else `-t2`) against the target's first
+/// address, with `script` choosing the bodies.
+fn run_wrk(script: &std::path::Path, target: &Target, concurrency: usize, dur: Duration) -> Sample {
+    let ext0 = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)));
+    let cpu0 = cpu_seconds_of(None);
+    let out = std::process::Command::new("wrk")
+        .arg(format!("-t{}", if concurrency == 1 { 1 } else { 2 }))
+        .arg(format!("-c{concurrency}"))
+        .arg(format!("-d{}ms", dur.as_millis()))
+        .arg("--latency")
+        .arg("-s")
+        .arg(script)
+        .arg(format!("http://{}", target.addrs[0]))
+        .output()
+        .expect("wrk runs (apt-get install wrk)");
+    let ext = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)) - ext0);
+    let cpu = cpu_seconds_of(None) - cpu0 + ext;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("Non-2xx"), "{} answered errors:\n{text}", target.name);
+    let field = |prefix: &str| -> Option<&str> {
+        text.lines()
+            .find_map(|l| l.trim_start().strip_prefix(prefix))
+            .map(|r| r.split_whitespace().next().unwrap_or(""))
+    };
+    let us = |v: &str| -> f64 {
+        let split = v.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(v.len());
+        let n: f64 = v[..split].parse().unwrap_or(f64::NAN);
+        n * match &v[split..] {
+            "ms" => 1e3,
+            "s" => 1e6,
+            _ => 1.0,
+        }
+    };
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in").and_then(|(n, _)| n.parse().ok()))
+        .unwrap_or_else(|| panic!("no wrk summary:\n{text}"));
+    Sample {
+        requests,
+        rps: field("Requests/sec:").and_then(|v| v.parse().ok()).unwrap_or(0.0),
+        p50_us: field("50%").map_or(f64::NAN, us),
+        p99_us: field("99%").map_or(f64::NAN, us),
+        cpu,
+    }
+}
+
+/// A wrk script sending `bodies` round-robin.
+fn wrk_script(bodies: &[Bytes], stream: bool) -> std::path::PathBuf {
+    let mut lua = String::from("local bodies = {\n");
+    for b in bodies {
+        lua.push_str("  [==[");
+        lua.push_str(std::str::from_utf8(b).expect("JSON is UTF-8"));
+        lua.push_str("]==],\n");
+    }
+    lua.push_str("}\nlocal i = 0\nrequest = function()\n  i = i + 1\n");
+    lua.push_str("  return wrk.format('POST', '/v1/chat/completions', {['Content-Type']='application/json'}, ");
+    lua.push_str("bodies[(i % #bodies) + 1])\nend\n");
+    let mode = if stream { "stream" } else { "plain" };
+    let path = std::env::temp_dir().join(format!("proxy_bench_{}_{mode}.lua", std::process::id()));
+    std::fs::write(&path, lua).expect("write the wrk script");
+    path
+}
+
+/// utime + stime of a process (this one by default) from `/proc/<pid>/stat`, assuming
+/// 100 ticks/s.
+fn cpu_seconds_of(pid: Option<u32>) -> f64 {
+    let path = pid.map_or_else(|| "/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+    let Ok(s) = std::fs::read_to_string(path) else { return 0.0 };
     // Fields after the `(comm)`, which may hold spaces: state is field 3, utime 14, stime 15.
     let rest = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -190,9 +313,10 @@ fn pct_us(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e6
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Per repeat: requests/s, p50 µs, p99 µs, CPU s per 10k requests.
@@ -206,13 +330,12 @@ struct Path {
 }
 
 impl Path {
-    fn push(&mut self, (lat, wall, cpu): (Vec<Duration>, Duration, f64)) {
-        let n = lat.len().max(1) as f64;
-        self.rps.push(n / wall.as_secs_f64());
-        self.p50.push(pct_us(&lat, 0.5));
-        self.p99.push(pct_us(&lat, 0.99));
-        self.cpu10k.push(cpu / n * 10_000.0);
-        self.requests += lat.len();
+    fn push(&mut self, s: Sample) {
+        self.rps.push(s.rps);
+        self.p50.push(s.p50_us);
+        self.p99.push(s.p99_us);
+        self.cpu10k.push(s.cpu / s.requests.max(1) as f64 * 10_000.0);
+        self.requests += s.requests;
     }
 }
 
@@ -232,13 +355,66 @@ fn stages(proxy: &ServeHandle) -> [(f64, f64); 3] {
     })
 }
 
-#[tokio::main]
-async fn main() {
-    let run_ms = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(800u64);
-    let dur = Duration::from_millis(run_ms);
-    let warm = Duration::from_millis(run_ms / 4);
-    let only = std::env::args().nth(2);
-    let ups = vec![upstream().await, upstream().await, upstream().await, upstream().await];
+/// The command line; see the module docs.
+struct Args {
+    run_ms: u64,
+    only: Option<String>,
+    conc: Vec<usize>,
+    repeats: usize,
+    upstream_port: Option<u16>,
+    external: Vec<Target>,
+    baseline: String,
+    inproc: bool,
+    upstreams_only: bool,
+    wrk: bool,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        run_ms: 800,
+        only: None,
+        conc: vec![1, 16, 64],
+        repeats: 3,
+        upstream_port: None,
+        external: Vec::new(),
+        baseline: "sglang".into(),
+        inproc: true,
+        upstreams_only: false,
+        wrk: false,
+    };
+    let mut it = std::env::args().skip(1);
+    let mut positional = 0;
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().unwrap_or_else(|| panic!("{name} needs a value"));
+        match arg.as_str() {
+            "--conc" => a.conc = value("--conc").split(',').map(|c| c.parse().expect("--conc")).collect(),
+            "--repeats" => a.repeats = value("--repeats").parse().expect("--repeats"),
+            "--upstream-port" => a.upstream_port = Some(value("--upstream-port").parse().expect("--upstream-port")),
+            "--baseline" => a.baseline = value("--baseline"),
+            "--no-inproc" => a.inproc = false,
+            "--upstreams-only" => a.upstreams_only = true,
+            "--wrk" => a.wrk = true,
+            "--external" => {
+                let v = value("--external");
+                let (name, rest) = v.split_once('=').expect("--external NAME=HOST:PORT[@PID]");
+                let (addr, pid) = match rest.split_once('@') {
+                    Some((a, p)) => (a, Some(p.parse().expect("--external pid"))),
+                    None => (rest, None),
+                };
+                a.external.push(Target { name: name.into(), addrs: vec![addr.parse().expect("--external addr")], pid });
+            }
+            _ if positional == 0 => {
+                a.run_ms = arg.parse().expect("run_ms");
+                positional += 1;
+            }
+            _ => a.only = Some(arg),
+        }
+    }
+    a
+}
+
+/// The proxy under test, in this process, in front of `ups`.
+async fn inproc_proxy(ups: &[SocketAddr]) -> ServeHandle {
     let mut cfg = ProxyConfig {
         listen: "127.0.0.1:0".parse().expect("listen"),
         seed: Some(1),
@@ -257,52 +433,112 @@ async fn main() {
         let w = json!({"id": i, "url": format!("http://{a}"), "model": "m"});
         cfg.workers.push(serde_json::from_value(w).expect("worker"));
     }
-    let proxy = serve(cfg, Tokenizers::new()).await.expect("serve");
-    let via = [proxy.local_addr()];
+    serve(cfg, Tokenizers::new()).await.expect("serve")
+}
+
+/// A path's medians as JSON, with what it adds to going direct.
+fn summary(p: &Path, direct: &Path) -> serde_json::Value {
+    let (d50, d99, dcpu) = (median(&direct.p50), median(&direct.p99), median(&direct.cpu10k));
+    let (p50, p99, cpu) = (median(&p.p50), median(&p.p99), median(&p.cpu10k));
+    json!({
+        "requests": p.requests,
+        "rps": median(&p.rps).round(),
+        "p50_us": p50.round(),
+        "p99_us": p99.round(),
+        "added_p50_us": (p50 - d50).round(),
+        "added_p99_us": (p99 - d99).round(),
+        "cpu_s_per_10k_proxy_share": ((cpu - dcpu) * 1000.0).round() / 1000.0,
+    })
+}
+
+/// `x`'s ratios to `base`: throughput, added p50, proxy CPU per request.
+fn ratios(x: &Path, base: &Path, direct: &Path) -> serde_json::Value {
+    let added = |p: &Path| median(&p.p50) - median(&direct.p50);
+    let share = |p: &Path| median(&p.cpu10k) - median(&direct.cpu10k);
+    let r = |a: f64, b: f64| if b.abs() > 1e-9 { (a / b * 100.0).round() / 100.0 } else { f64::NAN };
+    json!({
+        "rps": r(median(&x.rps), median(&base.rps)),
+        "added_p50": r(added(x), added(base)),
+        "cpu_share": r(share(x), share(base)),
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let args = args();
+    let dur = Duration::from_millis(args.run_ms);
+    let warm = Duration::from_millis(args.run_ms / 4);
+    let mut ups = Vec::new();
+    for i in 0..4u16 {
+        ups.push(upstream(args.upstream_port.map_or(0, |p| p + i)).await);
+    }
+    if args.upstreams_only {
+        eprintln!("upstreams on {ups:?}");
+        std::future::pending::<()>().await;
+    }
+    let proxy = if args.inproc { Some(inproc_proxy(&ups).await) } else { None };
+    let mut targets = vec![Target { name: "direct".into(), addrs: ups.clone(), pid: None }];
+    if let Some(p) = &proxy {
+        targets.push(Target { name: "kvroute".into(), addrs: vec![p.local_addr()], pid: None });
+    }
+    targets.extend(args.external);
     let client = client();
     for stream in [false, true] {
-        if only.as_deref().is_some_and(|o| o != if stream { "stream" } else { "plain" }) {
+        if args.only.as_deref().is_some_and(|o| o != if stream { "stream" } else { "plain" }) {
             continue;
         }
         let bodies = Arc::new(bodies(stream));
-        for concurrency in [1usize, 16, 64] {
-            let _ = run(&client, &ups, &bodies, concurrency, warm).await;
-            let _ = run(&client, &via, &bodies, concurrency, warm).await;
-            let before = stages(&proxy);
-            let (mut direct, mut proxied) = (Path::default(), Path::default());
-            for _ in 0..REPEATS {
-                direct.push(run(&client, &ups, &bodies, concurrency, dur).await);
-                proxied.push(run(&client, &via, &bodies, concurrency, dur).await);
+        let script = args.wrk.then(|| wrk_script(&bodies, stream));
+        let wrk = script.as_deref();
+        for &concurrency in &args.conc {
+            for t in &targets {
+                let _ = run(&client, wrk, t, &bodies, concurrency, warm).await;
             }
-            let after = stages(&proxy);
-            let stage_us: Vec<f64> =
-                (0..3).map(|i| (after[i].0 - before[i].0) / (after[i].1 - before[i].1).max(1.0)).collect();
-            let (d50, d99, dcpu) = (median(direct.p50), median(direct.p99), median(direct.cpu10k));
-            let (p50, p99, pcpu) = (median(proxied.p50), median(proxied.p99), median(proxied.cpu10k));
-            let line = json!({
+            let before = proxy.as_ref().map(stages);
+            let mut paths: Vec<Path> = targets.iter().map(|_| Path::default()).collect();
+            for _ in 0..args.repeats {
+                for (t, p) in targets.iter().zip(&mut paths) {
+                    p.push(run(&client, wrk, t, &bodies, concurrency, dur).await);
+                }
+            }
+            let mut line = json!({
                 "concurrency": concurrency,
                 "stream": stream,
                 "tokens": if stream { STREAM_TOKENS } else { 0 },
-                "requests": proxied.requests,
-                "direct_requests": direct.requests,
-                "proxy_rps": median(proxied.rps).round(),
-                "direct_rps": median(direct.rps).round(),
-                "proxy_p50_us": p50.round(),
-                "proxy_p99_us": p99.round(),
-                "direct_p50_us": d50.round(),
-                "direct_p99_us": d99.round(),
-                "added_p50_us": (p50 - d50).round(),
-                "added_p99_us": (p99 - d99).round(),
-                "cpu_s_per_10k_proxied": (pcpu * 1000.0).round() / 1000.0,
-                "cpu_s_per_10k_direct": (dcpu * 1000.0).round() / 1000.0,
-                "cpu_s_per_10k_proxy_share": ((pcpu - dcpu) * 1000.0).round() / 1000.0,
-                "stage_mean_us": {"parse": (stage_us[0] * 10.0).round() / 10.0,
-                    "tokenize": (stage_us[1] * 10.0).round() / 10.0,
-                    "route": (stage_us[2] * 10.0).round() / 10.0},
+                "load": if args.wrk { "wrk" } else { "in-process" },
                 "load1": load1(),
             });
+            let direct = &paths[0];
+            line["direct_requests"] = json!(direct.requests);
+            line["direct_rps"] = json!(median(&direct.rps).round());
+            line["direct_p50_us"] = json!(median(&direct.p50).round());
+            line["direct_p99_us"] = json!(median(&direct.p99).round());
+            line["cpu_s_per_10k_direct"] = json!((median(&direct.cpu10k) * 1000.0).round() / 1000.0);
+            for (t, p) in targets.iter().zip(&paths).skip(1) {
+                line[t.name.as_str()] = summary(p, direct);
+            }
+            if let (Some(proxy), Some(before)) = (&proxy, before) {
+                let after = stages(proxy);
+                let mean = |i: usize| {
+                    let us = (after[i].0 - before[i].0) / (after[i].1 - before[i].1).max(1.0);
+                    (us * 10.0).round() / 10.0
+                };
+                line["kvroute"]["stage_mean_us"] = json!({"parse": mean(0), "tokenize": mean(1), "route": mean(2)});
+            }
+            if let Some(b) = targets.iter().position(|t| t.name == args.baseline) {
+                let mut vs = serde_json::Map::new();
+                for (i, t) in targets.iter().enumerate().skip(1).filter(|(i, _)| *i != b) {
+                    vs.insert(t.name.clone(), ratios(&paths[i], &paths[b], direct));
+                }
+                line[format!("vs_{}", args.baseline)] = serde_json::Value::Object(vs);
+            }
             println!("{line}");
         }
+        if let Some(path) = script {
+            let _ = std::fs::remove_file(path);
+        }
     }
-    let _ = proxy.shutdown().await;
+    if let Some(p) = proxy {
+        let _ = p.shutdown().await;
+    }
 }

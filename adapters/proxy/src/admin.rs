@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::error::{json_response, ApiError};
+use crate::events::StreamReport;
 use crate::handler;
 use crate::state::State;
 
@@ -86,8 +87,11 @@ async fn worker_models(state: &State, w: &WorkerConfig) -> Vec<Value> {
     tokio::time::timeout(Duration::from_secs(1), fetch).await.ok().flatten().unwrap_or_default()
 }
 
-/// `GET /workers`: every worker with its health and per-rank load, and every pool.
-pub fn workers(state: &State) -> Response<ProxyBody> {
+/// `GET /workers`: every worker with its health, per-rank load and KV-event streams,
+/// and every pool.
+pub async fn workers(state: &State) -> Response<ProxyBody> {
+    let served = state.metrics.served_totals();
+    let subs = state.subs.lock().await;
     let mut workers = Vec::new();
     let mut pools = Vec::new();
     for p in state.fleet.pools() {
@@ -116,6 +120,7 @@ pub fn workers(state: &State) -> Response<ProxyBody> {
                 "health": w.health.as_str(),
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
+                "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
             }));
         }
@@ -134,6 +139,38 @@ pub fn workers(state: &State) -> Response<ProxyBody> {
         }));
     }
     json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools}))
+}
+
+/// A worker's event streams: `null` without a subscription, else one row per rank.
+fn kv_events_json(streams: &[StreamReport]) -> Value {
+    if streams.is_empty() {
+        return Value::Null;
+    }
+    let rows: Vec<Value> = streams
+        .iter()
+        .map(|r| {
+            let s = r.status.as_ref();
+            json!({
+                "rank": r.rank,
+                "endpoint": r.endpoint,
+                "replay_endpoint": r.replay_endpoint,
+                "connected": s.is_some_and(|s| s.connected),
+                "silent": r.silent,
+                "trusted": s.is_some_and(|s| s.trusted),
+                "last_message_age_ms": r.last_message_age_ms,
+                "last_seq": s.and_then(|s| s.last_seq),
+                "events_applied": s.map(|s| s.events_applied),
+                "events_dropped": s.map(|s| s.events_dropped),
+                "batches_applied": s.map(|s| s.batches_applied),
+                "batches_malformed": s.map(|s| s.batches_malformed),
+                "gaps": s.map(|s| s.seq.gaps),
+                "replays_completed": s.map(|s| s.seq.replays_completed),
+                "replays_failed": s.map(|s| s.seq.replays_failed),
+                "config_error": s.and_then(|s| s.config_error.as_ref()).map(|e| e.to_string()),
+            })
+        })
+        .collect();
+    json!({"streams": rows})
 }
 
 /// `POST /workers`: add or replace a worker (a [`WorkerConfig`] as JSON).

@@ -1,10 +1,13 @@
 //! Response bodies: a complete body for the proxy's own answers, and the streamed
 //! passthrough of a worker's response.
 //!
-//! The passthrough forwards each upstream frame as it arrives, unchanged, and holds the
-//! request's [`Booking`] until the stream ends. hyper polls it only when the client
-//! connection can take more, so a slow client slows the read from the worker
-//! (backpressure through the TCP windows) and nothing is buffered beyond one frame.
+//! The passthrough forwards the worker's bytes as they arrive, unchanged, and holds the
+//! request's [`Booking`] until the stream ends. Chunks the worker sent together leave
+//! in one frame (up to [`COALESCE_BYTES_MAX`]); a chunk that is ready is never held
+//! back waiting for another. hyper polls the body only when the client connection can
+//! take more, so a slow client slows the read from the worker (backpressure through the
+//! TCP windows) and nothing is buffered beyond one frame. Time to first byte and the
+//! gaps between frames sent are observed per frame.
 //! How the stream ends decides what the router hears:
 //!
 //! * upstream finished: `finish` (or, for a 5xx, a worker failure);
@@ -17,17 +20,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use kvroute_driver::{Booking, DispatchFailure};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
 use crate::health;
 use crate::state::State;
+use crate::upstream::Upstream;
 
 /// The error type of response bodies.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -92,6 +96,26 @@ pub struct StreamCtx {
     pub injects_errors: bool,
 }
 
+/// Largest frame [`UpstreamBody`] makes of upstream chunks that were ready together.
+pub const COALESCE_BYTES_MAX: usize = 16 << 10;
+
+/// What the worker's body yields next.
+enum Next {
+    Frame(Frame<Bytes>),
+    End,
+    Broken(hyper::Error),
+}
+
+impl From<Option<Result<Frame<Bytes>, hyper::Error>>> for Next {
+    fn from(r: Option<Result<Frame<Bytes>, hyper::Error>>) -> Self {
+        match r {
+            None => Next::End,
+            Some(Ok(f)) => Next::Frame(f),
+            Some(Err(e)) => Next::Broken(e),
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum End {
     Finished,
@@ -102,48 +126,63 @@ enum End {
 
 /// A worker's response body on its way to the client. See the module docs.
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: Upstream,
     booking: Option<Booking>,
     ctx: StreamCtx,
     injects_errors: bool,
-    deadline: Pin<Box<Sleep>>,
+    /// Armed the first time the worker makes the client wait: a response that is ready
+    /// at once never touches the timer.
+    deadline: Option<Pin<Box<Sleep>>>,
     last_chunk: Option<Instant>,
     /// Whether the bytes sent so far end at an SSE event boundary.
     at_boundary: bool,
+    /// What followed the chunks sent in the last frame, for the next poll.
+    held: Option<Next>,
     done: bool,
     _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl UpstreamBody {
     /// Wraps `inner`; `booking` is released when the stream ends or is dropped.
-    pub fn new(inner: Incoming, booking: Booking, ctx: StreamCtx, permit: Option<OwnedSemaphorePermit>) -> Self {
+    pub fn new(inner: Upstream, booking: Booking, ctx: StreamCtx, permit: Option<OwnedSemaphorePermit>) -> Self {
         UpstreamBody {
             inner,
             booking: Some(booking),
             injects_errors: ctx.injects_errors,
-            deadline: Box::pin(tokio::time::sleep_until(ctx.deadline)),
+            deadline: None,
             ctx,
             last_chunk: None,
             at_boundary: true,
+            held: None,
             done: false,
             _permit: permit,
         }
     }
 
-    fn on_data(&mut self, data: &Bytes) {
-        if data.is_empty() {
+    /// A frame of `chunks` non-empty upstream chunks goes out; `last` when the worker's
+    /// body ended with it. Chunks that arrived together are zero apart.
+    fn on_data(&mut self, data: &Bytes, chunks: u32, last: bool) {
+        if data.is_empty() || chunks == 0 {
             return;
         }
         let now = Instant::now();
+        let m = &self.ctx.state.metrics;
         match self.last_chunk {
             None => {
-                self.ctx.state.metrics.ttft(&self.ctx.model, now - self.ctx.arrived);
-                if let Some(b) = &self.booking {
+                m.ttft(&self.ctx.model, now - self.ctx.arrived);
+                // A body that ends with its first frame is finished at once, which
+                // releases the prefill load too.
+                if let Some(b) = self.booking.as_ref().filter(|_| !last) {
                     let _ = b.prefill_done();
                 }
             }
-            Some(prev) if self.injects_errors => self.ctx.state.metrics.itl(&self.ctx.model, now - prev),
+            Some(prev) if self.injects_errors => m.itl(&self.ctx.model, now - prev),
             Some(_) => {}
+        }
+        if self.injects_errors {
+            for _ in 1..chunks {
+                m.itl(&self.ctx.model, Duration::ZERO);
+            }
         }
         self.last_chunk = Some(now);
         self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
@@ -194,28 +233,95 @@ impl UpstreamBody {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            this.end(End::TimedOut);
-            return this.fail_stream("timeout", "the request timed out mid-stream");
+        if this.deadline.as_mut().is_some_and(|d| d.as_mut().poll(cx).is_ready()) {
+            return this.time_out();
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let next = match this.held.take() {
+            Some(h) => Poll::Ready(h),
+            None => Pin::new(&mut this.inner).poll_frame(cx).map(Next::from),
+        };
+        match next {
+            Poll::Pending if this.deadline.is_none() => {
+                let mut d = Box::pin(tokio::time::sleep_until(this.ctx.deadline));
+                let due = d.as_mut().poll(cx).is_ready();
+                this.deadline = Some(d);
+                if due {
+                    return this.time_out();
+                }
+                Poll::Pending
+            }
             Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => {
+            Poll::Ready(Next::End) => {
                 this.end(End::Finished);
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.on_data(data);
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(e))) => {
+            Poll::Ready(Next::Broken(e)) => {
                 tracing::debug!(worker = this.ctx.worker, error = %e, "upstream stream broke");
                 this.end(End::Broken);
                 this.fail_stream("upstream_stream_broken", "the worker's stream broke before it finished")
             }
+            Poll::Ready(Next::Frame(frame)) => match frame.into_data() {
+                Ok(first) => {
+                    let (data, chunks) = this.gather(first, cx);
+                    let last = matches!(this.held, Some(Next::End));
+                    this.on_data(&data, chunks, last);
+                    if last {
+                        // Ending now lets the server finish the response with this frame.
+                        this.held = None;
+                        this.end(End::Finished);
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
+                Err(trailers) => Poll::Ready(Some(Ok(trailers))),
+            },
         }
+    }
+
+    /// `first` and the data frames the worker has already sent after it, as one frame
+    /// of at most [`COALESCE_BYTES_MAX`] bytes (one write to the client instead of one
+    /// per chunk). Never waits: it stops at the first frame that is not ready, and keeps
+    /// an end, an error or trailers for the next poll. Also returns how many non-empty
+    /// chunks the frame holds.
+    fn gather(&mut self, first: Bytes, cx: &mut Context<'_>) -> (Bytes, u32) {
+        let mut joined: Option<BytesMut> = None;
+        let mut len = first.len();
+        let mut chunks = u32::from(!first.is_empty());
+        while len < COALESCE_BYTES_MAX {
+            let next = match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Pending => break,
+                Poll::Ready(r) => Next::from(r),
+            };
+            let frame = match next {
+                Next::Frame(f) => f,
+                other => {
+                    self.held = Some(other);
+                    break;
+                }
+            };
+            match frame.into_data() {
+                Ok(d) => {
+                    len += d.len();
+                    chunks += u32::from(!d.is_empty());
+                    joined
+                        .get_or_insert_with(|| {
+                            let mut b = BytesMut::with_capacity(COALESCE_BYTES_MAX.max(len));
+                            b.extend_from_slice(&first);
+                            b
+                        })
+                        .extend_from_slice(&d);
+                }
+                Err(trailers) => {
+                    self.held = Some(Next::Frame(trailers));
+                    break;
+                }
+            }
+        }
+        (joined.map_or(first, BytesMut::freeze), chunks)
+    }
+
+    fn time_out(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.end(End::TimedOut);
+        self.fail_stream("timeout", "the request timed out mid-stream")
     }
 
     fn fail_stream(&mut self, code: &str, message: &str) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {

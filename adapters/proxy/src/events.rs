@@ -1,10 +1,12 @@
 //! KV-event subscriptions: every worker that names a `kv_events` endpoint feeds its
 //! model's router through the events adapter (ZeroMQ, msgpack, sequencing, replay).
-//! Workers without one are routed on the router's own predictions.
+//! Workers without one are routed on the router's own predictions. Each stream's status
+//! is reported through [`Subscriptions::report`] for `GET /workers`.
 
 use std::collections::BTreeMap;
 
 use kvroute_driver::Driver;
+use kvroute_events::ingest::StreamStatus;
 use kvroute_events::{
     runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector,
 };
@@ -32,11 +34,42 @@ impl EventSink for DriverSink {
     }
 }
 
+/// One model's ingestion and when it started (the runner's clock counts from then).
+struct Runner {
+    ingest: IngestHandle<DriverSink>,
+    started: tokio::time::Instant,
+}
+
+/// A subscribed worker.
+struct Subscribed {
+    model: String,
+    ranks: u32,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+}
+
+/// One rank's KV-event stream, as `GET /workers` shows it.
+#[derive(Clone, Debug)]
+pub struct StreamReport {
+    /// The data-parallel rank.
+    pub rank: u32,
+    /// The PUB address subscribed to.
+    pub endpoint: String,
+    /// The replay address, if any.
+    pub replay_endpoint: Option<String>,
+    /// The ingestion's counters; `None` if the runner is gone.
+    pub status: Option<StreamStatus>,
+    /// Milliseconds since the stream's last message of any kind; `None` before the first.
+    pub last_message_age_ms: Option<u64>,
+    /// Quiet for the silence threshold while the worker served requests.
+    pub silent: bool,
+}
+
 /// The event subscriptions of every model, keyed by model name.
 pub struct Subscriptions {
-    by_model: BTreeMap<String, IngestHandle<DriverSink>>,
-    /// Subscribed workers: their model and rank count.
-    workers: BTreeMap<u64, (String, u32)>,
+    by_model: BTreeMap<String, Runner>,
+    /// Subscribed workers.
+    workers: BTreeMap<u64, Subscribed>,
     /// Streams already reported silent, so each is reported once per silence.
     reported: std::collections::BTreeSet<WorkerKey>,
 }
@@ -55,11 +88,11 @@ impl Subscriptions {
     /// Closes a worker's subscriptions and purges what they fed (a worker left, or is
     /// being replaced). A worker without a subscription is a no-op.
     pub async fn remove(&mut self, id: u64) {
-        let Some((model, ranks)) = self.workers.remove(&id) else { return };
-        if let Some(ingest) = self.by_model.get(&model) {
-            for rank in 0..ranks {
+        let Some(sub) = self.workers.remove(&id) else { return };
+        if let Some(r) = self.by_model.get(&sub.model) {
+            for rank in 0..sub.ranks {
                 // A stream that is already gone has nothing left to purge.
-                let _ = ingest.remove_endpoint(WorkerKey::new(id, rank)).await;
+                let _ = r.ingest.remove_endpoint(WorkerKey::new(id, rank)).await;
             }
         }
         self.reported.retain(|k| k.worker.0 != id);
@@ -69,17 +102,17 @@ impl Subscriptions {
     /// stream is the most common misconfiguration (wrong port, events not enabled).
     pub async fn check_silent(&mut self, metrics: &Metrics) {
         let served = metrics.served_totals();
-        for (model, ingest) in &self.by_model {
+        for (model, runner) in &self.by_model {
             let totals: BTreeMap<WorkerKey, u64> = self
                 .workers
                 .iter()
-                .filter(|(_, (m, _))| m == model)
-                .flat_map(|(&id, &(_, ranks))| {
+                .filter(|(_, s)| &s.model == model)
+                .flat_map(|(&id, s)| {
                     let n = served.get(&id).copied().unwrap_or(0);
-                    (0..ranks).map(move |r| (WorkerKey::new(id, r), n))
+                    (0..s.ranks).map(move |r| (WorkerKey::new(id, r), n))
                 })
                 .collect();
-            let silent = ingest.silent_streams(totals).await;
+            let silent = runner.ingest.silent_streams(totals).await;
             let now_silent: std::collections::BTreeSet<WorkerKey> = silent.iter().map(|s| s.key).collect();
             for s in &silent {
                 if self.reported.insert(s.key) {
@@ -94,8 +127,36 @@ impl Subscriptions {
                 }
             }
             self.reported
-                .retain(|k| self.workers.get(&k.worker.0).is_none_or(|(m, _)| m != model) || now_silent.contains(k));
+                .retain(|k| self.workers.get(&k.worker.0).is_none_or(|s| &s.model != model) || now_silent.contains(k));
         }
+    }
+
+    /// Worker `id`'s streams, one per rank; empty if it subscribes to none. `served` is
+    /// how many requests it has served, for the silence verdict. Asks the runner once
+    /// per rank.
+    pub async fn report(&self, id: u64, served: u64) -> Vec<StreamReport> {
+        let Some(sub) = self.workers.get(&id) else { return Vec::new() };
+        let Some(runner) = self.by_model.get(&sub.model) else { return Vec::new() };
+        let keys: Vec<WorkerKey> = (0..sub.ranks).map(|r| WorkerKey::new(id, r)).collect();
+        let silent = runner.ingest.silent_streams(keys.iter().map(|&k| (k, served)).collect()).await;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let status = runner.ingest.status(key).await;
+            // The runner's clock starts when it is spawned, just after `started`: the age
+            // is at most that gap too old.
+            let now_us = u64::try_from(runner.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let last_message_age_ms =
+                status.as_ref().and_then(|s| s.last_message_at).map(|at| now_us.saturating_sub(at.as_micros()) / 1000);
+            out.push(StreamReport {
+                rank: key.rank.0,
+                endpoint: offset_port(&sub.endpoint, key.rank.0),
+                replay_endpoint: sub.replay_endpoint.as_deref().map(|r| offset_port(r, key.rank.0)),
+                status,
+                last_message_age_ms,
+                silent: silent.iter().any(|s| s.key == key),
+            });
+        }
+        out
     }
 
     /// Subscribes to one worker's events (if it names an endpoint).
@@ -109,9 +170,10 @@ impl Subscriptions {
         let block =
             cfg.models.iter().find(|m| m.name == w.model).and_then(|m| m.block_size).unwrap_or(cfg.router.block_size);
         let block_size = BlockSize::new(block).map_err(|e| e.to_string())?;
-        let ingest = self.by_model.entry(w.model.clone()).or_insert_with(|| {
-            let (h, _task) = runner::spawn(RunnerConfig::default(), ZmqConnector::default(), DriverSink(driver));
-            h
+        let runner = self.by_model.entry(w.model.clone()).or_insert_with(|| {
+            let started = tokio::time::Instant::now();
+            let (ingest, _task) = runner::spawn(RunnerConfig::default(), ZmqConnector::default(), DriverSink(driver));
+            Runner { ingest, started }
         });
         for rank in 0..w.dp_ranks {
             let stream = StreamConfig {
@@ -127,9 +189,15 @@ impl Subscriptions {
                 replay_endpoint: w.kv_events_replay.as_deref().map(|r| offset_port(r, rank)),
                 topic: String::new(),
             };
-            ingest.add_endpoint(ep).await.map_err(|e| format!("worker {} rank {rank}: {e:?}", w.id))?;
+            runner.ingest.add_endpoint(ep).await.map_err(|e| format!("worker {} rank {rank}: {e:?}", w.id))?;
         }
-        self.workers.insert(w.id, (w.model.clone(), w.dp_ranks));
+        let sub = Subscribed {
+            model: w.model.clone(),
+            ranks: w.dp_ranks,
+            endpoint: endpoint.clone(),
+            replay_endpoint: w.kv_events_replay.clone(),
+        };
+        self.workers.insert(w.id, sub);
         Ok(())
     }
 }

@@ -311,7 +311,7 @@ pub(crate) async fn forward_aggregated(
             continue;
         };
         let up = upstream_request(state, &worker, booking.target(), &p, p.forward_body.clone())?;
-        match tokio::time::timeout_at(deadline, state.client.request(up)).await {
+        match tokio::time::timeout_at(deadline, state.client.send(up)).await {
             Err(_) => {
                 // No answer at all within the request's time counts against the worker, so a
                 // worker gone slow is ejected like one gone dead.
@@ -373,7 +373,7 @@ pub(crate) struct Respond<'a> {
 /// The worker accepted: confirm the booking and stream its answer back.
 pub(crate) fn respond(
     state: &Arc<State>,
-    resp: Response<Incoming>,
+    resp: Response<crate::upstream::Upstream>,
     mut booking: Booking,
     ctx: Respond<'_>,
     permit: OwnedSemaphorePermit,

@@ -5,8 +5,12 @@
 //! Labels are bounded sets only: model names from the config, worker ids, outcomes,
 //! status codes, stages, queue classes the router bounds. Never a session id, a prompt
 //! or a client-chosen model name.
+//!
+//! The per-request series (a model's latency histograms, a worker's `ok` counter) are
+//! looked up once and kept as handles, so the request path builds no label strings.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -90,7 +94,27 @@ pub struct Metrics {
     disagg_plans: Family<PlanLabels, Counter>,
     disagg_aborts: Family<AbortLabels, Counter>,
     /// Requests served per worker id, cumulative.
-    served: std::sync::Mutex<std::collections::BTreeMap<u64, u64>>,
+    served: std::sync::Mutex<BTreeMap<u64, u64>>,
+    /// Resolved per-model series, at most [`MODEL_HANDLES_MAX`].
+    handles: RwLock<Vec<(String, Arc<ModelHandles>)>>,
+    /// The request path's stages, resolved at start.
+    stages: Vec<(&'static str, Histogram)>,
+}
+
+/// Stages every request passes through; others are looked up by name.
+const STAGES: [&str; 4] = ["parse", "tokenize", "route", "queue_wait"];
+
+/// Models whose series are kept resolved; past this, lookups go through the families.
+const MODEL_HANDLES_MAX: usize = 256;
+
+/// One model's per-request series.
+struct ModelHandles {
+    ttft: Histogram,
+    itl: Histogram,
+    overlap_ratio: Histogram,
+    not_max_overlap: Counter,
+    /// `kvroute_requests{outcome="ok"}` by worker and status.
+    ok: RwLock<BTreeMap<(u64, u16), Counter>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -145,7 +169,9 @@ impl Metrics {
             silent_streams: Family::default(),
             disagg_plans: Family::default(),
             disagg_aborts: Family::default(),
-            served: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            served: std::sync::Mutex::new(BTreeMap::new()),
+            handles: RwLock::new(Vec::new()),
+            stages: Vec::new(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -197,7 +223,9 @@ impl Metrics {
             m.disagg_aborts.clone(),
         );
         r.register_collector(Box::new(FleetCollector { fleet }));
-        Metrics { registry, ..m }
+        let stages =
+            STAGES.iter().map(|&stage| (stage, m.overhead.get_or_create(&StageLabels { stage }).clone())).collect();
+        Metrics { registry, stages, ..m }
     }
 
     /// The Prometheus text exposition.
@@ -208,11 +236,60 @@ impl Metrics {
         out
     }
 
+    /// `model`'s resolved series (`None` once [`MODEL_HANDLES_MAX`] models are held).
+    fn model(&self, model: &str) -> Option<Arc<ModelHandles>> {
+        {
+            let held = self.handles.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, h)) = held.iter().find(|(m, _)| m == model) {
+                return Some(h.clone());
+            }
+        }
+        let mut held = self.handles.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, h)) = held.iter().find(|(m, _)| m == model) {
+            return Some(h.clone());
+        }
+        if held.len() >= MODEL_HANDLES_MAX {
+            return None;
+        }
+        let labels = ModelLabels { model: model.into() };
+        let h = Arc::new(ModelHandles {
+            ttft: self.ttft.get_or_create(&labels).clone(),
+            itl: self.itl.get_or_create(&labels).clone(),
+            overlap_ratio: self.overlap_ratio.get_or_create(&labels).clone(),
+            not_max_overlap: self.not_max_overlap.get_or_create(&labels).clone(),
+            ok: RwLock::new(BTreeMap::new()),
+        });
+        held.push((model.to_string(), h.clone()));
+        Some(h)
+    }
+
     /// A request ended.
     pub fn request(&self, model: &str, worker: Option<u64>, outcome: &str, status: u16) {
         if let Some(w) = worker {
-            *self.served.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(w).or_default() += 1;
+            *self.served.lock().unwrap_or_else(PoisonError::into_inner).entry(w).or_default() += 1;
+            if outcome == "ok" {
+                if let Some(h) = self.model(model) {
+                    self.count_ok(&h, model, w, status);
+                    return;
+                }
+            }
         }
+        self.request_slow(model, worker, outcome, status);
+    }
+
+    /// Counts an `ok` request of `model` on `worker` with `status`.
+    fn count_ok(&self, h: &ModelHandles, model: &str, worker: u64, status: u16) {
+        if let Some(c) = h.ok.read().unwrap_or_else(PoisonError::into_inner).get(&(worker, status)) {
+            c.inc();
+            return;
+        }
+        let labels = RequestLabels { model: model.into(), worker: worker.to_string(), outcome: "ok".into(), status };
+        let c = self.requests.get_or_create(&labels).clone();
+        c.inc();
+        h.ok.write().unwrap_or_else(PoisonError::into_inner).insert((worker, status), c);
+    }
+
+    fn request_slow(&self, model: &str, worker: Option<u64>, outcome: &str, status: u16) {
         let worker = worker.map_or_else(|| "none".to_string(), |w| w.to_string());
         self.requests
             .get_or_create(&RequestLabels { model: model.into(), worker, outcome: outcome.into(), status })
@@ -220,8 +297,8 @@ impl Metrics {
     }
 
     /// Requests each worker has served so far (for silent-stream detection).
-    pub fn served_totals(&self) -> std::collections::BTreeMap<u64, u64> {
-        self.served.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    pub fn served_totals(&self) -> BTreeMap<u64, u64> {
+        self.served.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// A worker's KV-event stream was silent while it served traffic.
@@ -231,26 +308,47 @@ impl Metrics {
 
     /// Time to first byte.
     pub fn ttft(&self, model: &str, d: Duration) {
-        self.ttft.get_or_create(&ModelLabels { model: model.into() }).observe(d.as_secs_f64());
+        match self.model(model) {
+            Some(h) => h.ttft.observe(d.as_secs_f64()),
+            None => self.ttft.get_or_create(&ModelLabels { model: model.into() }).observe(d.as_secs_f64()),
+        }
     }
 
     /// Time between two chunks.
     pub fn itl(&self, model: &str, d: Duration) {
-        self.itl.get_or_create(&ModelLabels { model: model.into() }).observe(d.as_secs_f64());
+        match self.model(model) {
+            Some(h) => h.itl.observe(d.as_secs_f64()),
+            None => self.itl.get_or_create(&ModelLabels { model: model.into() }).observe(d.as_secs_f64()),
+        }
     }
 
     /// Time spent in a routing stage.
     pub fn stage(&self, stage: &'static str, d: Duration) {
-        self.overhead.get_or_create(&StageLabels { stage }).observe(d.as_secs_f64() * 1e6);
+        let us = d.as_secs_f64() * 1e6;
+        match self.stages.iter().find(|(s, _)| *s == stage) {
+            Some((_, h)) => h.observe(us),
+            None => self.overhead.get_or_create(&StageLabels { stage }).observe(us),
+        }
     }
 
     /// A routing decision's cache overlap.
     pub fn decision(&self, model: &str, overlap_blocks: u32, max_overlap_blocks: u32, request_blocks: u32) {
-        let labels = ModelLabels { model: model.into() };
-        if request_blocks > 0 {
-            self.overlap_ratio.get_or_create(&labels).observe(f64::from(overlap_blocks) / f64::from(request_blocks));
+        let ratio = (request_blocks > 0).then(|| f64::from(overlap_blocks) / f64::from(request_blocks));
+        let not_max = overlap_blocks < max_overlap_blocks;
+        if let Some(h) = self.model(model) {
+            if let Some(r) = ratio {
+                h.overlap_ratio.observe(r);
+            }
+            if not_max {
+                h.not_max_overlap.inc();
+            }
+            return;
         }
-        if overlap_blocks < max_overlap_blocks {
+        let labels = ModelLabels { model: model.into() };
+        if let Some(r) = ratio {
+            self.overlap_ratio.get_or_create(&labels).observe(r);
+        }
+        if not_max {
             self.not_max_overlap.get_or_create(&labels).inc();
         }
     }

@@ -43,18 +43,24 @@ pub struct ShutdownReport {
 
 /// Sends a request to its endpoint. Never fails: errors are answers.
 pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<Incoming>) -> Response<ProxyBody> {
+    let proxied = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/chat/completions") => Some(Endpoint::Chat),
+        (&Method::POST, "/v1/completions") => Some(Endpoint::Completions),
+        (&Method::POST, "/v1/embeddings") => Some(Endpoint::Embeddings),
+        _ => None,
+    };
+    if let Some(endpoint) = proxied {
+        return handler::proxy(state, peer, req, endpoint).await;
+    }
     let path = req.uri().path().to_string();
     let admin = |state: &State| state.trust.is_trusted(peer.ip(), req.headers());
     let result = match (req.method(), path.as_str()) {
-        (&Method::POST, "/v1/chat/completions") => return handler::proxy(state, peer, req, Endpoint::Chat).await,
-        (&Method::POST, "/v1/completions") => return handler::proxy(state, peer, req, Endpoint::Completions).await,
-        (&Method::POST, "/v1/embeddings") => return handler::proxy(state, peer, req, Endpoint::Embeddings).await,
         (&Method::GET, "/v1/models") => Ok(admin::models(&state).await),
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
         (&Method::GET, "/metrics") => Ok(admin::metrics(&state)),
         (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
-        (&Method::GET, "/workers") => Ok(admin::workers(&state)),
+        (&Method::GET, "/workers") => Ok(admin::workers(&state).await),
         (&Method::POST, "/workers") => admin::add_worker(&state, req).await,
         (&Method::DELETE, p) if p.starts_with("/workers/") => {
             admin::remove_worker(&state, &p["/workers/".len()..]).await

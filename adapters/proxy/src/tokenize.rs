@@ -90,14 +90,17 @@ pub fn fallback_text(text: &str) -> Vec<u32> {
 
 /// Four bytes per token, little-endian, the last one zero-padded.
 fn pack_bytes(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks(4)
-        .map(|c| {
-            let mut b = [0u8; 4];
-            b[..c.len()].copy_from_slice(c);
-            u32::from_le_bytes(b)
-        })
-        .collect()
+    let words = bytes.chunks_exact(4);
+    let tail = words.remainder();
+    let mut out: Vec<u32> = Vec::with_capacity(bytes.len().div_ceil(4));
+    // Whole words convert without a copy call per token.
+    out.extend(words.map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+    if !tail.is_empty() {
+        let mut b = [0u8; 4];
+        b[..tail.len()].copy_from_slice(tail);
+        out.push(u32::from_le_bytes(b));
+    }
+    out
 }
 
 /// JSON with object keys sorted at every level, whatever order the input had.

@@ -1,7 +1,14 @@
 //! Talking to workers: the pooled HTTP client (TCP_NODELAY, connect timeout), header
 //! filtering in both directions, and the retry budget.
+//!
+//! Proxied requests go through [`UpstreamClient::send`], whose connections are driven by
+//! the requests themselves (see [`pool`]); probes and admin calls use a plain hyper
+//! client through [`UpstreamClient::request`].
+
+mod pool;
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,23 +20,47 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::{LimitsConfig, RetryConfig};
 
-/// The client every request and probe to a worker goes through.
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+pub use pool::{SendError, Upstream, IDLE_PER_WORKER_MAX};
 
-/// A pooled HTTP/1.1 client with TCP_NODELAY and the configured connect timeout.
+/// The client every request and probe to a worker goes through: HTTP/1.1, TCP_NODELAY,
+/// the configured connect and idle timeouts.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    pool: Arc<pool::Pool>,
+    plain: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// The client to workers.
 pub fn client(limits: &LimitsConfig) -> UpstreamClient {
+    let connect_timeout = Duration::from_millis(limits.connect_timeout_ms);
+    let idle_timeout = Duration::from_millis(limits.upstream_idle_timeout_ms);
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(Duration::from_millis(limits.connect_timeout_ms)));
+    conn.set_connect_timeout(Some(connect_timeout));
     conn.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_millis(limits.upstream_idle_timeout_ms))
+    let plain = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(idle_timeout)
         .http1_max_buf_size(limits.connection_buffer_bytes_max)
-        .build(conn)
+        .build(conn);
+    let pool = pool::Pool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max);
+    UpstreamClient { pool, plain }
+}
+
+impl UpstreamClient {
+    /// Sends a proxied request (absolute URI) and waits for the response head. Reading
+    /// the body drives the connection; see [`pool`].
+    pub async fn send(&self, req: http::Request<Full<Bytes>>) -> Result<http::Response<Upstream>, SendError> {
+        self.pool.send(req).await
+    }
+
+    /// Sends a probe or admin request on the plain client.
+    pub fn request(&self, req: http::Request<Full<Bytes>>) -> hyper_util::client::legacy::ResponseFuture {
+        self.plain.request(req)
+    }
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
+const HOP_BY_HOP: [&str; 9] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -38,6 +69,7 @@ const HOP_BY_HOP: [&str; 8] = [
     "te",
     "trailer",
     "transfer-encoding",
+    "upgrade",
 ];
 
 /// Headers that steer the proxy itself; they never reach a worker.
@@ -47,41 +79,58 @@ pub const PIN_HEADERS: [&str; 4] = ["x-worker-id", "x-dp-rank", "x-prefill-worke
 pub const PREVIEW_HEADER: &str = "x-kvroute-preview";
 
 /// The response header naming the worker that served a request.
-pub const WORKER_HEADER: &str = "x-kvroute-worker";
+#[allow(clippy::declare_interior_mutable_const)] // a static name: nothing in it changes
+pub const WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvroute-worker");
 
-/// Removes hop-by-hop headers, including those the `Connection` header names.
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// The header names a `Connection` header lists (rarely any).
+fn connection_named(h: &HeaderMap) -> Vec<HeaderName> {
+    h.get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
+        .collect()
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    if !h.keys().any(is_hop_by_hop) {
+        return;
+    }
+    for n in connection_named(h) {
         h.remove(n);
     }
-    for n in HOP_BY_HOP {
+    let present: Vec<HeaderName> = h.keys().filter(|k| is_hop_by_hop(k)).cloned().collect();
+    for n in present {
         h.remove(n);
     }
-    h.remove(header::UPGRADE);
 }
 
 /// The headers sent to a worker: the client's, minus hop-by-hop, host, length (the
-/// body was rewritten), the proxy's own steering headers and the trust token.
+/// body was rewritten), the proxy's own steering headers and the trust token. One pass
+/// over the client's headers.
 pub fn upstream_headers(client: &HeaderMap, token_header: &HeaderName, body_len: usize) -> HeaderMap {
-    let mut h = client.clone();
-    strip_hop_by_hop(&mut h);
-    h.remove(header::HOST);
-    h.remove(header::CONTENT_LENGTH);
-    h.remove(header::EXPECT);
-    h.remove(token_header);
-    for p in PIN_HEADERS {
-        h.remove(p);
-    }
-    let internal: Vec<HeaderName> = h.keys().filter(|k| k.as_str().starts_with("x-kvroute-")).cloned().collect();
-    for k in internal {
-        h.remove(k);
+    let named = if client.contains_key(header::CONNECTION) { connection_named(client) } else { Vec::new() };
+    let dropped = |k: &HeaderName| {
+        let s = k.as_str();
+        is_hop_by_hop(k)
+            || k == header::HOST
+            || k == header::CONTENT_LENGTH
+            || k == header::EXPECT
+            || k == token_header
+            || PIN_HEADERS.contains(&s)
+            || s.starts_with("x-kvroute-")
+            || named.contains(k)
+    };
+    let mut h = HeaderMap::with_capacity(client.keys_len() + 1);
+    for (k, v) in client {
+        if !dropped(k) {
+            h.append(k.clone(), v.clone());
+        }
     }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
     h

@@ -22,8 +22,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::upstream::Upstream;
 use http::Response;
-use hyper::body::Incoming;
 use kvroute_driver::DispatchFailure;
 use router_core::{Phase, WorkerId};
 use serde_json::{json, Map, Value};
@@ -44,9 +44,9 @@ pub const PREFILL_VERDICT_WAIT_MS: u64 = 1_000;
 /// How one paired attempt ended.
 enum Paired {
     /// The prefill ran and the decode worker answered (maybe with an error of its own).
-    Decode(Response<Incoming>),
+    Decode(Response<Upstream>),
     /// The decode worker answered with an error while its prefill had not finished.
-    DecodeRefused(Response<Incoming>),
+    DecodeRefused(Response<Upstream>),
     /// The prefill worker refused the request as the client's mistake.
     Refused(Response<ProxyBody>),
     /// The prefill worker failed.
@@ -76,7 +76,7 @@ pub(super) async fn forward(
         let up_pre = upstream_request(state, &pre_worker, pre_booking.target(), &p, body.clone())?;
         let up_dec = upstream_request(state, &dec_worker, dec_booking.target(), &p, body)?;
         let prefill = run_prefill(state, model, &pre_worker, pre_booking, up_pre);
-        let decode = async { state.client.request(up_dec).await.map_err(|e| (e.is_connect(), error_chain(&e))) };
+        let decode = async { state.client.send(up_dec).await.map_err(|e| (e.is_connect(), error_chain(&e))) };
         let paired = match tokio::time::timeout_at(deadline, pair(prefill, decode)).await {
             Err(_) => return Err(ApiError::timeout()),
             Ok(p) => p,
@@ -117,10 +117,10 @@ pub(super) async fn forward(
 /// connection closes and its booking is released.
 async fn pair(
     prefill: impl Future<Output = PrefillEnd>,
-    decode: impl Future<Output = Result<Response<Incoming>, (bool, String)>>,
+    decode: impl Future<Output = Result<Response<Upstream>, (bool, String)>>,
 ) -> Paired {
     tokio::pin!(prefill, decode);
-    let mut answered: Option<Response<Incoming>> = None;
+    let mut answered: Option<Response<Upstream>> = None;
     let mut verdict_by: Option<Instant> = None;
     let decode_failed = |(connect, message): (bool, String)| Paired::DecodeFailed {
         err: ApiError::upstream(format!("decode worker failed: {message}")),

@@ -65,7 +65,7 @@ pub(super) async fn forward(
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
-        match tokio::time::timeout_at(deadline, state.client.request(up)).await {
+        match tokio::time::timeout_at(deadline, state.client.send(up)).await {
             Err(_) => return Err(ApiError::timeout()),
             Ok(Ok(resp)) => {
                 let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };

@@ -168,7 +168,7 @@ pub(super) async fn run_prefill(
         let err = ApiError::upstream(format!("prefill worker {id} failed: {message}"));
         PrefillEnd::Failed { err, cause: kind, retryable }
     };
-    let resp = match state.client.request(up).await {
+    let resp = match state.client.send(up).await {
         Ok(r) => r,
         Err(e) if e.is_connect() => return fail(booking, "connect", error_chain(&e), true),
         Err(e) => return fail(booking, "request", error_chain(&e), true),

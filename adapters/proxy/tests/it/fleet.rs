@@ -76,9 +76,29 @@ async fn kv_events_from_sim_workers_steer_routing() {
         assert!(a.text().contains("data: [DONE]"), "streams to the end");
     }
     driver.check_invariants().expect("router invariants");
+
+    // `/workers` shows the home stream live and counting, with the address it follows.
+    let listed = get(proxy.local_addr(), "/workers").await.json();
+    let stream = &stream_of(&listed, home)[0];
+    let want_endpoint = workers[home as usize].events_endpoint();
+    assert_eq!(stream["endpoint"], json!(want_endpoint), "{stream}");
+    assert_eq!((stream["rank"].as_u64(), stream["silent"].as_bool()), (Some(0), Some(false)), "{stream}");
+    assert!(stream["events_applied"].as_u64() >= Some(1), "{stream}");
+    assert!(stream["last_seq"].is_u64() && stream["last_message_age_ms"].is_u64(), "{stream}");
+    assert!(stream["events_dropped"].is_u64() && stream["connected"].is_boolean(), "{stream}");
     let _ = proxy.shutdown().await;
     for w in workers {
         w.shutdown().await;
+    }
+}
+
+/// The KV-event stream rows `/workers` lists for worker `id` (none without a subscription).
+#[track_caller]
+fn stream_of(listed: &serde_json::Value, id: u64) -> Vec<serde_json::Value> {
+    let w = listed["workers"].as_array().expect("workers").iter().find(|w| w["id"] == id).expect("worker listed");
+    match &w["kv_events"] {
+        serde_json::Value::Null => Vec::new(),
+        ev => ev["streams"].as_array().expect("streams").clone(),
     }
 }
 
@@ -118,6 +138,9 @@ async fn subscriptions_follow_dynamic_registration() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(seen >= 20, "the new worker's events reach the index ({seen} entries)");
+    let listed = get(proxy.local_addr(), "/workers").await.json();
+    assert!(stream_of(&listed, 1).is_empty(), "a worker without an endpoint has no stream");
+    assert_eq!(stream_of(&listed, 2).len(), 1, "the registered worker's stream is listed");
 
     // Removing it purges its entries and closes its stream.
     let gone = call(proxy.local_addr(), Method::DELETE, "/workers/2", &[], None).await;
@@ -128,6 +151,8 @@ async fn subscriptions_follow_dynamic_registration() {
     assert_eq!(direct.status, StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(entries(&driver, 2), 0, "a removed worker's stream feeds nothing");
+    let listed = get(proxy.local_addr(), "/workers").await.json();
+    assert!(listed["workers"].as_array().unwrap().iter().all(|w| w["id"] != 2), "removed from the listing");
     let _ = proxy.shutdown().await;
     first.shutdown().await;
     second.shutdown().await;

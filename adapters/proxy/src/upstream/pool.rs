@@ -1,0 +1,291 @@
+//! Connections to workers that run inside the request that uses them: no task per
+//! connection. The request's future drives the connection until the response head
+//! arrives, and the response body ([`Upstream`]) drives it while it is read, then puts
+//! it back in the pool if it can carry another request.
+//!
+//! Driving the connection from the body is what lets the proxy forward every chunk the
+//! worker has already sent in one write: after taking a chunk, polling the connection
+//! decodes the next one from its read buffer at once, with no hand-off to another task.
+//! It also spares each request two cross-task wake-ups.
+//!
+//! Idle connections are not polled. A worker that closed one is found out when it is
+//! taken (it reads as closed or not ready) or when the request on it fails before being
+//! written, which sends the request again on another connection to the same worker.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, HOST};
+use http::uri::{Authority, PathAndQuery};
+use http::{Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Idle connections kept per worker address; more are closed when they come back.
+pub const IDLE_PER_WORKER_MAX: usize = 256;
+
+/// Stale pooled connections tried before opening a fresh one.
+const STALE_TRIES_MAX: usize = 4;
+
+type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
+
+/// A connection and its request handle.
+struct Live {
+    send: SendRequest<Full<Bytes>>,
+    conn: Conn,
+    /// The connection future has completed and must not be polled again.
+    done: bool,
+}
+
+impl Live {
+    /// Drives the connection; false once it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.done && Pin::new(&mut self.conn).poll(cx).is_ready() {
+            self.done = true;
+        }
+        !self.done
+    }
+}
+
+struct Idle {
+    live: Live,
+    since: Instant,
+}
+
+/// Idle connections by worker address.
+pub struct Pool {
+    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+    /// hyper's read buffer cap per connection, which bounds what a slow reader holds.
+    buf_bytes_max: usize,
+}
+
+/// Why a request to a worker failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SendError {
+    /// No connection could be opened, or it closed before the request was written:
+    /// nothing reached the worker.
+    Connect(std::io::Error),
+    /// The request was written, or may have been, and then failed.
+    Request(hyper::Error),
+    /// The connection ended without answering.
+    Closed,
+    /// The URI names no host to connect to.
+    NoHost,
+}
+
+impl SendError {
+    /// Whether nothing reached the worker, so another worker may take the request.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_) | SendError::NoHost)
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::Connect(_) => f.write_str("could not connect"),
+            SendError::Request(_) => f.write_str("the request failed"),
+            SendError::Closed => f.write_str("the connection closed without an answer"),
+            SendError::NoHost => f.write_str("the worker URL has no host"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SendError::Connect(e) => Some(e),
+            SendError::Request(e) => Some(e),
+            SendError::Closed | SendError::NoHost => None,
+        }
+    }
+}
+
+impl Pool {
+    /// An empty pool.
+    pub fn new(idle_timeout: Duration, connect_timeout: Duration, buf_bytes_max: usize) -> Arc<Self> {
+        Arc::new(Pool { idle: Mutex::new(HashMap::new()), idle_timeout, connect_timeout, buf_bytes_max })
+    }
+
+    /// Sends `req` (an absolute URI) on a pooled or new connection to its host and waits
+    /// for the response head. A request a stale connection refused goes out again.
+    pub async fn send(self: &Arc<Self>, mut req: Request<Full<Bytes>>) -> Result<Response<Upstream>, SendError> {
+        let Some(authority) = req.uri().authority().cloned() else { return Err(SendError::NoHost) };
+        let path = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        *req.uri_mut() = Uri::from(path);
+        if !req.headers().contains_key(HOST) {
+            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+                req.headers_mut().insert(HOST, v);
+            }
+        }
+        let mut tries = 0;
+        loop {
+            let (live, fresh) = match self.checkout(&authority, &mut tries) {
+                Some(live) => (live, false),
+                None => (self.connect(&authority).await?, true),
+            };
+            match send_on(live, req).await {
+                Ok((resp, live)) => {
+                    let pool = self.clone();
+                    return Ok(resp.map(|inner| Upstream { inner, conn: Some(Driven { live, pool, authority }) }));
+                }
+                Err(Failed::Unsent(r)) if !fresh => req = *r,
+                Err(Failed::Unsent(_)) => {
+                    let e = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "closed before the request");
+                    return Err(SendError::Connect(e));
+                }
+                Err(Failed::Sent(Some(e))) => return Err(SendError::Request(e)),
+                Err(Failed::Sent(None)) => return Err(SendError::Closed),
+            }
+        }
+    }
+
+    /// The most recently used idle connection to `authority` that is still usable.
+    fn checkout(&self, authority: &Authority, tries: &mut usize) -> Option<Live> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.get_mut(authority)?;
+        let now = Instant::now();
+        while *tries < STALE_TRIES_MAX {
+            let Idle { mut live, since } = list.pop()?;
+            if now.saturating_duration_since(since) >= self.idle_timeout {
+                // The rest are older still.
+                list.clear();
+                return None;
+            }
+            if ready(&mut live) {
+                return Some(live);
+            }
+            *tries += 1;
+        }
+        None
+    }
+
+    async fn connect(&self, authority: &Authority) -> Result<Live, SendError> {
+        let addr = (authority.host().trim_start_matches('[').trim_end_matches(']'), authority.port_u16().unwrap_or(80));
+        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => tcp,
+            Ok(Err(e)) => return Err(SendError::Connect(e)),
+            Err(_) => return Err(SendError::Connect(std::io::ErrorKind::TimedOut.into())),
+        };
+        let _ = tcp.set_nodelay(true);
+        // The handshake does no I/O for HTTP/1.
+        let (send, conn) = http1::Builder::new()
+            .max_buf_size(self.buf_bytes_max)
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(SendError::Request)?;
+        Ok(Live { send, conn, done: false })
+    }
+
+    fn put(&self, authority: Authority, live: Live) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.entry(authority).or_default();
+        if list.len() < IDLE_PER_WORKER_MAX {
+            list.push(Idle { live, since: Instant::now() });
+        }
+    }
+}
+
+/// Polls an idle connection once: true if it can take a request now.
+fn ready(live: &mut Live) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    live.drive(&mut cx) && matches!(live.send.poll_ready(&mut cx), Poll::Ready(Ok(())))
+}
+
+enum Failed {
+    /// Nothing was written; the request comes back.
+    Unsent(Box<Request<Full<Bytes>>>),
+    /// The request was written, or may have been; `None` if the connection ended
+    /// without a word (hyper answers every request, so this is a fallback).
+    Sent(Option<hyper::Error>),
+}
+
+/// Sends `req` on `live`, driving the connection until the response head arrives.
+async fn send_on(mut live: Live, req: Request<Full<Bytes>>) -> Result<(Response<Incoming>, Live), Failed> {
+    let mut pending = std::pin::pin!(live.send.try_send_request(req));
+    let res = poll_fn(|cx| {
+        let open = live.drive(cx);
+        match pending.as_mut().poll(cx) {
+            Poll::Ready(r) => Poll::Ready(Some(r)),
+            Poll::Pending if !open => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await;
+    match res {
+        Some(Ok(resp)) => Ok((resp, live)),
+        Some(Err(mut e)) => match e.take_message() {
+            Some(req) => Err(Failed::Unsent(Box::new(req))),
+            None => Err(Failed::Sent(Some(e.into_error()))),
+        },
+        None => Err(Failed::Sent(None)),
+    }
+}
+
+/// The connection a response body arrives on, and where it goes back to.
+struct Driven {
+    live: Live,
+    pool: Arc<Pool>,
+    authority: Authority,
+}
+
+/// A worker's response body. Reading it drives its connection, which goes back to the
+/// pool once the body has ended cleanly; dropped early, the connection closes.
+pub struct Upstream {
+    inner: Incoming,
+    conn: Option<Driven>,
+}
+
+impl Body for Upstream {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let mut r = Pin::new(&mut this.inner).poll_frame(cx);
+        if r.is_pending() {
+            if let Some(d) = &mut this.conn {
+                // Decodes what the connection has already read (or reads more).
+                d.live.drive(cx);
+                r = Pin::new(&mut this.inner).poll_frame(cx);
+            }
+        }
+        match &r {
+            Poll::Ready(None) => {
+                if let Some(mut d) = this.conn.take() {
+                    // One more turn lets the connection settle into idle.
+                    if d.live.drive(cx) && !d.live.send.is_closed() {
+                        d.pool.put(d.authority, d.live);
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests;
