@@ -2,6 +2,14 @@
 //! (temperature 0 and 0.5) and in least-loaded mode, plus the load-tracker calls the
 //! router makes around a decision. The target is 20 µs per decision at 1,024 workers.
 //!
+//! `kv-reference` is the baseline for `kv` in the same run: the same scores computed one
+//! candidate at a time with the plain formula (`kv_cost`), then the cheapest.
+//!
+//! `SELECT_AB=1` skips criterion and times `kv`, `kv-reference` and `kv-blocks` (the
+//! blocks formula) in interleaved rounds on the same fleets, printing one JSON line per
+//! fleet size with the median CPU time per decision and the ratios, which stay
+//! comparable on a machine whose speed drifts while other jobs run.
+//!
 //! `BENCH_CLOCK=cpu` measures the benchmark thread's CPU time (64-bit Linux only) instead
 //! of wall time, which keeps figures honest on a machine shared with other jobs.
 
@@ -9,7 +17,9 @@ use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use router_core::hash::{chain_all, BlockSize, LocalHash, SeqHash};
 use router_core::load::{LoadConfig, LoadTracker};
-use router_core::select::{Candidate, KvCostConfig, RouterMode, SelectRequest, Selector};
+use router_core::select::{
+    kv_cost, Candidate, CandidateScore, KvCostConfig, KvCostModel, RouterMode, SelectRequest, Selector,
+};
 use router_core::{Draw, Instant, Overlap, Phase, RequestId, WorkerKey, WorkerLoad};
 use std::hint::black_box;
 
@@ -45,16 +55,75 @@ fn request(mode: RouterMode, temperature: f64) -> SelectRequest {
     }
 }
 
+fn blocks_request() -> SelectRequest {
+    let cost = KvCostConfig { model: KvCostModel::Blocks, ..KvCostConfig::default() };
+    SelectRequest { cost, ..request(RouterMode::Kv, 0.0) }
+}
+
+/// The plain formula, one candidate at a time, then the cheapest: the baseline.
+fn reference_pick(req: &SelectRequest, cands: &[Candidate]) -> (Option<usize>, Vec<CandidateScore>) {
+    let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
+    let best = scores.iter().enumerate().min_by(|a, b| a.1.cost.total_cmp(&b.1.cost)).map(|(i, _)| i);
+    (best, scores)
+}
+
+/// Interleaved A/B rounds (see the module docs).
+fn ab() {
+    const ROUNDS: usize = 41;
+    let (kv, blocks) = (request(RouterMode::Kv, 0.0), blocks_request());
+    for n in SIZES {
+        let cands = candidates(n);
+        let calls = (100_000 / n).max(20);
+        let mut sel = Selector::new();
+        let mut ns: [Vec<f64>; 3] = Default::default();
+        for round in 0..ROUNDS {
+            for (v, out) in ns.iter_mut().enumerate() {
+                let t = thread_cpu_ns();
+                for i in 0..calls {
+                    let d = &mut Draw((round * calls + i) as u64);
+                    match v {
+                        0 => drop(black_box(sel.select(&kv, black_box(&cands), d, true))),
+                        1 => drop(black_box(reference_pick(&kv, black_box(&cands)))),
+                        _ => drop(black_box(sel.select(&blocks, black_box(&cands), d, true))),
+                    }
+                }
+                out.push((thread_cpu_ns() - t) as f64 / calls as f64);
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let [a, b, c] = ns.each_mut().map(med);
+        let line = serde_json::json!({
+            "bench": "select-ab",
+            "workers": n,
+            "rounds": ROUNDS,
+            "kv_ns_median": a,
+            "kv_reference_ns_median": b,
+            "kv_blocks_ns_median": c,
+            "kv_over_reference": a / b,
+            "kv_over_blocks": a / c,
+        });
+        println!("{line}");
+    }
+}
+
 fn select<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("select");
     let cases = [
         ("kv", request(RouterMode::Kv, 0.0)),
         ("kv-temperature", request(RouterMode::Kv, 0.5)),
+        ("kv-blocks", blocks_request()),
         ("least-loaded", request(RouterMode::LeastLoaded, 0.0)),
     ];
     for n in SIZES {
         let cands = candidates(n);
         g.throughput(Throughput::Elements(n as u64));
+        let req = &cases[0].1;
+        g.bench_with_input(BenchmarkId::new("kv-reference", n), &cands, |b, cands| {
+            b.iter(|| reference_pick(req, black_box(cands)))
+        });
         for (name, req) in &cases {
             g.bench_with_input(BenchmarkId::new(*name, n), &cands, |b, cands| {
                 let mut sel = Selector::new();
@@ -108,6 +177,10 @@ fn load<M: Measurement>(c: &mut Criterion<M>) {
 }
 
 fn main() {
+    if std::env::var_os("SELECT_AB").is_some() {
+        ab();
+        return;
+    }
     if std::env::var("BENCH_CLOCK").is_ok_and(|v| v == "cpu") {
         let mut c = Criterion::default().with_measurement(CpuTime).configure_from_args();
         select(&mut c);

@@ -16,6 +16,7 @@
 
 mod cost;
 mod ttft;
+mod ttft_plan;
 
 pub use cost::{blocks_cost, kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
 pub use ttft::{ttft_cost, TtftModel, TtftWeights};
@@ -308,7 +309,7 @@ impl Selector {
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
-                let scores: Vec<_> = cands.iter().map(|c| kv_cost(req, c)).collect();
+                let scores = kv_scores(req, &cands);
                 (kv_pick(&scores, req.cost.temperature, draw), scores)
             }
         };
@@ -355,6 +356,17 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
             ..blocks_cost(req, c)
         })
         .collect()
+}
+
+/// [`kv_cost`] of every candidate, in order (the TTFT model through its batch evaluator,
+/// which gives the same scores).
+fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> Vec<CandidateScore> {
+    let mut scores = Vec::new();
+    match req.cost.model {
+        KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
+        KvCostModel::Blocks => scores.extend(cands.iter().map(|c| kv_cost(req, c))),
+    }
+    scores
 }
 
 /// The index of the least element under `cmp`, ties broken uniformly by `draw`.

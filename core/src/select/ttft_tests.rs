@@ -2,6 +2,7 @@
 //! and the cost against hand computation on a model simple enough to do by hand.
 
 use super::*;
+use alloc::vec;
 
 /// `f_p(T) = 0.01·T + 10`, `f_d(p) = 5 + 10·p`, 1000-token passes, 100 KV blocks.
 fn simple() -> TtftModel {
@@ -181,4 +182,91 @@ fn the_default_kv_policy_weighs_cache_against_waiting() {
     check_choice(&[on(1, empty), on(2, decoding)], &[(1, 1.0)]);
     // Equal workers: a coin flip by draw.
     check_choice(&[on(1, empty), on(2, empty)], &[(1, 0.5), (2, 0.5)]);
+}
+
+/// A fleet drawn from `seed`: loads from idle to far past one pass, every tier, in-flight
+/// prefixes, progress, odd pass budgets and capacities, now and then a taint.
+fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
+    let mut d = Draw(seed);
+    let mut pick = |choices: &[u64]| choices[d.below(choices.len())];
+    let mut cands = Vec::new();
+    for i in 0..n {
+        let load = WorkerLoad {
+            active_prefill_tokens: pick(&[0, 0, 1, 511, 8191, 8192, 8193, 16_384, 20_000, 90_001]),
+            active_decode_blocks: pick(&[0, 5, 700, 12_000, 16_384, 40_000]),
+            active_requests: pick(&[0, 1, 2, 7, 64]) as u32,
+        };
+        let mut c = Candidate::new(WorkerKey::new(i as u64 / 4, (i % 4) as u32), load);
+        c.overlap = Overlap {
+            device: pick(&[0, 0, 3, 40, 130, 5000]) as u32,
+            host: pick(&[0, 0, 2, 17]) as u32,
+            disk: pick(&[0, 0, 1, 9]) as u32,
+        };
+        c.inflight_prefix_blocks = pick(&[0, 0, 0, 4, 64, 200]) as u32;
+        c.new_decode_blocks = pick(&[0, 1, 64, 300]) as u32;
+        c.prefill_requests = pick(&[0, 0, 1, 3, 9]) as u32;
+        c.prefill_busy_ms = pick(&[0, 0, 1, 30, 170, 2000]);
+        c.prefill_done_tokens = pick(&[0, 100, 8192, 50_000]);
+        c.max_batched_tokens = pick(&[0, 0, 0, 1, 100, 2048, 8192, 8193]) as u32;
+        c.kv_blocks = pick(&[0, 0, 1, 1000, 16_384]) as u32;
+        c.cost_factor = [1.0, 1.0, 1.0, 1.5, 0.0, f64::INFINITY][pick(&[0, 1, 2, 3, 4, 5]) as usize];
+        cands.push(c);
+    }
+    cands
+}
+
+/// The decision spelled out with the reference formula: `kv_cost` per candidate, then
+/// the cheapest (ties by draw) or a sample.
+fn reference_selection(req: &SelectRequest, cands: &[Candidate], draw: u64) -> Selection {
+    let scores: Vec<CandidateScore> = cands.iter().map(|c| kv_cost(req, c)).collect();
+    let i = kv_pick(&scores, req.cost.temperature, &mut Draw(draw));
+    Selection { chosen: cands[i].key, scores }
+}
+
+/// Bits of every score field, so that NaN and signed zeros compare too.
+fn bits(s: &Selection) -> (WorkerKey, Vec<[u64; 5]>) {
+    let f = |c: &CandidateScore| {
+        [c.overlap_effective, c.prefill_blocks, c.decode_blocks, c.cost, f64::from(c.overlap_raw)].map(f64::to_bits)
+    };
+    (s.chosen, s.scores.iter().map(f).collect())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 256, ..Default::default() })]
+
+    /// The selector's batch evaluator gives the reference's scores bit for bit, hence
+    /// the same decision, on random fleets and requests.
+    #[test]
+    fn the_fast_ttft_path_decides_like_the_reference(
+        seed in proptest::prelude::any::<u64>(),
+        n in 1usize..40,
+        isl in proptest::sample::select(vec![0u32, 1, 63, 64, 160, 4096, 8191, 8192, 8193, 30_000, 100_000]),
+        block in proptest::sample::select(vec![1u32, 16, 64, 1024]),
+        phase in proptest::sample::select(Phase::ALL.to_vec()),
+        out_blocks in 0u32..200,
+        credit in proptest::sample::select(vec![0.0, 0.5, 1.0, 1.25]),
+        progress in proptest::sample::select(vec![0.0, 0.7, 1.0, f64::NAN]),
+        temperature in proptest::sample::select(vec![0.0, 0.0, 0.3]),
+        small_default_batch in proptest::bool::ANY,
+        draw in proptest::prelude::any::<u64>(),
+    ) {
+        let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
+        cost.ttft.progress_credit = progress;
+        if small_default_batch {
+            cost.timing.max_batched_tokens_default = 512;
+            cost.timing.kv_blocks_default = 2000;
+        }
+        let req = SelectRequest {
+            phase,
+            cost,
+            isl_tokens: isl,
+            block_size: BlockSize::new(block).unwrap(),
+            expected_output_blocks: out_blocks,
+            ..SelectRequest::default()
+        };
+        let cands = random_fleet(seed, n);
+        let got = Selector::new().select(&req, &cands, &mut Draw(draw), true).unwrap();
+        let want = reference_selection(&req, &cands, draw);
+        proptest::prop_assert_eq!(bits(&got), bits(&want));
+    }
 }

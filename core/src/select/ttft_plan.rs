@@ -1,0 +1,292 @@
+//! [`TtftPlan`]: [`ttft_cost`] for one request over many candidates, with the request's
+//! constants worked out once and the arithmetic cut to what the answer needs.
+//!
+//! Every candidate's score is bit for bit the one [`ttft_cost`] returns: the plan runs
+//! the same floating-point operations in the same order on the same values, and only
+//! drops work whose result it knows exactly. The savings:
+//!
+//! * the request's parts (prompt length, block size, weights), the time of a full pass
+//!   `f_p(batch)` and the candidates' usual pass budget and KV capacity are read or
+//!   computed once per decision, not per candidate;
+//! * dividing by a power of two (block sizes always are; the default pass budget and KV
+//!   capacity are too) is multiplying by its reciprocal, exactly: both round the same
+//!   real number. The evaluator is compiled once for power-of-two budgets and once for
+//!   others;
+//! * splitting tokens into passes needs `floor(tokens / batch)`. Below the batch (below
+//!   `batch · (1 − 2⁻⁴⁰)` unless it is a power of two) the rounded quotient is below 1,
+//!   so the split is `(0, tokens)`: most prompts and backlogs fit one pass. Above, every
+//!   split here is of a positive count, whose floor is found by adding and subtracting
+//!   2⁵² instead of a float-integer round trip;
+//! * NaN and sign checks are dropped where the operand cannot be NaN or negative (counts
+//!   converted from integers), and the backlog's split, which the reference computes
+//!   twice, is computed once.
+//!
+//! What it leaves to [`ttft_cost`]: the decode phase (the blocks formula scores it) and
+//! any candidate reporting its own pass budget or KV capacity different from the
+//! model's defaults, which are rare and scored one by one.
+
+use super::cost::{overlap_effective, score};
+use super::ttft::{ttft_cost, TtftModel};
+use super::{Candidate, CandidateScore, SelectRequest};
+use crate::types::Phase;
+use alloc::vec::Vec;
+
+/// A fraction of a full pass below which a token count surely fits one pass (see the
+/// module docs): `1 − 2⁻⁴⁰`.
+const ONE_PASS_SHARE: f64 = 1.0 - 1.0 / (1u64 << 40) as f64;
+
+/// Scores every candidate for `req` as [`ttft_cost`] does, appending to `out` in
+/// candidate order.
+pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
+    out.reserve(cands.len());
+    match TtftPlan::new(req) {
+        Some(plan) if plan.pow2 => plan.score_all::<true>(cands, out),
+        Some(plan) => plan.score_all::<false>(cands, out),
+        None => out.extend(cands.iter().map(|c| ttft_cost(req, c))),
+    }
+}
+
+/// Scores `c` with the reference formula, out of the hot loop's way.
+#[cold]
+#[inline(never)]
+fn push_reference(req: &SelectRequest, c: &Candidate, out: &mut Vec<CandidateScore>) {
+    out.push(ttft_cost(req, c));
+}
+
+/// The request's side of [`ttft_cost`], for scoring many candidates.
+struct TtftPlan<'a> {
+    req: &'a SelectRequest,
+    /// The default pass budget, resolved as the reference does (at least 1).
+    batch_tokens: u32,
+    batch: f64,
+    batch_recip: f64,
+    full_pass_ms: f64,
+    one_pass_below: f64,
+    /// The default KV capacity, resolved as the reference does (at least 1).
+    kv_blocks: u32,
+    kv: f64,
+    kv_recip: f64,
+    /// Both `batch` and `kv` are powers of two (their reciprocals are exact).
+    pow2: bool,
+    bs: f64,
+    bs_recip: f64,
+    isl: f64,
+    aggregated: bool,
+}
+
+/// Stage 1's results for one candidate.
+#[derive(Clone, Copy, Default)]
+struct Inputs {
+    overlap: f64,
+    own: f64,
+    active: f64,
+    step_ms: f64,
+    queued: f64,
+}
+
+/// Stage 2's results for one candidate.
+#[derive(Clone, Copy, Default)]
+struct Times {
+    prefill_ms: f64,
+    passes: f64,
+    others_ms: f64,
+    queued_ms: f64,
+}
+
+/// `2^-k` for `d = 2^k`, else 0.
+fn pow2_recip(d: u32) -> f64 {
+    if d.is_power_of_two() {
+        // k < 32: a normal float.
+        f64::from_bits(u64::from(1023 - d.trailing_zeros()) << 52)
+    } else {
+        0.0
+    }
+}
+
+impl<'a> TtftPlan<'a> {
+    /// The plan for `req`, or `None` in the decode phase.
+    fn new(req: &'a SelectRequest) -> Option<TtftPlan<'a>> {
+        if req.phase == Phase::Decode {
+            return None;
+        }
+        let m = &req.cost.timing;
+        let batch_tokens = m.max_batched_tokens_default.max(1);
+        let kv_blocks = m.kv_blocks_default.max(1);
+        let batch = f64::from(batch_tokens);
+        let bs = req.block_size.tokens();
+        Some(TtftPlan {
+            req,
+            batch_tokens,
+            batch,
+            batch_recip: pow2_recip(batch_tokens),
+            full_pass_ms: m.prefill_pass_ms(batch),
+            // A power of two divides exactly: below it the quotient is below 1.
+            one_pass_below: if batch_tokens.is_power_of_two() { batch } else { batch * ONE_PASS_SHARE },
+            kv_blocks,
+            kv: f64::from(kv_blocks),
+            kv_recip: pow2_recip(kv_blocks),
+            pow2: batch_tokens.is_power_of_two() && kv_blocks.is_power_of_two(),
+            bs: f64::from(bs),
+            bs_recip: pow2_recip(bs),
+            isl: f64::from(req.isl_tokens),
+            aggregated: req.phase == Phase::Aggregated,
+        })
+    }
+
+    /// Appends `ttft_cost(req, c)` of every candidate to `out`. `POW2` must equal
+    /// `self.pow2`.
+    fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
+        for c in cands {
+            // A reported 0 resolves to the default, any other value to itself.
+            let default_batch = c.max_batched_tokens == 0 || c.max_batched_tokens == self.batch_tokens;
+            let default_kv = c.kv_blocks == 0 || c.kv_blocks == self.kv_blocks;
+            if default_batch && default_kv {
+                let p = self.inputs::<POW2>(c);
+                let t = self.times::<POW2>(c, &p);
+                out.push(self.finish(c, &p, &t));
+            } else {
+                push_reference(self.req, c, out);
+            }
+        }
+    }
+
+    /// Stage 1: the prompt tokens to compute, the backlog and the decode step.
+    #[inline(always)]
+    fn inputs<const POW2: bool>(&self, c: &Candidate) -> Inputs {
+        let cfg = &self.req.cost;
+        let overlap = overlap_effective(self.req, c);
+        let cached_blocks = overlap.max(f64::from(c.inflight_prefix_blocks));
+        let cached = (cfg.overlap_credit * cached_blocks * self.bs).min(self.isl);
+        let isl = self.isl;
+        let own = if isl > 0.0 { (isl - cached).max(1.0) } else { 0.0 };
+        let active = c.load.active_decode_blocks as f64;
+        let decoding = self.aggregated && c.load.active_requests > c.prefill_requests;
+        let step_ms = if decoding {
+            let usage = if POW2 { active * self.kv_recip } else { active / self.kv };
+            decode_step_ms(&cfg.timing, usage)
+        } else {
+            0.0
+        };
+        let queued = self.queued_tokens::<POW2>(c, step_ms);
+        Inputs { overlap, own, active, step_ms, queued }
+    }
+
+    /// Stage 2: the pass times.
+    #[inline(always)]
+    fn times<const POW2: bool>(&self, c: &Candidate, p: &Inputs) -> Times {
+        let m = &self.req.cost.timing;
+        let (queued, own) = (p.queued, p.own);
+        let (prefill_ms, passes) = self.chunked::<POW2>(queued + own);
+        // The backlog's split, shared by the delay to others and the work term.
+        let (others_ms, queued_ms) = if queued > 0.0 {
+            let (full, rest) = self.split::<POW2>(queued);
+            let others = if c.prefill_requests != 0 && rest > 0.0 {
+                let delay = prefill_pass_ms(m, (rest + own).min(self.batch)) - prefill_pass_ms(m, rest);
+                let waiting = if queued <= self.batch { f64::from(c.prefill_requests) } else { 1.0 };
+                waiting * delay
+            } else {
+                0.0
+            };
+            (others, full * self.full_pass_ms + prefill_pass_ms(m, rest))
+        } else {
+            (0.0, 0.0)
+        };
+        Times { prefill_ms, passes, others_ms, queued_ms }
+    }
+
+    /// Stage 3: the cost and the score.
+    #[inline(always)]
+    fn finish(&self, c: &Candidate, p: &Inputs, t: &Times) -> CandidateScore {
+        let cfg = &self.req.cost;
+        let w = &cfg.ttft;
+        let decode_ms = if t.passes > 1.0 { t.passes } else { 1.0 } * p.step_ms;
+        let work_ms = t.prefill_ms - t.queued_ms;
+        let decode_blocks = p.active + f64::from(c.new_decode_blocks) + f64::from(self.req.expected_output_blocks);
+        let memory_ms = if self.aggregated {
+            let short = decode_blocks - self.kv;
+            w.memory_ms_per_block * if short > 0.0 { short } else { 0.0 }
+        } else {
+            0.0
+        };
+        let requests = f64::from(c.load.active_requests);
+        let cost = c.cost_factor
+            * (cfg.prefill_load_scale * t.prefill_ms
+                + decode_ms
+                + w.others_delay_weight * t.others_ms
+                + w.work_weight * work_ms
+                + memory_ms
+                + cfg.active_request_weight * requests);
+        let decode_blocks = if self.aggregated { decode_blocks } else { 0.0 };
+        score(c, p.overlap, (p.queued + p.own) * self.bs_recip, decode_blocks, cost)
+    }
+
+    /// The reference's `queued_tokens`: booked prompt tokens less the progress credit.
+    fn queued_tokens<const POW2: bool>(&self, c: &Candidate, step_ms: f64) -> f64 {
+        let queued = c.load.active_prefill_tokens as f64;
+        if c.prefill_busy_ms == 0 {
+            return queued;
+        }
+        let w = &self.req.cost.ttft;
+        let pass_ms = self.full_pass_ms + step_ms;
+        if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
+            return queued;
+        }
+        let computed = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
+        (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
+    }
+
+    /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how
+    /// many passes.
+    fn chunked<const POW2: bool>(&self, tokens: f64) -> (f64, f64) {
+        // Not above 0 covers NaN too, as the reference's two tests do.
+        if tokens > 0.0 {
+            let (full, rest) = self.split::<POW2>(tokens);
+            let passes = if rest > 0.0 { full + 1.0 } else { full };
+            (full * self.full_pass_ms + prefill_pass_ms(&self.req.cost.timing, rest), passes)
+        } else {
+            (0.0, 0.0)
+        }
+    }
+
+    /// The reference's `split_passes` of a positive `tokens`: full passes and the rest.
+    fn split<const POW2: bool>(&self, tokens: f64) -> (f64, f64) {
+        if tokens < self.one_pass_below {
+            // The reference's floor of a quotient in [0, 1) is +0.0 and its rest
+            // `tokens − 0·batch`, which is `tokens` (the batch is finite).
+            return (0.0, tokens);
+        }
+        let tokens = if tokens > 1e15 { 1e15 } else { tokens };
+        let quotient = if POW2 { tokens * self.batch_recip } else { tokens / self.batch };
+        let full = floor_small(quotient);
+        (full, tokens - full * self.batch)
+    }
+}
+
+/// `mathf::floor(x)` for `0 <= x < 2^52`, without a float-integer round trip: adding
+/// 2^52 rounds `x` to the nearest integer (the sum's spacing is 1), and the floor is
+/// that or one less.
+fn floor_small(x: f64) -> f64 {
+    const TWO_52: f64 = (1u64 << 52) as f64;
+    let nearest = (x + TWO_52) - TWO_52;
+    if nearest > x {
+        nearest - 1.0
+    } else {
+        nearest
+    }
+}
+
+/// [`TtftModel::prefill_pass_ms`], its NaN and sign tests in one comparison.
+fn prefill_pass_ms(m: &TtftModel, tokens: f64) -> f64 {
+    if tokens > 0.0 {
+        (m.prefill_ms_per_token_squared * tokens + m.prefill_ms_per_token) * tokens + m.prefill_ms_per_pass
+    } else {
+        0.0
+    }
+}
+
+/// [`TtftModel::decode_step_ms`] for a usage that is neither NaN nor negative.
+fn decode_step_ms(m: &TtftModel, usage: f64) -> f64 {
+    let p = if usage > 1.0 { 1.0 } else { usage };
+    let t = (m.decode_ms_per_usage_squared * p + m.decode_ms_per_usage) * p + m.decode_ms_per_step;
+    t.max(m.decode_ms_min)
+}
