@@ -42,7 +42,7 @@ fn check(keep_alive: bool, read: bool, n: usize, want_connections: usize) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let (addr, accepted) = worker("hello", keep_alive).await;
-        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5));
+        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
         for i in 0..n {
             let resp = pool.send(request(addr)).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
             assert_eq!(resp.status(), 200);
@@ -68,7 +68,7 @@ fn nothing_listening_is_a_connect_error() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5));
+        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
         let e = pool.send(request(addr)).await.err().expect("no worker");
         assert!(e.is_connect(), "{e:?}");
     });
@@ -88,7 +88,7 @@ fn the_host_header_names_the_worker() {
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
         });
-        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5));
+        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
         let resp = pool.send(request(addr)).await.unwrap();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, format!("{addr} /v1/x"));
