@@ -96,7 +96,8 @@ pub struct Binding {
 }
 
 /// When and where a binding was committed. Of two bindings of one session, the lower
-/// stamp wins: the earlier commit, and on a tie the lower replica id.
+/// stamp wins: the earlier commit, and on a tie the lower replica id. (Should two
+/// replicas share an id by mistake, equal stamps fall to the lower worker, then rank.)
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
 pub struct BindStamp {
     /// The commit time, on the clock every replica's adapter maps its own onto.

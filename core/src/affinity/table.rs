@@ -186,7 +186,7 @@ impl AffinityTable {
         let mut stamp = BindStamp { committed_at: now, replica: self.cfg.replica };
         let (mut worker, mut rank) = (worker, rank);
         if let State::Initializing { remote: Some((r, _)), .. } = &entry.state {
-            if r.stamp < stamp {
+            if (r.stamp, r.worker, r.rank) < (stamp, worker, rank) {
                 (worker, rank, stamp) = (r.worker, r.rank, r.stamp);
                 self.stats.remote_won += 1;
             }

@@ -92,7 +92,8 @@ impl AffinityTable {
         let entry = entry_mut(&mut self.slots, idx)?;
         match &mut entry.state {
             State::Initializing { remote: pending, .. } => {
-                if pending.is_none_or(|(p, _)| remote.stamp < p.stamp) {
+                if pending.is_none_or(|(p, _)| (remote.stamp, remote.worker, remote.rank) < (p.stamp, p.worker, p.rank))
+                {
                     *pending = Some((remote, now));
                 }
                 Some(RemoteApplied::Pending)
@@ -106,7 +107,9 @@ impl AffinityTable {
                     *stamp = (*stamp).min(remote.stamp);
                     return Some(RemoteApplied::Same);
                 }
-                if remote.stamp < *stamp {
+                // Ties of stamp (one id on two replicas) fall to the worker, so two
+                // replicas never both keep theirs and answer each other forever.
+                if (remote.stamp, remote.worker, remote.rank) < (*stamp, binding.worker, binding.rank) {
                     *binding = Binding { worker: remote.worker, rank: remote.rank, revision: bump(&mut self.serial) };
                     *stamp = remote.stamp;
                     self.stats.remote_won += 1;
