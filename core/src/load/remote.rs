@@ -6,7 +6,11 @@
 //! finishes. A [`RemoteLoad`] table keeps one entry per (replica, request, phase) with
 //! the entry's contribution: prefill tokens until its prefill is done, the decode blocks
 //! the sending replica counted for it, and one request. [`RemoteLoad::combined`] adds
-//! the per-key sums to a local [`WorkerLoad`].
+//! the per-key sums to a local [`WorkerLoad`], and [`RemoteLoad::combined_progress`]
+//! merges the keys' prefill backlogs the way the local tracker follows its own (since
+//! when a key has had prefill outstanding, and how much of it finished since), so that
+//! other replicas' backlog is discounted for the time it has been computing, exactly as
+//! a local backlog is.
 //!
 //! Updates are fire-and-forget, so the table assumes any of them may be lost. A replica
 //! that says nothing (no update, no heartbeat) for `replica_silence_max_ms` is presumed
@@ -30,6 +34,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
+use super::PrefillProgress;
 use crate::time::Instant;
 use crate::types::{Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
 
@@ -168,6 +173,26 @@ struct KeySum {
     requests: u64,
     prefill_tokens: u64,
     decode_blocks: u64,
+    /// Entries whose prefill has not finished.
+    prefill_requests: u64,
+    /// Start of the current stretch of outstanding prefill (meaningless while
+    /// `prefill_requests == 0`).
+    busy_since: Instant,
+    /// Prefill tokens finished within the stretch.
+    done_tokens: u64,
+}
+
+impl KeySum {
+    /// An entry stops prefilling: finished (`done`) or dropped.
+    fn end_prefill(&mut self, tokens: u32, done: bool) {
+        self.prefill_tokens -= u64::from(tokens);
+        self.prefill_requests -= 1;
+        self.done_tokens = match (self.prefill_requests, done) {
+            (0, _) => 0,
+            (_, true) => self.done_tokens + u64::from(tokens),
+            (_, false) => self.done_tokens,
+        };
+    }
 }
 
 /// Other replicas' in-flight load per worker key. See the [module docs](self).
@@ -260,6 +285,13 @@ impl RemoteLoad {
         sum.requests += 1;
         sum.prefill_tokens += u64::from(prefill_tokens);
         sum.decode_blocks += u64::from(decode_blocks);
+        if prefilling {
+            if sum.prefill_requests == 0 {
+                sum.busy_since = now;
+                sum.done_tokens = 0;
+            }
+            sum.prefill_requests += 1;
+        }
         self.entries.insert(ek, Entry { key, prefill_tokens, decode_blocks, prefilling, age_deadline });
         self.ages.insert((age_deadline, ek));
         self.stats.added += 1;
@@ -282,7 +314,7 @@ impl RemoteLoad {
         if e.prefilling {
             e.prefilling = false;
             if let Some(sum) = self.keys.get_mut(&e.key) {
-                sum.prefill_tokens -= u64::from(e.prefill_tokens);
+                sum.end_prefill(e.prefill_tokens, true);
             }
             e.prefill_tokens = 0;
         }
@@ -348,6 +380,19 @@ impl RemoteLoad {
             active_prefill_tokens: local.active_prefill_tokens.saturating_add(s.prefill_tokens),
             active_decode_blocks: local.active_decode_blocks.saturating_add(s.decode_blocks),
             active_requests: local.active_requests.saturating_add(u32::try_from(s.requests).unwrap_or(u32::MAX)),
+        }
+    }
+
+    /// `local`'s prefill backlog merged with other replicas' on `key`: the stretch begins
+    /// at the earlier of the two, and counts both sides' bookings and finished tokens.
+    pub fn combined_progress(&self, key: WorkerKey, local: PrefillProgress) -> PrefillProgress {
+        let Some(s) = self.keys.get(&key).filter(|s| s.prefill_requests > 0) else {
+            return local;
+        };
+        PrefillProgress {
+            requests: local.requests.saturating_add(u32::try_from(s.prefill_requests).unwrap_or(u32::MAX)),
+            busy_since: Some(local.busy_since.map_or(s.busy_since, |t| t.min(s.busy_since))),
+            done_tokens: local.done_tokens.saturating_add(s.done_tokens),
         }
     }
 
@@ -432,8 +477,13 @@ impl RemoteLoad {
             s.requests += 1;
             s.prefill_tokens += u64::from(e.prefill_tokens);
             s.decode_blocks += u64::from(e.decode_blocks);
+            s.prefill_requests += u64::from(e.prefilling);
         }
-        if sums != self.keys {
+        // The stretch's start and progress are history, not sums: compare the rest.
+        let counts = |m: &BTreeMap<WorkerKey, KeySum>| -> Vec<(WorkerKey, u64, u64, u64, u64)> {
+            m.iter().map(|(k, s)| (*k, s.requests, s.prefill_tokens, s.decode_blocks, s.prefill_requests)).collect()
+        };
+        if counts(&sums) != counts(&self.keys) {
             return Err(format!("remote sums {:?} differ from entries' {sums:?}", self.keys));
         }
         if self.ages.len() != self.entries.len() || self.silence.len() != self.replicas.len() {
@@ -466,7 +516,9 @@ impl RemoteLoad {
         self.ages.remove(&(e.age_deadline, ek));
         if let Some(sum) = self.keys.get_mut(&e.key) {
             sum.requests -= 1;
-            sum.prefill_tokens -= u64::from(e.prefill_tokens);
+            if e.prefilling {
+                sum.end_prefill(e.prefill_tokens, false);
+            }
             sum.decode_blocks -= u64::from(e.decode_blocks);
             if sum.requests == 0 {
                 self.keys.remove(&e.key);

@@ -207,7 +207,7 @@ impl Router {
             .filter_map(|v| match v.verdict {
                 Verdict::Eligible { cost_factor } => {
                     let spec = self.workers.get(v.key.worker);
-                    let progress = self.load.prefill_progress(v.key);
+                    let progress = self.remote.combined_progress(v.key, self.load.prefill_progress(v.key));
                     Some(Candidate {
                         key: v.key,
                         load: self.combined_load(v.key),

@@ -30,6 +30,7 @@ struct MEntry {
     prefill: u32,
     decode: u32,
     age: Instant,
+    prefilling: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -40,6 +41,8 @@ struct Model {
     stats: RemoteLoadStats,
     last: Option<Result<(), RemoteLoadError>>,
     removed: usize,
+    /// Per key with an entry prefilling: when that stretch began, tokens done in it.
+    stretch: BTreeMap<WorkerKey, (Instant, u64)>,
 }
 
 impl Model {
@@ -74,9 +77,26 @@ impl Model {
         Err(RemoteLoadError::UnknownRequest { replica: ek.0, req: ek.1, phase: ek.2 })
     }
 
+    fn progress(&self, key: WorkerKey) -> PrefillProgress {
+        let requests = self.entries.values().filter(|e| e.key == key && e.prefilling).count();
+        let stretch = self.stretch.get(&key).copied();
+        PrefillProgress {
+            requests: requests as u32,
+            busy_since: stretch.map(|s| s.0),
+            done_tokens: stretch.map_or(0, |s| s.1),
+        }
+    }
+
+    /// Ends stretches with no entry prefilling any more.
+    fn close_stretches(&mut self) {
+        let entries = &self.entries;
+        self.stretch.retain(|k, _| entries.values().any(|e| e.key == *k && e.prefilling));
+    }
+
     fn drop_where(&mut self, f: impl Fn(&EntryKey, &MEntry) -> bool) -> usize {
         let before = self.entries.len();
         self.entries.retain(|ek, e| !f(ek, e));
+        self.close_stretches();
         before - self.entries.len()
     }
 }
@@ -155,8 +175,13 @@ impl ReferenceStateMachine for Reference {
                         m.stats.table_full += 1;
                         return Err(RemoteLoadError::TableFull { remote_requests_max: ENTRIES_MAX });
                     }
-                    let prefill = if ek.2 == Phase::Decode { 0 } else { prefill };
-                    m.entries.insert(ek, MEntry { key, prefill, decode, age: m.now.add_ms(AGE_MS) });
+                    let prefilling = ek.2 != Phase::Decode;
+                    let prefill = if prefilling { prefill } else { 0 };
+                    if prefilling && !m.stretch.contains_key(&key) {
+                        m.stretch.insert(key, (m.now, 0));
+                    }
+                    let age = m.now.add_ms(AGE_MS);
+                    m.entries.insert(ek, MEntry { key, prefill, decode, age, prefilling });
                     m.stats.added += 1;
                     Ok(())
                 });
@@ -165,11 +190,17 @@ impl ReferenceStateMachine for Reference {
             Step::PrefillDone(ek) => {
                 let out = m.touch(ek.0).and_then(|()| match m.entries.get_mut(&ek) {
                     Some(e) => {
-                        e.prefill = 0;
+                        if e.prefilling {
+                            if let Some(s) = m.stretch.get_mut(&e.key) {
+                                s.1 += u64::from(e.prefill);
+                            }
+                        }
+                        (e.prefill, e.prefilling) = (0, false);
                         Ok(())
                     }
                     None => m.unknown(ek),
                 });
+                m.close_stretches();
                 m.last = Some(out);
             }
             Step::Finish(ek) => {
@@ -177,6 +208,7 @@ impl ReferenceStateMachine for Reference {
                     Some(_) => Ok(()),
                     None => m.unknown(ek),
                 });
+                m.close_stretches();
                 m.last = Some(out);
             }
             Step::RemoveReplica(r) => {
@@ -253,6 +285,16 @@ impl StateMachineTest for Real {
                 active_requests: 3 + want.active_requests,
             };
             assert_eq!(t.combined(key, local), both);
+            assert_eq!(t.combined_progress(key, PrefillProgress::default()), m.progress(key), "progress of {key}");
+            // A local backlog that began at 250 ms merges with the remote one.
+            let mine = PrefillProgress { requests: 1, busy_since: Some(Instant::from_millis(250)), done_tokens: 7 };
+            let r = m.progress(key);
+            let want = PrefillProgress {
+                requests: 1 + r.requests,
+                busy_since: r.busy_since.map_or(mine.busy_since, |t| Some(t.min(Instant::from_millis(250)))),
+                done_tokens: 7 + r.done_tokens,
+            };
+            assert_eq!(t.combined_progress(key, mine), want, "merged progress of {key}");
         }
         assert_eq!(t.len(), m.entries.len());
         assert_eq!(t.replicas().collect::<Vec<_>>(), m.replicas.keys().copied().collect::<Vec<_>>());
