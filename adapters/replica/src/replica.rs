@@ -212,11 +212,33 @@ async fn publish_loop(s: Arc<Shared>, pool: PoolLink, mut rx: mpsc::Receiver<Rep
             }
         }
         for (kind, msgs) in [(Kind::Load, load), (Kind::Affinity, affinity)] {
-            if !msgs.is_empty() {
-                publish(&s, &pool.model, kind, msgs).await;
+            for chunk in chunks(msgs) {
+                publish(&s, &pool.model, kind, chunk).await;
             }
         }
     }
+}
+
+/// Splits messages into envelopes within [`wire::UPDATES_PER_MESSAGE_MAX`] updates and
+/// [`wire::BLOCKS_PER_MESSAGE_MAX`] prompt blocks each.
+fn chunks(msgs: Vec<Msg>) -> Vec<Vec<Msg>> {
+    let mut out: Vec<Vec<Msg>> = Vec::new();
+    let mut blocks = 0;
+    for m in msgs {
+        let n = m.blocks();
+        let full = out.last().is_none_or(|c| {
+            c.len() >= wire::UPDATES_PER_MESSAGE_MAX || (!c.is_empty() && blocks + n > wire::BLOCKS_PER_MESSAGE_MAX)
+        });
+        if full {
+            out.push(Vec::new());
+            blocks = 0;
+        }
+        blocks += n;
+        if let Some(c) = out.last_mut() {
+            c.push(m);
+        }
+    }
+    out
 }
 
 /// Publishes one envelope, counting it; failures drop it.

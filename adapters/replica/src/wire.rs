@@ -9,6 +9,7 @@
 use std::fmt;
 
 use router_core::affinity::BindStamp;
+use router_core::hash::SeqHash;
 use router_core::router::{ReplicaId, ReplicaUpdate};
 use router_core::{DpRank, Instant, Phase, RequestId, WorkerId, WorkerKey};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,14 @@ pub const WIRE_VERSION: u8 = 1;
 /// Most updates one envelope may carry; larger batches are split when encoding and
 /// refused when decoding.
 pub const UPDATES_PER_MESSAGE_MAX: usize = 1024;
+
+/// Most prompt blocks one update may carry; more are cut when encoding and refused when
+/// decoding.
+pub const BLOCKS_PER_UPDATE_MAX: usize = 4096;
+
+/// Prompt blocks one envelope carries at most, so a message stays far below NATS's
+/// default 1 MiB payload limit; batches are split to respect it.
+pub const BLOCKS_PER_MESSAGE_MAX: usize = 32_768;
 
 /// One NATS message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,8 +61,10 @@ pub enum Msg {
         rank: u32,
         /// Prefill tokens.
         prefill: u32,
-        /// Decode blocks.
-        decode: u32,
+        /// Predicted output blocks.
+        output: u32,
+        /// The prompt's sequence hashes.
+        blocks: Vec<u64>,
     },
     /// [`ReplicaUpdate::PrefillDone`].
     #[serde(rename = "p")]
@@ -119,6 +130,14 @@ pub enum Kind {
 }
 
 impl Msg {
+    /// Prompt blocks it carries.
+    pub fn blocks(&self) -> usize {
+        match self {
+            Msg::Added { blocks, .. } => blocks.len(),
+            _ => 0,
+        }
+    }
+
     /// The subject kind it travels on.
     pub fn kind(&self) -> Kind {
         match self {
@@ -150,6 +169,11 @@ pub enum WireError {
         /// The index.
         index: u8,
     },
+    /// An update with more than [`BLOCKS_PER_UPDATE_MAX`] prompt blocks.
+    TooManyBlocks {
+        /// How many it carried.
+        count: usize,
+    },
 }
 
 impl fmt::Display for WireError {
@@ -161,6 +185,9 @@ impl fmt::Display for WireError {
                 write!(f, "{count} updates in one message, at most {UPDATES_PER_MESSAGE_MAX}")
             }
             WireError::Phase { index } => write!(f, "phase index {index} names no phase"),
+            WireError::TooManyBlocks { count } => {
+                write!(f, "{count} prompt blocks in one update, at most {BLOCKS_PER_UPDATE_MAX}")
+            }
         }
     }
 }
@@ -182,6 +209,9 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope, WireError> {
     if env.msgs.len() > UPDATES_PER_MESSAGE_MAX {
         return Err(WireError::TooManyUpdates { count: env.msgs.len() });
     }
+    if let Some(count) = env.msgs.iter().map(Msg::blocks).find(|&n| n > BLOCKS_PER_UPDATE_MAX) {
+        return Err(WireError::TooManyBlocks { count });
+    }
     Ok(env)
 }
 
@@ -190,13 +220,14 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope, WireError> {
 pub fn to_msg(u: &ReplicaUpdate, unix_us: impl Fn(Instant) -> u64) -> Option<Msg> {
     let phase_ix = |p: Phase| p.index() as u8;
     Some(match u {
-        ReplicaUpdate::Added { id, phase, key, prefill_tokens, decode_blocks } => Msg::Added {
+        ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks } => Msg::Added {
             id: id.0,
             phase: phase_ix(*phase),
             worker: key.worker.0,
             rank: key.rank.0,
             prefill: *prefill_tokens,
-            decode: *decode_blocks,
+            output: *output_blocks,
+            blocks: blocks.iter().take(BLOCKS_PER_UPDATE_MAX).map(|b| b.0).collect(),
         },
         ReplicaUpdate::PrefillDone { id, phase } => Msg::PrefillDone { id: id.0, phase: phase_ix(*phase) },
         ReplicaUpdate::Finished { id, phase } => Msg::Finished { id: id.0, phase: phase_ix(*phase) },
@@ -223,12 +254,13 @@ pub fn to_msg(u: &ReplicaUpdate, unix_us: impl Fn(Instant) -> u64) -> Option<Msg
 pub fn to_update(m: Msg, instant: impl Fn(u64) -> Instant) -> Result<Option<ReplicaUpdate>, WireError> {
     let stamp = |at: u64, replica: u64| BindStamp { committed_at: instant(at), replica: ReplicaId(replica) };
     Ok(Some(match m {
-        Msg::Added { id, phase, worker, rank, prefill, decode } => ReplicaUpdate::Added {
+        Msg::Added { id, phase, worker, rank, prefill, output, blocks } => ReplicaUpdate::Added {
             id: RequestId(id),
             phase: phase_of(phase)?,
             key: WorkerKey::new(worker, rank),
             prefill_tokens: prefill,
-            decode_blocks: decode,
+            blocks: blocks.into_iter().map(SeqHash).collect(),
+            output_blocks: output,
         },
         Msg::PrefillDone { id, phase } => ReplicaUpdate::PrefillDone { id: RequestId(id), phase: phase_of(phase)? },
         Msg::Finished { id, phase } => ReplicaUpdate::Finished { id: RequestId(id), phase: phase_of(phase)? },
@@ -278,7 +310,8 @@ mod tests {
                 phase,
                 key: WorkerKey::new(3, 2),
                 prefill_tokens: 4096,
-                decode_blocks: 70,
+                blocks: vec![SeqHash(1), SeqHash(u64::MAX)],
+                output_blocks: 70,
             });
             check_roundtrip(ReplicaUpdate::PrefillDone { id, phase });
             check_roundtrip(ReplicaUpdate::Finished { id, phase });
@@ -314,6 +347,16 @@ mod tests {
         for cut in 0..good.len() {
             assert!(decode(&good[..cut]).is_err(), "prefix of {cut} bytes");
         }
+        let huge = Msg::Added {
+            id: 1,
+            phase: 0,
+            worker: 0,
+            rank: 0,
+            prefill: 0,
+            output: 0,
+            blocks: vec![7; BLOCKS_PER_UPDATE_MAX + 1],
+        };
+        check_refused(&encode(&env(vec![huge])), |e| matches!(e, WireError::TooManyBlocks { .. }));
         let bad_phase = Msg::Finished { id: 1, phase: 3 };
         assert_eq!(to_update(bad_phase, Instant::from_micros), Err(WireError::Phase { index: 3 }));
     }

@@ -4,8 +4,11 @@
 //! Each replica tells the others, over whatever transport the adapter uses, when it
 //! books a request on a worker key, when that request's prefill is done, and when it
 //! finishes. A [`RemoteLoad`] table keeps one entry per (replica, request, phase) with
-//! the entry's contribution: prefill tokens until its prefill is done, the decode blocks
-//! the sending replica counted for it, and one request. [`RemoteLoad::combined`] adds
+//! the entry's contribution: prefill tokens until its prefill is done, its prompt's
+//! blocks (counted once per worker key however many entries share them, as the local
+//! tracker counts its own) plus its predicted output blocks, and one request. The prompt
+//! blocks also tell [`RemoteLoad::held_prefix`] which prefixes are already on their way
+//! into a worker's cache. [`RemoteLoad::combined`] adds
 //! the per-key sums to a local [`WorkerLoad`], and [`RemoteLoad::combined_progress`]
 //! merges the keys' prefill backlogs the way the local tracker follows its own (since
 //! when a key has had prefill outstanding, and how much of it finished since), so that
@@ -34,7 +37,11 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
+use hashbrown::HashMap;
+
+use super::hasher::SeededState;
 use super::PrefillProgress;
+use crate::hash::SeqHash;
 use crate::time::Instant;
 use crate::types::{Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
 
@@ -69,6 +76,13 @@ pub struct RemoteLoadConfig {
     pub remote_requests_max: usize,
     /// Other replicas tracked at most; updates from more are refused. Default 64.
     pub replicas_max: usize,
+    /// Prompt blocks kept per entry; past it they are ignored and counted. Default 4,096.
+    pub blocks_max_per_request: usize,
+    /// Prompt blocks kept over all entries; an entry that would pass it keeps none.
+    /// Default 4,194,304.
+    pub blocks_max: usize,
+    /// Seed of the block tables' hash. Default 0; set a secret one in production.
+    pub hash_seed: u64,
 }
 
 impl Default for RemoteLoadConfig {
@@ -78,6 +92,9 @@ impl Default for RemoteLoadConfig {
             request_age_max_ms: 600_000,
             remote_requests_max: 65_536,
             replicas_max: 64,
+            blocks_max_per_request: 4096,
+            blocks_max: 1 << 22,
+            hash_seed: 0,
         }
     }
 }
@@ -154,25 +171,31 @@ pub struct RemoteLoadStats {
     pub silent_replicas: u64,
     /// Entries dropped with a silent or removed replica, or with a removed worker.
     pub dropped_requests: u64,
+    /// Prompt blocks not kept: past `blocks_max_per_request`, or over `blocks_max`.
+    pub blocks_truncated: u64,
 }
 
 type EntryKey = (ReplicaId, RequestId, Phase);
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Entry {
     key: WorkerKey,
     prefill_tokens: u32,
-    decode_blocks: u32,
+    /// Prompt blocks (none for prefill entries, which hold no decode blocks).
+    blocks: Vec<SeqHash>,
+    output_blocks: u32,
     prefilling: bool,
     /// When it is dropped for age; with the entry key, its place in `ages`.
     age_deadline: Instant,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 struct KeySum {
     requests: u64,
     prefill_tokens: u64,
-    decode_blocks: u64,
+    /// Prompt block → entries on this key holding it.
+    blocks: HashMap<SeqHash, u32, SeededState>,
+    output_blocks: u64,
     /// Entries whose prefill has not finished.
     prefill_requests: u64,
     /// Start of the current stretch of outstanding prefill (meaningless while
@@ -183,6 +206,18 @@ struct KeySum {
 }
 
 impl KeySum {
+    fn new(seed: u64) -> Self {
+        KeySum {
+            requests: 0,
+            prefill_tokens: 0,
+            blocks: HashMap::with_hasher(SeededState(seed)),
+            output_blocks: 0,
+            prefill_requests: 0,
+            busy_since: Instant::ZERO,
+            done_tokens: 0,
+        }
+    }
+
     /// An entry stops prefilling: finished (`done`) or dropped.
     fn end_prefill(&mut self, tokens: u32, done: bool) {
         self.prefill_tokens -= u64::from(tokens);
@@ -204,6 +239,8 @@ pub struct RemoteLoad {
     cfg: RemoteLoadConfig,
     entries: BTreeMap<EntryKey, Entry>,
     keys: BTreeMap<WorkerKey, KeySum>,
+    /// Prompt blocks kept over all entries.
+    blocks_held: usize,
     /// Replica → its silence deadline.
     replicas: BTreeMap<ReplicaId, Instant>,
     silence: BTreeSet<(Instant, ReplicaId)>,
@@ -218,6 +255,7 @@ impl RemoteLoad {
             cfg,
             entries: BTreeMap::new(),
             keys: BTreeMap::new(),
+            blocks_held: 0,
             replicas: BTreeMap::new(),
             silence: BTreeSet::new(),
             ages: BTreeSet::new(),
@@ -255,8 +293,9 @@ impl RemoteLoad {
     }
 
     /// `replica` booked request `req` for `phase` on `key`, contributing
-    /// `prefill_tokens` until its prefill is done, and `decode_blocks` plus one request
-    /// until it finishes.
+    /// `prefill_tokens` until its prefill is done, and its prompt `blocks` (not for
+    /// [`Phase::Prefill`]), `output_blocks` and one request until it finishes. Linear in
+    /// `blocks`, capped at `blocks_max_per_request`.
     #[allow(clippy::too_many_arguments)] // One entry's fields, one to one.
     pub fn add(
         &mut self,
@@ -266,7 +305,8 @@ impl RemoteLoad {
         phase: Phase,
         key: WorkerKey,
         prefill_tokens: u32,
-        decode_blocks: u32,
+        blocks: &[SeqHash],
+        output_blocks: u32,
     ) -> Result<(), RemoteLoadError> {
         self.heartbeat(now, replica)?;
         let ek = (replica, req, phase);
@@ -281,10 +321,22 @@ impl RemoteLoad {
         let age_deadline = now.add_ms(self.cfg.request_age_max_ms);
         let prefilling = phase != Phase::Decode;
         let prefill_tokens = if prefilling { prefill_tokens } else { 0 };
-        let sum = self.keys.entry(key).or_default();
+        let output_blocks = if phase == Phase::Prefill { 0 } else { output_blocks };
+        let blocks = if phase == Phase::Prefill { &[][..] } else { blocks };
+        let keep = blocks.len().min(self.cfg.blocks_max_per_request);
+        let keep = if self.blocks_held + keep > self.cfg.blocks_max { 0 } else { keep };
+        self.stats.blocks_truncated += (blocks.len() - keep) as u64;
+        self.blocks_held += keep;
+        let blocks = blocks[..keep].to_vec();
+        let seed = self.cfg.hash_seed;
+        let sum = self.keys.entry(key).or_insert_with(|| KeySum::new(seed));
         sum.requests += 1;
         sum.prefill_tokens += u64::from(prefill_tokens);
-        sum.decode_blocks += u64::from(decode_blocks);
+        sum.output_blocks += u64::from(output_blocks);
+        sum.blocks.reserve(blocks.len());
+        for &b in &blocks {
+            *sum.blocks.entry(b).or_insert(0) += 1;
+        }
         if prefilling {
             if sum.prefill_requests == 0 {
                 sum.busy_since = now;
@@ -292,7 +344,7 @@ impl RemoteLoad {
             }
             sum.prefill_requests += 1;
         }
-        self.entries.insert(ek, Entry { key, prefill_tokens, decode_blocks, prefilling, age_deadline });
+        self.entries.insert(ek, Entry { key, prefill_tokens, blocks, output_blocks, prefilling, age_deadline });
         self.ages.insert((age_deadline, ek));
         self.stats.added += 1;
         Ok(())
@@ -366,7 +418,7 @@ impl RemoteLoad {
     pub fn load(&self, key: WorkerKey) -> WorkerLoad {
         self.keys.get(&key).map_or_else(WorkerLoad::default, |s| WorkerLoad {
             active_prefill_tokens: s.prefill_tokens,
-            active_decode_blocks: s.decode_blocks,
+            active_decode_blocks: s.blocks.len() as u64 + s.output_blocks,
             active_requests: u32::try_from(s.requests).unwrap_or(u32::MAX),
         })
     }
@@ -378,7 +430,7 @@ impl RemoteLoad {
         };
         WorkerLoad {
             active_prefill_tokens: local.active_prefill_tokens.saturating_add(s.prefill_tokens),
-            active_decode_blocks: local.active_decode_blocks.saturating_add(s.decode_blocks),
+            active_decode_blocks: local.active_decode_blocks.saturating_add(s.blocks.len() as u64 + s.output_blocks),
             active_requests: local.active_requests.saturating_add(u32::try_from(s.requests).unwrap_or(u32::MAX)),
         }
     }
@@ -394,6 +446,17 @@ impl RemoteLoad {
             busy_since: Some(local.busy_since.map_or(s.busy_since, |t| t.min(s.busy_since))),
             done_tokens: local.done_tokens.saturating_add(s.done_tokens),
         }
+    }
+
+    /// How many leading `blocks` other replicas' entries on `key` hold as prompt blocks:
+    /// a prefix on its way into that worker's cache. Linear in the answer.
+    pub fn held_prefix(&self, key: WorkerKey, blocks: &[SeqHash]) -> u32 {
+        let Some(s) = self.keys.get(&key) else {
+            return 0;
+        };
+        let n = blocks.iter().take(self.cfg.blocks_max_per_request).take_while(|b| s.blocks.contains_key(*b)).count();
+        // The cap keeps this within u32 for any sane configuration.
+        u32::try_from(n).unwrap_or(u32::MAX)
     }
 
     /// The worker key a replica's entry sits on, if held.
@@ -469,20 +532,30 @@ impl RemoteLoad {
     /// Recomputes every sum from the entries and compares; a difference is a bug. Linear.
     pub fn check(&self) -> Result<(), String> {
         let mut sums: BTreeMap<WorkerKey, KeySum> = BTreeMap::new();
+        let mut held = 0;
         for (&(replica, ..), e) in &self.entries {
             if !self.replicas.contains_key(&replica) {
                 return Err(format!("entry of untracked {replica}"));
             }
-            let s = sums.entry(e.key).or_default();
+            let s = sums.entry(e.key).or_insert_with(|| KeySum::new(0));
             s.requests += 1;
             s.prefill_tokens += u64::from(e.prefill_tokens);
-            s.decode_blocks += u64::from(e.decode_blocks);
+            s.output_blocks += u64::from(e.output_blocks);
             s.prefill_requests += u64::from(e.prefilling);
+            for &b in &e.blocks {
+                *s.blocks.entry(b).or_insert(0) += 1;
+            }
+            held += e.blocks.len();
         }
         // The stretch's start and progress are history, not sums: compare the rest.
-        let counts = |m: &BTreeMap<WorkerKey, KeySum>| -> Vec<(WorkerKey, u64, u64, u64, u64)> {
-            m.iter().map(|(k, s)| (*k, s.requests, s.prefill_tokens, s.decode_blocks, s.prefill_requests)).collect()
+        let counts = |m: &BTreeMap<WorkerKey, KeySum>| -> Vec<(WorkerKey, u64, u64, u64, u64, usize)> {
+            m.iter()
+                .map(|(k, s)| (*k, s.requests, s.prefill_tokens, s.output_blocks, s.prefill_requests, s.blocks.len()))
+                .collect()
         };
+        if held != self.blocks_held || held > self.cfg.blocks_max {
+            return Err(format!("{held} blocks in entries, {} counted", self.blocks_held));
+        }
         if counts(&sums) != counts(&self.keys) {
             return Err(format!("remote sums {:?} differ from entries' {sums:?}", self.keys));
         }
@@ -514,12 +587,21 @@ impl RemoteLoad {
             return false;
         };
         self.ages.remove(&(e.age_deadline, ek));
+        self.blocks_held -= e.blocks.len();
         if let Some(sum) = self.keys.get_mut(&e.key) {
             sum.requests -= 1;
             if e.prefilling {
                 sum.end_prefill(e.prefill_tokens, false);
             }
-            sum.decode_blocks -= u64::from(e.decode_blocks);
+            sum.output_blocks -= u64::from(e.output_blocks);
+            for h in &e.blocks {
+                if let Some(n) = sum.blocks.get_mut(h) {
+                    *n -= 1;
+                    if *n == 0 {
+                        sum.blocks.remove(h);
+                    }
+                }
+            }
             if sum.requests == 0 {
                 self.keys.remove(&e.key);
             }

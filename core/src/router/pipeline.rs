@@ -208,12 +208,13 @@ impl Router {
                 Verdict::Eligible { cost_factor } => {
                     let spec = self.workers.get(v.key.worker);
                     let progress = self.remote.combined_progress(v.key, self.load.prefill_progress(v.key));
+                    let (new_decode_blocks, inflight_prefix_blocks) = self.inflight_blocks(v.key, &req.blocks);
                     Some(Candidate {
                         key: v.key,
                         load: self.combined_load(v.key),
                         overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
-                        new_decode_blocks: self.load.new_blocks_chain(v.key, &req.blocks),
-                        inflight_prefix_blocks: self.load.held_prefix(v.key, &req.blocks),
+                        new_decode_blocks,
+                        inflight_prefix_blocks,
                         weight: spec.map_or(1, |s| s.weight),
                         cost_factor,
                         kv_blocks: spec.map_or(0, |s| s.kv_blocks),
@@ -252,14 +253,10 @@ impl Router {
             let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
-            let decode_blocks = match phase {
-                Phase::Prefill => 0,
-                _ => self.load.new_blocks_chain(target, &req.blocks).saturating_add(out_blocks),
-            };
             if let Err(_e) = self.load.add(now, fk.0, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
-            self.publish_added(fk.0, phase, target, prefill_tokens, decode_blocks);
+            self.publish_added(fk, target, prefill_tokens, out_blocks);
         }
         let req = &self.flights[&fk].req;
         Ok(Placed::Routed(Routed {

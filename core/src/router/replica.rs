@@ -35,6 +35,7 @@ use core::fmt;
 
 use super::Router;
 use crate::affinity::{AffinityError, BindStamp, RemoteApplied, RemoteBinding};
+use crate::hash::SeqHash;
 use crate::load::{RemoteLoad, RemoteLoadConfig, RemoteLoadError, ReplicaId};
 use crate::{DpRank, Instant, Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
 
@@ -71,9 +72,11 @@ pub enum ReplicaUpdate {
         key: WorkerKey,
         /// Uncached prompt tokens it adds until its prefill is done.
         prefill_tokens: u32,
-        /// KV blocks it adds until it finishes: prompt blocks not already held by the
-        /// sender's other requests on `key`, plus its predicted output blocks.
-        decode_blocks: u32,
+        /// Its prompt's full-block sequence hashes: decode blocks on `key` until it
+        /// finishes, and a prefix on its way into that worker's cache.
+        blocks: Vec<SeqHash>,
+        /// Its predicted output, in blocks.
+        output_blocks: u32,
     },
     /// The request's prefill is done.
     PrefillDone {
@@ -220,8 +223,8 @@ impl Router {
         self.check_sender(from)?;
         let load = |e: Result<(), RemoteLoadError>| e.map_err(ReplicaError::Load);
         match u {
-            ReplicaUpdate::Added { id, phase, key, prefill_tokens, decode_blocks } => {
-                load(self.remote.add(now, from, id, phase, key, prefill_tokens, decode_blocks))
+            ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks } => {
+                load(self.remote.add(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks))
             }
             ReplicaUpdate::PrefillDone { id, phase } => load(self.remote.prefill_done(now, from, id, phase)),
             ReplicaUpdate::Finished { id, phase } => load(self.remote.finish(now, from, id, phase)),
@@ -261,9 +264,24 @@ impl Router {
         self.replica_stats.updates_queued += 1;
     }
 
-    /// Announces the booking of `(id, phase)` on `key`, just made.
-    pub(super) fn publish_added(&mut self, id: RequestId, phase: Phase, key: WorkerKey, prefill: u32, decode: u32) {
-        self.publish(ReplicaUpdate::Added { id, phase, key, prefill_tokens: prefill, decode_blocks: decode });
+    /// Announces the booking just made of flight `fk` on `key`.
+    pub(super) fn publish_added(&mut self, fk: super::FlightKey, key: WorkerKey, prefill_tokens: u32, output: u32) {
+        if self.cfg.replica.id.is_none() {
+            return; // Spare the copy of the prompt's blocks.
+        }
+        let blocks = self.flights.get(&fk).map(|f| f.req.blocks.clone()).unwrap_or_default();
+        let (id, phase) = fk;
+        self.publish(ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks: output });
+    }
+
+    /// For a request of prompt `blocks` on `key`: the decode blocks it would add (those
+    /// no booking here or elsewhere holds) and the leading blocks a booking here or
+    /// elsewhere is already bringing into the worker's cache.
+    pub(super) fn inflight_blocks(&self, key: WorkerKey, blocks: &[SeqHash]) -> (u32, u32) {
+        let remote = self.remote.held_prefix(key, blocks);
+        let fresh = self.load.new_blocks_chain(key, blocks);
+        let len = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
+        (fresh.min(len.saturating_sub(remote)), self.load.held_prefix(key, blocks).max(remote))
     }
 
     /// Announces the end of a booking's prefill if the tracker still counts it; call

@@ -197,6 +197,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
         rc.replica.remote.replica_silence_max_ms = rep.replica_silence_max_ms;
         rc.replica.remote.remote_requests_max = rep.remote_requests_max;
         rc.replica.remote.request_age_max_ms = r.request_age_max_ms;
+        rc.replica.remote.hash_seed = seed.rotate_left(53);
     }
     rc
 }

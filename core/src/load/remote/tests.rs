@@ -14,6 +14,8 @@ const REPLICAS_MAX: usize = 2;
 const REPLICAS: u64 = 3;
 const REQS: u64 = 4;
 const WORKERS: u64 = 3;
+const BLOCKS_PER_REQUEST: usize = 3;
+const BLOCKS_MAX: usize = 8;
 
 fn cfg() -> RemoteLoadConfig {
     RemoteLoadConfig {
@@ -21,6 +23,9 @@ fn cfg() -> RemoteLoadConfig {
         request_age_max_ms: AGE_MS,
         remote_requests_max: ENTRIES_MAX,
         replicas_max: REPLICAS_MAX,
+        blocks_max_per_request: BLOCKS_PER_REQUEST,
+        blocks_max: BLOCKS_MAX,
+        hash_seed: 9,
     }
 }
 
@@ -28,7 +33,8 @@ fn cfg() -> RemoteLoadConfig {
 struct MEntry {
     key: WorkerKey,
     prefill: u32,
-    decode: u32,
+    blocks: Vec<u64>,
+    output: u32,
     age: Instant,
     prefilling: bool,
 }
@@ -46,12 +52,16 @@ struct Model {
 }
 
 impl Model {
+    fn held(&self, key: WorkerKey) -> alloc::collections::BTreeSet<u64> {
+        self.entries.values().filter(|e| e.key == key).flat_map(|e| e.blocks.iter().copied()).collect()
+    }
+
     fn load(&self, key: WorkerKey) -> WorkerLoad {
-        let mut l = WorkerLoad::default();
+        let mut l = WorkerLoad { active_decode_blocks: self.held(key).len() as u64, ..WorkerLoad::default() };
         for e in self.entries.values().filter(|e| e.key == key) {
             l.active_requests += 1;
             l.active_prefill_tokens += u64::from(e.prefill);
-            l.active_decode_blocks += u64::from(e.decode);
+            l.active_decode_blocks += u64::from(e.output);
         }
         l
     }
@@ -108,7 +118,8 @@ enum Step {
         ek: EntryKey,
         key: WorkerKey,
         prefill: u32,
-        decode: u32,
+        blocks: Vec<u64>,
+        output: u32,
     },
     PrefillDone(EntryKey),
     Finish(EntryKey),
@@ -142,12 +153,9 @@ impl ReferenceStateMachine for Reference {
 
     fn transitions(_: &Model) -> BoxedStrategy<Step> {
         let key = (0..WORKERS, 0..2u32).prop_map(|(w, r)| WorkerKey::new(w, r));
-        let add = (entry_key(), key, 0u32..100, 0u32..10).prop_map(|(ek, key, prefill, decode)| Step::Add {
-            ek,
-            key,
-            prefill,
-            decode,
-        });
+        let blocks = prop::collection::vec(0u64..6, 0..5);
+        let add = (entry_key(), key, 0u32..100, blocks, 0u32..10)
+            .prop_map(|(ek, key, prefill, blocks, output)| Step::Add { ek, key, prefill, blocks, output });
         prop_oneof![
             2 => replica().prop_map(Step::Heartbeat),
             5 => add,
@@ -165,7 +173,7 @@ impl ReferenceStateMachine for Reference {
         m.last = None;
         match step.clone() {
             Step::Heartbeat(r) => m.last = Some(m.touch(r)),
-            Step::Add { ek, key, prefill, decode } => {
+            Step::Add { ek, key, prefill, blocks, output } => {
                 let out = m.touch(ek.0).and_then(|()| {
                     if m.entries.contains_key(&ek) {
                         m.stats.duplicate_request += 1;
@@ -177,11 +185,19 @@ impl ReferenceStateMachine for Reference {
                     }
                     let prefilling = ek.2 != Phase::Decode;
                     let prefill = if prefilling { prefill } else { 0 };
+                    let decodes = ek.2 != Phase::Prefill;
+                    let output = if decodes { output } else { 0 };
+                    let offered = if decodes { blocks.len() } else { 0 };
+                    let held: usize = m.entries.values().map(|e| e.blocks.len()).sum();
+                    let keep = offered.min(BLOCKS_PER_REQUEST);
+                    let keep = if held + keep > BLOCKS_MAX { 0 } else { keep };
+                    m.stats.blocks_truncated += (offered - keep) as u64;
+                    let blocks = blocks[..keep].to_vec();
                     if prefilling && !m.stretch.contains_key(&key) {
                         m.stretch.insert(key, (m.now, 0));
                     }
                     let age = m.now.add_ms(AGE_MS);
-                    m.entries.insert(ek, MEntry { key, prefill, decode, age, prefilling });
+                    m.entries.insert(ek, MEntry { key, prefill, blocks, output, age, prefilling });
                     m.stats.added += 1;
                     Ok(())
                 });
@@ -251,7 +267,10 @@ impl StateMachineTest for Real {
     fn apply(mut t: RemoteLoad, m: &Model, step: Step) -> RemoteLoad {
         let got = match step {
             Step::Heartbeat(r) => Some(t.heartbeat(m.now, r)),
-            Step::Add { ek, key, prefill, decode } => Some(t.add(m.now, ek.0, ek.1, ek.2, key, prefill, decode)),
+            Step::Add { ek, key, prefill, blocks, output } => {
+                let blocks: Vec<SeqHash> = blocks.into_iter().map(SeqHash).collect();
+                Some(t.add(m.now, ek.0, ek.1, ek.2, key, prefill, &blocks, output))
+            }
             Step::PrefillDone(ek) => Some(t.prefill_done(m.now, ek.0, ek.1, ek.2)),
             Step::Finish(ek) => Some(t.finish(m.now, ek.0, ek.1, ek.2)),
             Step::RemoveReplica(r) => {
@@ -286,6 +305,12 @@ impl StateMachineTest for Real {
             };
             assert_eq!(t.combined(key, local), both);
             assert_eq!(t.combined_progress(key, PrefillProgress::default()), m.progress(key), "progress of {key}");
+            let held = m.held(key);
+            for query in [&[0u64, 1, 2, 3][..], &[2, 5], &[4]] {
+                let want = query.iter().take(BLOCKS_PER_REQUEST).take_while(|b| held.contains(b)).count() as u32;
+                let q: Vec<SeqHash> = query.iter().copied().map(SeqHash).collect();
+                assert_eq!(t.held_prefix(key, &q), want, "held prefix of {query:?} on {key}");
+            }
             // A local backlog that began at 250 ms merges with the remote one.
             let mine = PrefillProgress { requests: 1, busy_since: Some(Instant::from_millis(250)), done_tokens: 7 };
             let r = m.progress(key);
@@ -321,7 +346,7 @@ fn check(steps: &[(&str, u64)], want_requests_on_w0: u32) {
         let now = Instant::from_millis(ms);
         let q = RequestId(i as u64 % 2);
         let _ = match action {
-            "add" => t.add(now, r, q, Phase::Aggregated, WorkerKey::new(0, 0), 10, 1),
+            "add" => t.add(now, r, q, Phase::Aggregated, WorkerKey::new(0, 0), 10, &[], 1),
             "beat" => t.heartbeat(now, r),
             "tick" => {
                 t.handle_timeout(now);
@@ -348,7 +373,7 @@ fn silence_expires_a_replica_and_any_update_is_activity() {
 fn a_time_jump_expires_in_bounded_steps() {
     let mut t = RemoteLoad::new(RemoteLoadConfig { remote_requests_max: 10_000, ..RemoteLoadConfig::default() });
     for q in 0..(REMOTE_EXPIRE_PER_CALL_MAX as u64 + 10) {
-        t.add(Instant::ZERO, ReplicaId(7), RequestId(q), Phase::Aggregated, WorkerKey::new(0, 0), 1, 1).unwrap();
+        t.add(Instant::ZERO, ReplicaId(7), RequestId(q), Phase::Aggregated, WorkerKey::new(0, 0), 1, &[], 1).unwrap();
     }
     let late = Instant::from_millis(3_600_000);
     t.handle_timeout(late);

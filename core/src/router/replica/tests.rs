@@ -270,3 +270,28 @@ fn an_invalidated_binding_is_dropped_everywhere() {
     assert_eq!(rs[1].affinity().peek(b"s", Phase::Aggregated), None);
     assert_eq!(rs[1].affinity().stats().remote_unbound, 1);
 }
+
+#[test]
+fn a_peers_in_flight_prompt_draws_its_continuation() {
+    let mut rs = [replica(1, 4, RouterMode::Kv), replica(2, 4, RouterMode::Kv)];
+    let prompt = |id: u64, blocks: u64| Request {
+        id: RequestId(id),
+        blocks: (1..=blocks).map(SeqHash).collect(),
+        isl_tokens: blocks as u32 * 64,
+        ..Request::default()
+    };
+    // Replica 1 sends a long prompt somewhere; no worker has announced any cache yet.
+    let home = route(&mut rs[0], at(0), prompt(1, 60));
+    settle(&mut rs, at(0));
+    let key = WorkerKey::new(home.0, 0);
+    assert_eq!(rs[1].remote_load().held_prefix(key, &prompt(2, 61).blocks), 60);
+    // Its prefill is done, but the worker has not announced the blocks yet when the
+    // continuation reaches replica 2: the prefix is in `home`'s cache, so it goes there.
+    rs[0].handle_prefill_done(at(1), RequestId(1), Phase::Aggregated).unwrap();
+    settle(&mut rs, at(1));
+    assert_eq!(route(&mut rs[1], at(1), prompt(2, 61)), home);
+    // Peers' prompt blocks count as decode blocks. (A block held both by a booking here
+    // and by a peer's counts twice: the local and remote tables are kept apart.)
+    assert_eq!(rs[1].remote_load().load(key).active_decode_blocks, 60);
+    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 121);
+}
