@@ -365,3 +365,32 @@ fn random_u64() -> u64 {
     h.write_u64(0x6b76_7265_706c_6963);
     h.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn added(blocks: usize) -> Msg {
+        Msg::Added { id: 1, phase: 0, worker: 0, rank: 0, prefill: 0, output: 0, blocks: vec![1; blocks] }
+    }
+
+    #[track_caller]
+    fn check(msgs: Vec<Msg>, want_sizes: &[usize]) {
+        let got: Vec<usize> = chunks(msgs).iter().map(Vec::len).collect();
+        assert_eq!(got, want_sizes);
+    }
+
+    #[test]
+    fn batches_split_by_updates_and_blocks() {
+        check(vec![], &[]);
+        check(vec![Msg::Finished { id: 1, phase: 0 }; 3], &[3]);
+        check(
+            vec![Msg::Finished { id: 1, phase: 0 }; wire::UPDATES_PER_MESSAGE_MAX + 1],
+            &[wire::UPDATES_PER_MESSAGE_MAX, 1],
+        );
+        let half = wire::BLOCKS_PER_MESSAGE_MAX / 2;
+        check(vec![added(half), added(half), added(1)], &[2, 1]);
+        // An update larger than a message's budget still travels, alone.
+        check(vec![added(1), added(wire::BLOCKS_PER_MESSAGE_MAX + 1), added(1)], &[1, 1, 1]);
+    }
+}
