@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use router_core::index::{ApplySummary, IndexEvent};
 use router_core::router::{
-    Decision, DisaggPlan, DisaggStats, DispatchFailure, Output, Request, Routed, Router, RouterConfig, WorkerUpdate,
+    Decision, DisaggPlan, DisaggStats, DispatchFailure, Output, ReplicaUpdate, Request, Routed, Router, RouterConfig,
+    WorkerUpdate,
 };
 use router_core::worker::{Health, Taint, WorkerSpec};
 use router_core::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant as TokioInstant;
 
@@ -38,7 +39,7 @@ pub struct DriverConfig {
 /// runtime; the task ends when the last `Driver` clone is dropped.
 #[derive(Clone)]
 pub struct Driver {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     _timer: Arc<TimerGuard>,
 }
 
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     inner: Mutex<Inner>,
     notify: Notify,
     start: TokioInstant,
+    /// Wall-clock microseconds since the Unix epoch when `start` was taken.
+    pub(crate) start_unix_us: u64,
     next_id: AtomicU64,
     draws: AtomicU64,
 }
@@ -56,6 +59,7 @@ pub(crate) struct Inner {
     /// The deadline the timer task last slept towards.
     armed: Option<Instant>,
     pub(crate) stats: DriverStats,
+    pub(crate) replica_sink: Option<mpsc::Sender<ReplicaUpdate>>,
 }
 
 struct TimerGuard(JoinHandle<()>);
@@ -75,9 +79,11 @@ impl Driver {
                 waiters: BTreeMap::new(),
                 armed: None,
                 stats: DriverStats::default(),
+                replica_sink: None,
             }),
             notify: Notify::new(),
             start: TokioInstant::now(),
+            start_unix_us: crate::replica::unix_now_us(),
             next_id: AtomicU64::new(1),
             draws: AtomicU64::new(cfg.draw_seed),
         });
@@ -218,7 +224,7 @@ impl Driver {
 }
 
 impl Shared {
-    fn now(&self) -> Instant {
+    pub(crate) fn now(&self) -> Instant {
         let us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
         Instant::from_micros(us)
     }
@@ -275,6 +281,7 @@ impl Inner {
                 }
             }
         }
+        self.drain_replica_updates();
     }
 
     /// Whether the timer task must wake because the next deadline is now earlier than the
@@ -337,7 +344,12 @@ fn snapshot(inner: &Inner) -> Snapshot {
                 .workers()
                 .keys()
                 .filter(|k| k.worker == spec.id)
-                .map(|key| KeySnapshot { key, load: r.load().load(key), index_entries: r.index().worker_entries(key) })
+                .map(|key| KeySnapshot {
+                    key,
+                    load: r.load().load(key),
+                    remote_load: r.remote_load().load(key),
+                    index_entries: r.index().worker_entries(key),
+                })
                 .collect(),
         })
         .collect();
@@ -351,6 +363,10 @@ fn snapshot(inner: &Inner) -> Snapshot {
         router: r.stats(),
         index: r.index().stats(),
         load_total: r.load().total(),
+        remote_requests: r.remote_load().len(),
+        remote_replicas: r.remote_load().replicas().count(),
+        remote: r.remote_load().stats(),
+        replica: r.replica_stats(),
         driver: DriverStats { waiters: inner.waiters.len(), ..inner.stats },
     }
 }

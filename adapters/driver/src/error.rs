@@ -3,7 +3,7 @@
 use std::fmt;
 
 use router_core::admission::QueueRejection;
-use router_core::router::{InputError, RouteError};
+use router_core::router::{InputError, ReplicaError, RouteError};
 
 /// Why a driver call did not succeed.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +19,8 @@ pub enum DriveError {
     Input(InputError),
     /// The driver went away while the request waited.
     Closed,
+    /// The router refused another replica's update.
+    Replica(ReplicaError),
 }
 
 impl fmt::Display for DriveError {
@@ -29,6 +31,7 @@ impl fmt::Display for DriveError {
             DriveError::QueueTimeout => f.write_str("timed out in the admission queue"),
             DriveError::Input(e) => write!(f, "{e}"),
             DriveError::Closed => f.write_str("the router driver shut down"),
+            DriveError::Replica(e) => write!(f, "{e}"),
         }
     }
 }

@@ -15,6 +15,13 @@
 //! slot or the session wait in the same way, so a client that goes away never leaves
 //! anything behind.
 //!
+//! Replicas: a router with a [`ReplicaConfig::id`] queues updates for other replicas;
+//! the driver drains them after every call, with the outputs, into the sink set by
+//! [`Driver::set_replica_sink`] (a bounded channel, never awaited: a full one drops and
+//! counts). Other replicas' updates come in through [`Driver::apply_replica_update`],
+//! [`Driver::replica_heartbeat`] and [`Driver::replica_gone`]. Stamps travel as wall
+//! time: see [`Driver::unix_us`] and [`Driver::instant_at_unix_us`].
+//!
 //! Time: the core's [`Instant`] is microseconds since the driver was created, read from
 //! `tokio::time::Instant`, so tests on paused tokio time drive the router's timers
 //! without sleeping.
@@ -27,6 +34,7 @@
 mod booking;
 mod driver;
 mod error;
+mod replica;
 mod snapshot;
 
 pub use booking::Booking;
@@ -34,5 +42,8 @@ pub use driver::{Driver, DriverConfig};
 pub use error::DriveError;
 pub use snapshot::{DriverStats, KeySnapshot, Snapshot, WorkerSnapshot};
 
-pub use router_core::router::{DispatchFailure, Request, Routed, Router, RouterConfig, WorkerUpdate};
+pub use router_core::router::{
+    DispatchFailure, ReplicaConfig, ReplicaError, ReplicaId, ReplicaUpdate, Request, Routed, Router, RouterConfig,
+    WorkerUpdate,
+};
 pub use router_core::Instant;

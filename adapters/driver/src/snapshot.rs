@@ -2,7 +2,8 @@
 
 use router_core::affinity::AffinityStats;
 use router_core::index::IndexStats;
-use router_core::router::RouterStats;
+use router_core::load::RemoteLoadStats;
+use router_core::router::{ReplicaStats, RouterStats};
 use router_core::worker::{Health, WorkerSpec};
 use router_core::{WorkerKey, WorkerLoad};
 
@@ -19,6 +20,8 @@ pub struct DriverStats {
     pub bookings_expired: u64,
     /// Times the timer task ran `handle_timeout`.
     pub timeouts_fired: u64,
+    /// Updates for other replicas dropped because the sink was full or closed.
+    pub replica_updates_dropped: u64,
 }
 
 /// One dp rank of a worker.
@@ -26,8 +29,10 @@ pub struct DriverStats {
 pub struct KeySnapshot {
     /// The worker and rank.
     pub key: WorkerKey,
-    /// Its in-flight load as the router sees it.
+    /// Its in-flight load booked by this router.
     pub load: WorkerLoad,
+    /// Its in-flight load other replicas reported.
+    pub remote_load: WorkerLoad,
     /// Blocks the exact prefix index holds for it.
     pub index_entries: u32,
 }
@@ -66,6 +71,14 @@ pub struct Snapshot {
     pub index: IndexStats,
     /// Load summed over every worker key.
     pub load_total: WorkerLoad,
+    /// Requests other replicas reported in flight.
+    pub remote_requests: usize,
+    /// Other replicas heard from recently.
+    pub remote_replicas: usize,
+    /// Remote load counters.
+    pub remote: RemoteLoadStats,
+    /// Replica counters of the router.
+    pub replica: ReplicaStats,
     /// The driver's counters.
     pub driver: DriverStats,
 }

@@ -38,7 +38,12 @@ pub fn ready(state: &State) -> Response<ProxyBody> {
         .map(|p| p.driver.with_router(|r| r.workers().iter().filter(|(_, h)| *h == Health::Healthy).count()))
         .sum();
     let status = if healthy > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json_response(status, &json!({"ready": healthy > 0, "healthy_workers": healthy}))
+    let mut body = json!({"ready": healthy > 0, "healthy_workers": healthy});
+    // A replica that lost NATS still serves, on local load only: ready, but it says so.
+    if let Some(nats) = state.nats_status() {
+        body["nats"] = json!(nats);
+    }
+    json_response(status, &body)
 }
 
 /// `GET /metrics`: the Prometheus text exposition.

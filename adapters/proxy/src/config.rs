@@ -49,6 +49,9 @@ pub struct ProxyConfig {
     pub models: Vec<ModelConfig>,
     /// The workers known at startup; more can be added through `POST /workers`.
     pub workers: Vec<WorkerConfig>,
+    /// Sharing load and session bindings with other replicas over NATS; absent
+    /// (default), this proxy routes alone.
+    pub replica: Option<ReplicaConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -67,6 +70,7 @@ impl Default for ProxyConfig {
             router: RoutingConfig::default(),
             models: Vec::new(),
             workers: Vec::new(),
+            replica: None,
         }
     }
 }
@@ -266,6 +270,62 @@ impl Default for RoutingConfig {
             prefill_load_scale: 1.0,
             active_request_weight: 0.0,
             temperature: 0.0,
+        }
+    }
+}
+
+/// `[replica]`: this proxy is one of several replicas fronting the same workers. Each
+/// follows the workers' KV events itself; in-flight load and session bindings travel
+/// over NATS. Losing NATS degrades to routing on local load, never to an outage.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// This replica's name, unique among the cluster's replicas (required).
+    pub id: String,
+    /// The NATS server (default `nats://127.0.0.1:4222`).
+    #[serde(default = "nats_url")]
+    pub nats_url: String,
+    /// Replicas of one cluster share state; subjects are `kvroute.<cluster>.*`
+    /// (default `default`; letters, digits, `-`, `_`).
+    #[serde(default = "cluster")]
+    pub cluster: String,
+    /// A peer silent this long is presumed gone and its load dropped, in ms (default
+    /// 5,000); keep it several heartbeats long.
+    #[serde(default = "silence_ms")]
+    pub replica_silence_max_ms: u64,
+    /// Time between heartbeats, in ms (default 1,000).
+    #[serde(default = "heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Peers' in-flight requests remembered per model (default 65,536).
+    #[serde(default = "remote_requests_max")]
+    pub remote_requests_max: usize,
+}
+
+fn nats_url() -> String {
+    "nats://127.0.0.1:4222".into()
+}
+fn cluster() -> String {
+    "default".into()
+}
+fn silence_ms() -> u64 {
+    5_000
+}
+fn heartbeat_ms() -> u64 {
+    1_000
+}
+fn remote_requests_max() -> usize {
+    65_536
+}
+
+impl ReplicaConfig {
+    /// The replica adapter's options.
+    pub fn options(&self) -> kvroute_replica::ReplicaOptions {
+        kvroute_replica::ReplicaOptions {
+            name: self.id.clone(),
+            nats_url: self.nats_url.clone(),
+            cluster: self.cluster.clone(),
+            heartbeat_ms: self.heartbeat_ms,
+            ..kvroute_replica::ReplicaOptions::default()
         }
     }
 }

@@ -87,16 +87,33 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     }
     let subs =
         events::Subscriptions::start(&cfg, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
+    let replica = match &cfg.replica {
+        Some(r) => {
+            let pools = fleet
+                .pools()
+                .map(|p| kvroute_replica::PoolLink { model: p.name.clone(), driver: p.driver.clone() })
+                .collect();
+            let handle = kvroute_replica::start(r.options(), pools)
+                .await
+                .map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })?;
+            Some(Arc::new(handle))
+        }
+        None => None,
+    };
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     let header = |name: &str| {
         HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
     };
+    let mut metrics = Metrics::new(fleet.clone());
+    if let Some(r) = &replica {
+        metrics.register_replica(r.clone(), fleet.clone());
+    }
     let state = Arc::new(State {
         trust: Trust::new(&cfg.trust),
         client: upstream::client(&cfg.limits),
-        metrics: Metrics::new(fleet.clone()),
+        metrics,
         concurrency: Arc::new(Semaphore::new(cfg.limits.concurrent_requests_max)),
         budget: RetryBudget::new(&cfg.retry),
         outliers: Outliers::new(cfg.ejection.clone()),
@@ -104,6 +121,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         dp_rank_header: header(&cfg.dp_rank_header)?,
         shutdown: shutdown_rx.clone(),
         subs: tokio::sync::Mutex::new(subs),
+        replica,
         fleet,
         tokenizers,
         cfg,
@@ -146,7 +164,27 @@ impl ServeHandle {
     /// cuts the rest.
     pub async fn shutdown(self) -> ShutdownReport {
         let _ = self.shutdown.send(true);
-        self.task.await.unwrap_or(ShutdownReport { drained: false, connections_aborted: 0 })
+        let report = self.task.await.unwrap_or(ShutdownReport { drained: false, connections_aborted: 0 });
+        // After the drain, so the ends of the last requests reach the peers first.
+        if let Some(r) = &self.state.replica {
+            r.goodbye().await;
+        }
+        report
+    }
+
+    /// Stops at once, as a crash would: open connections are cut and peer replicas are
+    /// told nothing (they drop this replica's load once it has been silent for
+    /// `replica_silence_max_ms`). For failure tests.
+    pub fn abort(self) {
+        if let Some(r) = &self.state.replica {
+            r.abort();
+        }
+        self.task.abort();
+    }
+
+    /// Whether this replica's NATS link is up; `None` for a proxy routing alone.
+    pub fn nats_connected(&self) -> Option<bool> {
+        self.state.replica.as_ref().map(|r| r.connected())
     }
 }
 

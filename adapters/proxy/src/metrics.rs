@@ -228,6 +228,12 @@ impl Metrics {
         Metrics { registry, stages, ..m }
     }
 
+    /// Adds the replica link's metrics: `kvroute_replica_nats_connected` (0 or 1), peers,
+    /// update counters, and peers' in-flight requests per worker.
+    pub fn register_replica(&mut self, replica: Arc<kvroute_replica::ReplicaHandle>, fleet: Arc<Fleet>) {
+        self.registry.register_collector(Box::new(ReplicaCollector { replica, fleet }));
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -493,6 +499,70 @@ impl Collector for FleetCollector {
             for (model, s) in &snaps {
                 let labels = [("model", model.as_str())];
                 ConstCounter::new(f(s)).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the replica link and the routers' remote load once per scrape.
+struct ReplicaCollector {
+    replica: Arc<kvroute_replica::ReplicaHandle>,
+    fleet: Arc<Fleet>,
+}
+
+impl std::fmt::Debug for ReplicaCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaCollector").field("id", &self.replica.id()).finish()
+    }
+}
+
+impl Collector for ReplicaCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let r = &self.replica;
+        let no_labels: [(&str, &str); 0] = [];
+        for (name, help, v) in [
+            (
+                "kvroute_replica_nats_connected",
+                "1 while the NATS link to peer replicas is up",
+                i64::from(r.connected()),
+            ),
+            ("kvroute_replica_peers", "Peer replicas heard from since the link came up", r.peers() as i64),
+        ] {
+            ConstGauge::new(v)
+                .encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?.encode_family(&no_labels)?)?;
+        }
+        let c = r.counters();
+        for (name, help, v) in [
+            ("kvroute_replica_published_updates", "Updates published to peer replicas", c.published_updates),
+            (
+                "kvroute_replica_dropped_updates",
+                "Updates not published (NATS down or publish failed)",
+                c.dropped_updates,
+            ),
+            ("kvroute_replica_received_updates", "Peer updates applied", c.received_updates),
+            ("kvroute_replica_refused_updates", "Peer updates the router refused", c.refused_updates),
+            ("kvroute_replica_decode_errors", "Peer messages that did not decode (dropped)", c.decode_errors),
+            ("kvroute_replica_peer_resets", "Times a peer's earlier reports were dropped", c.peer_resets),
+            ("kvroute_replica_nats_disconnects", "Times the NATS link was lost", c.disconnects),
+        ] {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(v).encode(m.encode_family(&no_labels)?)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "kvroute_worker_remote_active_requests",
+            "Requests peer replicas routed to a worker and not finished",
+            None,
+            MetricType::Gauge,
+        )?;
+        for p in self.fleet.pools() {
+            let rows: Vec<_> = p.driver.with_router(|router| {
+                router.workers().keys().map(|k| (k, router.remote_load().load(k).active_requests)).collect()
+            });
+            for (k, n) in rows {
+                let labels =
+                    [("model", p.name.clone()), ("worker", k.worker.0.to_string()), ("rank", k.rank.0.to_string())];
+                ConstGauge::new(i64::from(n)).encode(m.encode_family(&labels)?)?;
             }
         }
         Ok(())

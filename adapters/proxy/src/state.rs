@@ -42,11 +42,18 @@ pub struct State {
     pub shutdown: watch::Receiver<bool>,
     /// KV-event subscriptions of the workers that name an endpoint.
     pub subs: tokio::sync::Mutex<crate::events::Subscriptions>,
+    /// The link to peer replicas, when `[replica]` is configured.
+    pub replica: Option<Arc<kvroute_replica::ReplicaHandle>>,
 }
 
 impl State {
     /// Whether shutdown has begun.
     pub fn shutting_down(&self) -> bool {
         *self.shutdown.borrow()
+    }
+
+    /// `connected` or `disconnected` for a replica, `None` for a proxy routing alone.
+    pub fn nats_status(&self) -> Option<&'static str> {
+        self.replica.as_ref().map(|r| if r.connected() { "connected" } else { "disconnected" })
     }
 }

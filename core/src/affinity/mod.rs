@@ -9,6 +9,13 @@
 //! evicts the idle binding due soonest, and refuses with [`AffinityError::TableFull`] when
 //! nothing is idle.
 //!
+//! Several router replicas can share bindings: a binding another replica committed
+//! arrives through [`AffinityTable::apply_remote`], and one it invalidated through
+//! [`AffinityTable::unbind_remote`]. When two replicas bind the same new session at once,
+//! the binding with the lowest [`BindStamp`] (commit time, then replica id) wins
+//! everywhere; the losing replica's requests already sent stay where they went, and its
+//! next request follows the winner.
+//!
 //! What it leaves to others: choosing the worker for an [`Acquire::Initialize`]
 //! (selection), deciding whether a [`AffinityMode::Soft`] binding's worker is still
 //! eligible (the façade does, then calls [`AffinityTable::invalidate`]), holding waiting
@@ -17,6 +24,8 @@
 
 use core::fmt;
 
+pub use crate::load::ReplicaId;
+use crate::time::Instant;
 use crate::types::{DpRank, Phase, WorkerId};
 
 mod table;
@@ -55,6 +64,8 @@ pub struct AffinityConfig {
     pub hash_seed: u64,
     /// Most leases outstanding at once, orphaned ones included. Default 1,048,576.
     pub leases_max: usize,
+    /// This replica, stamped on the bindings it commits. Default `ReplicaId(0)`.
+    pub replica: ReplicaId,
 }
 
 impl Default for AffinityConfig {
@@ -67,6 +78,7 @@ impl Default for AffinityConfig {
             mode: AffinityMode::Hard,
             hash_seed: 0,
             leases_max: 1 << 20,
+            replica: ReplicaId(0),
         }
     }
 }
@@ -81,6 +93,47 @@ pub struct Binding {
     /// Changes every time a (session, phase) is bound anew; [`AffinityTable::invalidate`]
     /// takes it so a stale caller cannot break a newer binding.
     pub revision: u64,
+}
+
+/// When and where a binding was committed. Of two bindings of one session, the lower
+/// stamp wins: the earlier commit, and on a tie the lower replica id. (Should two
+/// replicas share an id by mistake, equal stamps fall to the lower worker, then rank.)
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
+pub struct BindStamp {
+    /// The commit time, on the clock every replica's adapter maps its own onto.
+    pub committed_at: Instant,
+    /// The replica that committed it.
+    pub replica: ReplicaId,
+}
+
+/// A binding another replica committed (or re-announced).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RemoteBinding {
+    /// The worker serving the session.
+    pub worker: WorkerId,
+    /// Its dp rank, when the session is bound to one.
+    pub rank: Option<DpRank>,
+    /// When and where it was committed.
+    pub stamp: BindStamp,
+}
+
+/// What [`AffinityTable::apply_remote`] did with another replica's binding.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum RemoteApplied {
+    /// The session was unknown here: it is now bound, idle, to the remote's worker.
+    Inserted,
+    /// The remote binding beat the one held here, which it replaced. Requests already
+    /// sent keep their leases; the next acquire gets the remote's worker.
+    Replaced,
+    /// The binding held here names the same worker; only its stamp may have moved down.
+    Same,
+    /// A request here is initializing the session; its commit or abort settles which
+    /// binding stays.
+    Pending,
+    /// The binding held here beat the remote one and stays. Announce it again so the
+    /// other replica learns it lost.
+    Kept(RemoteBinding),
 }
 
 /// The right to bind an initializing session: pass it to [`AffinityTable::commit`] or
@@ -210,6 +263,16 @@ pub struct AffinityStats {
     /// Bindings dropped by [`AffinityTable::invalidate`] or
     /// [`AffinityTable::invalidate_worker`].
     pub invalidations: u64,
+    /// Other replicas' bindings stored for sessions unknown here.
+    pub remote_inserted: u64,
+    /// Other replicas' bindings that beat one held or being committed here.
+    pub remote_won: u64,
+    /// Other replicas' bindings that lost to the one held here.
+    pub remote_lost: u64,
+    /// Bindings dropped because the replica that committed them invalidated them.
+    pub remote_unbound: u64,
+    /// Other replicas' bindings not stored because every entry was leased or initializing.
+    pub remote_refused: u64,
 }
 
 #[cfg(test)]

@@ -9,14 +9,16 @@ use hashbrown::HashTable;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::{
-    Acquire, AffinityConfig, AffinityError, AffinityMode, AffinityOutput, AffinityStats, Binding, InitToken, LeaseId,
-    WaitToken,
+    Acquire, AffinityConfig, AffinityError, AffinityMode, AffinityOutput, AffinityStats, BindStamp, Binding, InitToken,
+    LeaseId, RemoteBinding, WaitToken,
 };
 use crate::time::Instant;
 use crate::types::{DpRank, Phase, WorkerId};
 
 /// Most entries one [`AffinityTable::handle_timeout`] call expires.
 pub const EXPIRE_PER_CALL_MAX: usize = 1024;
+
+mod remote;
 
 /// Mixed into the seed per phase, so one session id hashes apart in each phase.
 const PHASE_SALT: [u64; 3] = [0x243F_6A88_85A3_08D3, 0x1319_8A2E_0370_7344, 0xA409_3822_299F_31D0];
@@ -92,10 +94,12 @@ struct Entry {
 
 #[derive(Debug)]
 enum State {
-    /// Waiter ids in arrival order.
-    Initializing { waiters: Vec<u64> },
+    /// Waiter ids in arrival order. `remote` is the earliest binding another replica
+    /// committed meanwhile, with when it arrived; the commit or abort settles it.
+    Initializing { waiters: Vec<u64>, remote: Option<(RemoteBinding, Instant)> },
     /// `idle_deadline` is set exactly when `leases == 0`, and then the entry is in `idle`.
-    Bound { binding: Binding, leases: u32, idle_deadline: Option<Instant> },
+    /// `stamp` orders it against another replica's binding of the same session.
+    Bound { binding: Binding, leases: u32, idle_deadline: Option<Instant>, stamp: BindStamp },
 }
 
 /// `serial == 0` marks a free lease slot.
@@ -154,13 +158,17 @@ impl AffinityTable {
         }
         self.make_room(now)?;
         let serial = bump(&mut self.serial);
-        let entry = Entry { hash, phase, serial, state: State::Initializing { waiters: Vec::new() } };
+        let entry = Entry { hash, phase, serial, state: State::Initializing { waiters: Vec::new(), remote: None } };
         let slot = self.insert(session, entry);
         Ok(Acquire::Initialize(InitToken { slot, serial }))
     }
 
     /// Binds the session `token` initializes to `worker` (and `rank`), with one lease for
     /// the request that initialized it, and wakes its waiters.
+    ///
+    /// The binding is stamped (`now`, this replica). If another replica's binding of the
+    /// session arrived during the initialization with a lower stamp, that one is kept
+    /// instead: the returned binding names its worker, and [`Self::stamp`] its replica.
     pub fn commit(
         &mut self,
         now: Instant,
@@ -168,9 +176,6 @@ impl AffinityTable {
         worker: WorkerId,
         rank: Option<DpRank>,
     ) -> Result<(Binding, LeaseId), AffinityError> {
-        // `now` is in the signature so a binding can record when it was made without an
-        // API break; nothing needs it yet.
-        let _ = now;
         let entry = match entry_mut(&mut self.slots, token.slot) {
             Some(e) if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) => e,
             _ => return Err(AffinityError::UnknownToken),
@@ -178,22 +183,42 @@ impl AffinityTable {
         if self.leases_live >= self.cfg.leases_max {
             return Err(AffinityError::TooManyLeases { leases_max: self.cfg.leases_max });
         }
+        let mut stamp = BindStamp { committed_at: now, replica: self.cfg.replica };
+        let (mut worker, mut rank) = (worker, rank);
+        if let State::Initializing { remote: Some((r, _)), .. } = &entry.state {
+            if (r.stamp, r.worker, r.rank) < (stamp, worker, rank) {
+                (worker, rank, stamp) = (r.worker, r.rank, r.stamp);
+                self.stats.remote_won += 1;
+            }
+        }
         let binding = Binding { worker, rank, revision: bump(&mut self.serial) };
-        let bound = State::Bound { binding, leases: 1, idle_deadline: None };
-        if let State::Initializing { waiters } = mem::replace(&mut entry.state, bound) {
+        let bound = State::Bound { binding, leases: 1, idle_deadline: None, stamp };
+        if let State::Initializing { waiters, .. } = mem::replace(&mut entry.state, bound) {
             self.wake(token.slot, waiters);
         }
         Ok((binding, self.alloc_lease(token.slot, token.serial)))
     }
 
     /// Gives up an initialization: the entry is removed, as if it never existed, and its
-    /// waiters are woken (one of them will initialize next).
+    /// waiters are woken (one of them will initialize next). If another replica's binding
+    /// arrived meanwhile, the session takes that one instead (idle, expiring
+    /// `lease_ttl_ms` after it arrived), and the waiters find it bound.
     pub fn abort(&mut self, token: InitToken) -> Result<(), AffinityError> {
-        match entry_mut(&mut self.slots, token.slot) {
-            Some(e) if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) => {}
+        let entry = match entry_mut(&mut self.slots, token.slot) {
+            Some(e) if e.serial == token.serial && matches!(e.state, State::Initializing { .. }) => e,
             _ => return Err(AffinityError::UnknownToken),
+        };
+        if let State::Initializing { remote: Some((r, arrived)), .. } = entry.state {
+            let deadline = arrived.add_ms(self.cfg.lease_ttl_ms);
+            let binding = Binding { worker: r.worker, rank: r.rank, revision: bump(&mut self.serial) };
+            let bound = State::Bound { binding, leases: 0, idle_deadline: Some(deadline), stamp: r.stamp };
+            if let State::Initializing { waiters, .. } = mem::replace(&mut entry.state, bound) {
+                self.idle.insert((deadline, entry.serial, token.slot));
+                self.wake(token.slot, waiters);
+            }
+            return Ok(());
         }
-        if let Some(Entry { state: State::Initializing { waiters }, .. }) = self.remove(token.slot) {
+        if let Some(Entry { state: State::Initializing { waiters, .. }, .. }) = self.remove(token.slot) {
             self.wake(token.slot, waiters);
         }
         Ok(())
@@ -201,7 +226,7 @@ impl AffinityTable {
 
     /// Withdraws a waiting request. A token already woken is unknown.
     pub fn cancel_wait(&mut self, token: WaitToken) -> Result<(), AffinityError> {
-        if let Some(Entry { state: State::Initializing { waiters }, .. }) = entry_mut(&mut self.slots, token.slot) {
+        if let Some(Entry { state: State::Initializing { waiters, .. }, .. }) = entry_mut(&mut self.slots, token.slot) {
             if let Some(pos) = waiters.iter().position(|&w| w == token.serial) {
                 waiters.remove(pos);
                 return Ok(());
@@ -357,7 +382,7 @@ impl AffinityTable {
         };
         let entry_serial = entry.serial;
         let binding = match &mut entry.state {
-            State::Initializing { waiters } => {
+            State::Initializing { waiters, .. } => {
                 if waiters.len() >= waiters_max {
                     return Err(AffinityError::TooManyWaiters { waiters_max_per_session: waiters_max });
                 }
@@ -372,7 +397,7 @@ impl AffinityTable {
             State::Bound { .. } if self.leases_live >= self.cfg.leases_max => {
                 return Err(AffinityError::TooManyLeases { leases_max: self.cfg.leases_max });
             }
-            State::Bound { binding, leases, idle_deadline } => {
+            State::Bound { binding, leases, idle_deadline, .. } => {
                 *leases = leases.saturating_add(1);
                 if let Some(deadline) = idle_deadline.take() {
                     self.idle.remove(&(deadline, entry_serial, idx));

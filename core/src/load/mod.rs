@@ -21,6 +21,11 @@
 //! counted no-op that returns [`LoadError::UnknownRequest`], never a panic.
 
 mod hasher;
+mod remote;
+
+pub use remote::{
+    RemoteLoad, RemoteLoadConfig, RemoteLoadError, RemoteLoadStats, ReplicaId, REMOTE_EXPIRE_PER_CALL_MAX,
+};
 
 use crate::hash::{BlockSize, SeqHash};
 use crate::time::Instant;
@@ -427,6 +432,11 @@ impl LoadTracker {
         let blocks = &blocks[..blocks.len().min(BLOCKS_MAX_PER_REQUEST)];
         // The cap keeps this within u32.
         blocks.iter().take_while(|b| kl.blocks.contains_key(*b)).count() as u32
+    }
+
+    /// Whether the booking's prefill is still outstanding (false for an unknown booking).
+    pub fn prefilling(&self, req: RequestId, phase: Phase) -> bool {
+        self.bookings.get(&(req, phase)).is_some_and(|b| b.prefilling)
     }
 
     /// The key a booking sits on, if the tracker holds it.

@@ -93,7 +93,7 @@ impl Router {
     /// The plan without counting it (for previews).
     pub fn plan_disagg_query(&mut self, req: &Request) -> DisaggPlan {
         let mut verdicts = mem::take(&mut self.scratch_verdicts);
-        let load = &self.load;
+        let (load, remote) = (&self.load, &self.remote);
         let q = EligibilityQuery {
             phase: Phase::Prefill,
             hints: &req.hints,
@@ -102,7 +102,8 @@ impl Router {
             ignore_overload: false,
             same_label_as: None,
         };
-        let filtered = eligible::filter(&q, &self.workers, &|k| load.load(k), &self.cfg.eligibility, &mut verdicts);
+        let combined = |k| remote.combined(k, load.load(k));
+        let filtered = eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, &mut verdicts);
         let plan = if filtered.is_err() {
             DisaggPlan::Bypass(BypassReason::NoPrefillWorkers)
         } else if eligible::all_overloaded(&verdicts) {

@@ -34,6 +34,7 @@
 
 mod disagg;
 mod pipeline;
+mod replica;
 mod types;
 
 #[cfg(test)]
@@ -47,12 +48,14 @@ use crate::affinity::{AffinityConfig, AffinityOutput, AffinityTable, InitToken, 
 use crate::eligible::EligibilityConfig;
 use crate::hash::BlockSize;
 use crate::index::{ApplySummary, ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, PrefixIndex};
-use crate::load::{LoadConfig, LoadTracker};
+use crate::load::{LoadConfig, LoadTracker, RemoteLoad};
 use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
 use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 
+pub use crate::load::ReplicaId;
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
+pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
 pub use types::*;
 
 /// Everything the router can be configured with. `Default` gives the documented defaults.
@@ -84,6 +87,8 @@ pub struct RouterConfig {
     pub requests_max: usize,
     /// Conditional disaggregation.
     pub disagg: DisaggConfig,
+    /// Sharing load and bindings with other replicas (default: none, a lone router).
+    pub replica: ReplicaConfig,
 }
 
 impl Default for RouterConfig {
@@ -102,6 +107,7 @@ impl Default for RouterConfig {
             workers: WorkerTableConfig::default(),
             requests_max: 65_536,
             disagg: DisaggConfig::default(),
+            replica: ReplicaConfig::default(),
         }
     }
 }
@@ -193,6 +199,9 @@ pub struct Router {
     scratch_verdicts: Vec<crate::eligible::Eligibility>,
     scratch_scores: crate::index::OverlapScores,
     scratch_approx: crate::index::OverlapScores,
+    remote: RemoteLoad,
+    replica_out: alloc::collections::VecDeque<ReplicaUpdate>,
+    replica_stats: ReplicaStats,
 }
 
 impl core::fmt::Debug for Router {
@@ -214,7 +223,11 @@ impl Router {
             index: PrefixIndex::new(cfg.index),
             approx: ApproxIndex::new(cfg.approx),
             load: LoadTracker::new(cfg.load),
-            affinity: AffinityTable::new(cfg.affinity.clone()),
+            // Bindings committed here carry this replica's id.
+            affinity: AffinityTable::new(AffinityConfig {
+                replica: cfg.replica.id.unwrap_or_default(),
+                ..cfg.affinity.clone()
+            }),
             queue: AdmissionQueue::new(cfg.queue.clone()),
             selector: Selector::new(),
             flights: BTreeMap::new(),
@@ -231,6 +244,9 @@ impl Router {
             scratch_verdicts: Vec::new(),
             scratch_scores: crate::index::OverlapScores::new(),
             scratch_approx: crate::index::OverlapScores::new(),
+            remote: RemoteLoad::new(cfg.replica.remote),
+            replica_out: alloc::collections::VecDeque::new(),
+            replica_stats: ReplicaStats::default(),
             cfg,
         }
     }
@@ -360,6 +376,7 @@ impl Router {
             return Err(InputError::WrongState { id, phase });
         };
         f.state = State::Dispatched(key);
+        let committing = matches!(f.hold, Hold::Init(_));
         if let Hold::Init(token) = f.hold {
             f.hold = match self.affinity.commit(now, token, key.worker, Some(key.rank)) {
                 Ok((b, lease)) => Hold::Lease(lease, b.revision),
@@ -373,6 +390,9 @@ impl Router {
         }
         if self.cfg.approximate && !self.event_workers.contains(&key.worker) {
             self.approx.record(now, key, &f.req.blocks);
+        }
+        if committing && matches!(f.hold, Hold::Lease(..)) {
+            self.publish_commit(fk);
         }
         self.stats.dispatched += 1;
         self.drain_affinity(now);
@@ -409,6 +429,7 @@ impl Router {
             Some(State::Orphaned(_)) => return Ok(()),
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }
+        self.publish_prefill_done(id, phase);
         let _ = self.load.prefill_done(id, phase);
         self.drain_queue(now);
         Ok(())
@@ -425,6 +446,9 @@ impl Router {
         let fk = (id, phase);
         if !self.flights.contains_key(&fk) {
             return Err(self.unknown(fk));
+        }
+        if output_tokens > 0 {
+            self.publish_prefill_done(id, phase);
         }
         let _ = self.load.decode_progress(id, phase, output_tokens, self.cfg.block_size);
         // Any output ends the booking's prefill, which may free capacity for the queue.
@@ -477,9 +501,11 @@ impl Router {
             if let Some(f) = self.flights.get_mut(&fk) {
                 f.state = State::New; // the tracker already dropped the booking
                 self.drop_flight(now, fk, false);
+                self.publish(ReplicaUpdate::Finished { id, phase });
                 self.outputs.push_back(Output::BookingExpired { id, phase });
             }
         }
+        self.remote.handle_timeout(now);
         self.expire_orphans(now);
         self.affinity.handle_timeout(now);
         self.approx.handle_timeout(now);
@@ -504,6 +530,7 @@ impl Router {
             self.load.poll_timeout(),
             self.affinity.poll_timeout(),
             self.approx.poll_timeout(),
+            self.remote.poll_timeout(),
             orphan,
         ]
         .into_iter()

@@ -92,7 +92,7 @@ impl Router {
                         self.cfg.affinity.mode == AffinityMode::Soft && !self.can_serve(binding.worker, fk.1);
                     if stale || soft_unusable {
                         let _ = self.affinity.release(now, lease);
-                        self.affinity.invalidate(&session, fk.1, binding.revision);
+                        self.invalidate_session(&session, fk.1, binding.revision);
                         continue;
                     }
                     self.set_hold(fk, Hold::Lease(lease, binding.revision));
@@ -116,7 +116,7 @@ impl Router {
         if let Hold::Lease(lease, revision) = f.hold {
             f.hold = Hold::None;
             if let Some(s) = f.req.session.clone() {
-                self.affinity.invalidate(&s, fk.1, revision);
+                self.invalidate_session(&s, fk.1, revision);
             }
             let _ = self.affinity.release(now, lease);
         }
@@ -155,7 +155,7 @@ impl Router {
 
         let mut verdicts = mem::take(&mut self.scratch_verdicts);
         verdicts.clear();
-        let load = &self.load;
+        let (load, remote) = (&self.load, &self.remote);
         let q = EligibilityQuery {
             phase,
             hints: &req.hints,
@@ -164,7 +164,8 @@ impl Router {
             ignore_overload: affinity.is_some() && pin::explicit_pin(phase, &req.hints).is_none(),
             same_label_as: req.same_label_as.as_ref().map(|(k, v)| (k.as_str(), v.as_str())),
         };
-        let filtered = eligible::filter(&q, &self.workers, &|k| load.load(k), &self.cfg.eligibility, &mut verdicts);
+        let combined = |k| remote.combined(k, load.load(k));
+        let filtered = eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, &mut verdicts);
         if let Err(e) = filtered {
             self.scratch_verdicts = verdicts;
             return Err(RouteError::Eligibility(e));
@@ -206,13 +207,14 @@ impl Router {
             .filter_map(|v| match v.verdict {
                 Verdict::Eligible { cost_factor } => {
                     let spec = self.workers.get(v.key.worker);
-                    let progress = self.load.prefill_progress(v.key);
+                    let progress = self.remote.combined_progress(v.key, self.load.prefill_progress(v.key));
+                    let (new_decode_blocks, inflight_prefix_blocks) = self.inflight_blocks(v.key, &req.blocks);
                     Some(Candidate {
                         key: v.key,
-                        load: self.load.load(v.key),
+                        load: self.combined_load(v.key),
                         overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
-                        new_decode_blocks: self.load.new_blocks_chain(v.key, &req.blocks),
-                        inflight_prefix_blocks: self.load.held_prefix(v.key, &req.blocks),
+                        new_decode_blocks,
+                        inflight_prefix_blocks,
                         weight: spec.map_or(1, |s| s.weight),
                         cost_factor,
                         kv_blocks: spec.map_or(0, |s| s.kv_blocks),
@@ -254,6 +256,7 @@ impl Router {
             if let Err(_e) = self.load.add(now, fk.0, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
+            self.publish_added(fk, target, prefill_tokens, out_blocks);
         }
         let req = &self.flights[&fk].req;
         Ok(Placed::Routed(Routed {
@@ -385,6 +388,7 @@ impl Router {
         match f.state {
             State::Booked(_) | State::Dispatched(_) => {
                 let _ = self.load.free(fk.0, fk.1);
+                self.publish(ReplicaUpdate::Finished { id: fk.0, phase: fk.1 });
             }
             State::Queued(ticket) => {
                 let _ = self.queue.cancel(ticket);
@@ -407,7 +411,7 @@ impl Router {
             Hold::Lease(lease, revision) => {
                 // The revision the lease was taken on: a newer binding survives a late failure.
                 if let (true, Some(s)) = (invalidate, &f.req.session) {
-                    self.affinity.invalidate(s, fk.1, revision);
+                    self.invalidate_session(s, fk.1, revision);
                 }
                 let _ = self.affinity.release(now, lease);
             }
@@ -420,6 +424,7 @@ impl Router {
         self.index.remove_worker(id);
         self.approx.remove_worker(id);
         self.load.remove_worker(id);
+        self.remote.remove_worker(id);
         self.affinity.invalidate_worker(id);
         self.event_workers.remove(&id);
         self.untrusted.retain(|k| k.worker != id);
@@ -434,6 +439,7 @@ impl Router {
         for fk in gone {
             self.set_state(fk, State::Orphaned(deadline));
             self.orphan_timers.insert((deadline, fk));
+            self.publish(ReplicaUpdate::Finished { id: fk.0, phase: fk.1 });
         }
     }
 
@@ -499,6 +505,7 @@ impl Router {
                 self.affinity.live_leases()
             )));
         }
+        self.remote.check().map_err(InvariantViolation)?;
         if self.flights.len() > self.cfg.requests_max {
             return Err(InvariantViolation(format!(
                 "{} requests tracked, limit {}",

@@ -1,6 +1,7 @@
 //! Driver scenarios on paused tokio time: nothing here sleeps for real.
 
 mod lifecycle;
+mod replicas;
 mod timers;
 
 use kvroute_driver::{Driver, DriverConfig, Request, RouterConfig};

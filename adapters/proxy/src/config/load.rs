@@ -113,6 +113,14 @@ impl ProxyConfig {
             self.check_worker(w)
                 .map_err(|(k, m)| ConfigError::Invalid { key: format!("workers[{i}].{k}"), message: m })?;
         }
+        if let Some(r) = &self.replica {
+            if let Err(kvroute_replica::ReplicaStartError::Invalid { option, message }) = r.options().validate() {
+                return invalid(format!("replica.{option}"), message);
+            }
+            if r.replica_silence_max_ms <= r.heartbeat_ms {
+                return invalid("replica.replica_silence_max_ms".into(), "must be longer than heartbeat_ms".into());
+            }
+        }
         Ok(())
     }
 
@@ -216,6 +224,13 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     if let Some(n) = model.disagg_isl_min_tokens {
         rc.disagg.isl_min_tokens = n;
     }
+    if let Some(rep) = &cfg.replica {
+        rc.replica.id = Some(kvroute_replica::replica_id(&rep.id));
+        rc.replica.remote.replica_silence_max_ms = rep.replica_silence_max_ms;
+        rc.replica.remote.remote_requests_max = rep.remote_requests_max;
+        rc.replica.remote.request_age_max_ms = r.request_age_max_ms;
+        rc.replica.remote.hash_seed = seed.rotate_left(53);
+    }
     rc
 }
 
@@ -301,6 +316,20 @@ mod tests {
         assert!(e.to_string().contains("bogus"), "{e}");
         let e = ProxyConfig::from_toml_with_overrides(file, &[("listen.port", "1")]).unwrap_err();
         assert!(e.to_string().contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn the_replica_section_is_optional_and_checked() {
+        let cfg = ProxyConfig::from_toml_str("[replica]\nid = \"a\"\n").unwrap();
+        let r = cfg.replica.expect("a replica section");
+        assert_eq!(
+            (r.nats_url.as_str(), r.cluster.as_str(), r.heartbeat_ms),
+            ("nats://127.0.0.1:4222", "default", 1_000)
+        );
+        check_err("[replica]\nnats_url = \"nats://x:1\"\n", Some(1), "id");
+        check_err("[replica]\nid = \"a\"\ncluster = \"a.b\"\n", None, "replica.cluster");
+        check_err("[replica]\nid = \"a\"\nheartbeat_ms = 5000\n", None, "replica.replica_silence_max_ms");
+        check_err("[replica]\nid = \"a\"\nbogus = 1\n", Some(3), "bogus");
     }
 
     #[test]
