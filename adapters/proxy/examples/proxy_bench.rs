@@ -232,7 +232,8 @@ fn run_wrk(script: &std::path::Path, target: &Target, concurrency: usize, dur: D
     let out = std::process::Command::new("wrk")
         .arg(format!("-t{}", if concurrency == 1 { 1 } else { 2 }))
         .arg(format!("-c{concurrency}"))
-        .arg(format!("-d{}ms", dur.as_millis()))
+        // wrk takes whole seconds.
+        .arg(format!("-d{}s", dur.as_millis().div_ceil(1000).max(1)))
         .arg("--latency")
         .arg("-s")
         .arg(script)
