@@ -27,6 +27,17 @@
 //!   else `-t2`) instead of in-process clients; the direct path then goes to the first
 //!   upstream only;
 //! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator).
+//!
+//! The comparison with the reference router runs the routers as their own processes in
+//! front of upstreams on fixed ports, with wrk as the load:
+//!
+//! ```text
+//! kvroute serve --config bench.toml --listen 127.0.0.1:18081   # kv mode, workers on :19001..:19004
+//! python -m sglang_router.launch_router --port 18090 --policy cache_aware \
+//!     --worker-urls http://127.0.0.1:19001 http://127.0.0.1:19002 http://127.0.0.1:19003 http://127.0.0.1:19004
+//! proxy_bench 2000 --wrk --repeats 5 --no-inproc --upstream-port 19001 \
+//!     --external kvroute=127.0.0.1:18081@<pid> --external sglang=127.0.0.1:18090@<pid>
+//! ```
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -232,7 +243,8 @@ fn run_wrk(script: &std::path::Path, target: &Target, concurrency: usize, dur: D
     let out = std::process::Command::new("wrk")
         .arg(format!("-t{}", if concurrency == 1 { 1 } else { 2 }))
         .arg(format!("-c{concurrency}"))
-        .arg(format!("-d{}ms", dur.as_millis()))
+        // wrk takes whole seconds.
+        .arg(format!("-d{}s", dur.as_millis().div_ceil(1000).max(1)))
         .arg("--latency")
         .arg("-s")
         .arg(script)

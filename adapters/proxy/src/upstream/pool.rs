@@ -62,9 +62,20 @@ struct Idle {
     since: Instant,
 }
 
+/// Idle connections by worker address, oldest first.
+#[derive(Default)]
+struct Idles {
+    by_worker: HashMap<Authority, Vec<Idle>>,
+    /// Connections put back since the last sweep.
+    puts: u32,
+}
+
+/// Connections put back between sweeps of expired ones (of workers no longer used, too).
+const PUTS_PER_SWEEP: u32 = 1024;
+
 /// Idle connections by worker address.
 pub struct Pool {
-    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+    idle: Mutex<Idles>,
     idle_timeout: Duration,
     connect_timeout: Duration,
     /// hyper's read buffer cap per connection, which bounds what a slow reader holds.
@@ -117,7 +128,7 @@ impl std::error::Error for SendError {
 impl Pool {
     /// An empty pool.
     pub fn new(idle_timeout: Duration, connect_timeout: Duration, buf_bytes_max: usize) -> Arc<Self> {
-        Arc::new(Pool { idle: Mutex::new(HashMap::new()), idle_timeout, connect_timeout, buf_bytes_max })
+        Arc::new(Pool { idle: Mutex::new(Idles::default()), idle_timeout, connect_timeout, buf_bytes_max })
     }
 
     /// Sends `req` (an absolute URI) on a pooled or new connection to its host and waits
@@ -156,7 +167,7 @@ impl Pool {
     /// The most recently used idle connection to `authority` that is still usable.
     fn checkout(&self, authority: &Authority, tries: &mut usize) -> Option<Live> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = idle.get_mut(authority)?;
+        let list = idle.by_worker.get_mut(authority)?;
         let now = Instant::now();
         while *tries < STALE_TRIES_MAX {
             let Idle { mut live, since } = list.pop()?;
@@ -191,10 +202,21 @@ impl Pool {
     }
 
     fn put(&self, authority: Authority, live: Live) {
+        let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = idle.entry(authority).or_default();
+        idle.puts += 1;
+        if idle.puts >= PUTS_PER_SWEEP {
+            // Linear in the idle connections, once per PUTS_PER_SWEEP requests.
+            idle.puts = 0;
+            let timeout = self.idle_timeout;
+            idle.by_worker.retain(|_, list| {
+                list.retain(|i| now.saturating_duration_since(i.since) < timeout);
+                !list.is_empty()
+            });
+        }
+        let list = idle.by_worker.entry(authority).or_default();
         if list.len() < IDLE_PER_WORKER_MAX {
-            list.push(Idle { live, since: Instant::now() });
+            list.push(Idle { live, since: now });
         }
     }
 }

@@ -36,13 +36,13 @@ fn request(addr: SocketAddr) -> Request<Full<Bytes>> {
 }
 
 /// Sends `n` requests one after another, reading each body whole (or dropping it
-/// unread when `read` is false); returns the connections the worker accepted.
+/// unread when `read` is false), and checks the connections the worker accepted.
 #[track_caller]
-fn check(keep_alive: bool, read: bool, n: usize, want_connections: usize) {
+fn check(keep_alive: bool, read: bool, idle_ms: u64, n: usize, want_connections: usize) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let (addr, accepted) = worker("hello", keep_alive).await;
-        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
+        let pool = Pool::new(Duration::from_millis(idle_ms), Duration::from_secs(5), 64 << 10);
         for i in 0..n {
             let resp = pool.send(request(addr)).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
             assert_eq!(resp.status(), 200);
@@ -57,10 +57,11 @@ fn check(keep_alive: bool, read: bool, n: usize, want_connections: usize) {
 
 #[test]
 fn connections_are_reused_only_when_clean() {
-    // keep_alive, read whole body, requests, connections opened
-    check(true, true, 5, 1);
-    check(false, true, 3, 3);
-    check(true, false, 3, 3);
+    // keep_alive, read whole body, idle timeout, requests, connections opened
+    check(true, true, 60_000, 5, 1);
+    check(false, true, 60_000, 3, 3);
+    check(true, false, 60_000, 3, 3);
+    check(true, true, 0, 3, 3);
 }
 
 #[test]
