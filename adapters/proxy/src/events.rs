@@ -172,7 +172,11 @@ impl Subscriptions {
         let block_size = BlockSize::new(block).map_err(|e| e.to_string())?;
         let runner = self.by_model.entry(w.model.clone()).or_insert_with(|| {
             let started = tokio::time::Instant::now();
-            let (ingest, _task) = runner::spawn(RunnerConfig::default(), ZmqConnector::default(), DriverSink(driver));
+            // Seeded so a worker cannot aim its engine hashes at one bucket of the translator.
+            let mut rc = RunnerConfig::default();
+            rc.ingest.map_seed = fleet.seed_for(1);
+            rc.ingest.decode.engine_hash_seed = fleet.seed_for(2);
+            let (ingest, _task) = runner::spawn(rc, ZmqConnector::default(), DriverSink(driver));
             Runner { ingest, started }
         });
         for rank in 0..w.dp_ranks {

@@ -36,6 +36,8 @@ pub struct Fleet {
     names: BTreeMap<String, (String, Option<String>)>,
     default_model: Option<String>,
     workers: RwLock<BTreeMap<u64, Arc<WorkerConfig>>>,
+    /// The process's seed, from which every seeded table derives its own.
+    seed: u64,
 }
 
 /// Why a worker could not be added.
@@ -43,6 +45,11 @@ pub struct Fleet {
 pub struct FleetError(pub String);
 
 impl Fleet {
+    /// A seed for `purpose`'s hash tables, derived from the process's seed.
+    pub fn seed_for(&self, purpose: u32) -> u64 {
+        self.seed.rotate_left(purpose % 64) ^ u64::from(purpose).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
     /// Pools for every model, without workers. Needs a tokio runtime (drivers spawn their
     /// timers).
     pub fn new(cfg: &ProxyConfig, seed: u64) -> Self {
@@ -68,7 +75,7 @@ impl Fleet {
                 names.insert(a.clone(), (m.name.clone(), Some(a.clone())));
             }
         }
-        Fleet { pools, names, default_model: cfg.default_model.clone(), workers: RwLock::new(BTreeMap::new()) }
+        Fleet { pools, names, default_model: cfg.default_model.clone(), workers: RwLock::new(BTreeMap::new()), seed }
     }
 
     /// The pool serving `model` and the LoRA adapter it names, falling back to the
