@@ -3,8 +3,14 @@
 //! JSON line. See the workload description shipped with the traces for the exact rules.
 //!
 //! ```text
-//! index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem]
+//! index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem] [--only-a]
 //! ```
+//!
+//! `--only-a` stops after phase A (for profiling ingest alone); its line has no
+//! checksums. `--query-reps N` runs phases B and D N times (default 1) and adds
+//! `b_min_p50_ns`/`b_min_p99_ns` (and `d_…`): percentiles of each query's fastest run,
+//! which filter out preemption and interrupts on a busy machine (the first run's
+//! figures stay the workload's).
 //!
 //! `--mode mem` runs phases A and C only, applying each event as soon as it is built,
 //! and measures index memory with a counting allocator and VmRSS.
@@ -72,13 +78,16 @@ struct Args {
     workers: usize,
     plan: Plan,
     mem: bool,
+    only_a: bool,
+    query_reps: usize,
 }
 
-const USAGE: &str = "usage: index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem]";
+const USAGE: &str =
+    "usage: index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem] [--only-a] [--query-reps N]";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut trace, mut workers, mut plan, mut mem) = (None, None, None, false);
+    let (mut trace, mut workers, mut plan, mut mem, mut only_a, mut query_reps) = (None, None, None, false, false, 1);
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -101,6 +110,11 @@ fn parse_args() -> Result<Args, String> {
                     v => return Err(format!("bad --mode {v}")),
                 }
             }
+            "--only-a" => only_a = true,
+            "--query-reps" => {
+                let v = val()?;
+                query_reps = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!("bad --query-reps {v}"))?;
+            }
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -110,6 +124,8 @@ fn parse_args() -> Result<Args, String> {
         workers: workers.ok_or("--workers is required")?,
         plan: plan.unwrap_or(Plan::DeadTails),
         mem,
+        only_a,
+        query_reps,
     })
 }
 
@@ -184,7 +200,23 @@ impl Checksums {
     }
 }
 
-/// Runs every query, timing each call; returns sorted latencies (ns) and checksums.
+/// Runs the query phase `reps` times: the first run's sorted latencies (ns) and
+/// checksums, and the sorted per-query minimum over all runs.
+fn query_phases(index: &PrefixIndex, queries: &[Vec<SeqHash>], reps: usize) -> (Vec<u64>, Checksums, Vec<u64>) {
+    let (first, sums) = query_phase(index, queries);
+    let mut min = first.clone();
+    for _ in 1..reps {
+        let (lat, _) = query_phase(index, queries);
+        min.iter_mut().zip(lat).for_each(|(m, l)| *m = (*m).min(l));
+    }
+    let mut first = first;
+    first.sort_unstable();
+    min.sort_unstable();
+    (first, sums, min)
+}
+
+/// Runs every query, timing each call; returns latencies (ns) in query order and
+/// checksums.
 fn query_phase(index: &PrefixIndex, queries: &[Vec<SeqHash>]) -> (Vec<u64>, Checksums) {
     let mut scores = OverlapScores::new();
     let mut lat = Vec::with_capacity(queries.len());
@@ -199,7 +231,6 @@ fn query_phase(index: &PrefixIndex, queries: &[Vec<SeqHash>]) -> (Vec<u64>, Chec
             sums.workers_matched_sum += 1;
         }
     }
-    lat.sort_unstable();
     (lat, sums)
 }
 
@@ -278,10 +309,22 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let t_a = t.elapsed().as_nanos() as u64;
     let cpu_a = cpu_delta(cpu);
     let stats_a = index.stats();
+    if args.only_a {
+        return json!({
+            "workers": w,
+            "mode": "only-a",
+            "a_events_per_s": rate(chains.len() as u64, t_a),
+            "a_blocks_per_cpu_s": cpu_rate(blocks_listed, cpu_a),
+            "a_blocks_per_s": rate(blocks_listed, t_a),
+            "a_entries": stats_a.entries,
+            "a_distinct_blocks": stats_a.blocks,
+            "cpu_s": {"a": cpu_a},
+        });
+    }
 
     // Phase B.
     let cpu = cpu_time_ns();
-    let (lat_b, sums_b) = query_phase(&index, &queries);
+    let (lat_b, sums_b, min_b) = query_phases(&index, &queries, args.query_reps);
     let cpu_b = cpu_delta(cpu);
 
     // Phase C.
@@ -304,7 +347,7 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
 
     // Phase D.
     let cpu = cpu_time_ns();
-    let (lat_d, sums_d) = query_phase(&index, &queries);
+    let (lat_d, sums_d, min_d) = query_phases(&index, &queries, args.query_reps);
     let cpu_d = cpu_delta(cpu);
 
     let matches = reference(w, args.plan).is_some_and(|r| {
@@ -332,6 +375,9 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "b_max_ns": lat_b.last().copied().unwrap_or(0),
         "b_mean_ns": mean(&lat_b),
         "b_queries_per_s": rate(n, lat_b.iter().sum()),
+        "b_min_p50_ns": nearest_rank(&min_b, 50.0),
+        "b_min_p99_ns": nearest_rank(&min_b, 99.0),
+        "query_reps": args.query_reps,
         "c_events": c_events,
         "c_hashes_listed": c_listed,
         "c_entries_removed": c_removed,
@@ -342,6 +388,8 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "d_p50_ns": nearest_rank(&lat_d, 50.0),
         "d_p99_ns": nearest_rank(&lat_d, 99.0),
         "d_max_ns": lat_d.last().copied().unwrap_or(0),
+        "d_min_p50_ns": nearest_rank(&min_d, 50.0),
+        "d_min_p99_ns": nearest_rank(&min_d, 99.0),
         "d_mean_ns": mean(&lat_d),
         "bytes_per_entry": Value::Null,
         "b_checksums": sums_b.json(),

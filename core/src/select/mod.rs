@@ -433,8 +433,26 @@ fn kv_pick(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usiz
     if temperature > 0.0 {
         return sample(scores, temperature, draw);
     }
-    let cost = |i: usize| scores[i].cost;
-    pick_min(scores.len(), draw, |a, b| cost(a).partial_cmp(&cost(b)).unwrap_or(Ordering::Equal))
+    cheapest(scores, draw)
+}
+
+/// [`pick_min`] by cost, in one plain pass (costs are never NaN: see `cost::score`);
+/// the same answer and the same draws.
+fn cheapest(scores: &[CandidateScore], draw: &mut Draw) -> usize {
+    let Some(first) = scores.first() else { return 0 };
+    let (mut best, mut best_cost, mut ties) = (0, first.cost, 1);
+    for (i, s) in scores.iter().enumerate().skip(1) {
+        if s.cost < best_cost {
+            (best, best_cost, ties) = (i, s.cost, 1);
+        } else if s.cost == best_cost {
+            ties += 1;
+        }
+    }
+    if ties == 1 {
+        return best;
+    }
+    let k = draw.below(ties);
+    (best..scores.len()).filter(|&i| scores[i].cost == best_cost).nth(k).unwrap_or(best)
 }
 
 fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {

@@ -192,8 +192,8 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
     let mut cands = Vec::new();
     for i in 0..n {
         let load = WorkerLoad {
-            active_prefill_tokens: pick(&[0, 0, 1, 511, 8191, 8192, 8193, 16_384, 20_000, 90_001]),
-            active_decode_blocks: pick(&[0, 5, 700, 12_000, 16_384, 40_000]),
+            active_prefill_tokens: pick(&[0, 0, 1, 511, 8191, 8192, 8193, 16_384, 20_000, 90_001, 1 << 53, u64::MAX]),
+            active_decode_blocks: pick(&[0, 5, 700, 12_000, 16_384, 40_000, (1 << 52) + 1, u64::MAX]),
             active_requests: pick(&[0, 1, 2, 7, 64]) as u32,
         };
         let mut c = Candidate::new(WorkerKey::new(i as u64 / 4, (i % 4) as u32), load);
@@ -216,10 +216,16 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
 }
 
 /// The decision spelled out with the reference formula: `kv_cost` per candidate, then
-/// the cheapest (ties by draw) or a sample.
+/// the cheapest by the generic `pick_min` (ties by draw) or a sample.
 fn reference_selection(req: &SelectRequest, cands: &[Candidate], draw: u64) -> Selection {
     let scores: Vec<CandidateScore> = cands.iter().map(|c| kv_cost(req, c)).collect();
-    let i = kv_pick(&scores, req.cost.temperature, &mut Draw(draw));
+    let d = &mut Draw(draw);
+    let i = if req.cost.temperature > 0.0 {
+        kv_pick(&scores, req.cost.temperature, d)
+    } else {
+        let cost = |i: usize| scores[i].cost;
+        pick_min(scores.len(), d, |a, b| cost(a).partial_cmp(&cost(b)).unwrap_or(core::cmp::Ordering::Equal))
+    };
     Selection { chosen: cands[i].key, scores }
 }
 
