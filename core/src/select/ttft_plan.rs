@@ -49,8 +49,8 @@ pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Ve
 /// Scores `c` with the reference formula, out of the hot loop's way.
 #[cold]
 #[inline(never)]
-fn push_reference(req: &SelectRequest, c: &Candidate, out: &mut Vec<CandidateScore>) {
-    out.push(ttft_cost(req, c));
+fn reference(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+    ttft_cost(req, c)
 }
 
 /// The request's side of [`ttft_cost`], for scoring many candidates.
@@ -136,18 +136,18 @@ impl<'a> TtftPlan<'a> {
     /// Appends `ttft_cost(req, c)` of every candidate to `out`. `POW2` must equal
     /// `self.pow2`.
     fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
-        for c in cands {
+        out.extend(cands.iter().map(|c| {
             // A reported 0 resolves to the default, any other value to itself.
             let default_batch = c.max_batched_tokens == 0 || c.max_batched_tokens == self.batch_tokens;
             let default_kv = c.kv_blocks == 0 || c.kv_blocks == self.kv_blocks;
             if default_batch && default_kv {
                 let p = self.inputs::<POW2>(c);
                 let t = self.times::<POW2>(c, &p);
-                out.push(self.finish(c, &p, &t));
+                self.finish(c, &p, &t)
             } else {
-                push_reference(self.req, c, out);
+                reference(self.req, c)
             }
-        }
+        }));
     }
 
     /// Stage 1: the prompt tokens to compute, the backlog and the decode step.
