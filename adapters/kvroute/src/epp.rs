@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::serve::load_tokenizers;
+use crate::serve::{load_tokenizers, shutdown_signal};
 
 /// Where the namespace of the pod we run in is mounted.
 const POD_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -228,19 +228,4 @@ async fn serve_metrics(listener: TcpListener, metrics: kvroute_epp::MetricsHandl
             let _ = conn.write_all(body.as_bytes()).await;
         });
     }
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -85,7 +85,8 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     })
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C, whichever comes first.
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
