@@ -3,8 +3,7 @@
 //! jump expires everything due with bounded work per `handle_timeout` call:
 //!
 //! * bookings: at most `load::EXPIRE_PER_CALL_MAX` per call;
-//! * orphans (bookings whose worker left): at most 1,024 per call (the router's private
-//!   `ORPHANS_PER_CALL_MAX`);
+//! * orphans (bookings whose worker left): at most `router::ORPHANS_PER_CALL_MAX` per call;
 //! * idle session bindings: at most `affinity::EXPIRE_PER_CALL_MAX` per call;
 //! * queued requests: every one due, so at most `queued_max`;
 //!
@@ -15,7 +14,7 @@ use router_core::admission::QueueConfig;
 use router_core::affinity::AffinityConfig;
 use router_core::hash::SeqHash;
 use router_core::load::LoadConfig;
-use router_core::router::{Decision, Output, Request, Router, RouterConfig, WorkerUpdate};
+use router_core::router::{Decision, Output, Request, Router, RouterConfig, WorkerUpdate, ORPHANS_PER_CALL_MAX};
 use router_core::worker::{WorkerRole, WorkerSpec};
 use router_core::{affinity, load, Draw, Instant, Phase, RequestId, WorkerId};
 
@@ -23,8 +22,6 @@ const AGG: Phase = Phase::Aggregated;
 const AGE_MS: u64 = 60_000;
 const TTL_MS: u64 = 5_000;
 const QUEUE_TIMEOUT_MS: u64 = 1_000;
-/// `router/pipeline.rs`'s `ORPHANS_PER_CALL_MAX` (not exported).
-const ORPHANS_PER_CALL_MAX: usize = 1024;
 
 fn config() -> RouterConfig {
     RouterConfig {

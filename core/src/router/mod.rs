@@ -55,6 +55,7 @@ use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 
 pub use crate::load::ReplicaId;
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
+pub use pipeline::ORPHANS_PER_CALL_MAX;
 pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
 pub use types::*;
 
@@ -483,6 +484,14 @@ impl Router {
 
     /// Runs every timer due at `now`: queue time-outs, lease expiry, booking expiry and
     /// prediction expiry. Outputs go to [`Router::poll_output`].
+    ///
+    /// Work per call is bounded, so a clock jump of hours cannot stall the caller: at most
+    /// [`crate::load::EXPIRE_PER_CALL_MAX`] bookings, [`ORPHANS_PER_CALL_MAX`] orphans,
+    /// [`crate::affinity::EXPIRE_PER_CALL_MAX`] idle sessions,
+    /// [`crate::load::REMOTE_EXPIRE_PER_CALL_MAX`] peer entries and
+    /// [`crate::index::EXPIRE_PER_CALL_MAX`] predictions expire, plus every queued request
+    /// that is due (at most `queued_max`). While more is due, [`Router::poll_timeout`]
+    /// stays at or before `now`: call again at once.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.queue.handle_timeout(now);
         while let Some(e) = self.queue.poll_timed_out() {

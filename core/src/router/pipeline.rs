@@ -518,7 +518,9 @@ impl Router {
 }
 
 /// Most orphaned requests one `handle_timeout` drops.
-const ORPHANS_PER_CALL_MAX: usize = 1024;
+/// Most orphaned requests (bookings whose worker left) one [`Router::handle_timeout`]
+/// call expires; `poll_timeout` stays due while more are.
+pub const ORPHANS_PER_CALL_MAX: usize = 1024;
 
 enum SessionStep {
     Wait,
