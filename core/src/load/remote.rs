@@ -230,7 +230,7 @@ impl KeySum {
     }
 }
 
-/// Other replicas' in-flight load per worker key. Other replicas tell it what they book; see `load/remote.rs` for the protocol.
+/// Other replicas' in-flight load per worker key, kept from what they say they book.
 ///
 /// Work: every input is O(log n) in the entries, except `remove_replica` (linear in
 /// that replica's entries) and `remove_worker` (linear in all entries).
