@@ -40,6 +40,18 @@ struct Tally {
     preempted: bool,
 }
 
+impl Tally {
+    /// Puts `r` in this pass as `p` planned it.
+    fn take(&mut self, r: &mut Req, p: &Plan) {
+        r.computed = p.to;
+        r.scheduled = true;
+        self.budget -= p.cost;
+        self.prompt_tokens += u64::from(p.prompt_tokens);
+        self.decoding |= p.decoding;
+        self.scheduled = true;
+    }
+}
+
 impl Engine {
     /// Starts a pass at `t`; leaves the engine idle if nothing could be scheduled.
     pub(super) fn start_pass(&mut self, t: f64, out: &mut Vec<EngineOutput>) {
@@ -95,13 +107,7 @@ impl Engine {
             if !fits {
                 continue;
             }
-            let r = &mut self.running[i];
-            r.computed = p.to;
-            r.scheduled = true;
-            tally.budget -= p.cost;
-            tally.prompt_tokens += u64::from(p.prompt_tokens);
-            tally.decoding |= p.decoding;
-            tally.scheduled = true;
+            tally.take(&mut self.running[i], &p);
             i += 1;
         }
     }
@@ -126,12 +132,7 @@ impl Engine {
             let cached_tokens = (hit * self.bs).min(r.seq_len());
             out.push(EngineOutput::Admitted { id: r.id, at_ms: t, cached_tokens, readmission: r.admitted });
             r.admitted = true;
-            r.computed = p.to;
-            r.scheduled = true;
-            tally.budget -= p.cost;
-            tally.prompt_tokens += u64::from(p.prompt_tokens);
-            tally.decoding |= p.decoding;
-            tally.scheduled = true;
+            tally.take(&mut r, &p);
             self.running.push(r);
         }
     }
