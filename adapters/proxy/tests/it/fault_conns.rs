@@ -106,6 +106,40 @@ async fn f11_the_connection_cap_refuses_the_next_connection_and_frees_up_on_clos
     .await;
 }
 
+/// The connection cap counts what it refuses: with `connections_max` = 2 and both taken,
+/// each further connection adds one to `kvroute_connections_refused_total`, and the
+/// connections served do not.
+#[tokio::test]
+async fn connections_refused_at_the_cap_are_counted() {
+    let w = Fake::start(&[MODEL]).await;
+    let mut cfg = config(&[(1, w.addr)]);
+    cfg.limits.connections_max = 2;
+    cfg.limits.header_read_timeout_ms = 20_000;
+    let p = start(cfg).await;
+    let addr = p.local_addr();
+    let refused = || sample(&p.metrics_text(), "kvroute_connections_refused_total", &[]);
+    assert_eq!(refused(), Some(0.0), "the counter is exported from the start");
+    let req = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n";
+    let mut buf = vec![0u8; 1024];
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // Answered, so the proxy holds its slot before the next one connects.
+        s.write_all(req).await.unwrap();
+        let n = within(10_000, s.read(&mut buf)).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+        held.push(s);
+    }
+    assert_eq!(refused(), Some(0.0), "connections within the cap are not counted");
+    for n in 1..=3 {
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let _ = extra.write_all(req).await;
+        let (text, _) = read_until_closed(&mut extra, Duration::from_secs(10)).await.expect("refused and closed");
+        assert!(text.is_empty() || text.contains("too_many_connections"), "{text}");
+        assert_eq!(refused(), Some(f64::from(n)), "refusal {n} is counted");
+    }
+}
+
 /// The established TCP sockets of this network namespace as `/proc/net/tcp` lists them:
 /// (local, remote, inode). Closed ones (TIME_WAIT, inode 0) are left out: an earlier
 /// test's connections may linger on a port this test's fake got again.
