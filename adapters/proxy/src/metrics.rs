@@ -93,6 +93,8 @@ pub struct Metrics {
     silent_streams: Family<WorkerLabels, Counter>,
     disagg_plans: Family<PlanLabels, Counter>,
     disagg_aborts: Family<AbortLabels, Counter>,
+    /// Connections refused at `limits.connections_max`.
+    connections_refused: Counter,
     /// Requests served per worker id, cumulative.
     served: std::sync::Mutex<BTreeMap<u64, u64>>,
     /// Resolved per-model series, at most [`MODEL_HANDLES_MAX`].
@@ -169,6 +171,7 @@ impl Metrics {
             silent_streams: Family::default(),
             disagg_plans: Family::default(),
             disagg_aborts: Family::default(),
+            connections_refused: Counter::default(),
             served: std::sync::Mutex::new(BTreeMap::new()),
             handles: RwLock::new(Vec::new()),
             stages: Vec::new(),
@@ -221,6 +224,11 @@ impl Metrics {
             "kvroute_disagg_aborts",
             "Paired phases cut short because the other phase failed",
             m.disagg_aborts.clone(),
+        );
+        r.register(
+            "kvroute_connections_refused",
+            "Connections refused because limits.connections_max connections were already open",
+            m.connections_refused.clone(),
         );
         r.register_collector(Box::new(FleetCollector { fleet }));
         let stages =
@@ -397,6 +405,11 @@ impl Metrics {
     /// `status` for a decode.
     pub fn disagg_abort(&self, model: &str, aborted: &'static str, cause: &'static str) {
         self.disagg_aborts.get_or_create(&AbortLabels { model: model.into(), aborted, cause }).inc();
+    }
+
+    /// A connection was refused at `limits.connections_max`.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// A request routed on hashed bytes: `no_tokenizer` or `tokenizer_error`.

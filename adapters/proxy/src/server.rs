@@ -4,7 +4,8 @@
 //! what is left.
 //!
 //! A connection past the cap is accepted only to be told `503` and closed, so a flood
-//! of idle sockets costs one descriptor each for an instant instead of a task each.
+//! of idle sockets costs one descriptor each for an instant instead of a task each;
+//! `kvroute_connections_refused_total` counts them.
 //! Clients that dawdle over their request head (slowloris, a connection that never
 //! sends a byte, or an idle keep-alive connection) are closed, which frees their slot: a
 //! new connection has `header_read_timeout_ms` to send its first bytes and as long again
@@ -97,6 +98,7 @@ pub async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        state.metrics.connection_refused();
                         refuse(stream, peer);
                         continue;
                     };

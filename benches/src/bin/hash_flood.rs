@@ -82,6 +82,38 @@ fn ratio(a: f64, b: f64) -> f64 {
     (a / b.max(1e-9) * 100.0).round() / 100.0
 }
 
+/// Each key kind's figures under each seed, with the worst crafted/random ratio per seed.
+struct Compared {
+    by_seed: serde_json::Map<String, serde_json::Value>,
+    attacked_max: f64,
+    seeded_max: f64,
+}
+
+/// Times `pass` (insert, then lookup: ns per operation) over every kind of keys under
+/// the attacked seed and under a secret one; `row` names one kind's figures and its
+/// ratio to the first kind (random keys) in the JSON.
+fn compare<K>(
+    kinds: &[(&str, K)],
+    attacked_seed: u64,
+    pass: impl Fn(&K, u64) -> (f64, f64),
+    row: impl Fn(f64, f64, f64) -> serde_json::Value,
+) -> Compared {
+    let mut out = Compared { by_seed: serde_json::Map::new(), attacked_max: 0.0, seeded_max: 0.0 };
+    for (seed_name, seed) in [("attacked", attacked_seed), ("seeded", SECRET_SEED)] {
+        let figures: Vec<(f64, f64)> = kinds.iter().map(|(_, keys)| best_of(|| pass(keys, seed))).collect();
+        let (base_insert, base_lookup) = figures[0];
+        let mut rows = serde_json::Map::new();
+        for ((kind, _), &(insert, lookup)) in kinds.iter().zip(&figures) {
+            let r = ratio(insert, base_insert).max(ratio(lookup, base_lookup));
+            let max = if seed_name == "seeded" { &mut out.seeded_max } else { &mut out.attacked_max };
+            *max = max.max(r);
+            rows.insert(kind.to_string(), row(insert, lookup, r));
+        }
+        out.by_seed.insert(seed_name.to_string(), rows.into());
+    }
+    out
+}
+
 // ---- affinity table ----
 
 /// Session ids whose hash under the attacked seed has `bits` equal low bits.
@@ -128,31 +160,16 @@ fn affinity(n: usize, rng: &mut Rng) -> serde_json::Value {
     // The table reserves room for `sessions_max`: its positions take about log2(2n) bits.
     let bits = (2 * n).next_power_of_two().trailing_zeros();
     let kinds = [("random", random_sessions(n, rng)), ("crafted_low_bits", crafted_sessions(n, bits))];
-    let mut out = serde_json::Map::new();
-    let mut seeded_max: f64 = 0.0;
-    let mut attacked_max: f64 = 0.0;
-    for (seed_name, seed) in [("attacked", AffinityConfig::default().hash_seed), ("seeded", SECRET_SEED)] {
-        let figures: Vec<(f64, f64)> = kinds.iter().map(|(_, ids)| best_of(|| affinity_pass(ids, seed))).collect();
-        let (base_insert, base_lookup) = figures[0];
-        let mut row = serde_json::Map::new();
-        for ((kind, _), &(insert, lookup)) in kinds.iter().zip(&figures) {
-            let r = ratio(insert, base_insert).max(ratio(lookup, base_lookup));
-            if seed_name == "seeded" {
-                seeded_max = seeded_max.max(r);
-            } else {
-                attacked_max = attacked_max.max(r);
-            }
-            row.insert(
-                kind.to_string(),
-                serde_json::json!({"insert_ns": insert.round(), "lookup_ns": lookup.round(), "ratio_vs_random": r}),
-            );
-        }
-        out.insert(seed_name.to_string(), row.into());
-    }
+    let c = compare(
+        &kinds,
+        AffinityConfig::default().hash_seed,
+        |ids, seed| affinity_pass(ids, seed),
+        |i, l, r| serde_json::json!({"insert_ns": i.round(), "lookup_ns": l.round(), "ratio_vs_random": r}),
+    );
     serde_json::json!({
         "bench": "hash_flood", "table": "affinity", "keys": n, "crafted_equal_low_bits": bits,
-        "by_seed": out, "attacked_max_ratio": attacked_max, "attack_effective": attacked_max > 2.0,
-        "seeded_max_ratio": seeded_max, "load_average_1m": load_average_1m(),
+        "by_seed": c.by_seed, "attacked_max_ratio": c.attacked_max, "attack_effective": c.attacked_max > 2.0,
+        "seeded_max_ratio": c.seeded_max, "load_average_1m": load_average_1m(),
     })
 }
 
@@ -208,31 +225,20 @@ fn index(n: usize, rng: &mut Rng) -> serde_json::Value {
         ("equal_low_32_bits", (1..=n as u64).map(|i| i << 32 | 0xDEAD_BEEF).collect()),
         ("consecutive", (1..=n as u64).collect()),
     ];
-    let mut out = serde_json::Map::new();
-    let mut seeded_max: f64 = 0.0;
-    let mut attacked_max: f64 = 0.0;
-    for (seed_name, seed) in [("attacked", HASH_SEED_DEFAULT), ("seeded", SECRET_SEED)] {
-        let figures: Vec<(f64, f64)> = kinds.iter().map(|(_, h)| best_of(|| index_pass(h, seed))).collect();
-        let (base_insert, base_query) = figures[0];
-        let mut row = serde_json::Map::new();
-        for ((kind, _), &(insert, query)) in kinds.iter().zip(&figures) {
-            let r = ratio(insert, base_insert).max(ratio(query, base_query));
-            if seed_name == "seeded" {
-                seeded_max = seeded_max.max(r);
-            } else {
-                attacked_max = attacked_max.max(r);
-            }
-            row.insert(
-                kind.to_string(),
-                serde_json::json!({"insert_ns_per_block": insert.round(), "query_ns_per_block": (query * 10.0).round() / 10.0, "ratio_vs_random": r}),
-            );
-        }
-        out.insert(seed_name.to_string(), row.into());
-    }
+    let c = compare(
+        &kinds,
+        HASH_SEED_DEFAULT,
+        |hashes, seed| index_pass(hashes, seed),
+        |i, q, r| {
+            serde_json::json!({
+                "insert_ns_per_block": i.round(), "query_ns_per_block": (q * 10.0).round() / 10.0, "ratio_vs_random": r,
+            })
+        },
+    );
     serde_json::json!({
         "bench": "hash_flood", "table": "prefix_index", "keys": n, "crafted_equal_top_bits": bits,
-        "by_seed": out, "attacked_max_ratio": attacked_max, "attack_effective": attacked_max > 2.0,
-        "seeded_max_ratio": seeded_max, "load_average_1m": load_average_1m(),
+        "by_seed": c.by_seed, "attacked_max_ratio": c.attacked_max, "attack_effective": c.attacked_max > 2.0,
+        "seeded_max_ratio": c.seeded_max, "load_average_1m": load_average_1m(),
     })
 }
 

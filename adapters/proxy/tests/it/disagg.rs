@@ -171,7 +171,7 @@ async fn split_requests_stream_or_answer_whole() {
         let prefilled = received(f.sim(1)).await + received(f.sim(2)).await;
         let decoded = received(f.sim(11)).await + received(f.sim(12)).await;
         assert_eq!((prefilled, decoded), (5.0, 5.0), "{protocol}: one prefill and one decode per request");
-        eventually(5_000, "both phases released", || released(f.addr())).await;
+        eventually(10_000, "both phases released", || released(f.addr())).await;
         f.proxy.driver(MODEL).unwrap().check_invariants().expect("router invariants");
         f.shutdown().await;
     }
@@ -200,7 +200,7 @@ async fn phases_are_pinned_independently() {
         // A pin to a worker of the other role is the client's mistake.
         let a = post(f.addr(), "/v1/completions", &[("x-decode-worker-id", "1")], &completion(LONG, false, 10)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{protocol}: {}", a.text());
-        eventually(5_000, "released", || released(f.addr())).await;
+        eventually(10_000, "released", || released(f.addr())).await;
         f.shutdown().await;
     }
 }
@@ -224,7 +224,7 @@ async fn decode_workers_share_the_prefill_workers_node() {
             let a = post(f.addr(), "/v1/completions", &pins, &completion(LONG, i % 2 == 0, i as u32)).await;
             check_split(&a, i % 2 == 0, &[prefill], decode);
         }
-        eventually(5_000, "released", || released(f.addr())).await;
+        eventually(10_000, "released", || released(f.addr())).await;
         f.shutdown().await;
     }
 }
@@ -247,7 +247,7 @@ async fn a_dead_prefill_worker_is_retried_on_another() {
             // The decode half of an aborted pair may have reached the worker.
             _ => assert!((4.0..=4.0 + refused).contains(&decoded), "{decoded} decode requests"),
         }
-        eventually(5_000, "released", || released(f.addr())).await;
+        eventually(10_000, "released", || released(f.addr())).await;
         f.shutdown().await;
     }
 }
@@ -257,7 +257,7 @@ async fn check_decode_failure(protocol: DisaggProtocol, decode: Vec<W>, status: 
     let f = fleet(protocol, sims(1), decode, |c| c.retry.retries_max = 0).await;
     let a = post(f.addr(), "/v1/completions", &[], &completion(LONG, true, 1)).await;
     assert_eq!(a.status.as_u16(), status, "{protocol}: {}", a.text());
-    eventually(5_000, "both phases released", || released(f.addr())).await;
+    eventually(10_000, "both phases released", || released(f.addr())).await;
     let snap = f.proxy.driver(MODEL).unwrap().snapshot();
     for w in &snap.workers {
         for k in &w.keys {
@@ -286,7 +286,7 @@ async fn a_refused_decode_connection_is_retried_on_another() {
             let a = post(f.addr(), "/v1/completions", &[], &completion(LONG, true, i)).await;
             check_split(&a, true, &[1], &[12]);
         }
-        eventually(5_000, "released", || released(f.addr())).await;
+        eventually(10_000, "released", || released(f.addr())).await;
         f.shutdown().await;
     }
 }
@@ -302,7 +302,7 @@ async fn a_failed_prefill_aborts_its_waiting_decode() {
     assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.text());
     let m = get(f.addr(), "/metrics").await.text();
     assert_eq!(metric(&m, "kvroute_disagg_aborts_total", &["aborted=\"decode\"", "cause=\"status_5xx\""]), 1.0);
-    eventually(5_000, "released", || released(f.addr())).await;
+    eventually(10_000, "released", || released(f.addr())).await;
     f.shutdown().await;
 }
 
@@ -315,7 +315,7 @@ async fn a_prefill_refusal_reaches_the_client() {
         let a = post(f.addr(), "/v1/completions", &[], &completion(LONG, false, 1)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{protocol}: {}", a.text());
         assert_eq!(header(&a, "x-kvroute-prefill-worker"), Some(1));
-        eventually(5_000, "released", || released(f.addr())).await;
+        eventually(10_000, "released", || released(f.addr())).await;
         f.shutdown().await;
     }
 }
@@ -333,7 +333,7 @@ async fn check_bypass(protocol: DisaggProtocol, prefill: usize, tokens: usize, p
     for id in PREFILL_ID0..PREFILL_ID0 + prefill as u64 {
         assert_eq!(received(f.sim(id)).await, 0.0, "{protocol}: prefill worker {id} stays idle");
     }
-    eventually(5_000, "released", || released(f.addr())).await;
+    eventually(10_000, "released", || released(f.addr())).await;
     f.shutdown().await;
 }
 

@@ -71,7 +71,7 @@ async fn f7_bad_session_ids_get_a_400_in_the_openai_shape_and_reach_no_worker() 
         }
     }
     assert_eq!(w.seen().len(), 1, "only the good session id reached the worker");
-    eventually(2_000, "released", || released(addr)).await;
+    eventually(10_000, "released", || released(addr)).await;
 }
 
 /// Headers that must never reach a worker: hop-by-hop ones, the ones `Connection`

@@ -72,7 +72,7 @@ async fn f12_shutdown_under_load_fails_no_request_that_finishes_within_the_grace
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t0 = Instant::now();
     let stopping = tokio::spawn(p.shutdown());
-    eventually(5_000, "the listener closes", || async { tokio::net::TcpStream::connect(addr).await.is_err() }).await;
+    eventually(10_000, "the listener closes", || async { tokio::net::TcpStream::connect(addr).await.is_err() }).await;
     let answers = within(15_000, requests.join_all()).await;
     for a in &answers {
         assert_eq!(a.status, 200, "{}", a.text());

@@ -70,7 +70,7 @@ fn median(outcomes: &[Vec<Outcome>], sessions: &[usize]) -> Duration {
 ///   the slow-down's first timeouts, and it readmits the worker.
 #[tokio::test]
 async fn f3_a_worker_gone_10x_slow_is_ejected_others_keep_their_latency_and_one_probe_readmits_it() {
-    let (service_ms, timeout_ms, base_ms) = (50, 400, 500);
+    let (service_ms, timeout_ms, base_ms) = (50, 400, 2_000);
     let fakes = [Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await];
     for f in &fakes {
         f.set(Behavior::Delayed { ms: service_ms, chunks: sse_chunks(2) });
@@ -128,9 +128,10 @@ async fn f3_a_worker_gone_10x_slow_is_ejected_others_keep_their_latency_and_one_
     // The ejecting timeouts end no sooner than `timeout_ms` after the slow-down.
     let earliest = slowed + Duration::from_millis(timeout_ms + base_ms);
     assert!(probes[0] >= earliest, "the probe came {:?} early", earliest - probes[0]);
-    // Requests already on their way when the worker was ejected may still land; none after.
-    let quiet_from = ejected_seen + Duration::from_millis(150);
+    // Requests already on their way when the worker was ejected may still land (a busy
+    // machine delays them); none after that slack, for the rest of the back-off.
+    let quiet_from = ejected_seen + Duration::from_millis(500);
     let landed: Vec<_> = fakes[0].seen().iter().map(|s| s.at).filter(|&at| at > quiet_from && at < probes[0]).collect();
     assert!(landed.is_empty(), "{} requests reached worker 1 while it was ejected", landed.len());
-    eventually(2_000, "released", || released(addr)).await;
+    eventually(10_000, "released", || released(addr)).await;
 }

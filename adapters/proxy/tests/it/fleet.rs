@@ -45,29 +45,31 @@ async fn kv_events_from_sim_workers_steer_routing() {
         .collect();
     let proxy = start(cfg.clone()).await;
     let driver = proxy.driver(MODEL).expect("the model's driver");
+    for id in 0..3 {
+        subscribed(proxy.local_addr(), id).await;
+    }
 
     let prompt: Vec<u32> = (0..640).map(|i| 1000 + i).collect();
     let first = call(proxy.local_addr(), Method::POST, "/v1/completions", &[], Some(&completion(&prompt))).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.text());
     let home = first.worker().expect("x-kvroute-worker");
 
-    // The worker's Stored events reach the index over ZeroMQ (slow-joiner losses are
-    // recovered by replay); wait until the router sees the whole prompt there.
-    let full_blocks = (prompt.len() / 16) as u32;
-    let mut seen = 0;
-    for _ in 0..1000 {
-        let snap = driver.snapshot();
-        let w = snap.workers.iter().find(|w| w.spec.id.0 == home).expect("home worker");
-        seen = w.keys.iter().map(|k| k.index_entries).sum::<u32>();
-        if seen >= full_blocks && w.publishes_events {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen >= full_blocks, "the index holds {seen} of {full_blocks} blocks from worker {home}");
+    // The worker's Stored events reach the index over ZeroMQ; wait until the router
+    // holds the whole prompt there and trusts the stream.
+    let full_blocks = (prompt.len() / 16) as u64;
+    indexed(proxy.local_addr(), &workers[home as usize], home, &prompt, full_blocks).await;
+    let snap = driver.snapshot();
+    assert!(snap.workers.iter().any(|w| w.spec.id.0 == home && w.publishes_events), "worker {home} publishes events");
 
     // A longer prompt sharing that prefix goes home, whatever round of draws it gets.
     for n in 0..5u32 {
+        // From an idle fleet: the last request's booking ends just after its client saw
+        // `[DONE]`, and its load would weigh on the cost of its own worker; and while a
+        // gap in the stream is being replayed, the router does not trust its overlap.
+        eventually(30_000, "the last request released, the stream trusted", || async {
+            released(proxy.local_addr()).await && stream_row(proxy.local_addr(), home).await["trusted"] == true
+        })
+        .await;
         let mut longer = prompt.clone();
         longer.extend((0..64).map(|i| 50_000 + n * 100 + i));
         let a = call(proxy.local_addr(), Method::POST, "/v1/completions", &[], Some(&completion(&longer))).await;
@@ -102,6 +104,54 @@ fn stream_of(listed: &serde_json::Value, id: u64) -> Vec<serde_json::Value> {
     }
 }
 
+/// Worker `id`'s rank-0 KV-event stream row from `/workers` (`Null` without one).
+async fn stream_row(addr: SocketAddr, id: u64) -> serde_json::Value {
+    stream_of(&get(addr, "/workers").await.json(), id).into_iter().next().unwrap_or_default()
+}
+
+/// Waits until worker `id`'s stream reports its subscription connected.
+async fn subscribed(addr: SocketAddr, id: u64) {
+    eventually(30_000, "the KV-event stream connects", || async { stream_row(addr, id).await["connected"] == true })
+        .await;
+}
+
+/// The index's overlap with `tokens`, in device blocks, at worker `id`, from a preview.
+async fn overlap_at(addr: SocketAddr, tokens: &[u32], id: u64) -> u64 {
+    let a = call(addr, Method::POST, "/v1/completions", &[("x-kvroute-preview", "1")], Some(&completion(tokens))).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let j = a.json();
+    let rows = j["explanation"].as_array().cloned().unwrap_or_default();
+    rows.iter().find(|r| r["worker"] == id).and_then(|r| r["overlap"]["device"].as_u64()).unwrap_or(0)
+}
+
+/// Waits until the index holds `blocks` blocks of `prompt` at worker `id` (served by
+/// `worker`) and trusts its stream. ZeroMQ drops what is published before a
+/// subscription reaches the publisher (slow joiner); the stream recovers it with a
+/// replay from 0 once a later batch shows the gap. A worker that served only the lost
+/// request publishes no later batch, so while its stream has applied nothing, it is
+/// nudged: a short request of other tokens sent to it directly.
+async fn indexed(addr: SocketAddr, worker: &SimServerHandle, id: u64, prompt: &[u32], blocks: u64) {
+    let mut nudges = 0u32;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let row = stream_row(addr, id).await;
+        if row["trusted"] == true && overlap_at(addr, prompt, id).await >= blocks {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the index never held the {blocks} blocks of worker {id}'s prompt: {row}"
+        );
+        if row["last_seq"].is_null() && row["connected"] == true {
+            nudges += 1;
+            let other: Vec<u32> = (0..32).map(|i| 90_000 + nudges * 100 + i).collect();
+            let a = call(worker.http_addr(), Method::POST, "/v1/completions", &[], Some(&completion(&other))).await;
+            assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Index entries the router holds for `worker` (rank 0), registered or not.
 fn entries(driver: &kvroute_driver::Driver, worker: u64) -> u32 {
     driver.with_router(|r| r.index().worker_entries(router_core::WorkerKey::new(worker, 0)))
@@ -125,19 +175,13 @@ async fn subscriptions_follow_dynamic_registration() {
     });
     let added = call(proxy.local_addr(), Method::POST, "/workers", &[], Some(&body)).await;
     assert_eq!(added.status, StatusCode::CREATED, "{}", added.text());
+    subscribed(proxy.local_addr(), 2).await;
     let prompt: Vec<u32> = (0..320).map(|i| 7000 + i).collect();
     let pinned = [("x-worker-id", "2")];
     let a = call(proxy.local_addr(), Method::POST, "/v1/completions", &pinned, Some(&completion(&prompt))).await;
     assert_eq!((a.status, a.worker()), (StatusCode::OK, Some(2)), "{}", a.text());
-    let mut seen = 0;
-    for _ in 0..1000 {
-        seen = entries(&driver, 2);
-        if seen >= 20 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen >= 20, "the new worker's events reach the index ({seen} entries)");
+    indexed(proxy.local_addr(), &second, 2, &prompt, 20).await;
+    assert!(entries(&driver, 2) >= 20, "the new worker's events reach the index");
     let listed = get(proxy.local_addr(), "/workers").await.json();
     assert!(stream_of(&listed, 1).is_empty(), "a worker without an endpoint has no stream");
     assert_eq!(stream_of(&listed, 2).len(), 1, "the registered worker's stream is listed");

@@ -17,11 +17,11 @@ async fn a_cancelled_stream_frees_its_load_and_lease() {
     let addr = p.local_addr();
     let resp = send(addr, Method::POST, "/v1/chat/completions", &[("x-session-id", "s")], Some(&chat("x"))).await;
     let mut body = resp.into_body();
-    within(2_000, body.frame()).await.unwrap().unwrap();
+    within(10_000, body.frame()).await.unwrap().unwrap();
     let before = pool(addr).await;
     assert_eq!((before["active_requests"].as_u64(), before["affinity_live_leases"].as_u64()), (Some(1), Some(1)));
     drop(body);
-    eventually(2_000, "the cancelled stream releases everything", || released(addr)).await;
+    eventually(10_000, "the cancelled stream releases everything", || released(addr)).await;
     let text = get(addr, "/metrics").await.text();
     assert_eq!(sample(&text, "kvroute_requests_total", &["outcome=\"cancelled\""]), Some(1.0));
 }
@@ -40,16 +40,16 @@ async fn a_cancelled_queued_request_frees_its_slot() {
     let long = chat(&"a long prompt ".repeat(20));
     let holder = send(addr, Method::POST, "/v1/chat/completions", &[], Some(&long)).await;
     let queued = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &chat("queued")).await });
-    eventually(2_000, "the second request is queued", || async { pool(addr).await["queue_depth"] == 1 }).await;
+    eventually(10_000, "the second request is queued", || async { pool(addr).await["queue_depth"] == 1 }).await;
     queued.abort();
     let _ = queued.await;
-    eventually(2_000, "the aborted request leaves the queue", || async {
+    eventually(10_000, "the aborted request leaves the queue", || async {
         let p = pool(addr).await;
         p["queue_depth"] == 0 && p["requests_in_flight"] == 1
     })
     .await;
     gate.add_permits(10);
-    within(2_000, holder.into_body().collect()).await.unwrap();
-    eventually(2_000, "everything released", || released(addr)).await;
+    within(10_000, holder.into_body().collect()).await.unwrap();
+    eventually(10_000, "everything released", || released(addr)).await;
     assert_eq!(w.seen().len(), 1, "the cancelled request never reached the worker");
 }

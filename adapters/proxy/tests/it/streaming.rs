@@ -32,7 +32,7 @@ async fn sse_passes_through_byte_exact() {
     assert_eq!(seen[0].body["messages"], body["messages"]);
     assert!(seen[0].headers.get("x-kvroute-extra").is_none(), "internal headers never leak upstream");
     assert_eq!(seen[0].headers["x-session-id"], "s1");
-    eventually(2_000, "everything released", || released(p.local_addr())).await;
+    eventually(10_000, "everything released", || released(p.local_addr())).await;
 }
 
 #[tokio::test]
@@ -45,13 +45,13 @@ async fn chunks_arrive_before_the_stream_ends() {
     let resp = send(p.local_addr(), Method::POST, "/v1/chat/completions", &[], Some(&chat("x"))).await;
     assert_eq!(resp.status(), 200, "headers come as soon as the worker answers");
     let mut body = resp.into_body();
-    let first = within(2_000, body.frame()).await.unwrap().unwrap().into_data().unwrap();
+    let first = within(10_000, body.frame()).await.unwrap().unwrap().into_data().unwrap();
     assert_eq!(first, chunks[0], "the first chunk is forwarded while the worker still holds the rest");
     assert_eq!(pool(p.local_addr()).await["active_requests"], 1, "the stream holds its booking");
     gate.add_permits(chunks.len());
-    let rest = within(2_000, body.collect()).await.unwrap().to_bytes();
+    let rest = within(10_000, body.collect()).await.unwrap().to_bytes();
     assert_eq!([first, rest].concat(), chunks.concat());
-    eventually(2_000, "the booking is released at the end", || released(p.local_addr())).await;
+    eventually(10_000, "the booking is released at the end", || released(p.local_addr())).await;
 }
 
 #[tokio::test]
@@ -72,7 +72,7 @@ async fn completions_and_embeddings_are_forwarded() {
     }
     let paths: Vec<String> = w.seen().into_iter().map(|s| s.path).collect();
     assert_eq!(paths, ["/v1/completions", "/v1/completions", "/v1/completions", "/v1/embeddings"]);
-    eventually(2_000, "released", || released(p.local_addr())).await;
+    eventually(10_000, "released", || released(p.local_addr())).await;
 }
 
 #[tokio::test]
@@ -84,9 +84,9 @@ async fn h2c_clients_are_served() {
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(Bytes::from(chat("h2").to_string())))
         .unwrap();
-    let resp = within(5_000, c.request(req)).await.unwrap();
+    let resp = within(10_000, c.request(req)).await.unwrap();
     assert_eq!(resp.version(), http::Version::HTTP_2);
     assert_eq!(resp.headers()["x-kvroute-worker"], "1");
-    let body = within(5_000, resp.into_body().collect()).await.unwrap().to_bytes();
+    let body = within(10_000, resp.into_body().collect()).await.unwrap().to_bytes();
     assert_eq!(body, sse_chunks(3).concat());
 }

@@ -214,9 +214,29 @@ pub async fn replicas(fleet: &Fleet, n: usize, nats: Option<&Nats>) -> Vec<Serve
             .await;
         }
     }
-    // Let every KV-event subscription connect before the first request makes events.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every KV-event subscription connected before the first request makes events: what
+    // a worker publishes before then is lost until its next batch asks for a replay.
+    for r in &out {
+        eventually(30_000, "every replica's KV-event streams connect", || async {
+            streams_connected(r.local_addr()).await
+        })
+        .await;
+    }
     out
+}
+
+/// Whether every KV-event stream `/workers` lists at `addr` is connected (and there is one).
+async fn streams_connected(addr: SocketAddr) -> bool {
+    let (_, text) = get(addr, "/workers").await;
+    let Ok(listed) = serde_json::from_str::<Value>(&text) else { return false };
+    let streams: Vec<&Value> = listed["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w["kv_events"]["streams"].as_array())
+        .flatten()
+        .collect();
+    !streams.is_empty() && streams.iter().all(|s| s["connected"] == true)
 }
 
 /// A metric of a replica, from its own exposition.
@@ -333,8 +353,10 @@ where
         });
         let (replica, addr) = lb.pick();
         let client = client.clone();
+        // Taken when the replica is picked, not when the task first runs: on a busy
+        // machine that may be well after a replica died that was picked before.
+        let sent_s = start.elapsed().as_secs_f64();
         tasks.push(tokio::spawn(async move {
-            let sent_s = start.elapsed().as_secs_f64();
             let (ok, detail) = complete(&client, addr, &body, &[]).await;
             Outcome { replica, ok, detail, sent_s, ended_s: start.elapsed().as_secs_f64() }
         }));
