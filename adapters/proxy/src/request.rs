@@ -195,6 +195,7 @@ pub fn header_hints(h: &HeaderMap, trusted: bool) -> Result<(HeaderHints, Vec<&'
         prefill_worker_id: num("x-prefill-worker-id")?.map(WorkerId),
         decode_worker_id: num("x-decode-worker-id")?.map(WorkerId),
         dp_rank: rank("x-dp-rank")?,
+        prefill_dp_rank: rank("x-prefill-dp-rank")?,
         ..RoutingHints::default()
     };
     let preview = match h.get(crate::upstream::PREVIEW_HEADER).map(|v| v.as_bytes()) {
@@ -385,13 +386,19 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-worker-id", "3".parse().unwrap());
         h.insert("x-dp-rank", "1".parse().unwrap());
+        h.insert("x-prefill-dp-rank", "2".parse().unwrap());
         h.insert("x-kvroute-preview", "1".parse().unwrap());
         let (hh, stripped) = header_hints(&h, false).unwrap();
         assert_eq!(hh, HeaderHints::default());
-        assert_eq!(stripped, ["x-worker-id", "x-dp-rank", "x-kvroute-preview"]);
+        assert_eq!(stripped, ["x-worker-id", "x-dp-rank", "x-prefill-dp-rank", "x-kvroute-preview"]);
         let (hh, stripped) = header_hints(&h, true).unwrap();
         assert!(stripped.is_empty() && hh.preview);
-        assert_eq!((hh.hints.backend_instance_id, hh.hints.dp_rank), (Some(WorkerId(3)), Some(DpRank(1))));
+        let ranks = (hh.hints.dp_rank, hh.hints.prefill_dp_rank);
+        assert_eq!(hh.hints.backend_instance_id, Some(WorkerId(3)));
+        assert_eq!(ranks, (Some(DpRank(1)), Some(DpRank(2))));
+        h.insert("x-prefill-dp-rank", "4294967296".parse().unwrap());
+        assert_eq!(header_hints(&h, true).unwrap_err().status, 400);
+        h.insert("x-prefill-dp-rank", "2".parse().unwrap());
         h.insert("x-worker-id", "three".parse().unwrap());
         assert_eq!(header_hints(&h, true).unwrap_err().status, 400);
     }

@@ -73,7 +73,8 @@ const HOP_BY_HOP: [&str; 9] = [
 ];
 
 /// Headers that steer the proxy itself; they never reach a worker.
-pub const PIN_HEADERS: [&str; 4] = ["x-worker-id", "x-dp-rank", "x-prefill-worker-id", "x-decode-worker-id"];
+pub const PIN_HEADERS: [&str; 5] =
+    ["x-worker-id", "x-dp-rank", "x-prefill-worker-id", "x-prefill-dp-rank", "x-decode-worker-id"];
 
 /// The preview flag header.
 pub const PREVIEW_HEADER: &str = "x-kvroute-preview";
