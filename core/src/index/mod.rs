@@ -272,6 +272,14 @@ impl PrefixIndex {
         res.map(|()| sum)
     }
 
+    /// Makes room for `blocks` more distinct blocks, so that storing them will not
+    /// grow the arena or rebuild the table on the way (like `Vec::reserve`). Only an
+    /// optimisation: the index grows on its own without it. Costs the memory at once:
+    /// about 12 bytes of arena and 9 to 18 bytes of table per block.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.blocks.reserve(blocks);
+    }
+
     /// Forgets every rank of `worker` and every block it held. O(blocks in the index).
     pub fn remove_worker(&mut self, worker: WorkerId) {
         let lo = WorkerKey { worker, rank: crate::types::DpRank(0) };
