@@ -462,6 +462,9 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let rss0 = vm_rss_bytes();
     let heap0 = LIVE_BYTES.load(Ordering::Relaxed);
     let mut index = PrefixIndex::new(IndexConfig::default());
+    if args.reserve_blocks > 0 {
+        index.reserve(args.reserve_blocks);
+    }
     for i in 0..seqs.len() {
         let ev: Vec<BlockHash> = seqs[i]
             .iter()
@@ -500,6 +503,7 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "index_heap_bytes_self_reported_a": stats_a.heap_bytes,
         "heap_bytes_after_c": heap_c.saturating_sub(heap0),
         "c_entries_left": stats_c.entries,
+        "reserve_blocks": args.reserve_blocks,
         "checksums_match_reference": matches,
     })
 }

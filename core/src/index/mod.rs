@@ -41,6 +41,9 @@
 //! * The table grows by rebuilding (O(blocks), reading its own lines in order), and
 //!   when dead slots outnumber live ones the arena is compacted in one O(blocks) pass.
 //!   Either makes a single `apply` that long; both are amortised O(1) per block.
+//!   Growing is a large share of filling an empty index (the rebuilds, and the page
+//!   faults of tables later dropped): [`PrefixIndex::reserve`] sizes the arena and the
+//!   table once when the number of blocks is known ahead, as `Vec::reserve` does.
 
 mod apply;
 mod approx;
