@@ -14,6 +14,14 @@
 //!
 //! `--mode mem` runs phases A and C only, applying each event as soon as it is built,
 //! and measures index memory with a counting allocator and VmRSS.
+//!
+//! `--reserve-blocks N` calls `PrefixIndex::reserve(N)` on the fresh index before phase
+//! A (a capacity hint; without it the index grows on its own). `--a-reps N` repeats
+//! phase A on fresh indexes (for profiling) and adds the median CPU rate of the repeats.
+//! `a_minor_faults` counts the page faults taken during phase A.
+
+// The result line is one large `json!` literal.
+#![recursion_limit = "256"]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashSet;
@@ -80,14 +88,17 @@ struct Args {
     mem: bool,
     only_a: bool,
     query_reps: usize,
+    a_reps: usize,
+    reserve_blocks: usize,
 }
 
 const USAGE: &str =
-    "usage: index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem] [--only-a] [--query-reps N]";
+    "usage: index-workload --trace PATH --workers W --remove all|dead-tails [--mode time|mem] [--only-a] [--query-reps N] [--reserve-blocks N] [--a-reps N]";
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut trace, mut workers, mut plan, mut mem, mut only_a, mut query_reps) = (None, None, None, false, false, 1);
+    let (mut trace, mut workers, mut plan, mut mem, mut only_a, mut query_reps, mut a_reps, mut reserve_blocks) =
+        (None, None, None, false, false, 1, 1, 0);
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -115,6 +126,14 @@ fn parse_args() -> Result<Args, String> {
                 let v = val()?;
                 query_reps = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!("bad --query-reps {v}"))?;
             }
+            "--reserve-blocks" => {
+                let v = val()?;
+                reserve_blocks = v.parse::<usize>().map_err(|_| format!("bad --reserve-blocks {v}"))?;
+            }
+            "--a-reps" => {
+                let v = val()?;
+                a_reps = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or(format!("bad --a-reps {v}"))?;
+            }
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -126,6 +145,8 @@ fn parse_args() -> Result<Args, String> {
         mem,
         only_a,
         query_reps,
+        a_reps,
+        reserve_blocks,
     })
 }
 
@@ -298,19 +319,24 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let blocks_listed: u64 = chains.iter().map(|c| c.len() as u64).sum();
     let load_before = load_average_1m();
 
-    // Phase A.
-    let cpu = cpu_time_ns();
-    let t = Clock::now();
-    let mut index = PrefixIndex::new(IndexConfig::default());
-    for (i, c) in chains.iter().enumerate() {
-        let ev = IndexEvent::Stored { parent: None, blocks: c, tier: Tier::Device };
-        let _ = index.apply(key_of(i, w), ev);
+    // Phase A (repeated with `--a-reps`, each on a fresh index; the first run counts).
+    let mut reps_cpu_rate = Vec::new();
+    let faults = minor_faults();
+    let (mut index, t_a, cpu_a) = phase_a(chains, w, args.reserve_blocks);
+    let faults_a = minor_faults().zip(faults).map(|(b, a)| b.saturating_sub(a));
+    for _ in 1..args.a_reps {
+        drop(index);
+        let (again, _, cpu) = phase_a(chains, w, args.reserve_blocks);
+        index = again;
+        reps_cpu_rate.push(cpu.map_or(0.0, |s| blocks_listed as f64 / s));
     }
-    let t_a = t.elapsed().as_nanos() as u64;
-    let cpu_a = cpu_delta(cpu);
     let stats_a = index.stats();
     if args.only_a {
+        reps_cpu_rate.sort_by(f64::total_cmp);
         return json!({
+            "a_reps_blocks_per_cpu_s_median": reps_cpu_rate.get(reps_cpu_rate.len() / 2),
+            "a_minor_faults": faults_a,
+            "reserve_blocks": args.reserve_blocks,
             "workers": w,
             "mode": "only-a",
             "a_events_per_s": rate(chains.len() as u64, t_a),
@@ -370,6 +396,8 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "a_distinct_blocks": stats_a.blocks,
         "a_holder_sets": stats_a.holder_sets,
         "a_heap_bytes": stats_a.heap_bytes,
+        "a_minor_faults": faults_a,
+        "reserve_blocks": args.reserve_blocks,
         "b_p50_ns": nearest_rank(&lat_b, 50.0),
         "b_p99_ns": nearest_rank(&lat_b, 99.0),
         "b_max_ns": lat_b.last().copied().unwrap_or(0),
@@ -400,6 +428,29 @@ fn run_time(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     })
 }
 
+/// Minor page faults of this process so far (`/proc/self/stat`), where available.
+fn minor_faults() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, minflt 10.
+    s.rsplit_once(')')?.1.split_whitespace().nth(7)?.parse().ok()
+}
+
+/// Phase A on a fresh index: the index, wall ns and CPU seconds.
+fn phase_a(chains: &[Vec<BlockHash>], w: usize, reserve_blocks: usize) -> (PrefixIndex, u64, Option<f64>) {
+    let cpu = cpu_time_ns();
+    let t = Clock::now();
+    let mut index = PrefixIndex::new(IndexConfig::default());
+    if reserve_blocks > 0 {
+        index.reserve(reserve_blocks);
+    }
+    for (i, c) in chains.iter().enumerate() {
+        let ev = IndexEvent::Stored { parent: None, blocks: c, tier: Tier::Device };
+        let _ = index.apply(key_of(i, w), ev);
+    }
+    let t_a = t.elapsed().as_nanos() as u64;
+    (index, t_a, cpu_delta(cpu))
+}
+
 /// Memory mode: phases A and C, each event built just before it is applied.
 fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let w = args.workers;
@@ -411,6 +462,9 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
     let rss0 = vm_rss_bytes();
     let heap0 = LIVE_BYTES.load(Ordering::Relaxed);
     let mut index = PrefixIndex::new(IndexConfig::default());
+    if args.reserve_blocks > 0 {
+        index.reserve(args.reserve_blocks);
+    }
     for i in 0..seqs.len() {
         let ev: Vec<BlockHash> = seqs[i]
             .iter()
@@ -449,6 +503,7 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         "index_heap_bytes_self_reported_a": stats_a.heap_bytes,
         "heap_bytes_after_c": heap_c.saturating_sub(heap0),
         "c_entries_left": stats_c.entries,
+        "reserve_blocks": args.reserve_blocks,
         "checksums_match_reference": matches,
     })
 }

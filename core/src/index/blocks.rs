@@ -170,6 +170,15 @@ impl Blocks {
         Some(slot)
     }
 
+    /// Makes room for `more` new blocks: arena capacity and a table that will not
+    /// need to grow for them.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        self.seqs.reserve_exact(more);
+        self.sets.reserve_exact(more);
+        self.cuts.reserve_exact((self.seqs.len() + more).div_ceil(64).saturating_sub(self.cuts.len()));
+        self.table.reserve(more);
+    }
+
     /// Marks live slot `s` dead and drops it from the table.
     pub(crate) fn kill(&mut self, s: u32) {
         self.set_holders(s as usize, EMPTY);

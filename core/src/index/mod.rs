@@ -41,6 +41,9 @@
 //! * The table grows by rebuilding (O(blocks), reading its own lines in order), and
 //!   when dead slots outnumber live ones the arena is compacted in one O(blocks) pass.
 //!   Either makes a single `apply` that long; both are amortised O(1) per block.
+//!   Growing is a large share of filling an empty index (the rebuilds, and the page
+//!   faults of tables later dropped): [`PrefixIndex::reserve`] sizes the arena and the
+//!   table once when the number of blocks is known ahead, as `Vec::reserve` does.
 
 mod apply;
 mod approx;
@@ -270,6 +273,14 @@ impl PrefixIndex {
         self.counters.absent_removes += u64::from(sum.absent);
         self.counters.evictions += u64::from(sum.evicted);
         res.map(|()| sum)
+    }
+
+    /// Makes room for `blocks` more distinct blocks, so that storing them will not
+    /// grow the arena or rebuild the table on the way (like `Vec::reserve`). Only an
+    /// optimisation: the index grows on its own without it. Costs the memory at once:
+    /// about 12 bytes of arena and 9 to 18 bytes of table per block.
+    pub fn reserve(&mut self, blocks: usize) {
+        self.blocks.reserve(blocks);
     }
 
     /// Forgets every rank of `worker` and every block it held. O(blocks in the index).

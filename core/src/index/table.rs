@@ -71,6 +71,12 @@ impl SlotTable {
         self.live
     }
 
+    /// Buckets (of eight ways) in the table.
+    #[cfg(test)]
+    pub(crate) fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
     fn home(&self, tag: u32) -> usize {
         // A 64-bit shift by 32 - bits is defined for every table size, 0 bits included.
         (u64::from(tag) >> (32 - self.bits)) as usize
@@ -147,6 +153,17 @@ impl SlotTable {
         }
     }
 
+    /// Grows, if needed, so that `more` entries beyond the live ones fit without a
+    /// rebuild (at most 7/8 full). Never shrinks.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        // `find_or_vacant` rebuilds once the entries reach `used_max`.
+        let want = self.live.saturating_add(more).saturating_add(1);
+        if self.live + self.tombs + more >= self.used_max {
+            // The fewest buckets (a power of two) whose 7/8 holds `want`.
+            self.rebuild_to(want.div_ceil(WAYS * 7 / 8).next_power_of_two());
+        }
+    }
+
     /// Removes the pair `(tag, slot)` if present.
     pub(crate) fn remove(&mut self, tag: u32, slot: u32) {
         let mask = self.buckets.len().wrapping_sub(1);
@@ -188,7 +205,11 @@ impl SlotTable {
     /// each bucket's ways in order, so a count per bucket replaces the search for a
     /// free way.
     fn rebuild(&mut self, want: usize) {
-        let need_buckets = (want * 2).div_ceil(WAYS).max(1).next_power_of_two();
+        self.rebuild_to((want * 2).div_ceil(WAYS).max(1).next_power_of_two());
+    }
+
+    /// Rebuilds into `need_buckets` buckets (a power of two, holding every live entry).
+    fn rebuild_to(&mut self, need_buckets: usize) {
         let old = core::mem::replace(&mut self.buckets, alloc::vec![EMPTY_BUCKET; need_buckets]);
         self.bits = need_buckets.trailing_zeros();
         self.tombs = 0;

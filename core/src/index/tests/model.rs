@@ -16,11 +16,22 @@ const UNIVERSE: u64 = 12;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Store { key: WorkerKey, parent: Option<u64>, blocks: Vec<u64>, tier: Tier },
-    Remove { key: WorkerKey, blocks: Vec<u64>, tier: Tier },
+    Store {
+        key: WorkerKey,
+        parent: Option<u64>,
+        blocks: Vec<u64>,
+        tier: Tier,
+    },
+    Remove {
+        key: WorkerKey,
+        blocks: Vec<u64>,
+        tier: Tier,
+    },
     Clear(WorkerKey),
     RemoveWorker(u64),
     Query(Vec<u64>),
+    /// A capacity hint: changes no answer.
+    Reserve(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -167,6 +178,7 @@ impl ReferenceStateMachine for Model {
             1 => key().prop_map(Op::Clear),
             1 => (0u64..3).prop_map(Op::RemoveWorker),
             4 => chain().prop_map(Op::Query),
+            1 => (0usize..40).prop_map(Op::Reserve),
         ]
         .boxed()
     }
@@ -193,7 +205,7 @@ impl ReferenceStateMachine for Model {
                 m.held.retain(|(k, _), _| k.worker.0 != *w);
                 m.keys.retain(|k| k.worker.0 != *w);
             }
-            Op::Query(_) => {}
+            Op::Query(_) | Op::Reserve(_) => {}
         }
         m
     }
@@ -227,6 +239,10 @@ impl StateMachineTest for IndexTest {
             Op::Clear(key) => Some(index.apply(*key, IndexEvent::Cleared)),
             Op::RemoveWorker(w) => {
                 index.remove_worker(WorkerId(*w));
+                None
+            }
+            Op::Reserve(n) => {
+                index.reserve(*n);
                 None
             }
             Op::Query(seq) => {

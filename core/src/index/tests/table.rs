@@ -12,13 +12,14 @@ use super::super::table::SlotTable;
 enum Op {
     Insert(u32, u32),
     Remove(u32),
+    /// Room for this many more entries: the table must not grow before they are in.
+    Reserve(u32),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     // Tags (always odd) share their top bits (one home bucket for small tables) or differ.
     let tag = prop_oneof![(0u32..4).prop_map(|t| t << 28), 0u32..4, any::<u32>()].prop_map(|t| t | 1);
-    let op =
-        prop_oneof![2 => (0u32..300, tag).prop_map(|(s, t)| Op::Insert(s, t)), 1 => (0u32..300).prop_map(Op::Remove)];
+    let op = prop_oneof![2 => (0u32..300, tag).prop_map(|(s, t)| Op::Insert(s, t)), 1 => (0u32..300).prop_map(Op::Remove), 1 => (0u32..40).prop_map(Op::Reserve)];
     proptest::collection::vec(op, 0..400)
 }
 
@@ -28,6 +29,8 @@ proptest! {
     fn slot_table_agrees_with_a_map(ops in ops()) {
         let mut table = SlotTable::new();
         let mut model: BTreeMap<u32, u32> = BTreeMap::new();
+        // Entries up to which the table keeps its size, after a reserve.
+        let mut reserved: Option<(usize, usize)> = None;
         for op in ops {
             match op {
                 Op::Insert(slot, tag) => {
@@ -35,6 +38,17 @@ proptest! {
                         e.insert(tag);
                         table.insert(tag, slot);
                     }
+                    if let Some((until, buckets)) = reserved {
+                        if table.len() <= until {
+                            prop_assert_eq!(table.buckets(), buckets, "grew within a reservation");
+                        } else {
+                            reserved = None;
+                        }
+                    }
+                }
+                Op::Reserve(n) => {
+                    table.reserve(n as usize);
+                    reserved = Some((table.len() + n as usize, table.buckets()));
                 }
                 Op::Remove(slot) => {
                     if let Some(tag) = model.remove(&slot) {
