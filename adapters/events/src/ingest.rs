@@ -41,7 +41,7 @@ pub struct IngestConfig {
     pub streams_max: usize,
     /// Distinct dp ranks one stream may report. Default 16.
     pub ranks_max_per_stream: usize,
-    /// KV-cache group tracked (see [`TranslateConfig::kv_group`]). Default 0.
+    /// KV-cache group tracked (see [`crate::translate::TranslateConfig::kv_group`]). Default 0.
     pub kv_group: u32,
     /// Seed of the translators' hash maps. Default 0; set per process.
     pub map_seed: u64,

@@ -39,8 +39,10 @@
 //! * Its batches are applied in order; a first one above 0 is where the publisher's
 //!   buffer starts and is applied as the new start. Live batches that follow on are
 //!   applied too, duplicates on either side dropped.
-//! * A live batch beyond the next expected one turns it into a join replay: the
-//!   worker is marked untrusted, the batch held, and the gap rules above apply.
+//! * A live batch beyond the next expected one abandons it and is sequenced as if it
+//!   had not been asked: it joins (nothing applied yet) or opens a gap (not counted as
+//!   one if it is the first live batch), with a replay asked now, since the connect
+//!   replay may have been answered before that batch was published.
 //! * Otherwise its end, failure or timeout just closes it (the latter two counted as
 //!   failed): no hole is known, so no reset, no clear, and the worker stays trusted;
 //!   the next live batch is sequenced as usual (a first one above 0 asks to join).
@@ -158,8 +160,8 @@ struct Recovery<P> {
     attempts: u32,
     /// Where the current replay starts; the gap moved if `next_seq` passed it.
     from: u64,
-    /// A connect replay with nothing held: no hole is known and the worker was not
-    /// marked untrusted. Cleared when a live batch is held (it is a join replay then).
+    /// A connect replay: it holds nothing, no hole is known and the worker was not
+    /// marked untrusted.
     connect: bool,
 }
 
@@ -282,9 +284,12 @@ impl<P> Sequencer<P> {
             self.restart(seq, ts, payload);
             return;
         }
-        // A connect replay holds nothing: a batch that follows on is applied at once.
-        let in_order = seq == next && self.recovery.as_ref().is_some_and(|r| r.connect);
-        if let Some(rec) = self.recovery.as_mut().filter(|_| !in_order) {
+        // A connect replay holds nothing: a batch that follows on is applied at once, one
+        // beyond abandons it for a replay asked now, as the old one may predate the batch.
+        if seq != next && self.recovery.as_ref().is_some_and(|r| r.connect) {
+            self.recovery = None;
+        }
+        if let Some(rec) = self.recovery.as_mut().filter(|r| !r.connect) {
             if rec.pending.len() >= self.cfg.pending_batches_max && !rec.pending.contains_key(&seq) {
                 self.fail_recovery(now);
                 self.handle_live(now, seq, ts, payload);
@@ -292,10 +297,6 @@ impl<P> Sequencer<P> {
             }
             if rec.pending.insert(seq, (ts, payload)).is_some() {
                 self.stats.duplicates += 1;
-            }
-            // A hole is known now: the connect replay goes on as a join replay.
-            if core::mem::take(&mut rec.connect) {
-                self.out.push_back(SeqOutput::Trusted(false));
             }
             self.advance();
             return;
@@ -305,7 +306,8 @@ impl<P> Sequencer<P> {
             self.apply(seq, ts, payload);
             return;
         }
-        if self.last.is_some() {
+        // Not a gap if the connect replay brought batches the live stream never had.
+        if self.last.is_some() && !first {
             self.stats.gaps += 1;
         }
         if !self.has_replay {
