@@ -46,14 +46,17 @@
 //! * Otherwise its end, failure or timeout just closes it (the latter two counted as
 //!   failed): no hole is known, so no reset, no clear, and the worker stays trusted;
 //!   the next live batch is sequenced as usual (a first one above 0 asks to join).
+//! * One that ends with still nothing applied is followed by one more, once per
+//!   connect, `connect_replay_interval_ms` after it was asked: it catches a batch
+//!   published after the first was answered but before the subscription reached the
+//!   publisher. Only a batch published in that window later than that is missed
+//!   until the next live batch.
 //! * A reconnect with still nothing applied asks again; one after batches were applied
 //!   asks nothing (gaps then show in the numbers), nor does a connect while any replay
 //!   runs, so at most one is outstanding. Connect replays start at least
 //!   `connect_replay_interval_ms` apart: a connect sooner asks when the interval ends,
 //!   unless disconnected or no longer needed by then. A disconnect does not cancel a
 //!   running one.
-//! * Residual race: a batch published after the replay was answered but before the
-//!   subscription reached the publisher is still lost until the next live batch.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -82,7 +85,8 @@ pub struct SequencerConfig {
     /// not missed (see the module docs). Needs a replay endpoint. Default true.
     pub connect_replay: bool,
     /// Connect replays start at least this far apart, so a flapping connection cannot
-    /// flood the publisher; a connect sooner asks when the interval ends. Default 1,000 ms.
+    /// flood the publisher; a connect sooner asks when the interval ends. Also the delay
+    /// of the one follow-up after an empty connect replay. Default 1,000 ms.
     pub connect_replay_interval_ms: u64,
 }
 
@@ -178,6 +182,8 @@ pub struct Sequencer<P> {
     connect_at: Option<Instant>,
     /// When a connect replay put off by the interval is due.
     connect_due: Option<Instant>,
+    /// Whether an empty connect replay may be followed by one more (once per connect).
+    connect_follow_up: bool,
     next_id: u64,
     out: VecDeque<SeqOutput<P>>,
     stats: SeqStats,
@@ -195,6 +201,7 @@ impl<P> Sequencer<P> {
             recovery: None,
             connect_at: None,
             connect_due: None,
+            connect_follow_up: false,
             next_id: 0,
             out: VecDeque::new(),
             stats: SeqStats::default(),
@@ -243,6 +250,7 @@ impl<P> Sequencer<P> {
     pub fn handle_connection(&mut self, now: Instant, connected: bool) {
         self.connect_due = None;
         if connected {
+            self.connect_follow_up = true;
             self.connect_replay(now);
         }
     }
@@ -371,6 +379,9 @@ impl<P> Sequencer<P> {
         if self.recovery.as_ref().is_some_and(|r| r.connect) {
             self.recovery = None;
             self.stats.replays_completed += 1;
+            if core::mem::take(&mut self.connect_follow_up) {
+                self.connect_replay(now);
+            }
             return;
         }
         // Had the gap closed, `advance` would have ended the recovery: a hole is left.

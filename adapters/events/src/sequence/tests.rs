@@ -228,7 +228,11 @@ fn check_connect(script: &[In], want: &[Out]) {
 
 #[test]
 fn connect_with_nothing_published_changes_nothing() {
-    check_connect(&[End(0), Live(0, 0.0), Live(1, 1.0)], &[R(0, 0), A(0), A(1)]);
+    check_connect(&[End(0), Live(0, 0.0), Live(1, 1.0), At(1_000)], &[R(0, 0), A(0), A(1)]);
+    // One follow-up, an interval after the first: the subscription may have reached the
+    // publisher only after it answered. It may bring the batch; then no more are asked.
+    check_connect(&[End(0), At(999), At(1_000), End(1), At(9_000)], &[R(0, 0), R(1, 0)]);
+    check_connect(&[End(0), At(1_000), Replay(1, 0), End(1)], &[R(0, 0), R(1, 0), A(0)]);
     // The first live batch above 0 then asks to join, as without the connect replay.
     let joined = [R(0, 0), T(false), R(1, 0), A(0), A(1), A(2), T(true)];
     check_connect(&[End(0), Live(2, 2.0), Replay(1, 0), Replay(1, 1), End(1)], &joined);
