@@ -144,7 +144,7 @@ pub struct SeqStats {
     pub replays_requested: u64,
     /// Replays asked for on connecting (see [`SequencerConfig::connect_replay`]).
     pub connect_replays: u64,
-    /// Replays that closed their gap.
+    /// Replays that closed their gap, and connect replays that ended.
     pub replays_completed: u64,
     /// Replays that ended early, skipped, failed or timed out.
     pub replays_failed: u64,
