@@ -7,6 +7,9 @@
 //! [`IngestCore::poll_notice`] (things to report) until `None`, then sleep until
 //! [`IngestCore::poll_timeout`]. Index updates go to the sink passed to each input.
 //! Streams are added and removed as workers register and leave; removal purges.
+//! Report every connection change: a stream with a replay endpoint that connects
+//! before anything was applied asks for a replay from 0 at once (see
+//! [`crate::sequence`]), so a publisher idle after its first batches is not missed.
 //!
 //! A stream is named by the [`WorkerKey`] it was registered under. A batch that carries
 //! a `data_parallel_rank` is filed under that rank of the same worker (at most
@@ -38,7 +41,7 @@ pub struct IngestConfig {
     pub streams_max: usize,
     /// Distinct dp ranks one stream may report. Default 16.
     pub ranks_max_per_stream: usize,
-    /// KV-cache group tracked (see [`TranslateConfig::kv_group`]). Default 0.
+    /// KV-cache group tracked (see [`crate::translate::TranslateConfig::kv_group`]). Default 0.
     pub kv_group: u32,
     /// Seed of the translators' hash maps. Default 0; set per process.
     pub map_seed: u64,
@@ -287,11 +290,20 @@ impl IngestCore {
         Some(st)
     }
 
-    /// The transport connected (`true`) or lost its connection (`false`).
-    pub fn handle_connection(&mut self, key: WorkerKey, connected: bool) {
-        if let Some(s) = self.streams.get_mut(&key) {
-            s.status.connected = connected;
-        }
+    /// The transport connected (`true`) or lost its connection (`false`). Connecting
+    /// before anything was applied may ask for a replay from 0 (see
+    /// [`SequencerConfig::connect_replay`]).
+    pub fn handle_connection(
+        &mut self,
+        now: Instant,
+        key: WorkerKey,
+        connected: bool,
+        sink: &mut impl EventSink,
+    ) -> Result<(), IngestError> {
+        let stream = self.streams.get_mut(&key).ok_or(IngestError::UnknownStream(key))?;
+        stream.status.connected = connected;
+        stream.seq.handle_connection(now, connected);
+        self.drain(key, sink)
     }
 
     /// A live message `[topic, seq, payload]` from `key`'s publisher.

@@ -281,10 +281,7 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
         // Problems are counted in the stream status and surfaced as notices.
         let _ = match input.kind {
             InputKind::Live(frames) => self.core.handle_live(now, key, &frames, sink),
-            InputKind::Connection(up) => {
-                self.core.handle_connection(key, up);
-                Ok(())
-            }
+            InputKind::Connection(up) => self.core.handle_connection(now, key, up, sink),
             InputKind::Replay(id, frames) => self.core.handle_replay(now, key, id, &frames, sink),
             InputKind::ReplayFailed(id) => self.core.handle_replay_failed(now, key, id, sink),
         };

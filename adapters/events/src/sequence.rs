@@ -2,8 +2,9 @@
 //! replay, and when to give up and start over. Pure: no I/O, no clock, no decoding.
 //!
 //! A publisher numbers its batches 0, 1, 2, … . Inputs are live batches
-//! ([`Sequencer::handle_live`]), replayed batches and the replay's end or failure, and
-//! time ([`Sequencer::handle_timeout`]). Outputs come from [`Sequencer::poll_output`],
+//! ([`Sequencer::handle_live`]), replayed batches and the replay's end or failure,
+//! connection changes ([`Sequencer::handle_connection`]) and time
+//! ([`Sequencer::handle_timeout`]). Outputs come from [`Sequencer::poll_output`],
 //! drained until `None` after every input, in order:
 //!
 //! * A live batch numbered `last + 1` is applied.
@@ -25,11 +26,37 @@
 //! number is within `join_replay_seqs_max`); otherwise, or after a reset, a batch is
 //! applied whatever its number: history before it is unknown, so the index
 //! under-reports until the engine stores blocks again.
+//!
 //! A restarted publisher first seen at a number above `last + 1` cannot be told from a
 //! gap; the replay then brings the new publisher's batches, which is what it holds.
 //! While a gap is open, a batch (live or replayed) whose timestamp is newer than a held
 //! batch numbered after it is a restart too: the held batches are the previous run's,
 //! and applying them on top of the new run would announce blocks no engine holds.
+//!
+//! Connecting ([`Sequencer::handle_connection`]) before anything was applied asks for a
+//! replay from 0 at once (a connect replay, `connect_replay`), so batches lost to
+//! ZeroMQ's slow-joiner effect arrive even if the publisher then stays idle:
+//! * Its batches are applied in order; a first one above 0 is where the publisher's
+//!   buffer starts and is applied as the new start. Live batches that follow on are
+//!   applied too, duplicates on either side dropped.
+//! * A live batch beyond the next expected one abandons it and is sequenced as if it
+//!   had not been asked: it joins (nothing applied yet) or opens a gap (not counted as
+//!   one if it is the first live batch), with a replay asked now, since the connect
+//!   replay may have been answered before that batch was published.
+//! * Otherwise its end, failure or timeout just closes it (the latter two counted as
+//!   failed): no hole is known, so no reset, no clear, and the worker stays trusted;
+//!   the next live batch is sequenced as usual (a first one above 0 asks to join).
+//! * One that ends with still nothing applied is followed by one more, once per
+//!   connect, `connect_replay_interval_ms` after it was asked: it catches a batch
+//!   published after the first was answered but before the subscription reached the
+//!   publisher. Only a batch published in that window later than that is missed
+//!   until the next live batch.
+//! * A reconnect with still nothing applied asks again; one after batches were applied
+//!   asks nothing (gaps then show in the numbers), nor does a connect while any replay
+//!   runs, so at most one is outstanding. Connect replays start at least
+//!   `connect_replay_interval_ms` apart: a connect sooner asks when the interval ends,
+//!   unless disconnected or no longer needed by then. A disconnect does not cancel a
+//!   running one.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -53,6 +80,14 @@ pub struct SequencerConfig {
     /// a young publisher, or losing its first messages to ZeroMQ's slow-joiner
     /// effect, still yields the whole history. 0 disables. Default 10,000.
     pub join_replay_seqs_max: u64,
+    /// Ask for a replay from 0 on connecting while nothing was applied yet, so a
+    /// publisher that published right before or as we subscribed and then went idle is
+    /// not missed (see the module docs). Needs a replay endpoint. Default true.
+    pub connect_replay: bool,
+    /// Connect replays start at least this far apart, so a flapping connection cannot
+    /// flood the publisher; a connect sooner asks when the interval ends. Also the delay
+    /// of the one follow-up after an empty connect replay. Default 1,000 ms.
+    pub connect_replay_interval_ms: u64,
 }
 
 impl Default for SequencerConfig {
@@ -63,6 +98,8 @@ impl Default for SequencerConfig {
             restart_backstep_seqs: 10_000,
             replay_attempts_max: 8,
             join_replay_seqs_max: 10_000,
+            connect_replay: true,
+            connect_replay_interval_ms: 1_000,
         }
     }
 }
@@ -103,9 +140,11 @@ pub struct SeqStats {
     pub duplicates: u64,
     /// Gaps seen in the live stream.
     pub gaps: u64,
-    /// Replays asked for.
+    /// Replays asked for (connect replays included).
     pub replays_requested: u64,
-    /// Replays that closed their gap.
+    /// Replays asked for on connecting (see [`SequencerConfig::connect_replay`]).
+    pub connect_replays: u64,
+    /// Replays that closed their gap, and connect replays that ended.
     pub replays_completed: u64,
     /// Replays that ended early, skipped, failed or timed out.
     pub replays_failed: u64,
@@ -125,6 +164,9 @@ struct Recovery<P> {
     attempts: u32,
     /// Where the current replay starts; the gap moved if `next_seq` passed it.
     from: u64,
+    /// A connect replay: it holds nothing, no hole is known and the worker was not
+    /// marked untrusted.
+    connect: bool,
 }
 
 /// Sequencing of one publisher's stream.
@@ -136,6 +178,12 @@ pub struct Sequencer<P> {
     /// Nothing has arrived yet.
     fresh: bool,
     recovery: Option<Recovery<P>>,
+    /// When the last connect replay was asked for.
+    connect_at: Option<Instant>,
+    /// When a connect replay put off by the interval is due.
+    connect_due: Option<Instant>,
+    /// Whether an empty connect replay may be followed by one more (once per connect).
+    connect_follow_up: bool,
     next_id: u64,
     out: VecDeque<SeqOutput<P>>,
     stats: SeqStats,
@@ -151,6 +199,9 @@ impl<P> Sequencer<P> {
             last_ts: None,
             fresh: true,
             recovery: None,
+            connect_at: None,
+            connect_due: None,
+            connect_follow_up: false,
             next_id: 0,
             out: VecDeque::new(),
             stats: SeqStats::default(),
@@ -191,7 +242,36 @@ impl<P> Sequencer<P> {
     /// When [`Sequencer::handle_timeout`] is next due.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.recovery.as_ref().map(|r| r.deadline)
+        self.recovery.as_ref().map(|r| r.deadline).into_iter().chain(self.connect_due).min()
+    }
+
+    /// The transport connected (`true`) or lost its connection (`false`). Connecting
+    /// before anything was applied may ask for a connect replay (see the module docs).
+    pub fn handle_connection(&mut self, now: Instant, connected: bool) {
+        self.connect_due = None;
+        if connected {
+            self.connect_follow_up = true;
+            self.connect_replay(now);
+        }
+    }
+
+    fn connect_replay(&mut self, now: Instant) {
+        if !self.cfg.connect_replay || !self.has_replay || self.stats.applied > 0 || self.recovery.is_some() {
+            return;
+        }
+        if let Some(at) = self.connect_at {
+            let due = at.add_ms(self.cfg.connect_replay_interval_ms);
+            // A clock that went backwards does not hold the replay off.
+            if now >= at && now < due {
+                self.connect_due = Some(due);
+                return;
+            }
+        }
+        self.connect_at = Some(now);
+        self.stats.connect_replays += 1;
+        let (id, pending) = (ReplayId(0), BTreeMap::new());
+        self.recovery = Some(Recovery { id, deadline: now, pending, attempts: 0, from: 0, connect: true });
+        self.request_replay(now, 0);
     }
 
     /// A batch from the live stream, with its timestamp if readable.
@@ -212,7 +292,12 @@ impl<P> Sequencer<P> {
             self.restart(seq, ts, payload);
             return;
         }
-        if let Some(rec) = &mut self.recovery {
+        // A connect replay holds nothing: a batch that follows on is applied at once, one
+        // beyond abandons it for a replay asked now, as the old one may predate the batch.
+        if seq != next && self.recovery.as_ref().is_some_and(|r| r.connect) {
+            self.recovery = None;
+        }
+        if let Some(rec) = self.recovery.as_mut().filter(|r| !r.connect) {
             if rec.pending.len() >= self.cfg.pending_batches_max && !rec.pending.contains_key(&seq) {
                 self.fail_recovery(now);
                 self.handle_live(now, seq, ts, payload);
@@ -229,7 +314,8 @@ impl<P> Sequencer<P> {
             self.apply(seq, ts, payload);
             return;
         }
-        if self.last.is_some() {
+        // Not a gap if the connect replay brought batches the live stream never had.
+        if self.last.is_some() && !first {
             self.stats.gaps += 1;
         }
         if !self.has_replay {
@@ -240,7 +326,7 @@ impl<P> Sequencer<P> {
         let mut pending = BTreeMap::new();
         pending.insert(seq, (ts, payload));
         let (id, deadline) = (ReplayId(0), now);
-        self.recovery = Some(Recovery { id, deadline, pending, attempts: 0, from: next });
+        self.recovery = Some(Recovery { id, deadline, pending, attempts: 0, from: next, connect: false });
         self.out.push_back(SeqOutput::Trusted(false));
         self.request_replay(now, next);
     }
@@ -274,7 +360,8 @@ impl<P> Sequencer<P> {
             self.stats.duplicates += 1;
         } else if seq == next && self.held_are_older(seq, ts) {
             self.restart(seq, ts, payload);
-        } else if seq == next {
+        } else if seq == next || (self.last.is_none() && self.recovery.as_ref().is_some_and(|r| r.connect)) {
+            // A connect replay starting above 0: the publisher's buffer starts there.
             self.apply(seq, ts, payload);
             self.advance();
         } else {
@@ -287,6 +374,14 @@ impl<P> Sequencer<P> {
     /// Replay `id` sent its end marker.
     pub fn handle_replay_end(&mut self, now: Instant, id: ReplayId) {
         if !self.is_current(id) {
+            return;
+        }
+        if self.recovery.as_ref().is_some_and(|r| r.connect) {
+            self.recovery = None;
+            self.stats.replays_completed += 1;
+            if core::mem::take(&mut self.connect_follow_up) {
+                self.connect_replay(now);
+            }
             return;
         }
         // Had the gap closed, `advance` would have ended the recovery: a hole is left.
@@ -304,7 +399,8 @@ impl<P> Sequencer<P> {
         }
     }
 
-    /// Replay `id` could not be done (no connection, transport error): reset.
+    /// Replay `id` could not be done (no connection, transport error): reset (a
+    /// connect replay just ends).
     pub fn handle_replay_failed(&mut self, now: Instant, id: ReplayId) {
         if self.is_current(id) {
             self.stats.replays_failed += 1;
@@ -312,11 +408,16 @@ impl<P> Sequencer<P> {
         }
     }
 
-    /// Time passed; a replay past its deadline resets. Spurious calls are harmless.
+    /// Time passed; a replay past its deadline resets (a connect replay just ends), and
+    /// a put-off connect replay is asked for. Spurious calls are harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.recovery.as_ref().is_some_and(|r| r.deadline <= now) {
             self.stats.replays_failed += 1;
             self.fail_recovery(now);
+        }
+        if self.connect_due.is_some_and(|d| d <= now) {
+            self.connect_due = None;
+            self.connect_replay(now);
         }
     }
 
@@ -349,10 +450,11 @@ impl<P> Sequencer<P> {
     }
 
     /// Applies held batches that have become contiguous; closes the gap when none wait.
+    /// A connect replay holds nothing and closes at its end instead.
     fn advance(&mut self) {
         loop {
             let next = self.next_seq();
-            let Some(rec) = &mut self.recovery else {
+            let Some(rec) = self.recovery.as_mut().filter(|r| !r.connect) else {
                 return;
             };
             let Some(entry) = rec.pending.first_entry() else {
@@ -383,17 +485,18 @@ impl<P> Sequencer<P> {
 
     fn restart(&mut self, seq: u64, ts: Option<f64>, payload: P) {
         self.stats.restarts += 1;
-        let was_recovering = self.recovery.take().is_some();
+        let was_untrusted = self.recovery.take().is_some_and(|r| !r.connect);
         self.reset();
-        if was_recovering {
+        if was_untrusted {
             self.out.push_back(SeqOutput::Trusted(true));
         }
         self.apply(seq, ts, payload);
     }
 
     /// Gives up on the hole: clear, trust the (empty) state, replay held live batches.
+    /// A connect replay knows of no hole and holds nothing: it just ends.
     fn fail_recovery(&mut self, now: Instant) {
-        let Some(rec) = self.recovery.take() else {
+        let Some(rec) = self.recovery.take().filter(|r| !r.connect) else {
             return;
         };
         self.reset();

@@ -143,3 +143,31 @@ fn registration_limits() {
     assert_eq!(c.add_stream(T0, cfg(KEY)), Err(IngestError::DuplicateStream(KEY)));
     assert_eq!(c.add_stream(T0, cfg(WorkerKey::new(8, 0))), Err(IngestError::TooManyStreams));
 }
+
+#[test]
+fn connecting_asks_for_what_was_published_before() {
+    let mut c = core(true);
+    let mut log = Log::default();
+    c.handle_connection(T0, KEY, true, &mut log).unwrap();
+    let Some(Command::Replay { key, id, from }) = c.poll_command() else { panic!("no replay asked") };
+    assert_eq!((key, from), (KEY, 0));
+    let reply = |seq: &[u8], payload: Vec<u8>| {
+        vec![Bytes::new(), Bytes::from_static(b""), Bytes::copy_from_slice(seq), Bytes::from(payload)]
+    };
+    c.handle_replay(T0, KEY, id, &reply(&0u64.to_be_bytes(), store(0.0, 1, 4, None)), &mut log).unwrap();
+    c.handle_replay(T0, KEY, id, &reply(&[0xff; 8], Vec::new()), &mut log).unwrap();
+    assert_eq!(log.0, ["7/0 stored 1"], "applied, and never marked untrusted");
+    // A reconnect after something was applied asks nothing.
+    c.handle_connection(T0, KEY, false, &mut log).unwrap();
+    c.handle_connection(T0.add_ms(5_000), KEY, true, &mut log).unwrap();
+    assert_eq!(c.poll_command(), None);
+    let st = c.status(KEY).unwrap();
+    assert!(st.connected && st.trusted);
+    let s = st.seq;
+    assert_eq!((s.connect_replays, s.replays_requested, s.replays_completed, s.replays_failed), (1, 1, 1, 0));
+    assert_eq!(st.last_seq, Some(0));
+    assert_eq!(
+        c.handle_connection(T0, WorkerKey::new(1, 0), true, &mut log),
+        Err(IngestError::UnknownStream(WorkerKey::new(1, 0)))
+    );
+}

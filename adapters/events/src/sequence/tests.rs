@@ -17,6 +17,10 @@ enum In {
     Fail(u64),
     /// Time is now this many ms.
     At(u64),
+    /// The transport connected.
+    Up,
+    /// The transport lost its connection.
+    Down,
 }
 
 /// Outputs, with the payload being the batch's own sequence number.
@@ -52,6 +56,8 @@ fn check(cfg: SequencerConfig, has_replay: bool, script: &[In], want: &[Out]) {
                 now = Instant::from_millis(ms);
                 s.handle_timeout(now);
             }
+            Up => s.handle_connection(now, true),
+            Down => s.handle_connection(now, false),
         }
         while let Some(o) = s.poll_output() {
             got.push(match o {
@@ -210,4 +216,84 @@ fn first_batch_above_zero_asks_for_history() {
     check(cfg(), true, &too_late, &[T(false), R(0, 0), C, T(true), A(3), A(4)]);
 
     check(cfg(), false, &live(&[3, 4]), &[A(3), A(4)]);
+}
+
+/// Connect replays: `check` with the script starting at a fresh connection.
+#[track_caller]
+fn check_connect(script: &[In], want: &[Out]) {
+    let mut with_up = vec![Up];
+    with_up.extend_from_slice(script);
+    check(cfg(), true, &with_up, want);
+}
+
+#[test]
+fn connect_with_nothing_published_changes_nothing() {
+    check_connect(&[End(0), Live(0, 0.0), Live(1, 1.0), At(1_000)], &[R(0, 0), A(0), A(1)]);
+    // One follow-up, an interval after the first: the subscription may have reached the
+    // publisher only after it answered. It may bring the batch; then no more are asked.
+    check_connect(&[End(0), At(999), At(1_000), End(1), At(9_000)], &[R(0, 0), R(1, 0)]);
+    check_connect(&[End(0), At(1_000), Replay(1, 0), End(1)], &[R(0, 0), R(1, 0), A(0)]);
+    // The first live batch above 0 then asks to join, as without the connect replay.
+    let joined = [R(0, 0), T(false), R(1, 0), A(0), A(1), A(2), T(true)];
+    check_connect(&[End(0), Live(2, 2.0), Replay(1, 0), Replay(1, 1), End(1)], &joined);
+    // Nothing to ask without a replay endpoint, or with the knob off.
+    check(cfg(), false, &[Up, Live(0, 0.0)], &[A(0)]);
+    let off = SequencerConfig { connect_replay: false, ..cfg() };
+    check(off, true, &[Up, Live(1, 1.0)], &[T(false), R(0, 0)]);
+}
+
+#[test]
+fn connect_replay_brings_what_was_published_before() {
+    check_connect(&[Replay(0, 0), Replay(0, 1), End(0)], &[R(0, 0), A(0), A(1)]);
+    // Live batches that follow on are applied at once; either copy of a batch counts once.
+    let follow = [Replay(0, 0), Live(1, 1.0), Replay(0, 1), Replay(0, 2), Live(2, 2.0), Live(3, 3.0), End(0)];
+    check_connect(&follow, &[R(0, 0), A(0), A(1), A(2), A(3)]);
+    // A live batch beyond the next one asks anew, as a join or a gap would: the connect
+    // replay may have been answered before that batch was published.
+    let ahead = [Live(3, 3.0), Replay(0, 0), Replay(1, 0), Replay(1, 1), Replay(1, 2), End(1)];
+    check_connect(&ahead, &[R(0, 0), T(false), R(1, 0), A(0), A(1), A(2), A(3), T(true)]);
+    // Found by the model test: answered empty before batch 0 was published, then 0 lost.
+    let before = [Live(1, 1.0), End(0), Replay(1, 0), Replay(1, 1), End(1), Live(0, 0.0)];
+    check_connect(&before, &[R(0, 0), T(false), R(1, 0), A(0), A(1), T(true)]);
+    let midway = [Replay(0, 0), Live(2, 2.0), Live(3, 3.0), Replay(0, 1), Replay(1, 1), End(1)];
+    check_connect(&midway, &[R(0, 0), A(0), T(false), R(1, 1), A(1), A(2), A(3), T(true)]);
+    // The publisher's buffer no longer reaches back to 0: it starts where it starts.
+    check_connect(&[Replay(0, 5), Replay(0, 6), End(0), Live(7, 7.0)], &[R(0, 0), A(5), A(6), A(7)]);
+    // A restart during the replay: the worker was never marked untrusted.
+    check_connect(&[Replay(0, 0), Replay(0, 1), Live(0, 100.0), Replay(0, 2)], &[R(0, 0), A(0), A(1), C, A(0)]);
+}
+
+#[test]
+fn a_failed_connect_replay_does_no_harm() {
+    check_connect(&[Fail(0), Live(0, 0.0)], &[R(0, 0), A(0)]);
+    check_connect(&[At(1_999), At(2_000), Replay(0, 0), Live(0, 0.0)], &[R(0, 0), A(0)]);
+    // What it brought stays; the next live batch shows whether anything is missing.
+    let partial = [Replay(0, 0), Fail(0), Live(1, 1.0), Live(3, 3.0)];
+    check_connect(&partial, &[R(0, 0), A(0), A(1), T(false), R(1, 2)]);
+    // Once a live batch asked to join, that replay fails as it does without connecting.
+    check_connect(&[Live(2, 2.0), Fail(0), Fail(1)], &[R(0, 0), T(false), R(1, 0), C, T(true), A(2)]);
+}
+
+#[test]
+fn a_reconnect_asks_only_while_nothing_was_applied() {
+    let applied = [Replay(0, 0), End(0), Down, At(5_000), Up, Down, At(9_000), Up];
+    check_connect(&applied, &[R(0, 0), A(0)]);
+    check(cfg(), true, &[Live(0, 0.0), Up], &[A(0)]);
+    check_connect(&[End(0), Down, At(1_000), Up], &[R(0, 0), R(1, 0)]);
+}
+
+#[test]
+fn a_flapping_connection_asks_at_most_once_per_interval() {
+    // While one replay runs, connects ask nothing.
+    check_connect(&[Down, Up, Down, Up], &[R(0, 0)]);
+    // A connect within the interval asks once, when the interval ends.
+    let soon = [End(0), At(10), Down, Up, At(500), Down, Up, At(999), At(1_000), At(1_500)];
+    check_connect(&soon, &[R(0, 0), R(1, 0)]);
+    // ... unless disconnected or no longer needed by then.
+    check_connect(&[End(0), Up, Down, At(5_000)], &[R(0, 0)]);
+    check_connect(&[End(0), Up, Live(0, 0.0), At(1_000)], &[R(0, 0), A(0)]);
+    // Reconnecting every 50 ms for 10 s against a replay that never answers: one
+    // replay per 2 s time-out.
+    let flaps: Vec<In> = (0..200).flat_map(|i| [At(i * 50), Down, Up]).collect();
+    check_connect(&flaps, &[R(0, 0), R(1, 0), R(2, 0), R(3, 0), R(4, 0)]);
 }

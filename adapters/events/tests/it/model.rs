@@ -1,7 +1,8 @@
 //! Model test: whatever the network does to a valid stream (drops, duplicates,
 //! reordering) and however replies to replay requests interleave with live batches,
-//! the sink ends equal to a lossless run, which in turn equals what the simulated
-//! engine holds.
+//! and whenever the transport reports connecting (asking for a connect replay), the
+//! sink ends equal to a lossless run, which in turn equals what the simulated engine
+//! holds.
 //!
 //! Plain proptest rather than proptest-state-machine: the input is a delivery
 //! schedule of one stream, not a sequence of API operations with preconditions.
@@ -99,23 +100,28 @@ fn schedule(fates: &[Fate]) -> Vec<(u64, u64)> {
 }
 
 /// Runs the schedule, answering replays from the publisher's buffer one reply per
-/// live batch, then draining what is left.
-fn run(payloads: &[Bytes], sched: &[(u64, u64)]) -> (ModelSink, IngestCore) {
+/// live batch, then draining what is left. The transport reports a connection before
+/// delivering `sched[i]` for each `i` in `connects` (none past the end).
+fn run(payloads: &[Bytes], sched: &[(u64, u64)], connects: &[usize]) -> (ModelSink, IngestCore) {
     let mut core = new_core();
     let mut sink = ModelSink::default();
     let mut replies: VecDeque<(ReplayId, Vec<Bytes>)> = VecDeque::new();
     let now = Instant::ZERO;
-    let step = |core: &mut IngestCore, replies: &mut VecDeque<_>, published: u64| {
+    let step = |core: &mut IngestCore, replies: &mut VecDeque<_>, published: Option<u64>| {
         while let Some(Command::Replay { id, from, .. }) = core.poll_command() {
-            for s in from..=published {
+            for s in (from..).take_while(|s| published.is_some_and(|p| *s <= p)) {
                 replies.push_back((id, replay_msg(Some(s), &payloads[s as usize])));
             }
             replies.push_back((id, replay_msg(None, &Bytes::new())));
         }
     };
-    let mut published = 0;
-    for &(seq, pubd) in sched {
-        published = pubd;
+    let mut published = None;
+    for (i, &(seq, pubd)) in sched.iter().enumerate() {
+        if connects.contains(&i) {
+            let _ = core.handle_connection(now, KEY, true, &mut sink);
+            step(&mut core, &mut replies, published);
+        }
+        published = Some(pubd);
         let _ = core.handle_live(now, KEY, &live(seq, &payloads[seq as usize]), &mut sink);
         step(&mut core, &mut replies, published);
         if let Some((id, msg)) = replies.pop_front() {
@@ -142,13 +148,17 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
-    fn any_delivery_ends_like_a_lossless_run(seed in any::<u64>(), fates in prop::collection::vec(fate(), 2..40)) {
+    fn any_delivery_ends_like_a_lossless_run(
+        seed in any::<u64>(),
+        fates in prop::collection::vec(fate(), 2..40),
+        connects in prop::collection::vec(0usize..50, 0..3),
+    ) {
         let (payloads, expected) = stream(seed, fates.len());
         let lossless: Vec<(u64, u64)> = (0..fates.len() as u64).map(|s| (s, s)).collect();
-        let (clean, _) = run(&payloads, &lossless);
+        let (clean, _) = run(&payloads, &lossless, &[]);
         prop_assert_eq!(&clean.blocks(KEY), &expected, "the lossless run matches the engine");
 
-        let (sink, core) = run(&payloads, &schedule(&fates));
+        let (sink, core) = run(&payloads, &schedule(&fates), &connects);
         let st = core.status(KEY).expect("stream");
         prop_assert_eq!(st.last_seq, Some(fates.len() as u64 - 1));
         prop_assert_eq!(st.seq.resets, 0);
