@@ -135,19 +135,26 @@ impl<'a> TtftPlan<'a> {
 
     /// Appends `ttft_cost(req, c)` of every candidate to `out`. `POW2` must equal
     /// `self.pow2`.
+    ///
+    /// Every candidate goes through the fast path first, whose answer for one with its
+    /// own pass budget or KV capacity is then replaced by the reference's. One straight
+    /// loop writes each score in place; choosing between the two per candidate instead
+    /// made the compiler stage every score on the stack and copy it out.
     fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
+        let start = out.len();
         out.extend(cands.iter().map(|c| {
+            let p = self.inputs::<POW2>(c);
+            let t = self.times::<POW2>(c, &p);
+            self.finish(c, &p, &t)
+        }));
+        for (s, c) in out[start..].iter_mut().zip(cands) {
             // A reported 0 resolves to the default, any other value to itself.
             let default_batch = c.max_batched_tokens == 0 || c.max_batched_tokens == self.batch_tokens;
             let default_kv = c.kv_blocks == 0 || c.kv_blocks == self.kv_blocks;
-            if default_batch && default_kv {
-                let p = self.inputs::<POW2>(c);
-                let t = self.times::<POW2>(c, &p);
-                self.finish(c, &p, &t)
-            } else {
-                reference(self.req, c)
+            if !(default_batch && default_kv) {
+                *s = reference(self.req, c);
             }
-        }));
+        }
     }
 
     /// Stage 1: the prompt tokens to compute, the backlog and the decode step.
