@@ -309,8 +309,8 @@ impl Selector {
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
-                let scores = kv_scores(req, &cands);
-                (kv_pick(&scores, req.cost.temperature, draw), scores)
+                let (scores, min) = kv_scores(req, &cands);
+                (kv_pick(&scores, min, req.cost.temperature, draw), scores)
             }
         };
         Ok(selection(&cands, i, scores))
@@ -359,14 +359,49 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 }
 
 /// [`kv_cost`] of every candidate, in order (the TTFT model through its batch evaluator,
-/// which gives the same scores).
-fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> Vec<CandidateScore> {
+/// which gives the same scores), and the cheapest of them.
+fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest) {
     let mut scores = Vec::new();
-    match req.cost.model {
+    let min = match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
-        KvCostModel::Blocks => scores.extend(cands.iter().map(|c| kv_cost(req, c))),
+        KvCostModel::Blocks => {
+            scores.extend(cands.iter().map(|c| kv_cost(req, c)));
+            Cheapest::of(&scores)
+        }
+    };
+    (scores, min)
+}
+
+/// The least cost in a list of scores, the first index holding it and how many do;
+/// found while the scores are computed, to spare a second pass over them.
+#[derive(Clone, Copy, Debug)]
+struct Cheapest {
+    index: usize,
+    cost: f64,
+    ties: usize,
+}
+
+impl Cheapest {
+    /// Before any score.
+    const NONE: Cheapest = Cheapest { index: 0, cost: f64::INFINITY, ties: 0 };
+
+    /// Takes in score `i`'s cost (never NaN: see `cost::score`), the scores seen in order.
+    #[inline(always)]
+    fn see(&mut self, i: usize, cost: f64) {
+        if cost < self.cost {
+            *self = Cheapest { index: i, cost, ties: 1 };
+        } else if cost == self.cost {
+            self.ties += 1;
+        }
     }
-    scores
+
+    fn of(scores: &[CandidateScore]) -> Cheapest {
+        let mut min = Cheapest::NONE;
+        for (i, s) in scores.iter().enumerate() {
+            min.see(i, s.cost);
+        }
+        min
+    }
 }
 
 /// The index of the least element under `cmp`, ties broken uniformly by `draw`.
@@ -429,30 +464,22 @@ fn weighted(cands: &[Candidate], draw: &mut Draw) -> usize {
 /// Temperature 0 (or NaN): the cheapest, ties by draw. Above 0: sampled with
 /// `p ∝ exp(−(c − c_min) / ((c_max − c_min) × T))`, uniform when all costs are equal.
 /// Infinite costs get no weight unless every cost is infinite.
-fn kv_pick(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {
+/// `min` must be `Cheapest::of(scores)`.
+fn kv_pick(scores: &[CandidateScore], min: Cheapest, temperature: f64, draw: &mut Draw) -> usize {
     if temperature > 0.0 {
         return sample(scores, temperature, draw);
     }
-    cheapest(scores, draw)
+    cheapest(scores, min, draw)
 }
 
-/// [`pick_min`] by cost, in one plain pass (costs are never NaN: see `cost::score`);
-/// the same answer and the same draws.
-fn cheapest(scores: &[CandidateScore], draw: &mut Draw) -> usize {
-    let Some(first) = scores.first() else { return 0 };
-    let (mut best, mut best_cost, mut ties) = (0, first.cost, 1);
-    for (i, s) in scores.iter().enumerate().skip(1) {
-        if s.cost < best_cost {
-            (best, best_cost, ties) = (i, s.cost, 1);
-        } else if s.cost == best_cost {
-            ties += 1;
-        }
+/// [`pick_min`] by cost, from the cheapest found while scoring (costs are never NaN:
+/// see `cost::score`); the same answer and the same draws.
+fn cheapest(scores: &[CandidateScore], min: Cheapest, draw: &mut Draw) -> usize {
+    if min.ties <= 1 {
+        return min.index;
     }
-    if ties == 1 {
-        return best;
-    }
-    let k = draw.below(ties);
-    (best..scores.len()).filter(|&i| scores[i].cost == best_cost).nth(k).unwrap_or(best)
+    let k = draw.below(min.ties);
+    (min.index..scores.len()).filter(|&i| scores[i].cost == min.cost).nth(k).unwrap_or(min.index)
 }
 
 fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {

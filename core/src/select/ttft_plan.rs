@@ -27,7 +27,7 @@
 
 use super::cost::{overlap_effective, score};
 use super::ttft::{ttft_cost, TtftModel};
-use super::{Candidate, CandidateScore, SelectRequest};
+use super::{Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
 use alloc::vec::Vec;
 
@@ -35,14 +35,18 @@ use alloc::vec::Vec;
 /// module docs): `1 − 2⁻⁴⁰`.
 const ONE_PASS_SHARE: f64 = 1.0 - 1.0 / (1u64 << 40) as f64;
 
-/// Scores every candidate for `req` as [`ttft_cost`] does, appending to `out` in
-/// candidate order.
-pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
+/// Scores every candidate for `req` as [`ttft_cost`] does, into `out` (which must be
+/// empty) in candidate order, and finds the cheapest.
+pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> Cheapest {
+    out.clear();
     out.reserve(cands.len());
     match TtftPlan::new(req) {
         Some(plan) if plan.pow2 => plan.score_all::<true>(cands, out),
         Some(plan) => plan.score_all::<false>(cands, out),
-        None => out.extend(cands.iter().map(|c| ttft_cost(req, c))),
+        None => {
+            out.extend(cands.iter().map(|c| ttft_cost(req, c)));
+            Cheapest::of(out)
+        }
     }
 }
 
@@ -133,28 +137,40 @@ impl<'a> TtftPlan<'a> {
         })
     }
 
-    /// Appends `ttft_cost(req, c)` of every candidate to `out`. `POW2` must equal
-    /// `self.pow2`.
+    /// Writes `ttft_cost(req, c)` of every candidate to the empty `out` and finds the
+    /// cheapest. `POW2` must equal `self.pow2`.
     ///
     /// Every candidate goes through the fast path first, whose answer for one with its
     /// own pass budget or KV capacity is then replaced by the reference's. One straight
     /// loop writes each score in place; choosing between the two per candidate instead
     /// made the compiler stage every score on the stack and copy it out.
-    fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
-        let start = out.len();
-        out.extend(cands.iter().map(|c| {
+    fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> Cheapest {
+        let (mut min, mut odd) = (Cheapest::NONE, false);
+        out.extend(cands.iter().enumerate().map(|(i, c)| {
+            odd |= !self.is_default(c);
             let p = self.inputs::<POW2>(c);
             let t = self.times::<POW2>(c, &p);
-            self.finish(c, &p, &t)
+            let s = self.finish(c, &p, &t);
+            min.see(i, s.cost);
+            s
         }));
-        for (s, c) in out[start..].iter_mut().zip(cands) {
-            // A reported 0 resolves to the default, any other value to itself.
-            let default_batch = c.max_batched_tokens == 0 || c.max_batched_tokens == self.batch_tokens;
-            let default_kv = c.kv_blocks == 0 || c.kv_blocks == self.kv_blocks;
-            if !(default_batch && default_kv) {
+        if !odd {
+            return min;
+        }
+        for (s, c) in out.iter_mut().zip(cands) {
+            if !self.is_default(c) {
                 *s = reference(self.req, c);
             }
         }
+        Cheapest::of(out)
+    }
+
+    /// Whether `c` uses the default pass budget and KV capacity: a reported 0 resolves
+    /// to the default, any other value to itself.
+    #[inline(always)]
+    fn is_default(&self, c: &Candidate) -> bool {
+        let batch = (c.max_batched_tokens == 0) | (c.max_batched_tokens == self.batch_tokens);
+        batch & ((c.kv_blocks == 0) | (c.kv_blocks == self.kv_blocks))
     }
 
     /// Stage 1: the prompt tokens to compute, the backlog and the decode step.

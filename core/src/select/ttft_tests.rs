@@ -221,7 +221,7 @@ fn reference_selection(req: &SelectRequest, cands: &[Candidate], draw: u64) -> S
     let scores: Vec<CandidateScore> = cands.iter().map(|c| kv_cost(req, c)).collect();
     let d = &mut Draw(draw);
     let i = if req.cost.temperature > 0.0 {
-        kv_pick(&scores, req.cost.temperature, d)
+        kv_pick(&scores, Cheapest::of(&scores), req.cost.temperature, d)
     } else {
         let cost = |i: usize| scores[i].cost;
         pick_min(scores.len(), d, |a, b| cost(a).partial_cmp(&cost(b)).unwrap_or(core::cmp::Ordering::Equal))
