@@ -365,8 +365,13 @@ fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, 
     let min = match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
         KvCostModel::Blocks => {
-            scores.extend(cands.iter().map(|c| kv_cost(req, c)));
-            Cheapest::of(&scores)
+            let mut min = Cheapest::NONE;
+            scores.extend(cands.iter().enumerate().map(|(i, c)| {
+                let s = blocks_cost(req, c);
+                min.see(i, s.cost);
+                s
+            }));
+            min
         }
     };
     (scores, min)

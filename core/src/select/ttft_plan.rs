@@ -216,7 +216,9 @@ impl<'a> TtftPlan<'a> {
         let (others_ms, queued_ms) = if queued > 0.0 {
             let (full, rest) = self.split::<POW2>(queued);
             let others = if c.prefill_requests != 0 && rest > 0.0 {
-                let delay = prefill_pass_ms(m, (rest + own).min(self.batch)) - prefill_pass_ms(m, rest);
+                // Neither side is NaN: a plain comparison is `f64::min`.
+                let joined = if rest + own < self.batch { rest + own } else { self.batch };
+                let delay = prefill_pass_ms(m, joined) - prefill_pass_ms(m, rest);
                 let waiting = if queued <= self.batch { f64::from(c.prefill_requests) } else { 1.0 };
                 waiting * delay
             } else {
@@ -266,8 +268,8 @@ impl<'a> TtftPlan<'a> {
         if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
             return queued;
         }
-        let computed = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
-        (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
+        let computed = w.progress_credit * u64_to_f64(c.prefill_busy_ms) * self.batch / pass_ms;
+        (u64_to_f64(c.prefill_done_tokens) + queued - computed).clamp(0.0, queued)
     }
 
     /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how
