@@ -289,6 +289,14 @@ impl Selector {
             (RouterMode::Direct, Some(target)) => Some(target),
             _ => None,
         };
+        if req.mode == RouterMode::Kv && !candidates.is_empty() {
+            // Scoring in the caller's order checks that order on the way: sorted input,
+            // the usual case, is read once. Unsorted input is scored again once sorted.
+            let (scores, min, in_order) = kv_scores(req, candidates);
+            if in_order {
+                return Ok(selection(candidates, kv_pick(&scores, min, req.cost.temperature, draw), scores));
+            }
+        }
         let cands = sorted(candidates);
         if let Some(target) = direct {
             let Some(i) = cands.iter().position(|c| c.key == target) else {
@@ -309,7 +317,7 @@ impl Selector {
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
-                let (scores, min) = kv_scores(req, &cands);
+                let (scores, min, _) = kv_scores(req, &cands);
                 (kv_pick(&scores, min, req.cost.temperature, draw), scores)
             }
         };
@@ -359,22 +367,45 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 }
 
 /// [`kv_cost`] of every candidate, in order (the TTFT model through its batch evaluator,
-/// which gives the same scores), and the cheapest of them.
-fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest) {
+/// which gives the same scores), the cheapest of them, and whether the candidates are
+/// in key order.
+fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     let mut scores = Vec::new();
-    let min = match req.cost.model {
+    let (min, in_order) = match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
         KvCostModel::Blocks => {
-            let mut min = Cheapest::NONE;
+            let (mut min, mut order) = (Cheapest::NONE, KeyOrder::START);
             scores.extend(cands.iter().enumerate().map(|(i, c)| {
+                order.see(c.key);
                 let s = blocks_cost(req, c);
                 min.see(i, s.cost);
                 s
             }));
-            min
+            (min, order.in_order)
         }
     };
-    (scores, min)
+    (scores, min, in_order)
+}
+
+/// Whether keys seen one by one come in order (the check `sorted` makes, folded into a
+/// pass that reads the candidates anyway).
+#[derive(Clone, Copy, Debug)]
+struct KeyOrder {
+    last: u128,
+    in_order: bool,
+}
+
+impl KeyOrder {
+    /// Before any key.
+    const START: KeyOrder = KeyOrder { last: 0, in_order: true };
+
+    #[inline(always)]
+    fn see(&mut self, key: WorkerKey) {
+        // Ordered as `WorkerKey` is: by worker, then rank.
+        let k = (u128::from(key.worker.0) << 32) | u128::from(key.rank.0);
+        self.in_order &= self.last <= k;
+        self.last = k;
+    }
 }
 
 /// The least cost in a list of scores, the first index holding it and how many do;
