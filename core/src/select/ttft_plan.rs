@@ -19,8 +19,8 @@
 //!   2⁵² instead of a float-integer round trip;
 //! * NaN and sign checks are dropped where the operand cannot be NaN or negative (counts
 //!   converted from integers), `f64::max`/`min` are plain comparisons where one side
-//!   cannot be NaN, 64-bit counts are converted as signed ones when they fit, and the
-//!   backlog's split, which the reference computes twice, is computed once.
+//!   cannot be NaN, and the backlog's split, which the reference computes twice, is
+//!   computed once.
 //!
 //! What it leaves to [`ttft_cost`]: the decode phase (the blocks formula scores it) and
 //! any candidate reporting its own pass budget or KV capacity different from the
@@ -200,7 +200,7 @@ impl<'a> TtftPlan<'a> {
         } else {
             1.0
         };
-        let active = u64_to_f64(c.load.active_decode_blocks);
+        let active = c.load.active_decode_blocks as f64;
         let decoding = self.aggregated && c.load.active_requests > c.prefill_requests;
         let step_ms = if decoding {
             let usage = if POW2 { active * self.kv_recip } else { active / self.kv };
@@ -265,7 +265,7 @@ impl<'a> TtftPlan<'a> {
 
     /// The reference's `queued_tokens`: booked prompt tokens less the progress credit.
     fn queued_tokens<const POW2: bool>(&self, c: &Candidate, step_ms: f64) -> f64 {
-        let queued = u64_to_f64(c.load.active_prefill_tokens);
+        let queued = c.load.active_prefill_tokens as f64;
         if c.prefill_busy_ms == 0 {
             return queued;
         }
@@ -274,8 +274,8 @@ impl<'a> TtftPlan<'a> {
         if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
             return queued;
         }
-        let computed = w.progress_credit * u64_to_f64(c.prefill_busy_ms) * self.batch / pass_ms;
-        (u64_to_f64(c.prefill_done_tokens) + queued - computed).clamp(0.0, queued)
+        let computed = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
+        (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
     }
 
     /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how
@@ -315,16 +315,6 @@ fn floor_small(x: f64) -> f64 {
         nearest - 1.0
     } else {
         nearest
-    }
-}
-
-/// `x as f64`, in two instructions instead of eight when `x` fits an `i64` (the same
-/// integer rounds the same either way).
-#[inline(always)]
-fn u64_to_f64(x: u64) -> f64 {
-    match i64::try_from(x) {
-        Ok(x) => x as f64,
-        Err(_) => x as f64,
     }
 }
 
