@@ -304,12 +304,15 @@ fn decisions_ignore_input_order_and_previews_match_commits() {
     let mut shuffled = cands.clone();
     shuffled.reverse();
     shuffled.swap(2, 7);
-    let modes = RouterMode::ALL.into_iter().map(|m| (m, 0.3)).chain([(RouterMode::Kv, 0.0)]);
-    for (mode, temperature) in modes {
+    let (ttft, blocks) = (KvCostModel::Ttft, KvCostModel::Blocks);
+    let kv = [(0.0, ttft, Phase::Aggregated), (0.0, blocks, Phase::Aggregated), (0.0, ttft, Phase::Decode)];
+    let modes = RouterMode::ALL.into_iter().map(|m| (m, 0.3, ttft, Phase::Aggregated));
+    for (mode, temperature, model, phase) in modes.chain(kv.map(|(t, m, p)| (RouterMode::Kv, t, m, p))) {
         let r = SelectRequest {
             isl_tokens: 512,
             direct: Some(key(5)),
-            cost: KvCostConfig { temperature, ..KvCostConfig::default() },
+            phase,
+            cost: KvCostConfig { temperature, model, ..KvCostConfig::default() },
             ..req(mode)
         };
         let (mut a, mut b) = (Selector::new(), Selector::new());
