@@ -120,6 +120,7 @@ pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 /// arrives by transfer: its decode term assumes no reuse (`active_decode_blocks` plus
 /// every full block of the prompt plus the expected output), and its request weight is at
 /// least 1. `overlap_effective` is reported in every phase.
+#[inline(always)] // Into the selector's loop, which it writes each score straight into.
 pub fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let cfg = &req.cost;
     let bs = f64::from(req.block_size.tokens());

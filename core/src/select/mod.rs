@@ -289,6 +289,14 @@ impl Selector {
             (RouterMode::Direct, Some(target)) => Some(target),
             _ => None,
         };
+        if req.mode == RouterMode::Kv && !candidates.is_empty() {
+            // Scoring in the caller's order checks that order on the way: sorted input,
+            // the usual case, is read once. Unsorted input is scored again once sorted.
+            let (scores, min, in_order) = kv_scores(req, candidates);
+            if in_order {
+                return Ok(selection(candidates, kv_pick(&scores, min, req.cost.temperature, draw), scores));
+            }
+        }
         let cands = sorted(candidates);
         if let Some(target) = direct {
             let Some(i) = cands.iter().position(|c| c.key == target) else {
@@ -309,8 +317,8 @@ impl Selector {
             RouterMode::Weighted => (weighted(&cands, draw), load_scores(req, &cands, |_| 0.0)),
             // Direct returned above; it shares the kv arm only to keep the match exhaustive.
             RouterMode::Kv | RouterMode::Direct => {
-                let scores = kv_scores(req, &cands);
-                (kv_pick(&scores, req.cost.temperature, draw), scores)
+                let (scores, min, _) = kv_scores(req, &cands);
+                (kv_pick(&scores, min, req.cost.temperature, draw), scores)
             }
         };
         Ok(selection(&cands, i, scores))
@@ -359,14 +367,77 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 }
 
 /// [`kv_cost`] of every candidate, in order (the TTFT model through its batch evaluator,
-/// which gives the same scores).
-fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> Vec<CandidateScore> {
+/// which gives the same scores), the cheapest of them, and whether the candidates are
+/// in key order.
+fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     let mut scores = Vec::new();
-    match req.cost.model {
+    let (min, in_order) = match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
-        KvCostModel::Blocks => scores.extend(cands.iter().map(|c| kv_cost(req, c))),
+        KvCostModel::Blocks => {
+            let (mut min, mut order) = (Cheapest::NONE, KeyOrder::START);
+            scores.extend(cands.iter().enumerate().map(|(i, c)| {
+                order.see(c.key);
+                let s = blocks_cost(req, c);
+                min.see(i, s.cost);
+                s
+            }));
+            (min, order.in_order)
+        }
+    };
+    (scores, min, in_order)
+}
+
+/// Whether keys seen one by one come in order (the check `sorted` makes, folded into a
+/// pass that reads the candidates anyway).
+#[derive(Clone, Copy, Debug)]
+struct KeyOrder {
+    last: u128,
+    in_order: bool,
+}
+
+impl KeyOrder {
+    /// Before any key.
+    const START: KeyOrder = KeyOrder { last: 0, in_order: true };
+
+    #[inline(always)]
+    fn see(&mut self, key: WorkerKey) {
+        // Ordered as `WorkerKey` is: by worker, then rank.
+        let k = (u128::from(key.worker.0) << 32) | u128::from(key.rank.0);
+        self.in_order &= self.last <= k;
+        self.last = k;
     }
-    scores
+}
+
+/// The least cost in a list of scores, the first index holding it and how many do;
+/// found while the scores are computed, to spare a second pass over them.
+#[derive(Clone, Copy, Debug)]
+struct Cheapest {
+    index: usize,
+    cost: f64,
+    ties: usize,
+}
+
+impl Cheapest {
+    /// Before any score.
+    const NONE: Cheapest = Cheapest { index: 0, cost: f64::INFINITY, ties: 0 };
+
+    /// Takes in score `i`'s cost (never NaN: see `cost::score`), the scores seen in order.
+    #[inline(always)]
+    fn see(&mut self, i: usize, cost: f64) {
+        if cost < self.cost {
+            *self = Cheapest { index: i, cost, ties: 1 };
+        } else if cost == self.cost {
+            self.ties += 1;
+        }
+    }
+
+    fn of(scores: &[CandidateScore]) -> Cheapest {
+        let mut min = Cheapest::NONE;
+        for (i, s) in scores.iter().enumerate() {
+            min.see(i, s.cost);
+        }
+        min
+    }
 }
 
 /// The index of the least element under `cmp`, ties broken uniformly by `draw`.
@@ -429,30 +500,22 @@ fn weighted(cands: &[Candidate], draw: &mut Draw) -> usize {
 /// Temperature 0 (or NaN): the cheapest, ties by draw. Above 0: sampled with
 /// `p ∝ exp(−(c − c_min) / ((c_max − c_min) × T))`, uniform when all costs are equal.
 /// Infinite costs get no weight unless every cost is infinite.
-fn kv_pick(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {
+/// `min` must be `Cheapest::of(scores)`.
+fn kv_pick(scores: &[CandidateScore], min: Cheapest, temperature: f64, draw: &mut Draw) -> usize {
     if temperature > 0.0 {
         return sample(scores, temperature, draw);
     }
-    cheapest(scores, draw)
+    cheapest(scores, min, draw)
 }
 
-/// [`pick_min`] by cost, in one plain pass (costs are never NaN: see `cost::score`);
-/// the same answer and the same draws.
-fn cheapest(scores: &[CandidateScore], draw: &mut Draw) -> usize {
-    let Some(first) = scores.first() else { return 0 };
-    let (mut best, mut best_cost, mut ties) = (0, first.cost, 1);
-    for (i, s) in scores.iter().enumerate().skip(1) {
-        if s.cost < best_cost {
-            (best, best_cost, ties) = (i, s.cost, 1);
-        } else if s.cost == best_cost {
-            ties += 1;
-        }
+/// [`pick_min`] by cost, from the cheapest found while scoring (costs are never NaN:
+/// see `cost::score`); the same answer and the same draws.
+fn cheapest(scores: &[CandidateScore], min: Cheapest, draw: &mut Draw) -> usize {
+    if min.ties <= 1 {
+        return min.index;
     }
-    if ties == 1 {
-        return best;
-    }
-    let k = draw.below(ties);
-    (best..scores.len()).filter(|&i| scores[i].cost == best_cost).nth(k).unwrap_or(best)
+    let k = draw.below(min.ties);
+    (min.index..scores.len()).filter(|&i| scores[i].cost == min.cost).nth(k).unwrap_or(min.index)
 }
 
 fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize {

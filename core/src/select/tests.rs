@@ -304,11 +304,15 @@ fn decisions_ignore_input_order_and_previews_match_commits() {
     let mut shuffled = cands.clone();
     shuffled.reverse();
     shuffled.swap(2, 7);
-    for mode in RouterMode::ALL {
+    let (ttft, blocks) = (KvCostModel::Ttft, KvCostModel::Blocks);
+    let kv = [(0.0, ttft, Phase::Aggregated), (0.0, blocks, Phase::Aggregated), (0.0, ttft, Phase::Decode)];
+    let modes = RouterMode::ALL.into_iter().map(|m| (m, 0.3, ttft, Phase::Aggregated));
+    for (mode, temperature, model, phase) in modes.chain(kv.map(|(t, m, p)| (RouterMode::Kv, t, m, p))) {
         let r = SelectRequest {
             isl_tokens: 512,
             direct: Some(key(5)),
-            cost: KvCostConfig { temperature: 0.3, ..KvCostConfig::default() },
+            phase,
+            cost: KvCostConfig { temperature, model, ..KvCostConfig::default() },
             ..req(mode)
         };
         let (mut a, mut b) = (Selector::new(), Selector::new());
@@ -321,6 +325,26 @@ fn decisions_ignore_input_order_and_previews_match_commits() {
             let keys: Vec<_> = sorted.scores.iter().map(|s| s.key).collect();
             assert!(keys.windows(2).all(|w| w[0] < w[1]) && keys.len() == 12, "{mode}: scores in key order");
         }
+    }
+}
+
+/// `KeyOrder` agrees with comparing `WorkerKey`s, ranks included.
+#[test]
+fn key_order_is_worker_key_order() {
+    let k = |w: u64, r: u32| WorkerKey::new(w, r);
+    let cases: [&[WorkerKey]; 7] = [
+        &[],
+        &[k(3, 1)],
+        &[k(1, 0), k(1, 1), k(2, 0)],
+        &[k(1, 1), k(1, 0)],
+        &[k(1, u32::MAX), k(2, 0)],
+        &[k(2, 0), k(1, u32::MAX)],
+        &[k(u64::MAX, 0), k(u64::MAX, 0), k(0, 5)],
+    ];
+    for keys in cases {
+        let mut order = KeyOrder::START;
+        keys.iter().for_each(|&key| order.see(key));
+        assert_eq!(order.in_order, keys.windows(2).all(|w| w[0] <= w[1]), "{keys:?}");
     }
 }
 

@@ -18,8 +18,9 @@
 //!   split here is of a positive count, whose floor is found by adding and subtracting
 //!   2⁵² instead of a float-integer round trip;
 //! * NaN and sign checks are dropped where the operand cannot be NaN or negative (counts
-//!   converted from integers), and the backlog's split, which the reference computes
-//!   twice, is computed once.
+//!   converted from integers), `f64::max`/`min` are plain comparisons where one side
+//!   cannot be NaN, and the backlog's split, which the reference computes twice, is
+//!   computed once.
 //!
 //! What it leaves to [`ttft_cost`]: the decode phase (the blocks formula scores it) and
 //! any candidate reporting its own pass budget or KV capacity different from the
@@ -27,7 +28,7 @@
 
 use super::cost::{overlap_effective, score};
 use super::ttft::{ttft_cost, TtftModel};
-use super::{Candidate, CandidateScore, SelectRequest};
+use super::{Candidate, CandidateScore, Cheapest, KeyOrder, SelectRequest};
 use crate::types::Phase;
 use alloc::vec::Vec;
 
@@ -35,14 +36,23 @@ use alloc::vec::Vec;
 /// module docs): `1 − 2⁻⁴⁰`.
 const ONE_PASS_SHARE: f64 = 1.0 - 1.0 / (1u64 << 40) as f64;
 
-/// Scores every candidate for `req` as [`ttft_cost`] does, appending to `out` in
-/// candidate order.
-pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
+/// Scores every candidate for `req` as [`ttft_cost`] does, into `out` (which must be
+/// empty) in candidate order, finds the cheapest and tells whether the candidates are in
+/// key order.
+pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> (Cheapest, bool) {
+    out.clear();
     out.reserve(cands.len());
     match TtftPlan::new(req) {
         Some(plan) if plan.pow2 => plan.score_all::<true>(cands, out),
         Some(plan) => plan.score_all::<false>(cands, out),
-        None => out.extend(cands.iter().map(|c| ttft_cost(req, c))),
+        None => {
+            let mut order = KeyOrder::START;
+            out.extend(cands.iter().map(|c| {
+                order.see(c.key);
+                ttft_cost(req, c)
+            }));
+            (Cheapest::of(out), order.in_order)
+        }
     }
 }
 
@@ -133,21 +143,41 @@ impl<'a> TtftPlan<'a> {
         })
     }
 
-    /// Appends `ttft_cost(req, c)` of every candidate to `out`. `POW2` must equal
-    /// `self.pow2`.
-    fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) {
-        out.extend(cands.iter().map(|c| {
-            // A reported 0 resolves to the default, any other value to itself.
-            let default_batch = c.max_batched_tokens == 0 || c.max_batched_tokens == self.batch_tokens;
-            let default_kv = c.kv_blocks == 0 || c.kv_blocks == self.kv_blocks;
-            if default_batch && default_kv {
-                let p = self.inputs::<POW2>(c);
-                let t = self.times::<POW2>(c, &p);
-                self.finish(c, &p, &t)
-            } else {
-                reference(self.req, c)
-            }
+    /// Writes `ttft_cost(req, c)` of every candidate to the empty `out`, finds the
+    /// cheapest and checks the key order. `POW2` must equal `self.pow2`.
+    ///
+    /// Every candidate goes through the fast path first, whose answer for one with its
+    /// own pass budget or KV capacity is then replaced by the reference's. One straight
+    /// loop writes each score in place; choosing between the two per candidate instead
+    /// made the compiler stage every score on the stack and copy it out.
+    fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> (Cheapest, bool) {
+        let (mut min, mut odd, mut order) = (Cheapest::NONE, false, KeyOrder::START);
+        out.extend(cands.iter().enumerate().map(|(i, c)| {
+            odd |= !self.is_default(c);
+            order.see(c.key);
+            let p = self.inputs::<POW2>(c);
+            let t = self.times::<POW2>(c, &p);
+            let s = self.finish(c, &p, &t);
+            min.see(i, s.cost);
+            s
         }));
+        if !odd {
+            return (min, order.in_order);
+        }
+        for (s, c) in out.iter_mut().zip(cands) {
+            if !self.is_default(c) {
+                *s = reference(self.req, c);
+            }
+        }
+        (Cheapest::of(out), order.in_order)
+    }
+
+    /// Whether `c` uses the default pass budget and KV capacity: a reported 0 resolves
+    /// to the default, any other value to itself.
+    #[inline(always)]
+    fn is_default(&self, c: &Candidate) -> bool {
+        let batch = (c.max_batched_tokens == 0) | (c.max_batched_tokens == self.batch_tokens);
+        batch & ((c.kv_blocks == 0) | (c.kv_blocks == self.kv_blocks))
     }
 
     /// Stage 1: the prompt tokens to compute, the backlog and the decode step.
@@ -155,10 +185,21 @@ impl<'a> TtftPlan<'a> {
     fn inputs<const POW2: bool>(&self, c: &Candidate) -> Inputs {
         let cfg = &self.req.cost;
         let overlap = overlap_effective(self.req, c);
-        let cached_blocks = overlap.max(f64::from(c.inflight_prefix_blocks));
-        let cached = (cfg.overlap_credit * cached_blocks * self.bs).min(self.isl);
+        // `f64::max` and `min` with one side never NaN: a NaN other side gives that one,
+        // as a plain comparison does (and neither is −0.0, so zeros' signs can't differ).
+        let inflight = f64::from(c.inflight_prefix_blocks);
+        let cached_blocks = if overlap > inflight { overlap } else { inflight };
+        let credited = cfg.overlap_credit * cached_blocks * self.bs;
+        let cached = if credited < self.isl { credited } else { self.isl };
         let isl = self.isl;
-        let own = if isl > 0.0 { (isl - cached).max(1.0) } else { 0.0 };
+        let left = isl - cached;
+        let own = if isl <= 0.0 {
+            0.0
+        } else if left > 1.0 {
+            left
+        } else {
+            1.0
+        };
         let active = c.load.active_decode_blocks as f64;
         let decoding = self.aggregated && c.load.active_requests > c.prefill_requests;
         let step_ms = if decoding {
@@ -181,7 +222,9 @@ impl<'a> TtftPlan<'a> {
         let (others_ms, queued_ms) = if queued > 0.0 {
             let (full, rest) = self.split::<POW2>(queued);
             let others = if c.prefill_requests != 0 && rest > 0.0 {
-                let delay = prefill_pass_ms(m, (rest + own).min(self.batch)) - prefill_pass_ms(m, rest);
+                // Neither side is NaN: a plain comparison is `f64::min`.
+                let joined = if rest + own < self.batch { rest + own } else { self.batch };
+                let delay = prefill_pass_ms(m, joined) - prefill_pass_ms(m, rest);
                 let waiting = if queued <= self.batch { f64::from(c.prefill_requests) } else { 1.0 };
                 waiting * delay
             } else {

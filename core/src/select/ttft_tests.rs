@@ -221,7 +221,7 @@ fn reference_selection(req: &SelectRequest, cands: &[Candidate], draw: u64) -> S
     let scores: Vec<CandidateScore> = cands.iter().map(|c| kv_cost(req, c)).collect();
     let d = &mut Draw(draw);
     let i = if req.cost.temperature > 0.0 {
-        kv_pick(&scores, req.cost.temperature, d)
+        kv_pick(&scores, Cheapest::of(&scores), req.cost.temperature, d)
     } else {
         let cost = |i: usize| scores[i].cost;
         pick_min(scores.len(), d, |a, b| cost(a).partial_cmp(&cost(b)).unwrap_or(core::cmp::Ordering::Equal))
@@ -250,7 +250,9 @@ proptest::proptest! {
         block in proptest::sample::select(vec![1u32, 16, 64, 1024]),
         phase in proptest::sample::select(Phase::ALL.to_vec()),
         out_blocks in 0u32..200,
-        credit in proptest::sample::select(vec![0.0, 0.5, 1.0, 1.25]),
+        credit in proptest::sample::select(vec![0.0, 0.5, 1.0, 1.25, -1.0, f64::NAN]),
+        host_weight in proptest::sample::select(vec![0.75, 0.0, -0.5, f64::NAN]),
+        odd_timing in 0usize..4,
         progress in proptest::sample::select(vec![0.0, 0.7, 1.0, f64::NAN]),
         temperature in proptest::sample::select(vec![0.0, 0.0, 0.3]),
         small_default_batch in proptest::bool::ANY,
@@ -258,6 +260,13 @@ proptest::proptest! {
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
         cost.ttft.progress_credit = progress;
+        cost.host_tier_weight = host_weight;
+        match odd_timing {
+            1 => cost.timing.decode_ms_min = f64::NAN,
+            2 => cost.timing.prefill_ms_per_pass = f64::INFINITY,
+            3 => cost.timing.decode_ms_per_usage = f64::NAN,
+            _ => {}
+        }
         if small_default_batch {
             cost.timing.max_batched_tokens_default = 512;
             cost.timing.kv_blocks_default = 2000;
