@@ -224,7 +224,7 @@ impl Router {
         let load = |e: Result<(), RemoteLoadError>| e.map_err(ReplicaError::Load);
         match u {
             ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks } => {
-                load(self.remote.add(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks))
+                load(self.remote.add(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks, &self.load))
             }
             ReplicaUpdate::PrefillDone { id, phase } => load(self.remote.prefill_done(now, from, id, phase)),
             ReplicaUpdate::Finished { id, phase } => load(self.remote.finish(now, from, id, phase)),

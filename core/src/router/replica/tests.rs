@@ -290,8 +290,14 @@ fn a_peers_in_flight_prompt_draws_its_continuation() {
     rs[0].handle_prefill_done(at(1), RequestId(1), Phase::Aggregated).unwrap();
     settle(&mut rs, at(1));
     assert_eq!(route(&mut rs[1], at(1), prompt(2, 61)), home);
-    // Peers' prompt blocks count as decode blocks. (A block held both by a booking here
-    // and by a peer's counts twice: the local and remote tables are kept apart.)
+    // Peers' prompt blocks count as decode blocks, but a block held both by a booking
+    // here and by a peer's counts once: the 60 shared ones plus the continuation's last.
     assert_eq!(rs[1].remote_load().load(key).active_decode_blocks, 60);
-    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 121);
+    assert_eq!(rs[1].remote_load().shared_blocks(key), 60);
+    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 61);
+    // The peer's request finishing leaves only the local booking's 61 blocks.
+    rs[0].handle_finished(at(2), RequestId(1), Phase::Aggregated).unwrap();
+    settle(&mut rs, at(2));
+    assert_eq!(rs[1].remote_load().shared_blocks(key), 0);
+    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 61);
 }
