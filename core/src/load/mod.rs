@@ -617,4 +617,6 @@ impl LoadTracker {
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
+mod shared_tests;
+#[cfg(test)]
 mod tests;
