@@ -14,6 +14,12 @@
 //! [`LoadTracker::free`]). Because a lost `free` would otherwise leak load forever, every
 //! booking expires `request_age_max_ms` after it was made.
 //!
+//! Other replicas' bookings live in a [`RemoteLoad`] table, kept apart. A router that
+//! keeps one uses the `*_with_remote` variants of `add`, `free`, `remove_worker` and
+//! `handle_timeout`: they tell the table each time a key's local bookings start or stop
+//! holding a prompt block, so that [`RemoteLoad::combined`] counts a block held on both
+//! sides once, in O(1) per key.
+//!
 //! Calling order, as for every sans-IO type in this crate: feed inputs (`add`,
 //! `prefill_done`, `decode_progress`, `free`, `remove_worker`, `handle_timeout`), then
 //! drain [`LoadTracker::poll_expired`] until `None`, then sleep until

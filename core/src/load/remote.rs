@@ -453,7 +453,8 @@ impl RemoteLoad {
         gone.len()
     }
 
-    /// Other replicas' load on `key` (all zero when none).
+    /// Other replicas' load on `key` (all zero when none), on its own: prompt blocks that
+    /// local bookings hold too are counted here; [`Self::combined`] leaves them out.
     pub fn load(&self, key: WorkerKey) -> WorkerLoad {
         self.keys.get(&key).map_or_else(WorkerLoad::default, |s| WorkerLoad {
             active_prefill_tokens: s.prefill_tokens,
