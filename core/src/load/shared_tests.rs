@@ -415,7 +415,6 @@ impl StateMachineTest for Real {
 }
 
 prop_state_machine! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
     #[test]
     fn local_and_remote_count_a_block_once(sequential 1..60 => Real);
 }
