@@ -14,6 +14,12 @@
 //! [`LoadTracker::free`]). Because a lost `free` would otherwise leak load forever, every
 //! booking expires `request_age_max_ms` after it was made.
 //!
+//! Other replicas' bookings live in a [`RemoteLoad`] table, kept apart. A router that
+//! keeps one uses the `*_with_remote` variants of `add`, `free`, `remove_worker` and
+//! `handle_timeout`: they tell the table each time a key's local bookings start or stop
+//! holding a prompt block, so that [`RemoteLoad::combined`] counts a block held on both
+//! sides once, in O(1) per key.
+//!
 //! Calling order, as for every sans-IO type in this crate: feed inputs (`add`,
 //! `prefill_done`, `decode_progress`, `free`, `remove_worker`, `handle_timeout`), then
 //! drain [`LoadTracker::poll_expired`] until `None`, then sleep until
@@ -262,6 +268,40 @@ impl LoadTracker {
         prefill_tokens: u32,
         expected_output_blocks: u32,
     ) -> Result<(), LoadError> {
+        self.add_inner(now, req, phase, key, blocks, prefill_tokens, expected_output_blocks, None)
+    }
+
+    /// [`Self::add`], telling `remote` which blocks local bookings on `key` start to hold,
+    /// so that [`RemoteLoad::combined`] counts a block held here and elsewhere once. A
+    /// tracker that shares a fleet with a [`RemoteLoad`] must use the `*_with_remote`
+    /// methods for every change to its blocks.
+    #[allow(clippy::too_many_arguments)] // Mirrors the booking's fields one to one.
+    pub fn add_with_remote(
+        &mut self,
+        now: Instant,
+        req: RequestId,
+        phase: Phase,
+        key: WorkerKey,
+        blocks: &[SeqHash],
+        prefill_tokens: u32,
+        expected_output_blocks: u32,
+        remote: &mut RemoteLoad,
+    ) -> Result<(), LoadError> {
+        self.add_inner(now, req, phase, key, blocks, prefill_tokens, expected_output_blocks, Some(remote))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn add_inner(
+        &mut self,
+        now: Instant,
+        req: RequestId,
+        phase: Phase,
+        key: WorkerKey,
+        blocks: &[SeqHash],
+        prefill_tokens: u32,
+        expected_output_blocks: u32,
+        mut remote: Option<&mut RemoteLoad>,
+    ) -> Result<(), LoadError> {
         if self.bookings.contains_key(&(req, phase)) {
             self.stats.duplicate_request += 1;
             return Err(LoadError::DuplicateRequest { req, phase });
@@ -305,7 +345,11 @@ impl LoadTracker {
         // One growth step instead of several while a prompt's blocks go in.
         kl.blocks.reserve(blocks.len());
         for &b in blocks {
-            *kl.blocks.entry(b).or_insert(0) += 1;
+            let n = kl.blocks.entry(b).or_insert(0);
+            *n += 1;
+            if let (1, Some(r)) = (*n, remote.as_deref_mut()) {
+                r.local_held(key, b);
+            }
         }
         self.expiry.insert(expiry, (req, phase));
         self.bookings.insert((req, phase), booking);
@@ -356,24 +400,49 @@ impl LoadTracker {
 
     /// The request finished: drops the booking and everything it held.
     pub fn free(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
+        self.free_inner(req, phase, None)
+    }
+
+    /// [`Self::free`], telling `remote` which blocks no local booking holds any more.
+    pub fn free_with_remote(&mut self, req: RequestId, phase: Phase, remote: &mut RemoteLoad) -> Result<(), LoadError> {
+        self.free_inner(req, phase, Some(remote))
+    }
+
+    fn free_inner(&mut self, req: RequestId, phase: Phase, remote: Option<&mut RemoteLoad>) -> Result<(), LoadError> {
         let Some(mut b) = self.bookings.remove(&(req, phase)) else {
             return Err(self.unknown(req, phase));
         };
         self.expiry.remove(&b.expiry);
-        self.unbook(phase, &mut b);
+        self.unbook(phase, &mut b, remote);
         Ok(())
     }
 
     /// Drops every booking on any rank of `worker` and returns how many there were.
     /// Dropped bookings are not reported as expired. Work is linear in the live bookings.
     pub fn remove_worker(&mut self, worker: WorkerId) -> usize {
+        self.remove_worker_inner(worker, None)
+    }
+
+    /// [`Self::remove_worker`], telling `remote` which blocks no local booking holds any
+    /// more.
+    pub fn remove_worker_with_remote(&mut self, worker: WorkerId, remote: &mut RemoteLoad) -> usize {
+        self.remove_worker_inner(worker, Some(remote))
+    }
+
+    fn remove_worker_inner(&mut self, worker: WorkerId, mut remote: Option<&mut RemoteLoad>) -> usize {
+        // Hash order only changes the order of the per-block notices, not their result.
         let gone: Vec<_> = self.bookings.extract_if(|_, b| b.key.worker == worker).collect();
         let n = gone.len();
         for ((_, phase), mut b) in gone {
             self.expiry.remove(&b.expiry);
-            self.unbook(phase, &mut b);
+            self.unbook(phase, &mut b, remote.as_deref_mut());
         }
         n
+    }
+
+    /// Whether a booking on `key` holds `block` as a prompt block. O(1).
+    pub fn holds(&self, key: WorkerKey, block: SeqHash) -> bool {
+        self.keys.get(&key).is_some_and(|kl| kl.blocks.contains_key(&block))
     }
 
     /// The load on `key` (all zero for a key with no bookings).
@@ -454,6 +523,16 @@ impl LoadTracker {
     /// Each expiry is reported through [`Self::poll_expired`]. Harmless when nothing is due
     /// or when `now` went backwards.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.handle_timeout_inner(now, None);
+    }
+
+    /// [`Self::handle_timeout`], telling `remote` which blocks no local booking holds any
+    /// more.
+    pub fn handle_timeout_with_remote(&mut self, now: Instant, remote: &mut RemoteLoad) {
+        self.handle_timeout_inner(now, Some(remote));
+    }
+
+    fn handle_timeout_inner(&mut self, now: Instant, mut remote: Option<&mut RemoteLoad>) {
         for _ in 0..EXPIRE_PER_CALL_MAX {
             let Some(entry) = self.expiry.first_entry() else {
                 return;
@@ -463,7 +542,7 @@ impl LoadTracker {
             }
             let (req, phase) = entry.remove();
             if let Some(mut b) = self.bookings.remove(&(req, phase)) {
-                self.unbook(phase, &mut b);
+                self.unbook(phase, &mut b, remote.as_deref_mut());
             }
             self.stats.expired += 1;
             if self.expired.len() >= EXPIRED_QUEUE_MAX {
@@ -515,8 +594,9 @@ impl LoadTracker {
         LoadError::UnknownRequest { req, phase }
     }
 
-    /// Takes a removed booking's load off its key, dropping the key when it empties.
-    fn unbook(&mut self, phase: Phase, b: &mut Booking) {
+    /// Takes a removed booking's load off its key, dropping the key when it empties, and
+    /// tells `remote` of each block no booking on the key holds any more.
+    fn unbook(&mut self, phase: Phase, b: &mut Booking, mut remote: Option<&mut RemoteLoad>) {
         let Some(kl) = self.keys.get_mut(&b.key) else {
             return;
         };
@@ -528,6 +608,9 @@ impl LoadTracker {
                 *n -= 1;
                 if *n == 0 {
                     kl.blocks.remove(h);
+                    if let Some(r) = remote.as_deref_mut() {
+                        r.local_released(b.key, *h);
+                    }
                 }
             }
         }
@@ -539,5 +622,7 @@ impl LoadTracker {
 
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod shared_tests;
 #[cfg(test)]
 mod tests;

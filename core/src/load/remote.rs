@@ -8,12 +8,22 @@
 //! blocks (counted once per worker key however many entries share them, as the local
 //! tracker counts its own) plus its predicted output blocks, and one request. The prompt
 //! blocks also tell [`RemoteLoad::held_prefix`] which prefixes are already on their way
-//! into a worker's cache. [`RemoteLoad::combined`] adds
-//! the per-key sums to a local [`WorkerLoad`], and [`RemoteLoad::combined_progress`]
-//! merges the keys' prefill backlogs the way the local tracker follows its own (since
-//! when a key has had prefill outstanding, and how much of it finished since), so that
-//! other replicas' backlog is discounted for the time it has been computing, exactly as
-//! a local backlog is.
+//! into a worker's cache.
+//!
+//! [`RemoteLoad::combined`] adds the per-key sums to the local [`WorkerLoad`], counting a
+//! prompt block held on a key both by local bookings and by remote entries once: it is
+//! one block in the worker's cache, and counting it twice would steer requests away from
+//! exactly the workers that hold hot shared prefixes. To keep that O(1) per key, each
+//! remote block remembers whether a local booking on its key holds it too, and each key
+//! counts those ([`RemoteLoad::shared_blocks`]). The mark is set when a remote block
+//! first appears on a key (looked up in the [`LoadTracker`] passed to
+//! [`RemoteLoad::add`]), kept up to date by the tracker's `*_with_remote` methods (which
+//! report each block a key's local bookings start or stop holding), and goes with the
+//! block. [`RemoteLoad::combined_progress`] merges the keys' prefill backlogs the way the
+//! local tracker follows its own (since when a key has had prefill outstanding, and how
+//! much of it finished since), so that other replicas' backlog is discounted for the time
+//! it has been computing, exactly as a local backlog is; it needs no such care, since a
+//! request is booked on one side only and its tokens are its own.
 //!
 //! Updates are fire-and-forget, so the table assumes any of them may be lost. A replica
 //! that says nothing (no update, no heartbeat) for `replica_silence_max_ms` is presumed
@@ -21,9 +31,9 @@
 //! dropped even while its replica lives, so a lost "finished" cannot inflate a worker's
 //! load for longer than that.
 //!
-//! What it leaves to others: the local bookings ([`super::LoadTracker`], whose
-//! accounting this table never touches), the transport and its encoding (the replica
-//! adapter), telling a replica's restart apart from its silence (the adapter calls
+//! What it leaves to others: the local bookings ([`LoadTracker`], whose accounting this
+//! table never touches; it only learns which blocks they hold), the transport and its
+//! encoding (the replica adapter), telling a replica's restart apart from its silence (the adapter calls
 //! [`RemoteLoad::remove_replica`]), and deciding what to publish (the façade).
 //!
 //! Calling order: feed inputs (`heartbeat`, `add`, `prefill_done`, `finish`,
@@ -40,7 +50,7 @@ use core::fmt;
 use hashbrown::HashMap;
 
 use super::hasher::SeededState;
-use super::PrefillProgress;
+use super::{LoadTracker, PrefillProgress};
 use crate::hash::SeqHash;
 use crate::time::Instant;
 use crate::types::{Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
@@ -189,12 +199,23 @@ struct Entry {
     age_deadline: Instant,
 }
 
+/// A prompt block held on a key by remote entries.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    /// Entries on the key holding it.
+    entries: u32,
+    /// A local booking on the key holds it too (see [`RemoteLoad::local_held`]).
+    local: bool,
+}
+
 #[derive(Clone, Debug)]
 struct KeySum {
     requests: u64,
     prefill_tokens: u64,
-    /// Prompt block → entries on this key holding it.
-    blocks: HashMap<SeqHash, u32, SeededState>,
+    /// Prompt block → who holds it on this key.
+    blocks: HashMap<SeqHash, Held, SeededState>,
+    /// Blocks in `blocks` that local bookings hold too: counted by the local load.
+    shared: u64,
     output_blocks: u64,
     /// Entries whose prefill has not finished.
     prefill_requests: u64,
@@ -211,11 +232,18 @@ impl KeySum {
             requests: 0,
             prefill_tokens: 0,
             blocks: HashMap::with_hasher(SeededState(seed)),
+            shared: 0,
             output_blocks: 0,
             prefill_requests: 0,
             busy_since: Instant::ZERO,
             done_tokens: 0,
         }
+    }
+
+    /// Decode blocks this key adds to the local load: its prompt blocks no local booking
+    /// holds, plus its output blocks.
+    fn remote_decode_blocks(&self) -> u64 {
+        (self.blocks.len() as u64).saturating_sub(self.shared) + self.output_blocks
     }
 
     /// An entry stops prefilling: finished (`done`) or dropped.
@@ -296,7 +324,12 @@ impl RemoteLoad {
     /// `prefill_tokens` until its prefill is done, and its prompt `blocks` (not for
     /// [`Phase::Prefill`]), `output_blocks` and one request until it finishes. Linear in
     /// `blocks`, capped at `blocks_max_per_request`.
-    #[allow(clippy::too_many_arguments)] // One entry's fields, one to one.
+    ///
+    /// `local` is this replica's own tracker: a block that no other entry on `key` holds
+    /// yet is looked up there once, so that [`Self::combined`] counts a block held on both
+    /// sides once. Keep it told of the local side's changes by using the `*_with_remote`
+    /// methods of [`LoadTracker`] with this table.
+    #[allow(clippy::too_many_arguments)] // One entry's fields, one to one, and the local side.
     pub fn add(
         &mut self,
         now: Instant,
@@ -307,6 +340,7 @@ impl RemoteLoad {
         prefill_tokens: u32,
         blocks: &[SeqHash],
         output_blocks: u32,
+        local: &LoadTracker,
     ) -> Result<(), RemoteLoadError> {
         self.heartbeat(now, replica)?;
         let ek = (replica, req, phase);
@@ -335,7 +369,12 @@ impl RemoteLoad {
         sum.output_blocks += u64::from(output_blocks);
         sum.blocks.reserve(blocks.len());
         for &b in &blocks {
-            *sum.blocks.entry(b).or_insert(0) += 1;
+            let h = sum.blocks.entry(b).or_insert(Held { entries: 0, local: false });
+            if h.entries == 0 {
+                h.local = local.holds(key, b);
+                sum.shared += u64::from(h.local);
+            }
+            h.entries += 1;
         }
         if prefilling {
             if sum.prefill_requests == 0 {
@@ -414,7 +453,8 @@ impl RemoteLoad {
         gone.len()
     }
 
-    /// Other replicas' load on `key` (all zero when none).
+    /// Other replicas' load on `key` (all zero when none), on its own: prompt blocks that
+    /// local bookings hold too are counted here; [`Self::combined`] leaves them out.
     pub fn load(&self, key: WorkerKey) -> WorkerLoad {
         self.keys.get(&key).map_or_else(WorkerLoad::default, |s| WorkerLoad {
             active_prefill_tokens: s.prefill_tokens,
@@ -423,14 +463,16 @@ impl RemoteLoad {
         })
     }
 
-    /// `local` plus other replicas' load on `key`: what selection weighs. Saturating.
+    /// `local` (this replica's [`LoadTracker::load`] of `key`) plus other replicas' load
+    /// on `key`: what selection weighs. A prompt block held on `key` both here and
+    /// elsewhere is in `local` already and is not added again. O(1); saturating.
     pub fn combined(&self, key: WorkerKey, local: WorkerLoad) -> WorkerLoad {
         let Some(s) = self.keys.get(&key) else {
             return local;
         };
         WorkerLoad {
             active_prefill_tokens: local.active_prefill_tokens.saturating_add(s.prefill_tokens),
-            active_decode_blocks: local.active_decode_blocks.saturating_add(s.blocks.len() as u64 + s.output_blocks),
+            active_decode_blocks: local.active_decode_blocks.saturating_add(s.remote_decode_blocks()),
             active_requests: local.active_requests.saturating_add(u32::try_from(s.requests).unwrap_or(u32::MAX)),
         }
     }
@@ -457,6 +499,32 @@ impl RemoteLoad {
         let n = blocks.iter().take(self.cfg.blocks_max_per_request).take_while(|b| s.blocks.contains_key(*b)).count();
         // The cap keeps this within u32 for any sane configuration.
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Prompt blocks on `key` held both by other replicas' entries and by local bookings:
+    /// the overlap [`Self::combined`] leaves out of the remote side.
+    pub fn shared_blocks(&self, key: WorkerKey) -> u64 {
+        self.keys.get(&key).map_or(0, |s| s.shared)
+    }
+
+    /// A local booking on `key` is the first to hold `block` (its local count went from 0
+    /// to 1). Called by [`LoadTracker`]; idempotent.
+    pub(super) fn local_held(&mut self, key: WorkerKey, block: SeqHash) {
+        let Some(s) = self.keys.get_mut(&key) else { return };
+        if let Some(h) = s.blocks.get_mut(&block).filter(|h| !h.local) {
+            h.local = true;
+            s.shared += 1;
+        }
+    }
+
+    /// The last local booking on `key` holding `block` went (its local count went from 1
+    /// to 0). Called by [`LoadTracker`]; idempotent.
+    pub(super) fn local_released(&mut self, key: WorkerKey, block: SeqHash) {
+        let Some(s) = self.keys.get_mut(&key) else { return };
+        if let Some(h) = s.blocks.get_mut(&block).filter(|h| h.local) {
+            h.local = false;
+            s.shared -= 1;
+        }
     }
 
     /// The worker key a replica's entry sits on, if held.
@@ -543,9 +611,15 @@ impl RemoteLoad {
             s.output_blocks += u64::from(e.output_blocks);
             s.prefill_requests += u64::from(e.prefilling);
             for &b in &e.blocks {
-                *s.blocks.entry(b).or_insert(0) += 1;
+                s.blocks.entry(b).or_insert(Held { entries: 0, local: false }).entries += 1;
             }
             held += e.blocks.len();
+        }
+        for (k, s) in &self.keys {
+            let flagged = s.blocks.values().filter(|h| h.local).count() as u64;
+            if flagged != s.shared {
+                return Err(format!("{k}: {flagged} blocks held locally too, {} counted", s.shared));
+            }
         }
         // The stretch's start and progress are history, not sums: compare the rest.
         let counts = |m: &BTreeMap<WorkerKey, KeySum>| -> Vec<(WorkerKey, u64, u64, u64, u64, usize)> {
@@ -574,6 +648,18 @@ impl RemoteLoad {
         Ok(())
     }
 
+    /// Checks that the blocks marked as held locally too are exactly those `local` holds:
+    /// what the `*_with_remote` methods of [`LoadTracker`] keep true. Linear in the blocks.
+    pub fn check_shared(&self, local: &LoadTracker) -> Result<(), String> {
+        for (&k, s) in &self.keys {
+            let wrong = s.blocks.iter().filter(|&(&b, h)| h.local != local.holds(k, b)).count();
+            if wrong > 0 {
+                return Err(format!("{k}: {wrong} blocks marked wrongly as held locally or not"));
+            }
+        }
+        Ok(())
+    }
+
     fn replica_entries(&self, replica: ReplicaId) -> impl Iterator<Item = EntryKey> + '_ {
         self.entries
             .range((replica, RequestId(0), Phase::Aggregated)..)
@@ -594,11 +680,12 @@ impl RemoteLoad {
                 sum.end_prefill(e.prefill_tokens, false);
             }
             sum.output_blocks -= u64::from(e.output_blocks);
-            for h in &e.blocks {
-                if let Some(n) = sum.blocks.get_mut(h) {
-                    *n -= 1;
-                    if *n == 0 {
-                        sum.blocks.remove(h);
+            for b in &e.blocks {
+                if let Some(h) = sum.blocks.get_mut(b) {
+                    h.entries -= 1;
+                    if h.entries == 0 {
+                        sum.shared -= u64::from(h.local);
+                        sum.blocks.remove(b);
                     }
                 }
             }

@@ -504,7 +504,7 @@ impl Router {
                 self.outputs.push_back(Output::TimedOut { id: fk.0, phase: fk.1 });
             }
         }
-        self.load.handle_timeout(now);
+        self.load.handle_timeout_with_remote(now, &mut self.remote);
         while let Some((id, phase)) = self.load.poll_expired() {
             let fk = (id, phase);
             if let Some(f) = self.flights.get_mut(&fk) {

@@ -253,7 +253,16 @@ impl Router {
             let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
-            if let Err(_e) = self.load.add(now, fk.0, phase, target, &req.blocks, prefill_tokens, out_blocks) {
+            if let Err(_e) = self.load.add_with_remote(
+                now,
+                fk.0,
+                phase,
+                target,
+                &req.blocks,
+                prefill_tokens,
+                out_blocks,
+                &mut self.remote,
+            ) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
             self.publish_added(fk, target, prefill_tokens, out_blocks);
@@ -387,7 +396,7 @@ impl Router {
         let Some(f) = self.flights.remove(&fk) else { return };
         match f.state {
             State::Booked(_) | State::Dispatched(_) => {
-                let _ = self.load.free(fk.0, fk.1);
+                let _ = self.load.free_with_remote(fk.0, fk.1, &mut self.remote);
                 self.publish(ReplicaUpdate::Finished { id: fk.0, phase: fk.1 });
             }
             State::Queued(ticket) => {
@@ -423,7 +432,7 @@ impl Router {
         self.workers.remove(id);
         self.index.remove_worker(id);
         self.approx.remove_worker(id);
-        self.load.remove_worker(id);
+        self.load.remove_worker_with_remote(id, &mut self.remote);
         self.remote.remove_worker(id);
         self.affinity.invalidate_worker(id);
         self.event_workers.remove(&id);
@@ -506,6 +515,7 @@ impl Router {
             )));
         }
         self.remote.check().map_err(InvariantViolation)?;
+        self.remote.check_shared(&self.load).map_err(InvariantViolation)?;
         if self.flights.len() > self.cfg.requests_max {
             return Err(InvariantViolation(format!(
                 "{} requests tracked, limit {}",

@@ -224,7 +224,7 @@ impl Router {
         let load = |e: Result<(), RemoteLoadError>| e.map_err(ReplicaError::Load);
         match u {
             ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks } => {
-                load(self.remote.add(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks))
+                load(self.remote.add(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks, &self.load))
             }
             ReplicaUpdate::PrefillDone { id, phase } => load(self.remote.prefill_done(now, from, id, phase)),
             ReplicaUpdate::Finished { id, phase } => load(self.remote.finish(now, from, id, phase)),
@@ -277,6 +277,11 @@ impl Router {
     /// For a request of prompt `blocks` on `key`: the decode blocks it would add (those
     /// no booking here or elsewhere holds) and the leading blocks a booking here or
     /// elsewhere is already bringing into the worker's cache.
+    ///
+    /// A prompt's blocks held on a key by either side are a leading run (sequence hashes
+    /// chain), so the union of both sides' is the longer run: the new blocks are those
+    /// past it, each counted once, matching [`RemoteLoad::combined`], which counts a
+    /// block held on both sides once.
     pub(super) fn inflight_blocks(&self, key: WorkerKey, blocks: &[SeqHash]) -> (u32, u32) {
         let remote = self.remote.held_prefix(key, blocks);
         let fresh = self.load.new_blocks_chain(key, blocks);

@@ -17,6 +17,11 @@ const WORKERS: u64 = 3;
 const BLOCKS_PER_REQUEST: usize = 3;
 const BLOCKS_MAX: usize = 8;
 
+/// A local tracker with no bookings: the remote table on its own.
+fn none() -> LoadTracker {
+    LoadTracker::new(crate::load::LoadConfig::default())
+}
+
 fn cfg() -> RemoteLoadConfig {
     RemoteLoadConfig {
         replica_silence_max_ms: SILENCE_MS,
@@ -269,7 +274,7 @@ impl StateMachineTest for Real {
             Step::Heartbeat(r) => Some(t.heartbeat(m.now, r)),
             Step::Add { ek, key, prefill, blocks, output } => {
                 let blocks: Vec<SeqHash> = blocks.into_iter().map(SeqHash).collect();
-                Some(t.add(m.now, ek.0, ek.1, ek.2, key, prefill, &blocks, output))
+                Some(t.add(m.now, ek.0, ek.1, ek.2, key, prefill, &blocks, output, &none()))
             }
             Step::PrefillDone(ek) => Some(t.prefill_done(m.now, ek.0, ek.1, ek.2)),
             Step::Finish(ek) => Some(t.finish(m.now, ek.0, ek.1, ek.2)),
@@ -346,7 +351,7 @@ fn check(steps: &[(&str, u64)], want_requests_on_w0: u32) {
         let now = Instant::from_millis(ms);
         let q = RequestId(i as u64 % 2);
         let _ = match action {
-            "add" => t.add(now, r, q, Phase::Aggregated, WorkerKey::new(0, 0), 10, &[], 1),
+            "add" => t.add(now, r, q, Phase::Aggregated, WorkerKey::new(0, 0), 10, &[], 1, &none()),
             "beat" => t.heartbeat(now, r),
             "tick" => {
                 t.handle_timeout(now);
@@ -373,7 +378,8 @@ fn silence_expires_a_replica_and_any_update_is_activity() {
 fn a_time_jump_expires_in_bounded_steps() {
     let mut t = RemoteLoad::new(RemoteLoadConfig { remote_requests_max: 10_000, ..RemoteLoadConfig::default() });
     for q in 0..(REMOTE_EXPIRE_PER_CALL_MAX as u64 + 10) {
-        t.add(Instant::ZERO, ReplicaId(7), RequestId(q), Phase::Aggregated, WorkerKey::new(0, 0), 1, &[], 1).unwrap();
+        t.add(Instant::ZERO, ReplicaId(7), RequestId(q), Phase::Aggregated, WorkerKey::new(0, 0), 1, &[], 1, &none())
+            .unwrap();
     }
     let late = Instant::from_millis(3_600_000);
     t.handle_timeout(late);

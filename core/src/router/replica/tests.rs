@@ -290,8 +290,57 @@ fn a_peers_in_flight_prompt_draws_its_continuation() {
     rs[0].handle_prefill_done(at(1), RequestId(1), Phase::Aggregated).unwrap();
     settle(&mut rs, at(1));
     assert_eq!(route(&mut rs[1], at(1), prompt(2, 61)), home);
-    // Peers' prompt blocks count as decode blocks. (A block held both by a booking here
-    // and by a peer's counts twice: the local and remote tables are kept apart.)
+    // Peers' prompt blocks count as decode blocks, but a block held both by a booking
+    // here and by a peer's counts once: the 60 shared ones plus the continuation's last.
     assert_eq!(rs[1].remote_load().load(key).active_decode_blocks, 60);
-    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 121);
+    assert_eq!(rs[1].remote_load().shared_blocks(key), 60);
+    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 61);
+    // The peer's request finishing leaves only the local booking's 61 blocks.
+    rs[0].handle_finished(at(2), RequestId(1), Phase::Aggregated).unwrap();
+    settle(&mut rs, at(2));
+    assert_eq!(rs[1].remote_load().shared_blocks(key), 0);
+    assert_eq!(rs[1].combined_load(key).active_decode_blocks, 61);
+}
+
+/// A peer books a prompt of `remote` blocks and this replica one of `local`, both
+/// prefixes of one chain, on the only worker. A prompt of `len` blocks of that chain
+/// then adds `new` decode blocks (held by neither side) and finds `held` leading blocks
+/// on their way into the cache; booking it grows the combined decode load by `new`.
+#[track_caller]
+fn check_inflight(remote: u64, local: u64, len: u64, new: u32, held: u32) {
+    let mut rs = [replica(1, 1, RouterMode::Kv), replica(2, 1, RouterMode::Kv)];
+    // Few tokens, so that prefill backlog never makes the worker ineligible.
+    let prompt = |id: u64, n: u64| Request {
+        id: RequestId(id),
+        blocks: (1..=n).map(SeqHash).collect(),
+        isl_tokens: 8,
+        ..Request::default()
+    };
+    if remote > 0 {
+        route(&mut rs[0], at(0), prompt(1, remote));
+        settle(&mut rs, at(0));
+    }
+    if local > 0 {
+        route(&mut rs[1], at(0), prompt(2, local));
+        settle(&mut rs, at(0));
+    }
+    let key = WorkerKey::new(0, 0);
+    let q = prompt(3, len);
+    assert_eq!(rs[1].inflight_blocks(key, &q.blocks), (new, held), "(new decode blocks, held prefix)");
+    let before = rs[1].combined_load(key).active_decode_blocks;
+    route(&mut rs[1], at(0), q);
+    assert_eq!(rs[1].combined_load(key).active_decode_blocks - before, u64::from(new), "decode load added");
+}
+
+#[test]
+fn a_prefix_held_on_both_sides_is_new_and_counted_once() {
+    // (remote, local, len) → (new, held)
+    check_inflight(0, 0, 5, 5, 0);
+    check_inflight(3, 0, 5, 2, 3);
+    check_inflight(0, 3, 5, 2, 3);
+    check_inflight(3, 3, 5, 2, 3);
+    check_inflight(4, 2, 5, 1, 4);
+    check_inflight(2, 4, 5, 1, 4);
+    check_inflight(6, 2, 5, 0, 5);
+    check_inflight(2, 7, 5, 0, 5);
 }
