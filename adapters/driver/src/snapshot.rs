@@ -33,6 +33,8 @@ pub struct KeySnapshot {
     pub load: WorkerLoad,
     /// Its in-flight load other replicas reported.
     pub remote_load: WorkerLoad,
+    /// What selection weighs: both summed, a prompt block booked on both sides once.
+    pub fleet_load: WorkerLoad,
     /// Blocks the exact prefix index holds for it.
     pub index_entries: u32,
 }

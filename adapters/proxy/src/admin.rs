@@ -114,6 +114,11 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                         "active_decode_blocks": k.load.active_decode_blocks,
                         "active_requests": k.load.active_requests,
                         "index_entries": k.index_entries,
+                        "fleet": {
+                            "active_prefill_tokens": k.fleet_load.active_prefill_tokens,
+                            "active_decode_blocks": k.fleet_load.active_decode_blocks,
+                            "active_requests": k.fleet_load.active_requests,
+                        },
                     })
                 })
                 .collect();

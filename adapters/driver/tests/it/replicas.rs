@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kvroute_driver::{Driver, ReplicaId, ReplicaUpdate};
+use kvroute_driver::{Driver, KeySnapshot, ReplicaId, ReplicaUpdate};
 use router_core::{Instant, WorkerKey};
 use tokio::sync::mpsc;
 
@@ -12,7 +12,11 @@ const SILENCE_MS: u64 = 1_000;
 
 /// A replica over two workers, with its sink.
 fn replica(id: u64, sink_capacity: usize) -> (Driver, mpsc::Receiver<ReplicaUpdate>) {
-    let d = driver(2, |c| {
+    replica_over(2, id, sink_capacity)
+}
+
+fn replica_over(workers: u64, id: u64, sink_capacity: usize) -> (Driver, mpsc::Receiver<ReplicaUpdate>) {
+    let d = driver(workers, |c| {
         c.replica.id = Some(ReplicaId(id));
         c.replica.remote.replica_silence_max_ms = SILENCE_MS;
     });
@@ -31,13 +35,12 @@ fn forward(rx: &mut mpsc::Receiver<ReplicaUpdate>, from: u64, to: &Driver) -> us
     n
 }
 
+fn key_snapshot(d: &Driver, key: WorkerKey) -> Option<KeySnapshot> {
+    d.snapshot().workers.iter().flat_map(|w| &w.keys).find(|k| k.key == key).cloned()
+}
+
 fn remote_requests(d: &Driver, key: WorkerKey) -> u32 {
-    d.snapshot()
-        .workers
-        .iter()
-        .flat_map(|w| &w.keys)
-        .find(|k| k.key == key)
-        .map_or(0, |k| k.remote_load.active_requests)
+    key_snapshot(d, key).map_or(0, |k| k.remote_load.active_requests)
 }
 
 #[tokio::test(start_paused = true)]
@@ -123,4 +126,26 @@ async fn wall_time_maps_both_ways() {
         .to_string(),
         "update from this replica itself"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prompt_both_replicas_booked_counts_once_in_the_fleet_load() {
+    let (a, mut from_a) = replica_over(1, 1, 64);
+    let (b, _) = replica_over(1, 2, 64);
+    let mut on_a = a.route(req(&a, 4, None), a.draw()).await.unwrap();
+    on_a.dispatched().unwrap();
+    forward(&mut from_a, 1, &b);
+    let mut on_b = b.route(req(&b, 4, None), b.draw()).await.unwrap();
+    on_b.dispatched().unwrap();
+    let k = key_snapshot(&b, on_b.target()).expect("the key is listed");
+    assert_eq!(k.load.active_decode_blocks, k.remote_load.active_decode_blocks, "both sides hold the prompt");
+    assert!(k.load.active_decode_blocks >= 4);
+    assert_eq!(k.fleet_load.active_decode_blocks, k.load.active_decode_blocks, "its blocks count once");
+    assert_eq!(k.fleet_load.active_requests, 2);
+    on_a.finish().unwrap();
+    forward(&mut from_a, 1, &b);
+    let k = key_snapshot(&b, on_b.target()).expect("the key is listed");
+    assert_eq!((k.fleet_load, k.remote_load.active_requests), (k.load, 0));
+    b.check_invariants().unwrap();
+    drop(on_b);
 }
