@@ -14,6 +14,7 @@ use alloc::vec::Vec;
 
 use super::sets::{mix, SetId, EMPTY};
 use super::table::{SlotTable, Vacant, SLOT_MAX};
+use crate::hash::BlockHash;
 
 /// Marks a dead slot in the compaction map.
 const GONE: u32 = u32::MAX;
@@ -21,6 +22,42 @@ const GONE: u32 = u32::MAX;
 /// Dead slots tolerated before compaction, whatever the live count (tiny in tests, so
 /// that model tests compact often).
 const DEAD_SLOTS_MIN: usize = if cfg!(test) { 2 } else { 4096 };
+
+/// How far ahead a walk off its stored chain loads table lines.
+const PRELOAD_BLOCKS: usize = 32;
+
+/// How a [`Blocks::push_run`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum RunEnd {
+    /// The chain ended.
+    Done,
+    /// The bound (or the arena) refused the next block.
+    Full,
+    /// The next block is live at this slot.
+    Held(u32),
+}
+
+/// Loads table lines well ahead of a walk that has left its stored chain: the blocks
+/// after such a block likely need the table too, and their misses overlap when issued
+/// together.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Preload {
+    /// Blocks of the chain before this index are loaded or passed.
+    upto: usize,
+}
+
+impl Preload {
+    /// Called before looking up `chain[i]` in the table.
+    pub(crate) fn ahead(&mut self, blocks: &Blocks, chain: &[BlockHash], i: usize) {
+        if i + PRELOAD_BLOCKS > self.upto {
+            let from = self.upto.max(i);
+            self.upto = (i + 2 * PRELOAD_BLOCKS).min(chain.len());
+            if let Some(next) = chain.get(from..self.upto) {
+                blocks.preload(next.iter().map(|b| b.seq.0));
+            }
+        }
+    }
+}
 
 /// The arena, one entry per slot in each array, and the table.
 pub(crate) struct Blocks {
@@ -56,7 +93,7 @@ impl Blocks {
 
     /// The table tag of `seq` (odd: the table marks unused ways with tag 0).
     pub(crate) fn tag(&self, seq: u64) -> u32 {
-        (mix(self.seed, seq) >> 32) as u32 | 1
+        tag_of(self.seed, seq)
     }
 
     /// Loads the table lines of `seqs` all at once, so that the lookups that follow
@@ -147,27 +184,81 @@ impl Blocks {
         self.find_after(seq, near)
     }
 
-    /// Appends a block found absent by [`Blocks::lookup`] (with no change to the index
-    /// since), as a new live slot with holder set `set`. `None` when the arena is full.
-    pub(crate) fn push(&mut self, seq: u64, at: Vacant, set: SetId) -> Option<u32> {
-        let slot = u32::try_from(self.seqs.len()).ok().filter(|&s| s <= SLOT_MAX)?;
-        self.table.fill(at, slot);
-        if self.seqs.len() == self.seqs.capacity() {
+    /// Appends the leading blocks of `chain[start..]` that no key holds, as new live
+    /// slots with holder set `set`, at most `max` of them. `at` is where
+    /// [`Blocks::lookup`] placed `chain[start]`, found absent with no change to the
+    /// index since. Returns how many it appended and why it stopped.
+    ///
+    /// This is most of filling an index, so it is a tighter loop than a `lookup` and
+    /// an append per block: after an append the next slot does not exist yet, so only
+    /// the table can hold the next block; the arena grows once for the run; and the
+    /// holder sets and run bits are written once at the end, since the run shares
+    /// `set`. Each block is still looked up, so a chain that rejoins stored blocks (or
+    /// repeats one of its own) is caught exactly.
+    pub(crate) fn push_run(
+        &mut self,
+        chain: &[BlockHash],
+        start: usize,
+        mut at: Vacant,
+        set: SetId,
+        max: usize,
+        pre: &mut Preload,
+    ) -> (usize, RunEnd) {
+        let first = self.seqs.len();
+        let run = chain.get(start..).unwrap_or_default();
+        // Slot numbers stay within what the table stores.
+        let max = max.min((SLOT_MAX as usize + 1).saturating_sub(first));
+        if run.is_empty() {
+            return (0, RunEnd::Done);
+        }
+        if max == 0 {
+            return (0, RunEnd::Full);
+        }
+        let want = max.min(run.len());
+        if self.seqs.capacity() - first < want {
             // Grow by half rather than double: the arena is most of the index.
-            let more = (self.seqs.len() / 2).max(64);
+            let more = want.max(first / 2).max(64);
             self.seqs.reserve_exact(more);
             self.sets.reserve_exact(more);
         }
-        self.seqs.push(seq);
-        self.sets.push(set);
-        // A new slot starts a run unless it continues the previous slot's set.
-        let s = slot as usize;
-        let cut = s == 0 || self.sets[s - 1] != set;
-        if s == self.cuts.len() * 64 {
-            self.cuts.push(0);
-        }
-        self.cuts[s / 64] |= u64::from(cut) << (s % 64);
-        Some(slot)
+        let (mut p, seed) = (*pre, self.seed);
+        let mut j = 0;
+        let end = loop {
+            // `j < max` and `first + max - 1 <= SLOT_MAX`, so the slot fits.
+            self.table.fill(at, (first + j) as u32);
+            j += 1;
+            if j == run.len() {
+                break RunEnd::Done;
+            }
+            p.ahead(self, chain, start + j);
+            let seq = run[j].seq.0;
+            // The run's own hashes join the arena after the loop (one copy), so its
+            // slots are compared against the chain.
+            let seqs = &self.seqs;
+            let held = |s: u32| {
+                let s = s as usize;
+                if s < first {
+                    seqs[s] == seq
+                } else {
+                    run[s - first].seq.0 == seq
+                }
+            };
+            match self.table.find_or_vacant(tag_of(seed, seq), held) {
+                Ok(s) => break RunEnd::Held(s),
+                // A held block needs no room, so the bound is checked only here.
+                Err(_) if j == max => break RunEnd::Full,
+                Err(next) => at = next,
+            }
+        };
+        *pre = p;
+        self.seqs.extend(run[..j].iter().map(|b| b.seq.0));
+        let n = j;
+        self.sets.resize(first + n, set);
+        // Bits past the last slot are clear; only the run's first slot can start a run.
+        self.cuts.resize((first + n).div_ceil(64), 0);
+        let cut = first == 0 || self.sets[first - 1] != set;
+        self.cuts[first / 64] |= u64::from(cut) << (first % 64);
+        (n, end)
     }
 
     /// Makes room for `more` new blocks: arena capacity and a table that will not
@@ -221,6 +312,11 @@ impl Blocks {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.seqs.capacity() * 8 + self.sets.capacity() * 4 + self.cuts.capacity() * 8 + self.table.heap_bytes()
     }
+}
+
+/// The table tag of `seq` under `seed` (odd: the table marks unused ways with tag 0).
+fn tag_of(seed: u64, seq: u64) -> u32 {
+    (mix(seed, seq) >> 32) as u32 | 1
 }
 
 /// Truncates `v` to `len` and gives back most of the spare capacity.

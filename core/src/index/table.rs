@@ -32,13 +32,44 @@ struct Bucket {
 
 impl Bucket {
     /// Whether some way was never used (written so it compiles to one vector compare).
+    #[inline(always)]
     fn has_free(&self) -> bool {
         self.slots.iter().fold(false, |free, &s| free | (s == FREE))
     }
 
-    /// The first way free or dead (tag 0), if any.
+    /// Whether some way has tag `tag` (one vector compare).
+    #[inline(always)]
+    fn has_tag(&self, tag: u32) -> bool {
+        self.tags.iter().fold(false, |hit, &t| hit | (t == tag))
+    }
+
+    /// The slot under `tag` for which `eq` holds, if any.
+    #[inline(always)]
+    fn find_in(&self, tag: u32, eq: &mut impl FnMut(u32) -> bool) -> Option<u32> {
+        if self.has_tag(tag) {
+            for i in 0..WAYS {
+                if self.tags[i] == tag && eq(self.slots[i]) {
+                    return Some(self.slots[i]);
+                }
+            }
+        }
+        None
+    }
+
+    /// A way free or dead (tag 0), if any. Ways are taken in order and a fresh table
+    /// fills them in order, so the used ones are nearly always a prefix: the way after
+    /// them (found by a branch-free binary search) is tried first, then a scan.
+    #[inline(always)]
     fn open_way(&self) -> Option<usize> {
-        self.tags.iter().position(|&t| t == 0)
+        let t = &self.tags;
+        let mut k = 4 * usize::from(t[3] != 0);
+        k += 2 * usize::from(t[k + 1] != 0);
+        k += usize::from(t[k] != 0);
+        // `k` is the used prefix's length, unless it is 7 with the last way used too.
+        if t[k] == 0 {
+            return Some(k);
+        }
+        t.iter().position(|&x| x == 0)
     }
 }
 
@@ -94,13 +125,8 @@ impl SlotTable {
         let mut b = self.home(tag);
         for _ in 0..self.buckets.len() {
             let bucket = &self.buckets[b];
-            // Any tag equal? (one vector compare); then which.
-            if bucket.tags.iter().fold(false, |hit, &t| hit | (t == tag)) {
-                for i in 0..WAYS {
-                    if bucket.tags[i] == tag && eq(bucket.slots[i]) {
-                        return Some(bucket.slots[i]);
-                    }
-                }
+            if let Some(s) = bucket.find_in(tag, &mut eq) {
+                return Some(s);
             }
             if bucket.has_free() {
                 return None;
@@ -113,28 +139,46 @@ impl SlotTable {
     /// Like [`SlotTable::find`], but when nothing matches, returns where `tag` would go,
     /// for [`SlotTable::fill`] (valid until the table next changes). Grows the table
     /// first if one more entry would pass the load bound.
+    ///
+    /// One pass over the probed buckets notes the first open way on the way, so the
+    /// common case (the home bucket, absent key) reads one line once. Inlined: it runs
+    /// once per block an event adds, and its answer should stay in registers.
+    #[inline]
     pub(crate) fn find_or_vacant(&mut self, tag: u32, mut eq: impl FnMut(u32) -> bool) -> Result<u32, Vacant> {
         if self.live + self.tombs >= self.used_max {
-            self.rebuild(self.live + 1);
+            self.grow();
         }
-        if let Some(s) = self.find(tag, &mut eq) {
-            return Ok(s);
-        }
-        // Absent: the first free or dead way from home (the probe just read these lines).
-        let mask = self.buckets.len() - 1;
+        let mask = self.buckets.len().wrapping_sub(1);
         let mut b = self.home(tag);
-        // The load bound leaves free ways, so this ends within the table.
+        let mut open = None;
+        // The load bound leaves never-used ways, so this ends within the table.
         loop {
-            if let Some(way) = self.buckets[b].open_way() {
+            let bucket = &self.buckets[b & mask];
+            if let Some(s) = bucket.find_in(tag, &mut eq) {
+                return Ok(s);
+            }
+            if open.is_none() {
                 // Bucket counts stay far below 2^32 (slots are u32, eight per bucket).
-                return Err(Vacant { bucket: b as u32, way: way as u32, tag });
+                open = bucket.open_way().map(|way| Vacant { bucket: b as u32, way: way as u32, tag });
+            }
+            // A never-used way has tag 0, so `open` is set by now.
+            if let (true, Some(at)) = (bucket.has_free(), open) {
+                return Err(at);
             }
             b = (b + 1) & mask;
         }
     }
 
+    /// Makes room for one more entry (see [`SlotTable::find_or_vacant`]).
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        self.rebuild(self.live + 1);
+    }
+
     /// Stores `slot` where [`SlotTable::find_or_vacant`] said. `slot` must not exceed
     /// [`SLOT_MAX`].
+    #[inline]
     pub(crate) fn fill(&mut self, at: Vacant, slot: u32) {
         debug_assert!(slot <= SLOT_MAX);
         let (bucket, way) = (&mut self.buckets[at.bucket as usize], at.way as usize);
