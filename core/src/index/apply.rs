@@ -73,7 +73,8 @@ impl PrefixIndex {
                 None => match self.blocks.follow(blocks[i].seq.0, hint) {
                     Some(slot) => Ok(slot),
                     None => {
-                        pre.ahead(&self.blocks, blocks, i);
+                        let b = &self.blocks;
+                        pre.ahead(|seq| b.home_word(seq), blocks, i);
                         self.blocks.lookup(blocks[i].seq.0)
                     }
                 },

@@ -47,13 +47,16 @@ pub(crate) struct Preload {
 }
 
 impl Preload {
-    /// Called before looking up `chain[i]` in the table.
-    pub(crate) fn ahead(&mut self, blocks: &Blocks, chain: &[BlockHash], i: usize) {
+    /// Called before looking up `chain[i]` in the table; `word` loads a word of a
+    /// hash's home bucket.
+    #[inline(always)]
+    pub(crate) fn ahead(&mut self, word: impl Fn(u64) -> u32, chain: &[BlockHash], i: usize) {
         if i + PRELOAD_BLOCKS > self.upto {
             let from = self.upto.max(i);
             self.upto = (i + 2 * PRELOAD_BLOCKS).min(chain.len());
             if let Some(next) = chain.get(from..self.upto) {
-                blocks.preload(next.iter().map(|b| b.seq.0));
+                let acc = next.iter().fold(0, |acc, b| acc ^ word(b.seq.0));
+                core::hint::black_box(acc);
             }
         }
     }
@@ -96,11 +99,10 @@ impl Blocks {
         tag_of(self.seed, seq)
     }
 
-    /// Loads the table lines of `seqs` all at once, so that the lookups that follow
-    /// find them cached instead of waiting for each miss in turn.
-    pub(crate) fn preload(&self, seqs: impl Iterator<Item = u64>) {
-        let acc = seqs.fold(0, |acc, seq| acc ^ self.table.home_word(self.tag(seq)));
-        core::hint::black_box(acc);
+    /// A word of the table line where `seq` lives or would go, for [`Preload`] to load
+    /// early (its value means nothing).
+    pub(crate) fn home_word(&self, seq: u64) -> u32 {
+        self.table.home_word(self.tag(seq))
     }
 
     /// The live slot of `seq`, if any.
@@ -224,18 +226,10 @@ impl Blocks {
         let (mut p, seed) = (*pre, self.seed);
         let mut j = 0;
         let end = loop {
-            // `j < max` and `first + max - 1 <= SLOT_MAX`, so the slot fits.
-            self.table.fill(at, (first + j) as u32);
-            j += 1;
-            if j == run.len() {
-                break RunEnd::Done;
-            }
-            p.ahead(self, chain, start + j);
-            let seq = run[j].seq.0;
-            // The run's own hashes join the arena after the loop (one copy), so its
-            // slots are compared against the chain.
             let seqs = &self.seqs;
-            let held = |s: u32| {
+            // Whether slot `s` holds `seq`. The run's own hashes join the arena after
+            // the loop (one copy), so its slots are compared against the chain.
+            let held = |s: u32, seq: u64| {
                 let s = s as usize;
                 if s < first {
                     seqs[s] == seq
@@ -243,9 +237,32 @@ impl Blocks {
                     run[s - first].seq.0 == seq
                 }
             };
-            match self.table.find_or_vacant(tag_of(seed, seq), held) {
+            let step = self.table.with_cursor(|c| loop {
+                // `j < max` and `first + max - 1 <= SLOT_MAX`, so the slot fits.
+                c.fill(at, (first + j) as u32);
+                j += 1;
+                if j == run.len() {
+                    return Some(RunEnd::Done);
+                }
+                if c.room() == 0 {
+                    return None;
+                }
+                p.ahead(|seq| c.home_word(tag_of(seed, seq)), chain, start + j);
+                let seq = run[j].seq.0;
+                match c.find_or_vacant(tag_of(seed, seq), |s| held(s, seq)) {
+                    Ok(s) => return Some(RunEnd::Held(s)),
+                    // A held block needs no room, so the bound is checked only here.
+                    Err(_) if j == max => return Some(RunEnd::Full),
+                    Err(next) => at = next,
+                }
+            });
+            if let Some(end) = step {
+                break end;
+            }
+            // The table is at its load bound: the lookup grows it.
+            let seq = run[j].seq.0;
+            match self.table.find_or_vacant(tag_of(seed, seq), |s| held(s, seq)) {
                 Ok(s) => break RunEnd::Held(s),
-                // A held block needs no room, so the bound is checked only here.
                 Err(_) if j == max => break RunEnd::Full,
                 Err(next) => at = next,
             }
