@@ -216,13 +216,6 @@ impl Blocks {
         if max == 0 {
             return (0, RunEnd::Full);
         }
-        let want = max.min(run.len());
-        if self.seqs.capacity() - first < want {
-            // Grow by half rather than double: the arena is most of the index.
-            let more = want.max(first / 2).max(64);
-            self.seqs.reserve_exact(more);
-            self.sets.reserve_exact(more);
-        }
         let (mut p, seed) = (*pre, self.seed);
         let mut j = 0;
         let end = loop {
@@ -268,6 +261,7 @@ impl Blocks {
             }
         };
         *pre = p;
+        self.grow_arena(first + j);
         self.seqs.extend(run[..j].iter().map(|b| b.seq.0));
         let n = j;
         self.sets.resize(first + n, set);
@@ -276,6 +270,22 @@ impl Blocks {
         let cut = first == 0 || self.sets[first - 1] != set;
         self.cuts[first / 64] |= u64::from(cut) << (first % 64);
         (n, end)
+    }
+
+    /// Makes the arena's capacity at least `len` slots, growing it as appending one
+    /// slot at a time would: by half when full (rather than double: the arena is most
+    /// of the index).
+    fn grow_arena(&mut self, len: usize) {
+        let mut cap = self.seqs.capacity();
+        if cap >= len {
+            return;
+        }
+        while cap < len {
+            cap += (cap / 2).max(64);
+        }
+        let more = cap - self.seqs.len();
+        self.seqs.reserve_exact(more);
+        self.sets.reserve_exact(more);
     }
 
     /// Makes room for `more` new blocks: arena capacity and a table that will not
