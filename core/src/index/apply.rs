@@ -81,14 +81,24 @@ impl PrefixIndex {
             };
             match found {
                 Ok(slot) => {
-                    let Some(added) = self.store_held(w, tier, slot, cap, &mut memo) else {
+                    // The blocks after this one that follow it in the arena with the
+                    // same holders change alike, so they are stored together.
+                    let k = self.blocks.same_run(slot, &blocks[i..]);
+                    let (n, changed) = self.store_held(w, tier, slot, k, cap, &mut memo);
+                    // `n <= k`, and an event's length fits in u32.
+                    if changed {
+                        sum.added += n as u32;
+                    } else {
+                        sum.duplicates += n as u32;
+                    }
+                    i += n;
+                    if n > 0 {
+                        hint = Some(slot + (n - 1) as u32);
+                    }
+                    if n < k {
                         sum.evicted += (blocks.len() - i) as u32;
                         break;
-                    };
-                    sum.added += u32::from(added);
-                    sum.duplicates += u32::from(!added);
-                    hint = Some(slot);
-                    i += 1;
+                    }
                 }
                 Err(at) => {
                     if fresh == EMPTY {
@@ -119,9 +129,10 @@ impl PrefixIndex {
         Ok(())
     }
 
-    /// Adds `w in tier` to the live block at `slot`: `true` if added, `false` if
-    /// already there, `None` if the key's bound refuses it.
-    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, cap: u32, memo: &mut Memo) -> Option<bool> {
+    /// Adds `w in tier` to the `k` live blocks from `slot` on, which share a holder
+    /// set: `(n, true)` if it added the first `n` of them (fewer than `k` if the key's
+    /// bound refused the next), `(k, false)` if all were already there.
+    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, k: usize, cap: u32, memo: &mut Memo) -> (usize, bool) {
         let old = self.blocks.sets[slot as usize];
         if memo.from != old {
             let (to, entry_changes) = if self.sets.contains(old, w, tier) {
@@ -132,18 +143,21 @@ impl PrefixIndex {
             *memo = Memo { from: old, to, entry_changes };
         }
         if memo.to == old {
-            return Some(false);
+            return (k, false);
         }
+        let mut n = k;
         if memo.entry_changes {
-            if self.slot_entries[w as usize] >= cap {
-                return None;
-            }
-            self.slot_entries[w as usize] += 1;
+            let entries = &mut self.slot_entries[w as usize];
+            n = n.min(cap.saturating_sub(*entries) as usize);
+            // `n <= cap - entries`, so this stays within u32.
+            *entries += n as u32;
         }
-        self.blocks.set_holders(slot as usize, memo.to);
-        self.sets.acquire(memo.to, 1);
-        self.sets.release(old, 1);
-        Some(true)
+        if n > 0 {
+            self.blocks.set_holders_range(slot as usize, n, memo.to);
+            self.sets.acquire(memo.to, n as u32);
+            self.sets.release(old, n as u32);
+        }
+        (n, true)
     }
 
     pub(super) fn remove(&mut self, key: WorkerKey, blocks: &[SeqHash], tier: Tier, sum: &mut ApplySummary) {

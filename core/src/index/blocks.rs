@@ -143,6 +143,27 @@ impl Blocks {
         self.update_cut(s + 1);
     }
 
+    /// Sets the holder set of the `n` slots from `s` on, which are one run (no cut
+    /// inside, as [`Blocks::same_run`] finds them), keeping the run bits right.
+    pub(crate) fn set_holders_range(&mut self, s: usize, n: usize, id: SetId) {
+        if let Some(sets) = self.sets.get_mut(s..s + n) {
+            sets.fill(id);
+        }
+        self.update_cut(s);
+        self.update_cut(s + n);
+    }
+
+    /// How many blocks of `chain` (at least one) sit from live slot `s` on in the
+    /// arena, in order, with the holder set of slot `s`.
+    pub(crate) fn same_run(&self, s: u32, chain: &[BlockHash]) -> usize {
+        let s = s as usize;
+        let room = self.run_room(s + 1, chain.len().saturating_sub(1));
+        let (Some(seqs), Some(rest)) = (self.seqs.get(s + 1..s + 1 + room), chain.get(1..1 + room)) else {
+            return 1;
+        };
+        1 + seqs.iter().zip(rest).take_while(|(&a, b)| a == b.seq.0).count()
+    }
+
     fn update_cut(&mut self, s: usize) {
         if s >= self.sets.len() {
             return;
