@@ -3,6 +3,13 @@
 //! Each walks the event's blocks along the arena (the next slot first, the table only
 //! where the chain leaves the arena's order) and moves each block to its new holder
 //! set, caching the set change across a run of blocks that share a set.
+//!
+//! Filling an index is mostly two kinds of run, and a `Stored` event handles each as a
+//! whole: blocks already held that follow one another in the arena with one holder set
+//! change sets as a range, and blocks no key holds are appended by
+//! [`Blocks::push_run`](super::blocks::Blocks::push_run), which does only the table
+//! lookup and insert per block. Both stay exact: the range is found by comparing
+//! hashes, and every new block is still looked up.
 
 use alloc::vec::Vec;
 
