@@ -3,17 +3,21 @@
 //! Each walks the event's blocks along the arena (the next slot first, the table only
 //! where the chain leaves the arena's order) and moves each block to its new holder
 //! set, caching the set change across a run of blocks that share a set.
+//!
+//! Filling an index is mostly two kinds of run, and a `Stored` event handles each as a
+//! whole: blocks already held that follow one another in the arena with one holder set
+//! change sets as a range, and blocks no key holds are appended by
+//! [`Blocks::push_run`](super::blocks::Blocks::push_run), which does only the table
+//! lookup and insert per block. Both stay exact: the range is found by comparing
+//! hashes, and every new block is still looked up.
 
 use alloc::vec::Vec;
 
+use super::blocks::{Preload, RunEnd};
 use super::sets::{SetId, EMPTY};
-use super::table::Vacant;
 use super::{ApplySummary, IndexError, PrefixIndex, UnknownParentPolicy};
 use crate::hash::{BlockHash, SeqHash};
 use crate::types::{Tier, WorkerKey};
-
-/// How far ahead a `Stored` event off its stored chain loads table lines.
-const PRELOAD_BLOCKS: usize = 32;
 
 /// A one-entry cache of what storing a block does to a holder set, for one event. Sets
 /// are freed only at the end of an operation, so an entry stays right for the whole
@@ -66,47 +70,76 @@ impl PrefixIndex {
             None => self.add_key(key),
         };
         let cap = self.cfg.blocks_max_per_worker.unwrap_or(u32::MAX);
-        let (mut memo, mut fresh, mut preloaded) = (Memo::NONE, None, 0);
-        for (i, b) in blocks.iter().enumerate() {
-            let seq = b.seq.0;
-            let found = match self.blocks.follow(seq, hint) {
-                Some(s) => Ok(s),
-                None => {
-                    // Off the stored chain: the blocks after this one will likely need
-                    // the table too, so keep their lines loading well ahead.
-                    if i + PRELOAD_BLOCKS > preloaded {
-                        let from = preloaded.max(i);
-                        preloaded = (i + 2 * PRELOAD_BLOCKS).min(blocks.len());
-                        self.blocks.preload(blocks[from..preloaded].iter().map(|b| b.seq.0));
+        let (mut memo, mut pre, mut fresh) = (Memo::NONE, Preload::default(), EMPTY);
+        // Where the next block is, when a run of new blocks found it.
+        let mut next = None;
+        let mut i = 0;
+        while i < blocks.len() {
+            let found = match next.take() {
+                Some(slot) => Ok(slot),
+                None => match self.blocks.follow(blocks[i].seq.0, hint) {
+                    Some(slot) => Ok(slot),
+                    None => {
+                        let b = &self.blocks;
+                        pre.ahead(|seq| b.home_word(seq), blocks, i);
+                        self.blocks.lookup(blocks[i].seq.0)
                     }
-                    self.blocks.lookup(seq)
-                }
+                },
             };
-            let stored = match found {
-                Ok(slot) => self.store_held(w, tier, slot, cap, &mut memo),
-                Err(at) => self.store_new(w, tier, seq, at, cap, &mut fresh),
-            };
-            match stored {
-                Some((slot, added)) => {
-                    sum.added += u32::from(added);
-                    sum.duplicates += u32::from(!added);
-                    hint = Some(slot);
+            match found {
+                Ok(slot) => {
+                    // The blocks after this one that follow it in the arena with the
+                    // same holders change alike, so they are stored together.
+                    let k = self.blocks.same_run(slot, &blocks[i..]);
+                    let (n, changed) = self.store_held(w, tier, slot, k, cap, &mut memo);
+                    // `n <= k`, and an event's length fits in u32.
+                    if changed {
+                        sum.added += n as u32;
+                    } else {
+                        sum.duplicates += n as u32;
+                    }
+                    i += n;
+                    if n > 0 {
+                        hint = Some(slot + (n - 1) as u32);
+                    }
+                    if n < k {
+                        sum.evicted += (blocks.len() - i) as u32;
+                        break;
+                    }
                 }
-                None => {
-                    sum.evicted += (blocks.len() - i) as u32;
-                    break;
+                Err(at) => {
+                    if fresh == EMPTY {
+                        fresh = self.sets.with(EMPTY, w, tier, true);
+                    }
+                    let room = cap.saturating_sub(self.slot_entries[w as usize]) as usize;
+                    let (n, end) = self.blocks.push_run(blocks, i, at, fresh, room, &mut pre);
+                    // A run never exceeds the event, whose length fits in u32.
+                    let n32 = n as u32;
+                    self.slot_entries[w as usize] += n32;
+                    self.sets.acquire(fresh, n32);
+                    sum.added += n32;
+                    i += n;
+                    if n > 0 {
+                        hint = Some((self.blocks.slots() - 1) as u32);
+                    }
+                    match end {
+                        RunEnd::Done => {}
+                        RunEnd::Full => {
+                            sum.evicted += (blocks.len() - i) as u32;
+                            break;
+                        }
+                        RunEnd::Held(slot) => next = Some(slot),
+                    }
                 }
             }
-        }
-        if let Some((set, n)) = fresh {
-            self.sets.acquire(set, n);
         }
         Ok(())
     }
 
-    /// Adds `w in tier` to the live block at `slot`: `(slot, true)` if added, `(slot,
-    /// false)` if already there, `None` if the key's bound refuses it.
-    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, cap: u32, memo: &mut Memo) -> Option<(u32, bool)> {
+    /// Adds `w in tier` to the `k` live blocks from `slot` on, which share a holder
+    /// set: `(n, true)` if it added the first `n` of them (fewer than `k` if the key's
+    /// bound refused the next), `(k, false)` if all were already there.
+    fn store_held(&mut self, w: u32, tier: Tier, slot: u32, k: usize, cap: u32, memo: &mut Memo) -> (usize, bool) {
         let old = self.blocks.sets[slot as usize];
         if memo.from != old {
             let (to, entry_changes) = if self.sets.contains(old, w, tier) {
@@ -117,46 +150,21 @@ impl PrefixIndex {
             *memo = Memo { from: old, to, entry_changes };
         }
         if memo.to == old {
-            return Some((slot, false));
+            return (k, false);
         }
+        let mut n = k;
         if memo.entry_changes {
-            if self.slot_entries[w as usize] >= cap {
-                return None;
-            }
-            self.slot_entries[w as usize] += 1;
+            let entries = &mut self.slot_entries[w as usize];
+            n = n.min(cap.saturating_sub(*entries) as usize);
+            // `n <= cap - entries`, so this stays within u32.
+            *entries += n as u32;
         }
-        self.blocks.set_holders(slot as usize, memo.to);
-        self.sets.acquire(memo.to, 1);
-        self.sets.release(old, 1);
-        Some((slot, true))
-    }
-
-    /// Adds a block no key holds, held by `w` alone; `None` if a bound refuses it.
-    /// `fresh` holds the id of the set `{w in tier}` for the event and how many new
-    /// blocks took it (the caller acquires them).
-    fn store_new(
-        &mut self,
-        w: u32,
-        tier: Tier,
-        seq: u64,
-        at: Vacant,
-        cap: u32,
-        fresh: &mut Option<(SetId, u32)>,
-    ) -> Option<(u32, bool)> {
-        if self.slot_entries[w as usize] >= cap {
-            return None;
+        if n > 0 {
+            self.blocks.set_holders_range(slot as usize, n, memo.to);
+            self.sets.acquire(memo.to, n as u32);
+            self.sets.release(old, n as u32);
         }
-        let set = match fresh {
-            Some((set, _)) => *set,
-            None => fresh.insert((self.sets.with(EMPTY, w, tier, true), 0)).0,
-        };
-        let slot = self.blocks.push(seq, at, set)?;
-        // The event counts its new blocks and takes their set once, at its end.
-        if let Some((_, n)) = fresh {
-            *n += 1;
-        }
-        self.slot_entries[w as usize] += 1;
-        Some((slot, true))
+        (n, true)
     }
 
     pub(super) fn remove(&mut self, key: WorkerKey, blocks: &[SeqHash], tier: Tier, sum: &mut ApplySummary) {

@@ -14,6 +14,7 @@ use alloc::vec::Vec;
 
 use super::sets::{mix, SetId, EMPTY};
 use super::table::{SlotTable, Vacant, SLOT_MAX};
+use crate::hash::BlockHash;
 
 /// Marks a dead slot in the compaction map.
 const GONE: u32 = u32::MAX;
@@ -21,6 +22,45 @@ const GONE: u32 = u32::MAX;
 /// Dead slots tolerated before compaction, whatever the live count (tiny in tests, so
 /// that model tests compact often).
 const DEAD_SLOTS_MIN: usize = if cfg!(test) { 2 } else { 4096 };
+
+/// How far ahead a walk off its stored chain loads table lines.
+const PRELOAD_BLOCKS: usize = 32;
+
+/// How a [`Blocks::push_run`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum RunEnd {
+    /// The chain ended.
+    Done,
+    /// The bound (or the arena) refused the next block.
+    Full,
+    /// The next block is live at this slot.
+    Held(u32),
+}
+
+/// Loads table lines well ahead of a walk that has left its stored chain: the blocks
+/// after such a block likely need the table too, and their misses overlap when issued
+/// together.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Preload {
+    /// Blocks of the chain before this index are loaded or passed.
+    upto: usize,
+}
+
+impl Preload {
+    /// Called before looking up `chain[i]` in the table; `word` loads a word of a
+    /// hash's home bucket.
+    #[inline(always)]
+    pub(crate) fn ahead(&mut self, word: impl Fn(u64) -> u32, chain: &[BlockHash], i: usize) {
+        if i + PRELOAD_BLOCKS > self.upto {
+            let from = self.upto.max(i);
+            self.upto = (i + 2 * PRELOAD_BLOCKS).min(chain.len());
+            if let Some(next) = chain.get(from..self.upto) {
+                let acc = next.iter().fold(0, |acc, b| acc ^ word(b.seq.0));
+                core::hint::black_box(acc);
+            }
+        }
+    }
+}
 
 /// The arena, one entry per slot in each array, and the table.
 pub(crate) struct Blocks {
@@ -56,14 +96,13 @@ impl Blocks {
 
     /// The table tag of `seq` (odd: the table marks unused ways with tag 0).
     pub(crate) fn tag(&self, seq: u64) -> u32 {
-        (mix(self.seed, seq) >> 32) as u32 | 1
+        tag_of(self.seed, seq)
     }
 
-    /// Loads the table lines of `seqs` all at once, so that the lookups that follow
-    /// find them cached instead of waiting for each miss in turn.
-    pub(crate) fn preload(&self, seqs: impl Iterator<Item = u64>) {
-        let acc = seqs.fold(0, |acc, seq| acc ^ self.table.home_word(self.tag(seq)));
-        core::hint::black_box(acc);
+    /// A word of the table line where `seq` lives or would go, for [`Preload`] to load
+    /// early (its value means nothing).
+    pub(crate) fn home_word(&self, seq: u64) -> u32 {
+        self.table.home_word(self.tag(seq))
     }
 
     /// The live slot of `seq`, if any.
@@ -102,6 +141,27 @@ impl Blocks {
         self.sets[s] = id;
         self.update_cut(s);
         self.update_cut(s + 1);
+    }
+
+    /// Sets the holder set of the `n` slots from `s` on, which are one run (no cut
+    /// inside, as [`Blocks::same_run`] finds them), keeping the run bits right.
+    pub(crate) fn set_holders_range(&mut self, s: usize, n: usize, id: SetId) {
+        if let Some(sets) = self.sets.get_mut(s..s + n) {
+            sets.fill(id);
+        }
+        self.update_cut(s);
+        self.update_cut(s + n);
+    }
+
+    /// How many blocks of `chain` (at least one) sit from live slot `s` on in the
+    /// arena, in order, with the holder set of slot `s`.
+    pub(crate) fn same_run(&self, s: u32, chain: &[BlockHash]) -> usize {
+        let s = s as usize;
+        let room = self.run_room(s + 1, chain.len().saturating_sub(1));
+        let (Some(seqs), Some(rest)) = (self.seqs.get(s + 1..s + 1 + room), chain.get(1..1 + room)) else {
+            return 1;
+        };
+        1 + seqs.iter().zip(rest).take_while(|(&a, b)| a == b.seq.0).count()
     }
 
     fn update_cut(&mut self, s: usize) {
@@ -147,27 +207,106 @@ impl Blocks {
         self.find_after(seq, near)
     }
 
-    /// Appends a block found absent by [`Blocks::lookup`] (with no change to the index
-    /// since), as a new live slot with holder set `set`. `None` when the arena is full.
-    pub(crate) fn push(&mut self, seq: u64, at: Vacant, set: SetId) -> Option<u32> {
-        let slot = u32::try_from(self.seqs.len()).ok().filter(|&s| s <= SLOT_MAX)?;
-        self.table.fill(at, slot);
-        if self.seqs.len() == self.seqs.capacity() {
-            // Grow by half rather than double: the arena is most of the index.
-            let more = (self.seqs.len() / 2).max(64);
-            self.seqs.reserve_exact(more);
-            self.sets.reserve_exact(more);
+    /// Appends the leading blocks of `chain[start..]` that no key holds, as new live
+    /// slots with holder set `set`, at most `max` of them. `at` is where
+    /// [`Blocks::lookup`] placed `chain[start]`, found absent with no change to the
+    /// index since. Returns how many it appended and why it stopped.
+    ///
+    /// This is most of filling an index, so it is a tighter loop than a `lookup` and
+    /// an append per block: after an append the next slot does not exist yet, so only
+    /// the table can hold the next block; the arena grows once for the run; and the
+    /// holder sets and run bits are written once at the end, since the run shares
+    /// `set`. Each block is still looked up, so a chain that rejoins stored blocks (or
+    /// repeats one of its own) is caught exactly.
+    pub(crate) fn push_run(
+        &mut self,
+        chain: &[BlockHash],
+        start: usize,
+        mut at: Vacant,
+        set: SetId,
+        max: usize,
+        pre: &mut Preload,
+    ) -> (usize, RunEnd) {
+        let first = self.seqs.len();
+        let run = chain.get(start..).unwrap_or_default();
+        // Slot numbers stay within what the table stores.
+        let max = max.min((SLOT_MAX as usize + 1).saturating_sub(first));
+        if run.is_empty() {
+            return (0, RunEnd::Done);
         }
-        self.seqs.push(seq);
-        self.sets.push(set);
-        // A new slot starts a run unless it continues the previous slot's set.
-        let s = slot as usize;
-        let cut = s == 0 || self.sets[s - 1] != set;
-        if s == self.cuts.len() * 64 {
-            self.cuts.push(0);
+        if max == 0 {
+            return (0, RunEnd::Full);
         }
-        self.cuts[s / 64] |= u64::from(cut) << (s % 64);
-        Some(slot)
+        let (mut p, seed) = (*pre, self.seed);
+        let mut j = 0;
+        let end = loop {
+            let seqs = &self.seqs;
+            // Whether slot `s` holds `seq`. The run's own hashes join the arena after
+            // the loop (one copy), so its slots are compared against the chain.
+            let held = |s: u32, seq: u64| {
+                let s = s as usize;
+                if s < first {
+                    seqs[s] == seq
+                } else {
+                    run[s - first].seq.0 == seq
+                }
+            };
+            let step = self.table.with_cursor(|c| loop {
+                // `j < max` and `first + max - 1 <= SLOT_MAX`, so the slot fits.
+                c.fill(at, (first + j) as u32);
+                j += 1;
+                if j == run.len() {
+                    return Some(RunEnd::Done);
+                }
+                if c.room() == 0 {
+                    return None;
+                }
+                p.ahead(|seq| c.home_word(tag_of(seed, seq)), chain, start + j);
+                let seq = run[j].seq.0;
+                match c.find_or_vacant(tag_of(seed, seq), |s| held(s, seq)) {
+                    Ok(s) => return Some(RunEnd::Held(s)),
+                    // A held block needs no room, so the bound is checked only here.
+                    Err(_) if j == max => return Some(RunEnd::Full),
+                    Err(next) => at = next,
+                }
+            });
+            if let Some(end) = step {
+                break end;
+            }
+            // The table is at its load bound: the lookup grows it.
+            let seq = run[j].seq.0;
+            match self.table.find_or_vacant(tag_of(seed, seq), |s| held(s, seq)) {
+                Ok(s) => break RunEnd::Held(s),
+                Err(_) if j == max => break RunEnd::Full,
+                Err(next) => at = next,
+            }
+        };
+        *pre = p;
+        self.grow_arena(first + j);
+        self.seqs.extend(run[..j].iter().map(|b| b.seq.0));
+        let n = j;
+        self.sets.resize(first + n, set);
+        // Bits past the last slot are clear; only the run's first slot can start a run.
+        self.cuts.resize((first + n).div_ceil(64), 0);
+        let cut = first == 0 || self.sets[first - 1] != set;
+        self.cuts[first / 64] |= u64::from(cut) << (first % 64);
+        (n, end)
+    }
+
+    /// Makes the arena's capacity at least `len` slots, growing it as appending one
+    /// slot at a time would: by half when full (rather than double: the arena is most
+    /// of the index).
+    fn grow_arena(&mut self, len: usize) {
+        let mut cap = self.seqs.capacity();
+        if cap >= len {
+            return;
+        }
+        while cap < len {
+            cap += (cap / 2).max(64);
+        }
+        let more = cap - self.seqs.len();
+        self.seqs.reserve_exact(more);
+        self.sets.reserve_exact(more);
     }
 
     /// Makes room for `more` new blocks: arena capacity and a table that will not
@@ -221,6 +360,11 @@ impl Blocks {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.seqs.capacity() * 8 + self.sets.capacity() * 4 + self.cuts.capacity() * 8 + self.table.heap_bytes()
     }
+}
+
+/// The table tag of `seq` under `seed` (odd: the table marks unused ways with tag 0).
+fn tag_of(seed: u64, seq: u64) -> u32 {
+    (mix(seed, seq) >> 32) as u32 | 1
 }
 
 /// Truncates `v` to `len` and gives back most of the spare capacity.

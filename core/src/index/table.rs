@@ -32,13 +32,44 @@ struct Bucket {
 
 impl Bucket {
     /// Whether some way was never used (written so it compiles to one vector compare).
+    #[inline(always)]
     fn has_free(&self) -> bool {
         self.slots.iter().fold(false, |free, &s| free | (s == FREE))
     }
 
-    /// The first way free or dead (tag 0), if any.
+    /// Whether some way has tag `tag` (one vector compare).
+    #[inline(always)]
+    fn has_tag(&self, tag: u32) -> bool {
+        self.tags.iter().fold(false, |hit, &t| hit | (t == tag))
+    }
+
+    /// The slot under `tag` for which `eq` holds, if any.
+    #[inline(always)]
+    fn find_in(&self, tag: u32, eq: &mut impl FnMut(u32) -> bool) -> Option<u32> {
+        if self.has_tag(tag) {
+            for i in 0..WAYS {
+                if self.tags[i] == tag && eq(self.slots[i]) {
+                    return Some(self.slots[i]);
+                }
+            }
+        }
+        None
+    }
+
+    /// A way free or dead (tag 0), if any. Ways are taken in order and a fresh table
+    /// fills them in order, so the used ones are nearly always a prefix: the way after
+    /// them (found by a branch-free binary search) is tried first, then a scan.
+    #[inline(always)]
     fn open_way(&self) -> Option<usize> {
-        self.tags.iter().position(|&t| t == 0)
+        let t = &self.tags;
+        let mut k = 4 * usize::from(t[3] != 0);
+        k += 2 * usize::from(t[k + 1] != 0);
+        k += usize::from(t[k] != 0);
+        // `k` is the used prefix's length, unless it is 7 with the last way used too.
+        if t[k] == 0 {
+            return Some(k);
+        }
+        t.iter().position(|&x| x == 0)
     }
 }
 
@@ -48,6 +79,85 @@ pub(crate) struct Vacant {
     bucket: u32,
     way: u32,
     tag: u32,
+}
+
+/// [`SlotTable::find_or_vacant`] on the buckets of a table of `1 << bits` buckets,
+/// which the load bound leaves with a never-used way somewhere.
+///
+/// One pass over the probed buckets notes the first open way on the way, so the common
+/// case (the home bucket, absent key) reads one line once. Inlined: it runs once per
+/// block an event adds, and its answer should stay in registers.
+#[inline(always)]
+fn probe(buckets: &[Bucket], bits: u32, tag: u32, mut eq: impl FnMut(u32) -> bool) -> Result<u32, Vacant> {
+    let mask = buckets.len().wrapping_sub(1);
+    let mut b = home(bits, tag);
+    let mut open = None;
+    // The load bound leaves never-used ways, so this ends within the table.
+    loop {
+        let bucket = &buckets[b & mask];
+        if let Some(s) = bucket.find_in(tag, &mut eq) {
+            return Ok(s);
+        }
+        if open.is_none() {
+            // Bucket counts stay far below 2^32 (slots are u32, eight per bucket).
+            open = bucket.open_way().map(|way| Vacant { bucket: b as u32, way: way as u32, tag });
+        }
+        // A never-used way has tag 0, so `open` is set by now.
+        if let (true, Some(at)) = (bucket.has_free(), open) {
+            return Err(at);
+        }
+        b = (b + 1) & mask;
+    }
+}
+
+/// The home bucket of `tag` in a table of `1 << bits` buckets.
+fn home(bits: u32, tag: u32) -> usize {
+    // A 64-bit shift by 32 - bits is defined for every table size, 0 bits included.
+    (u64::from(tag) >> (32 - bits)) as usize
+}
+
+/// Lookups and inserts into a [`SlotTable`] that will not grow meanwhile (see
+/// [`SlotTable::with_cursor`]).
+pub(crate) struct Cursor<'a> {
+    buckets: &'a mut [Bucket],
+    bits: u32,
+    /// Inserts left before the table must grow.
+    room: usize,
+    added: usize,
+    tombs_reused: usize,
+}
+
+impl Cursor<'_> {
+    /// Inserts left before the table must grow; [`Cursor::find_or_vacant`] needs one.
+    pub(crate) fn room(&self) -> usize {
+        self.room
+    }
+
+    /// [`SlotTable::find_or_vacant`], with room for the insert (see [`Cursor::room`]).
+    #[inline(always)]
+    pub(crate) fn find_or_vacant(&self, tag: u32, eq: impl FnMut(u32) -> bool) -> Result<u32, Vacant> {
+        debug_assert!(self.room > 0);
+        probe(self.buckets, self.bits, tag, eq)
+    }
+
+    /// Stores `slot` where [`Cursor::find_or_vacant`] (or [`SlotTable::find_or_vacant`],
+    /// with no change since) said. `slot` must not exceed [`SLOT_MAX`].
+    #[inline(always)]
+    pub(crate) fn fill(&mut self, at: Vacant, slot: u32) {
+        debug_assert!(slot <= SLOT_MAX);
+        let (bucket, way) = (&mut self.buckets[at.bucket as usize], at.way as usize);
+        debug_assert!(bucket.tags[way] == 0);
+        self.tombs_reused += usize::from(bucket.slots[way] == TOMB);
+        bucket.tags[way] = at.tag;
+        bucket.slots[way] = slot;
+        self.added += 1;
+        self.room = self.room.saturating_sub(1);
+    }
+
+    /// [`SlotTable::home_word`].
+    pub(crate) fn home_word(&self, tag: u32) -> u32 {
+        self.buckets.get(home(self.bits, tag)).map_or(0, |b| b.slots[0])
+    }
 }
 
 const EMPTY_BUCKET: Bucket = Bucket { tags: [0; WAYS], slots: [FREE; WAYS] };
@@ -78,8 +188,7 @@ impl SlotTable {
     }
 
     fn home(&self, tag: u32) -> usize {
-        // A 64-bit shift by 32 - bits is defined for every table size, 0 bits included.
-        (u64::from(tag) >> (32 - self.bits)) as usize
+        home(self.bits, tag)
     }
 
     /// A word of `tag`'s home bucket, for the caller to load early (it cannot fault and
@@ -94,13 +203,8 @@ impl SlotTable {
         let mut b = self.home(tag);
         for _ in 0..self.buckets.len() {
             let bucket = &self.buckets[b];
-            // Any tag equal? (one vector compare); then which.
-            if bucket.tags.iter().fold(false, |hit, &t| hit | (t == tag)) {
-                for i in 0..WAYS {
-                    if bucket.tags[i] == tag && eq(bucket.slots[i]) {
-                        return Some(bucket.slots[i]);
-                    }
-                }
+            if let Some(s) = bucket.find_in(tag, &mut eq) {
+                return Some(s);
             }
             if bucket.has_free() {
                 return None;
@@ -111,45 +215,42 @@ impl SlotTable {
     }
 
     /// Like [`SlotTable::find`], but when nothing matches, returns where `tag` would go,
-    /// for [`SlotTable::fill`] (valid until the table next changes). Grows the table
+    /// for [`Cursor::fill`] (valid until the table next changes). Grows the table
     /// first if one more entry would pass the load bound.
-    pub(crate) fn find_or_vacant(&mut self, tag: u32, mut eq: impl FnMut(u32) -> bool) -> Result<u32, Vacant> {
+    #[inline]
+    pub(crate) fn find_or_vacant(&mut self, tag: u32, eq: impl FnMut(u32) -> bool) -> Result<u32, Vacant> {
         if self.live + self.tombs >= self.used_max {
-            self.rebuild(self.live + 1);
+            self.grow();
         }
-        if let Some(s) = self.find(tag, &mut eq) {
-            return Ok(s);
-        }
-        // Absent: the first free or dead way from home (the probe just read these lines).
-        let mask = self.buckets.len() - 1;
-        let mut b = self.home(tag);
-        // The load bound leaves free ways, so this ends within the table.
-        loop {
-            if let Some(way) = self.buckets[b].open_way() {
-                // Bucket counts stay far below 2^32 (slots are u32, eight per bucket).
-                return Err(Vacant { bucket: b as u32, way: way as u32, tag });
-            }
-            b = (b + 1) & mask;
-        }
+        probe(&self.buckets, self.bits, tag, eq)
     }
 
-    /// Stores `slot` where [`SlotTable::find_or_vacant`] said. `slot` must not exceed
-    /// [`SLOT_MAX`].
-    pub(crate) fn fill(&mut self, at: Vacant, slot: u32) {
-        debug_assert!(slot <= SLOT_MAX);
-        let (bucket, way) = (&mut self.buckets[at.bucket as usize], at.way as usize);
-        debug_assert!(bucket.tags[way] == 0);
-        self.tombs -= usize::from(bucket.slots[way] == TOMB);
-        bucket.tags[way] = at.tag;
-        bucket.slots[way] = slot;
-        self.live += 1;
+    /// Runs `f` with a [`Cursor`]: lookups and inserts for as many entries as the load
+    /// bound allows before the table must grow, with the table's shape held in locals
+    /// (a loop over `self` reloads it after every store to a bucket).
+    #[inline]
+    pub(crate) fn with_cursor<R>(&mut self, f: impl FnOnce(&mut Cursor<'_>) -> R) -> R {
+        let room = self.used_max.saturating_sub(self.live + self.tombs);
+        let mut c = Cursor { buckets: &mut self.buckets, bits: self.bits, room, added: 0, tombs_reused: 0 };
+        let r = f(&mut c);
+        let (added, tombs_reused) = (c.added, c.tombs_reused);
+        self.live += added;
+        self.tombs -= tombs_reused;
+        r
+    }
+
+    /// Makes room for one more entry (see [`SlotTable::find_or_vacant`]).
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        self.rebuild(self.live + 1);
     }
 
     /// Stores `slot` under `tag`; the caller knows the key is absent.
     #[cfg(test)]
     pub(crate) fn insert(&mut self, tag: u32, slot: u32) {
         if let Err(at) = self.find_or_vacant(tag, |_| false) {
-            self.fill(at, slot);
+            self.with_cursor(|c| c.fill(at, slot));
         }
     }
 

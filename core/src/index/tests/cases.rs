@@ -216,6 +216,17 @@ fn summaries() {
         Ok(ApplySummary { evicted: 1, ..sum(1, 0, 0, 0) }),
         3,
     );
+    // Runs: a new block repeated in its own event, a new run ending on the bound just
+    // before a block it repeats, and a held range (same holders, arena order) cut by
+    // the bound.
+    check_apply(dflt, &[], St(0, &[1, 2, 1, 2, 3]), Ok(sum(3, 2, 0, 0)), 3);
+    let cap1 = IndexConfig { blocks_max_per_worker: Some(1), ..dflt };
+    check_apply(cap1, &[], St(0, &[4, 4]), Ok(sum(1, 1, 0, 0)), 1);
+    check_apply(cap1, &[], St(0, &[4, 4, 5]), Ok(ApplySummary { evicted: 1, ..sum(1, 1, 0, 0) }), 1);
+    let capped = ApplySummary { evicted: 2, ..sum(3, 0, 0, 0) };
+    check_apply(cap3, &[St(1, &[1, 2, 3, 4, 5])], St(0, &[1, 2, 3, 4, 5]), Ok(capped), 3);
+    let capped = ApplySummary { evicted: 3, ..sum(2, 1, 0, 0) };
+    check_apply(cap3, &[St(1, &[1, 2, 3, 4, 5]), St(0, &[3])], St(0, &[1, 2, 3, 4, 5, 6]), Ok(capped), 3);
     // The key bound refuses new keys, not known ones.
     let full = Err(IndexError::KeysFull { key: k(0), keys_max: 1 });
     check_apply(keys1, &[St(1, &[1])], St(0, &[1]), full, 0);
