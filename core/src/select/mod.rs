@@ -374,14 +374,10 @@ fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, 
     let (min, in_order) = match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
         KvCostModel::Blocks => {
-            let (mut min, mut order) = (Cheapest::NONE, KeyOrder::START);
-            scores.extend(cands.iter().enumerate().map(|(i, c)| {
-                order.see(c.key);
-                let s = blocks_cost(req, c);
-                min.see(i, s.cost);
-                s
-            }));
-            (min, order.in_order)
+            // No running state in the scoring loop: see `TtftPlan::score_all`.
+            scores = cands.iter().map(|c| blocks_cost(req, c)).collect();
+            let (min, in_order, _) = tally(&scores, cands, |_| false);
+            (min, in_order)
         }
     };
     (scores, min, in_order)
@@ -406,6 +402,19 @@ impl KeyOrder {
         self.in_order &= self.last <= k;
         self.last = k;
     }
+}
+
+/// In one read-only pass after scoring: the cheapest of `scores`, whether `cands` are in
+/// key order and whether `odd` holds for any of them. The scoring loops keep no running
+/// state (see `TtftPlan::score_all`), so this pass does their bookkeeping.
+fn tally(scores: &[CandidateScore], cands: &[Candidate], odd: impl Fn(&Candidate) -> bool) -> (Cheapest, bool, bool) {
+    let (mut min, mut order, mut any) = (Cheapest::NONE, KeyOrder::START, false);
+    for (i, (s, c)) in scores.iter().zip(cands).enumerate() {
+        order.see(c.key);
+        min.see(i, s.cost);
+        any |= odd(c);
+    }
+    (min, order.in_order, any)
 }
 
 /// The least cost in a list of scores, the first index holding it and how many do;

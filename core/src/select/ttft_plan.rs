@@ -28,7 +28,7 @@
 
 use super::cost::{overlap_effective, score};
 use super::ttft::{ttft_cost, TtftModel};
-use super::{Candidate, CandidateScore, Cheapest, KeyOrder, SelectRequest};
+use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
 use alloc::vec::Vec;
 
@@ -40,18 +40,13 @@ const ONE_PASS_SHARE: f64 = 1.0 - 1.0 / (1u64 << 40) as f64;
 /// empty) in candidate order, finds the cheapest and tells whether the candidates are in
 /// key order.
 pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> (Cheapest, bool) {
-    out.clear();
-    out.reserve(cands.len());
     match TtftPlan::new(req) {
         Some(plan) if plan.pow2 => plan.score_all::<true>(cands, out),
         Some(plan) => plan.score_all::<false>(cands, out),
         None => {
-            let mut order = KeyOrder::START;
-            out.extend(cands.iter().map(|c| {
-                order.see(c.key);
-                ttft_cost(req, c)
-            }));
-            (Cheapest::of(out), order.in_order)
+            *out = cands.iter().map(|c| ttft_cost(req, c)).collect();
+            let (min, in_order, _) = tally(out, cands, |_| false);
+            (min, in_order)
         }
     }
 }
@@ -143,33 +138,35 @@ impl<'a> TtftPlan<'a> {
         })
     }
 
-    /// Writes `ttft_cost(req, c)` of every candidate to the empty `out`, finds the
-    /// cheapest and checks the key order. `POW2` must equal `self.pow2`.
+    /// Writes `ttft_cost(req, c)` of every candidate to `out`, finds the cheapest and
+    /// checks the key order. `POW2` must equal `self.pow2`.
     ///
     /// Every candidate goes through the fast path first, whose answer for one with its
-    /// own pass budget or KV capacity is then replaced by the reference's. One straight
-    /// loop writes each score in place; choosing between the two per candidate instead
-    /// made the compiler stage every score on the stack and copy it out.
+    /// own pass budget or KV capacity is then replaced by the reference's. The scoring
+    /// loop keeps no state of its own in memory (no running minimum, key order or flag
+    /// updated through a pointer): the only stores it makes are the scores. Running
+    /// state kept on the stack made every iteration store to fixed stack addresses, and
+    /// in some stack layouts (likely where those stores 4K-alias the candidates' loads)
+    /// decisions ran a third to half slower, depending only on where the stack started.
     fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> (Cheapest, bool) {
-        let (mut min, mut odd, mut order) = (Cheapest::NONE, false, KeyOrder::START);
-        out.extend(cands.iter().enumerate().map(|(i, c)| {
-            odd |= !self.is_default(c);
-            order.see(c.key);
-            let p = self.inputs::<POW2>(c);
-            let t = self.times::<POW2>(c, &p);
-            let s = self.finish(c, &p, &t);
-            min.see(i, s.cost);
-            s
-        }));
+        *out = cands
+            .iter()
+            .map(|c| {
+                let p = self.inputs::<POW2>(c);
+                let t = self.times::<POW2>(c, &p);
+                self.finish(c, &p, &t)
+            })
+            .collect();
+        let (min, in_order, odd) = tally(out, cands, |c| !self.is_default(c));
         if !odd {
-            return (min, order.in_order);
+            return (min, in_order);
         }
         for (s, c) in out.iter_mut().zip(cands) {
             if !self.is_default(c) {
                 *s = reference(self.req, c);
             }
         }
-        (Cheapest::of(out), order.in_order)
+        (Cheapest::of(out), in_order)
     }
 
     /// Whether `c` uses the default pass budget and KV capacity: a reported 0 resolves
