@@ -8,7 +8,9 @@
 //! against the arena, which it reads next anyway. Because the home bucket is a prefix
 //! of the tag, growing the table reads the old buckets in order and never touches the
 //! arena. Keys are never stored here; false tag matches are filtered by the caller's
-//! `eq`. The table grows when 7/8 of its ways are used, to half full.
+//! `eq`. The table grows when 7/8 of its ways are used: to a quarter full while it is
+//! under 8 MiB (half the rebuilds, and half the short-lived tables to fault in, for at
+//! most a few MiB of slack), to half full beyond.
 //!
 //! Deleted entries become tombstones unless their bucket was never full (then no probe
 //! sequence runs through it and the entry can simply be emptied); tombstones are
@@ -160,6 +162,13 @@ impl Cursor<'_> {
     }
 }
 
+/// Below this many buckets (8 MiB) the table grows fourfold rather than twofold
+/// (small in tests, so that they see both).
+#[cfg(not(test))]
+const QUADRUPLE_BELOW_BUCKETS: usize = 1 << 17;
+#[cfg(test)]
+const QUADRUPLE_BELOW_BUCKETS: usize = 1 << 4;
+
 const EMPTY_BUCKET: Bucket = Bucket { tags: [0; WAYS], slots: [FREE; WAYS] };
 
 pub(crate) struct SlotTable {
@@ -243,7 +252,14 @@ impl SlotTable {
     #[cold]
     #[inline(never)]
     fn grow(&mut self) {
-        self.rebuild(self.live + 1);
+        let want = self.live + 1;
+        if self.buckets.len() < QUADRUPLE_BELOW_BUCKETS {
+            // Quarter full: half as many rebuilds (and dropped tables to fault in)
+            // while the table is small enough that the slack is a few MiB at most.
+            self.rebuild_to((want * 4).div_ceil(WAYS).next_power_of_two());
+        } else {
+            self.rebuild(want);
+        }
     }
 
     /// Stores `slot` under `tag`; the caller knows the key is absent.
