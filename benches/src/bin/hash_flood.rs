@@ -30,7 +30,7 @@ use kvroute_benches::load_average_1m;
 use router_core::affinity::{Acquire, AffinityConfig, AffinityTable};
 use router_core::hash::{BlockHash, LocalHash, SeqHash};
 use router_core::index::{IndexConfig, IndexEvent, OverlapScores, PrefixIndex, HASH_SEED_DEFAULT};
-use router_core::{Instant, Phase, Tier, WorkerId, WorkerKey};
+use router_core::{Draw, Instant, Phase, Tier, WorkerId, WorkerKey};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// `affinity/table.rs`'s salt for the aggregated phase, mixed into the table's seed.
@@ -39,17 +39,6 @@ const PHASE_SALT_AGGREGATED: u64 = 0x243F_6A88_85A3_08D3;
 const SECRET_SEED: u64 = 0xD1B5_4A32_D192_ED03;
 const RUNS: usize = 3;
 const CHAIN: usize = 64;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 /// Operations timed together; the median chunk stands for the pass, so a preempted
 /// chunk on a busy machine does not move the figure.
@@ -134,8 +123,8 @@ fn crafted_sessions(n: usize, bits: u32) -> Vec<Vec<u8>> {
     out
 }
 
-fn random_sessions(n: usize, rng: &mut Rng) -> Vec<Vec<u8>> {
-    (0..n).map(|_| format!("user-{:019x}", rng.next() >> 8).into_bytes()).collect()
+fn random_sessions(n: usize, rng: &mut Draw) -> Vec<Vec<u8>> {
+    (0..n).map(|_| format!("user-{:019x}", rng.next_u64() >> 8).into_bytes()).collect()
 }
 
 /// Inserts every id (acquire, commit, release), then looks each up again; ns per
@@ -156,7 +145,7 @@ fn affinity_pass(ids: &[Vec<u8>], seed: u64) -> (f64, f64) {
     (insert, lookup)
 }
 
-fn affinity(n: usize, rng: &mut Rng) -> serde_json::Value {
+fn affinity(n: usize, rng: &mut Draw) -> serde_json::Value {
     // The table reserves room for `sessions_max`: its positions take about log2(2n) bits.
     let bits = (2 * n).next_power_of_two().trailing_zeros();
     let kinds = [("random", random_sessions(n, rng)), ("crafted_low_bits", crafted_sessions(n, bits))];
@@ -183,10 +172,10 @@ fn mix(seed: u64, x: u64) -> u64 {
 
 /// Block hashes whose index hash under the attacked seed has `bits` equal top bits,
 /// the bits that pick the home bucket.
-fn crafted_blocks(n: usize, bits: u32, rng: &mut Rng) -> Vec<u64> {
+fn crafted_blocks(n: usize, bits: u32, rng: &mut Draw) -> Vec<u64> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let x = rng.next();
+        let x = rng.next_u64();
         if mix(HASH_SEED_DEFAULT, x) >> (64 - bits) == 0 {
             out.push(x);
         }
@@ -215,12 +204,12 @@ fn index_pass(hashes: &[u64], seed: u64) -> (f64, f64) {
     (insert, query)
 }
 
-fn index(n: usize, rng: &mut Rng) -> serde_json::Value {
+fn index(n: usize, rng: &mut Draw) -> serde_json::Value {
     // The table has a bucket of eight per ~6 blocks: its home bucket takes about
     // log2(n / 4) bits; crafting a few more covers its growth.
     let bits = (n / 4).next_power_of_two().trailing_zeros() + 2;
     let kinds: [(&str, Vec<u64>); 4] = [
-        ("random", (0..n).map(|_| rng.next()).collect()),
+        ("random", (0..n).map(|_| rng.next_u64()).collect()),
         ("crafted_home_bucket", crafted_blocks(n, bits, rng)),
         ("equal_low_32_bits", (1..=n as u64).map(|i| i << 32 | 0xDEAD_BEEF).collect()),
         ("consecutive", (1..=n as u64).collect()),
@@ -269,7 +258,7 @@ fn main() {
             }
         }
     }
-    let mut rng = Rng(0x6861_7368);
+    let mut rng = Draw(0x6861_7368);
     let mut worst: f64 = 0.0;
     for v in [affinity(sessions, &mut rng), index(blocks, &mut rng)] {
         worst = worst.max(v["seeded_max_ratio"].as_f64().unwrap_or(f64::INFINITY));

@@ -20,20 +20,9 @@ use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
 const PROMPT_TOKENS: usize = 8192;
 const INDEXED_BLOCKS: u64 = 1_000_000;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 /// A fleet of `workers` with ~1M (worker, block) entries: random chains of 128 blocks,
 /// a quarter of them sharing a prefix with the benchmark's prompts.
-fn fleet(workers: u64, prompt: &[BlockHash], rng: &mut Rng) -> Router {
+fn fleet(workers: u64, prompt: &[BlockHash], rng: &mut Draw) -> Router {
     let mut cfg = RouterConfig::default();
     cfg.index.blocks_max_per_worker = None;
     let mut r = Router::new(cfg);
@@ -46,10 +35,10 @@ fn fleet(workers: u64, prompt: &[BlockHash], rng: &mut Rng) -> Router {
     let mut chain = Vec::with_capacity(per_chain as usize);
     for c in 0..chains {
         chain.clear();
-        let shared = if c % 4 == 0 { (rng.next() % per_chain) as usize } else { 0 };
+        let shared = if c % 4 == 0 { (rng.next_u64() % per_chain) as usize } else { 0 };
         chain.extend_from_slice(&prompt[..shared]);
         while chain.len() < per_chain as usize {
-            let h = rng.next();
+            let h = rng.next_u64();
             chain.push(BlockHash { seq: SeqHash(h), local: LocalHash(h) });
         }
         let key = WorkerKey::new(c % workers, 0);
@@ -60,7 +49,7 @@ fn fleet(workers: u64, prompt: &[BlockHash], rng: &mut Rng) -> Router {
 }
 
 fn run(workers: u64, iters: usize) -> serde_json::Value {
-    let mut rng = Rng(workers);
+    let mut rng = Draw(workers);
     let tokens: Vec<u32> = (0..PROMPT_TOKENS as u32).map(|i| i.wrapping_mul(2_654_435_761) >> 8).collect();
     let bs = BlockSize::DEFAULT;
     let mut prompt = Vec::new();
@@ -83,7 +72,7 @@ fn run(workers: u64, iters: usize) -> serde_json::Value {
             isl_tokens: PROMPT_TOKENS as u32,
             ..Request::default()
         };
-        let d = router.handle_request(now, req, Draw(rng.next()));
+        let d = router.handle_request(now, req, Draw(rng.next_u64()));
         let t2 = Wall::now();
         if let Ok(Decision::Routed(r)) = d {
             let _ = router.handle_dispatched(now, r.id, Phase::Aggregated);
