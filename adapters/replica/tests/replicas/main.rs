@@ -21,6 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use kvroute_proxy::{ProxyConfig, ServeHandle, Tokenizers};
 use kvroute_sim::trace::{read_trace, PromptContent, TraceLimits, TraceRecord};
 use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
+use router_core::Draw;
 use serde_json::{json, Value};
 
 pub const MODEL: &str = "m";
@@ -264,22 +265,18 @@ pub fn sample(text: &str, name: &str) -> f64 {
 /// A tiny seeded load balancer: each request to a uniformly drawn live replica.
 pub struct Lb {
     addrs: Vec<Option<SocketAddr>>,
-    state: u64,
+    draw: Draw,
 }
 
 impl Lb {
     pub fn new(replicas: &[ServeHandle], seed: u64) -> Lb {
-        Lb { addrs: replicas.iter().map(|r| Some(r.local_addr())).collect(), state: seed }
+        Lb { addrs: replicas.iter().map(|r| Some(r.local_addr())).collect(), draw: Draw(seed) }
     }
 
     /// The replica for the next request.
     pub fn pick(&mut self) -> (usize, SocketAddr) {
         loop {
-            self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            let i = ((z ^ (z >> 31)) % self.addrs.len() as u64) as usize;
+            let i = (self.draw.next_u64() % self.addrs.len() as u64) as usize;
             if let Some(a) = self.addrs[i] {
                 return (i, a);
             }
