@@ -153,16 +153,7 @@ fn proxy_config(a: &EppArgs) -> Result<ProxyConfig, String> {
         (None, Some(model)) => (format!("[[models]]\nname = {}\n", json!(model)), "--model".to_string()),
         (None, None) => return Err("give --config FILE, or --model NAME for a one-model picker".into()),
     };
-    let mut overrides: Vec<(String, String)> = Vec::new();
-    if let Some(m) = &a.mode {
-        overrides.push(("router.mode".into(), format!("{m:?}")));
-    }
-    for s in &a.sets {
-        let (k, v) = s.split_once('=').ok_or_else(|| format!("--set {s:?}: expected KEY=VALUE"))?;
-        overrides.push((k.trim().into(), v.trim().into()));
-    }
-    let pairs: Vec<(&str, &str)> = overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ProxyConfig::from_toml_with_overrides(&text, &pairs).map_err(|e| format!("{origin}: {e}"))
+    crate::serve::config_with_flags(&text, &origin, Vec::new(), a.mode.as_ref(), &a.sets)
 }
 
 /// The certificate to serve the gateway with, if any.

@@ -38,19 +38,28 @@ impl Tokenize for HfTokenizer {
 /// Reads the file and applies the flags.
 pub fn load_config(a: &ServeArgs) -> Result<ProxyConfig, String> {
     let text = std::fs::read_to_string(&a.config).map_err(|e| format!("cannot read {}: {e}", a.config.display()))?;
-    let mut overrides: Vec<(String, String)> = Vec::new();
-    if let Some(l) = &a.listen {
-        overrides.push(("listen".into(), format!("{l:?}")));
-    }
-    if let Some(m) = &a.mode {
+    let listen = a.listen.iter().map(|l| ("listen".to_string(), format!("{l:?}"))).collect();
+    config_with_flags(&text, &a.config.display().to_string(), listen, a.mode.as_ref(), &a.sets)
+}
+
+/// `text` as a configuration, with `overrides`, then `--mode`, then each `--set
+/// KEY=VALUE` applied in that order; errors name `origin`. Shared by `serve` and `epp`.
+pub fn config_with_flags(
+    text: &str,
+    origin: &str,
+    mut overrides: Vec<(String, String)>,
+    mode: Option<&String>,
+    sets: &[String],
+) -> Result<ProxyConfig, String> {
+    if let Some(m) = mode {
         overrides.push(("router.mode".into(), format!("{m:?}")));
     }
-    for s in &a.sets {
+    for s in sets {
         let (k, v) = s.split_once('=').ok_or_else(|| format!("--set {s:?}: expected KEY=VALUE"))?;
         overrides.push((k.trim().into(), v.trim().into()));
     }
     let pairs: Vec<(&str, &str)> = overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ProxyConfig::from_toml_with_overrides(&text, &pairs).map_err(|e| format!("{}: {e}", a.config.display()))
+    ProxyConfig::from_toml_with_overrides(text, &pairs).map_err(|e| format!("{origin}: {e}"))
 }
 
 /// Loads every model's tokenizer named in the config.
