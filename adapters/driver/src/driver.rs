@@ -348,7 +348,7 @@ fn snapshot(inner: &Inner) -> Snapshot {
                     key,
                     load: r.load().load(key),
                     remote_load: r.remote_load().load(key),
-                    fleet_load: r.remote_load().combined(key, r.load().load(key)),
+                    fleet_load: r.combined_load(key),
                     index_entries: r.index().worker_entries(key),
                 })
                 .collect(),
