@@ -370,21 +370,19 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 /// which gives the same scores), the cheapest of them, and whether the candidates are
 /// in key order.
 fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
-    let mut scores = Vec::new();
-    let (min, in_order) = match req.cost.model {
-        KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands, &mut scores),
+    match req.cost.model {
+        KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands),
         KvCostModel::Blocks => {
             // No running state in the scoring loop: see `TtftPlan::score_all`.
-            scores = cands.iter().map(|c| blocks_cost(req, c)).collect();
+            let scores: Vec<_> = cands.iter().map(|c| blocks_cost(req, c)).collect();
             let (min, in_order, _) = tally(&scores, cands, |_| false);
-            (min, in_order)
+            (scores, min, in_order)
         }
-    };
-    (scores, min, in_order)
+    }
 }
 
-/// Whether keys seen one by one come in order (the check `sorted` makes, folded into a
-/// pass that reads the candidates anyway).
+/// Whether keys seen one by one come in order (the check `sorted` makes, folded into
+/// [`tally`]'s pass).
 #[derive(Clone, Copy, Debug)]
 struct KeyOrder {
     last: u128,
@@ -417,8 +415,7 @@ fn tally(scores: &[CandidateScore], cands: &[Candidate], odd: impl Fn(&Candidate
     (min, order.in_order, any)
 }
 
-/// The least cost in a list of scores, the first index holding it and how many do;
-/// found while the scores are computed, to spare a second pass over them.
+/// The least cost in a list of scores, the first index holding it and how many do.
 #[derive(Clone, Copy, Debug)]
 struct Cheapest {
     index: usize,

@@ -36,17 +36,16 @@ use alloc::vec::Vec;
 /// module docs): `1 − 2⁻⁴⁰`.
 const ONE_PASS_SHARE: f64 = 1.0 - 1.0 / (1u64 << 40) as f64;
 
-/// Scores every candidate for `req` as [`ttft_cost`] does, into `out` (which must be
-/// empty) in candidate order, finds the cheapest and tells whether the candidates are in
-/// key order.
-pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> (Cheapest, bool) {
+/// Scores every candidate for `req` as [`ttft_cost`] does, in candidate order, finds
+/// the cheapest and tells whether the candidates are in key order.
+pub(super) fn ttft_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     match TtftPlan::new(req) {
-        Some(plan) if plan.pow2 => plan.score_all::<true>(cands, out),
-        Some(plan) => plan.score_all::<false>(cands, out),
+        Some(plan) if plan.pow2 => plan.score_all::<true>(cands),
+        Some(plan) => plan.score_all::<false>(cands),
         None => {
-            *out = cands.iter().map(|c| ttft_cost(req, c)).collect();
-            let (min, in_order, _) = tally(out, cands, |_| false);
-            (min, in_order)
+            let scores: Vec<_> = cands.iter().map(|c| ttft_cost(req, c)).collect();
+            let (min, in_order, _) = tally(&scores, cands, |_| false);
+            (scores, min, in_order)
         }
     }
 }
@@ -138,8 +137,8 @@ impl<'a> TtftPlan<'a> {
         })
     }
 
-    /// Writes `ttft_cost(req, c)` of every candidate to `out`, finds the cheapest and
-    /// checks the key order. `POW2` must equal `self.pow2`.
+    /// `ttft_cost(req, c)` of every candidate, in order, with the cheapest and whether
+    /// the candidates are in key order. `POW2` must equal `self.pow2`.
     ///
     /// Every candidate goes through the fast path first, whose answer for one with its
     /// own pass budget or KV capacity is then replaced by the reference's. The scoring
@@ -148,8 +147,8 @@ impl<'a> TtftPlan<'a> {
     /// state kept on the stack made every iteration store to fixed stack addresses, and
     /// in some stack layouts (likely where those stores 4K-alias the candidates' loads)
     /// decisions ran a third to half slower, depending only on where the stack started.
-    fn score_all<const POW2: bool>(&self, cands: &[Candidate], out: &mut Vec<CandidateScore>) -> (Cheapest, bool) {
-        *out = cands
+    fn score_all<const POW2: bool>(&self, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
+        let mut out: Vec<_> = cands
             .iter()
             .map(|c| {
                 let p = self.inputs::<POW2>(c);
@@ -157,16 +156,17 @@ impl<'a> TtftPlan<'a> {
                 self.finish(c, &p, &t)
             })
             .collect();
-        let (min, in_order, odd) = tally(out, cands, |c| !self.is_default(c));
+        let (min, in_order, odd) = tally(&out, cands, |c| !self.is_default(c));
         if !odd {
-            return (min, in_order);
+            return (out, min, in_order);
         }
         for (s, c) in out.iter_mut().zip(cands) {
             if !self.is_default(c) {
                 *s = reference(self.req, c);
             }
         }
-        (Cheapest::of(out), in_order)
+        let min = Cheapest::of(&out);
+        (out, min, in_order)
     }
 
     /// Whether `c` uses the default pass budget and KV capacity: a reported 0 resolves
