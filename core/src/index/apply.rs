@@ -75,6 +75,11 @@ impl PrefixIndex {
         let mut next = None;
         let mut i = 0;
         while i < blocks.len() {
+            // The parent this event names for block `i`.
+            let named = match i.checked_sub(1) {
+                Some(p) => Some(blocks[p].seq.0),
+                None => parent.map(|p| p.0),
+            };
             let found = match next.take() {
                 Some(slot) => Ok(slot),
                 None => match self.blocks.follow(blocks[i].seq.0, hint) {
@@ -88,6 +93,7 @@ impl PrefixIndex {
             };
             match found {
                 Ok(slot) => {
+                    self.blocks.note_parent(slot, named);
                     // The blocks after this one that follow it in the arena with the
                     // same holders change alike, so they are stored together.
                     let k = self.blocks.same_run(slot, &blocks[i..]);
@@ -112,7 +118,11 @@ impl PrefixIndex {
                         fresh = self.sets.with(EMPTY, w, tier, true);
                     }
                     let room = cap.saturating_sub(self.slot_entries[w as usize]) as usize;
+                    let first = self.blocks.slots() as u32;
                     let (n, end) = self.blocks.push_run(blocks, i, at, fresh, room, &mut pre);
+                    if n > 0 {
+                        self.blocks.link_new(first, named);
+                    }
                     // A run never exceeds the event, whose length fits in u32.
                     let n32 = n as u32;
                     self.slot_entries[w as usize] += n32;

@@ -3,9 +3,10 @@
 //!
 //! Blocks stored by one event land in consecutive slots, so a later walk along the same
 //! chain (a query, or an event re-stating a prefix) finds the next block by comparing
-//! the next slot's hash instead of probing the table. A walk reads 8 bytes per block
-//! (the hash) plus one bit (where the holder set changes); the 4-byte holder set is read
-//! only where a run starts.
+//! the next slot's hash instead of probing the table. A bit per slot marks where a
+//! *run* starts: where the holder set changes or the slot does not follow its parent.
+//! An event reads 8 bytes per block of a run (the hash); a query reads a run's ends;
+//! the 4-byte holder set is read only where a run starts.
 //!
 //! A block whose last holder leaves becomes a dead slot. When dead slots outnumber live
 //! ones, [`Blocks::compact_if_sparse`] squeezes them out in one pass, keeping order.
@@ -68,10 +69,17 @@ pub(crate) struct Blocks {
     pub(crate) seqs: Vec<u64>,
     /// Holder set per slot; [`EMPTY`] marks a dead slot.
     pub(crate) sets: Vec<SetId>,
-    /// One bit per slot: set where a run of equal live holder sets starts (slot 0, a
-    /// dead slot, or a set unlike the previous slot's), so a walk finds how far its run
-    /// goes from the bits alone and compares only hashes inside it.
+    /// One bit per slot: set where a run starts (slot 0, a dead slot, a slot not
+    /// linked to the previous one, or a holder set unlike the previous slot's), so a
+    /// walk finds how far its run goes from the bits alone.
     cuts: Vec<u64>,
+    /// One bit per slot: set while the previous slot holds the block's parent, as every
+    /// event that named the block's parent has said. Set when a chain is appended,
+    /// cleared when an event names another parent or compaction drops the previous
+    /// slot. Inside a run the slots are therefore one chain, and a walk that matches a
+    /// run's first and last block has matched the blocks between (see
+    /// [`PrefixIndex::find_matches`](super::PrefixIndex::find_matches)).
+    links: Vec<u64>,
     table: SlotTable,
     seed: u64,
 }
@@ -81,7 +89,14 @@ pub(crate) type Located = Result<u32, Vacant>;
 
 impl Blocks {
     pub(crate) fn new(seed: u64) -> Self {
-        Blocks { seqs: Vec::new(), sets: Vec::new(), cuts: Vec::new(), table: SlotTable::new(), seed }
+        Blocks {
+            seqs: Vec::new(),
+            sets: Vec::new(),
+            cuts: Vec::new(),
+            links: Vec::new(),
+            table: SlotTable::new(),
+            seed,
+        }
     }
 
     /// Arena slots, live or dead.
@@ -164,11 +179,38 @@ impl Blocks {
         1 + seqs.iter().zip(rest).take_while(|(&a, b)| a == b.seq.0).count()
     }
 
+    /// Whether slot `s` is linked to slot `s - 1` (see [`Blocks::links`]).
+    fn linked(&self, s: usize) -> bool {
+        self.links.get(s / 64).is_some_and(|w| w >> (s % 64) & 1 == 1)
+    }
+
+    /// Records that an event names `parent` as the parent of live slot `s`'s block:
+    /// a parent other than the previous slot's block unlinks them. `None` (an event
+    /// that names no parent) says nothing.
+    pub(crate) fn note_parent(&mut self, s: u32, parent: Option<u64>) {
+        let s = s as usize;
+        if let Some(p) = parent {
+            if self.linked(s) && self.seqs[s - 1] != p {
+                self.links[s / 64] &= !(1 << (s % 64));
+                self.update_cut(s);
+            }
+        }
+    }
+
+    /// Links slot `s`, just appended, to the slot before it if that holds `parent`.
+    pub(crate) fn link_new(&mut self, s: u32, parent: Option<u64>) {
+        let s = s as usize;
+        if s > 0 && parent == Some(self.seqs[s - 1]) {
+            set_bits(&mut self.links, s, s + 1);
+            self.update_cut(s);
+        }
+    }
+
     fn update_cut(&mut self, s: usize) {
         if s >= self.sets.len() {
             return;
         }
-        let cut = s == 0 || self.sets[s] == EMPTY || self.sets[s] != self.sets[s - 1];
+        let cut = s == 0 || self.sets[s] == EMPTY || self.sets[s] != self.sets[s - 1] || !self.linked(s);
         let bit = 1u64 << (s % 64);
         if cut {
             self.cuts[s / 64] |= bit;
@@ -210,7 +252,8 @@ impl Blocks {
     /// Appends the leading blocks of `chain[start..]` that no key holds, as new live
     /// slots with holder set `set`, at most `max` of them. `at` is where
     /// [`Blocks::lookup`] placed `chain[start]`, found absent with no change to the
-    /// index since. Returns how many it appended and why it stopped.
+    /// index since. Returns how many it appended and why it stopped. The appended
+    /// slots are linked one to the next; [`Blocks::link_new`] links the first.
     ///
     /// This is most of filling an index, so it is a tighter loop than a `lookup` and
     /// an append per block: after an append the next slot does not exist yet, so only
@@ -286,10 +329,11 @@ impl Blocks {
         self.seqs.extend(run[..j].iter().map(|b| b.seq.0));
         let n = j;
         self.sets.resize(first + n, set);
-        // Bits past the last slot are clear; only the run's first slot can start a run.
+        // Each appended block follows its parent, except perhaps the first.
+        set_bits(&mut self.links, first + 1, first + n);
+        // Bits past the last slot are clear; the first slot starts a run until linked.
         self.cuts.resize((first + n).div_ceil(64), 0);
-        let cut = first == 0 || self.sets[first - 1] != set;
-        self.cuts[first / 64] |= u64::from(cut) << (first % 64);
+        self.cuts[first / 64] |= 1 << (first % 64);
         (n, end)
     }
 
@@ -314,7 +358,9 @@ impl Blocks {
     pub(crate) fn reserve(&mut self, more: usize) {
         self.seqs.reserve_exact(more);
         self.sets.reserve_exact(more);
-        self.cuts.reserve_exact((self.seqs.len() + more).div_ceil(64).saturating_sub(self.cuts.len()));
+        let words = (self.seqs.len() + more).div_ceil(64);
+        self.cuts.reserve_exact(words.saturating_sub(self.cuts.len()));
+        self.links.reserve_exact(words.saturating_sub(self.links.len()));
         self.table.reserve(more);
     }
 
@@ -334,6 +380,7 @@ impl Blocks {
         }
         // New slot of each old slot: its rank among live slots.
         let mut remap = Vec::with_capacity(self.slots());
+        let mut links = Vec::with_capacity(self.links.len());
         let mut w = 0;
         for r in 0..self.slots() {
             if self.sets[r] == EMPTY {
@@ -343,8 +390,14 @@ impl Blocks {
             remap.push(w as u32);
             self.seqs[w] = self.seqs[r];
             self.sets[w] = self.sets[r];
+            // A link survives only if the previous slot does.
+            if self.linked(r) && remap.get(r.wrapping_sub(1)).is_some_and(|&m| m != GONE) {
+                set_bits(&mut links, w, w + 1);
+            }
             w += 1;
         }
+        links.resize(w.div_ceil(64), 0);
+        self.links = links;
         shorten(&mut self.seqs, w);
         shorten(&mut self.sets, w);
         self.cuts.clear();
@@ -358,13 +411,30 @@ impl Blocks {
 
     /// Heap bytes held by the arena and the table.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.seqs.capacity() * 8 + self.sets.capacity() * 4 + self.cuts.capacity() * 8 + self.table.heap_bytes()
+        self.seqs.capacity() * 8
+            + self.sets.capacity() * 4
+            + (self.cuts.capacity() + self.links.capacity()) * 8
+            + self.table.heap_bytes()
     }
 }
 
 /// The table tag of `seq` under `seed` (odd: the table marks unused ways with tag 0).
 fn tag_of(seed: u64, seq: u64) -> u32 {
     (mix(seed, seq) >> 32) as u32 | 1
+}
+
+/// Sets bits `from..to` of `bits`, growing it as needed.
+fn set_bits(bits: &mut Vec<u64>, from: usize, to: usize) {
+    if bits.len() < to.div_ceil(64) {
+        bits.resize(to.div_ceil(64), 0);
+    }
+    let mut i = from;
+    while i < to {
+        let (w, lo) = (i / 64, i % 64);
+        let n = (64 - lo).min(to - i);
+        bits[w] |= (u64::MAX >> (64 - n)) << lo;
+        i += n;
+    }
 }
 
 /// Truncates `v` to `len` and gives back most of the spare capacity.

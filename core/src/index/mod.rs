@@ -16,16 +16,18 @@
 //! Holder sets are interned and shared, so a block held by a hundred workers costs no
 //! more than one held by one. A hash table maps a sequence hash to its slot through
 //! 8-byte entries packed eight to a cache line, so a probe costs one cache miss. A chain
-//! stored by one event sits in consecutive slots, so walking a chain is a sequential
-//! scan of hashes: a query or an event probes the table only where the chain leaves
-//! the arena's order, and looks at holder sets only where they change.
+//! stored by one event sits in consecutive slots, marked by a bit per slot as linked to
+//! its parent before it: an event re-stating a chain scans its hashes, and a query
+//! compares only the ends of each linked stretch with one holder set (a hash names its
+//! prefix). Both probe the table only where the chain leaves the arena's order, and
+//! look at holder sets only where they change.
 //!
-//! * Memory per distinct block: 12.1 bytes of arena plus 9 to 18 bytes of table (it
+//! * Memory per distinct block: 12.3 bytes of arena plus 9 to 18 bytes of table (it
 //!   doubles when 7/8 full; under 8 MiB it quadruples, so up to 37 bytes just after
 //!   such a growth), plus up to half again of the arena as growth slack. Per
 //!   (worker key, block) entry that is the per-block figure divided by the keys sharing
 //!   a block: measured on the Mooncake conversation workload, 17.0 bytes of heap per
-//!   entry at 16 workers and 16.4 at 128. Each distinct holder set costs about 60 bytes
+//!   entry at 16 workers and 16.6 at 128. Each distinct holder set costs about 60 bytes
 //!   plus 32 bytes per 64 worker keys; real fleets have a few thousand (1,305 and 3,818
 //!   in that workload), and there are never more than live blocks. The total is bounded
 //!   by [`IndexConfig::keys_max`] × [`IndexConfig::blocks_max_per_worker`] entries (and
@@ -35,10 +37,10 @@
 //!   [`PrefixIndex::remove_worker`] scan the whole arena: O(blocks in the index). They
 //!   are rare (a worker restart or departure), which is why the index keeps no
 //!   per-worker list of blocks.
-//! * A query is O(blocks of the query it walks) with a small constant (8 bytes of arena
-//!   per block, compared eight at a time), plus one table probe and O(keys / 64) word
-//!   operations wherever the walk leaves a stored chain or the holders change, plus
-//!   O(keys matched) to write the answer.
+//! * A query costs, per stretch of linked slots with one holder set that it walks, two
+//!   or three cache lines (O(log blocks) when it leaves the stretch partway), one table
+//!   probe and O(keys / 64) word operations, plus O(keys matched) to write the answer.
+//!   The bits that mark stretches are read at one bit per block.
 //! * The table grows by rebuilding (O(blocks), reading its own lines in order), and
 //!   when dead slots outnumber live ones the arena is compacted in one O(blocks) pass.
 //!   Either makes a single `apply` that long; both are amortised O(1) per block.

@@ -1,8 +1,11 @@
 //! [`PrefixIndex::find_matches`]: the leading-run walk.
 //!
 //! The walk moves along the query in *runs*: stretches of blocks that sit in
-//! consecutive arena slots with one holder set. Inside a run it only compares hashes,
-//! eight at a time. At a run's end it finds the next block's slot (the next arena slot,
+//! consecutive arena slots, each the parent of the next, with one holder set. A run is
+//! one chain, and so is the query, so where the query matches a run's block it matches
+//! every block of the run before it: the walk compares the run's last block first and
+//! searches by halves only when that differs, reading a few cache lines of a long run
+//! instead of all of it. At a run's end it finds the next block's slot (the next arena slot,
 //! the slot's hint, or a table probe), intersects the still-matching workers with that
 //! block's holders, and records where the others stopped.
 
@@ -22,9 +25,9 @@ impl PrefixIndex {
     /// answer is exact. With `early_exit == true` it also stops once a single key still
     /// matches, whose answer is then a lower bound (the others stay exact).
     ///
-    /// Work: O(blocks walked) sequential reads, plus at each change of chain or holders
-    /// one table probe at most and O(keys / 64) word operations; O(keys matched) to
-    /// answer.
+    /// Work: per run walked, a few cache lines of hashes (O(log blocks) when the query
+    /// leaves the run partway), one table probe at most and O(keys / 64) word
+    /// operations; O(keys matched) to answer.
     pub fn find_matches(&self, seq: &[SeqHash], early_exit: bool, out: &mut OverlapScores) {
         out.clear();
         let Some(first) = seq.first() else { return };
@@ -58,7 +61,7 @@ impl PrefixIndex {
             // Extend the run while the next slots continue the query with the same holders.
             let s = slot as usize + 1;
             let room = self.blocks.run_room(s, seq.len() - pos - 1);
-            let ext = common_prefix(&seq[pos + 1..pos + 1 + room], &seqs[s..s + room]);
+            let ext = run_match(&seq[pos + 1..pos + 1 + room], &seqs[s..s + room]);
             let end = pos + 1 + ext;
             slot += ext as u32;
             if self.sets.lower_tiers(sid) {
@@ -144,6 +147,32 @@ impl PrefixIndex {
             out.sort();
         }
     }
+}
+
+/// Length of the common prefix of `q` and `h` (equal lengths), where `h` is one chain
+/// continuing a block that `q` continues too: they agree up to some point and differ
+/// from there on. Most runs match to their end, which the last pair shows at once;
+/// otherwise the point is found by halves, and short stretches are scanned.
+fn run_match(q: &[SeqHash], h: &[u64]) -> usize {
+    // Tiny in tests, so that model tests search by halves.
+    const SCAN_BLOCKS: usize = if cfg!(test) { 1 } else { 16 };
+    let Some(last) = q.len().checked_sub(1).filter(|&l| l >= SCAN_BLOCKS) else {
+        return common_prefix(q, h);
+    };
+    if q[last].0 == h[last] {
+        return q.len();
+    }
+    // Every pair before `lo` matches; the pair at `hi` does not.
+    let (mut lo, mut hi) = (0, last);
+    while hi - lo > SCAN_BLOCKS {
+        let mid = lo + (hi - lo) / 2;
+        if q[mid].0 == h[mid] {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo + common_prefix(&q[lo..hi], &h[lo..hi])
 }
 
 /// Length of the common prefix of `q` and `h` (equal lengths), eight blocks at a time.

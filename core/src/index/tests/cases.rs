@@ -80,7 +80,7 @@ fn overlaps() {
     // The index knows hashes, not positions: a query may start anywhere in a chain.
     check(&[St(0, &[1, 2, 3])], &[2, 3], &[(0, [2, 0, 0])]);
     check(&[St(0, &[1, 2, 3])], &[9, 1], &[]);
-    check(&[St(0, &[1, 2, 3])], &[1, 9, 3], &[(0, [1, 0, 0])]);
+    check(&[St(0, &[1, 2, 3])], &[1, 9, 10], &[(0, [1, 0, 0])]);
     // Two workers share a prefix; answers are sorted by key.
     check(&[St(1, &[1, 2, 3]), St(0, &[1, 2])], &[1, 2, 3], &[(0, [2, 0, 0]), (1, [3, 0, 0])]);
     // A gap stops the run even if later blocks are held.
@@ -106,9 +106,27 @@ fn overlaps() {
     check(&[StP(0, None, &[1, 2, 3], H), RmT(0, &[2], H)], &[1, 2, 3], &[(0, [0, 1, 0])]);
     // An accepted unknown parent stores the blocks, which match only from the root.
     check(&[StP(0, Some(7), &[2, 3], D)], &[2, 3], &[(0, [2, 0, 0])]);
-    check(&[StP(0, Some(7), &[2, 3], D), St(0, &[1])], &[1, 2, 3], &[(0, [3, 0, 0])]);
+    check(&[StP(0, Some(1), &[2, 3], D), St(0, &[1])], &[1, 2, 3], &[(0, [3, 0, 0])]);
     // A block repeated inside a query or an event.
     check(&[St(0, &[1, 1, 2])], &[1, 1, 2], &[(0, [3, 0, 0])]);
+}
+
+/// Worker 0 stores 3 after 9, though 3's parent is 2. Worker 1, storing the true chain,
+/// unlinks 3 from 9, so a query along the true chain does not take 1-9-3 for 1-2-3.
+#[test]
+fn an_event_naming_another_parent_unlinks_the_block() {
+    let forged = St(0, &[1, 9, 3]);
+    let want = [(0, [1, 0, 0]), (1, [1, 0, 0])];
+    // Worker 1 also holds 1-9, and has dropped 2: every slot from 1 to 3 has holders {0, 1}.
+    check(&[forged, St(1, &[1, 9]), St(1, &[1, 2, 3]), Rm(1, &[2])], &[1, 2, 3], &want);
+    // A parent named by the event itself (not by the block before) unlinks too.
+    check(
+        &[forged, St(1, &[1, 9]), St(1, &[1, 2]), StP(1, Some(2), &[3], Tier::Device), Rm(1, &[2])],
+        &[1, 2, 3],
+        &want,
+    );
+    // An event that names no parent says nothing.
+    check(&[St(0, &[1, 2, 3]), St(1, &[1, 2]), St(1, &[3])], &[1, 2, 3], &[(0, [3, 0, 0]), (1, [3, 0, 0])]);
 }
 
 #[test]

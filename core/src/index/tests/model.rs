@@ -2,6 +2,7 @@
 //! holds what, comparing every summary, every query answer and the sizes.
 
 use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::vec;
 use alloc::vec::Vec;
 
 use proptest::prelude::*;
@@ -12,7 +13,7 @@ use crate::hash::LocalHash;
 use crate::types::Overlap;
 
 /// Blocks are drawn from this many hashes, so events overlap and collide often.
-const UNIVERSE: u64 = 12;
+const UNIVERSE: u64 = 16;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -135,17 +136,61 @@ fn tier() -> impl Strategy<Value = Tier> {
     prop_oneof![4 => Just(Tier::Device), 1 => Just(Tier::Host), 1 => Just(Tier::Disk)]
 }
 
-/// Mostly stretches of a few fixed chains (so prefixes get re-stated and extended),
-/// sometimes arbitrary hashes.
+/// The parent of each hash of the universe: two trees, so that blocks are chains as
+/// sequence hashes are (one parent per block), with branches that share a prefix.
+const PARENT: [Option<u64>; UNIVERSE as usize] = {
+    let mut p = [None; UNIVERSE as usize];
+    // 0-1-2-3-4-5-6-7, with 1-8-9-10 and 2-11 branching off; 12-13-14-15 apart.
+    let edges = [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (6, 5), (7, 6), (8, 1), (9, 8), (10, 9), (11, 2)];
+    let mut i = 0;
+    while i < edges.len() {
+        p[edges[i].0] = Some(edges[i].1 as u64);
+        i += 1;
+    }
+    p[13] = Some(12);
+    p[14] = Some(13);
+    p[15] = Some(14);
+    p
+};
+
+/// Keys of this worker may store blocks in any order, breaking the one-parent rule:
+/// their own answers are not checked, only everyone else's.
+const LIAR: u64 = 2;
+
+/// A path down the forest from any hash, mostly from a root, taking the branch each
+/// choice picks.
 fn chain() -> impl Strategy<Value = Vec<u64>> {
-    const CHAINS: [[u64; 8]; 3] = [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 8, 9, 10, 11, 2, 3], [5, 6, 7, 0, 1, 2, 11, 10]];
-    prop_oneof![
-        3 => (0usize..3, 0usize..8, 0usize..8).prop_map(|(c, a, n)| {
-            let start = if a < 5 { 0 } else { a - 4 };
-            CHAINS[c][start..(start + n).min(8)].to_vec()
-        }),
-        1 => proptest::collection::vec(0..UNIVERSE, 0..6),
-    ]
+    let start = prop_oneof![2 => prop_oneof![Just(0u64), Just(12)], 1 => 0..UNIVERSE];
+    (start, proptest::collection::vec(any::<u8>(), 0..8)).prop_map(|(start, choices)| {
+        let mut path = vec![start];
+        for c in choices {
+            let last = path[path.len() - 1];
+            let kids: Vec<u64> = (0..UNIVERSE).filter(|&h| PARENT[h as usize] == Some(last)).collect();
+            let Some(&next) = kids.get(c as usize % kids.len().max(1)) else { break };
+            path.push(next);
+        }
+        path
+    })
+}
+
+/// A stored chain with the parent its event names: for honest keys the true one or
+/// none; a liar's blocks and parent may be anything.
+fn stored(key: WorkerKey) -> impl Strategy<Value = (Option<u64>, Vec<u64>)> {
+    let honest = (chain(), any::<bool>())
+        .prop_map(|(c, named)| (c.first().and_then(|&b| PARENT[b as usize]).filter(|_| named), c));
+    if key.worker.0 != LIAR {
+        return honest.boxed();
+    }
+    let any_parent = prop_oneof![2 => Just(None), 1 => (0..UNIVERSE).prop_map(Some)];
+    // A true chain with one block swapped for another makes the forgeries that matter:
+    // a later block linked to the wrong parent.
+    let swapped = (chain(), any::<usize>(), 0..UNIVERSE).prop_map(|(mut c, at, h)| {
+        let n = c.len();
+        c[at % n] = h;
+        (None, c)
+    });
+    let any = (any_parent, proptest::collection::vec(0..UNIVERSE, 0..6));
+    prop_oneof![1 => honest, 2 => swapped, 1 => any].boxed()
 }
 
 impl ReferenceStateMachine for Model {
@@ -167,10 +212,10 @@ impl ReferenceStateMachine for Model {
     }
 
     fn transitions(_: &Model) -> BoxedStrategy<Op> {
-        let parent = prop_oneof![2 => Just(None), 1 => (0..UNIVERSE).prop_map(Some)];
         prop_oneof![
-            6 => (key(), parent, chain(), tier())
-                .prop_map(|(key, parent, blocks, tier)| Op::Store { key, parent, blocks, tier }),
+            6 => (key(), tier()).prop_flat_map(|(key, tier)| {
+                stored(key).prop_map(move |(parent, blocks)| Op::Store { key, parent, blocks, tier })
+            }),
             3 => (key(), chain(), tier()).prop_map(|(key, mut blocks, tier)| {
                 blocks.reverse();
                 Op::Remove { key, blocks, tier }
@@ -249,12 +294,15 @@ impl StateMachineTest for IndexTest {
                 let seqs: Vec<SeqHash> = seq.iter().map(|&h| SeqHash(h)).collect();
                 let mut out = OverlapScores::new();
                 index.find_matches(&seqs, false, &mut out);
-                let got: Vec<_> = out.iter().collect();
-                assert_eq!(got, m.overlaps(seq), "query {seq:?}");
-                for (k, o) in &got {
+                let all: Vec<_> = out.iter().collect();
+                for (k, o) in &all {
                     assert_eq!(out.get(*k), *o);
                 }
-                assert_eq!(out.max_raw(), got.iter().map(|e| e.1.raw()).max().unwrap_or(0));
+                assert_eq!(out.max_raw(), all.iter().map(|e| e.1.raw()).max().unwrap_or(0));
+                let honest = |e: &(WorkerKey, Overlap)| e.0.worker.0 != LIAR;
+                let got: Vec<_> = all.into_iter().filter(honest).collect();
+                let want: Vec<_> = m.overlaps(seq).into_iter().filter(honest).collect();
+                assert_eq!(got, want, "query {seq:?}");
                 None
             }
         };
@@ -283,4 +331,68 @@ prop_state_machine! {
     #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
     #[test]
     fn index_agrees_with_model(sequential 1..60 => IndexTest);
+}
+
+/// One step of [`a_liar_never_changes_an_honest_answer`].
+#[derive(Clone, Debug)]
+enum Step {
+    /// The liar stores a chain with one block swapped.
+    Forge(Vec<u64>),
+    /// The honest key stores a true chain.
+    Store(Vec<u64>),
+    /// The honest key drops a few blocks.
+    Drop(Vec<u64>),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let forged = (chain(), any::<usize>(), 0..UNIVERSE).prop_map(|(mut c, at, h)| {
+        let n = c.len();
+        c[at % n] = h;
+        Step::Forge(c)
+    });
+    let dropped = proptest::collection::vec(0..UNIVERSE, 1..3).prop_map(Step::Drop);
+    prop_oneof![forged, chain().prop_map(Step::Store), dropped]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(512), ..ProptestConfig::default() })]
+    /// Whatever chains one key forges, another key's answers along true chains stay
+    /// exact. Narrower than the state machine, so forgeries meet honest blocks often.
+    #[test]
+    fn a_liar_never_changes_an_honest_answer(steps in proptest::collection::vec(step(), 1..16)) {
+        let (liar, honest) = (WorkerKey::new(LIAR, 0), WorkerKey::new(0, 0));
+        let mut m = Model { cfg: IndexConfig::default(), keys: BTreeSet::new(), held: BTreeMap::new(), last: None };
+        let mut index = PrefixIndex::new(m.cfg);
+        for s in &steps {
+            let (key, store, hashes) = match s {
+                Step::Forge(c) => (liar, true, c),
+                Step::Store(c) => (honest, true, c),
+                Step::Drop(c) => (honest, false, c),
+            };
+            if store {
+                let blocks = blocks_of(hashes);
+                let _ = index.apply(key, IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device });
+                let _ = m.store(key, None, hashes, Tier::Device);
+            } else {
+                let seqs: Vec<SeqHash> = hashes.iter().map(|&h| SeqHash(h)).collect();
+                let _ = index.apply(key, IndexEvent::Removed { blocks: &seqs, tier: Tier::Device });
+                if m.keys.contains(&key) {
+                    m.remove(key, hashes, Tier::Device);
+                }
+            }
+        }
+        // Every leaf's chain from its root.
+        for leaf in 0..UNIVERSE {
+            let mut q = vec![leaf];
+            while let Some(p) = PARENT[q[q.len() - 1] as usize] {
+                q.push(p);
+            }
+            q.reverse();
+            let seqs: Vec<SeqHash> = q.iter().map(|&h| SeqHash(h)).collect();
+            let mut out = OverlapScores::new();
+            index.find_matches(&seqs, false, &mut out);
+            let want = m.overlaps(&q).into_iter().find(|e| e.0 == honest).map(|e| e.1).unwrap_or_default();
+            prop_assert_eq!(out.get(honest), want, "query {:?}", q);
+        }
+    }
 }
