@@ -109,6 +109,10 @@ fn overlaps() {
     check(&[StP(0, Some(1), &[2, 3], D), St(0, &[1])], &[1, 2, 3], &[(0, [3, 0, 0])]);
     // A block repeated inside a query or an event.
     check(&[St(0, &[1, 1, 2])], &[1, 1, 2], &[(0, [3, 0, 0])]);
+    // 4 (child of 2) lands right after 3 (a sibling of 2), behind 1: a query along
+    // 1-2-4 must not take the run 1-3-4 for its own once 2 is gone.
+    let evs = [St(0, &[1, 2]), Rm(0, &[1]), St(0, &[1, 3]), St(0, &[1, 2, 4]), Rm(0, &[2])];
+    check(&evs, &[1, 2, 4], &[(0, [1, 0, 0])]);
 }
 
 /// Worker 0 stores 3 after 9, though 3's parent is 2. Worker 1, storing the true chain,
