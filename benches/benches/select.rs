@@ -10,6 +10,11 @@
 //! fleet size with the median CPU time per decision and the ratios, which stay
 //! comparable on a machine whose speed drifts while other jobs run.
 //!
+//! `SELECT_KV_ONLY=<workers>[:<calls>]` skips criterion and makes only `calls` (default
+//! 1,000) kv decisions over that many workers, untimed: for counting instructions under
+//! an instruction-level profiler, where the difference between two call counts divided
+//! by their difference is the cost of one decision.
+//!
 //! `BENCH_CLOCK=cpu` measures the benchmark thread's CPU time (64-bit Linux only) instead
 //! of wall time, which keeps figures honest on a machine shared with other jobs.
 
@@ -109,6 +114,18 @@ fn ab() {
     }
 }
 
+/// `SELECT_KV_ONLY` (see the module docs).
+fn kv_only(spec: &str) {
+    let mut parts = spec.split(':').map(|p| p.parse::<usize>().expect("SELECT_KV_ONLY=<workers>[:<calls>]"));
+    let n = parts.next().unwrap_or(1024);
+    let calls = parts.next().unwrap_or(1000);
+    let (req, cands) = (request(RouterMode::Kv, 0.0), candidates(n));
+    let mut sel = Selector::new();
+    for i in 0..calls {
+        drop(black_box(sel.select(&req, black_box(&cands), &mut Draw(i as u64), true)));
+    }
+}
+
 fn select<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("select");
     let cases = [
@@ -177,6 +194,10 @@ fn load<M: Measurement>(c: &mut Criterion<M>) {
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var("SELECT_KV_ONLY") {
+        kv_only(&spec);
+        return;
+    }
     if std::env::var_os("SELECT_AB").is_some() {
         ab();
         return;

@@ -385,20 +385,20 @@ fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, 
 /// [`tally`]'s pass).
 #[derive(Clone, Copy, Debug)]
 struct KeyOrder {
-    last: u128,
+    last: WorkerKey,
     in_order: bool,
 }
 
 impl KeyOrder {
     /// Before any key.
-    const START: KeyOrder = KeyOrder { last: 0, in_order: true };
+    const START: KeyOrder = KeyOrder { last: WorkerKey::new(0, 0), in_order: true };
 
     #[inline(always)]
     fn see(&mut self, key: WorkerKey) {
-        // Ordered as `WorkerKey` is: by worker, then rank.
-        let k = (u128::from(key.worker.0) << 32) | u128::from(key.rank.0);
-        self.in_order &= self.last <= k;
-        self.last = k;
+        // Ordered as `WorkerKey` is: by worker, then rank (without branches).
+        let (last, worker) = (self.last.worker.0, key.worker.0);
+        self.in_order &= (last < worker) | ((last == worker) & (self.last.rank.0 <= key.rank.0));
+        self.last = key;
     }
 }
 

@@ -26,8 +26,8 @@
 //! any candidate reporting its own pass budget or KV capacity different from the
 //! model's defaults, which are rare and scored one by one.
 
-use super::cost::{overlap_effective, score};
 use super::ttft::{ttft_cost, TtftModel};
+use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
 use alloc::vec::Vec;
@@ -76,6 +76,9 @@ struct TtftPlan<'a> {
     bs_recip: f64,
     isl: f64,
     aggregated: bool,
+    expected_blocks: f64,
+    /// The request's weights, copied so the loop reads them without going through `req`.
+    cfg: KvCostConfig,
 }
 
 /// Stage 1's results for one candidate.
@@ -134,6 +137,8 @@ impl<'a> TtftPlan<'a> {
             bs_recip: pow2_recip(bs),
             isl: f64::from(req.isl_tokens),
             aggregated: req.phase == Phase::Aggregated,
+            expected_blocks: f64::from(req.expected_output_blocks),
+            cfg: req.cost,
         })
     }
 
@@ -156,12 +161,12 @@ impl<'a> TtftPlan<'a> {
                 self.finish(c, &p, &t)
             })
             .collect();
-        let (min, in_order, odd) = tally(&out, cands, |c| !self.is_default(c));
+        let (min, in_order, odd) = tally(&out, cands, |c| !self.is_default::<POW2>(c));
         if !odd {
             return (out, min, in_order);
         }
         for (s, c) in out.iter_mut().zip(cands) {
-            if !self.is_default(c) {
+            if !self.is_default::<POW2>(c) {
                 *s = reference(self.req, c);
             }
         }
@@ -172,7 +177,11 @@ impl<'a> TtftPlan<'a> {
     /// Whether `c` uses the default pass budget and KV capacity: a reported 0 resolves
     /// to the default, any other value to itself.
     #[inline(always)]
-    fn is_default(&self, c: &Candidate) -> bool {
+    fn is_default<const POW2: bool>(&self, c: &Candidate) -> bool {
+        if POW2 {
+            // The only submasks of a power of two are 0 and itself.
+            return (c.max_batched_tokens & !self.batch_tokens) | (c.kv_blocks & !self.kv_blocks) == 0;
+        }
         let batch = (c.max_batched_tokens == 0) | (c.max_batched_tokens == self.batch_tokens);
         batch & ((c.kv_blocks == 0) | (c.kv_blocks == self.kv_blocks))
     }
@@ -180,8 +189,11 @@ impl<'a> TtftPlan<'a> {
     /// Stage 1: the prompt tokens to compute, the backlog and the decode step.
     #[inline(always)]
     fn inputs<const POW2: bool>(&self, c: &Candidate) -> Inputs {
-        let cfg = &self.req.cost;
-        let overlap = overlap_effective(self.req, c);
+        let cfg = &self.cfg;
+        // `overlap_effective`, in its order of operations.
+        let overlap = f64::from(c.overlap.device)
+            + cfg.host_tier_weight * f64::from(c.overlap.host)
+            + cfg.disk_tier_weight * f64::from(c.overlap.disk);
         // `f64::max` and `min` with one side never NaN: a NaN other side gives that one,
         // as a plain comparison does (and neither is −0.0, so zeros' signs can't differ).
         let inflight = f64::from(c.inflight_prefix_blocks);
@@ -212,7 +224,7 @@ impl<'a> TtftPlan<'a> {
     /// Stage 2: the pass times.
     #[inline(always)]
     fn times<const POW2: bool>(&self, c: &Candidate, p: &Inputs) -> Times {
-        let m = &self.req.cost.timing;
+        let m = &self.cfg.timing;
         let (queued, own) = (p.queued, p.own);
         let (prefill_ms, passes) = self.chunked::<POW2>(queued + own);
         // The backlog's split, shared by the delay to others and the work term.
@@ -237,11 +249,11 @@ impl<'a> TtftPlan<'a> {
     /// Stage 3: the cost and the score.
     #[inline(always)]
     fn finish(&self, c: &Candidate, p: &Inputs, t: &Times) -> CandidateScore {
-        let cfg = &self.req.cost;
+        let cfg = &self.cfg;
         let w = &cfg.ttft;
         let decode_ms = if t.passes > 1.0 { t.passes } else { 1.0 } * p.step_ms;
         let work_ms = t.prefill_ms - t.queued_ms;
-        let decode_blocks = p.active + f64::from(c.new_decode_blocks) + f64::from(self.req.expected_output_blocks);
+        let decode_blocks = p.active + f64::from(c.new_decode_blocks) + self.expected_blocks;
         let memory_ms = if self.aggregated {
             let short = decode_blocks - self.kv;
             w.memory_ms_per_block * if short > 0.0 { short } else { 0.0 }
@@ -257,7 +269,16 @@ impl<'a> TtftPlan<'a> {
                 + memory_ms
                 + cfg.active_request_weight * requests);
         let decode_blocks = if self.aggregated { decode_blocks } else { 0.0 };
-        score(c, p.overlap, (p.queued + p.own) * self.bs_recip, decode_blocks, cost)
+        CandidateScore {
+            key: c.key,
+            // Not `Overlap::raw`, whose plain sum could overflow on hostile input.
+            overlap_raw: c.overlap.device.saturating_add(c.overlap.host).saturating_add(c.overlap.disk),
+            overlap_effective: p.overlap,
+            prefill_blocks: (p.queued + p.own) * self.bs_recip,
+            decode_blocks,
+            // `cost::score`'s NaN to infinity in one comparison (a minimum).
+            cost: if cost < f64::INFINITY { cost } else { f64::INFINITY },
+        }
     }
 
     /// The reference's `queued_tokens`: booked prompt tokens less the progress credit.
@@ -266,7 +287,7 @@ impl<'a> TtftPlan<'a> {
         if c.prefill_busy_ms == 0 {
             return queued;
         }
-        let w = &self.req.cost.ttft;
+        let w = &self.cfg.ttft;
         let pass_ms = self.full_pass_ms + step_ms;
         if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
             return queued;
@@ -282,7 +303,7 @@ impl<'a> TtftPlan<'a> {
         if tokens > 0.0 {
             let (full, rest) = self.split::<POW2>(tokens);
             let passes = if rest > 0.0 { full + 1.0 } else { full };
-            (full * self.full_pass_ms + prefill_pass_ms(&self.req.cost.timing, rest), passes)
+            (full * self.full_pass_ms + prefill_pass_ms(&self.cfg.timing, rest), passes)
         } else {
             (0.0, 0.0)
         }
