@@ -18,9 +18,12 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
+
+/// The sockets holding the ports of [`Fake::dead_addr`], bound and never listening.
+static DEAD: Mutex<Vec<TcpSocket>> = Mutex::new(Vec::new());
 
 /// What the fake does with the next completion requests.
 #[derive(Clone)]
@@ -156,10 +159,18 @@ impl Fake {
         self.inner.connections.load(Ordering::Relaxed)
     }
 
-    /// An address nothing listens on.
+    /// An address nothing listens on, for as long as this process runs: connecting to
+    /// it is refused. Its port stays bound (never listening, without `SO_REUSEADDR`) in
+    /// [`DEAD`], so that no listener can get it meanwhile, whether another test's fake or
+    /// worker or another process's: a port merely released is free for the next
+    /// `bind(0)` on the machine, and a proxy would then find a live "dead" worker.
     pub async fn dead_addr() -> SocketAddr {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        l.local_addr().unwrap()
+        let sock = TcpSocket::new_v4().unwrap();
+        sock.set_reuseaddr(false).unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = sock.local_addr().unwrap();
+        DEAD.lock().unwrap().push(sock);
+        addr
     }
 
     pub fn url(&self) -> String {

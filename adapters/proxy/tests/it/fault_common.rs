@@ -62,7 +62,8 @@ pub fn assert_openai_error(a: &Answer) {
     assert!(e["message"].is_string() && e["type"].is_string() && e["code"].is_string(), "OpenAI error shape: {j}");
 }
 
-/// The resident set size of this process (the proxy, the fakes and the clients), in bytes.
+/// The resident set size of this process, in bytes. Only meaningful in a test that runs
+/// [`alone`]: otherwise it counts the other tests' allocations as well.
 pub fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
     let kib: u64 = status
@@ -75,9 +76,39 @@ pub fn rss_bytes() -> u64 {
 
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Taken for the whole of a test that measures the process's memory or leans on the
-/// machine (thousands of sockets): such tests run one at a time, so that one's
-/// allocations are not read as another's growth.
+/// Taken for the whole of a test that leans on the machine (thousands of sockets, a
+/// flood of requests): such tests run one at a time, so that one does not starve
+/// another. Held while a test runs [`alone`], too.
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     HEAVY.lock().await
+}
+
+/// Set in the environment of a test binary started by [`alone`].
+const ALONE_ENV: &str = "KVROUTE_IT_ALONE";
+
+/// Whether the calling test runs its body in this process. A test that reads the
+/// process's resident memory must be the only one in it: the tests running at the same
+/// time (up to `--test-threads` of them) allocate too, and their growth would be read as
+/// its own. So, unless this process was started for it, this runs the test binary again
+/// for `test` only (its full name, `module::function`), waits for it, fails if it
+/// failed, and returns false: the caller then returns.
+pub async fn alone(test: &'static str) -> bool {
+    if std::env::var_os(ALONE_ENV).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(exe)
+            .args([test, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ALONE_ENV, "1")
+            .output()
+    })
+    .await
+    .expect("the child test runs")
+    .expect("the test binary starts again");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprint!("{stderr}");
+    // A name that matches no test would pass with nothing run.
+    assert!(out.status.success() && stdout.contains(" 1 passed;"), "{test}, run alone, failed:\n{stdout}");
+    false
 }

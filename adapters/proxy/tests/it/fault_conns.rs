@@ -2,6 +2,7 @@
 //! slowloris clients are closed at the header read timeout, the connection cap holds
 //! and frees up, and the proxy's sockets on both sides have Nagle off.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
@@ -140,10 +141,26 @@ async fn connections_refused_at_the_cap_are_counted() {
     }
 }
 
-/// The established TCP sockets of this network namespace as `/proc/net/tcp` lists them:
-/// (local, remote, inode). Closed ones (TIME_WAIT, inode 0) are left out: an earlier
-/// test's connections may linger on a port this test's fake got again.
-fn tcp_sockets() -> Vec<(SocketAddr, SocketAddr, u64)> {
+/// This process's sockets, inode to file descriptor, from `/proc/self/fd`. Other tests
+/// in the process open and close descriptors all the while, so an entry that is gone by
+/// the time it is read is skipped: it was not one of the sockets this test holds open.
+fn socket_fds() -> BTreeMap<u64, i32> {
+    let dir = std::fs::read_dir("/proc/self/fd").expect("procfs");
+    dir.flatten()
+        .filter_map(|entry| {
+            let link = std::fs::read_link(entry.path()).ok()?;
+            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
+            Some((inode, entry.file_name().to_str()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The established TCP sockets of this process, as `/proc/net/tcp` lists them:
+/// (local, remote, file descriptor). That file lists the whole network namespace, so
+/// closed ones (TIME_WAIT, inode 0: an earlier connection may linger on a port this
+/// test's fake got again) and those of other processes are left out.
+fn tcp_sockets() -> Vec<(SocketAddr, SocketAddr, i32)> {
+    let fds = socket_fds();
     let text = std::fs::read_to_string("/proc/net/tcp").expect("procfs");
     let addr = |hex: &str| -> Option<SocketAddr> {
         let (ip, port) = hex.split_once(':')?;
@@ -159,26 +176,17 @@ fn tcp_sockets() -> Vec<(SocketAddr, SocketAddr, u64)> {
             let established = *f.get(3)? == "01";
             let inode: u64 = f.get(9)?.parse().ok()?;
             (established && inode != 0).then_some(())?;
-            Some((addr(f.get(1)?)?, addr(f.get(2)?)?, inode))
+            Some((addr(f.get(1)?)?, addr(f.get(2)?)?, *fds.get(&inode)?))
         })
         .collect()
 }
 
-/// Whether the socket `inode`, open in this process, has TCP_NODELAY set.
-fn nodelay_of(inode: u64) -> Option<bool> {
-    let want = format!("socket:[{inode}]");
-    for entry in std::fs::read_dir("/proc/self/fd").ok()? {
-        let entry = entry.ok()?;
-        if std::fs::read_link(entry.path()).ok()?.to_str() != Some(want.as_str()) {
-            continue;
-        }
-        let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
-        // SAFETY: `fd` is open in this process: it is the socket of a connection the test
-        // keeps open, and it is only borrowed for one getsockopt.
-        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-        return socket2::SockRef::from(&borrowed).tcp_nodelay().ok();
-    }
-    None
+/// Whether the socket `fd` has TCP_NODELAY set.
+fn nodelay_of(fd: i32) -> Option<bool> {
+    // SAFETY: `fd` is open in this process: it is the socket of a connection the test
+    // keeps open, and it is only borrowed for one getsockopt.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    socket2::SockRef::from(&borrowed).tcp_nodelay().ok()
 }
 
 /// Issue #6: TCP_NODELAY on every socket, both sides. The proxy's accepted socket (from

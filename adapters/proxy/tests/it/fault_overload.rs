@@ -13,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use tokio::time::Instant;
 
-use crate::fault_common::{assert_openai_error, heavy, rss_bytes, sse_ok};
+use crate::fault_common::{alone, assert_openai_error, heavy, rss_bytes, sse_ok};
 use crate::*;
 
 /// What a closed-loop run saw.
@@ -112,7 +112,6 @@ const GOODPUT_SHARE_MIN: f64 = 0.75;
 ///   run's (the figures are printed; timing is not asserted any tighter here);
 /// * the process's resident memory grows by less than 32 MiB over the overload runs.
 async fn check_overload(what: &str, cfg: ProxyConfig, capacity: usize, shed_code: u16) {
-    let _alone = heavy().await;
     let p = start(cfg).await;
     let addr = p.local_addr();
     let work = 6 * capacity as u64;
@@ -146,6 +145,10 @@ async fn check_overload(what: &str, cfg: ProxyConfig, capacity: usize, shed_code
 
 #[tokio::test]
 async fn f5_at_twice_capacity_excess_is_shed_admitted_streams_finish_and_goodput_holds() {
+    let _heavy = heavy().await;
+    if !alone("fault_overload::f5_at_twice_capacity_excess_is_shed_admitted_streams_finish_and_goodput_holds").await {
+        return;
+    }
     let service = Behavior::Delayed { ms: 150, chunks: sse_chunks(2) };
     let fakes = [Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await];
     for f in &fakes {

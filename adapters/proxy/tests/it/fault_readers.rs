@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::fault_common::{heavy, rss_bytes};
+use crate::fault_common::{alone, heavy, rss_bytes};
 use crate::*;
 
 /// An SSE event of about 16 KiB.
@@ -59,8 +59,11 @@ async fn slow_reader(addr: SocketAddr, i: usize) -> (TcpStream, usize) {
 /// it needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f6_a_thousand_slow_readers_hold_back_their_workers_instead_of_filling_the_proxy() {
+    let _heavy = heavy().await;
+    if !alone("fault_readers::f6_a_thousand_slow_readers_hold_back_their_workers_instead_of_filling_the_proxy").await {
+        return;
+    }
     let streams = 1_000usize;
-    let _alone = heavy().await;
     let offered = 64u64 << 20;
     rlimit::increase_nofile_limit(4 * streams as u64 + 1_024).unwrap();
     let fakes = [Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await];

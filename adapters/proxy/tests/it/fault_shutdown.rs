@@ -20,7 +20,7 @@ use crate::*;
 /// * the router holds nothing afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f12_shutdown_under_load_fails_no_request_that_finishes_within_the_grace() {
-    let _alone = heavy().await;
+    let _heavy = heavy().await;
     let (streaming, waiting) = (Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await);
     streaming.set(Behavior::Stream { chunks: sse_chunks(8), gap_ms: 60 });
     waiting.set(Behavior::Delayed { ms: 400, chunks: sse_chunks(3) });
