@@ -50,7 +50,7 @@ async fn slow_reader(addr: SocketAddr, i: usize) -> (TcpStream, usize) {
 ///   client read (what the kernel's socket buffers hold: about 2 MiB on loopback here);
 /// * the process's resident memory (proxy, fakes and clients) grew by at most
 ///   2 x `connection_buffer_bytes_max` (16 KiB here) + 160 KiB per stream: the proxy's
-///   two connection buffers plus task state. Measured: about 90 KiB; 190-220 KiB with
+///   two connection buffers plus task state. Measured: 90-150 KiB; 190-220 KiB with
 ///   the default 64 KiB buffers; 361 KiB with hyper's own 400 KB ones;
 /// * after the clients go away, everything is released.
 ///
