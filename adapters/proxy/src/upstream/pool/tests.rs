@@ -68,9 +68,14 @@ fn connections_are_reused_only_when_clean() {
 fn nothing_listening_is_a_connect_error() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let addr = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        // Bound but never listening, and held: a port merely released could be taken by
+        // any listener on the machine before the pool connects.
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = sock.local_addr().unwrap();
         let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
         let e = pool.send(request(addr)).await.err().expect("no worker");
+        drop(sock);
         assert!(e.is_connect(), "{e:?}");
     });
 }
