@@ -124,7 +124,7 @@ pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 pub fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let cfg = &req.cost;
     let bs = f64::from(req.block_size.tokens());
-    let overlap_effective = overlap_effective(req, c);
+    let overlap_effective = overlap_effective(&req.cost, c);
     let prefill = || {
         let queued = (c.load.active_prefill_tokens as f64 + f64::from(req.isl_tokens)) / bs;
         (queued - cfg.overlap_credit * overlap_effective).max(0.0)
@@ -145,8 +145,7 @@ pub fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 }
 
 /// The candidate's overlap with lower tiers discounted, in blocks.
-pub(super) fn overlap_effective(req: &SelectRequest, c: &Candidate) -> f64 {
-    let cfg = &req.cost;
+pub(super) fn overlap_effective(cfg: &KvCostConfig, c: &Candidate) -> f64 {
     f64::from(c.overlap.device)
         + cfg.host_tier_weight * f64::from(c.overlap.host)
         + cfg.disk_tier_weight * f64::from(c.overlap.disk)
@@ -167,6 +166,7 @@ pub(super) fn score(
         overlap_effective,
         prefill_blocks,
         decode_blocks,
-        cost: if cost.is_nan() { f64::INFINITY } else { cost },
+        // NaN to infinity in one comparison (a minimum), bit for bit as `is_nan` would.
+        cost: if cost < f64::INFINITY { cost } else { f64::INFINITY },
     }
 }

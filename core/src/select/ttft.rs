@@ -155,7 +155,7 @@ pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let cfg = &req.cost;
     let (m, w) = (&cfg.timing, &cfg.ttft);
     let bs = f64::from(req.block_size.tokens());
-    let overlap = overlap_effective(req, c);
+    let overlap = overlap_effective(&req.cost, c);
     let cached_blocks = overlap.max(f64::from(c.inflight_prefix_blocks));
     let cached = (cfg.overlap_credit * cached_blocks * bs).min(f64::from(req.isl_tokens));
     let isl = f64::from(req.isl_tokens);

@@ -26,6 +26,7 @@
 //! any candidate reporting its own pass budget or KV capacity different from the
 //! model's defaults, which are rare and scored one by one.
 
+use super::cost::{overlap_effective, score};
 use super::ttft::{ttft_cost, TtftModel};
 use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
@@ -190,10 +191,7 @@ impl<'a> TtftPlan<'a> {
     #[inline(always)]
     fn inputs<const POW2: bool>(&self, c: &Candidate) -> Inputs {
         let cfg = &self.cfg;
-        // `overlap_effective`, in its order of operations.
-        let overlap = f64::from(c.overlap.device)
-            + cfg.host_tier_weight * f64::from(c.overlap.host)
-            + cfg.disk_tier_weight * f64::from(c.overlap.disk);
+        let overlap = overlap_effective(cfg, c);
         // `f64::max` and `min` with one side never NaN: a NaN other side gives that one,
         // as a plain comparison does (and neither is −0.0, so zeros' signs can't differ).
         let inflight = f64::from(c.inflight_prefix_blocks);
@@ -269,16 +267,7 @@ impl<'a> TtftPlan<'a> {
                 + memory_ms
                 + cfg.active_request_weight * requests);
         let decode_blocks = if self.aggregated { decode_blocks } else { 0.0 };
-        CandidateScore {
-            key: c.key,
-            // Not `Overlap::raw`, whose plain sum could overflow on hostile input.
-            overlap_raw: c.overlap.device.saturating_add(c.overlap.host).saturating_add(c.overlap.disk),
-            overlap_effective: p.overlap,
-            prefill_blocks: (p.queued + p.own) * self.bs_recip,
-            decode_blocks,
-            // `cost::score`'s NaN to infinity in one comparison (a minimum).
-            cost: if cost < f64::INFINITY { cost } else { f64::INFINITY },
-        }
+        score(c, p.overlap, (p.queued + p.own) * self.bs_recip, decode_blocks, cost)
     }
 
     /// The reference's `queued_tokens`: booked prompt tokens less the progress credit.
