@@ -381,19 +381,21 @@ impl Blocks {
         // New slot of each old slot: its rank among live slots.
         let mut remap = Vec::with_capacity(self.slots());
         let mut links = Vec::with_capacity(self.links.len());
-        let mut w = 0;
+        let (mut w, mut prev_live) = (0, false);
         for r in 0..self.slots() {
             if self.sets[r] == EMPTY {
                 remap.push(GONE);
+                prev_live = false;
                 continue;
             }
             remap.push(w as u32);
             self.seqs[w] = self.seqs[r];
             self.sets[w] = self.sets[r];
             // A link survives only if the previous slot does.
-            if self.linked(r) && remap.get(r.wrapping_sub(1)).is_some_and(|&m| m != GONE) {
+            if prev_live && self.linked(r) {
                 set_bits(&mut links, w, w + 1);
             }
+            prev_live = true;
             w += 1;
         }
         links.resize(w.div_ceil(64), 0);

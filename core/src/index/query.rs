@@ -5,9 +5,9 @@
 //! one chain, and so is the query, so where the query matches a run's block it matches
 //! every block of the run before it: the walk compares the run's last block first and
 //! searches by halves only when that differs, reading a few cache lines of a long run
-//! instead of all of it. At a run's end it finds the next block's slot (the next arena slot,
-//! the slot's hint, or a table probe), intersects the still-matching workers with that
-//! block's holders, and records where the others stopped.
+//! instead of all of it. At a run's end it finds the next block's slot (the next arena
+//! slot, the slot's hint, or a table probe), intersects the still-matching workers with
+//! that block's holders, and records where the others stopped.
 
 use core::mem;
 
