@@ -137,20 +137,14 @@ fn tier() -> impl Strategy<Value = Tier> {
 }
 
 /// The parent of each hash of the universe: two trees, so that blocks are chains as
-/// sequence hashes are (one parent per block), with branches that share a prefix.
+/// sequence hashes are (one parent per block), with branches that share a prefix:
+/// 0-1-2-3-4-5-6-7, with 1-8-9-10 and 2-11 branching off, and 12-13-14-15 apart.
 const PARENT: [Option<u64>; UNIVERSE as usize] = {
-    let mut p = [None; UNIVERSE as usize];
-    // 0-1-2-3-4-5-6-7, with 1-8-9-10 and 2-11 branching off; 12-13-14-15 apart.
-    let edges = [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4), (6, 5), (7, 6), (8, 1), (9, 8), (10, 9), (11, 2)];
-    let mut i = 0;
-    while i < edges.len() {
-        p[edges[i].0] = Some(edges[i].1 as u64);
-        i += 1;
+    const N: Option<u64> = None;
+    const fn p(h: u64) -> Option<u64> {
+        Some(h)
     }
-    p[13] = Some(12);
-    p[14] = Some(13);
-    p[15] = Some(14);
-    p
+    [N, p(0), p(1), p(2), p(3), p(4), p(5), p(6), p(1), p(8), p(9), p(2), N, p(12), p(13), p(14)]
 };
 
 /// Keys of this worker may store blocks in any order, breaking the one-parent rule:
@@ -182,15 +176,18 @@ fn stored(key: WorkerKey) -> impl Strategy<Value = (Option<u64>, Vec<u64>)> {
         return honest.boxed();
     }
     let any_parent = prop_oneof![2 => Just(None), 1 => (0..UNIVERSE).prop_map(Some)];
-    // A true chain with one block swapped for another makes the forgeries that matter:
-    // a later block linked to the wrong parent.
-    let swapped = (chain(), any::<usize>(), 0..UNIVERSE).prop_map(|(mut c, at, h)| {
+    let any = (any_parent, proptest::collection::vec(0..UNIVERSE, 0..6));
+    prop_oneof![1 => honest, 2 => swapped().prop_map(|c| (None, c)), 1 => any].boxed()
+}
+
+/// A true chain with one block swapped for any other: the forgeries that matter, a
+/// later block linked to the wrong parent.
+fn swapped() -> impl Strategy<Value = Vec<u64>> {
+    (chain(), any::<usize>(), 0..UNIVERSE).prop_map(|(mut c, at, h)| {
         let n = c.len();
         c[at % n] = h;
-        (None, c)
-    });
-    let any = (any_parent, proptest::collection::vec(0..UNIVERSE, 0..6));
-    prop_oneof![1 => honest, 2 => swapped, 1 => any].boxed()
+        c
+    })
 }
 
 impl ReferenceStateMachine for Model {
@@ -345,11 +342,7 @@ enum Step {
 }
 
 fn step() -> impl Strategy<Value = Step> {
-    let forged = (chain(), any::<usize>(), 0..UNIVERSE).prop_map(|(mut c, at, h)| {
-        let n = c.len();
-        c[at % n] = h;
-        Step::Forge(c)
-    });
+    let forged = swapped().prop_map(Step::Forge);
     let dropped = proptest::collection::vec(0..UNIVERSE, 1..3).prop_map(Step::Drop);
     prop_oneof![forged, chain().prop_map(Step::Store), dropped]
 }
