@@ -625,4 +625,6 @@ mod model_tests;
 #[cfg(test)]
 mod shared_tests;
 #[cfg(test)]
+mod test_keys;
+#[cfg(test)]
 mod tests;

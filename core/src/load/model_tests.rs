@@ -2,6 +2,7 @@
 //! every load from scratch. Ids, keys and blocks come from small ranges so duplicates,
 //! unknown ids, shared blocks, a full table and expiry all happen often.
 
+use super::test_keys::{any_key, universe};
 use super::*;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -135,10 +136,6 @@ fn ids() -> impl Strategy<Value = (RequestId, Phase)> {
     (0..REQS, prop::sample::select(Phase::ALL.to_vec())).prop_map(|(r, p)| (RequestId(r), p))
 }
 
-fn universe() -> impl Iterator<Item = WorkerKey> {
-    (0..WORKERS).flat_map(|w| (0..RANKS).map(move |r| WorkerKey::new(w, r)))
-}
-
 struct Reference;
 
 impl ReferenceStateMachine for Reference {
@@ -150,7 +147,7 @@ impl ReferenceStateMachine for Reference {
     }
 
     fn transitions(_: &Model) -> BoxedStrategy<Step> {
-        let key = (0..WORKERS, 0..RANKS).prop_map(|(w, r)| WorkerKey::new(w, r));
+        let key = any_key(WORKERS, RANKS);
         let add = (ids(), key, prop::collection::vec(0u64..6, 0..4), 0u32..100, 0u32..4).prop_map(
             |((req, phase), key, blocks, prefill, expected)| Step::Add { req, phase, key, blocks, prefill, expected },
         );
@@ -283,14 +280,14 @@ impl StateMachineTest for RealTracker {
 
     fn check_invariants(t: &LoadTracker, m: &Model) {
         let mut requests = 0;
-        for key in universe() {
+        for key in universe(WORKERS, RANKS) {
             assert_eq!(t.load(key), m.load(key), "load of {key}");
             assert_eq!(t.prefill_progress(key), m.progress(key), "prefill progress of {key}");
             requests += t.load(key).active_requests as usize;
         }
         assert_eq!(requests, t.len(), "per-key requests vs live bookings");
         assert_eq!(t.len(), m.bookings.len());
-        let total = universe().map(|k| m.load(k)).fold(WorkerLoad::default(), |a, l| WorkerLoad {
+        let total = universe(WORKERS, RANKS).map(|k| m.load(k)).fold(WorkerLoad::default(), |a, l| WorkerLoad {
             active_prefill_tokens: a.active_prefill_tokens + l.active_prefill_tokens,
             active_decode_blocks: a.active_decode_blocks + l.active_decode_blocks,
             active_requests: a.active_requests + l.active_requests,

@@ -2,6 +2,7 @@
 //! entries counts once in [`RemoteLoad::combined`]: table cases first, then the two
 //! tables driven together against a model that recomputes `|local ∪ remote|` per key.
 
+use super::test_keys::{any_key, universe};
 use super::*;
 use crate::load::{RemoteLoad, RemoteLoadConfig, ReplicaId};
 use alloc::collections::BTreeSet;
@@ -262,10 +263,6 @@ enum Step {
     Advance(u64),
 }
 
-fn universe() -> impl Iterator<Item = WorkerKey> {
-    (0..WORKERS).flat_map(|w| (0..RANKS).map(move |r| WorkerKey::new(w, r)))
-}
-
 struct Reference;
 
 impl ReferenceStateMachine for Reference {
@@ -280,7 +277,7 @@ impl ReferenceStateMachine for Reference {
         let req = (0..REQS).prop_map(RequestId);
         let phase = prop::sample::select(Phase::ALL.to_vec());
         let replica = (0..REPLICAS).prop_map(ReplicaId);
-        let key = (0..WORKERS, 0..RANKS).prop_map(|(w, r)| WorkerKey::new(w, r));
+        let key = any_key(WORKERS, RANKS);
         let blocks = prop::collection::vec(0..BLOCKS, 0..4);
         let worker = (0..WORKERS).prop_map(WorkerId);
         let local_add = (req.clone(), phase.clone(), key.clone(), blocks.clone(), 0u32..3)
@@ -403,7 +400,7 @@ impl StateMachineTest for Real {
     }
 
     fn check_invariants(t: &Pair, m: &Model) {
-        for key in universe() {
+        for key in universe(WORKERS, RANKS) {
             let combined = t.remote.combined(key, t.local.load(key));
             assert_eq!(combined.active_decode_blocks, m.decode_blocks(key), "decode blocks of {key}");
             assert_eq!(t.remote.shared_blocks(key), m.shared(key), "shared blocks of {key}");

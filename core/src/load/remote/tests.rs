@@ -2,6 +2,7 @@
 //! deadlines, every sum recomputed from scratch. Small id ranges make duplicates,
 //! unknown entries, a full table, too many replicas, silence and age expiry common.
 
+use super::super::test_keys::{any_key, universe};
 use super::*;
 use alloc::vec::Vec;
 use proptest::prelude::*;
@@ -142,10 +143,6 @@ fn entry_key() -> impl Strategy<Value = EntryKey> {
     (replica(), 0..REQS, prop::sample::select(Phase::ALL.to_vec())).prop_map(|(r, q, p)| (r, RequestId(q), p))
 }
 
-fn universe() -> impl Iterator<Item = WorkerKey> {
-    (0..WORKERS).flat_map(|w| (0..2).map(move |r| WorkerKey::new(w, r)))
-}
-
 struct Reference;
 
 impl ReferenceStateMachine for Reference {
@@ -157,7 +154,7 @@ impl ReferenceStateMachine for Reference {
     }
 
     fn transitions(_: &Model) -> BoxedStrategy<Step> {
-        let key = (0..WORKERS, 0..2u32).prop_map(|(w, r)| WorkerKey::new(w, r));
+        let key = any_key(WORKERS, 2);
         let blocks = prop::collection::vec(0u64..6, 0..5);
         let add = (entry_key(), key, 0u32..100, blocks, 0u32..10)
             .prop_map(|(ek, key, prefill, blocks, output)| Step::Add { ek, key, prefill, blocks, output });
@@ -299,7 +296,7 @@ impl StateMachineTest for Real {
 
     fn check_invariants(t: &RemoteLoad, m: &Model) {
         t.check().expect("internal sums");
-        for key in universe() {
+        for key in universe(WORKERS, 2) {
             assert_eq!(t.load(key), m.load(key), "remote load of {key}");
             let local = WorkerLoad { active_prefill_tokens: 1, active_decode_blocks: 2, active_requests: 3 };
             let want = m.load(key);
