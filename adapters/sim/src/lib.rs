@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bound;
 pub mod ceiling;
 pub mod engine;
 pub mod prompt;
