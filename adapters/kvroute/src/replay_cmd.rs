@@ -8,6 +8,7 @@ use std::time::Instant as WallClock;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use kvroute_sim::bound::fleet_lru_ttft_bound;
 use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
 use kvroute_sim::engine::{EngineConfig, EngineRole};
 use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
@@ -60,7 +61,8 @@ pub struct ReplayArgs {
     /// Disaggregated fleet: uncached prompts shorter than this run aggregated on a decode worker.
     #[arg(long, default_value_t = 2_048, value_name = "TOKENS")]
     pub disagg_isl_min_tokens: u32,
-    /// Routing policy: kv, round-robin, random, power-of-two or least-loaded.
+    /// Routing policy: kv, round-robin, random, power-of-two, least-loaded or weighted (every
+    /// worker weighs 1). Not direct: a trace names no workers.
     #[arg(long, default_value = "kv")]
     pub policy: Policy,
     /// Run several policies on the same trace and print them side by side, e.g. kv,round-robin.
@@ -114,7 +116,7 @@ pub struct ReplayArgs {
     /// Print exactly one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Draw TTFT CDFs and per-worker load over time to an SVG file.
+    /// Draw TTFT CDFs, load imbalance over time and a worker x time load heatmap to an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
 }
@@ -127,16 +129,21 @@ impl FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.parse::<RouterMode>() {
-            Ok(
-                m @ (RouterMode::Kv
-                | RouterMode::RoundRobin
-                | RouterMode::Random
-                | RouterMode::PowerOfTwo
-                | RouterMode::LeastLoaded),
-            ) => Ok(Policy(m)),
-            _ => Err(format!("unknown policy {s:?}; expected kv, round-robin, random, power-of-two or least-loaded")),
+            Ok(RouterMode::Direct) => Err(format!("{DIRECT_IN_REPLAY} {}", replay_modes())),
+            Ok(m) => Ok(Policy(m)),
+            Err(_) => Err(format!("unknown policy {s:?}; expected one of {}", replay_modes())),
         }
     }
+}
+
+/// Why `direct` cannot be replayed.
+const DIRECT_IN_REPLAY: &str = "policy \"direct\" sends each request to the worker its caller names \
+    (x-worker-id); a trace names no workers, so a replay cannot use it. Expected one of";
+
+/// The modes a replay accepts: every serve mode but `direct`.
+fn replay_modes() -> String {
+    let modes: Vec<&str> = RouterMode::ALL.iter().filter(|&&m| m != RouterMode::Direct).map(|m| m.as_str()).collect();
+    modes.join(", ")
 }
 
 impl fmt::Display for Policy {
@@ -255,7 +262,7 @@ pub fn run_policy(
         inner: core,
         progress,
         loads: Vec::new(),
-        last_sample_ms: vec![f64::NEG_INFINITY; a.workers as usize],
+        last_sample_ms: vec![f64::NEG_INFINITY; workers as usize],
     };
     progress.set_message(policy.to_string());
     progress.set_position(0);
@@ -331,7 +338,8 @@ pub fn progress_bar(total: usize) -> ProgressBar {
     pb
 }
 
-/// Runs every policy over `reqs` with a progress bar, and fills in the cache ceilings.
+/// Runs every policy over `reqs` with a progress bar, and fills in the bounds: the
+/// cache ceilings and the TTFT lower bound.
 pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Result<Vec<RunReport>, String> {
     let pb = progress_bar(reqs.len());
     let mut runs = Vec::new();
@@ -342,9 +350,9 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
     let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);
+    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.max_batched_tokens);
     for r in &mut runs {
-        r.pooled_reuse_ratio = pooled;
-        r.infinite_reuse_ratio = infinite;
+        r.set_bounds(pooled, infinite, &ttft);
     }
     Ok(runs)
 }
@@ -378,4 +386,29 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         crate::report::print_table(&runs);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(name: &str, want: Result<RouterMode, &str>) {
+        match (name.parse::<Policy>(), want) {
+            (Ok(p), Ok(m)) => assert_eq!(p.0, m, "{name}"),
+            (Err(e), Err(part)) => assert!(e.contains(part), "{name}: {e:?} lacks {part:?}"),
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_accepts_every_serve_mode_but_direct() {
+        for m in RouterMode::ALL.into_iter().filter(|&m| m != RouterMode::Direct) {
+            check(m.as_str(), Ok(m));
+        }
+        check("weighted", Ok(RouterMode::Weighted));
+        check("direct", Err("a trace names no workers"));
+        check("direct", Err("weighted"));
+        check("fastest", Err("unknown policy \"fastest\"; expected one of random, round-robin"));
+    }
 }
