@@ -12,13 +12,14 @@ use kvroute_sim::bound::fleet_lru_ttft_bound;
 use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
 use kvroute_sim::engine::{EngineConfig, EngineRole};
 use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
+use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
+use kvroute_sim_server::EngineArgs;
 use router_core::hash::BlockSize;
 use router_core::router::RouterConfig;
 use router_core::select::{KvCostModel, RouterMode};
 
-use crate::dispatch::{CoreDispatcher, Fleet};
 use crate::report::{LoadPoint, RunReport};
 
 /// The bundled slice of the Mooncake conversation trace (see fixtures/PROVENANCE.md in
@@ -74,18 +75,9 @@ pub struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
-    /// Tokens per KV block (a power of two up to 1024).
-    #[arg(long, default_value_t = 64)]
-    pub block_size: u32,
-    /// KV capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 16_384)]
-    pub blocks_per_worker: u32,
-    /// Token budget of one forward pass.
-    #[arg(long, default_value_t = 8_192)]
-    pub max_batched_tokens: u32,
-    /// Most requests running at once on a worker.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: u32,
+    /// The simulated engines' shape (the same flags and defaults as `sim-worker`).
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Delay before the router sees a worker's KV event, in milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub kv_event_lag_ms: f64,
@@ -207,7 +199,7 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     let opts = LoadOptions {
         speedup: a.speedup,
         requests_max: a.requests,
-        block_size: a.block_size,
+        block_size: a.engine.block_size,
         ..LoadOptions::default()
     };
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
@@ -216,7 +208,7 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
 /// The router configuration for one policy.
 pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, String> {
     let mut cfg = RouterConfig { mode: policy.0, approximate: a.no_kv_events, ..RouterConfig::default() };
-    cfg.block_size = BlockSize::new(a.block_size).map_err(|e| e.to_string())?;
+    cfg.block_size = BlockSize::new(a.engine.block_size).map_err(|e| e.to_string())?;
     let c = &mut cfg.cost;
     c.prefill_load_scale = a.prefill_load_scale.unwrap_or(c.prefill_load_scale);
     c.overlap_credit = a.overlap_credit.unwrap_or(c.overlap_credit);
@@ -230,7 +222,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;
-    cfg.approx.blocks_max_per_worker = a.blocks_per_worker;
+    cfg.approx.blocks_max_per_worker = a.engine.blocks_per_worker;
     cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
     Ok(cfg)
 }
@@ -242,21 +234,19 @@ pub fn run_policy(
     reqs: &[SimRequest],
     progress: &ProgressBar,
 ) -> Result<RunReport, String> {
-    let engine = EngineConfig {
-        blocks_per_worker: a.blocks_per_worker,
-        block_size: a.block_size,
-        max_batched_tokens: a.max_batched_tokens,
-        max_num_seqs: a.max_num_seqs,
-        ..EngineConfig::default()
-    };
+    let engine = a.engine.apply(EngineConfig::default());
     let (workers, prefill_workers) = fleet_shape(a);
     let roles = match prefill_workers {
         0 => Vec::new(),
         p => (0..workers).map(|w| if w < p { EngineRole::Prefill } else { EngineRole::Decode }).collect(),
     };
     let rcfg = ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
-    let fleet =
-        Fleet { workers, prefill_workers, kv_blocks: a.blocks_per_worker, max_batched_tokens: a.max_batched_tokens };
+    let fleet = Fleet {
+        workers,
+        prefill_workers,
+        kv_blocks: a.engine.blocks_per_worker,
+        max_batched_tokens: a.engine.max_batched_tokens,
+    };
     let core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
     let mut d = Observed {
         inner: core,
@@ -347,10 +337,10 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
         runs.push(run_policy(a, p, reqs, &pb)?);
     }
     pb.finish_and_clear();
-    let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.blocks_per_worker);
+    let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.engine.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);
-    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.max_batched_tokens);
+    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.engine.max_batched_tokens);
     for r in &mut runs {
         r.set_bounds(pooled, infinite, &ttft);
     }
