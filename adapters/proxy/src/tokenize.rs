@@ -8,11 +8,13 @@
 //! default, so its KV events match these ids; a real engine's never do, and the router
 //! then predicts overlap from its own decisions (see `router_core::router::RouterConfig`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
+
+use crate::config::ProxyConfig;
 
 pub use kvroute_tokenize::fallback::{fallback_chat, fallback_text, write_canonical};
 
@@ -65,4 +67,30 @@ impl fmt::Debug for Tokenizers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_set().entries(self.by_model.keys()).finish()
     }
+}
+
+/// Models that have no `tokenizer` but workers configured with `kv_events`: their
+/// events match the router's fallback tokens only if the workers tokenize the same way
+/// (`kvroute sim-worker` does by default; a real engine never does), so the router
+/// predicts their caches from its own decisions (`RequestTokens::Estimated`). Read from
+/// the configuration as given at startup.
+pub fn tokenizer_missing(cfg: &ProxyConfig) -> BTreeSet<String> {
+    cfg.models
+        .iter()
+        .filter(|m| m.tokenizer.is_none())
+        .filter(|m| cfg.workers.iter().any(|w| w.model == m.name && w.kv_events.is_some()))
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+/// The startup warning for a model in [`tokenizer_missing`].
+pub fn tokenizer_missing_warning(model: &str) -> String {
+    format!(
+        "model {model:?} has no `tokenizer` but its workers publish KV events: the router hashes \
+         prompts with its byte fallback, which matches those events only for workers that \
+         tokenize the same way (kvroute sim-worker does). With a real engine, set `tokenizer` \
+         under this model's [[models]] to a local folder holding the model's tokenizer.json and \
+         tokenizer_config.json. Until then this model routes on predictions from the router's \
+         own decisions."
+    )
 }

@@ -445,7 +445,8 @@ fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
 /// previews ask where blocks 10..=17 and 1..=4 go, and with what overlap.
 #[track_caller]
 fn check_request_tokens(tokens: RequestTokens, want_repeat: (u64, u32), want_exact: (u64, u32)) {
-    let cfg = RouterConfig { mode: RouterMode::Kv, approximate: true, request_tokens: tokens, ..RouterConfig::default() };
+    let cfg =
+        RouterConfig { mode: RouterMode::Kv, approximate: true, request_tokens: tokens, ..RouterConfig::default() };
     let mut r = Router::new(cfg);
     for w in 0..3 {
         r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
