@@ -39,7 +39,7 @@ fn both_forms_decode_alike() {
                     tier: Tier::Host,
                     lora_name: Some("l"),
                     group_idx: 0,
-                    has_extra_keys: false,
+                    extra_keys: None,
                 }),
                 EventRef::Removed(RemovedRef { block_hashes: &want_hashes[..1], tier: Tier::Device, group_idx: 0 }),
                 EventRef::Cleared,
