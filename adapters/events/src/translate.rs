@@ -2,7 +2,7 @@
 //!
 //! Engine block hashes are opaque to the router, so for every `BlockStored` the
 //! translator recomputes the router's local and sequence hashes from `token_ids` and
-//! `block_size` (salted by `lora_name` and the worker's configured cache salt), and
+//! `block_size` (salted by the adapter and the cache salt, as below), and
 //! remembers engine hash → router sequence hash so `BlockRemoved` and later
 //! `parent_block_hash` links can be mapped back. One translator serves one
 //! (worker, dp rank). It does no I/O; applying the resulting [`RouterEvent`]s to an
@@ -123,7 +123,7 @@ pub trait EventSink {
 pub struct TranslateConfig {
     /// The block size the router hashes with; events must match it. Default 64.
     pub block_size: BlockSize,
-    /// The worker's cache salt, if it salts all blocks (events do not carry one).
+    /// The worker's cache salt, for root blocks whose `extra_keys` carry none.
     pub cache_salt: Option<String>,
     /// Most engine hashes remembered. Default 1,048,576.
     pub blocks_max: usize,
