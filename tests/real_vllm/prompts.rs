@@ -80,9 +80,11 @@ fn chat_prompts_with_tools_overlap_as_vllm_caches_them() {
     };
     let tools = json!([tool("get_weather", 7), tool("get_time", 8)]);
     let ask = |text: String| json!({"role": "user", "content": text});
-    let first =
-        json!({"model": MODEL, "tools": tools, "messages": [ask(prose(9, 20))], "max_tokens": 2, "temperature": 0});
-    let follow = json!({"model": MODEL, "tools": tools, "messages": [
+    // vLLM refuses the default `tool_choice: auto` without a tool-call parser; with
+    // `none` it still renders the tools into the prompt.
+    let first = json!({"model": MODEL, "tools": tools, "tool_choice": "none", "messages": [ask(prose(9, 20))],
+        "max_tokens": 2, "temperature": 0});
+    let follow = json!({"model": MODEL, "tools": tools, "tool_choice": "none", "messages": [
         ask(prose(9, 20)),
         {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
