@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 use crate::engine::MODEL;
 use crate::fleet::{fleet, token_prompt, tokens};
 
+/// Needs retries on a reset before the first byte: the first request after the kill
+/// goes out on a pooled connection to the dead server and is reset (502 without them).
 #[test]
 fn a_killed_and_restarted_server_loses_its_index_and_no_request_fails() {
     let Some(mut f) = fleet() else { return };
