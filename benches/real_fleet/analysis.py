@@ -91,6 +91,11 @@ def targets(policies):
             out[f"kv_vs_{name}_ttft_mean"] = _ratio(kv["ttft_ms_mean"], other["ttft_ms_mean"])
             out[f"kv_vs_{name}_ttft_p99"] = _ratio(kv["ttft_ms_p99"], other["ttft_ms_p99"])
     peers = {p: v for p, v in policies.items() if p in ("sglang-router", "smg", "smg-prefix-hash")}
+    base = policies.get("kv-baseline")
+    if base:
+        out["kv_vs_kv_baseline_hits"] = _ratio(kv["hit_rate"], base["hit_rate"])
+        out["kv_vs_kv_baseline_ttft_mean"] = _ratio(kv["ttft_ms_mean"], base["ttft_ms_mean"])
+        out["kv_vs_kv_baseline_ttft_p99"] = _ratio(kv["ttft_ms_p99"], base["ttft_ms_p99"])
     if peers:
         best = max(peers, key=lambda p: peers[p]["hit_rate"] or 0)
         out["best_peer"] = best

@@ -45,7 +45,7 @@ def delta(after, before):
 async def one(session, url, item, t0, results):
     body = {
         "model": SERVED_NAME,
-        "prompt": item.tokens,
+        "prompt": item.text,
         "max_tokens": item.output_tokens,
         "min_tokens": item.output_tokens,
         "ignore_eos": True,
@@ -55,7 +55,7 @@ async def one(session, url, item, t0, results):
     }
     sent = time.monotonic()
     rec = {"i": item.index, "sent_s": sent - t0, "worker": None, "ttft_s": None, "e2e_s": None, "error": None,
-           "cached_tokens": None}  # fmt: skip
+           "cached_tokens": None, "prompt_tokens": None}  # fmt: skip
     try:
         async with session.post(f"{url}/v1/completions", json=body) as resp:
             rec["worker"] = resp.headers.get("x-kvroute-worker")
@@ -72,6 +72,8 @@ async def one(session, url, item, t0, results):
                 details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
                 if details.get("cached_tokens") is not None:
                     rec["cached_tokens"] = details["cached_tokens"]
+                if (chunk.get("usage") or {}).get("prompt_tokens") is not None:
+                    rec["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
             rec["e2e_s"] = time.monotonic() - sent
             if rec["ttft_s"] is None:
                 rec["error"] = "stream ended without a token"
@@ -112,12 +114,17 @@ def quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def latency_stats(results):
+def latency_stats(results, items):
+    """TTFT and end-to-end latency over the run, and prompts vLLM counted differently."""
+    lengths = {it.index: len(it.tokens) for it in items}
     ttft = [r["ttft_s"] * 1000.0 for r in results if r["ttft_s"] is not None]
     e2e = [r["e2e_s"] * 1000.0 for r in results if r["e2e_s"] is not None and r["error"] is None]
     return {
         "requests": len(results),
         "errors": sum(1 for r in results if r["error"]),
+        "prompt_length_mismatches": sum(
+            1 for r in results if r["prompt_tokens"] is not None and r["prompt_tokens"] != lengths[r["i"]]
+        ),
         "ttft_ms_p50": quantile(ttft, 0.5),
         "ttft_ms_p99": quantile(ttft, 0.99),
         "ttft_ms_mean": sum(ttft) / len(ttft) if ttft else None,

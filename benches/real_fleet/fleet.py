@@ -14,6 +14,8 @@ from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvroute"
 SERVED_NAME = "kvroute-bench"
+# Prompt tokens per forward pass, the same for vLLM, kvroute's cost model and the replay.
+MAX_BATCHED_TOKENS = 2048
 
 
 def free_port():
@@ -95,6 +97,7 @@ class Engine:
                 "--port", str(self.port), "--model", model, "--served-model-name", SERVED_NAME,
                 "--dtype", "bfloat16", "--enable-prefix-caching", "--block-size", "64",
                 "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", "16",
+                "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
                 "--num-gpu-blocks-override", str(gpu_blocks), "--kv-events-config", events,
                 "--enable-prompt-tokens-details"]  # fmt: skip
         env = dict(os.environ)
@@ -142,19 +145,20 @@ def kvroute_config(mode, engines, tokenizer_dir, port):
             f'url = "{e.url}"',
             f'model = "{SERVED_NAME}"',
             f"kv_blocks = {e.gpu_blocks}",
-            "max_batched_tokens = 2048",
+            f"max_batched_tokens = {MAX_BATCHED_TOKENS}",
             f'kv_events = "tcp://127.0.0.1:{e.events_port}"',
             f'kv_events_replay = "tcp://127.0.0.1:{e.replay_port}"',
         ]
     return "\n".join(lines) + "\n"
 
 
-def start_kvroute(binary, mode, engines, log_dir: Path):
+def start_kvroute(binary, mode, engines, log_dir: Path, name=None):
     """`kvroute serve` with `mode`; returns (proc, base url)."""
     port = free_port()
-    cfg = log_dir / f"kvroute-{mode}.toml"
+    name = name or f"kvroute-{mode}"
+    cfg = log_dir / f"{name}.toml"
     cfg.write_text(kvroute_config(mode, engines, engines[0].model, port))
-    proc = Proc(f"kvroute-{mode}", [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
+    proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 60)
     return proc, url

@@ -52,6 +52,8 @@ def parse_args():
     p.add_argument("--policies", default=",".join(KV_POLICIES + PEERS),
                    help="comma-separated; peers that are not installed are skipped and named in the JSON")
     p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
+    p.add_argument("--baseline-kvroute", type=Path,
+                   help="another kvroute binary (say, built from main) run as policy `kv-baseline`")
     p.add_argument("--no-replay", action="store_true")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--keep-logs", type=Path, help="directory for server logs (default: a temporary one)")
@@ -72,6 +74,8 @@ def run_one(policy, engines, items, args, log_dir):
         e.reset_prefix_cache()
     if policy in PEERS:
         started = fleet.start_peer(policy, engines, log_dir)
+    elif policy == "kv-baseline":
+        started = fleet.start_kvroute(str(args.baseline_kvroute), "kv", engines, log_dir, "kvroute-kv-baseline")
     else:
         started = fleet.start_kvroute(str(args.kvroute), policy, engines, log_dir)
     proc, url = started
@@ -86,7 +90,7 @@ def run_one(policy, engines, items, args, log_dir):
     deltas = {e.id: drive.delta(drive.scrape(e.url), before[e.id]) for e in engines}
     cache, per_worker = drive.cache_stats(deltas)
     run = {"policy": policy, "wall_s": round(wall_s, 1), "load_avg_1m": [load_before[0], load_avg()[0]]}
-    run.update(drive.latency_stats(results))
+    run.update(drive.latency_stats(results, items))
     run["cache"] = cache
     run["workers"] = per_worker
     run["losses"] = analysis.losses(items, results)
@@ -105,7 +109,7 @@ def replay(args, items, shape, tmp: Path):
     k = workload.MOONCAKE_BLOCK_TOKENS // shape.tokens_per_hash_id
     argv = [str(args.kvroute), "replay", "--trace", str(trace), "--workers", str(args.workers),
             "--block-size", "512", "--blocks-per-worker", str(args.gpu_blocks),
-            "--max-batched-tokens", str(2048 * k), "--max-num-seqs", "16",
+            "--max-batched-tokens", str(fleet.MAX_BATCHED_TOKENS * k), "--max-num-seqs", "16",
             "--compare", ",".join(KV_POLICIES), "--json"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -156,13 +160,18 @@ def main():
     if not args.kvroute.exists():
         raise SystemExit(f"{args.kvroute} is missing; run `cargo build --release --bin kvroute` first")
     policies = [p for p in args.policies.split(",") if p]
+    if args.baseline_kvroute and "kv-baseline" not in policies:
+        policies.insert(1, "kv-baseline")
     shape = workload.Shape(
         tokens_per_hash_id=args.tokens_per_hash_id,
         prompt_tokens_max=args.prompt_tokens_max,
         output_tokens_max=args.output_tokens_max,
         time_scale=args.time_scale,
     )
-    items = workload.build(workload.read_records(trace, args.start, args.requests, not args.all_requests), shape)
+    model = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
+    words = workload.Words(model / "tokenizer.json")
+    records = workload.read_records(trace, args.start, args.requests, not args.all_requests)
+    items = workload.build(records, shape, words)
     max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)
     tmp_ctx = tempfile.TemporaryDirectory(prefix="real-fleet-")
     log_dir = args.keep_logs or Path(tmp_ctx.name)

@@ -6,6 +6,11 @@ deterministic block of `tokens_per_hash_id` token ids (seeded by the id), so sha
 ids share real tokens and vLLM's prefix cache sees the trace's prefix structure. With
 `tokens_per_hash_id` equal to the engines' KV block size, one hash id is one KV block.
 
+Prompts are sent as text, so every router (the peers route on text) sees the same
+requests. Each hash id's block is drawn from the tokenizer's whole-word tokens (" word"
+tokens that encode back to themselves); the byte-level pre-tokenizer splits text at
+those spaces, so a prompt's text encodes to exactly the tokens it was built from.
+
 Lengths are scaled by `tokens_per_hash_id / 512` and capped, so prompts fit the model's
 context; arrival gaps are multiplied by `time_scale`.
 
@@ -18,6 +23,7 @@ read (`multi_turn_only`), in trace order, with their trace arrival times.
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +38,6 @@ class Shape:
     prompt_tokens_max: int = 2048
     output_tokens_max: int = 8
     time_scale: float = 1.0
-    vocab_lo: int = 16  # skips the special tokens at the start of the vocabulary
-    vocab_hi: int = 8000
     seed: int = 20261201
 
 
@@ -45,6 +49,7 @@ class Item:
     arrival_s: float
     hash_ids: tuple
     tokens: list
+    text: str
     output_tokens: int
     trace_input_length: int
 
@@ -80,17 +85,40 @@ def read_records(path: Path, start: int, count: int, multi_turn_only: bool, wind
     return out
 
 
-def block_tokens(hash_id: int, shape: Shape, cache: dict):
+class Words:
+    """The tokenizer's whole-word tokens, in id order, and how to turn ids into text."""
+
+    def __init__(self, tokenizer_json: Path):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(tokenizer_json))
+        word = re.compile(r" [a-z]{2,}")
+        self.ids = []
+        for i in range(self.tok.get_vocab_size()):
+            text = self.tok.decode([i])
+            if word.fullmatch(text) and self.tok.encode(text).ids == [i]:
+                self.ids.append(i)
+        if len(self.ids) < 256:
+            raise SystemExit(f"{tokenizer_json}: only {len(self.ids)} whole-word tokens")
+
+    def text(self, ids):
+        text = self.tok.decode(ids)
+        if self.tok.encode(text).ids != ids:
+            raise RuntimeError("a prompt's text does not encode back to its tokens")
+        return text
+
+
+def block_tokens(hash_id: int, shape: Shape, words: Words, cache: dict):
     """The token ids one hash id stands for; the same for every run with the same seed."""
     got = cache.get(hash_id)
     if got is None:
         rng = random.Random(shape.seed * 1_000_003 + hash_id)
-        got = [rng.randrange(shape.vocab_lo, shape.vocab_hi) for _ in range(shape.tokens_per_hash_id)]
+        got = [rng.choice(words.ids) for _ in range(shape.tokens_per_hash_id)]
         cache[hash_id] = got
     return got
 
 
-def build(records, shape: Shape):
+def build(records, shape: Shape, words: Words):
     """The workload's items, arrivals relative to the first record."""
     cache = {}
     t0 = records[0]["timestamp"]
@@ -100,13 +128,14 @@ def build(records, shape: Shape):
         n_tokens = max(1, min(scaled, shape.prompt_tokens_max))
         n_ids = -(-n_tokens // shape.tokens_per_hash_id)
         ids = tuple(rec["hash_ids"][:n_ids])
-        tokens = [t for h in ids for t in block_tokens(h, shape, cache)][:n_tokens]
+        tokens = [t for h in ids for t in block_tokens(h, shape, words, cache)][:n_tokens]
         items.append(
             Item(
                 index=i,
                 arrival_s=(rec["timestamp"] - t0) / 1000.0 * shape.time_scale,
                 hash_ids=ids,
                 tokens=tokens,
+                text=words.text(tokens),
                 output_tokens=max(1, min(rec["output_length"], shape.output_tokens_max)),
                 trace_input_length=rec["input_length"],
             )
