@@ -126,7 +126,11 @@ fn ttft_cost_matches_hand_computation() {
     });
     check(Agg, d, done, (97.5, 30.0, 52.8));
     // Finished reports beyond the model's progress leave the booked backlog whole.
-    check(Agg, d, with(|c| { c.prefill_busy_ms = 54; c.prefill_done_tokens = 5000; }), (128.75, 30.0, 84.2));
+    let behind = with(|c| {
+        c.prefill_busy_ms = 54;
+        c.prefill_done_tokens = 5000;
+    });
+    check(Agg, d, behind, (128.75, 30.0, 84.2));
     // Progress credit 0 trusts only finished prefills.
     check(Agg, TtftWeights { progress_credit: 0.0, ..w }.into_cost(), done, (128.75, 30.0, 84.2));
     // 95 + 10 blocks on a 100-block worker: 5 short, 50 ms; p = 0.95: a 14.5 ms step.
