@@ -4,6 +4,7 @@ Everything listens on 127.0.0.1 only. Every process is started in its own proces
 and stopped by its own pid (SIGTERM, then SIGKILL), never by name.
 """
 
+import json
 import os
 import signal
 import socket
@@ -122,6 +123,28 @@ class Engine:
         raise RuntimeError(f"vllm-{self.id}: prefix cache reset did not succeed")
 
 
+def wait_routable(url, timeout_s=90.0):
+    """Waits until a router forwards a one-token completion (its /health can answer
+    before it has found its workers healthy); raises when it never does."""
+    body = json.dumps({"model": SERVED_NAME, "prompt": "hello", "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout_s
+    last = (0, "")
+    while time.monotonic() < deadline:
+        last = http("POST", f"{url}/v1/completions", body, timeout=30.0)
+        if last[0] == 200:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not route a completion in {timeout_s} s: {last}")
+
+
+def ready_or_stop(proc, url):
+    try:
+        wait_routable(url)
+    except RuntimeError:
+        proc.stop()
+        raise
+
+
 def kvroute_config(mode, engines, tokenizer_dir, port):
     """A `kvroute serve` TOML for one policy over the fleet."""
     lines = [
@@ -161,6 +184,7 @@ def start_kvroute(binary, mode, engines, log_dir: Path, name=None):
     proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 60)
+    ready_or_stop(proc, url)
     return proc, url
 
 
@@ -187,4 +211,5 @@ def start_peer(name, engines, log_dir: Path):
     proc = Proc(name, argv, env, log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 90)
+    ready_or_stop(proc, url)
     return proc, url

@@ -131,6 +131,8 @@ def summarize(runs):
     """Medians over rounds, per policy."""
     by = {}
     for r in runs:
+        if "failed" in r:
+            continue
         by.setdefault(r["policy"], []).append(r)
     out = {}
     for pol, rs in by.items():
@@ -200,7 +202,11 @@ def main():
         for rnd in range(args.rounds):
             order = policies[rnd % len(policies) :] + policies[: rnd % len(policies)]
             for pol in order:
-                run = run_one(pol, engines, items, args, log_dir)
+                try:
+                    run = run_one(pol, engines, items, args, log_dir)
+                except RuntimeError as e:
+                    log(f"{pol}: failed: {e}")
+                    run = {"policy": pol, "failed": str(e)[-2000:]}
                 run["round"] = rnd
                 runs.append(run)
         report["runs"] = runs
