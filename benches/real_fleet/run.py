@@ -127,6 +127,17 @@ def replay(args, items, shape, tmp: Path):
     return pred
 
 
+def fidelity(policies, predicted):
+    """Real over predicted hit rate per policy (1.0: the replay's cache model is exact)."""
+    out = {}
+    for pol, pred in predicted.items():
+        real = policies.get(pol, {}).get("hit_rate")
+        if isinstance(pred, dict) and real is not None and pred.get("hit_rate"):
+            out[pol] = {"real_hit_rate": real, "replay_hit_rate": round(pred["hit_rate"], 4),
+                        "real_over_replay": round(real / pred["hit_rate"], 3)}  # fmt: skip
+    return out
+
+
 def summarize(runs):
     """Medians over rounds, per policy."""
     by = {}
@@ -217,6 +228,7 @@ def main():
             e.proc.stop()
     if not args.no_replay:
         report["replay"] = replay(args, items, shape, Path(tmp_ctx.name))
+        report["replay_fidelity"] = fidelity(report.get("policies", {}), report["replay"])
     report["load_avg_end"] = load_avg()
     text = json.dumps(report, indent=1)
     print(text)
