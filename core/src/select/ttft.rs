@@ -126,10 +126,8 @@ impl Default for TtftWeights {
 /// cached   = min(isl, overlap_credit × max(overlap_effective, inflight_prefix_blocks) × block_size)
 /// own      = max(1, isl − cached)          (an engine computes at least the last token)
 /// queued   = active_prefill_tokens less what the worker computed since its backlog began
-///            beyond the prefills known done, at most one pass (`batch`) of it:
-///            computed = progress_credit × prefill_busy_ms × batch / (f_p(batch) + step),
-///            queued = active_prefill_tokens − min(batch, computed − prefill_done_tokens),
-///            clamped to 0..=active_prefill_tokens
+///            beyond the prefills known done: progress_credit × prefill_busy_ms × batch
+///            / (f_p(batch) + step), clamped to 0..=active_prefill_tokens
 /// P(T)     = time of T tokens in passes of batch = max_batched_tokens (n passes)
 /// step     = f_d(active_decode_blocks / kv_blocks) if a request there is past its prefill
 /// wait     = P(queued + own) + n × step
@@ -190,8 +188,7 @@ pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 }
 
 /// Prompt tokens still queued on `c`: its booked ones less what it has computed since its
-/// backlog began, beyond the prefills known finished (at most one pass of it, see
-/// [`unfinished_progress`]). Full passes bound that progress.
+/// backlog began, beyond the prefills known finished. Full passes bound that progress.
 fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step_ms: f64) -> f64 {
     let queued = c.load.active_prefill_tokens as f64;
     let pass_ms = m.prefill_pass_ms(f64::from(batch.max(1))) + step_ms;
@@ -203,27 +200,8 @@ fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step
     {
         return queued;
     }
-    let batch = f64::from(batch.max(1));
-    let computed = w.progress_credit * c.prefill_busy_ms as f64 * batch / pass_ms;
-    (queued - unfinished_progress(computed, c.prefill_done_tokens as f64, batch)).clamp(0.0, queued)
-}
-
-/// The predicted progress on prefills not yet known finished: `computed − done`, at most
-/// one pass. Prompts are admitted in order and a pass computes at most `batch` tokens,
-/// so an engine that runs as the timing model says finishes (and reports) a prefill
-/// within a pass of computing it; more than that means the engine is slower than the
-/// model, and the reports are the evidence to trust. Without this bound, a model faster
-/// than the engine (a GPU fit routing to CPU engines) credits away real backlogs and
-/// piles requests onto workers it believes idle.
-pub(super) fn unfinished_progress(computed: f64, done: f64, batch: f64) -> f64 {
-    let ahead = computed - done;
-    // Neither side is NaN (the caller checks the credit and the pass time): a plain
-    // comparison is `f64::min`.
-    if ahead < batch {
-        ahead
-    } else {
-        batch
-    }
+    let computed = w.progress_credit * c.prefill_busy_ms as f64 * f64::from(batch.max(1)) / pass_ms;
+    (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
 }
 
 /// What `own` more tokens add to the wait of the requests queued on `c` whose prompts end

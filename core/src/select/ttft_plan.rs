@@ -27,7 +27,7 @@
 //! model's defaults, which are rare and scored one by one.
 
 use super::cost::{overlap_effective, score};
-use super::ttft::{ttft_cost, unfinished_progress, TtftModel};
+use super::ttft::{ttft_cost, TtftModel};
 use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
@@ -282,7 +282,7 @@ impl<'a> TtftPlan<'a> {
             return queued;
         }
         let computed = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
-        (queued - unfinished_progress(computed, c.prefill_done_tokens as f64, self.batch)).clamp(0.0, queued)
+        (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
     }
 
     /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how

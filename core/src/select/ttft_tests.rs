@@ -111,26 +111,16 @@ fn ttft_cost_matches_hand_computation() {
     let busy = worker(1900, 20, 3, 2);
     check(Agg, d, busy, (128.75, 30.0, 84.2));
     check(Agg, TtftWeights { others_delay_weight: 0.0, work_weight: 0.0, ..w }.into_cost(), busy, (128.75, 30.0, 71.6));
-    // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): the model says 2000 tokens
-    // are computed, but no prefill was reported finished, so at most one pass of them is
-    // credited: 900 queued. 1060 tokens in 2 passes: 20 + 10.6 = 30.6, 2 steps of 7; both
-    // prefilling requests end in the pass this one tops up to 1000: 2 × (20 − 19); work
-    // 30.6 − P(900) = 11.6. Total 58.2.
-    check(Agg, d, with(|c| c.prefill_busy_ms = 54), (66.25, 30.0, 58.2));
-    // With 1500 of those reported finished, 500 are in progress: 1400 queued. 1560 tokens
-    // in 2 passes: 20 + 15.6, 2 steps; the backlog spans two passes, so only its last
-    // request waits for this one: 15.6 − 14; work 35.6 − P(1400) = 1.6. Total 52.8.
+    // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): 2000 tokens computed, so
+    // the backlog is gone: P(160) = 11.6, one step 7, work 11.6.
+    check(Agg, d, with(|c| c.prefill_busy_ms = 54), (10.0, 30.0, 30.2));
+    // ... unless 500 of those were finished prefills: 400 queued. P(560) = 15.6, one step;
+    // both prefilling requests end in that pass: 2 × (15.6 − 14); work 1.6.
     let done = with(|c| {
         c.prefill_busy_ms = 54;
-        c.prefill_done_tokens = 1500;
+        c.prefill_done_tokens = 500;
     });
-    check(Agg, d, done, (97.5, 30.0, 52.8));
-    // Finished reports beyond the model's progress leave the booked backlog whole.
-    let behind = with(|c| {
-        c.prefill_busy_ms = 54;
-        c.prefill_done_tokens = 5000;
-    });
-    check(Agg, d, behind, (128.75, 30.0, 84.2));
+    check(Agg, d, done, (35.0, 30.0, 27.4));
     // Progress credit 0 trusts only finished prefills.
     check(Agg, TtftWeights { progress_credit: 0.0, ..w }.into_cost(), done, (128.75, 30.0, 84.2));
     // 95 + 10 blocks on a 100-block worker: 5 short, 50 ms; p = 0.95: a 14.5 ms step.
