@@ -301,6 +301,7 @@ fn content_value(texts: &[String], openai: bool) -> Json {
 }
 
 /// vLLM parses string `arguments` to JSON and drops an empty call list (`None`).
+/// A call whose `type` is not `"function"` is a bad request, as in vLLM 0.32.
 fn vllm_tool_calls(calls: &Json) -> Result<Option<Json>, TokenizeError> {
     let Json::Array(items) = calls else {
         return Err(TokenizeError::invalid("tool_calls must be a list"));
@@ -314,15 +315,19 @@ fn vllm_tool_calls(calls: &Json) -> Result<Option<Json>, TokenizeError> {
             Json::Object(o) => o.clone(),
             _ => return Err(TokenizeError::invalid("each tool call must be an object")),
         };
+        if call.get("type").is_some_and(|t| t != "function") {
+            return Err(TokenizeError::invalid("only tool calls of type `function` are supported"));
+        }
         let Some(Json::Object(function)) = call.get_mut("function") else {
             return Err(TokenizeError::invalid("each tool call needs a `function` object"));
         };
+        // vLLM 0.32 hands templates a mapping only: anything else becomes `{}`.
         let args = match function.get("arguments") {
-            Some(Json::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| Json::Object(Map::new())),
-            Some(v @ (Json::Object(_) | Json::Array(_))) => v.clone(),
-            _ => Json::Object(Map::new()),
+            Some(Json::String(s)) => serde_json::from_str(s).ok().filter(Json::is_object),
+            Some(v @ Json::Object(_)) => Some(v.clone()),
+            _ => None,
         };
-        function.insert("arguments".into(), args);
+        function.insert("arguments".into(), args.unwrap_or_else(|| Json::Object(Map::new())));
         out.push(Json::Object(call));
     }
     Ok(Some(Json::Array(out)))

@@ -53,13 +53,17 @@ fn vllm_rebuilds_messages() {
         json!([{"role": "assistant", "content": null, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": 2}"}},
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}},
-            {"id": "c3", "type": "function", "function": {"name": "h"}}
+            {"id": "c3", "type": "function", "function": {"name": "h"}},
+            {"id": "c4", "type": "function", "function": {"name": "i", "arguments": "[1, 2]"}},
+            {"id": "c5", "type": "function", "function": {"name": "j", "arguments": ["x"]}}
         ], "reasoning": "because"}]),
         Json::Null,
         json!([{"thinking": "because", "role": "assistant", "content": "", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": 2}}},
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {}}},
-            {"id": "c3", "type": "function", "function": {"name": "h", "arguments": {}}}
+            {"id": "c3", "type": "function", "function": {"name": "h", "arguments": {}}},
+            {"id": "c4", "type": "function", "function": {"name": "i", "arguments": {}}},
+            {"id": "c5", "type": "function", "function": {"name": "j", "arguments": {}}}
         ], "reasoning": "because", "reasoning_content": "because"}]),
         Json::Null,
     );
@@ -183,6 +187,8 @@ fn rejects_malformed_requests() {
     check_rejects(&d, request(json!([{"role": "user", "content": [{"text": "no type"}]}]), Json::Null), invalid);
     check_rejects(&d, request(json!([{"role": "assistant", "tool_calls": [{"id": "x"}]}]), Json::Null), invalid);
     check_rejects(&d, request(json!([{"role": "assistant", "tool_calls": {"a": 1}}]), Json::Null), invalid);
+    let custom = json!([{"role": "assistant", "tool_calls": [{"type": "custom", "function": {"name": "f"}}]}]);
+    check_rejects(&d, request(custom, Json::Null), invalid);
     check_rejects(
         &d,
         request(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), Json::Null),
