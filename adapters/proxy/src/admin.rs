@@ -128,6 +128,7 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "model": p.name,
                 "role": w.spec.role.as_str(),
                 "health": w.health.as_str(),
+                "in_flight": crate::drain::in_flight(state, id),
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
@@ -195,6 +196,13 @@ pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<R
     state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
     let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
     let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.0))?;
+    // A drained worker added again is a new worker: it takes requests again.
+    if state.outliers.is_draining(w.id) {
+        state.outliers.forget(w.id);
+        if let Some(pool) = state.fleet.pool(&w.model) {
+            let _ = pool.driver.set_health(router_core::WorkerId(w.id), Health::Healthy);
+        }
+    }
     // Subscriptions follow registration: a replaced worker's stream is re-opened.
     state.subs.lock().await.add(&state.cfg, &state.fleet, &w).await.map_err(ApiError::bad_request)?;
     Ok(json_response(if new { StatusCode::CREATED } else { StatusCode::OK }, &shown))

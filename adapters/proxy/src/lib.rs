@@ -28,6 +28,7 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod disagg;
+pub mod drain;
 pub mod error;
 pub mod events;
 pub mod fleet;

@@ -2,6 +2,7 @@
 
 mod admin;
 mod disagg;
+mod failover;
 mod failures;
 mod fake;
 mod fault_common;
@@ -14,10 +15,12 @@ mod fault_slow;
 mod fault_workers;
 mod fleet;
 mod limits;
+mod migration;
 mod openai_client;
 mod release;
 mod sessions;
 mod shutdown;
+mod sims;
 mod streaming;
 mod trust;
 
