@@ -64,6 +64,8 @@ pub(crate) async fn first_answer(
     tried: &mut Vec<WorkerId>,
 ) -> Result<Answered, ApiError> {
     let state = t.state;
+    // A request that pins its worker has nowhere else to go.
+    let pinned = router_core::pin::explicit_pin(request.phase.0, &request.hints).is_some();
     let mut last_err: Option<ApiError> = None;
     for attempt in 0..=state.cfg.retry.retries_max {
         // The core excludes workers that already failed this request (unless a pin names them).
@@ -80,15 +82,20 @@ pub(crate) async fn first_answer(
             Err(Failed::TimedOut) => return Err(ApiError::timeout()),
             Err(Failed::Retry(reason, kept, err)) => (reason, kept, err),
         };
-        let can_retry = attempt < state.cfg.retry.retries_max && state.budget.withdraw();
+        let can_retry = !pinned && attempt < state.cfg.retry.retries_max && state.budget.withdraw();
         if !can_retry {
             // No retry left: a worker's own answer goes to the client as it is.
             return kept.ok_or(err);
         }
         let after = kept.as_ref().and_then(|a| retry::retry_after(a.resp.headers(), unix_now_s(), cfg_cap(state)));
-        if let Some(a) = kept {
-            give_up(state, a.booking, worker.0, reason);
-        }
+        let err = match kept {
+            Some(a) => {
+                give_up(state, a.booking, worker.0, reason);
+                // Should no other worker take it, the client gets what this one said.
+                worker_error(worker.0, a.resp, a.first).await.unwrap_or(err)
+            }
+            None => err,
+        };
         state.metrics.retry(&t.pool.name, reason.as_str());
         last_err = Some(err);
         let wait = retry::backoff(&state.cfg.retry, attempt + 1, t.pool.driver.draw().0, after);
@@ -176,7 +183,8 @@ async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
         Err(_) if first_byte_by >= t.deadline => {
             // No answer at all within the request's time counts against the worker, so a
             // worker gone slow is ejected like one gone dead.
-            give_up(state, booking, w, RetryReason::FirstByteTimeout);
+            let _ = booking.fail(DispatchFailure::Worker);
+            health::failure(state, w, "timeout");
             Err(Failed::TimedOut)
         }
         Err(_) => {
@@ -198,6 +206,34 @@ async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
             }
         },
     }
+}
+
+/// A worker's error answer as the client's error: its status, message and
+/// `Retry-After`. `None` if its body does not arrive within a second or is too long.
+async fn worker_error(worker: u64, resp: Response<Upstream>, first: Option<Frame<Bytes>>) -> Option<ApiError> {
+    const ERROR_BYTES_MAX: usize = 64 << 10;
+    let status = resp.status();
+    let retry_after_s = retry::retry_after(resp.headers(), unix_now_s(), u64::MAX).map(|d| d.as_secs());
+    let mut body = first.and_then(|f| f.into_data().ok()).map(Vec::from).unwrap_or_default();
+    let collect = async {
+        let mut up = resp.into_body();
+        while let Some(f) = up.frame().await {
+            body.extend_from_slice(&f.ok()?.into_data().unwrap_or_default());
+            if body.len() > ERROR_BYTES_MAX {
+                return None;
+            }
+        }
+        Some(())
+    };
+    tokio::time::timeout(Duration::from_secs(1), collect).await.ok()??;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let message = v.pointer("/error/message").and_then(|m| m.as_str()).map(String::from);
+    let mut e = status_error(worker, status);
+    e.status = status;
+    e.code = "upstream_error";
+    e.message = message.unwrap_or_else(|| format!("worker {worker} answered {status}"));
+    e.retry_after_s = retry_after_s.or(e.retry_after_s);
+    Some(e)
 }
 
 /// The client's error when a retried status was the last thing a worker said and no

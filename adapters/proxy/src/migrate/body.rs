@@ -65,9 +65,10 @@ pub struct MigratingBody {
     /// Fires at the idle timeout or the request's deadline, whichever is first.
     timer: Pin<Box<Sleep>>,
     idle: Option<Duration>,
-    sent_any: bool,
-    /// Bytes for the client read before the body was first polled.
-    held: Option<Bytes>,
+    /// When the last bytes went to the client.
+    last_sent: Option<Instant>,
+    /// Bytes (and their event count) read before the body was first polled.
+    held: Option<(Bytes, u32)>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -114,13 +115,13 @@ pub(crate) fn respond(
         stream,
         attempts: 0,
         idle,
-        sent_any: false,
+        last_sent: None,
         held: None,
         _permit: permit,
     };
     body.rearm();
     let pending = first.and_then(|f| f.into_data().ok()).map(|d| body.stream.feed(&d));
-    body.held = pending.filter(|b| !b.is_empty());
+    body.held = pending.filter(|(b, _)| !b.is_empty());
     Response::from_parts(parts, ProxyBody::Migrating(Box::new(body)))
 }
 
@@ -135,15 +136,27 @@ impl MigratingBody {
         &self.shared.pool.name
     }
 
-    /// Bytes for the client went out.
-    fn sent(&mut self, data: &Bytes) {
-        if !self.sent_any && !data.is_empty() {
-            self.sent_any = true;
-            self.shared.state.metrics.ttft(&self.shared.pool.name, self.shared.arrived.elapsed());
-            if let Some(b) = &self.booking {
-                let _ = b.prefill_done();
-            }
+    /// `events` events for the client went out: time to first token, then the gaps
+    /// between events (zero between events that left together).
+    fn sent(&mut self, events: u32) {
+        if events == 0 {
+            return;
         }
+        let now = Instant::now();
+        let (m, model) = (&self.shared.state.metrics, &self.shared.pool.name);
+        match self.last_sent {
+            None => {
+                m.ttft(model, now - self.shared.arrived);
+                if let Some(b) = &self.booking {
+                    let _ = b.prefill_done();
+                }
+            }
+            Some(prev) => m.itl(model, now - prev),
+        }
+        for _ in 1..events {
+            m.itl(model, Duration::ZERO);
+        }
+        self.last_sent = Some(now);
     }
 
     /// The worker's stream ended cleanly.
@@ -153,29 +166,30 @@ impl MigratingBody {
             let _ = b.finish();
             health::success(&self.shared.state, self.worker);
         }
-        let outcome = if self.stream.seams > 0 { "ok_migrated" } else { "ok" };
-        self.shared.state.metrics.request(self.model(), Some(self.worker), outcome, 200);
+        self.shared.state.metrics.request(self.model(), Some(self.worker), "ok", 200);
     }
 
-    /// Ends the client's stream with an error event.
-    fn fail(&mut self, code: &str, message: &str) -> Bytes {
+    /// Ends the client's stream with an error event `code`; the request counts as
+    /// `outcome`.
+    fn fail(&mut self, code: &str, outcome: &str, message: &str) -> (Bytes, u32) {
         self.phase = Phase::Ended;
         drop(self.booking.take());
-        self.shared.state.metrics.request(self.model(), Some(self.worker), code, 200);
+        self.shared.state.metrics.request(self.model(), Some(self.worker), outcome, 200);
         let body = serde_json::json!({
             "error": { "message": message, "type": "server_error", "param": null, "code": code }
         });
-        Bytes::from(format!("event: error\ndata: {body}\n\n"))
+        // A partial event of the broken try was never sent: the error stands alone.
+        (Bytes::from(format!("event: error\ndata: {body}\n\n")), 1)
     }
 
     /// The worker's stream broke (`reason`): continue it elsewhere if the plan allows,
     /// else end with an error event (returned).
-    fn broke(&mut self, reason: &'static str) -> Option<Bytes> {
+    fn broke(&mut self, reason: &'static str) -> Option<(Bytes, u32)> {
         if self.stream.done || self.stream.finished {
             // Everything was generated; only the end was lost.
             let tail = if self.stream.done { Bytes::new() } else { Bytes::from_static(b"data: [DONE]\n\n") };
             self.finish();
-            return Some(tail);
+            return Some((tail, 1));
         }
         if let Some(b) = self.booking.take() {
             let _ = b.fail(DispatchFailure::Worker);
@@ -190,26 +204,28 @@ impl MigratingBody {
         if let Some(why) = plan.refusal {
             refused("refused_structured");
             let msg = format!("the worker's stream broke; a request with {why} cannot be continued on another worker");
-            return Some(self.fail("migration_refused", &msg));
+            return Some(self.fail("migration_refused", "stream_broken", &msg));
         }
         let Some(prompt_ids) = self.stream.prompt_ids.clone() else {
             refused("unsupported");
-            return Some(self.fail("upstream_stream_broken", "the worker's stream broke and it sent no token ids"));
+            let msg = "the worker's stream broke before it finished (it sent no token ids to continue from)";
+            return Some(self.fail("upstream_stream_broken", "stream_broken", msg));
         };
         if self.attempts >= plan.attempts_max {
             refused("attempts_exhausted");
             let msg = format!("the stream broke {} times; no more migrations", self.attempts + 1);
-            return Some(self.fail("migration_limit", &msg));
+            return Some(self.fail("migration_limit", "stream_broken", &msg));
         }
         let now = Instant::now();
         if now >= self.shared.deadline {
             refused("deadline");
-            return Some(self.fail("timeout", "the request timed out mid-stream"));
+            return Some(self.fail("timeout", "timeout", "the request timed out mid-stream"));
         }
         let Some((path, body)) = plan.continuation(&self.shared.p.path_and_query, &prompt_ids, &self.stream.generated)
         else {
             refused("complete");
-            return Some(Bytes::from_static(b"data: [DONE]\n\n"));
+            self.finish();
+            return Some((Bytes::from_static(b"data: [DONE]\n\n"), 1));
         };
         self.attempts += 1;
         self.stream.seam();
@@ -220,7 +236,7 @@ impl MigratingBody {
     }
 
     /// A continuation answered: stream it.
-    fn resumed(&mut self, a: Answered, request: Request, tried: Vec<WorkerId>, reason: &'static str) -> Bytes {
+    fn resumed(&mut self, a: Answered, request: Request, tried: Vec<WorkerId>, reason: &'static str) -> (Bytes, u32) {
         let Answered { mut booking, resp, first } = a;
         let _ = booking.dispatched();
         self.worker = booking.target().worker.0;
@@ -230,10 +246,10 @@ impl MigratingBody {
         self.shared.state.metrics.migration(&self.shared.pool.name, reason, "resumed");
         self.phase = Phase::Streaming(resp.into_body());
         self.rearm();
-        first.and_then(|f| f.into_data().ok()).map_or_else(Bytes::new, |d| self.stream.feed(&d))
+        first.and_then(|f| f.into_data().ok()).map_or((Bytes::new(), 0), |d| self.stream.feed(&d))
     }
 
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(Bytes, u32)>> {
         loop {
             match &mut self.phase {
                 Phase::Ended => return Poll::Ready(None),
@@ -243,7 +259,7 @@ impl MigratingBody {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Ok((a, request, tried))) => {
                             let out = self.resumed(a, request, tried, reason);
-                            if !out.is_empty() {
+                            if !out.0.is_empty() {
                                 return Poll::Ready(Some(out));
                             }
                         }
@@ -251,7 +267,7 @@ impl MigratingBody {
                             self.shared.state.metrics.migration(&self.shared.pool.name, reason, "no_worker");
                             let msg =
                                 format!("the worker's stream broke and no other worker continued it: {}", e.message);
-                            return Poll::Ready(Some(self.fail("migration_failed", &msg)));
+                            return Poll::Ready(Some(self.fail("migration_failed", "stream_broken", &msg)));
                         }
                     }
                 }
@@ -260,7 +276,7 @@ impl MigratingBody {
                         let Ok(data) = frame.into_data() else { continue };
                         self.rearm();
                         let out = self.stream.feed(&data);
-                        if !out.is_empty() {
+                        if !out.0.is_empty() {
                             return Poll::Ready(Some(out));
                         }
                     }
@@ -270,7 +286,7 @@ impl MigratingBody {
                             return Poll::Ready(None);
                         }
                         if let Some(out) = self.broke("stream_broken") {
-                            return Poll::Ready(Some(out).filter(|b| !b.is_empty()));
+                            return Poll::Ready(Some(out).filter(|(b, _)| !b.is_empty()));
                         }
                     }
                     Poll::Pending => {
@@ -279,10 +295,10 @@ impl MigratingBody {
                         }
                         if Instant::now() >= self.shared.deadline {
                             drop(self.booking.take());
-                            return Poll::Ready(Some(self.fail("timeout", "the request timed out mid-stream")));
+                            return Poll::Ready(Some(self.fail("timeout", "timeout", "the request timed out mid-stream")));
                         }
                         if let Some(out) = self.broke("idle_timeout") {
-                            return Poll::Ready(Some(out).filter(|b| !b.is_empty()));
+                            return Poll::Ready(Some(out).filter(|(b, _)| !b.is_empty()));
                         }
                     }
                 },
@@ -330,8 +346,8 @@ impl Body for MigratingBody {
             None => inner.poll_next(cx),
         };
         next.map(|o| {
-            o.map(|b| {
-                inner.sent(&b);
+            o.map(|(b, events)| {
+                inner.sent(events);
                 Ok(Frame::data(b))
             })
         })

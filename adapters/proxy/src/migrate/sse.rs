@@ -48,31 +48,39 @@ impl Stream {
         self.partial.clear();
     }
 
-    /// Feeds bytes from the worker; returns the bytes for the client (maybe empty).
-    pub(crate) fn feed(&mut self, data: &[u8]) -> Bytes {
+    /// Feeds bytes from the worker; returns the bytes for the client (maybe empty) and
+    /// how many events they hold.
+    pub(crate) fn feed(&mut self, data: &[u8]) -> (Bytes, u32) {
         self.partial.extend_from_slice(data);
         let mut out = BytesMut::new();
+        let mut events = 0;
         while let Some(end) = find_event_end(&self.partial) {
             let event = self.partial.split_to(end + 2).freeze();
             self.event(&event[..end], &mut out);
+            events += 1;
         }
         if self.partial.len() > EVENT_BYTES_MAX {
             out.extend_from_slice(&self.partial.split());
+            events += 1;
         }
-        out.freeze()
+        (out.freeze(), events)
     }
 
+    /// Writes one event for the client: as the worker sent it, byte for byte, unless
+    /// it had to change.
     fn event(&mut self, event: &[u8], out: &mut BytesMut) {
         let Some(data) = event.strip_prefix(b"data: ").or_else(|| event.strip_prefix(b"data:")) else {
             return put_event(out, event);
         };
         if data.trim_ascii() == b"[DONE]" {
             self.done = true;
-            return put_event(out, b"data: [DONE]");
+            return put_event(out, event);
         }
         match serde_json::from_slice::<Value>(data) {
             Ok(Value::Object(mut chunk)) if !chunk.contains_key("error") => {
-                self.chunk(&mut chunk);
+                if !self.chunk(&mut chunk) {
+                    return put_event(out, event);
+                }
                 let mut line = b"data: ".to_vec();
                 line.extend_from_slice(Value::Object(chunk).to_string().as_bytes());
                 put_event(out, &line);
@@ -81,8 +89,10 @@ impl Stream {
         }
     }
 
-    fn chunk(&mut self, chunk: &mut Map<String, Value>) {
+    /// Reads one chunk and changes what must change; says whether anything did.
+    fn chunk(&mut self, chunk: &mut Map<String, Value>) -> bool {
         let continued = self.seams > 0;
+        let mut changed = continued;
         match &self.identity {
             Some(ids) if continued => {
                 for (k, v) in ["id", "created", "model"].into_iter().zip(ids) {
@@ -96,13 +106,25 @@ impl Stream {
             }
         }
         let top_prompt = chunk.remove("prompt_token_ids");
+        let keep_prompt = self.client_ids && !continued;
+        changed |= top_prompt.is_some() && !keep_prompt;
         if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
             for c in choices.iter_mut().filter_map(Value::as_object_mut) {
-                let prompt = c.remove("prompt_token_ids").or(top_prompt.clone());
-                self.choice(c, prompt);
+                let own = c.remove("prompt_token_ids");
+                match &own {
+                    Some(p) if keep_prompt => {
+                        c.insert("prompt_token_ids".into(), p.clone());
+                    }
+                    Some(_) => changed = true,
+                    None => {}
+                }
+                changed |= self.choice(c, own.or(top_prompt.clone()));
             }
         } else {
-            self.take_prompt(top_prompt);
+            self.take_prompt(top_prompt.clone());
+        }
+        if let (true, Some(p)) = (keep_prompt, top_prompt) {
+            chunk.insert("prompt_token_ids".into(), p);
         }
         if continued && self.chat {
             chunk.insert("object".into(), Value::from("chat.completion.chunk"));
@@ -114,20 +136,22 @@ impl Stream {
             usage.insert("completion_tokens".into(), Value::from(completion));
             usage.insert("total_tokens".into(), Value::from(prompt + completion));
         }
+        changed
     }
 
-    fn choice(&mut self, c: &mut Map<String, Value>, prompt: Option<Value>) {
+    /// Reads one choice; says whether it changed.
+    fn choice(&mut self, c: &mut Map<String, Value>, prompt: Option<Value>) -> bool {
         let first_try = self.seams == 0;
+        let mut changed = false;
         if first_try {
-            if let (true, Some(p)) = (self.client_ids, &prompt) {
-                c.insert("prompt_token_ids".into(), p.clone());
-            }
             self.take_prompt(prompt);
         }
         if let Some(ids) = c.remove("token_ids") {
             self.generated.extend(ids_of(&ids).unwrap_or_default());
             if self.client_ids {
                 c.insert("token_ids".into(), ids);
+            } else {
+                changed = true;
             }
         }
         if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
@@ -140,6 +164,7 @@ impl Stream {
             }
             c.remove("prompt_logprobs");
         }
+        changed
     }
 
     fn take_prompt(&mut self, prompt: Option<Value>) {
@@ -151,6 +176,13 @@ impl Stream {
 
 fn ids_of(v: &Value) -> Option<Vec<u32>> {
     v.as_array()?.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+#[cfg(test)]
+impl Stream {
+    fn feed_bytes(&mut self, data: &[u8]) -> Bytes {
+        self.feed(data).0
+    }
 }
 
 fn find_event_end(buf: &[u8]) -> Option<usize> {
@@ -174,7 +206,7 @@ mod tests {
     fn ids_are_collected_and_removed_and_partial_events_wait() {
         let mut s = Stream::new(false, false);
         let first = r#"data: {"id":"a","created":1,"model":"m","choices":[{"index":0,"text":"x ","prompt_token_ids":[1,2],"token_ids":[7]}]}"#;
-        let out = s.feed(format!("{first}\n\ndata: {{\"id\":\"a\",").as_bytes());
+        let out = s.feed_bytes(format!("{first}\n\ndata: {{\"id\":\"a\",").as_bytes());
         assert_eq!(
             text(&out),
             "data: {\"choices\":[{\"index\":0,\"text\":\"x \"}],\"created\":1,\"id\":\"a\",\"model\":\"m\"}\n\n"
@@ -185,7 +217,7 @@ mod tests {
         s.seam();
         let cont = r#"data: {"id":"b","created":2,"model":"m2","choices":[{"index":0,"text":"y ","token_ids":[8],"prompt_token_ids":[1,2,7],"finish_reason":"length"}]}"#;
         let usage = r#"data: {"id":"b","created":2,"model":"m2","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
-        let out = text(&s.feed(format!("{cont}\n\n{usage}\n\ndata: [DONE]\n\n").as_bytes()));
+        let out = text(&s.feed_bytes(format!("{cont}\n\n{usage}\n\ndata: [DONE]\n\n").as_bytes()));
         let events: Vec<Value> = out
             .split("\n\n")
             .filter_map(|e| e.strip_prefix("data: "))
@@ -205,12 +237,12 @@ mod tests {
     fn a_chat_continuation_speaks_chat_and_client_ids_stay() {
         let mut s = Stream::new(true, true);
         let first = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","prompt_token_ids":[5],"choices":[{"index":0,"delta":{"role":"assistant","content":"a "},"token_ids":[9]}]}"#;
-        let out = text(&s.feed(format!("{first}\n\n").as_bytes()));
+        let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
         assert!(out.contains("\"prompt_token_ids\":[5]") && out.contains("\"token_ids\":[9]"), "{out}");
         s.seam();
         let cont = r#"data: {"id":"d","object":"text_completion","created":2,"model":"m","choices":[{"index":0,"text":"b ","token_ids":[10],"logprobs":null}]}"#;
         let v: Value = serde_json::from_str(
-            text(&s.feed(format!("{cont}\n\n").as_bytes())).trim().strip_prefix("data: ").unwrap(),
+            text(&s.feed_bytes(format!("{cont}\n\n").as_bytes())).trim().strip_prefix("data: ").unwrap(),
         )
         .unwrap();
         assert_eq!(v["object"], "chat.completion.chunk");
@@ -224,7 +256,7 @@ mod tests {
     fn comments_errors_and_garbage_pass_through() {
         let mut s = Stream::new(false, false);
         let input = ": ping\n\nevent: error\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: not json\n\n";
-        assert_eq!(text(&s.feed(input.as_bytes())), input);
+        assert_eq!(text(&s.feed_bytes(input.as_bytes())), input);
         assert!(s.prompt_ids.is_none() && s.generated.is_empty());
     }
 }

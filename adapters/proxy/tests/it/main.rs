@@ -107,6 +107,20 @@ pub async fn send(
     within(10_000, client().request(req)).await.expect("the proxy answers")
 }
 
+/// Sends a streamed chat that the worker holds before its first chunk, and returns once
+/// the router tracks it. The proxy answers a stream with its first chunk, so the
+/// response (with its body unread) comes from the task once the worker sends one.
+pub async fn hold(addr: SocketAddr, body: &Value) -> tokio::task::JoinHandle<http::Response<Incoming>> {
+    let body = body.clone();
+    let before = pool(addr).await["requests_in_flight"].as_u64().unwrap_or(0);
+    let task = tokio::spawn(async move { send(addr, Method::POST, "/v1/chat/completions", &[], Some(&body)).await });
+    eventually(10_000, "the held request is in flight", || async {
+        pool(addr).await["requests_in_flight"].as_u64().unwrap_or(0) > before
+    })
+    .await;
+    task
+}
+
 /// A complete answer: status, headers, body.
 pub struct Answer {
     pub status: StatusCode,
