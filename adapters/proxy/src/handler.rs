@@ -290,7 +290,8 @@ pub(crate) async fn forward_aggregated(
     let a = forward::first_answer(&tries, &mut request, &mut tried).await?;
     let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
     match plan {
-        Some(plan) if a.resp.status().is_success() => {
+        // A worker that sent no token ids cannot be continued: its stream passes through.
+        Some(plan) if a.resp.status().is_success() && plan.can_continue(a.first.as_ref()) => {
             Ok(crate::migrate::respond(state, a, plan, p, request, tried, ctx, permit))
         }
         _ => Ok(respond_first(state, a.resp, a.booking, ctx, permit, a.first)),

@@ -117,6 +117,14 @@ impl Plan {
         Bytes::from(Value::Object(json).to_string())
     }
 
+    /// Whether a stream whose first frame is `first` is worth following: it names the
+    /// prompt's token ids, or it is structured output (whose break gets its own error).
+    pub(crate) fn can_continue(&self, first: Option<&http_body::Frame<Bytes>>) -> bool {
+        let ids =
+            first.and_then(|f| f.data_ref()).is_some_and(|d| memchr::memmem::find(d, b"prompt_token_ids").is_some());
+        ids || self.refusal.is_some()
+    }
+
     /// Whether the client's stream is a chat.
     pub(crate) fn is_chat(&self) -> bool {
         self.endpoint == Endpoint::Chat

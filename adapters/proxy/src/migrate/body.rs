@@ -178,8 +178,9 @@ impl MigratingBody {
         let body = serde_json::json!({
             "error": { "message": message, "type": "server_error", "param": null, "code": code }
         });
-        // A partial event of the broken try was never sent: the error stands alone.
-        (Bytes::from(format!("event: error\ndata: {body}\n\n")), 1)
+        // A partial event that went out is closed first, so the error is an event of its own.
+        let sep = if self.stream.at_boundary { "" } else { "\n\n" };
+        (Bytes::from(format!("{sep}event: error\ndata: {body}\n\n")), 1)
     }
 
     /// The worker's stream broke (`reason`): continue it elsewhere if the plan allows,
@@ -295,7 +296,11 @@ impl MigratingBody {
                         }
                         if Instant::now() >= self.shared.deadline {
                             drop(self.booking.take());
-                            return Poll::Ready(Some(self.fail("timeout", "timeout", "the request timed out mid-stream")));
+                            return Poll::Ready(Some(self.fail(
+                                "timeout",
+                                "timeout",
+                                "the request timed out mid-stream",
+                            )));
                         }
                         if let Some(out) = self.broke("idle_timeout") {
                             return Poll::Ready(Some(out).filter(|(b, _)| !b.is_empty()));

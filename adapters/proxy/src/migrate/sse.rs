@@ -4,6 +4,11 @@
 //! removed, identity and usage made whole across seams, and a chat continuation's
 //! completion chunks turned back into chat deltas.
 //!
+//! A worker whose first chunk carries no `prompt_token_ids` cannot be continued: from
+//! then on its bytes pass through as they come, unsplit and unparsed ([`Stream::passthrough`]).
+//! Otherwise only chunks that name token ids, and every chunk after a seam, are parsed;
+//! the others go out byte for byte.
+//!
 //! No I/O: bytes in, bytes out. Work is linear in the bytes fed.
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -18,6 +23,14 @@ const EVENT_BYTES_MAX: usize = 1 << 20;
 pub(crate) struct Stream {
     /// Bytes of an event not yet complete.
     partial: BytesMut,
+    /// Bytes of `partial` already searched for an event's end.
+    scanned: usize,
+    /// The stream cannot be continued: bytes pass through untouched.
+    pub(crate) passthrough: bool,
+    /// Whether the bytes sent so far end at an event boundary.
+    pub(crate) at_boundary: bool,
+    /// The last bytes passed through, so that `[DONE]` split across frames is seen.
+    tail: Vec<u8>,
     /// `id`, `created`, `model` of the first chunk.
     identity: Option<[Value; 3]>,
     /// The first try's prompt.
@@ -38,7 +51,7 @@ pub(crate) struct Stream {
 
 impl Stream {
     pub(crate) fn new(chat: bool, client_ids: bool) -> Self {
-        Stream { chat, client_ids, ..Stream::default() }
+        Stream { chat, client_ids, at_boundary: true, ..Stream::default() }
     }
 
     /// A break is being continued: what follows comes from a continuation, and a
@@ -46,24 +59,68 @@ impl Stream {
     pub(crate) fn seam(&mut self) {
         self.seams += 1;
         self.partial.clear();
+        self.scanned = 0;
     }
 
     /// Feeds bytes from the worker; returns the bytes for the client (maybe empty) and
     /// how many events they hold.
     pub(crate) fn feed(&mut self, data: &[u8]) -> (Bytes, u32) {
+        if self.passthrough {
+            return self.pass(data);
+        }
         self.partial.extend_from_slice(data);
         let mut out = BytesMut::new();
         let mut events = 0;
-        while let Some(end) = find_event_end(&self.partial) {
+        while let Some(end) = self.event_end() {
             let event = self.partial.split_to(end + 2).freeze();
+            self.scanned = 0;
             self.event(&event[..end], &mut out);
             events += 1;
+            if self.passthrough {
+                let rest = self.partial.split();
+                out.extend_from_slice(&rest);
+                events += u32::from(!rest.is_empty());
+                break;
+            }
         }
         if self.partial.len() > EVENT_BYTES_MAX {
             out.extend_from_slice(&self.partial.split());
+            self.scanned = 0;
             events += 1;
         }
+        if !out.is_empty() {
+            self.at_boundary = out.ends_with(b"\n\n");
+        }
         (out.freeze(), events)
+    }
+
+    fn pass(&mut self, data: &[u8]) -> (Bytes, u32) {
+        if !data.is_empty() {
+            self.at_boundary = data.ends_with(b"\n\n");
+        }
+        const DONE: &[u8] = b"data: [DONE]";
+        let head = &data[..data.len().min(DONE.len())];
+        self.tail.extend_from_slice(head);
+        if memchr::memmem::find(&self.tail, DONE).is_some() || memchr::memmem::find(data, DONE).is_some() {
+            self.done = true;
+        }
+        let keep = data.len().min(DONE.len());
+        self.tail.clear();
+        self.tail.extend_from_slice(&data[data.len() - keep..]);
+        let events = memchr::memmem::find_iter(data, b"\n\n").count().max(1) as u32;
+        (Bytes::copy_from_slice(data), if data.is_empty() { 0 } else { events })
+    }
+
+    /// Where the first whole event in `partial` ends, searching only what is new.
+    fn event_end(&mut self) -> Option<usize> {
+        let from = self.scanned.saturating_sub(1);
+        match memchr::memmem::find(&self.partial[from..], b"\n\n") {
+            Some(i) => Some(from + i),
+            None => {
+                self.scanned = self.partial.len();
+                None
+            }
+        }
     }
 
     /// Writes one event for the client: as the worker sent it, byte for byte, unless
@@ -76,9 +133,22 @@ impl Stream {
             self.done = true;
             return put_event(out, event);
         }
+        // Most chunks need no parse: no seam yet, no token ids in them, identity known.
+        let plain = self.seams == 0 && self.identity.is_some() && memchr::memmem::find(data, b"token_ids").is_none();
+        if plain {
+            self.finished |= memchr::memmem::find(data, b"\"finish_reason\":\"").is_some()
+                || memchr::memmem::find(data, b"\"finish_reason\": \"").is_some();
+            return put_event(out, event);
+        }
         match serde_json::from_slice::<Value>(data) {
             Ok(Value::Object(mut chunk)) if !chunk.contains_key("error") => {
-                if !self.chunk(&mut chunk) {
+                let first = self.identity.is_none();
+                let changed = self.chunk(&mut chunk);
+                if first && self.prompt_ids.is_none() {
+                    // No token ids to continue from: nothing more to look at.
+                    self.passthrough = true;
+                }
+                if !changed {
                     return put_event(out, event);
                 }
                 let mut line = b"data: ".to_vec();
@@ -185,10 +255,6 @@ impl Stream {
     }
 }
 
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(2).position(|w| w == b"\n\n")
-}
-
 fn put_event(out: &mut BytesMut, event: &[u8]) {
     out.put_slice(event);
     out.put_slice(b"\n\n");
@@ -250,6 +316,19 @@ mod tests {
         assert_eq!(v["choices"][0]["delta"], json!({"content": "b "}));
         assert!(v["choices"][0].get("text").is_none());
         assert_eq!(s.generated, [9, 10]);
+    }
+
+    #[test]
+    fn a_worker_without_token_ids_is_passed_through_untouched() {
+        let mut s = Stream::new(false, false);
+        let first = "data: {\"id\":\"x\", \"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"te";
+        assert_eq!(text(&s.feed_bytes(first.as_bytes())), first, "the rest of the frame goes out at once");
+        assert!(s.passthrough && !s.at_boundary);
+        let rest = "xt\":\"b\"}]}\n\ndata: [DO";
+        assert_eq!(text(&s.feed_bytes(rest.as_bytes())), rest);
+        assert!(!s.done);
+        assert_eq!(text(&s.feed_bytes(b"NE]\n\n")), "NE]\n\n");
+        assert!(s.done && s.at_boundary, "[DONE] split across frames is seen");
     }
 
     #[test]
