@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Method;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -14,6 +14,7 @@ mod fault_shutdown;
 mod fault_slow;
 mod fault_workers;
 mod fleet;
+mod leaks;
 mod limits;
 mod migration;
 mod openai_client;
