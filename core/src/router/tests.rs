@@ -535,3 +535,21 @@ fn a_request_that_fails_before_its_worker_does_not_renew_the_session() {
     assert_eq!(r.affinity().peek(b"s", Phase::Aggregated), None);
     invariants(&r);
 }
+
+#[test]
+fn direct_mode_refuses_a_pin_to_a_worker_that_is_gone() {
+    // Deliberate (ARCHITECTURE.md): the caller chose the worker, so the caller re-picks.
+    let mut r = router(RouterMode::Direct, 2);
+    let pinned = |id| Request {
+        hints: RoutingHints { backend_instance_id: Some(WorkerId(0)), ..RoutingHints::default() },
+        ..req(id, &[1])
+    };
+    r.handle_worker_update(T0, WorkerUpdate::Health(WorkerId(0), crate::worker::Health::Ejected)).unwrap();
+    let e = r.handle_request(T0, pinned(1), Draw(0)).unwrap_err();
+    assert!(matches!(e, RouteError::Pin(crate::pin::PinError::Ineligible { .. })), "{e:?}");
+    r.handle_worker_update(T0, WorkerUpdate::Removed(WorkerId(0))).unwrap();
+    let e = r.handle_request(T0, pinned(2), Draw(0)).unwrap_err();
+    assert!(matches!(e, RouteError::Pin(crate::pin::PinError::UnknownWorker { .. })), "{e:?}");
+    assert_eq!(r.requests_in_flight(), 0);
+    invariants(&r);
+}
