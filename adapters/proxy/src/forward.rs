@@ -51,7 +51,7 @@ pub(crate) struct Tries<'a> {
 /// How one try ended, if it did not produce an answer for the client.
 enum Failed {
     /// Retry elsewhere, for this reason; a retryable answer kept in case no retry is left.
-    Retry(RetryReason, Option<Answered>, ApiError),
+    Retry(RetryReason, Option<Box<Answered>>, ApiError),
     /// The request's own time ran out.
     TimedOut,
 }
@@ -85,10 +85,10 @@ pub(crate) async fn first_answer(
         let can_retry = !pinned && attempt < state.cfg.retry.retries_max && state.budget.withdraw();
         if !can_retry {
             // No retry left: a worker's own answer goes to the client as it is.
-            return kept.ok_or(err);
+            return kept.map(|a| *a).ok_or(err);
         }
         let after = kept.as_ref().and_then(|a| retry::retry_after(a.resp.headers(), unix_now_s(), cfg_cap(state)));
-        let err = match kept {
+        let err = match kept.map(|a| *a) {
             Some(a) => {
                 give_up(state, a.booking, worker.0, reason);
                 // Should no other worker take it, the client gets what this one said.
@@ -202,7 +202,7 @@ async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
             None => Ok(Answered { booking, resp, first }),
             Some(reason) => {
                 let e = status_error(w, resp.status());
-                Err(Failed::Retry(reason, Some(Answered { booking, resp, first }), e))
+                Err(Failed::Retry(reason, Some(Box::new(Answered { booking, resp, first })), e))
             }
         },
     }

@@ -46,7 +46,7 @@ struct Shared {
 type Resume = Pin<Box<dyn Future<Output = Result<(Answered, Request, Vec<WorkerId>), ApiError>> + Send>>;
 
 enum Phase {
-    Streaming(Upstream),
+    Streaming(Box<Upstream>),
     Resuming { fut: Resume, reason: &'static str },
     Ended,
 }
@@ -107,7 +107,7 @@ pub(crate) fn respond(
     let mut body = MigratingBody {
         timer: Box::pin(tokio::time::sleep_until(ctx.deadline)),
         shared,
-        phase: Phase::Streaming(upstream),
+        phase: Phase::Streaming(Box::new(upstream)),
         booking: Some(booking),
         worker,
         request,
@@ -245,7 +245,7 @@ impl MigratingBody {
         self.request = request;
         self.tried = tried;
         self.shared.state.metrics.migration(&self.shared.pool.name, reason, "resumed");
-        self.phase = Phase::Streaming(resp.into_body());
+        self.phase = Phase::Streaming(Box::new(resp.into_body()));
         self.rearm();
         first.and_then(|f| f.into_data().ok()).map_or((Bytes::new(), 0), |d| self.stream.feed(&d))
     }
@@ -272,7 +272,7 @@ impl MigratingBody {
                         }
                     }
                 }
-                Phase::Streaming(up) => match Pin::new(up).poll_frame(cx) {
+                Phase::Streaming(up) => match Pin::new(up.as_mut()).poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         let Ok(data) = frame.into_data() else { continue };
                         self.rearm();
