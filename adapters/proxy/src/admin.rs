@@ -131,6 +131,7 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "model": p.name,
                 "role": w.spec.role.as_str(),
                 "health": w.health.as_str(),
+                "in_flight": crate::drain::in_flight(state, id),
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
                 "tokenizer_missing": no_tokenizer && cfg.as_ref().is_some_and(|c| c.kv_events.is_some()),
@@ -200,6 +201,13 @@ pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<R
     state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
     let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
     let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.0))?;
+    // A drained worker added again is a new worker: it takes requests again.
+    if state.outliers.is_draining(w.id) {
+        state.outliers.forget(w.id);
+        if let Some(pool) = state.fleet.pool(&w.model) {
+            let _ = pool.driver.set_health(router_core::WorkerId(w.id), Health::Healthy);
+        }
+    }
     // Subscriptions follow registration: a replaced worker's stream is re-opened.
     state.subs.lock().await.add(&state.cfg, &state.fleet, &w).await.map_err(ApiError::bad_request)?;
     Ok(json_response(if new { StatusCode::CREATED } else { StatusCode::OK }, &shown))

@@ -11,7 +11,7 @@ use http::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use kvroute_driver::{Booking, DispatchFailure, DriveError};
+use kvroute_driver::Booking;
 use router_core::router::Request;
 use router_core::{WorkerId, WorkerKey};
 use serde_json::Value;
@@ -23,7 +23,7 @@ use crate::config::WorkerConfig;
 use crate::disagg;
 use crate::error::ApiError;
 use crate::fleet::{Fleet, Pool};
-use crate::health;
+use crate::forward;
 use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
 use crate::state::State;
@@ -270,8 +270,9 @@ async fn forward(
     }
 }
 
-/// Routes `p.request` (whatever phase it names) and forwards it, retrying connect
-/// failures on workers not yet tried.
+/// Routes `p.request` (whatever phase it names) and forwards it, retrying failures before
+/// the first byte on workers not yet tried (see [`crate::retry`]); a stream that breaks
+/// later is continued elsewhere when it can be (see [`crate::migrate`]).
 pub(crate) async fn forward_aggregated(
     state: &Arc<State>,
     p: Prepared,
@@ -280,62 +281,21 @@ pub(crate) async fn forward_aggregated(
 ) -> Result<Response<ProxyBody>, ApiError> {
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     let pool = p.pool.clone();
+    let plan = crate::migrate::Plan::of(&p, &state.cfg.migration);
+    let body = plan.as_ref().map_or_else(|| p.forward_body.clone(), |m| m.first_body());
+    let stream = plan.is_some() || crate::migrate::is_stream(&p.forward_body);
     let mut request = p.request.clone();
     let mut tried: Vec<WorkerId> = Vec::new();
-    let mut last_err: Option<ApiError> = None;
-    for attempt in 0..=state.cfg.retry.retries_max {
-        // The core excludes workers that already failed this request (unless a pin names them).
-        request.failed_workers.clone_from(&tried);
-        let t0 = Instant::now();
-        let routed = tokio::time::timeout_at(deadline, pool.driver.route(request.clone(), pool.driver.draw())).await;
-        let booking = match routed {
-            Err(_) => return Err(ApiError::timeout()),
-            // A retry that finds no other worker reports the failure that caused it.
-            Ok(Err(_)) if last_err.is_some() => break,
-            Ok(Err(e)) => {
-                if let DriveError::Rejected(r) = &e {
-                    state.metrics.rejected(&pool.name, &r.class, r.limit_kind.as_str());
-                }
-                return Err(ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms));
-            }
-            Ok(Ok(b)) => b,
-        };
-        state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
-        let r = booking.routed();
-        state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
-        let worker_id = booking.target().worker;
-        tried.push(worker_id);
-        let Some(worker) = state.fleet.worker(worker_id.0) else {
-            // Removed between the decision and now.
-            let _ = booking.fail(DispatchFailure::Worker);
-            continue;
-        };
-        let up = upstream_request(state, &worker, booking.target(), &p, p.forward_body.clone())?;
-        match tokio::time::timeout_at(deadline, state.client.send(up)).await {
-            Err(_) => {
-                // No answer at all within the request's time counts against the worker, so a
-                // worker gone slow is ejected like one gone dead.
-                let _ = booking.fail(DispatchFailure::Worker);
-                health::failure(state, worker_id.0, "timeout");
-                return Err(ApiError::timeout());
-            }
-            Ok(Ok(resp)) => {
-                let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
-                return Ok(respond(state, resp, booking, ctx, permit));
-            }
-            Ok(Err(e)) => {
-                let connect = e.is_connect();
-                let _ = booking.fail(DispatchFailure::Worker);
-                health::failure(state, worker_id.0, if connect { "connect" } else { "request" });
-                last_err = Some(ApiError::upstream(format!("worker {} failed: {}", worker_id.0, error_chain(&e))));
-                if !connect || attempt == state.cfg.retry.retries_max || !state.budget.withdraw() {
-                    break;
-                }
-                state.metrics.retry(&pool.name);
-            }
+    let tries = forward::Tries { state, pool: &pool, p: &p, body, path: None, deadline, stream };
+    let a = forward::first_answer(&tries, &mut request, &mut tried).await?;
+    let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
+    match plan {
+        // A worker that sent no token ids cannot be continued: its stream passes through.
+        Some(plan) if a.resp.status().is_success() && plan.can_continue(a.first.as_ref()) => {
+            Ok(crate::migrate::respond(state, a, plan, p, request, tried, ctx, permit))
         }
+        _ => Ok(respond_first(state, a.resp, a.booking, ctx, permit, a.first)),
     }
-    Err(last_err.unwrap_or_else(|| ApiError::upstream("no worker could take the request")))
 }
 
 /// The request to send `body` to `target` on `worker`, with the client's headers.
@@ -346,7 +306,19 @@ pub(crate) fn upstream_request(
     p: &Prepared,
     body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, ApiError> {
-    let uri = worker.url.join(&p.path_and_query).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
+    upstream_request_to(state, worker, target, p, &p.path_and_query, body)
+}
+
+/// [`upstream_request`] to another path than the client's.
+pub(crate) fn upstream_request_to(
+    state: &State,
+    worker: &WorkerConfig,
+    target: WorkerKey,
+    p: &Prepared,
+    path: &str,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, ApiError> {
+    let uri = worker.url.join(path).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
     let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
     // The rank header is the router's word to the engine, never the client's.
     headers.remove(&state.dp_rank_header);
@@ -374,9 +346,21 @@ pub(crate) struct Respond<'a> {
 pub(crate) fn respond(
     state: &Arc<State>,
     resp: Response<crate::upstream::Upstream>,
+    booking: Booking,
+    ctx: Respond<'_>,
+    permit: OwnedSemaphorePermit,
+) -> Response<ProxyBody> {
+    respond_first(state, resp, booking, ctx, permit, None)
+}
+
+/// [`respond`], with the body's first frame already read from `resp`.
+pub(crate) fn respond_first(
+    state: &Arc<State>,
+    resp: Response<crate::upstream::Upstream>,
     mut booking: Booking,
     ctx: Respond<'_>,
     permit: OwnedSemaphorePermit,
+    first: Option<http_body::Frame<Bytes>>,
 ) -> Response<ProxyBody> {
     let Respond { model, arrived, deadline, prefill_worker } = ctx;
     let _ = booking.dispatched();
@@ -401,7 +385,8 @@ pub(crate) fn respond(
         deadline,
         injects_errors,
     };
-    Response::from_parts(parts, ProxyBody::Stream(Box::new(UpstreamBody::new(body, booking, ctx, Some(permit)))))
+    let body = UpstreamBody::new(body, booking, ctx, Some(permit)).with_first(first);
+    Response::from_parts(parts, ProxyBody::Stream(Box::new(body)))
 }
 
 /// An error and its causes, for messages.

@@ -201,7 +201,13 @@ mod tests {
 
     #[test]
     fn the_budget_bounds_retries() {
-        let b = RetryBudget::new(&RetryConfig { retries_max: 2, budget_ratio: 0.5, budget_initial: 1, budget_max: 2 });
+        let b = RetryBudget::new(&RetryConfig {
+            retries_max: 2,
+            budget_ratio: 0.5,
+            budget_initial: 1,
+            budget_max: 2,
+            ..RetryConfig::default()
+        });
         assert!(b.withdraw());
         assert!(!b.withdraw());
         b.deposit();

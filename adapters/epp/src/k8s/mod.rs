@@ -169,6 +169,11 @@ async fn apply(workers: &Workers, template: &WorkerTemplate, port: u16, changes:
                     tracing::info!(worker = worker_id(&uid), "worker gone");
                 }
             }
+            Change::Drain(uid) => {
+                if workers.drain(worker_id(&uid)) {
+                    tracing::info!(worker = worker_id(&uid), "worker draining: its pod is terminating");
+                }
+            }
         }
     }
 }
