@@ -12,7 +12,7 @@ use crate::tok::HfTokenizer;
 /// Flags of `kvroute serve`; each overrides the file.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// The TOML configuration (see kvroute.example.toml in the proxy crate).
+    /// The TOML configuration (see kvroute.example.toml in the frontend crate).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     /// Address to listen on, overriding `listen`.

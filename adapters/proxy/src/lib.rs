@@ -26,21 +26,17 @@
 
 pub mod admin;
 pub mod body;
-pub mod config;
 pub mod disagg;
-pub mod error;
-pub mod events;
-pub mod fleet;
 pub mod handler;
 pub mod health;
-pub mod metrics;
-pub mod request;
 pub mod server;
 pub mod state;
-pub mod tokenize;
-pub mod trust;
 pub mod upstream;
 
+// The front end's modules, under the paths the proxy's code and users have always used.
+pub use kvroute_frontend::{config, error, events, fleet, metrics, request, tokenize, trust};
+
+use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -52,7 +48,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, ProxyConfig, WorkerConfig};
-pub use error::{ApiError, ProxyError};
+pub use error::ApiError;
 pub use fleet::FleetError;
 pub use server::ShutdownReport;
 pub use tokenize::{Tokenize, TokenizeError, Tokenizers};
@@ -127,7 +123,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         cfg,
     });
     tokio::spawn(health::active_checks(state.clone()));
-    tokio::spawn(events::watch_silent(std::sync::Arc::downgrade(&state)));
+    tokio::spawn(events::watch_silent(Arc::downgrade(&state), |s| (&s.subs, &s.metrics)));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }
@@ -185,6 +181,49 @@ impl ServeHandle {
     /// Whether this replica's NATS link is up; `None` for a proxy routing alone.
     pub fn nats_connected(&self) -> Option<bool> {
         self.state.replica.as_ref().map(|r| r.connected())
+    }
+}
+
+/// Why [`crate::serve`] could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// The configuration was refused.
+    Config(ConfigError),
+    /// The listening socket could not be bound.
+    Bind(std::io::Error),
+    /// A configured worker was refused by its model's router.
+    Worker {
+        /// The worker.
+        id: u64,
+        /// Why.
+        message: String,
+    },
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProxyError::Config(e) => write!(f, "configuration: {e}"),
+            ProxyError::Bind(e) => write!(f, "cannot listen: {e}"),
+            ProxyError::Worker { id, message } => write!(f, "worker {id}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ProxyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProxyError::Config(e) => Some(e),
+            ProxyError::Bind(e) => Some(e),
+            ProxyError::Worker { .. } => None,
+        }
+    }
+}
+
+impl From<ConfigError> for ProxyError {
+    fn from(e: ConfigError) -> Self {
+        ProxyError::Config(e)
     }
 }
 

@@ -20,6 +20,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::{LimitsConfig, RetryConfig};
 
+pub use kvroute_frontend::headers::{PIN_HEADERS, PREVIEW_HEADER, WORKER_HEADER};
 pub use pool::{SendError, Upstream, IDLE_PER_WORKER_MAX};
 
 /// The client every request and probe to a worker goes through: HTTP/1.1, TCP_NODELAY,
@@ -71,17 +72,6 @@ const HOP_BY_HOP: [&str; 9] = [
     "transfer-encoding",
     "upgrade",
 ];
-
-/// Headers that steer the proxy itself; they never reach a worker.
-pub const PIN_HEADERS: [&str; 5] =
-    ["x-worker-id", "x-dp-rank", "x-prefill-worker-id", "x-prefill-dp-rank", "x-decode-worker-id"];
-
-/// The preview flag header.
-pub const PREVIEW_HEADER: &str = "x-kvroute-preview";
-
-/// The response header naming the worker that served a request.
-#[allow(clippy::declare_interior_mutable_const)] // a static name: nothing in it changes
-pub const WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvroute-worker");
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())

@@ -125,7 +125,7 @@ impl ProxyConfig {
     }
 
     /// Checks one worker against the models (also used by `POST /workers`).
-    pub(crate) fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
+    pub fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
         let Some(model) = self.models.iter().find(|m| m.name == w.model) else {
             return Err(("model", format!("{:?} is not a configured model", w.model)));
         };

@@ -394,9 +394,9 @@ impl Default for ModelConfig {
     }
 }
 
-/// The wire protocol that drives a model's prefill and decode workers.
+/// The wire protocol that drives a model's prefill and decode workers. Exhaustive: a
+/// new protocol comes with the proxy's code that speaks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum DisaggProtocol {
     /// vLLM with the NIXL connector: prefill answers `kv_transfer_params`, which the
     /// decode request then carries.

@@ -15,7 +15,7 @@ use router_core::WorkerKey;
 
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;
-use crate::{ProxyConfig, WorkerConfig};
+use crate::config::{ProxyConfig, WorkerConfig};
 
 /// Feeds one model's router from its workers' event streams.
 #[derive(Clone)]
@@ -223,11 +223,15 @@ fn offset_port(endpoint: &str, rank: u32) -> String {
 /// How often streams are checked for silence.
 const SILENT_CHECK_INTERVAL_MS: u64 = 10_000;
 
-/// Checks for silent streams until the proxy is gone.
-pub async fn watch_silent(state: std::sync::Weak<crate::state::State>) {
+/// Where a server keeps its subscriptions and metrics, for [`watch_silent`].
+pub type SilentParts<S> = fn(&S) -> (&tokio::sync::Mutex<Subscriptions>, &Metrics);
+
+/// Checks for silent streams until the server holding them (`state`) is gone.
+pub async fn watch_silent<S>(state: std::sync::Weak<S>, parts: SilentParts<S>) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(SILENT_CHECK_INTERVAL_MS)).await;
         let Some(state) = state.upgrade() else { return };
-        state.subs.lock().await.check_silent(&state.metrics).await;
+        let (subs, metrics) = parts(&state);
+        subs.lock().await.check_silent(metrics).await;
     }
 }

@@ -1,0 +1,25 @@
+//! `kvroute-frontend` is what a request goes through before transport, shared by the
+//! HTTP proxy (`kvroute-proxy`) and the gateway's endpoint picker (`kvroute-epp`):
+//! the configuration file, the fleet of pools (one router per model), request parsing
+//! and trust, the tokenizer seam, KV-event subscriptions, metrics, and [`ApiError`],
+//! the OpenAI-shaped refusal both servers answer with.
+//!
+//! What it leaves to the servers: sockets, forwarding and streaming (the proxy), the
+//! gateway protocol (the picker).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod fleet;
+pub mod headers;
+pub mod metrics;
+pub mod request;
+pub mod tokenize;
+pub mod trust;
+
+pub use config::{ConfigError, ProxyConfig, WorkerConfig};
+pub use error::ApiError;
+pub use fleet::FleetError;
+pub use tokenize::{Tokenize, TokenizeError, Tokenizers};
