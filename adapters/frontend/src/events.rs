@@ -13,9 +13,9 @@ use kvroute_events::{
 use router_core::hash::BlockSize;
 use router_core::WorkerKey;
 
+use crate::config::{ProxyConfig, WorkerConfig};
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;
-use crate::config::{ProxyConfig, WorkerConfig};
 
 /// Feeds one model's router from its workers' event streams.
 #[derive(Clone)]
