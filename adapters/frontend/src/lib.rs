@@ -17,10 +17,12 @@ pub mod fleet;
 pub mod headers;
 pub mod metrics;
 pub mod request;
+mod start;
 pub mod tokenize;
 pub mod trust;
 
 pub use config::{ConfigError, ProxyConfig, WorkerConfig};
 pub use error::ApiError;
 pub use fleet::FleetError;
+pub use start::{start, FrontEnd, StartError};
 pub use tokenize::{Tokenize, TokenizeError, Tokenizers};

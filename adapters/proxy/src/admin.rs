@@ -193,9 +193,15 @@ pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<R
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid worker: {e}")))?;
     state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
     let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
-    let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.0))?;
+    let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.to_string()))?;
     // Subscriptions follow registration: a replaced worker's stream is re-opened.
-    state.subs.lock().await.add(&state.cfg, &state.fleet, &w).await.map_err(ApiError::bad_request)?;
+    state
+        .subs
+        .lock()
+        .await
+        .add(&state.cfg, &state.fleet, &w)
+        .await
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(json_response(if new { StatusCode::CREATED } else { StatusCode::OK }, &shown))
 }
 

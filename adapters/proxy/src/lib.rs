@@ -37,11 +37,9 @@ pub mod upstream;
 pub use kvroute_frontend::{config, error, events, fleet, metrics, request, tokenize, trust};
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::HeaderName;
 use kvroute_driver::Driver;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -50,14 +48,12 @@ use tokio::task::JoinHandle;
 pub use config::{ConfigError, ProxyConfig, WorkerConfig};
 pub use error::ApiError;
 pub use fleet::FleetError;
+pub use kvroute_frontend::{FrontEnd, StartError};
 pub use server::ShutdownReport;
 pub use tokenize::{Tokenize, TokenizeError, Tokenizers};
 
-use crate::fleet::Fleet;
 use crate::health::Outliers;
-use crate::metrics::Metrics;
 use crate::state::State;
-use crate::trust::Trust;
 use crate::upstream::RetryBudget;
 
 /// A running proxy: its address, its pools, and the way to stop it.
@@ -71,52 +67,27 @@ pub struct ServeHandle {
     task: JoinHandle<ShutdownReport>,
 }
 
-/// Starts the proxy: checks `cfg`, builds a pool per model, registers the configured
-/// workers, binds `cfg.listen` and serves until [`ServeHandle::shutdown`]. Must run
-/// inside a tokio runtime.
+/// Starts the proxy: starts the front end ([`kvroute_frontend::start`]: checks `cfg`,
+/// builds a pool per model, registers the configured workers, subscribes to their KV
+/// events, joins the peer replicas), binds `cfg.listen` and serves until
+/// [`ServeHandle::shutdown`]. Must run inside a tokio runtime.
 pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHandle, ProxyError> {
-    cfg.validate()?;
-    let seed = cfg.seed.unwrap_or_else(random_seed);
-    let fleet = Arc::new(Fleet::new(&cfg, seed));
-    for w in &cfg.workers {
-        fleet.add_worker(w.clone()).map_err(|e| ProxyError::Worker { id: w.id, message: e.0 })?;
-    }
-    let subs =
-        events::Subscriptions::start(&cfg, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
-    let replica = match &cfg.replica {
-        Some(r) => {
-            let pools = fleet
-                .pools()
-                .map(|p| kvroute_replica::PoolLink { model: p.name.clone(), driver: p.driver.clone() })
-                .collect();
-            let handle = kvroute_replica::start(r.options(), pools)
-                .await
-                .map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })?;
-            Some(Arc::new(handle))
-        }
-        None => None,
-    };
+    let front = kvroute_frontend::start(&cfg).await.map_err(ProxyError::Start)?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let header = |name: &str| {
-        HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
-    };
-    let mut metrics = Metrics::new(fleet.clone());
-    if let Some(r) = &replica {
-        metrics.register_replica(r.clone(), fleet.clone());
-    }
+    let FrontEnd { cfg, trust, fleet, metrics, session_header, dp_rank_header, subs, replica } = front;
     let state = Arc::new(State {
-        trust: Trust::new(&cfg.trust),
+        trust,
         client: upstream::client(&cfg.limits),
         metrics,
         concurrency: Arc::new(Semaphore::new(cfg.limits.concurrent_requests_max)),
         budget: RetryBudget::new(&cfg.retry),
         outliers: Outliers::new(cfg.ejection.clone()),
-        session_header: header(&cfg.session_header)?,
-        dp_rank_header: header(&cfg.dp_rank_header)?,
+        session_header,
+        dp_rank_header,
         shutdown: shutdown_rx.clone(),
-        subs: tokio::sync::Mutex::new(subs),
+        subs,
         replica,
         fleet,
         tokenizers,
@@ -141,7 +112,8 @@ impl ServeHandle {
 
     /// Adds or replaces a worker, as `POST /workers` does.
     pub fn add_worker(&self, w: WorkerConfig) -> Result<bool, FleetError> {
-        self.state.cfg.check_worker(&w).map_err(|(k, m)| FleetError(format!("{k}: {m}")))?;
+        let invalid = |(key, message): (&str, String)| ConfigError::Invalid { key: key.into(), message };
+        self.state.cfg.check_worker(&w).map_err(|e| FleetError::Invalid(invalid(e)))?;
         self.state.fleet.add_worker(w)
     }
 
@@ -188,25 +160,17 @@ impl ServeHandle {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ProxyError {
-    /// The configuration was refused.
-    Config(ConfigError),
+    /// The front end did not start (configuration, workers, KV events, replicas).
+    Start(StartError),
     /// The listening socket could not be bound.
     Bind(std::io::Error),
-    /// A configured worker was refused by its model's router.
-    Worker {
-        /// The worker.
-        id: u64,
-        /// Why.
-        message: String,
-    },
 }
 
 impl fmt::Display for ProxyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ProxyError::Config(e) => write!(f, "configuration: {e}"),
+            ProxyError::Start(e) => write!(f, "{e}"),
             ProxyError::Bind(e) => write!(f, "cannot listen: {e}"),
-            ProxyError::Worker { id, message } => write!(f, "worker {id}: {message}"),
         }
     }
 }
@@ -214,22 +178,8 @@ impl fmt::Display for ProxyError {
 impl std::error::Error for ProxyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ProxyError::Config(e) => Some(e),
+            ProxyError::Start(e) => Some(e),
             ProxyError::Bind(e) => Some(e),
-            ProxyError::Worker { .. } => None,
         }
     }
-}
-
-impl From<ConfigError> for ProxyError {
-    fn from(e: ConfigError) -> Self {
-        ProxyError::Config(e)
-    }
-}
-
-/// A seed from the process's random hasher keys, so hash tables and draws differ per run.
-fn random_seed() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x6b76_726f_7574_6521);
-    h.finish()
 }
