@@ -27,7 +27,7 @@ pub use pool::{SendError, Upstream, IDLE_PER_WORKER_MAX};
 /// the configured connect and idle timeouts.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    pool: Arc<pool::Pool>,
+    pool: Arc<pool::ConnPool>,
     plain: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -43,7 +43,7 @@ pub fn client(limits: &LimitsConfig) -> UpstreamClient {
         .pool_idle_timeout(idle_timeout)
         .http1_max_buf_size(limits.connection_buffer_bytes_max)
         .build(conn);
-    let pool = pool::Pool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max);
+    let pool = pool::ConnPool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max);
     UpstreamClient { pool, plain }
 }
 

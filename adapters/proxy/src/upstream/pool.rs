@@ -74,7 +74,7 @@ struct Idles {
 const PUTS_PER_SWEEP: u32 = 1024;
 
 /// Idle connections by worker address.
-pub struct Pool {
+pub struct ConnPool {
     idle: Mutex<Idles>,
     idle_timeout: Duration,
     connect_timeout: Duration,
@@ -125,10 +125,10 @@ impl std::error::Error for SendError {
     }
 }
 
-impl Pool {
+impl ConnPool {
     /// An empty pool.
     pub fn new(idle_timeout: Duration, connect_timeout: Duration, buf_bytes_max: usize) -> Arc<Self> {
-        Arc::new(Pool { idle: Mutex::new(Idles::default()), idle_timeout, connect_timeout, buf_bytes_max })
+        Arc::new(ConnPool { idle: Mutex::new(Idles::default()), idle_timeout, connect_timeout, buf_bytes_max })
     }
 
     /// Sends `req` (an absolute URI) on a pooled or new connection to its host and waits
@@ -260,7 +260,7 @@ async fn send_on(mut live: Live, req: Request<Full<Bytes>>) -> Result<(Response<
 /// The connection a response body arrives on, and where it goes back to.
 struct Driven {
     live: Live,
-    pool: Arc<Pool>,
+    pool: Arc<ConnPool>,
     authority: Authority,
 }
 

@@ -42,7 +42,7 @@ fn check(keep_alive: bool, read: bool, idle_ms: u64, n: usize, want_connections:
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let (addr, accepted) = worker("hello", keep_alive).await;
-        let pool = Pool::new(Duration::from_millis(idle_ms), Duration::from_secs(5), 64 << 10);
+        let pool = ConnPool::new(Duration::from_millis(idle_ms), Duration::from_secs(5), 64 << 10);
         for i in 0..n {
             let resp = pool.send(request(addr)).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
             assert_eq!(resp.status(), 200);
@@ -73,7 +73,7 @@ fn nothing_listening_is_a_connect_error() {
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
         sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = sock.local_addr().unwrap();
-        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
+        let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
         let e = pool.send(request(addr)).await.err().expect("no worker");
         drop(sock);
         assert!(e.is_connect(), "{e:?}");
@@ -94,7 +94,7 @@ fn the_host_header_names_the_worker() {
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
         });
-        let pool = Pool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
+        let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
         let resp = pool.send(request(addr)).await.unwrap();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, format!("{addr} /v1/x"));
