@@ -666,6 +666,13 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// The key is set, but the server reading the file does not act on it.
+    NotHonoured {
+        /// The key, e.g. `retry` or `models[0].disagg_protocol`.
+        key: String,
+        /// Why the server does not act on it.
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -677,6 +684,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Parse { line: None, message, .. } => write!(f, "{message}"),
             ConfigError::Invalid { key, message } => write!(f, "{key}: {message}"),
+            ConfigError::NotHonoured { key, reason } => write!(f, "{key}: not honoured here ({reason}); remove it"),
         }
     }
 }
@@ -684,4 +692,6 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 mod load;
+mod refuse;
 pub use load::router_config;
+pub use refuse::RefusedKey;
