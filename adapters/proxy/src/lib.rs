@@ -20,7 +20,10 @@
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
 //! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and the
-//! KV transfer between prefill and decode workers (the engines move the cache).
+//! KV transfer between prefill and decode workers (the engines move the cache). What
+//! happens before transport (configuration, pools, parsing, trust, subscriptions,
+//! metrics, start-up) is `kvroute-frontend`'s, shared with the endpoint picker; its
+//! modules are re-exported here under the proxy's own paths.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
