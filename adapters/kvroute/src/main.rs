@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
-mod dispatch;
 mod epp;
 mod live;
 mod load;
