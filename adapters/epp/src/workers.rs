@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use kvroute_proxy::config::WorkerConfig;
-use kvroute_proxy::FleetError;
+use kvroute_frontend::config::WorkerConfig;
+use kvroute_frontend::FleetError;
 use tonic_health::ServingStatus;
 
 use crate::{health_names, Shared};

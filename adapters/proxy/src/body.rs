@@ -53,6 +53,12 @@ impl ProxyBody {
     }
 }
 
+impl From<Bytes> for ProxyBody {
+    fn from(b: Bytes) -> Self {
+        ProxyBody::full(b)
+    }
+}
+
 impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BodyError;

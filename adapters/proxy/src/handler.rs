@@ -8,30 +8,26 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, HeaderName, Response};
+use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use kvroute_driver::Booking;
 use router_core::router::Request;
 use router_core::{WorkerId, WorkerKey};
-use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
+
+use kvroute_frontend::ask::{question, routed_json, Asker, Question};
 
 use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
 use crate::config::WorkerConfig;
 use crate::disagg;
 use crate::error::ApiError;
-use crate::fleet::{Fleet, Pool};
+use crate::fleet::Pool;
 use crate::forward;
-use crate::metrics::Metrics;
-use crate::request::{self, Build, Endpoint, Prompt};
+use crate::request::Endpoint;
 use crate::state::State;
-use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
 use crate::upstream::{strip_hop_by_hop, upstream_headers, WORKER_HEADER};
-
-/// Bodies larger than this are tokenized on a blocking thread, off the reactor.
-const TOKENIZE_INLINE_BYTES_MAX: usize = 64 << 10;
 
 /// A request read, checked and turned into a routing question.
 pub struct Prepared {
@@ -104,86 +100,6 @@ pub async fn prepare(
     Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint })
 }
 
-/// What turning a request into a routing question reads: pools, tokenizers, metrics and
-/// the session header. The proxy lends its own; the endpoint picker builds one.
-pub struct Asker<'a> {
-    /// Pools and workers.
-    pub fleet: &'a Fleet,
-    /// Tokenizers by model.
-    pub tokenizers: &'a Tokenizers,
-    /// Where parse and tokenize times, fallbacks and stripped fields are counted.
-    pub metrics: &'a Metrics,
-    /// The session id header.
-    pub session_header: &'a HeaderName,
-    /// Longest session id accepted, in bytes.
-    pub session_id_bytes_max: usize,
-}
-
-/// A request body turned into the router's question.
-pub struct Question {
-    /// The pool serving it.
-    pub pool: Arc<Pool>,
-    /// The router's question.
-    pub request: Request,
-    /// The body to forward (the `kvroute` object removed).
-    pub forward_body: Bytes,
-    /// Whether the trusted preview flag was set.
-    pub preview: bool,
-    /// The endpoint the request came to (or looks like).
-    pub endpoint: Endpoint,
-}
-
-/// Checks a buffered request body with its headers, finds its pool and hashes its prompt
-/// into the router's question. Pins, priorities and the preview flag count only when
-/// `trusted`. `endpoint: None` guesses it from the body. Work is linear in the body;
-/// large prompts are tokenized on a blocking thread.
-pub async fn question(
-    cx: &Asker<'_>,
-    trusted: bool,
-    headers: &HeaderMap,
-    raw: Bytes,
-    endpoint: Option<Endpoint>,
-    model_label: &mut String,
-) -> Result<Question, ApiError> {
-    let t0 = Instant::now();
-    let mut json: Value =
-        serde_json::from_slice(&raw).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    let endpoint = match endpoint.or_else(|| Endpoint::guess(&json)) {
-        Some(e) => e,
-        None => return Err(ApiError::bad_request("the body has none of `messages`, `prompt`, `input`")),
-    };
-    let had_kvroute = json.get("kvroute").is_some();
-    let mut parsed = request::parse(endpoint, &mut json)?;
-    let Some((pool, alias_lora)) = cx.fleet.resolve(&parsed.model) else {
-        return Err(ApiError::model_not_found(&parsed.model));
-    };
-    let pool = pool.clone();
-    *model_label = pool.name.clone();
-    let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
-    let (hh, stripped_headers) = request::header_hints(headers, trusted)?;
-    let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
-    for f in stripped_headers.into_iter().chain(stripped_fields) {
-        cx.metrics.untrusted(f);
-    }
-    let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
-    let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
-    cx.metrics.stage("parse", t0.elapsed());
-
-    let t1 = Instant::now();
-    let tokens = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await;
-    let build = Build {
-        id: pool.driver.next_request_id(),
-        block_size: pool.block_size,
-        lora: lora.as_deref(),
-        parsed: &parsed,
-        hints: hh.hints,
-        session,
-    };
-    let request = request::build(build, &tokens);
-    cx.metrics.stage("tokenize", t1.elapsed());
-    Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
-}
-
 /// Reads the body, refusing more than `max` bytes before buffering them.
 async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, ApiError> {
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
@@ -197,48 +113,6 @@ async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Byte
     }
 }
 
-/// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
-async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
-    if let Prompt::Tokens(t) = prompt {
-        return t.clone();
-    }
-    let Some(tok) = cx.tokenizers.get(model).cloned() else {
-        cx.metrics.fallback(model, "no_tokenizer");
-        return fallback(prompt, &body);
-    };
-    let prompt = prompt.clone();
-    let run = move || {
-        let out = match &prompt {
-            Prompt::Text(t) => tok.encode_text(t),
-            _ => tok.encode_chat(&body),
-        };
-        // Boxed: the request travels back for the fallback, and Err stays small.
-        out.map_err(|e| Box::new((e, prompt, body)))
-    };
-    let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
-        match tokio::task::spawn_blocking(run).await {
-            Ok(r) => r,
-            Err(_) => return Vec::new(),
-        }
-    } else {
-        run()
-    };
-    out.unwrap_or_else(|failed| {
-        let (e, prompt, body) = *failed;
-        tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
-        cx.metrics.fallback(model, "tokenizer_error");
-        fallback(&prompt, &body)
-    })
-}
-
-fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
-    match prompt {
-        Prompt::Text(t) => fallback_text(t),
-        Prompt::Tokens(t) => t.clone(),
-        Prompt::Chat => fallback_chat(body),
-    }
-}
-
 /// Answers with the decision the router would make, changing nothing.
 pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiError> {
     if let Some(protocol) = disagg::protocol(&p) {
@@ -249,7 +123,7 @@ pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiErr
     let routed = driver
         .preview(p.request, driver.draw())
         .map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms))?;
-    Ok(crate::error::json_response(http::StatusCode::OK, &crate::admin::routed_json(&p.pool.name, isl, &routed)))
+    Ok(crate::error::json_response(http::StatusCode::OK, &routed_json(&p.pool.name, isl, &routed)))
 }
 
 /// Routes and forwards: split across a prefill and a decode worker when the model is

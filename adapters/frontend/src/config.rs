@@ -443,9 +443,9 @@ impl Default for ModelConfig {
     }
 }
 
-/// The wire protocol that drives a model's prefill and decode workers.
+/// The wire protocol that drives a model's prefill and decode workers. Exhaustive: a
+/// new protocol comes with the proxy's code that speaks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum DisaggProtocol {
     /// vLLM with the NIXL connector: prefill answers `kv_transfer_params`, which the
     /// decode request then carries.
@@ -715,6 +715,13 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// The key is set, but the server reading the file does not act on it.
+    NotHonoured {
+        /// The key, e.g. `retry` or `models[0].disagg_protocol`.
+        key: String,
+        /// Why the server does not act on it.
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -726,6 +733,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Parse { line: None, message, .. } => write!(f, "{message}"),
             ConfigError::Invalid { key, message } => write!(f, "{key}: {message}"),
+            ConfigError::NotHonoured { key, reason } => write!(f, "{key}: not honoured here ({reason}); remove it"),
         }
     }
 }
@@ -733,4 +741,6 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 mod load;
+mod refuse;
 pub use load::router_config;
+pub use refuse::RefusedKey;
