@@ -16,7 +16,7 @@
 #![cfg_attr(not(test), allow(clippy::todo))]
 
 extern crate alloc;
-#[cfg(any(feature = "std", test))]
+#[cfg(test)]
 extern crate std;
 
 pub mod admission;

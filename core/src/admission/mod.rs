@@ -195,6 +195,8 @@ impl fmt::Display for AdmissionError {
     }
 }
 
+impl core::error::Error for AdmissionError {}
+
 #[cfg(test)]
 mod model;
 #[cfg(test)]

@@ -232,6 +232,8 @@ impl fmt::Display for AffinityError {
     }
 }
 
+impl core::error::Error for AffinityError {}
+
 /// Something the table reports; drain with [`AffinityTable::poll_output`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum AffinityOutput {

@@ -217,6 +217,8 @@ impl fmt::Display for EligibilityError {
     }
 }
 
+impl core::error::Error for EligibilityError {}
+
 /// Judges every key of `workers` for the query, clearing `out` and filling it in key order.
 ///
 /// `load` is asked only for keys that reach the overload check. Work: per key, one pass

@@ -68,6 +68,8 @@ impl fmt::Display for BlockSizeError {
     }
 }
 
+impl core::error::Error for BlockSizeError {}
+
 impl BlockSize {
     /// The default, 64 tokens.
     pub const DEFAULT: BlockSize = BlockSize(64);

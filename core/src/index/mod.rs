@@ -191,6 +191,8 @@ impl fmt::Display for IndexError {
     }
 }
 
+impl core::error::Error for IndexError {}
+
 /// Sizes and cumulative counters of a [`PrefixIndex`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct IndexStats {

@@ -112,6 +112,8 @@ impl fmt::Display for LoadError {
     }
 }
 
+impl core::error::Error for LoadError {}
+
 /// Counters of what the tracker refused or dropped, for metrics.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct LoadStats {

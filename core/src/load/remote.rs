@@ -162,6 +162,8 @@ impl fmt::Display for RemoteLoadError {
     }
 }
 
+impl core::error::Error for RemoteLoadError {}
+
 /// Counters of the remote table, for metrics.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct RemoteLoadStats {

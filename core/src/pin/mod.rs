@@ -202,6 +202,8 @@ impl fmt::Display for PinError {
     }
 }
 
+impl core::error::Error for PinError {}
+
 /// The worker and rank `hints` name for `phase`, if any (see the module rules).
 pub fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
     let (worker, rank) = match phase {

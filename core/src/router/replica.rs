@@ -142,6 +142,17 @@ impl fmt::Display for ReplicaError {
     }
 }
 
+/// The wrapped error of a variant that wraps one is its source.
+impl core::error::Error for ReplicaError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            ReplicaError::Load(e) => Some(e),
+            ReplicaError::Affinity(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Counters of the replica side, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaStats {

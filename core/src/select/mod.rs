@@ -100,6 +100,8 @@ impl fmt::Display for RouterModeParseError {
     }
 }
 
+impl core::error::Error for RouterModeParseError {}
+
 impl FromStr for RouterMode {
     type Err = RouterModeParseError;
 
@@ -258,6 +260,8 @@ impl fmt::Display for SelectError {
         }
     }
 }
+
+impl core::error::Error for SelectError {}
 
 /// Picks workers; holds the round-robin cursor (one per phase).
 #[derive(Clone, Debug, Default)]

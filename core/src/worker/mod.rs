@@ -80,6 +80,8 @@ impl fmt::Display for ParseError {
     }
 }
 
+impl core::error::Error for ParseError {}
+
 impl FromStr for WorkerRole {
     type Err = ParseError;
 
@@ -341,6 +343,8 @@ impl fmt::Display for WorkerError {
         }
     }
 }
+
+impl core::error::Error for WorkerError {}
 
 #[derive(Clone, Debug)]
 struct Entry {
