@@ -33,6 +33,7 @@
 //! that still finds every worker busy.
 
 mod disagg;
+mod flights;
 mod pipeline;
 mod replica;
 mod types;
@@ -53,9 +54,11 @@ use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
 use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 
+use flights::{Flight, FlightKey, Hold, Scratch, State};
+
 pub use crate::load::ReplicaId;
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
-pub use pipeline::ORPHANS_PER_CALL_MAX;
+pub use flights::ORPHANS_PER_CALL_MAX;
 pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
 pub use types::*;
 
@@ -146,36 +149,6 @@ pub struct RouterStats {
     pub events_unknown_worker: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hold {
-    None,
-    Init(InitToken),
-    /// A lease, and the binding revision it was taken on.
-    Lease(LeaseId, u64),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    New,
-    Waiting(WaitToken),
-    Queued(RequestId),
-    Booked(WorkerKey),
-    Dispatched(WorkerKey),
-    /// Its worker was removed: load and lease are already gone. It is dropped at this
-    /// deadline if the adapter never reports its end.
-    Orphaned(Instant),
-}
-
-#[derive(Clone, Debug)]
-struct Flight {
-    req: Request,
-    draw: Draw,
-    state: State,
-    hold: Hold,
-}
-
-type FlightKey = (RequestId, Phase);
-
 /// The sans-IO router. See the module documentation for the calling contract.
 pub struct Router {
     cfg: RouterConfig,
@@ -197,9 +170,7 @@ pub struct Router {
     draining_affinity: bool,
     outputs: alloc::collections::VecDeque<Output>,
     stats: RouterStats,
-    scratch_verdicts: Vec<crate::eligible::Eligibility>,
-    scratch_scores: crate::index::OverlapScores,
-    scratch_approx: crate::index::OverlapScores,
+    scratch: Scratch,
     remote: RemoteLoad,
     replica_out: alloc::collections::VecDeque<ReplicaUpdate>,
     replica_stats: ReplicaStats,
@@ -242,9 +213,7 @@ impl Router {
             draining_affinity: false,
             outputs: alloc::collections::VecDeque::new(),
             stats: RouterStats::default(),
-            scratch_verdicts: Vec::new(),
-            scratch_scores: crate::index::OverlapScores::new(),
-            scratch_approx: crate::index::OverlapScores::new(),
+            scratch: Scratch::default(),
             remote: RemoteLoad::new(cfg.replica.remote),
             replica_out: alloc::collections::VecDeque::new(),
             replica_stats: ReplicaStats::default(),
@@ -299,9 +268,9 @@ impl Router {
         if request.preview {
             return self.preview(now, &request, draw).map(Decision::Routed);
         }
-        let fk = (request.id, request.phase.0);
+        let fk = FlightKey::new(request.id, request.phase.0);
         if self.flights.contains_key(&fk) {
-            return Err(RouteError::DuplicateRequest { id: fk.0, phase: fk.1 });
+            return Err(RouteError::DuplicateRequest { id: fk.id, phase: fk.phase });
         }
         if self.flights.len() >= self.cfg.requests_max {
             return Err(RouteError::TooManyRequests { requests_max: self.cfg.requests_max });
@@ -369,7 +338,7 @@ impl Router {
     /// Confirms a booking: the request reached its worker. Commits a session's first
     /// binding and, in approximate mode, records the predicted cache contents.
     pub fn handle_dispatched(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         let Some(f) = self.flights.get_mut(&fk) else {
             return Err(self.unknown(fk));
         };
@@ -409,7 +378,7 @@ impl Router {
         phase: Phase,
         why: DispatchFailure,
     ) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned(_)) => {}
@@ -423,7 +392,7 @@ impl Router {
 
     /// The request's prefill finished: its prompt tokens stop counting as prefill load.
     pub fn handle_prefill_done(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) => {}
@@ -431,7 +400,8 @@ impl Router {
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }
         self.publish_prefill_done(id, phase);
-        let _ = self.load.prefill_done(id, phase);
+        let done = self.load.prefill_done(id, phase);
+        debug_assert!(done.is_ok(), "a booked flight has a booking: {done:?}");
         self.drain_queue(now);
         Ok(())
     }
@@ -444,13 +414,14 @@ impl Router {
         phase: Phase,
         output_tokens: u32,
     ) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         if !self.flights.contains_key(&fk) {
             return Err(self.unknown(fk));
         }
         if output_tokens > 0 {
             self.publish_prefill_done(id, phase);
         }
+        // Only booked flights have a booking; progress on any other is a counted no-op.
         let _ = self.load.decode_progress(id, phase, output_tokens, self.cfg.block_size);
         // Any output ends the booking's prefill, which may free capacity for the queue.
         self.drain_queue(now);
@@ -459,7 +430,7 @@ impl Router {
 
     /// The request finished (successfully or not): load, lease and slot are released.
     pub fn handle_finished(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned(_)) => {}
@@ -473,7 +444,7 @@ impl Router {
     /// The client went away, in whatever state the request was: queued, waiting, booked
     /// or streaming. Everything it held is released; its session binding stays.
     pub fn handle_cancel(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         if !self.flights.contains_key(&fk) {
             return Err(self.unknown(fk));
         }
@@ -501,12 +472,12 @@ impl Router {
                 }
                 self.drop_flight(now, fk, false);
                 self.stats.timed_out += 1;
-                self.outputs.push_back(Output::TimedOut { id: fk.0, phase: fk.1 });
+                self.outputs.push_back(Output::TimedOut { id: fk.id, phase: fk.phase });
             }
         }
         self.load.handle_timeout_with_remote(now, &mut self.remote);
         while let Some((id, phase)) = self.load.poll_expired() {
-            let fk = (id, phase);
+            let fk = FlightKey::new(id, phase);
             if let Some(f) = self.flights.get_mut(&fk) {
                 f.state = State::New; // the tracker already dropped the booking
                 self.drop_flight(now, fk, false);
@@ -549,6 +520,6 @@ impl Router {
 
     fn unknown(&mut self, fk: FlightKey) -> InputError {
         self.stats.unknown_requests += 1;
-        InputError::UnknownRequest { id: fk.0, phase: fk.1 }
+        InputError::UnknownRequest { id: fk.id, phase: fk.phase }
     }
 }

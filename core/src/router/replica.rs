@@ -33,7 +33,7 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::Router;
+use super::{FlightKey, Router};
 use crate::affinity::{AffinityError, BindStamp, RemoteApplied, RemoteBinding};
 use crate::hash::SeqHash;
 use crate::load::{RemoteLoad, RemoteLoadConfig, RemoteLoadError, ReplicaId};
@@ -276,12 +276,12 @@ impl Router {
     }
 
     /// Announces the booking just made of flight `fk` on `key`.
-    pub(super) fn publish_added(&mut self, fk: super::FlightKey, key: WorkerKey, prefill_tokens: u32, output: u32) {
+    pub(super) fn publish_added(&mut self, fk: FlightKey, key: WorkerKey, prefill_tokens: u32, output: u32) {
         if self.cfg.replica.id.is_none() {
             return; // Spare the copy of the prompt's blocks.
         }
         let blocks = self.flights.get(&fk).map(|f| f.req.blocks.clone()).unwrap_or_default();
-        let (id, phase) = fk;
+        let FlightKey { id, phase } = fk;
         self.publish(ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks: output });
     }
 
@@ -310,14 +310,14 @@ impl Router {
 
     /// Announces the binding of the flight's session just committed here, unless another
     /// replica's earlier binding won the commit (that one was announced by its owner).
-    pub(super) fn publish_commit(&mut self, fk: super::FlightKey) {
+    pub(super) fn publish_commit(&mut self, fk: FlightKey) {
         let Some(me) = self.cfg.replica.id else { return };
         let Some(session) = self.flights.get(&fk).and_then(|f| f.req.session.clone()) else { return };
-        let (Some(b), Some(stamp)) = (self.affinity.peek(&session, fk.1), self.affinity.stamp(&session, fk.1)) else {
+        let (Some(b), Some(stamp)) = (self.affinity.peek(&session, fk.phase), self.affinity.stamp(&session, fk.phase)) else {
             return;
         };
         if stamp.replica == me {
-            self.publish(ReplicaUpdate::Bound { session, phase: fk.1, worker: b.worker, rank: b.rank, stamp });
+            self.publish(ReplicaUpdate::Bound { session, phase: fk.phase, worker: b.worker, rank: b.rank, stamp });
         }
     }
 
