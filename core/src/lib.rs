@@ -22,6 +22,7 @@ extern crate std;
 pub mod admission;
 pub mod affinity;
 pub mod eligible;
+mod exclusion;
 pub mod hash;
 pub mod index;
 pub mod load;

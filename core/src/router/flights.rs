@@ -69,7 +69,6 @@ pub(super) struct Scratch {
 /// call expires; `poll_timeout` stays due while more are.
 pub const ORPHANS_PER_CALL_MAX: usize = 1024;
 
-
 impl Router {
     /// Removes a flight and releases whatever it holds. `invalidate` drops the session's
     /// binding too (the worker failed it).

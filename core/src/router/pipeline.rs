@@ -204,7 +204,7 @@ impl Router {
             return Ok(Placed::AllBusy { cached_tokens });
         }
         // After the busy check: a pin to a worker that is only busy queues, it does not fail.
-        pin::check_pinned(&pin, verdicts).map_err(RouteError::Pin)?;
+        eligible::check_pinned(&pin, verdicts).map_err(RouteError::Pin)?;
 
         let candidates: Vec<Candidate> = verdicts
             .iter()
@@ -397,7 +397,6 @@ impl Router {
             _ => None,
         }
     }
-
 }
 
 enum SessionStep {

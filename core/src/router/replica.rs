@@ -313,7 +313,8 @@ impl Router {
     pub(super) fn publish_commit(&mut self, fk: FlightKey) {
         let Some(me) = self.cfg.replica.id else { return };
         let Some(session) = self.flights.get(&fk).and_then(|f| f.req.session.clone()) else { return };
-        let (Some(b), Some(stamp)) = (self.affinity.peek(&session, fk.phase), self.affinity.stamp(&session, fk.phase)) else {
+        let (Some(b), Some(stamp)) = (self.affinity.peek(&session, fk.phase), self.affinity.stamp(&session, fk.phase))
+        else {
             return;
         };
         if stamp.replica == me {
