@@ -70,7 +70,7 @@ fn refused_session_commit_wakes_waiters() {
     r.handle_timeout(later);
     while r.poll_output().is_some() {}
     assert_eq!(r.requests_in_flight(), 0, "request 3 still waits on an initialization nobody will finish");
-    assert_eq!(r.affinity().len(), 0, "session b's entry is stuck initializing");
+    assert_eq!(r.snapshot().affinity_sessions, 0, "session b's entry is stuck initializing");
 }
 
 /// Found by reading `place`, then by the simulation (`busy_pin`, seed 14, step 214; the
@@ -162,7 +162,7 @@ fn decode_progress_retries_the_queue() {
     // The first token is out: request 1's prefill is over, the worker is idle again.
     r.handle_decode_progress(T0, a.id, a.phase, 1).expect("tracked");
     // Request 1's prompt no longer counts; request 2's, routed in its place, does.
-    assert_eq!(r.load().load(a.target).active_prefill_tokens, 640);
+    assert_eq!(r.local_load(a.target).active_prefill_tokens, 640);
     match r.poll_output() {
         Some(router_core::router::Output::Routed(d)) => assert_eq!(d.id, RequestId(2)),
         other => panic!("the queued request must be routed once capacity frees, got {other:?}"),
@@ -196,12 +196,12 @@ fn late_worker_failure_keeps_a_newer_binding() {
     r.handle_worker_update(T0, WorkerUpdate::Health(first.target.worker, Health::Ejected)).expect("known");
     let Decision::Routed(second) = decision(&mut r, session_request(2, "s")) else { panic!("routed") };
     r.handle_dispatched(T0, second.id, second.phase).expect("booked");
-    let moved = r.affinity().peek(b"s", Phase::Aggregated).expect("bound to the second worker");
+    let moved = r.session_binding(b"s", Phase::Aggregated).expect("bound to the second worker");
     assert_ne!(moved.worker, first.target.worker);
     // Now the first request's stream breaks on the failing worker.
     r.handle_dispatch_failed(T0, first.id, first.phase, DispatchFailure::Worker).expect("tracked");
     invariants(&r);
-    assert_eq!(r.affinity().peek(b"s", Phase::Aggregated), Some(moved), "the new binding must survive");
+    assert_eq!(r.session_binding(b"s", Phase::Aggregated), Some(moved), "the new binding must survive");
 }
 
 /// Found by reading `remove_worker` against the load tracker's contract ("because a

@@ -14,11 +14,10 @@
 //! [`LoadTracker::free`]). Because a lost `free` would otherwise leak load forever, every
 //! booking expires `request_age_max_ms` after it was made.
 //!
-//! Other replicas' bookings live in a [`RemoteLoad`] table, kept apart. A router that
-//! keeps one uses the `*_with_remote` variants of `add`, `free`, `remove_worker` and
-//! `handle_timeout`: they tell the table each time a key's local bookings start or stop
-//! holding a prompt block, so that [`RemoteLoad::combined`] counts a block held on both
-//! sides once, in O(1) per key.
+//! Other replicas' bookings live in a [`RemoteLoad`] table, kept apart. A [`FleetLoad`]
+//! owns a tracker and such a table together and tells the table each time a key's local
+//! bookings start or stop holding a prompt block, so that [`RemoteLoad::combined`] counts
+//! a block held on both sides once, in O(1) per key.
 //!
 //! Calling order, as for every sans-IO type in this crate: feed inputs (`add`,
 //! `prefill_done`, `decode_progress`, `free`, `remove_worker`, `handle_timeout`), then
@@ -26,8 +25,11 @@
 //! [`LoadTracker::poll_timeout`]. An operation on an id the tracker does not hold is a
 //! counted no-op that returns [`LoadError::UnknownRequest`], never a panic.
 
+mod fleet;
 mod hasher;
 mod remote;
+
+pub use fleet::FleetLoad;
 
 pub use remote::{
     RemoteLoad, RemoteLoadConfig, RemoteLoadError, RemoteLoadStats, ReplicaId, REMOTE_EXPIRE_PER_CALL_MAX,
@@ -274,11 +276,10 @@ impl LoadTracker {
     }
 
     /// [`Self::add`], telling `remote` which blocks local bookings on `key` start to hold,
-    /// so that [`RemoteLoad::combined`] counts a block held here and elsewhere once. A
-    /// tracker that shares a fleet with a [`RemoteLoad`] must use the `*_with_remote`
-    /// methods for every change to its blocks.
+    /// so that [`RemoteLoad::combined`] counts a block held here and elsewhere once. Only
+    /// [`FleetLoad`], the one owner of both tables, calls the `*_with_remote` methods.
     #[allow(clippy::too_many_arguments)] // Mirrors the booking's fields one to one.
-    pub fn add_with_remote(
+    fn add_with_remote(
         &mut self,
         now: Instant,
         req: RequestId,
@@ -406,7 +407,7 @@ impl LoadTracker {
     }
 
     /// [`Self::free`], telling `remote` which blocks no local booking holds any more.
-    pub fn free_with_remote(&mut self, req: RequestId, phase: Phase, remote: &mut RemoteLoad) -> Result<(), LoadError> {
+    fn free_with_remote(&mut self, req: RequestId, phase: Phase, remote: &mut RemoteLoad) -> Result<(), LoadError> {
         self.free_inner(req, phase, Some(remote))
     }
 
@@ -427,7 +428,7 @@ impl LoadTracker {
 
     /// [`Self::remove_worker`], telling `remote` which blocks no local booking holds any
     /// more.
-    pub fn remove_worker_with_remote(&mut self, worker: WorkerId, remote: &mut RemoteLoad) -> usize {
+    fn remove_worker_with_remote(&mut self, worker: WorkerId, remote: &mut RemoteLoad) -> usize {
         self.remove_worker_inner(worker, Some(remote))
     }
 
@@ -530,7 +531,7 @@ impl LoadTracker {
 
     /// [`Self::handle_timeout`], telling `remote` which blocks no local booking holds any
     /// more.
-    pub fn handle_timeout_with_remote(&mut self, now: Instant, remote: &mut RemoteLoad) {
+    fn handle_timeout_with_remote(&mut self, now: Instant, remote: &mut RemoteLoad) {
         self.handle_timeout_inner(now, Some(remote));
     }
 

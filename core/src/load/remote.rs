@@ -17,9 +17,8 @@
 //! remote block remembers whether a local booking on its key holds it too, and each key
 //! counts those ([`RemoteLoad::shared_blocks`]). The mark is set when a remote block
 //! first appears on a key (looked up in the [`LoadTracker`] passed to
-//! [`RemoteLoad::add`]), kept up to date by the tracker's `*_with_remote` methods (which
-//! report each block a key's local bookings start or stop holding), and goes with the
-//! block. [`RemoteLoad::combined_progress`] merges the keys' prefill backlogs the way the
+//! [`RemoteLoad::add`]), kept up to date by [`super::FleetLoad`], which owns both tables and reports each
+//! block a key's local bookings start or stop holding, and goes with the block. [`RemoteLoad::combined_progress`] merges the keys' prefill backlogs the way the
 //! local tracker follows its own (since when a key has had prefill outstanding, and how
 //! much of it finished since), so that other replicas' backlog is discounted for the time
 //! it has been computing, exactly as a local backlog is; it needs no such care, since a
@@ -329,8 +328,7 @@ impl RemoteLoad {
     ///
     /// `local` is this replica's own tracker: a block that no other entry on `key` holds
     /// yet is looked up there once, so that [`Self::combined`] counts a block held on both
-    /// sides once. Keep it told of the local side's changes by using the `*_with_remote`
-    /// methods of [`LoadTracker`] with this table.
+    /// sides once. [`super::FleetLoad`] keeps it told of the local side's changes.
     #[allow(clippy::too_many_arguments)] // One entry's fields, one to one, and the local side.
     pub fn add(
         &mut self,
@@ -651,7 +649,7 @@ impl RemoteLoad {
     }
 
     /// Checks that the blocks marked as held locally too are exactly those `local` holds:
-    /// what the `*_with_remote` methods of [`LoadTracker`] keep true. Linear in the blocks.
+    /// what [`super::FleetLoad`] keeps true. Linear in the blocks.
     pub fn check_shared(&self, local: &LoadTracker) -> Result<(), String> {
         for (&k, s) in &self.keys {
             let wrong = s.blocks.iter().filter(|&(&b, h)| h.local != local.holds(k, b)).count();

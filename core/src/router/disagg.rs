@@ -100,7 +100,6 @@ impl Router {
 
     fn plan_with(&self, req: &Request, scratch: &mut super::Scratch) -> DisaggPlan {
         let super::Scratch { verdicts, scores, .. } = scratch;
-        let (load, remote) = (&self.load, &self.remote);
         let q = EligibilityQuery {
             phase: Phase::Prefill,
             hints: &req.hints,
@@ -109,7 +108,8 @@ impl Router {
             ignore_overload: false,
             same_label_as: None,
         };
-        let combined = |k| remote.combined(k, load.load(k));
+        let load = &self.load;
+        let combined = |k| load.combined(k);
         let filtered = eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, verdicts);
         if filtered.is_err() {
             DisaggPlan::Bypass(BypassReason::NoPrefillWorkers)

@@ -76,7 +76,7 @@ impl Router {
         let Some(f) = self.flights.remove(&fk) else { return };
         match f.state {
             State::Booked(_) | State::Dispatched(_) => {
-                let freed = self.load.free_with_remote(fk.id, fk.phase, &mut self.remote);
+                let freed = self.load.free(fk.id, fk.phase);
                 debug_assert!(freed.is_ok(), "a booked flight has a booking: {freed:?}");
                 self.publish(ReplicaUpdate::Finished { id: fk.id, phase: fk.phase });
             }
@@ -116,8 +116,7 @@ impl Router {
         self.workers.remove(id);
         self.index.remove_worker(id);
         self.approx.remove_worker(id);
-        self.load.remove_worker_with_remote(id, &mut self.remote);
-        self.remote.remove_worker(id);
+        self.load.remove_worker(id);
         self.affinity.invalidate_worker(id);
         self.event_workers.remove(&id);
         self.untrusted.retain(|k| k.worker != id);
@@ -168,12 +167,13 @@ impl Router {
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         let booked =
             self.flights.values().filter(|f| matches!(f.state, State::Booked(_) | State::Dispatched(_))).count();
-        let total = self.load.total();
-        if total.active_requests as usize != booked || self.load.len() != booked {
+        let local = self.load.local();
+        let total = local.total();
+        if total.active_requests as usize != booked || local.len() != booked {
             return Err(InvariantViolation(format!(
                 "load tracks {} requests ({} bookings), router has {booked} booked",
                 total.active_requests,
-                self.load.len()
+                local.len()
             )));
         }
         let queued = self.flights.values().filter(|f| matches!(f.state, State::Queued(_))).count();
@@ -198,8 +198,7 @@ impl Router {
                 self.affinity.live_leases()
             )));
         }
-        self.remote.check().map_err(InvariantViolation)?;
-        self.remote.check_shared(&self.load).map_err(InvariantViolation)?;
+        self.load.check().map_err(InvariantViolation)?;
         if self.flights.len() > self.cfg.requests_max {
             return Err(InvariantViolation(format!(
                 "{} requests tracked, limit {}",

@@ -36,6 +36,7 @@ mod disagg;
 mod flights;
 mod pipeline;
 mod replica;
+mod snapshot;
 mod types;
 
 #[cfg(test)]
@@ -49,7 +50,7 @@ use crate::affinity::{AffinityConfig, AffinityOutput, AffinityTable, InitToken, 
 use crate::eligible::EligibilityConfig;
 use crate::hash::BlockSize;
 use crate::index::{ApplySummary, ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, PrefixIndex};
-use crate::load::{LoadConfig, LoadTracker, RemoteLoad};
+use crate::load::{FleetLoad, LoadConfig};
 use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
 use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
@@ -60,6 +61,7 @@ pub use crate::load::ReplicaId;
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
 pub use flights::ORPHANS_PER_CALL_MAX;
 pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
+pub use snapshot::{KeySnapshot, RouterSnapshot, WorkerSnapshot};
 pub use types::*;
 
 /// Everything the router can be configured with. `Default` gives the documented defaults.
@@ -155,7 +157,7 @@ pub struct Router {
     workers: WorkerTable,
     index: PrefixIndex,
     approx: ApproxIndex,
-    load: LoadTracker,
+    load: FleetLoad,
     affinity: AffinityTable,
     queue: AdmissionQueue,
     selector: Selector,
@@ -171,7 +173,6 @@ pub struct Router {
     outputs: alloc::collections::VecDeque<Output>,
     stats: RouterStats,
     scratch: Scratch,
-    remote: RemoteLoad,
     replica_out: alloc::collections::VecDeque<ReplicaUpdate>,
     replica_stats: ReplicaStats,
 }
@@ -194,7 +195,7 @@ impl Router {
             workers: WorkerTable::new(cfg.workers),
             index: PrefixIndex::new(cfg.index),
             approx: ApproxIndex::new(cfg.approx),
-            load: LoadTracker::new(cfg.load),
+            load: FleetLoad::new(cfg.load, cfg.replica.remote),
             // Bindings committed here carry this replica's id.
             affinity: AffinityTable::new(AffinityConfig {
                 replica: cfg.replica.id.unwrap_or_default(),
@@ -214,7 +215,6 @@ impl Router {
             outputs: alloc::collections::VecDeque::new(),
             stats: RouterStats::default(),
             scratch: Scratch::default(),
-            remote: RemoteLoad::new(cfg.replica.remote),
             replica_out: alloc::collections::VecDeque::new(),
             replica_stats: ReplicaStats::default(),
             cfg,
@@ -226,26 +226,6 @@ impl Router {
     /// The configuration.
     pub fn config(&self) -> &RouterConfig {
         &self.cfg
-    }
-    /// The fleet.
-    pub fn workers(&self) -> &WorkerTable {
-        &self.workers
-    }
-    /// The exact prefix index.
-    pub fn index(&self) -> &PrefixIndex {
-        &self.index
-    }
-    /// The load tracker.
-    pub fn load(&self) -> &LoadTracker {
-        &self.load
-    }
-    /// The affinity table.
-    pub fn affinity(&self) -> &AffinityTable {
-        &self.affinity
-    }
-    /// The admission queue.
-    pub fn queue(&self) -> &AdmissionQueue {
-        &self.queue
     }
     /// Counters.
     pub fn stats(&self) -> RouterStats {
@@ -475,7 +455,7 @@ impl Router {
                 self.outputs.push_back(Output::TimedOut { id: fk.id, phase: fk.phase });
             }
         }
-        self.load.handle_timeout_with_remote(now, &mut self.remote);
+        self.load.handle_timeout(now);
         while let Some((id, phase)) = self.load.poll_expired() {
             let fk = FlightKey::new(id, phase);
             if let Some(f) = self.flights.get_mut(&fk) {
@@ -485,7 +465,6 @@ impl Router {
                 self.outputs.push_back(Output::BookingExpired { id, phase });
             }
         }
-        self.remote.handle_timeout(now);
         self.expire_orphans(now);
         self.affinity.handle_timeout(now);
         self.approx.handle_timeout(now);
@@ -510,7 +489,6 @@ impl Router {
             self.load.poll_timeout(),
             self.affinity.poll_timeout(),
             self.approx.poll_timeout(),
-            self.remote.poll_timeout(),
             orphan,
         ]
         .into_iter()

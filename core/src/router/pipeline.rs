@@ -171,7 +171,6 @@ impl Router {
 
         let Scratch { verdicts, scores, approx: predicted } = scratch;
         verdicts.clear();
-        let (load, remote) = (&self.load, &self.remote);
         let q = EligibilityQuery {
             phase,
             hints: &req.hints,
@@ -180,7 +179,8 @@ impl Router {
             ignore_overload: affinity.is_some() && pin::explicit_pin(phase, &req.hints).is_none(),
             same_label_as: req.same_label_as.as_ref().map(|(k, v)| (k.as_str(), v.as_str())),
         };
-        let combined = |k| remote.combined(k, load.load(k));
+        let load = &self.load;
+        let combined = |k| load.combined(k);
         eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, verdicts)
             .map_err(RouteError::Eligibility)?;
 
@@ -211,7 +211,7 @@ impl Router {
             .filter_map(|v| match v.verdict {
                 Verdict::Eligible { cost_factor } => {
                     let spec = self.workers.get(v.key.worker);
-                    let progress = self.remote.combined_progress(v.key, self.load.prefill_progress(v.key));
+                    let progress = self.load.combined_progress(v.key);
                     let (new_decode_blocks, inflight_prefix_blocks) = self.inflight_blocks(v.key, &req.blocks);
                     Some(Candidate {
                         key: v.key,
@@ -255,16 +255,7 @@ impl Router {
             let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
-            if let Err(_e) = self.load.add_with_remote(
-                now,
-                fk.id,
-                phase,
-                target,
-                &req.blocks,
-                prefill_tokens,
-                out_blocks,
-                &mut self.remote,
-            ) {
+            if let Err(_e) = self.load.add(now, fk.id, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
             self.publish_added(fk, target, prefill_tokens, out_blocks);

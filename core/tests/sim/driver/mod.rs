@@ -246,12 +246,13 @@ impl Driver {
 
     fn check_empty(&self) -> Check {
         let r = &self.router;
+        let snap = r.snapshot();
         let leftovers = [
             ("requests", r.requests_in_flight()),
-            ("queued", r.queue().len()),
-            ("bookings", r.load().len()),
-            ("leases", r.affinity().live_leases()),
-            ("sessions", r.affinity().len()),
+            ("queued", snap.queue_depth),
+            ("bookings", snap.bookings),
+            ("leases", snap.affinity_live_leases),
+            ("sessions", snap.affinity_sessions),
         ];
         for (what, n) in leftovers {
             if n != 0 {
@@ -457,13 +458,14 @@ impl Life {
 
 /// Everything a preview or a refused duplicate must leave untouched.
 fn fingerprint(r: &Router) -> (usize, usize, usize, usize, usize, WorkerLoad, u64) {
+    let snap = r.snapshot();
     (
         r.requests_in_flight(),
-        r.affinity().len(),
-        r.affinity().live_leases(),
-        r.queue().len(),
-        r.load().len(),
-        r.load().total(),
+        snap.affinity_sessions,
+        snap.affinity_live_leases,
+        snap.queue_depth,
+        snap.bookings,
+        snap.load_total,
         r.stats().dispatched + r.stats().queued + r.stats().rejected,
     )
 }
