@@ -134,7 +134,7 @@ fn a_jump_of_hours_expires_bookings_in_bounded_batches() {
         Drained { booking_expired: n, ..Drained::default() },
     );
     assert_eq!(calls, n.div_ceil(load::EXPIRE_PER_CALL_MAX));
-    assert_eq!((r.requests_in_flight(), r.snapshot().bookings), (0, 0));
+    assert_eq!((r.requests_in_flight(), r.counts().bookings), (0, 0));
 }
 
 #[test]
@@ -144,7 +144,7 @@ fn a_jump_expires_orphans_in_bounded_batches() {
     let t0 = Instant::from_millis(1_000);
     dispatch(&mut r, t0, 0..n as u64, false);
     r.handle_worker_update(t0, WorkerUpdate::Removed(WorkerId(0))).expect("removal");
-    assert_eq!((r.snapshot().bookings, r.requests_in_flight()), (0, n), "orphans hold no load until they age out");
+    assert_eq!((r.counts().bookings, r.requests_in_flight()), (0, n), "orphans hold no load until they age out");
     expire_all(
         &mut r,
         t0.add_ms(3_600_000),
@@ -164,14 +164,14 @@ fn a_jump_expires_idle_sessions_in_bounded_batches() {
         r.handle_finished(t0, RequestId(id), AGG).expect("tracked");
     }
     assert_eq!(drain(&mut r), Drained::default());
-    assert_eq!((r.snapshot().affinity_sessions, r.snapshot().affinity_live_leases), (n, 0));
+    assert_eq!((r.counts().affinity_sessions, r.counts().affinity_live_leases), (n, 0));
     expire_all(
         &mut r,
         t0.add_ms(24 * 3_600_000),
         |d| d.lease_expired <= affinity::EXPIRE_PER_CALL_MAX,
         Drained { lease_expired: n, ..Drained::default() },
     );
-    assert_eq!(r.snapshot().affinity_sessions, 0);
+    assert_eq!(r.counts().affinity_sessions, 0);
 }
 
 #[test]
@@ -187,14 +187,14 @@ fn a_jump_times_out_the_whole_queue_at_once() {
         let d = r.handle_request(t0, req(id, None), Draw(id));
         assert!(matches!(d, Ok(Decision::Queued)), "{d:?}");
     }
-    assert_eq!(r.snapshot().queue_depth, n as usize);
+    assert_eq!(r.counts().queue_depth, n as usize);
     r.handle_finished(t0, RequestId(0), AGG).expect("tracked");
     let d = drain(&mut r);
     assert!(d.other > 0, "the freed worker takes queued requests: {d:?}");
-    let n = r.snapshot().queue_depth as u64;
+    let n = r.counts().queue_depth as u64;
     assert!(n > load::EXPIRE_PER_CALL_MAX as u64, "{n} left queued");
     // Routed from the queue and not finished, they expire as bookings meanwhile.
-    let booked = r.snapshot().bookings;
+    let booked = r.counts().bookings;
     let mut queued_left = n as usize;
     r.handle_timeout(t0.add_ms(10 * 3_600_000));
     let first = drain(&mut r);
@@ -214,12 +214,12 @@ fn time_going_backwards_expires_nothing() {
     for id in 0..5 {
         r.handle_finished(t, RequestId(id), AGG).expect("tracked");
     }
-    let before = (r.requests_in_flight(), r.snapshot().affinity_sessions, r.snapshot().bookings, r.poll_timeout());
+    let before = (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.poll_timeout());
     for back in [Instant::ZERO, Instant::from_millis(1), Instant::from_millis(9 * 3_600_000)] {
         r.handle_timeout(back);
         assert_eq!(drain(&mut r), Drained::default(), "at {back:?}");
         assert_eq!(
-            (r.requests_in_flight(), r.snapshot().affinity_sessions, r.snapshot().bookings, r.poll_timeout()),
+            (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.poll_timeout()),
             before
         );
         invariants(&r);
@@ -245,18 +245,12 @@ fn a_spurious_timeout_changes_nothing() {
         r.handle_finished(t, RequestId(id), AGG).expect("tracked");
     }
     let before =
-        (r.requests_in_flight(), r.snapshot().affinity_sessions, r.snapshot().bookings, r.stats(), r.poll_timeout());
+        (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.stats(), r.poll_timeout());
     for _ in 0..3 {
         r.handle_timeout(t.add_ms(1));
         assert_eq!(drain(&mut r), Drained::default());
         assert_eq!(
-            (
-                r.requests_in_flight(),
-                r.snapshot().affinity_sessions,
-                r.snapshot().bookings,
-                r.stats(),
-                r.poll_timeout()
-            ),
+            (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.stats(), r.poll_timeout()),
             before
         );
     }
@@ -298,8 +292,8 @@ fn reports_from_another_time_release_exactly() {
             r.handle_finished(end_at, RequestId(id), AGG).expect("tracked");
         }
         invariants(&r);
-        assert_eq!((r.requests_in_flight(), r.snapshot().bookings, r.snapshot().affinity_live_leases), (0, 0, 0));
-        let total = r.snapshot().load_total;
+        assert_eq!((r.requests_in_flight(), r.counts().bookings, r.counts().affinity_live_leases), (0, 0, 0));
+        let total = r.counts().load_total;
         assert_eq!((total.active_requests, total.active_prefill_tokens, total.active_decode_blocks), (0, 0, 0));
     }
     let hour = Instant::from_millis(3_600_000);

@@ -131,13 +131,13 @@ fn the_router_keeps_hot_sessions_under_a_flood() {
     for i in 0..5_000u64 {
         let now = Instant::from_micros(10 * (i + 1));
         route(&mut r, now, &sid(b'c', i));
-        assert!(r.snapshot().affinity_sessions <= sessions_max);
+        assert!(r.counts().affinity_sessions <= sessions_max);
         if i % 64 == 0 {
             for (h, &want) in hot.iter().enumerate() {
                 assert_eq!(route(&mut r, now, &sid(b'h', h as u64)), want, "hot session {h} after {i}");
             }
         }
     }
-    assert_eq!(r.snapshot().affinity_sessions, sessions_max);
-    assert_eq!(r.snapshot().affinity_live_leases, 0);
+    assert_eq!(r.counts().affinity_sessions, sessions_max);
+    assert_eq!(r.counts().affinity_live_leases, 0);
 }

@@ -70,7 +70,7 @@ fn refused_session_commit_wakes_waiters() {
     r.handle_timeout(later);
     while r.poll_output().is_some() {}
     assert_eq!(r.requests_in_flight(), 0, "request 3 still waits on an initialization nobody will finish");
-    assert_eq!(r.snapshot().affinity_sessions, 0, "session b's entry is stuck initializing");
+    assert_eq!(r.counts().affinity_sessions, 0, "session b's entry is stuck initializing");
 }
 
 /// Found by reading `place`, then by the simulation (`busy_pin`, seed 14, step 214; the

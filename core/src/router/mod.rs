@@ -61,7 +61,7 @@ pub use crate::load::ReplicaId;
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
 pub use flights::ORPHANS_PER_CALL_MAX;
 pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
-pub use snapshot::{KeySnapshot, RouterSnapshot, WorkerSnapshot};
+pub use snapshot::{KeySnapshot, RouterCounts, RouterSnapshot, WorkerSnapshot};
 pub use types::*;
 
 /// Everything the router can be configured with. `Default` gives the documented defaults.

@@ -39,12 +39,11 @@ pub struct WorkerSnapshot {
     pub keys: Vec<KeySnapshot>,
 }
 
-/// The whole router at one instant, as plain data.
-#[derive(Clone, Debug, PartialEq)]
+/// The router's sizes and counters at one instant. Cheap: no allocation, and linear only
+/// in the replicas heard from.
+#[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
-pub struct RouterSnapshot {
-    /// Every worker, in id order.
-    pub workers: Vec<WorkerSnapshot>,
+pub struct RouterCounts {
     /// Requests tracked: booked, dispatched, queued or waiting.
     pub requests_in_flight: usize,
     /// Bookings holding load (booked or dispatched requests).
@@ -75,13 +74,29 @@ pub struct RouterSnapshot {
     pub disagg: DisaggStats,
 }
 
+/// The whole router at one instant, as plain data: every worker and key, and the counts.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RouterSnapshot {
+    /// Every worker, in id order.
+    pub workers: Vec<WorkerSnapshot>,
+    /// Sizes and counters.
+    pub counts: RouterCounts,
+}
+
 impl Router {
-    /// Everything the router holds, counted, as plain data. Linear in the worker keys.
+    /// Every worker and key with its load and index size, and the counts, as plain data.
+    /// Linear in the worker keys; clones each worker's spec.
     pub fn snapshot(&self) -> RouterSnapshot {
+        let workers = self.workers.iter().map(|(spec, health)| self.worker_snapshot(spec, health)).collect();
+        RouterSnapshot { workers, counts: self.counts() }
+    }
+
+    /// The router's sizes and counters. No allocation.
+    pub fn counts(&self) -> RouterCounts {
         let local = self.load.local();
         let remote = self.load.remote();
-        RouterSnapshot {
-            workers: self.workers.iter().map(|(spec, health)| self.worker_snapshot(spec, health)).collect(),
+        RouterCounts {
             requests_in_flight: self.flights.len(),
             bookings: local.len(),
             load_total: local.total(),

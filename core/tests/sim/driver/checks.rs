@@ -8,7 +8,7 @@ impl Driver {
 
     pub(super) fn check(&mut self) -> Check {
         let r = &self.router;
-        let snap = r.snapshot();
+        let counts = r.counts();
         r.check_invariants().map_err(|v| format!("check_invariants: {}", v.0))?;
         if r.requests_in_flight() != self.reqs.len() {
             return Err(format!(
@@ -68,26 +68,26 @@ impl Driver {
                 return Err(format!("{k} carries {got:?}, the model books {want:?}"));
             }
         }
-        if snap.bookings != booked as usize || snap.load_total.active_requests != booked {
-            return Err(format!("load tracks {} bookings, the model {booked}", snap.bookings));
+        if counts.bookings != booked as usize || counts.load_total.active_requests != booked {
+            return Err(format!("load tracks {} bookings, the model {booked}", counts.bookings));
         }
-        if booked == 0 && snap.load_total != WorkerLoad::default() {
-            return Err(format!("no bookings but load {:?}", snap.load_total));
+        if booked == 0 && counts.load_total != WorkerLoad::default() {
+            return Err(format!("no bookings but load {:?}", counts.load_total));
         }
-        if snap.affinity_sessions > self.cfg.affinity.sessions_max {
-            return Err(format!("{} sessions, limit {}", snap.affinity_sessions, self.cfg.affinity.sessions_max));
+        if counts.affinity_sessions > self.cfg.affinity.sessions_max {
+            return Err(format!("{} sessions, limit {}", counts.affinity_sessions, self.cfg.affinity.sessions_max));
         }
-        if !(seen_queued..=pending).contains(&snap.queue_depth) {
+        if !(seen_queued..=pending).contains(&counts.queue_depth) {
             return Err(format!(
                 "queue holds {}, the model {seen_queued} queued of {pending} pending",
-                snap.queue_depth
+                counts.queue_depth
             ));
         }
-        let leases = snap.affinity_live_leases;
+        let leases = counts.affinity_live_leases;
         if leases > sessions {
             return Err(format!("{leases} live leases but only {sessions} requests with a session in flight"));
         }
-        let stats = snap.index;
+        let stats = counts.index;
         if stats.entries != self.index.total_entries() || stats.workers as usize != self.index.keys().count() {
             return Err(format!(
                 "index holds {} entries over {} keys, the model {} over {}",

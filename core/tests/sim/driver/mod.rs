@@ -246,13 +246,13 @@ impl Driver {
 
     fn check_empty(&self) -> Check {
         let r = &self.router;
-        let snap = r.snapshot();
+        let counts = r.counts();
         let leftovers = [
             ("requests", r.requests_in_flight()),
-            ("queued", snap.queue_depth),
-            ("bookings", snap.bookings),
-            ("leases", snap.affinity_live_leases),
-            ("sessions", snap.affinity_sessions),
+            ("queued", counts.queue_depth),
+            ("bookings", counts.bookings),
+            ("leases", counts.affinity_live_leases),
+            ("sessions", counts.affinity_sessions),
         ];
         for (what, n) in leftovers {
             if n != 0 {
@@ -458,14 +458,14 @@ impl Life {
 
 /// Everything a preview or a refused duplicate must leave untouched.
 fn fingerprint(r: &Router) -> (usize, usize, usize, usize, usize, WorkerLoad, u64) {
-    let snap = r.snapshot();
+    let counts = r.counts();
     (
         r.requests_in_flight(),
-        snap.affinity_sessions,
-        snap.affinity_live_leases,
-        snap.queue_depth,
-        snap.bookings,
-        snap.load_total,
+        counts.affinity_sessions,
+        counts.affinity_live_leases,
+        counts.queue_depth,
+        counts.bookings,
+        counts.load_total,
         r.stats().dispatched + r.stats().queued + r.stats().rejected,
     )
 }
