@@ -2,21 +2,22 @@
 //! jumping hours or to the end of time. None may panic or break an invariant, and a
 //! jump expires everything due with bounded work per `handle_timeout` call:
 //!
-//! * bookings: at most `load::EXPIRE_PER_CALL_MAX` per call;
-//! * orphans (bookings whose worker left): at most `router::ORPHANS_PER_CALL_MAX` per call;
-//! * idle session bindings: at most `affinity::EXPIRE_PER_CALL_MAX` per call;
+//! * bookings: at most `BOOKINGS_EXPIRE_PER_CALL_MAX` per call;
+//! * orphans (bookings whose worker left): at most `ORPHANS_PER_CALL_MAX` per call;
+//! * idle session bindings: at most `SESSIONS_EXPIRE_PER_CALL_MAX` per call;
 //! * queued requests: every one due, so at most `queued_max`;
 //!
 //! and while more is due, `poll_timeout()` stays at or before `now`, so an adapter that
 //! sleeps until `poll_timeout` calls again at once.
 
-use router_core::admission::QueueConfig;
-use router_core::affinity::AffinityConfig;
-use router_core::hash::SeqHash;
-use router_core::load::LoadConfig;
-use router_core::router::{Decision, Output, Request, Router, RouterConfig, WorkerUpdate, ORPHANS_PER_CALL_MAX};
-use router_core::worker::{WorkerRole, WorkerSpec};
-use router_core::{affinity, load, Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::limits::{BOOKINGS_EXPIRE_PER_CALL_MAX, SESSIONS_EXPIRE_PER_CALL_MAX};
+use router_core::AffinityConfig;
+use router_core::LoadConfig;
+use router_core::QueueConfig;
+use router_core::SeqHash;
+use router_core::{limits::ORPHANS_PER_CALL_MAX, Decision, Output, Request, Router, RouterConfig, WorkerUpdate};
+use router_core::{Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::{WorkerRole, WorkerSpec};
 
 const AGG: Phase = Phase::Aggregated;
 const AGE_MS: u64 = 60_000;
@@ -123,17 +124,17 @@ fn expire_all(r: &mut Router, now: Instant, bound: impl Fn(&Drained) -> bool, wa
 
 #[test]
 fn a_jump_of_hours_expires_bookings_in_bounded_batches() {
-    let n = 2 * load::EXPIRE_PER_CALL_MAX + 100;
+    let n = 2 * BOOKINGS_EXPIRE_PER_CALL_MAX + 100;
     let mut r = router(4);
     dispatch(&mut r, Instant::from_millis(1_000), 0..n as u64, false);
     let later = Instant::from_millis(1_000).add_ms(5 * 3_600_000);
     let calls = expire_all(
         &mut r,
         later,
-        |d| d.booking_expired <= load::EXPIRE_PER_CALL_MAX,
+        |d| d.booking_expired <= BOOKINGS_EXPIRE_PER_CALL_MAX,
         Drained { booking_expired: n, ..Drained::default() },
     );
-    assert_eq!(calls, n.div_ceil(load::EXPIRE_PER_CALL_MAX));
+    assert_eq!(calls, n.div_ceil(BOOKINGS_EXPIRE_PER_CALL_MAX));
     assert_eq!((r.requests_in_flight(), r.counts().bookings), (0, 0));
 }
 
@@ -156,7 +157,7 @@ fn a_jump_expires_orphans_in_bounded_batches() {
 
 #[test]
 fn a_jump_expires_idle_sessions_in_bounded_batches() {
-    let n = affinity::EXPIRE_PER_CALL_MAX + 500;
+    let n = SESSIONS_EXPIRE_PER_CALL_MAX + 500;
     let mut r = router(2);
     let t0 = Instant::from_millis(1_000);
     dispatch(&mut r, t0, 0..n as u64, true);
@@ -168,7 +169,7 @@ fn a_jump_expires_idle_sessions_in_bounded_batches() {
     expire_all(
         &mut r,
         t0.add_ms(24 * 3_600_000),
-        |d| d.lease_expired <= affinity::EXPIRE_PER_CALL_MAX,
+        |d| d.lease_expired <= SESSIONS_EXPIRE_PER_CALL_MAX,
         Drained { lease_expired: n, ..Drained::default() },
     );
     assert_eq!(r.counts().affinity_sessions, 0);
@@ -192,7 +193,7 @@ fn a_jump_times_out_the_whole_queue_at_once() {
     let d = drain(&mut r);
     assert!(d.other > 0, "the freed worker takes queued requests: {d:?}");
     let n = r.counts().queue_depth as u64;
-    assert!(n > load::EXPIRE_PER_CALL_MAX as u64, "{n} left queued");
+    assert!(n > BOOKINGS_EXPIRE_PER_CALL_MAX as u64, "{n} left queued");
     // Routed from the queue and not finished, they expire as bookings meanwhile.
     let booked = r.counts().bookings;
     let mut queued_left = n as usize;
@@ -200,7 +201,7 @@ fn a_jump_times_out_the_whole_queue_at_once() {
     let first = drain(&mut r);
     queued_left -= first.timed_out;
     assert_eq!(queued_left, 0, "every queued request due times out in one call: {first:?}");
-    assert!(first.booking_expired <= load::EXPIRE_PER_CALL_MAX.min(booked));
+    assert!(first.booking_expired <= BOOKINGS_EXPIRE_PER_CALL_MAX.min(booked));
     invariants(&r);
 }
 

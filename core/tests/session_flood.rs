@@ -6,11 +6,11 @@
 //! staying flat is measured by the `session_flood` bench
 //! (`benches/src/bin/session_flood.rs`), not asserted here.
 
-use router_core::affinity::{Acquire, AffinityConfig, AffinityOutput, AffinityTable, Binding};
-use router_core::hash::SeqHash;
-use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
+use router_core::SeqHash;
+use router_core::{internals::Acquire, internals::AffinityOutput, internals::AffinityTable, AffinityConfig, Binding};
+use router_core::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::{Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::{WorkerRole, WorkerSpec};
 
 const AGG: Phase = Phase::Aggregated;
 const HOT: u64 = 64;

@@ -3,9 +3,9 @@
 //! test now that it is fixed. The simulation faces all of them; `SIM_AVOID_BUGS=<bug>`
 //! steers around one again for triage (see `sim::ops::Bug`).
 
-use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
+use router_core::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::{Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::{WorkerRole, WorkerSpec};
 
 const T0: Instant = Instant::ZERO;
 
@@ -120,8 +120,8 @@ fn pinned_request_to_a_busy_worker_queues() {
 /// `can_serve` run the eligibility filter for the bound worker).
 #[test]
 fn soft_binding_to_a_tainted_worker_is_dropped() {
-    use router_core::affinity::AffinityMode;
-    use router_core::worker::{Taint, TaintEffect};
+    use router_core::AffinityMode;
+    use router_core::{Taint, TaintEffect};
     let mut cfg = RouterConfig::default();
     cfg.affinity.mode = AffinityMode::Soft;
     let mut r = router(cfg, 2);
@@ -164,7 +164,7 @@ fn decode_progress_retries_the_queue() {
     // Request 1's prompt no longer counts; request 2's, routed in its place, does.
     assert_eq!(r.local_load(a.target).active_prefill_tokens, 640);
     match r.poll_output() {
-        Some(router_core::router::Output::Routed(d)) => assert_eq!(d.id, RequestId(2)),
+        Some(router_core::Output::Routed(d)) => assert_eq!(d.id, RequestId(2)),
         other => panic!("the queued request must be routed once capacity frees, got {other:?}"),
     }
     invariants(&r);
@@ -184,9 +184,9 @@ fn decode_progress_retries_the_queue() {
 /// `invalidate` in `drop_flight` instead of peeking.
 #[test]
 fn late_worker_failure_keeps_a_newer_binding() {
-    use router_core::affinity::AffinityMode;
-    use router_core::router::DispatchFailure;
-    use router_core::worker::Health;
+    use router_core::AffinityMode;
+    use router_core::DispatchFailure;
+    use router_core::Health;
     let mut cfg = RouterConfig::default();
     cfg.affinity.mode = AffinityMode::Soft;
     let mut r = router(cfg, 2);

@@ -24,7 +24,7 @@
 
 use core::fmt;
 
-pub use crate::load::ReplicaId;
+pub(crate) use crate::load::ReplicaId;
 use crate::time::Instant;
 use crate::types::{DpRank, Phase, WorkerId};
 

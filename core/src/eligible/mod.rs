@@ -66,7 +66,7 @@ impl Default for EligibilityConfig {
 
 /// The verdict on one key.
 #[derive(Clone, PartialEq, Debug)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The key may take the request; the selector multiplies its cost by `cost_factor` (≥ 1).
     Eligible {
         /// Cost multiplier from soft constraints.
@@ -78,26 +78,16 @@ pub enum Verdict {
 
 /// One key and its verdict.
 #[derive(Clone, PartialEq, Debug)]
-pub struct Eligibility {
+pub(crate) struct Eligibility {
     /// The key judged.
     pub key: WorkerKey,
     /// The verdict.
     pub verdict: Verdict,
 }
 
-impl Eligibility {
-    /// The cost factor if eligible.
-    pub fn cost_factor(&self) -> Option<f64> {
-        match self.verdict {
-            Verdict::Eligible { cost_factor } => Some(cost_factor),
-            Verdict::Excluded(_) => None,
-        }
-    }
-}
-
 /// What the filter judges: one phase of one request.
 #[derive(Clone, Copy, Debug)]
-pub struct EligibilityQuery<'a> {
+pub(crate) struct EligibilityQuery<'a> {
     /// The phase being routed.
     pub phase: Phase,
     /// The request's hints (allow-list, tolerations, explicit pin).
@@ -156,7 +146,7 @@ impl core::error::Error for EligibilityError {}
 /// `load` is asked only for keys that reach the overload check. Work: per key, one pass
 /// over the worker's taints times the request's tolerations (both bounded by their
 /// configs), its labels, and `failed`; plus sorting the allow-list once.
-pub fn filter(
+pub(crate) fn filter(
     q: &EligibilityQuery<'_>,
     workers: &WorkerTable,
     load: &dyn Fn(WorkerKey) -> WorkerLoad,
@@ -183,7 +173,7 @@ pub fn filter(
 
 /// True when no key is eligible and at least one is only overloaded: the façade should
 /// queue the request rather than fail it.
-pub fn all_overloaded(out: &[Eligibility]) -> bool {
+pub(crate) fn all_overloaded(out: &[Eligibility]) -> bool {
     let mut overloaded = false;
     for e in out {
         match e.verdict {
@@ -201,7 +191,7 @@ pub fn all_overloaded(out: &[Eligibility]) -> bool {
 /// passes if any of its ranks is eligible; otherwise the error names its lowest rank's
 /// reason. A façade that queues overloaded requests should test
 /// [`all_overloaded`] first, since an overloaded pin is an error here.
-pub fn check_pinned(pin: &PinResolution, verdicts: &[Eligibility]) -> Result<(), PinError> {
+pub(crate) fn check_pinned(pin: &PinResolution, verdicts: &[Eligibility]) -> Result<(), PinError> {
     let Some(worker) = pin.worker() else {
         return Ok(());
     };

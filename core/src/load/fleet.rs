@@ -20,36 +20,36 @@ use crate::time::Instant;
 use crate::types::{Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
 
 /// Local bookings and remote entries, kept consistent. See the [module docs](self).
-pub struct FleetLoad {
+pub(crate) struct FleetLoad {
     local: LoadTracker,
     remote: RemoteLoad,
 }
 
 impl FleetLoad {
     /// Empty tables.
-    pub fn new(local: LoadConfig, remote: RemoteLoadConfig) -> Self {
+    pub(crate) fn new(local: LoadConfig, remote: RemoteLoadConfig) -> Self {
         FleetLoad { local: LoadTracker::new(local), remote: RemoteLoad::new(remote) }
     }
 
     // ---- getters ----
 
     /// This replica's bookings.
-    pub fn local(&self) -> &LoadTracker {
+    pub(crate) fn local(&self) -> &LoadTracker {
         &self.local
     }
 
     /// Other replicas' entries.
-    pub fn remote(&self) -> &RemoteLoad {
+    pub(crate) fn remote(&self) -> &RemoteLoad {
         &self.remote
     }
 
     /// The whole fleet's load on `key`, a block held on both sides counted once. O(1).
-    pub fn combined(&self, key: WorkerKey) -> WorkerLoad {
+    pub(crate) fn combined(&self, key: WorkerKey) -> WorkerLoad {
         self.remote.combined(key, self.local.load(key))
     }
 
     /// The whole fleet's prefill backlog on `key`. O(1).
-    pub fn combined_progress(&self, key: WorkerKey) -> PrefillProgress {
+    pub(crate) fn combined_progress(&self, key: WorkerKey) -> PrefillProgress {
         self.remote.combined_progress(key, self.local.prefill_progress(key))
     }
 
@@ -58,7 +58,7 @@ impl FleetLoad {
     /// Books a local request: [`LoadTracker::add`], telling the remote side which blocks
     /// the key's local bookings start to hold.
     #[allow(clippy::too_many_arguments)] // Mirrors the booking's fields one to one.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         now: Instant,
         req: RequestId,
@@ -73,12 +73,12 @@ impl FleetLoad {
     }
 
     /// [`LoadTracker::prefill_done`].
-    pub fn prefill_done(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
+    pub(crate) fn prefill_done(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
         self.local.prefill_done(req, phase)
     }
 
     /// [`LoadTracker::decode_progress`].
-    pub fn decode_progress(
+    pub(crate) fn decode_progress(
         &mut self,
         req: RequestId,
         phase: Phase,
@@ -90,13 +90,13 @@ impl FleetLoad {
 
     /// Ends a local booking: [`LoadTracker::free`], telling the remote side which blocks
     /// no local booking holds any more.
-    pub fn free(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
+    pub(crate) fn free(&mut self, req: RequestId, phase: Phase) -> Result<(), LoadError> {
         self.local.free_with_remote(req, phase, &mut self.remote)
     }
 
     /// Drops everything on any rank of `worker`, on both sides, and returns how many
     /// local bookings went. Linear in the bookings and entries.
-    pub fn remove_worker(&mut self, worker: WorkerId) -> usize {
+    pub(crate) fn remove_worker(&mut self, worker: WorkerId) -> usize {
         let n = self.local.remove_worker_with_remote(worker, &mut self.remote);
         self.remote.remove_worker(worker);
         n
@@ -105,13 +105,13 @@ impl FleetLoad {
     // ---- remote inputs ----
 
     /// [`RemoteLoad::heartbeat`].
-    pub fn heartbeat(&mut self, now: Instant, replica: ReplicaId) -> Result<(), RemoteLoadError> {
+    pub(crate) fn heartbeat(&mut self, now: Instant, replica: ReplicaId) -> Result<(), RemoteLoadError> {
         self.remote.heartbeat(now, replica)
     }
 
     /// [`RemoteLoad::add`], looking shared blocks up in the local bookings.
     #[allow(clippy::too_many_arguments)] // One entry's fields, one to one.
-    pub fn add_remote(
+    pub(crate) fn add_remote(
         &mut self,
         now: Instant,
         replica: ReplicaId,
@@ -126,7 +126,7 @@ impl FleetLoad {
     }
 
     /// [`RemoteLoad::prefill_done`].
-    pub fn remote_prefill_done(
+    pub(crate) fn remote_prefill_done(
         &mut self,
         now: Instant,
         replica: ReplicaId,
@@ -137,7 +137,7 @@ impl FleetLoad {
     }
 
     /// [`RemoteLoad::finish`].
-    pub fn remote_finish(
+    pub(crate) fn remote_finish(
         &mut self,
         now: Instant,
         replica: ReplicaId,
@@ -148,7 +148,7 @@ impl FleetLoad {
     }
 
     /// [`RemoteLoad::remove_replica`].
-    pub fn remove_replica(&mut self, replica: ReplicaId) -> usize {
+    pub(crate) fn remove_replica(&mut self, replica: ReplicaId) -> usize {
         self.remote.remove_replica(replica)
     }
 
@@ -156,25 +156,25 @@ impl FleetLoad {
 
     /// Expires due local bookings (reported by [`Self::poll_expired`]) and due remote
     /// entries and replicas, each side bounded per call as its own `handle_timeout` is.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         self.local.handle_timeout_with_remote(now, &mut self.remote);
         self.remote.handle_timeout(now);
     }
 
     /// The next local booking dropped for age. Drain until `None`.
     #[must_use]
-    pub fn poll_expired(&mut self) -> Option<(RequestId, Phase)> {
+    pub(crate) fn poll_expired(&mut self) -> Option<(RequestId, Phase)> {
         self.local.poll_expired()
     }
 
     /// The earlier of both sides' next deadlines.
     #[must_use]
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         [self.local.poll_timeout(), self.remote.poll_timeout()].into_iter().flatten().min()
     }
 
     /// Recomputes the remote sums and the shared-block marks; a difference is a bug.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         self.remote.check()?;
         self.remote.check_shared(&self.local)
     }

@@ -29,11 +29,10 @@ mod fleet;
 mod hasher;
 mod remote;
 
-pub use fleet::FleetLoad;
+pub(crate) use fleet::FleetLoad;
 
-pub use remote::{
-    RemoteLoad, RemoteLoadConfig, RemoteLoadError, RemoteLoadStats, ReplicaId, REMOTE_EXPIRE_PER_CALL_MAX,
-};
+pub(crate) use remote::RemoteLoad;
+pub use remote::{RemoteLoadConfig, RemoteLoadError, RemoteLoadStats, ReplicaId, REMOTE_EXPIRE_PER_CALL_MAX};
 
 use crate::hash::{BlockSize, SeqHash};
 use crate::time::Instant;
@@ -46,7 +45,7 @@ use hasher::SeededState;
 
 /// Prompt blocks kept per booking; blocks past this many are ignored (and counted in
 /// [`LoadStats::blocks_truncated`]). 65,536 blocks is four million tokens at 64 per block.
-pub const BLOCKS_MAX_PER_REQUEST: usize = 1 << 16;
+pub(crate) const BLOCKS_MAX_PER_REQUEST: usize = 1 << 16;
 
 /// Bookings one [`LoadTracker::handle_timeout`] call expires at most. If more are due,
 /// [`LoadTracker::poll_timeout`] returns a deadline already past, so the caller comes back.
@@ -54,7 +53,7 @@ pub const EXPIRE_PER_CALL_MAX: usize = 1024;
 
 /// Expiry reports kept for [`LoadTracker::poll_expired`]; when the caller does not drain
 /// them, the oldest are dropped and counted in [`LoadStats::expired_unreported`].
-pub const EXPIRED_QUEUE_MAX: usize = 4096;
+pub(crate) const EXPIRED_QUEUE_MAX: usize = 4096;
 
 /// Limits and seeds of a [`LoadTracker`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +128,7 @@ pub struct LoadStats {
     pub expired: u64,
     /// Expiry reports dropped because nobody drained [`LoadTracker::poll_expired`].
     pub expired_unreported: u64,
-    /// Prompt blocks ignored past [`BLOCKS_MAX_PER_REQUEST`].
+    /// Prompt blocks ignored past `BLOCKS_MAX_PER_REQUEST` (65,536).
     pub blocks_truncated: u64,
 }
 
@@ -225,7 +224,7 @@ impl KeyLoad {
     }
 }
 
-/// Tracks in-flight load per worker key. See the [module docs](self) for the contract.
+/// Tracks in-flight load per worker key. Feed inputs, drain `poll_expired`, sleep until `poll_timeout`.
 pub struct LoadTracker {
     cfg: LoadConfig,
     bookings: HashMap<(RequestId, Phase), Booking, SeededState>,

@@ -68,7 +68,7 @@ pub struct ExplicitPin {
 
 /// A session's affinity binding for one phase.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct AffinityPin {
+pub(crate) struct AffinityPin {
     /// The bound worker.
     pub worker: WorkerId,
     /// The bound rank; `None` narrows to the worker and lets the selector pick the rank.
@@ -205,7 +205,7 @@ impl fmt::Display for PinError {
 impl core::error::Error for PinError {}
 
 /// The worker and rank `hints` name for `phase`, if any (see the module rules).
-pub fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
+pub(crate) fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
     let (worker, rank) = match phase {
         Phase::Prefill => {
             (hints.prefill_worker_id.or(hints.backend_instance_id), hints.prefill_dp_rank.or(hints.dp_rank))
@@ -219,7 +219,7 @@ pub fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
 ///
 /// `affinity` is the session's binding for this phase, `planned` a key already previewed
 /// or planned for it. Work: a few table look-ups.
-pub fn resolve(
+pub(crate) fn resolve(
     phase: Phase,
     hints: &RoutingHints,
     affinity: Option<AffinityPin>,

@@ -1,36 +1,5 @@
-//! The `Router` façade: every routing state machine behind one sans-IO surface.
-//!
-//! # Calling contract
-//!
-//! The router is driven the way quinn-proto and str0m are: **mutate, then drain, then
-//! mutate again.**
-//!
-//! 1. Feed inputs with the `handle_*` methods, each taking `now`. Inputs are requests
-//!    ([`Router::handle_request`]), KV events, worker updates and request lifecycle
-//!    events (dispatched, dispatch failed, prefill done, finished, cancelled).
-//! 2. After any input, drain [`Router::poll_output`] until it returns `None`. Outputs are
-//!    decisions the router made on its own: queued or waiting requests that are now
-//!    routed or failed, queue time-outs, expired leases and bookings.
-//! 3. Ask [`Router::poll_timeout`] for the next deadline, sleep until then (or until the
-//!    next input), and call [`Router::handle_timeout`]. A spurious or late call is
-//!    harmless; time going backwards is treated as no time passing.
-//!
-//! # Bookings
-//!
-//! A [`Decision::Routed`] is a *booking*: load is reserved on the chosen worker so that
-//! concurrent decisions see it, and a session's first binding is held open. Nothing
-//! else learns of the worker until the adapter confirms with
-//! [`Router::handle_dispatched`]: only then is the session bound and the prediction
-//! recorded (approximate mode). [`Router::handle_dispatch_failed`] rolls the booking back
-//! and leaves no trace of it. Every booking ends in exactly one of
-//! `handle_dispatch_failed`, `handle_finished`, `handle_cancel`, removal of its worker, or
-//! expiry after `request_age_max_ms`, and each releases its load, lease and queue slot.
-//!
-//! # Work per call
-//!
-//! `handle_request` is linear in the prompt's blocks plus the number of workers.
-//! Inputs that free capacity re-try queued requests in order and stop at the first one
-//! that still finds every worker busy.
+//! The `Router` façade: every routing state machine behind one sans-IO surface. The
+//! calling contract is stated once, on [`Router`].
 
 mod disagg;
 mod flights;
@@ -57,7 +26,6 @@ use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 
 use flights::{Flight, FlightKey, Hold, Scratch, State};
 
-pub use crate::load::ReplicaId;
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
 pub use flights::ORPHANS_PER_CALL_MAX;
 pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
@@ -151,7 +119,80 @@ pub struct RouterStats {
     pub events_unknown_worker: u64,
 }
 
-/// The sans-IO router. See the module documentation for the calling contract.
+/// The sans-IO router: every routing state machine behind one surface. It does no I/O,
+/// reads no clock and draws no random numbers; time comes in as `now` and randomness as a
+/// [`Draw`].
+///
+/// # Calling contract
+///
+/// The router is driven the way quinn-proto and str0m are: **mutate, then drain, then
+/// mutate again.** Its methods fall into four kinds.
+///
+/// 1. **Inputs** (`handle_*`), each taking `now` where time matters:
+///    * requests: [`handle_request`](Self::handle_request) (also takes a [`Draw`]);
+///    * the request lifecycle: [`handle_dispatched`](Self::handle_dispatched),
+///      [`handle_dispatch_failed`](Self::handle_dispatch_failed),
+///      [`handle_prefill_done`](Self::handle_prefill_done),
+///      [`handle_decode_progress`](Self::handle_decode_progress),
+///      [`handle_finished`](Self::handle_finished), [`handle_cancel`](Self::handle_cancel);
+///    * KV events: [`handle_kv_event`](Self::handle_kv_event),
+///      [`handle_kv_clear`](Self::handle_kv_clear) (the worker restarted, or its stream
+///      could not be replayed), [`handle_overlap_trust`](Self::handle_overlap_trust)
+///      (a stream has a gap: give the worker no prefix credit until it is filled);
+///    * the fleet: [`handle_worker_update`](Self::handle_worker_update);
+///    * other replicas: [`handle_replica_update`](Self::handle_replica_update),
+///      [`handle_replica_heartbeat`](Self::handle_replica_heartbeat),
+///      [`handle_replica_gone`](Self::handle_replica_gone);
+///    * time: [`handle_timeout`](Self::handle_timeout).
+/// 2. **Outputs** (`poll_*`, `#[must_use]`). After *any* input, drain both queues until
+///    `None`, in either order:
+///    * [`poll_output`](Self::poll_output): decisions the router made on its own (queued
+///      or waiting requests now routed, rejected or failed; queue time-outs; expired
+///      leases and bookings);
+///    * [`poll_replica_update`](Self::poll_replica_update): with
+///      [`ReplicaConfig::id`] set, what to tell the other replicas, fire-and-forget. The
+///      queue holds at most `updates_max` and drops its oldest when full; without an id
+///      it stays empty.
+/// 3. **Time.** [`poll_timeout`](Self::poll_timeout) is the next deadline. Sleep until
+///    it or the next input, whichever comes first, then call `handle_timeout(now)` and
+///    drain the outputs again. A spurious or late call is harmless; time going backwards
+///    counts as no time passing. Work per call is bounded (see [`crate::limits`]); while
+///    more is due, `poll_timeout` stays at or before `now`.
+/// 4. **Queries**, which change nothing: [`snapshot`](Self::snapshot),
+///    [`counts`](Self::counts), [`stats`](Self::stats),
+///    [`session_binding`](Self::session_binding), [`booking`](Self::booking),
+///    [`combined_load`](Self::combined_load), [`find_matches`](Self::find_matches),
+///    [`plan_disagg_query`](Self::plan_disagg_query) and a preview request
+///    ([`Request::preview`]). [`plan_disagg`](Self::plan_disagg) also only reads, but
+///    counts its outcome.
+///
+/// # Bookings
+///
+/// A [`Decision::Routed`] is a *booking*: load is reserved on the chosen worker so that
+/// concurrent decisions see it, and a session's first binding is held open. Nothing
+/// else learns of the worker until the adapter confirms with
+/// [`handle_dispatched`](Self::handle_dispatched): only then is the session bound and
+/// the prediction recorded (approximate mode).
+/// [`handle_dispatch_failed`](Self::handle_dispatch_failed) rolls the booking back and
+/// leaves no trace of it. Every booking ends in exactly one of `handle_dispatch_failed`,
+/// `handle_finished`, `handle_cancel`, removal of its worker, or expiry after
+/// `request_age_max_ms`, and each releases its load, lease and queue slot.
+///
+/// # Replicas
+///
+/// Other replicas' load and session bindings arrive through the `handle_replica_*`
+/// inputs with the sender's id; any update counts as a heartbeat. Freed remote load can
+/// release queued requests, so drain `poll_output` after those inputs too. Binding
+/// stamps carry commit times: the adapter maps this router's `now` onto a clock all
+/// replicas share (wall time) when it publishes, and back when it receives. Without
+/// [`ReplicaConfig::id`] the router is alone and refuses remote input with
+/// [`ReplicaError::Disabled`].
+///
+/// # Work per call
+///
+/// `handle_request` is linear in the prompt's blocks plus the number of workers.
+/// Inputs that free capacity re-try queued requests in order and stop at the first one
+/// that still finds every worker busy.
 pub struct Router {
     cfg: RouterConfig,
     workers: WorkerTable,
@@ -437,10 +478,13 @@ impl Router {
     /// prediction expiry. Outputs go to [`Router::poll_output`].
     ///
     /// Work per call is bounded, so a clock jump of hours cannot stall the caller: at most
-    /// [`crate::load::EXPIRE_PER_CALL_MAX`] bookings, [`ORPHANS_PER_CALL_MAX`] orphans,
-    /// [`crate::affinity::EXPIRE_PER_CALL_MAX`] idle sessions,
-    /// [`crate::load::REMOTE_EXPIRE_PER_CALL_MAX`] peer entries and
-    /// [`crate::index::EXPIRE_PER_CALL_MAX`] predictions expire, plus every queued request
+    /// [`BOOKINGS_EXPIRE_PER_CALL_MAX`](crate::limits::BOOKINGS_EXPIRE_PER_CALL_MAX)
+    /// bookings, [`ORPHANS_PER_CALL_MAX`](crate::limits::ORPHANS_PER_CALL_MAX) orphans,
+    /// [`SESSIONS_EXPIRE_PER_CALL_MAX`](crate::limits::SESSIONS_EXPIRE_PER_CALL_MAX) idle
+    /// sessions, [`REMOTE_EXPIRE_PER_CALL_MAX`](crate::limits::REMOTE_EXPIRE_PER_CALL_MAX)
+    /// peer entries and
+    /// [`PREDICTIONS_EXPIRE_PER_CALL_MAX`](crate::limits::PREDICTIONS_EXPIRE_PER_CALL_MAX)
+    /// predictions expire, plus every queued request
     /// that is due (at most `queued_max`). While more is due, [`Router::poll_timeout`]
     /// stays at or before `now`: call again at once.
     pub fn handle_timeout(&mut self, now: Instant) {

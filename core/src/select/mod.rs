@@ -18,8 +18,11 @@ mod cost;
 mod ttft;
 mod ttft_plan;
 
-pub use cost::{blocks_cost, kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
-pub use ttft::{ttft_cost, TtftModel, TtftWeights};
+pub(crate) use cost::blocks_cost;
+pub use cost::{kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
+#[cfg(test)]
+use ttft::ttft_cost;
+pub use ttft::{TtftModel, TtftWeights};
 
 use crate::hash::BlockSize;
 use crate::mathf;

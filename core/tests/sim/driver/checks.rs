@@ -102,7 +102,7 @@ impl Driver {
 
     /// Compares the index with the model: per-key sizes, and the answer to `query`, both
     /// exact and with early exit (where one key may stop short).
-    pub(super) fn check_index(&mut self, query: &[router_core::hash::SeqHash]) -> Check {
+    pub(super) fn check_index(&mut self, query: &[router_core::SeqHash]) -> Check {
         for k in self.index.keys() {
             let (got, want) = (self.router.index_entries(k), self.index.entries(k));
             if got != want {

@@ -3,19 +3,19 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use router_core::admission::QueueOrder;
-use router_core::affinity::AffinityMode;
-use router_core::eligible::ExclusionReason;
-use router_core::hash::SeqHash;
-use router_core::index::{IndexEvent, OverlapScores};
-use router_core::pin::{PinError, RoutingHints};
-use router_core::router::{
+use router_core::AffinityMode;
+use router_core::ExclusionReason;
+use router_core::QueueOrder;
+use router_core::RouterMode;
+use router_core::SeqHash;
+use router_core::{
     Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Routed, Router,
     RouterConfig, WorkerUpdate,
 };
-use router_core::select::RouterMode;
-use router_core::worker::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
 use router_core::{DpRank, Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
+use router_core::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
+use router_core::{IndexEvent, OverlapScores};
+use router_core::{PinError, RoutingHints};
 
 mod checks;
 mod fleet;
