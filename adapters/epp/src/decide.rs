@@ -11,8 +11,7 @@ use kvroute_proxy::handler::{question, Asker, Question};
 use kvroute_proxy::request::{header_hints, Endpoint};
 use kvroute_proxy::upstream::WORKER_HEADER;
 use kvroute_proxy::ApiError;
-use router_core::router::Request;
-use router_core::WorkerId;
+use router_core::{Request, WorkerId};
 use tokio::time::Instant;
 
 use crate::reply::Destination;

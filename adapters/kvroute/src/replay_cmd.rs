@@ -13,9 +13,7 @@ use kvroute_sim::engine::{EngineConfig, EngineRole};
 use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
-use router_core::hash::BlockSize;
-use router_core::router::RouterConfig;
-use router_core::select::{KvCostModel, RouterMode};
+use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode};
 
 use crate::dispatch::{CoreDispatcher, Fleet};
 use crate::report::{LoadPoint, RunReport};

@@ -10,8 +10,7 @@ use kvroute_events::ingest::StreamStatus;
 use kvroute_events::{
     runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector,
 };
-use router_core::hash::BlockSize;
-use router_core::WorkerKey;
+use router_core::{BlockSize, WorkerKey};
 
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;

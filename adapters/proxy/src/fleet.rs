@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use kvroute_driver::{Driver, DriverConfig};
-use router_core::hash::BlockSize;
-use router_core::WorkerId;
+use router_core::{BlockSize, WorkerId};
 
 use crate::config::{router_config, DisaggProtocol, ProxyConfig, WorkerConfig};
 

@@ -69,7 +69,7 @@ pub fn reuse_ratio(requests: &[SimRequest], capacity_blocks: Option<u64>, recomp
 mod tests {
     use super::*;
     use crate::prompt::Prompt;
-    use router_core::hash::{BlockSize, HashSeed};
+    use router_core::{BlockSize, HashSeed};
 
     fn req(id: u64, ids: &[u32], len: u32) -> SimRequest {
         let mut s = Vec::new();

@@ -17,7 +17,7 @@ mod event;
 
 use core::fmt;
 use core::ops::Range;
-use router_core::types::Tier;
+use router_core::Tier;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use crate::msgpack::{MsgpackError, Reader};

@@ -33,8 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Response, StatusCode};
-use router_core::router::{BypassReason, DisaggPlan};
-use router_core::Phase;
+use router_core::{BypassReason, DisaggPlan, Phase};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
