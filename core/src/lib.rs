@@ -86,7 +86,7 @@ pub use affinity::{AffinityConfig, AffinityMode};
 pub use eligible::EligibilityConfig;
 pub use index::{ApproxConfig, IndexConfig};
 pub use load::{LoadConfig, RemoteLoadConfig};
-pub use router::{DisaggConfig, ReplicaConfig, RouterConfig};
+pub use router::{DisaggConfig, ReplicaConfig, RequestTokens, RouterConfig};
 pub use select::{KvCostConfig, KvCostModel, RouterMode, TtftWeights};
 pub use worker::WorkerTableConfig;
 

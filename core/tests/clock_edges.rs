@@ -10,14 +10,11 @@
 //! and while more is due, `poll_timeout()` stays at or before `now`, so an adapter that
 //! sleeps until `poll_timeout` calls again at once.
 
-use router_core::limits::{BOOKINGS_EXPIRE_PER_CALL_MAX, SESSIONS_EXPIRE_PER_CALL_MAX};
-use router_core::AffinityConfig;
-use router_core::LoadConfig;
-use router_core::QueueConfig;
-use router_core::SeqHash;
-use router_core::{limits::ORPHANS_PER_CALL_MAX, Decision, Output, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::{Draw, Instant, Phase, RequestId, WorkerId};
-use router_core::{WorkerRole, WorkerSpec};
+use router_core::{
+    limits::BOOKINGS_EXPIRE_PER_CALL_MAX, limits::ORPHANS_PER_CALL_MAX, limits::SESSIONS_EXPIRE_PER_CALL_MAX,
+    AffinityConfig, Decision, Draw, Instant, LoadConfig, Output, Phase, QueueConfig, Request, RequestId, Router,
+    RouterConfig, SeqHash, WorkerId, WorkerRole, WorkerSpec, WorkerUpdate,
+};
 
 const AGG: Phase = Phase::Aggregated;
 const AGE_MS: u64 = 60_000;

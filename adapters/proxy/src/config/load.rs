@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use router_core::{AffinityConfig, BlockSize, ClassLimits, RouterConfig};
+use router_core::{AffinityConfig, BlockSize, ClassLimits, RequestTokens, RouterConfig};
 
 use super::*;
 
@@ -183,6 +183,9 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
         mode: model.mode.unwrap_or(r.mode),
         block_size: BlockSize::new(model.block_size.unwrap_or(r.block_size)).unwrap_or(BlockSize::DEFAULT),
         approximate: r.approximate,
+        // Without a tokenizer the request tokens are the byte fallback's, which a real
+        // engine's KV events never match.
+        request_tokens: if model.tokenizer.is_some() { RequestTokens::Engine } else { RequestTokens::Estimated },
         requests_max: r.requests_max,
         ..RouterConfig::default()
     };

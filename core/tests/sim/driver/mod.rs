@@ -3,19 +3,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use router_core::AffinityMode;
-use router_core::ExclusionReason;
-use router_core::QueueOrder;
-use router_core::RouterMode;
-use router_core::SeqHash;
 use router_core::{
-    Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Routed, Router,
-    RouterConfig, WorkerUpdate,
+    AffinityMode, Decision, DispatchFailure, DpRank, Draw, ExclusionReason, Health, IndexEvent, InputError, Instant,
+    Output, OverlapScores, Phase, PhaseField, PinError, Priority, QueueOrder, Request, RequestId, RouteError, Routed,
+    Router, RouterConfig, RouterMode, RoutingHints, SeqHash, Taint, TaintEffect, Tier, Toleration, WorkerError,
+    WorkerId, WorkerKey, WorkerLoad, WorkerRole, WorkerSpec, WorkerUpdate,
 };
-use router_core::{DpRank, Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
-use router_core::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
-use router_core::{IndexEvent, OverlapScores};
-use router_core::{PinError, RoutingHints};
 
 mod checks;
 mod fleet;
