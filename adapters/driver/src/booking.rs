@@ -5,8 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use router_core::router::{DispatchFailure, Output, Routed};
-use router_core::{Phase, RequestId, WorkerKey};
+use router_core::{DispatchFailure, Output, Phase, RequestId, Routed, WorkerKey};
 use tokio::sync::oneshot;
 
 use crate::driver::{FlightKey, Shared};

@@ -2,8 +2,7 @@
 
 use std::fmt;
 
-use router_core::admission::QueueRejection;
-use router_core::router::{InputError, ReplicaError, RouteError};
+use router_core::{InputError, QueueRejection, ReplicaError, RouteError};
 
 /// Why a driver call did not succeed.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,8 +11,7 @@ use kvroute_frontend::ask::{question, routed_json, Asker, Question};
 use kvroute_frontend::headers::WORKER_HEADER;
 use kvroute_frontend::request::{header_hints, Endpoint};
 use kvroute_frontend::ApiError;
-use router_core::router::Request;
-use router_core::WorkerId;
+use router_core::{Request, WorkerId};
 use tokio::time::Instant;
 
 use crate::reply::Destination;

@@ -46,7 +46,7 @@ impl Workers {
     pub fn drain(&self, id: u64) -> bool {
         let fleet = &self.shared.fleet;
         let Some(pool) = fleet.worker(id).and_then(|w| fleet.pool(&w.model)) else { return false };
-        pool.driver.set_health(router_core::WorkerId(id), router_core::worker::Health::Draining).is_ok()
+        pool.driver.set_health(router_core::WorkerId(id), router_core::Health::Draining).is_ok()
     }
 
     /// Every worker, in id order.

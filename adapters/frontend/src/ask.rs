@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
-use router_core::router::{Request, Routed};
+use router_core::{Request, Routed};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 

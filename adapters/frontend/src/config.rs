@@ -7,12 +7,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::str::FromStr;
 
-use router_core::admission::QueueOrder;
-use router_core::affinity::AffinityMode;
-use router_core::hash::BlockSize;
-use router_core::select::RouterMode;
-use router_core::worker::{Taint, TaintEffect, WorkerRole, WorkerSpec};
-use router_core::WorkerId;
+use router_core::{
+    AffinityMode, BlockSize, QueueOrder, RouterMode, Taint, TaintEffect, WorkerId, WorkerRole, WorkerSpec,
+};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::trust::Cidr;

@@ -7,11 +7,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use kvroute_driver::DriveError;
-use router_core::admission::QueueRejection;
-use router_core::eligible::EligibilityError;
-use router_core::pin::PinError;
-use router_core::router::RouteError;
-use router_core::select::SelectError;
+use router_core::{EligibilityError, PinError, QueueRejection, RouteError, SelectError};
 use serde_json::{json, Value};
 
 /// Longest `Retry-After` suggested for a full queue, in seconds.
@@ -126,7 +122,7 @@ impl ApiError {
     /// The answer for a routing failure. Unsatisfiable pins and bad session ids are the
     /// client's (4xx); a fleet that cannot take the request is ours (503).
     pub fn from_drive(e: &DriveError, queue_timeout_ms: u64) -> Self {
-        use router_core::affinity::AffinityError;
+        use router_core::AffinityError;
         let unavailable = |code, msg: String| {
             let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", code, msg);
             e.retry_after_s = Some(1);

@@ -11,8 +11,7 @@ use kvroute_events::ingest::{IngestError, StreamStatus};
 use kvroute_events::{
     runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector,
 };
-use router_core::hash::BlockSize;
-use router_core::WorkerKey;
+use router_core::{BlockSize, WorkerKey};
 
 use crate::config::{ProxyConfig, WorkerConfig};
 use crate::fleet::Fleet;

@@ -10,8 +10,7 @@ use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use kvroute_driver::{DriveError, Driver, DriverConfig};
-use router_core::hash::BlockSize;
-use router_core::WorkerId;
+use router_core::{BlockSize, WorkerId};
 
 use crate::config::{router_config, ConfigError, DisaggProtocol, ProxyConfig, WorkerConfig};
 

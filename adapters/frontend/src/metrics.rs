@@ -21,7 +21,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use router_core::worker::Health;
+use router_core::Health;
 
 use crate::fleet::Fleet;
 
@@ -614,7 +614,8 @@ impl Collector for ReplicaCollector {
         )?;
         for p in self.fleet.pools() {
             let rows: Vec<_> = p.driver.with_router(|router| {
-                router.workers().keys().map(|k| (k, router.remote_load().load(k).active_requests)).collect()
+                let workers = router.snapshot().workers;
+                workers.iter().flat_map(|w| &w.keys).map(|k| (k.key, k.remote_load.active_requests)).collect()
             });
             for (k, n) in rows {
                 let labels =

@@ -2,10 +2,7 @@
 //! body object and the routing headers; and building the router's `Request` from them.
 
 use http::{HeaderMap, HeaderName};
-use router_core::hash::{hash_tokens, BlockSize, HashSeed};
-use router_core::pin::RoutingHints;
-use router_core::router::{Priority, Request};
-use router_core::{DpRank, RequestId, WorkerId};
+use router_core::{hash_tokens, BlockSize, DpRank, HashSeed, Priority, Request, RequestId, RoutingHints, WorkerId};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

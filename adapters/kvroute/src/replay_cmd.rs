@@ -16,9 +16,7 @@ use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
 use kvroute_sim_server::EngineArgs;
-use router_core::hash::BlockSize;
-use router_core::router::RouterConfig;
-use router_core::select::{KvCostModel, RouterMode};
+use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode};
 
 use crate::report::{LoadPoint, RunReport};
 

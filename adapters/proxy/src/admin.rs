@@ -11,7 +11,7 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use router_core::worker::Health;
+use router_core::Health;
 use serde_json::{json, Value};
 
 use crate::body::ProxyBody;
@@ -34,7 +34,7 @@ pub fn ready(state: &State) -> Response<ProxyBody> {
     let healthy: usize = state
         .fleet
         .pools()
-        .map(|p| p.driver.with_router(|r| r.workers().iter().filter(|(_, h)| *h == Health::Healthy).count()))
+        .map(|p| p.driver.with_router(|r| r.snapshot().workers.iter().filter(|w| w.health == Health::Healthy).count()))
         .sum();
     let status = if healthy > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut body = json!({"ready": healthy > 0, "healthy_workers": healthy});

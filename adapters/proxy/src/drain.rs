@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Response, StatusCode};
-use router_core::worker::Health;
+use router_core::Health;
 use router_core::WorkerId;
 use serde_json::json;
 
@@ -49,7 +49,9 @@ pub fn drain(state: &Arc<State>, id: &str, query: Option<&str>) -> Result<Respon
 pub fn in_flight(state: &State, id: u64) -> u64 {
     let Some(pool) = state.fleet.worker(id).and_then(|w| state.fleet.pool(&w.model)) else { return 0 };
     pool.driver.with_router(|r| {
-        r.workers().keys().filter(|k| k.worker.0 == id).map(|k| u64::from(r.load().load(k).active_requests)).sum()
+        let snap = r.snapshot();
+        let keys = snap.workers.iter().filter(|w| w.spec.id.0 == id).flat_map(|w| &w.keys);
+        keys.map(|k| u64::from(k.load.active_requests)).sum()
     })
 }
 

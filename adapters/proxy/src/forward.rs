@@ -12,7 +12,7 @@ use http::Response;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
-use router_core::router::Request;
+use router_core::Request;
 use router_core::WorkerId;
 use tokio::time::Instant;
 
@@ -65,7 +65,7 @@ pub(crate) async fn first_answer(
 ) -> Result<Answered, ApiError> {
     let state = t.state;
     // A request that pins its worker has nowhere else to go.
-    let pinned = router_core::pin::explicit_pin(request.phase.0, &request.hints).is_some();
+    let pinned = router_core::explicit_pin(request.phase.0, &request.hints).is_some();
     let mut last_err: Option<ApiError> = None;
     for attempt in 0..=state.cfg.retry.retries_max {
         // The core excludes workers that already failed this request (unless a pin names them).

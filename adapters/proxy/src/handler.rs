@@ -12,8 +12,7 @@ use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use kvroute_driver::Booking;
-use router_core::router::Request;
-use router_core::{WorkerId, WorkerKey};
+use router_core::{Request, WorkerId, WorkerKey};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use router_core::worker::Health;
-use router_core::WorkerId;
+use router_core::{Health, WorkerId};
 use serde::Serialize;
 
 use crate::config::{EjectionConfig, WorkerConfig};

@@ -2,11 +2,10 @@
 //! arrivals, KV events and completions go through the same `handle_*` calls the proxy
 //! makes, so a replay measures exactly the policy that serves production traffic.
 
-use router_core::hash::SeqHash;
-use router_core::index::IndexEvent;
-use router_core::router::{Decision, DisaggPlan, Output, PhaseField, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
-use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
+use router_core::{
+    Decision, DisaggPlan, Draw, IndexEvent, Instant, Output, Phase, PhaseField, Request, RequestId, Router,
+    RouterConfig, SeqHash, Tier, WorkerId, WorkerKey, WorkerRole, WorkerSpec, WorkerUpdate,
+};
 
 use crate::engine::KvEvent;
 use crate::replay::{Dispatch, Dispatcher, SimRequest};
@@ -125,7 +124,7 @@ impl CoreDispatcher {
     }
 
     /// Disaggregation counters (all zero for an aggregated fleet).
-    pub fn disagg_stats(&self) -> router_core::router::DisaggStats {
+    pub fn disagg_stats(&self) -> router_core::DisaggStats {
         self.router.disagg_stats()
     }
 

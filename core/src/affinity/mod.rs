@@ -24,7 +24,7 @@
 
 use core::fmt;
 
-pub use crate::load::ReplicaId;
+pub(crate) use crate::load::ReplicaId;
 use crate::time::Instant;
 use crate::types::{DpRank, Phase, WorkerId};
 
@@ -235,6 +235,8 @@ impl fmt::Display for AffinityError {
         }
     }
 }
+
+impl core::error::Error for AffinityError {}
 
 /// Something the table reports; drain with [`AffinityTable::poll_output`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -55,8 +55,8 @@ fn invariants(r: &Router) {
 
 /// Snapshot of everything a rolled-back or previewed decision must leave untouched.
 fn fingerprint(r: &Router) -> (usize, usize, usize, usize, u64, Vec<WorkerLoad>) {
-    let loads = r.workers().keys().map(|k| r.load().load(k)).collect();
-    (r.requests_in_flight(), r.affinity().len(), r.queue().len(), r.load().len(), r.stats().dispatched, loads)
+    let loads = r.workers.keys().map(|k| r.load.local().load(k)).collect();
+    (r.requests_in_flight(), r.affinity.len(), r.queue.len(), r.load.local().len(), r.stats().dispatched, loads)
 }
 
 const MODES: [RouterMode; 6] = [
@@ -84,7 +84,7 @@ fn rollback_leaves_no_trace_in_every_mode() {
         r.handle_dispatch_failed(T0, d.id, d.phase, DispatchFailure::Worker).unwrap();
         invariants(&r);
         assert_eq!(fingerprint(&r), before, "{mode:?}: rollback must restore every table");
-        assert_eq!(r.affinity().peek(b"s1", Phase::Aggregated), None, "{mode:?}: no binding survives a rollback");
+        assert_eq!(r.affinity.peek(b"s1", Phase::Aggregated), None, "{mode:?}: no binding survives a rollback");
     }
 }
 
@@ -130,15 +130,15 @@ fn finishing_releases_everything() {
     q.session = Some(b"sess".to_vec());
     let d = routed(r.handle_request(T0, q.clone(), Draw(0)));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();
-    assert_eq!(r.affinity().peek(b"sess", Phase::Aggregated).map(|b| b.worker), Some(d.target.worker));
-    assert_eq!(r.load().load(d.target).active_requests, 1);
+    assert_eq!(r.affinity.peek(b"sess", Phase::Aggregated).map(|b| b.worker), Some(d.target.worker));
+    assert_eq!(r.load.local().load(d.target).active_requests, 1);
     r.handle_prefill_done(T0, d.id, d.phase).unwrap();
-    assert_eq!(r.load().load(d.target).active_prefill_tokens, 0);
+    assert_eq!(r.load.local().load(d.target).active_prefill_tokens, 0);
     r.handle_finished(T0, d.id, d.phase).unwrap();
     invariants(&r);
-    assert_eq!(r.load().load(d.target), WorkerLoad::default());
+    assert_eq!(r.load.local().load(d.target), WorkerLoad::default());
     assert_eq!(r.requests_in_flight(), 0);
-    assert_eq!(r.affinity().live_leases(), 0);
+    assert_eq!(r.affinity.live_leases(), 0);
     // The session stays bound after its stream ends, until the idle TTL.
     let d2 = routed(r.handle_request(
         T0,
@@ -213,7 +213,7 @@ fn busy_fleet_queues_then_dequeues_when_load_drops() {
     // A queued request that is cancelled frees its slot.
     assert_eq!(r.handle_request(T0, req(3, &[6]), Draw(0)), Ok(Decision::Queued));
     r.handle_cancel(T0, RequestId(3), Phase::Aggregated).unwrap();
-    assert_eq!(r.queue().len(), 0);
+    assert_eq!(r.queue.len(), 0);
     invariants(&r);
     // And one that waits too long times out through handle_timeout.
     assert_eq!(r.handle_request(T0, req(4, &[7]), Draw(0)), Ok(Decision::Queued));
@@ -347,7 +347,7 @@ fn phases_use_their_own_pools_pins_and_bindings() {
     for x in [&p, &d] {
         r.handle_dispatched(T0, x.id, x.phase).unwrap();
     }
-    let bound = |r: &Router, ph| r.affinity().peek(b"s", ph).map(|b| b.worker.0);
+    let bound = |r: &Router, ph| r.affinity.peek(b"s", ph).map(|b| b.worker.0);
     assert_eq!(bound(&r, Phase::Prefill), Some(p.target.worker.0));
     assert_eq!(bound(&r, Phase::Decode), Some(d.target.worker.0));
     // A bypassed request runs aggregated on a decode worker.
@@ -540,7 +540,7 @@ fn check_gone_worker(mode: crate::affinity::AffinityMode, gone: Gone, pinned: bo
         let d2 = routed(out);
         assert_eq!(d2.target.worker, WorkerId(1), "{case}");
         r.handle_dispatched(T0, d2.id, d2.phase).unwrap();
-        assert_eq!(r.affinity().peek(b"s", Phase::Aggregated).map(|b| b.worker), Some(WorkerId(1)), "{case}");
+        assert_eq!(r.session_binding(b"s", Phase::Aggregated).map(|b| b.worker), Some(WorkerId(1)), "{case}");
     } else {
         assert!(matches!(out, Err(RouteError::Pin(_))), "{case}: {out:?}");
     }
@@ -578,7 +578,7 @@ fn a_request_that_fails_before_its_worker_does_not_renew_the_session() {
     assert_eq!(r.poll_timeout(), Some(T0.add_ms(ttl_ms)), "the binding keeps the deadline its last served request set");
     r.handle_timeout(T0.add_ms(ttl_ms));
     while r.poll_output().is_some() {}
-    assert_eq!(r.affinity().peek(b"s", Phase::Aggregated), None);
+    assert_eq!(r.session_binding(b"s", Phase::Aggregated), None);
     invariants(&r);
 }
 

@@ -13,7 +13,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use kvroute_epp::k8s::{self, PoolRef, WorkerTemplate};
-use router_core::worker::Health;
+use router_core::Health;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use kvroute_epp::{EppConfig, EppHandle};
 use kvroute_frontend::{ProxyConfig, Tokenizers};
 use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
-use router_core::select::RouterMode;
+use router_core::RouterMode;
 use serde_json::json;
 
 pub use gateway::{Gateway, Picked, Stream};

@@ -2,10 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use router_core::admission::ClassLimits;
-use router_core::affinity::AffinityConfig;
-use router_core::hash::BlockSize;
-use router_core::router::{RequestTokens, RouterConfig};
+use router_core::{AffinityConfig, BlockSize, ClassLimits, RequestTokens, RouterConfig};
 
 use super::*;
 

@@ -34,8 +34,7 @@ use std::time::Duration;
 
 use http::{Response, StatusCode};
 use kvroute_frontend::ask::routed_json;
-use router_core::router::{BypassReason, DisaggPlan};
-use router_core::Phase;
+use router_core::{BypassReason, DisaggPlan, Phase};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;

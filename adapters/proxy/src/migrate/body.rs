@@ -17,7 +17,7 @@ use http::header::{HeaderValue, CONTENT_LENGTH};
 use http::Response;
 use http_body::{Body, Frame};
 use kvroute_driver::{Booking, DispatchFailure};
-use router_core::router::Request;
+use router_core::Request;
 use router_core::WorkerId;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Duration, Instant, Sleep};

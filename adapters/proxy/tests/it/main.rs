@@ -37,7 +37,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvroute_proxy::config::{ModelConfig, WorkerConfig};
 use kvroute_proxy::{serve, ProxyConfig, ServeHandle, Tokenizers};
-use router_core::select::RouterMode;
+use router_core::RouterMode;
 use serde_json::{json, Value};
 
 pub use fake::{sse_chunks, Behavior, Fake};
