@@ -178,6 +178,8 @@ pub(crate) async fn forward_aggregated(
         let r = booking.routed();
         state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
         let worker_id = booking.target().worker;
+        let (isl, block) = (request.isl_tokens, pool.block_size.tokens());
+        state.metrics.routed(&pool.name, worker_id.0, isl, r.overlap.raw(), block);
         tried.push(worker_id);
         let Some(worker) = state.fleet.worker(worker_id.0) else {
             // Removed between the decision and now.

@@ -59,7 +59,7 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (&Method::GET, "/v1/models") => Ok(admin::models(&state).await),
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
-        (&Method::GET, "/metrics") => Ok(admin::metrics(&state)),
+        (&Method::GET, "/metrics") => Ok(admin::metrics(&state).await),
         (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
         (&Method::GET, "/workers") => Ok(admin::workers(&state).await),
         (&Method::POST, "/workers") => admin::add_worker(&state, req).await,
