@@ -14,6 +14,7 @@ mod fault_slow;
 mod fault_workers;
 mod fleet;
 mod limits;
+mod metrics;
 mod openai_client;
 mod release;
 mod sessions;
