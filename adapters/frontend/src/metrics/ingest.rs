@@ -42,9 +42,12 @@ pub(super) struct IngestCollector {
 }
 
 type Counted = fn(&StreamStatus) -> u64;
+type Flag = fn(&StreamStatus) -> bool;
+/// A counter family with a `result` label: name, help, and (result, value) readers.
+type ResultFamily = (&'static str, &'static str, &'static [(&'static str, Counted)]);
 
-/// Counter families with a `result` label: name, help, and (result, value) readers.
-const RESULTS: [(&str, &str, &[(&str, Counted)]); 3] = [
+/// Counter families with a `result` label.
+const RESULTS: [ResultFamily; 3] = [
     (
         "kvroute_kv_event_batches",
         "KV-event batches by result: applied, malformed (frame or payload), duplicate",
@@ -106,7 +109,7 @@ impl Collector for IngestCollector {
                 ConstCounter::new(f(&r.status)).encode(m.encode_family(&labels(r))?)?;
             }
         }
-        let flags: [(&str, &str, fn(&StreamStatus) -> bool); 2] = [
+        let flags: [(&str, &str, Flag); 2] = [
             ("kvroute_kv_event_stream_connected", "1 while the transport reports a live KV-event connection", |s| {
                 s.connected
             }),

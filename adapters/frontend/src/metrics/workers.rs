@@ -154,3 +154,99 @@ impl super::Metrics {
         served.retain(|&id, _| self.fleet.worker(id).is_some());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::config::{ModelConfig, ProxyConfig, WorkerConfig};
+    use crate::fleet::Fleet;
+    use crate::metrics::Metrics;
+
+    fn worker(id: u64, model: &str) -> WorkerConfig {
+        let w = serde_json::json!({"id": id, "url": "http://127.0.0.1:9", "model": model});
+        serde_json::from_value(w).expect("a worker")
+    }
+
+    /// Each worker in `ids` is added to `m`, serves one request of every kind of series,
+    /// and leaves; `/metrics` ends as it began, with nothing of theirs held.
+    #[track_caller]
+    fn check(fleet: &Fleet, metrics: &Metrics, ids: std::ops::Range<u64>) {
+        let before = metrics.encode();
+        for id in ids.clone() {
+            assert!(fleet.add_worker(worker(id, "m")).expect("added"));
+            metrics.routed("m", id, 100, 3, 16);
+            metrics.request_duration("m", id, Duration::from_millis(5));
+            metrics.request("m", Some(id), "ok", 200);
+            metrics.request("m", Some(id), "stream_broken", 200);
+            metrics.failure("m", id, "connect");
+            metrics.ejected("m", id);
+            metrics.silent_stream("m", id);
+        }
+        let during = metrics.encode();
+        check_dashboard_names(&during);
+        let last = format!("worker=\"{}\"", ids.end - 1);
+        for family in [
+            "kvroute_requests_total",
+            "kvroute_upstream_failures_total",
+            "kvroute_worker_ejections_total",
+            "kvroute_kv_event_streams_silent_total",
+            "kvroute_request_duration_seconds_count",
+            "kvroute_prompt_tokens_sum",
+            "kvroute_cached_tokens_sum",
+            "kvroute_worker_index_entries",
+        ] {
+            let held = during.lines().any(|l| l.starts_with(family) && l.contains(&last));
+            assert!(held, "{family} has no series of the last worker");
+        }
+        let cached = format!("kvroute_cached_tokens_sum{{model=\"m\",{last}}} 48");
+        assert!(during.contains(&cached), "3 blocks of 16 expected cached");
+        for id in ids {
+            assert!(fleet.remove_worker(id));
+        }
+        let after = metrics.encode();
+        assert_eq!(after.lines().count(), before.lines().count(), "before:\n{before}\nafter:\n{after}");
+        let left: Vec<&str> = after.lines().filter(|l| !l.starts_with('#') && l.contains("worker=")).collect();
+        assert!(left.is_empty(), "series of removed workers: {left:#?}");
+        assert_eq!(metrics.worker_series.workers(), 0);
+        assert!(metrics.served_totals().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_workers_series_leave_with_it() {
+        let cfg = ProxyConfig {
+            models: vec![ModelConfig { name: "m".into(), ..ModelConfig::default() }],
+            ..Default::default()
+        };
+        let fleet = Arc::new(Fleet::new(&cfg, 1));
+        let metrics = Metrics::new(fleet.clone());
+        // The model's own series exist from its first request on.
+        metrics.ttft("m", Duration::from_millis(1));
+        check(&fleet, &metrics, 0..1_000);
+        // Ids come back: their series are created afresh and leave again.
+        check(&fleet, &metrics, 500..600);
+    }
+
+    /// Every metric the dashboard in the docs queries is a family `/metrics` declares.
+    #[track_caller]
+    fn check_dashboard_names(exposition: &str) {
+        let dashboard = include_str!("../../../../docs/dashboard.json");
+        let typed: std::collections::BTreeSet<&str> =
+            exposition.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+        let mut queried = 0;
+        for (i, _) in dashboard.match_indices("kvroute_") {
+            let name: String = dashboard[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            // Counters are typed with their `_total`, histograms without their sample suffixes.
+            let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(&name);
+            if name != "kvroute_" {
+                assert!(typed.contains(family), "the dashboard queries {name}, which /metrics does not declare");
+                queried += 1;
+            }
+        }
+        assert!(queried >= 20, "the dashboard queries {queried} metrics");
+    }
+}
