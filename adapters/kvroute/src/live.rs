@@ -73,6 +73,9 @@ async fn stack(policy: &'static str, o: &LiveOptions, speedup: f64) -> Result<St
         "workers": worker_cfgs,
         "router": {
             "mode": policy,
+            // The demo sends token ids, which the workers' KV events match exactly: no
+            // predictions (a model without a tokenizer would otherwise keep them).
+            "approximate": false,
             // The engines queue internally; the demo compares placement, not shedding.
             "prefill_tokens_frac_of_batch": 0.0,
             "decode_blocks_frac_of_kv": 0.0,

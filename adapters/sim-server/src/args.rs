@@ -23,8 +23,9 @@ use crate::{PromptTokenizer, SimServerConfig, SimServerError};
 /// router's own chained block hashes. With --replay-port, a ROUTER socket resends missed
 /// batches (the last 10,000) from a requested sequence number.
 ///
-/// Prompts are tokenized one byte per token unless a tokenizer is loaded with
-/// --tokenizer; a router must tokenize the same way to see the same prefixes.
+/// Prompts are tokenized like kvroute's routing fallback (four bytes per token) unless
+/// a tokenizer is loaded with --tokenizer; a router must tokenize the same way to see
+/// the same prefixes.
 ///
 /// Examples:
 ///   kvroute sim-worker --port 8001 --events-port 5557
