@@ -112,6 +112,8 @@ pub(crate) async fn decide(
     shared.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
     let r = booking.routed();
     shared.metrics.decision(&q.pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
+    let (isl, block) = (q.request.isl_tokens, q.pool.block_size.tokens());
+    shared.metrics.routed(&q.pool.name, booking.target().worker.0, isl, r.overlap.raw(), block);
     match destination(shared, &booking) {
         Some(destination) => Some(Ok(Decided { booking, model, destination, forward_body: q.forward_body })),
         None => {

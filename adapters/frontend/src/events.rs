@@ -15,7 +15,7 @@ use router_core::{BlockSize, WorkerKey};
 
 use crate::config::{ProxyConfig, WorkerConfig};
 use crate::fleet::Fleet;
-use crate::metrics::Metrics;
+use crate::metrics::{IngestRow, Metrics};
 
 /// Feeds one model's router from its workers' event streams.
 #[derive(Clone)]
@@ -159,6 +159,23 @@ impl Subscriptions {
         out
     }
 
+    /// Every subscribed stream's counters now, for the metrics
+    /// ([`Metrics::set_ingest`]). Asks the runner once per stream.
+    pub async fn ingest_rows(&self) -> Vec<IngestRow> {
+        let mut rows = Vec::new();
+        for (&id, sub) in &self.workers {
+            let Some(runner) = self.by_model.get(&sub.model) else { continue };
+            for rank in 0..sub.ranks {
+                let Some(status) = runner.ingest.status(WorkerKey::new(id, rank)).await else { continue };
+                let now_us = u64::try_from(runner.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                let last_message_age_s =
+                    status.last_message_at.map(|at| now_us.saturating_sub(at.as_micros()) as f64 / 1e6);
+                rows.push(IngestRow { model: sub.model.clone(), worker: id, rank, status, last_message_age_s });
+            }
+        }
+        rows
+    }
+
     /// Subscribes to one worker's events (if it names an endpoint).
     pub async fn add(&mut self, cfg: &ProxyConfig, fleet: &Fleet, w: &WorkerConfig) -> Result<(), SubscribeError> {
         self.remove(w.id).await;
@@ -278,12 +295,15 @@ const SILENT_CHECK_INTERVAL_MS: u64 = 10_000;
 /// Where a server keeps its subscriptions and metrics, for [`watch_silent`].
 pub type SilentParts<S> = fn(&S) -> (&tokio::sync::Mutex<Subscriptions>, &Metrics);
 
-/// Checks for silent streams until the server holding them (`state`) is gone.
+/// Checks for silent streams, and refreshes the ingestion metrics, until the server
+/// holding them (`state`) is gone.
 pub async fn watch_silent<S>(state: std::sync::Weak<S>, parts: SilentParts<S>) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(SILENT_CHECK_INTERVAL_MS)).await;
         let Some(state) = state.upgrade() else { return };
         let (subs, metrics) = parts(&state);
-        subs.lock().await.check_silent(metrics).await;
+        let mut subs = subs.lock().await;
+        subs.check_silent(metrics).await;
+        metrics.set_ingest(subs.ingest_rows().await);
     }
 }

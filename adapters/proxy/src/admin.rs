@@ -45,8 +45,11 @@ pub fn ready(state: &State) -> Response<ProxyBody> {
     json_response(status, &body)
 }
 
-/// `GET /metrics`: the Prometheus text exposition.
-pub fn metrics(state: &State) -> Response<ProxyBody> {
+/// `GET /metrics`: the Prometheus text exposition, with the KV-event streams' counters
+/// asked of the events runner first.
+pub async fn metrics(state: &State) -> Response<ProxyBody> {
+    let rows = state.subs.lock().await.ingest_rows().await;
+    state.metrics.set_ingest(rows);
     let mut resp = Response::new(ProxyBody::full(state.metrics.encode()));
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE));

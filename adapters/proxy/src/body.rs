@@ -236,6 +236,7 @@ impl UpstreamBody {
             End::Cancelled => "cancelled",
         };
         c.state.metrics.request(&c.model, Some(c.worker), outcome, c.status);
+        c.state.metrics.request_duration(&c.model, c.worker, c.arrived.elapsed());
     }
 
     fn error_event(&self, code: &str, message: &str) -> Bytes {

@@ -120,6 +120,7 @@ fn unix_now_s() -> u64 {
 async fn route(t: &Tries<'_>, request: Request, retrying: bool) -> Result<Option<Booking>, ApiError> {
     let (state, pool) = (t.state, t.pool);
     let t0 = Instant::now();
+    let isl = request.isl_tokens;
     let routed = tokio::time::timeout_at(t.deadline, pool.driver.route(request, pool.driver.draw())).await;
     let booking = match routed {
         Err(_) => return Err(ApiError::timeout()),
@@ -135,6 +136,8 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool) -> Result<Option
     state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
     let r = booking.routed();
     state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
+    let block = pool.block_size.tokens();
+    state.metrics.routed(&pool.name, booking.target().worker.0, isl, r.overlap.raw(), block);
     Ok(Some(booking))
 }
 

@@ -59,7 +59,7 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (&Method::GET, "/v1/models") => Ok(admin::models(&state).await),
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
-        (&Method::GET, "/metrics") => Ok(admin::metrics(&state)),
+        (&Method::GET, "/metrics") => Ok(admin::metrics(&state).await),
         (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
         (&Method::POST, p) if p.starts_with("/workers/") && !admin(&state) => Err(ApiError::forbidden()),
         (&Method::POST, p) if p.starts_with("/workers/") && p.ends_with("/drain") => {

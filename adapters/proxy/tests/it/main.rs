@@ -16,6 +16,7 @@ mod fault_workers;
 mod fleet;
 mod leaks;
 mod limits;
+mod metrics;
 mod migration;
 mod openai_client;
 mod release;
