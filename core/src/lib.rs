@@ -24,6 +24,7 @@ pub mod affinity;
 pub mod eligible;
 pub mod hash;
 pub mod index;
+pub mod learn;
 pub mod load;
 pub mod mathf;
 pub mod pin;
@@ -33,5 +34,6 @@ pub mod time;
 pub mod types;
 pub mod worker;
 
+pub use learn::{CostLearner, EngineLoad, LearnConfig, LearnError, Observation};
 pub use time::Instant;
 pub use types::{DpRank, Draw, Overlap, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};

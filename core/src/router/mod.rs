@@ -8,6 +8,11 @@
 //! 1. Feed inputs with the `handle_*` methods, each taking `now`. Inputs are requests
 //!    ([`Router::handle_request`]), KV events, worker updates and request lifecycle
 //!    events (dispatched, dispatch failed, prefill done, finished, cancelled).
+//!    Measurements feed the cost learner: [`Router::handle_observation`] (a request's
+//!    time to first token or its decode time on a worker) and
+//!    [`Router::handle_engine_load`] (the load a worker's engine reports, scraped from its
+//!    metrics). They produce no output and change decisions only as `RouterConfig::learn`
+//!    allows.
 //! 2. After any input, drain [`Router::poll_output`] until it returns `None`. Outputs are
 //!    decisions the router made on its own: queued or waiting requests that are now
 //!    routed or failed, queue time-outs, expired leases and bookings.
@@ -33,6 +38,7 @@
 //! that still finds every worker busy.
 
 mod disagg;
+mod learn;
 mod pipeline;
 mod replica;
 mod types;
@@ -48,6 +54,7 @@ use crate::affinity::{AffinityConfig, AffinityOutput, AffinityTable, InitToken, 
 use crate::eligible::EligibilityConfig;
 use crate::hash::BlockSize;
 use crate::index::{ApplySummary, ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, PrefixIndex};
+use crate::learn::{CostLearner, LearnConfig};
 use crate::load::{LoadConfig, LoadTracker, RemoteLoad};
 use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
@@ -90,6 +97,8 @@ pub struct RouterConfig {
     pub disagg: DisaggConfig,
     /// Sharing load and bindings with other replicas (default: none, a lone router).
     pub replica: ReplicaConfig,
+    /// Learned per-worker speeds and engine-reported load (default: fitted, not used).
+    pub learn: LearnConfig,
 }
 
 impl Default for RouterConfig {
@@ -109,6 +118,7 @@ impl Default for RouterConfig {
             requests_max: 65_536,
             disagg: DisaggConfig::default(),
             replica: ReplicaConfig::default(),
+            learn: LearnConfig::default(),
         }
     }
 }
@@ -203,6 +213,7 @@ pub struct Router {
     remote: RemoteLoad,
     replica_out: alloc::collections::VecDeque<ReplicaUpdate>,
     replica_stats: ReplicaStats,
+    learn: CostLearner,
 }
 
 impl core::fmt::Debug for Router {
@@ -248,6 +259,7 @@ impl Router {
             remote: RemoteLoad::new(cfg.replica.remote),
             replica_out: alloc::collections::VecDeque::new(),
             replica_stats: ReplicaStats::default(),
+            learn: CostLearner::new(cfg.learn),
             cfg,
         }
     }
