@@ -5,3 +5,4 @@ mod engine_behaviour;
 mod replay_loop;
 mod scenarios;
 mod seeded;
+mod worker_speeds;
