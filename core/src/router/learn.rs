@@ -2,9 +2,31 @@
 //! against the fleet, with the timing model's prediction for the same work worked out
 //! here (see [`crate::learn`]).
 
-use super::Router;
+use super::{Routed, Router};
+use crate::hash::BlockSize;
 use crate::learn::{CostLearner, EngineLoad, LearnError, Observation};
+use crate::mathf;
 use crate::{Instant, WorkerKey};
+
+impl Observation {
+    /// The first-token observation of a routed request: `ttft_ms` against the work its
+    /// decision counted on the target, the prompt's uncached tokens (as booked: the
+    /// device overlap is cached) and the prompt tokens queued ahead of them (the rest of
+    /// the target's `prefill_blocks`). A target missing from the explanation counts no
+    /// queue.
+    pub fn first_token(ttft_ms: f64, routed: &Routed, isl_tokens: u32, block_size: BlockSize) -> Observation {
+        let bs = block_size.tokens();
+        let uncached_tokens = isl_tokens - routed.overlap.device.saturating_mul(bs).min(isl_tokens);
+        let row = routed.explanation.iter().find(|r| r.key == routed.target);
+        let counted = row.and_then(|r| r.score).map_or(0.0, |s| s.prefill_blocks * f64::from(bs));
+        // The cost model charges at least one token for a non-empty prompt.
+        let own = uncached_tokens.max(u32::from(isl_tokens > 0));
+        let queued = counted - f64::from(own);
+        // Float to integer saturates; NaN becomes 0.
+        let queued_tokens = if queued > 0.0 { mathf::round(queued) as u64 } else { 0 };
+        Observation::FirstToken { ttft_ms, uncached_tokens, queued_tokens }
+    }
+}
 
 impl Router {
     /// The cost learner: learned speeds and engine reports per worker key.
@@ -124,6 +146,36 @@ mod tests {
             r.handle_engine_load(T0, HOT, busy).unwrap();
             assert_eq!(target(&mut r), expected, "engine_load {engine_load}");
         }
+    }
+
+    #[test]
+    fn a_first_token_observation_carries_the_work_its_decision_counted() {
+        let mut r = router(LearnConfig::default());
+        let bs = r.config().block_size;
+        let preview = |id, blocks: core::ops::RangeInclusive<u64>, preview| Request {
+            id: RequestId(id),
+            isl_tokens: blocks.clone().count() as u32 * 64,
+            blocks: blocks.map(SeqHash).collect(),
+            preview,
+            ..Request::default()
+        };
+        let cached = match r.handle_request(T0, preview(1, 1..=8, true), Draw(0)) {
+            Ok(Decision::Routed(d)) => d,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(cached.target, HOT);
+        let expected = Observation::FirstToken { ttft_ms: 5.0, uncached_tokens: 0, queued_tokens: 0 };
+        assert_eq!(Observation::first_token(5.0, &cached, 512, bs), expected);
+        // A booked, unfinished 512-token prompt on COLD is queued ahead of the next one.
+        let hints = crate::pin::RoutingHints { backend_instance_id: Some(COLD.worker), ..Default::default() };
+        let first = Request { hints: hints.clone(), ..preview(2, 101..=108, false) };
+        assert!(matches!(r.handle_request(T0, first, Draw(0)), Ok(Decision::Routed(_))));
+        let next = match r.handle_request(T0, Request { hints, ..preview(3, 201..=204, true) }, Draw(0)) {
+            Ok(Decision::Routed(d)) => d,
+            other => panic!("{other:?}"),
+        };
+        let expected = Observation::FirstToken { ttft_ms: 9.0, uncached_tokens: 256, queued_tokens: 512 };
+        assert_eq!(Observation::first_token(9.0, &next, 256, bs), expected);
     }
 
     #[test]
