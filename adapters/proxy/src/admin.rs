@@ -114,6 +114,7 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                         "active_decode_blocks": k.load.active_decode_blocks,
                         "active_requests": k.load.active_requests,
                         "index_entries": k.index_entries,
+                        "learned": crate::learn::learned_json(p.driver.learned(k.key)),
                         "fleet": {
                             "active_prefill_tokens": k.fleet_load.active_prefill_tokens,
                             "active_decode_blocks": k.fleet_load.active_decode_blocks,
@@ -148,7 +149,12 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
             "timed_out": s.router.timed_out,
         }));
     }
-    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools}))
+    let scrapes = &state.scrapes;
+    let engine_scrapes = json!({
+        "ok": scrapes.ok.load(std::sync::atomic::Ordering::Relaxed),
+        "dropped": scrapes.dropped.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools, "engine_scrapes": engine_scrapes}))
 }
 
 /// A worker's event streams: `null` without a subscription, else one row per rank.

@@ -162,7 +162,9 @@ pub async fn question(
     let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
     let (hh, stripped_headers) = request::header_hints(headers, trusted)?;
     let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
-    for f in stripped_headers.into_iter().chain(stripped_fields) {
+    let (cost, cost_sent) = crate::cost_header::overrides(headers, trusted)?;
+    let cost_stripped = cost_sent.then_some(crate::cost_header::COST_HEADER);
+    for f in stripped_headers.into_iter().chain(stripped_fields).chain(cost_stripped) {
         cx.metrics.untrusted(f);
     }
     let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
@@ -179,7 +181,7 @@ pub async fn question(
         hints: hh.hints,
         session,
     };
-    let request = request::build(build, &tokens);
+    let request = Request { cost, ..request::build(build, &tokens) };
     cx.metrics.stage("tokenize", t1.elapsed());
     Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
 }
@@ -249,7 +251,9 @@ pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiErr
     let routed = driver
         .preview(p.request, driver.draw())
         .map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms))?;
-    Ok(crate::error::json_response(http::StatusCode::OK, &crate::admin::routed_json(&p.pool.name, isl, &routed)))
+    let mut out = crate::admin::routed_json(&p.pool.name, isl, &routed);
+    crate::learn::annotate_preview(&mut out, driver, &routed, &state.cfg.learn);
+    Ok(crate::error::json_response(http::StatusCode::OK, &out))
 }
 
 /// Routes and forwards: split across a prefill and a decode worker when the model is

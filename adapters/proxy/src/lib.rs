@@ -27,14 +27,17 @@
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod cost_header;
 pub mod disagg;
 pub mod error;
 pub mod events;
 pub mod fleet;
 pub mod handler;
 pub mod health;
+pub mod learn;
 pub mod metrics;
 pub mod request;
+pub mod scrape;
 pub mod server;
 pub mod state;
 pub mod tokenize;
@@ -122,12 +125,14 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         shutdown: shutdown_rx.clone(),
         subs: tokio::sync::Mutex::new(subs),
         replica,
+        scrapes: scrape::ScrapeStats::default(),
         fleet,
         tokenizers,
         cfg,
     });
     tokio::spawn(health::active_checks(state.clone()));
     tokio::spawn(events::watch_silent(std::sync::Arc::downgrade(&state)));
+    tokio::spawn(scrape::scrape_loop(Arc::downgrade(&state)));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }

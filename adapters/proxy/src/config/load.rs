@@ -69,6 +69,9 @@ impl ProxyConfig {
         if self.limits.connection_buffer_bytes_max < 8192 {
             return invalid("limits.connection_buffer_bytes_max".into(), "must be at least 8192".into());
         }
+        if let Err((key, message)) = self.learn.check() {
+            return invalid(key.into(), message);
+        }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
         }
@@ -193,6 +196,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.prefill_load_scale = r.prefill_load_scale;
     rc.cost.active_request_weight = r.active_request_weight;
     rc.cost.temperature = r.temperature;
+    rc.learn = cfg.learn.core();
     rc.queue.order = r.queue_order.0;
     rc.queue.queued_max = r.queued_max;
     rc.queue.queue_timeout_ms = r.queue_timeout_ms;

@@ -13,6 +13,7 @@ mod fault_shutdown;
 mod fault_slow;
 mod fault_workers;
 mod fleet;
+mod learn;
 mod limits;
 mod openai_client;
 mod release;
