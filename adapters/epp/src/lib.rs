@@ -139,6 +139,12 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     if let Some(l) = health_listener {
         tokio::spawn(service::run_health(l, health_service.clone(), shutdown_rx.clone()));
     }
+    let scraper = kvroute_proxy::scrape::Scraper {
+        cfg: shared.cfg.proxy.learn.clone(),
+        client: kvroute_proxy::upstream::client(&shared.cfg.proxy.limits),
+        stats: Default::default(),
+    };
+    tokio::spawn(kvroute_proxy::scrape::scrape_loop(scraper, Arc::downgrade(&shared.fleet), shutdown_rx.clone()));
     let task = tokio::spawn(service::run(server, listener, shared.clone(), health_service, shutdown_rx));
     Ok(EppHandle { local_addr, shared, shutdown, task })
 }

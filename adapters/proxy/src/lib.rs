@@ -125,14 +125,16 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         shutdown: shutdown_rx.clone(),
         subs: tokio::sync::Mutex::new(subs),
         replica,
-        scrapes: scrape::ScrapeStats::default(),
+        scrapes: Arc::default(),
         fleet,
         tokenizers,
         cfg,
     });
     tokio::spawn(health::active_checks(state.clone()));
     tokio::spawn(events::watch_silent(std::sync::Arc::downgrade(&state)));
-    tokio::spawn(scrape::scrape_loop(Arc::downgrade(&state)));
+    let scraper =
+        scrape::Scraper { cfg: state.cfg.learn.clone(), client: state.client.clone(), stats: state.scrapes.clone() };
+    tokio::spawn(scrape::scrape_loop(scraper, Arc::downgrade(&state.fleet), shutdown_rx.clone()));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }

@@ -23,8 +23,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use router_core::learn::EngineLoad;
 use router_core::WorkerKey;
 
+use tokio::sync::watch;
+
 use crate::config::WorkerConfig;
-use crate::state::State;
+use crate::fleet::Fleet;
+use crate::learn::LearnSection;
+use crate::upstream::UpstreamClient;
 
 const WAITING: &str = "vllm:num_requests_waiting";
 const RUNNING: &str = "vllm:num_requests_running";
@@ -148,30 +152,42 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
-/// Scrapes every worker each interval until shutdown or until the proxy is gone.
-pub async fn scrape_loop(state: Weak<State>) {
-    let Some(interval) = state.upgrade().and_then(|s| s.cfg.learn.scrape_interval()) else { return };
+/// What the scrape task needs: the settings, a client, the fleet and the counters.
+#[derive(Clone)]
+pub struct Scraper {
+    /// The `[learn]` settings.
+    pub cfg: LearnSection,
+    /// The HTTP client to workers.
+    pub client: UpstreamClient,
+    /// The counters it bumps.
+    pub stats: Arc<ScrapeStats>,
+}
+
+/// Scrapes every worker of `fleet` each interval until `shutdown` turns true or the
+/// fleet is gone. Returns at once when scraping is off.
+pub async fn scrape_loop(s: Scraper, fleet: Weak<Fleet>, mut shutdown: watch::Receiver<bool>) {
+    let Some(interval) = s.cfg.scrape_interval() else { return };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        let Some(state) = state.upgrade() else { return };
-        if state.shutting_down() {
-            return;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
         }
+        let Some(fleet) = fleet.upgrade() else { return };
         let mut scrapes = tokio::task::JoinSet::new();
-        for w in state.fleet.workers() {
-            let state = state.clone();
-            scrapes.spawn(async move { scrape_one(&state, &w).await });
+        for w in fleet.workers() {
+            let (s, fleet) = (s.clone(), fleet.clone());
+            scrapes.spawn(async move { scrape_one(&s, &fleet, &w).await });
         }
         while scrapes.join_next().await.is_some() {}
     }
 }
 
 /// One scrape of `w`, fed to its pool's router; failures are counted.
-async fn scrape_one(state: &Arc<State>, w: &WorkerConfig) {
-    let stats = &state.scrapes;
-    let loads = match fetch(state, w).await.and_then(|page| parse(&page, w.dp_ranks)) {
+async fn scrape_one(s: &Scraper, fleet: &Fleet, w: &WorkerConfig) {
+    let stats = &s.stats;
+    let loads = match fetch(s, w).await.and_then(|page| parse(&page, w.dp_ranks)) {
         Ok(l) => l,
         Err(e) => {
             stats.dropped.fetch_add(1, Ordering::Relaxed);
@@ -179,20 +195,20 @@ async fn scrape_one(state: &Arc<State>, w: &WorkerConfig) {
             return;
         }
     };
-    let Some(pool) = state.fleet.pool(&w.model) else { return };
+    let Some(pool) = fleet.pool(&w.model) else { return };
     for (rank, load) in loads {
         let _ = pool.driver.engine_load(WorkerKey::new(w.id, rank), load);
     }
     stats.ok.fetch_add(1, Ordering::Relaxed);
 }
 
-async fn fetch(state: &State, w: &WorkerConfig) -> Result<Bytes, ScrapeError> {
-    let cfg = &state.cfg.learn;
+async fn fetch(s: &Scraper, w: &WorkerConfig) -> Result<Bytes, ScrapeError> {
+    let cfg = &s.cfg;
     let uri = w.url.join(&cfg.metrics_path).map_err(|_| ScrapeError::Unreachable)?;
     let req = http::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| ScrapeError::Unreachable)?;
     let timeout = std::time::Duration::from_millis(cfg.scrape_timeout_ms);
     let read = async {
-        let resp = state.client.request(req).await.map_err(|_| ScrapeError::Unreachable)?;
+        let resp = s.client.request(req).await.map_err(|_| ScrapeError::Unreachable)?;
         if !resp.status().is_success() {
             return Err(ScrapeError::Status(resp.status().as_u16()));
         }

@@ -45,7 +45,7 @@ pub struct State {
     /// The link to peer replicas, when `[replica]` is configured.
     pub replica: Option<Arc<kvroute_replica::ReplicaHandle>>,
     /// Engine-metrics scrape counters.
-    pub scrapes: crate::scrape::ScrapeStats,
+    pub scrapes: Arc<crate::scrape::ScrapeStats>,
 }
 
 impl State {

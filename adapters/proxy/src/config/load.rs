@@ -304,6 +304,22 @@ mod tests {
         let cfg = ProxyConfig::from_toml_str(include_str!("../../kvroute.example.toml")).unwrap();
         assert!(!cfg.models.is_empty() && !cfg.workers.is_empty());
         assert_eq!(cfg.limits.body_bytes_max, 8 << 20);
+        assert_eq!(cfg.learn, crate::learn::LearnSection::default(), "the example lists the defaults");
+    }
+
+    #[test]
+    fn learn_settings_reach_the_router_and_are_checked() {
+        let cfg = ProxyConfig::from_toml_str(&format!(
+            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\n",
+            "[[models]]\nname = \"m\"\n"
+        ))
+        .unwrap();
+        let learn = router_config(&cfg, &cfg.models[0], 0).learn;
+        assert_eq!((learn.costs, learn.engine_load, learn.samples_min, learn.half_life_ms), (true, false, 3, 5));
+        for bad in ["engine_load = true", "outlier_ratio_max = 0.5", "metrics_path = \"metrics\""] {
+            let e = ProxyConfig::from_toml_str(&format!("[learn]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("learn."), "{bad}: {e}");
+        }
     }
 
     #[test]
