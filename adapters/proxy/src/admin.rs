@@ -114,7 +114,6 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                         "active_decode_blocks": k.load.active_decode_blocks,
                         "active_requests": k.load.active_requests,
                         "index_entries": k.index_entries,
-                        "learned": crate::learn::learned_json(p.driver.learned(k.key)),
                         "fleet": {
                             "active_prefill_tokens": k.fleet_load.active_prefill_tokens,
                             "active_decode_blocks": k.fleet_load.active_decode_blocks,
@@ -133,6 +132,8 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "publishes_events": w.publishes_events,
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
+                // Apart from `ranks`, which says what the worker holds: this grows with traffic.
+                "learned": w.keys.iter().map(|k| crate::learn::learned_json(p.driver.learned(k.key))).collect::<Vec<_>>(),
             }));
         }
         pools.push(json!({

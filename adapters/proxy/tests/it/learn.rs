@@ -26,7 +26,7 @@ fn completion(first: u32) -> Value {
 async fn learned(addr: std::net::SocketAddr, id: u64) -> Value {
     let listed = get(addr, "/workers").await.json();
     let w = listed["workers"].as_array().unwrap().iter().find(|w| w["id"] == id).cloned().unwrap();
-    w["ranks"][0]["learned"].clone()
+    w["learned"][0].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
