@@ -7,7 +7,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
-mod dispatch;
 mod epp;
 mod live;
 mod load;
@@ -84,7 +83,14 @@ fn sim_worker(a: kvroute_sim_server::SimWorkerArgs) -> Result<(), String> {
     };
     let cfg = a.into_config(tokenizer).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    rt.block_on(kvroute_sim_server::run(cfg)).map_err(|e| e.to_string())
+    rt.block_on(async move {
+        let w = kvroute_sim_server::spawn(cfg).await.map_err(|e| e.to_string())?;
+        // The bound addresses, so that port 0 (a free port) is usable.
+        eprintln!("kvroute sim-worker: serving http://{} with KV events on {}", w.http_addr(), w.events_endpoint());
+        serve::shutdown_signal().await;
+        w.shutdown().await;
+        Ok(())
+    })
 }
 
 fn main() -> ExitCode {

@@ -8,16 +8,18 @@ use std::time::Instant as WallClock;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use kvroute_sim::bound::fleet_lru_ttft_bound;
 use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
 use kvroute_sim::engine::{EngineConfig, EngineRole};
 use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
+use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
+use kvroute_sim_server::EngineArgs;
 use router_core::hash::BlockSize;
 use router_core::router::RouterConfig;
 use router_core::select::{KvCostModel, RouterMode};
 
-use crate::dispatch::{CoreDispatcher, Fleet};
 use crate::replay_learn::LearnArgs;
 use crate::report::{LoadPoint, RunReport};
 
@@ -61,7 +63,8 @@ pub struct ReplayArgs {
     /// Disaggregated fleet: uncached prompts shorter than this run aggregated on a decode worker.
     #[arg(long, default_value_t = 2_048, value_name = "TOKENS")]
     pub disagg_isl_min_tokens: u32,
-    /// Routing policy: kv, round-robin, random, power-of-two or least-loaded.
+    /// Routing policy: kv, round-robin, random, power-of-two, least-loaded or weighted (every
+    /// worker weighs 1). Not direct: a trace names no workers.
     #[arg(long, default_value = "kv")]
     pub policy: Policy,
     /// Run several policies on the same trace and print them side by side, e.g. kv,round-robin.
@@ -73,18 +76,9 @@ pub struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
-    /// Tokens per KV block (a power of two up to 1024).
-    #[arg(long, default_value_t = 64)]
-    pub block_size: u32,
-    /// KV capacity of each worker, in blocks.
-    #[arg(long, default_value_t = 16_384)]
-    pub blocks_per_worker: u32,
-    /// Token budget of one forward pass.
-    #[arg(long, default_value_t = 8_192)]
-    pub max_batched_tokens: u32,
-    /// Most requests running at once on a worker.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: u32,
+    /// The simulated engines' shape (the same flags and defaults as `sim-worker`).
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Delay before the router sees a worker's KV event, in milliseconds.
     #[arg(long, default_value_t = 0.0)]
     pub kv_event_lag_ms: f64,
@@ -115,7 +109,7 @@ pub struct ReplayArgs {
     /// Print exactly one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Draw TTFT CDFs and per-worker load over time to an SVG file.
+    /// Draw TTFT CDFs, load imbalance over time and a worker x time load heatmap to an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// Heterogeneous fleets and cost learning.
@@ -131,16 +125,21 @@ impl FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s.parse::<RouterMode>() {
-            Ok(
-                m @ (RouterMode::Kv
-                | RouterMode::RoundRobin
-                | RouterMode::Random
-                | RouterMode::PowerOfTwo
-                | RouterMode::LeastLoaded),
-            ) => Ok(Policy(m)),
-            _ => Err(format!("unknown policy {s:?}; expected kv, round-robin, random, power-of-two or least-loaded")),
+            Ok(RouterMode::Direct) => Err(format!("{DIRECT_IN_REPLAY} {}", replay_modes())),
+            Ok(m) => Ok(Policy(m)),
+            Err(_) => Err(format!("unknown policy {s:?}; expected one of {}", replay_modes())),
         }
     }
+}
+
+/// Why `direct` cannot be replayed.
+const DIRECT_IN_REPLAY: &str = "policy \"direct\" sends each request to the worker its caller names \
+    (x-worker-id); a trace names no workers, so a replay cannot use it. Expected one of";
+
+/// The modes a replay accepts: every serve mode but `direct`.
+fn replay_modes() -> String {
+    let modes: Vec<&str> = RouterMode::ALL.iter().filter(|&&m| m != RouterMode::Direct).map(|m| m.as_str()).collect();
+    modes.join(", ")
 }
 
 impl fmt::Display for Policy {
@@ -204,7 +203,7 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     let opts = LoadOptions {
         speedup: a.speedup,
         requests_max: a.requests,
-        block_size: a.block_size,
+        block_size: a.engine.block_size,
         ..LoadOptions::default()
     };
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
@@ -213,7 +212,7 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
 /// The router configuration for one policy.
 pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, String> {
     let mut cfg = RouterConfig { mode: policy.0, approximate: a.no_kv_events, ..RouterConfig::default() };
-    cfg.block_size = BlockSize::new(a.block_size).map_err(|e| e.to_string())?;
+    cfg.block_size = BlockSize::new(a.engine.block_size).map_err(|e| e.to_string())?;
     let c = &mut cfg.cost;
     c.prefill_load_scale = a.prefill_load_scale.unwrap_or(c.prefill_load_scale);
     c.overlap_credit = a.overlap_credit.unwrap_or(c.overlap_credit);
@@ -227,7 +226,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;
-    cfg.approx.blocks_max_per_worker = a.blocks_per_worker;
+    cfg.approx.blocks_max_per_worker = a.engine.blocks_per_worker;
     cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
     cfg.learn = a.learn.config();
     Ok(cfg)
@@ -240,13 +239,7 @@ pub fn run_policy(
     reqs: &[SimRequest],
     progress: &ProgressBar,
 ) -> Result<RunReport, String> {
-    let engine = EngineConfig {
-        blocks_per_worker: a.blocks_per_worker,
-        block_size: a.block_size,
-        max_batched_tokens: a.max_batched_tokens,
-        max_num_seqs: a.max_num_seqs,
-        ..EngineConfig::default()
-    };
+    let engine = a.engine.apply(EngineConfig::default());
     let (workers, prefill_workers) = fleet_shape(a);
     let roles = match prefill_workers {
         0 => Vec::new(),
@@ -255,15 +248,19 @@ pub fn run_policy(
     let speeds = a.learn.speeds()?;
     let rcfg =
         ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, speeds, ..ReplayConfig::default() };
-    let fleet =
-        Fleet { workers, prefill_workers, kv_blocks: a.blocks_per_worker, max_batched_tokens: a.max_batched_tokens };
+    let fleet = Fleet {
+        workers,
+        prefill_workers,
+        kv_blocks: a.engine.blocks_per_worker,
+        max_batched_tokens: a.engine.max_batched_tokens,
+    };
     let mut core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
     core.observe(a.learn.observing());
     let mut d = Observed {
         inner: core,
         progress,
         loads: Vec::new(),
-        last_sample_ms: vec![f64::NEG_INFINITY; a.workers as usize],
+        last_sample_ms: vec![f64::NEG_INFINITY; workers as usize],
     };
     progress.set_message(policy.to_string());
     progress.set_position(0);
@@ -340,7 +337,8 @@ pub fn progress_bar(total: usize) -> ProgressBar {
     pb
 }
 
-/// Runs every policy over `reqs` with a progress bar, and fills in the cache ceilings.
+/// Runs every policy over `reqs` with a progress bar, and fills in the bounds: the
+/// cache ceilings and the TTFT lower bound.
 pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Result<Vec<RunReport>, String> {
     let pb = progress_bar(reqs.len());
     let mut runs = Vec::new();
@@ -348,12 +346,12 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
         runs.push(run_policy(a, p, reqs, &pb)?);
     }
     pb.finish_and_clear();
-    let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.blocks_per_worker);
+    let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.engine.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);
+    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.engine.max_batched_tokens);
     for r in &mut runs {
-        r.pooled_reuse_ratio = pooled;
-        r.infinite_reuse_ratio = infinite;
+        r.set_bounds(pooled, infinite, &ttft);
     }
     Ok(runs)
 }
@@ -387,4 +385,29 @@ pub fn run(a: &ReplayArgs) -> Result<(), String> {
         crate::report::print_table(&runs);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(name: &str, want: Result<RouterMode, &str>) {
+        match (name.parse::<Policy>(), want) {
+            (Ok(p), Ok(m)) => assert_eq!(p.0, m, "{name}"),
+            (Err(e), Err(part)) => assert!(e.contains(part), "{name}: {e:?} lacks {part:?}"),
+            (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_accepts_every_serve_mode_but_direct() {
+        for m in RouterMode::ALL.into_iter().filter(|&m| m != RouterMode::Direct) {
+            check(m.as_str(), Ok(m));
+        }
+        check("weighted", Ok(RouterMode::Weighted));
+        check("direct", Err("a trace names no workers"));
+        check("direct", Err("weighted"));
+        check("fastest", Err("unknown policy \"fastest\"; expected one of random, round-robin"));
+    }
 }

@@ -36,6 +36,22 @@ pub struct Short {
     pub p99: f64,
 }
 
+/// The fleet-LRU lower bound on TTFT (see `kvroute_sim::bound`), ms.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Bound {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// How far a run falls short of the bounds: reuse below the pooled ceiling, TTFT above
+/// the fleet-LRU lower bound.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Regret {
+    pub reuse: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+}
+
 /// One per-worker load sample, for plots.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadPoint {
@@ -62,6 +78,10 @@ pub struct RunReport {
     pub prefix_reuse_ratio: f64,
     pub pooled_reuse_ratio: f64,
     pub infinite_reuse_ratio: f64,
+    /// TTFT if every request ran alone on an idle worker of one fleet-sized LRU cache.
+    pub ttft_lower_bound_ms: Bound,
+    /// Gaps to the pooled reuse ceiling and the TTFT lower bound.
+    pub regret: Regret,
     pub ttft_ms: Ttft,
     pub itl_ms: Short,
     pub e2e_ms: Short,
@@ -121,6 +141,8 @@ impl RunReport {
             prefix_reuse_ratio: round(s.prefix_reuse_ratio, 6),
             pooled_reuse_ratio: 0.0,
             infinite_reuse_ratio: 0.0,
+            ttft_lower_bound_ms: Bound::default(),
+            regret: Regret::default(),
             ttft_ms: ttft(&s.ttft_ms),
             itl_ms: short(&s.itl_ms),
             e2e_ms: short(&s.e2e_ms),
@@ -132,6 +154,18 @@ impl RunReport {
             ttft_samples_ms: rep.records.iter().filter_map(|r| r.ttft_ms()).collect(),
             loads,
         }
+    }
+
+    /// Records the bounds every run of one workload shares, and the run's gap to them.
+    pub fn set_bounds(&mut self, pooled: f64, infinite: f64, ttft: &Dist) {
+        self.pooled_reuse_ratio = pooled;
+        self.infinite_reuse_ratio = infinite;
+        self.ttft_lower_bound_ms = Bound { p50: round(ttft.p50, 3), p99: round(ttft.p99, 3) };
+        self.regret = Regret {
+            reuse: round(pooled - self.prefix_reuse_ratio, 6),
+            ttft_p50_ms: round(self.ttft_ms.p50 - self.ttft_lower_bound_ms.p50, 3),
+            ttft_p99_ms: round(self.ttft_ms.p99 - self.ttft_lower_bound_ms.p99, 3),
+        };
     }
 }
 
@@ -174,6 +208,7 @@ pub fn print_table(runs: &[RunReport]) {
             r.wall_s
         );
     }
+    print_regret(runs);
     if let Some(base) = runs.iter().find(|r| r.policy == "round-robin") {
         for r in runs.iter().filter(|r| r.policy != "round-robin") {
             println!(
@@ -184,6 +219,21 @@ pub fn print_table(runs: &[RunReport]) {
                 ratio(r.ttft_ms.p99, base.ttft_ms.p99)
             );
         }
+    }
+}
+
+/// Each run's distance from the bounds no router can beat on this fleet.
+fn print_regret(runs: &[RunReport]) {
+    let Some(first) = runs.first() else { return };
+    let b = first.ttft_lower_bound_ms;
+    println!(
+        "\nregret against the bounds: pooled LRU reuse {:.3}; fleet-LRU TTFT p50 {:.1}, p99 {:.1} ms",
+        first.pooled_reuse_ratio, b.p50, b.p99
+    );
+    println!("{:<14} {:>10} {:>14} {:>14}", "policy", "reuse gap", "TTFT p50 +ms", "TTFT p99 +ms");
+    for r in runs {
+        let g = r.regret;
+        println!("{:<14} {:>10.3} {:>14.1} {:>14.1}", r.policy, g.reuse, g.ttft_p50_ms, g.ttft_p99_ms);
     }
 }
 

@@ -62,15 +62,41 @@ pub fn config_with_flags(
     ProxyConfig::from_toml_with_overrides(text, &pairs).map_err(|e| format!("{origin}: {e}"))
 }
 
-/// Loads every model's tokenizer named in the config.
+/// Loads every model's tokenizer named in the config, each from a local folder, and
+/// warns about models whose workers publish KV events that cannot match without one.
 pub fn load_tokenizers(cfg: &ProxyConfig) -> Result<Tokenizers, String> {
     let mut t = Tokenizers::new();
     for m in &cfg.models {
         if let Some(dir) = &m.tokenizer {
-            t.insert(m.name.clone(), Arc::new(HfTokenizer::load(std::path::Path::new(dir))?));
+            t.insert(m.name.clone(), Arc::new(HfTokenizer::load(&tokenizer_dir(&m.name, dir)?)?));
         }
     }
+    for model in kvroute_proxy::tokenizer_missing(cfg) {
+        eprintln!("kvroute: warning: {}", kvroute_proxy::tokenizer_missing_warning(&model));
+    }
     Ok(t)
+}
+
+/// `dir` as a tokenizer folder that exists. kvroute downloads nothing: a value that is
+/// not a folder, such as a Hugging Face hub id, is an error that says what to do.
+fn tokenizer_dir(model: &str, dir: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(dir);
+    if path.is_dir() {
+        return Ok(path);
+    }
+    let hub_like = !dir.starts_with(['/', '.', '~']) && dir.split('/').count() == 2 && !dir.contains('\\');
+    if hub_like {
+        return Err(format!(
+            "model {model:?}: tokenizer = {dir:?} looks like a Hugging Face hub id, but `tokenizer` takes a local \
+             folder (kvroute downloads nothing): download the model's tokenizer.json and tokenizer_config.json \
+             into a folder (for example `hf download {dir} tokenizer.json tokenizer_config.json --local-dir \
+             DIR`) and set tokenizer = \"DIR\""
+        ));
+    }
+    Err(format!(
+        "model {model:?}: tokenizer = {dir:?} is not a folder; point it at a local folder holding the model's \
+         tokenizer.json and tokenizer_config.json"
+    ))
 }
 
 /// `kvroute serve`.

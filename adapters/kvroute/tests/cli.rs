@@ -52,6 +52,35 @@ fn replay_json_has_the_documented_keys_and_is_deterministic() {
 }
 
 #[test]
+fn weighted_replays_and_every_run_reports_its_regret() {
+    let out = json(&kvroute(&[
+        "replay",
+        "--bundled",
+        "--requests",
+        "200",
+        "--workers",
+        "4",
+        "--policy",
+        "weighted",
+        "--json",
+    ]));
+    assert_eq!(out["policy"], "weighted");
+    assert_eq!(out["completed"], 200, "{out}");
+    let bound = &out["ttft_lower_bound_ms"];
+    let (b50, b99) = (bound["p50"].as_f64().unwrap(), bound["p99"].as_f64().unwrap());
+    assert!(0.0 < b50 && b50 <= b99, "{bound}");
+    // No router beats the bound: a replay's TTFT is at least the bound's at each percentile.
+    let regret = &out["regret"];
+    for (p, key) in [("p50", "ttft_p50_ms"), ("p99", "ttft_p99_ms")] {
+        let got = out["ttft_ms"][p].as_f64().unwrap() - bound[p].as_f64().unwrap();
+        assert!((regret[key].as_f64().unwrap() - got).abs() < 1e-6, "{key}: {regret}");
+        assert!(got >= 0.0, "{p} below its lower bound: {out}");
+    }
+    let reuse_gap = out["pooled_reuse_ratio"].as_f64().unwrap() - out["prefix_reuse_ratio"].as_f64().unwrap();
+    assert!((regret["reuse"].as_f64().unwrap() - reuse_gap).abs() < 1e-6, "{regret}");
+}
+
+#[test]
 fn compare_prints_each_policy() {
     let out = json(&kvroute(&[
         "replay",
@@ -139,6 +168,7 @@ fn bad_input_gets_a_clear_error() {
     check_error(&["replay"], "choose a workload");
     check_error(&["replay", "--trace", "no/such/trace.jsonl"], "cannot open trace no/such/trace.jsonl");
     check_error(&["replay", "--bundled", "--policy", "fastest"], "unknown policy");
+    check_error(&["replay", "--bundled", "--policy", "direct"], "a trace names no workers");
     check_error(&["replay", "--bundled", "--block-size", "48"], "block size 48");
     check_error(&["replay", "--bundled", "--speedup", "0"], "--speedup must be a positive number");
     check_error(&["replay", "--bundled", "--workers", "0"], "--workers must be at least 1");

@@ -101,6 +101,9 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
     let mut pools = Vec::new();
     for p in state.fleet.pools() {
         let s = p.driver.snapshot();
+        // Without a tokenizer, a worker's KV events match the router's fallback tokens
+        // only if it tokenizes the same way (a sim-worker does, a real engine does not).
+        let no_tokenizer = state.cfg.models.iter().any(|m| m.name == p.name && m.tokenizer.is_none());
         for w in &s.workers {
             let id = w.spec.id.0;
             let cfg = state.fleet.worker(id);
@@ -130,6 +133,7 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "health": w.health.as_str(),
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
+                "tokenizer_missing": no_tokenizer && cfg.as_ref().is_some_and(|c| c.kv_events.is_some()),
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
                 // Apart from `ranks`, which says what the worker holds: this grows with traffic.
@@ -138,6 +142,7 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
         }
         pools.push(json!({
             "model": p.name,
+            "tokenizer": !no_tokenizer,
             "queue_depth": s.queue_depth,
             "requests_in_flight": s.requests_in_flight,
             "waiters": s.driver.waiters,

@@ -361,8 +361,10 @@ pub struct ModelConfig {
     /// hashes its prompt salted by the adapter's name.
     #[serde(default)]
     pub lora_adapters: Vec<String>,
-    /// Where the binary loads this model's tokenizer from; the proxy itself only
-    /// passes it on. Without one, routing hashes the prompt's bytes.
+    /// Where the binary loads this model's tokenizer from: a local folder with
+    /// `tokenizer.json` and `tokenizer_config.json` (nothing is downloaded). Without one,
+    /// routing hashes the prompt's bytes, which a real engine's KV events never match, so
+    /// the model's router predicts caches from its own decisions instead.
     #[serde(default)]
     pub tokenizer: Option<String>,
     /// Disaggregated serving: how a request is split between a prefill and a decode

@@ -58,7 +58,7 @@ pub use config::{ConfigError, ProxyConfig, WorkerConfig};
 pub use error::{ApiError, ProxyError};
 pub use fleet::FleetError;
 pub use server::ShutdownReport;
-pub use tokenize::{Tokenize, TokenizeError, Tokenizers};
+pub use tokenize::{tokenizer_missing, tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
 
 use crate::fleet::Fleet;
 use crate::health::Outliers;
@@ -110,6 +110,11 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
     };
     let mut metrics = Metrics::new(fleet.clone());
+    let missing = tokenize::tokenizer_missing(&cfg);
+    for model in &missing {
+        tracing::warn!("{}", tokenize::tokenizer_missing_warning(model));
+    }
+    metrics.register_tokenizer_missing(cfg.models.iter().map(|m| m.name.as_str()), &missing);
     if let Some(r) = &replica {
         metrics.register_replica(r.clone(), fleet.clone());
     }

@@ -242,6 +242,25 @@ impl Metrics {
         self.registry.register_collector(Box::new(ReplicaCollector { replica, fleet }));
     }
 
+    /// Adds `kvroute_tokenizer_missing{model}`: 1 for each model in `missing` (no
+    /// tokenizer while its workers publish KV events that cannot match), 0 for the rest
+    /// of `models`.
+    pub fn register_tokenizer_missing<'a>(
+        &mut self,
+        models: impl IntoIterator<Item = &'a str>,
+        missing: &std::collections::BTreeSet<String>,
+    ) {
+        let family = Family::<ModelLabels, prometheus_client::metrics::gauge::Gauge>::default();
+        for m in models {
+            family.get_or_create(&ModelLabels { model: m.to_string() }).set(i64::from(missing.contains(m)));
+        }
+        self.registry.register(
+            "kvroute_tokenizer_missing",
+            "1 if the model has no tokenizer while its workers publish KV events, so it routes on predictions",
+            family,
+        );
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();

@@ -2,18 +2,21 @@
 //! implements with a real tokenizer and chat template, and the fallback used for models
 //! without one.
 //!
-//! The fallback packs the UTF-8 bytes of a canonical rendering of the prompt into `u32`
-//! "tokens", four bytes each, so a block of 64 such tokens covers 256 bytes (about the
-//! text of 64 real tokens) and prefix sharing between requests is preserved: tools
-//! first, then every message in order, each rendered as JSON with sorted keys and ended
-//! by a newline. Appending a message keeps every earlier block's hash. Workers never see
-//! these ids; only the router's cache estimate is approximate.
+//! The fallback ([`fallback_text`], [`fallback_chat`], from `kvroute-tokenize`) packs the
+//! UTF-8 bytes of a canonical rendering of the prompt four to a `u32` "token", so prefix
+//! sharing between requests is preserved. `kvroute sim-worker` tokenizes the same way by
+//! default, so its KV events match these ids; a real engine's never do, and the router
+//! then predicts overlap from its own decisions (see `router_core::router::RouterConfig`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
+
+use crate::config::ProxyConfig;
+
+pub use kvroute_tokenize::fallback::{fallback_chat, fallback_text, write_canonical};
 
 /// A model's tokenizer. Called on the proxy's threads (or a blocking thread for large
 /// prompts); implementations should be fast and must not block on I/O.
@@ -66,112 +69,28 @@ impl fmt::Debug for Tokenizers {
     }
 }
 
-/// The fallback tokens of a chat body: canonical tools, then each message. Linear in
-/// the body's size.
-pub fn fallback_chat(body: &Value) -> Vec<u32> {
-    let mut out = Vec::new();
-    if let Some(tools) = body.get("tools") {
-        write_canonical(tools, &mut out);
-        out.push(b'\n');
-    }
-    if let Some(Value::Array(messages)) = body.get("messages") {
-        for m in messages {
-            write_canonical(m, &mut out);
-            out.push(b'\n');
-        }
-    }
-    pack_bytes(&out)
+/// Models that have no `tokenizer` but workers configured with `kv_events`: their
+/// events match the router's fallback tokens only if the workers tokenize the same way
+/// (`kvroute sim-worker` does by default; a real engine never does), so the router
+/// predicts their caches from its own decisions (`RequestTokens::Estimated`). Read from
+/// the configuration as given at startup.
+pub fn tokenizer_missing(cfg: &ProxyConfig) -> BTreeSet<String> {
+    cfg.models
+        .iter()
+        .filter(|m| m.tokenizer.is_none())
+        .filter(|m| cfg.workers.iter().any(|w| w.model == m.name && w.kv_events.is_some()))
+        .map(|m| m.name.clone())
+        .collect()
 }
 
-/// The fallback tokens of a text prompt.
-pub fn fallback_text(text: &str) -> Vec<u32> {
-    pack_bytes(text.as_bytes())
-}
-
-/// Four bytes per token, little-endian, the last one zero-padded.
-fn pack_bytes(bytes: &[u8]) -> Vec<u32> {
-    let words = bytes.chunks_exact(4);
-    let tail = words.remainder();
-    let mut out: Vec<u32> = Vec::with_capacity(bytes.len().div_ceil(4));
-    // Whole words convert without a copy call per token.
-    out.extend(words.map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
-    if !tail.is_empty() {
-        let mut b = [0u8; 4];
-        b[..tail.len()].copy_from_slice(tail);
-        out.push(u32::from_le_bytes(b));
-    }
-    out
-}
-
-/// JSON with object keys sorted at every level, whatever order the input had.
-pub fn write_canonical(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                // Writing into a Vec cannot fail.
-                let _ = serde_json::to_writer(&mut *out, k.as_str());
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(b']');
-        }
-        scalar => {
-            let _ = serde_json::to_writer(&mut *out, scalar);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn canonical_rendering_ignores_key_order() {
-        let a: Value = serde_json::from_str(r#"{"role":"user","content":"hi","x":{"b":1,"a":[2]}}"#).unwrap();
-        let b: Value = serde_json::from_str(r#"{"x":{"a":[2],"b":1},"content":"hi","role":"user"}"#).unwrap();
-        assert_eq!(fallback_chat(&json!({"messages": [a]})), fallback_chat(&json!({"messages": [b]})));
-    }
-
-    #[test]
-    fn appending_a_message_keeps_the_prefix() {
-        let m1 = json!({"role": "system", "content": "x".repeat(600)});
-        let m2 = json!({"role": "user", "content": "hello"});
-        let one = fallback_chat(&json!({"messages": [m1.clone()]}));
-        let two = fallback_chat(&json!({"messages": [m1, m2]}));
-        let whole = one.len() - 1; // the last token may be zero-padded
-        assert_eq!(one[..whole], two[..whole]);
-        assert!(two.len() > one.len());
-    }
-
-    #[test]
-    fn tools_count_and_change_the_tokens() {
-        let msgs = json!([{"role": "user", "content": "hi"}]);
-        let plain = fallback_chat(&json!({"messages": msgs}));
-        let tooled = fallback_chat(&json!({"messages": msgs, "tools": [{"type": "function"}]}));
-        assert_ne!(plain, tooled);
-    }
-
-    #[test]
-    fn bytes_pack_four_to_a_token() {
-        assert_eq!(fallback_text("abcde"), vec![u32::from_le_bytes(*b"abcd"), u32::from(b'e')]);
-        assert!(fallback_text("").is_empty());
-    }
+/// The startup warning for a model in [`tokenizer_missing`].
+pub fn tokenizer_missing_warning(model: &str) -> String {
+    format!(
+        "model {model:?} has no `tokenizer` but its workers publish KV events: the router hashes \
+         prompts with its byte fallback, which matches those events only for workers that \
+         tokenize the same way (kvroute sim-worker does). With a real engine, set `tokenizer` \
+         under this model's [[models]] to a local folder holding the model's tokenizer.json and \
+         tokenizer_config.json. Until then this model routes on predictions from the router's \
+         own decisions."
+    )
 }

@@ -23,8 +23,9 @@ use crate::{PromptTokenizer, SimServerConfig, SimServerError};
 /// router's own chained block hashes. With --replay-port, a ROUTER socket resends missed
 /// batches (the last 10,000) from a requested sequence number.
 ///
-/// Prompts are tokenized one byte per token unless a tokenizer is loaded with
-/// --tokenizer; a router must tokenize the same way to see the same prefixes.
+/// Prompts are tokenized like kvroute's routing fallback (four bytes per token) unless
+/// a tokenizer is loaded with --tokenizer; a router must tokenize the same way to see
+/// the same prefixes.
 ///
 /// Examples:
 ///   kvroute sim-worker --port 8001 --events-port 5557
@@ -56,18 +57,9 @@ pub struct SimWorkerArgs {
     /// Run K times faster than the modelled GPU (every pass takes 1/K of its time).
     #[arg(long, default_value_t = 1.0, value_name = "K")]
     pub speedup: f64,
-    /// Tokens per KV block (a power of two up to 1024); the router must use the same.
-    #[arg(long, default_value_t = 64)]
-    pub block_size: u32,
-    /// KV cache capacity, in blocks.
-    #[arg(long, default_value_t = 16_384)]
-    pub blocks_per_worker: u32,
-    /// Token budget of one forward pass (chunked prefill splits longer prompts).
-    #[arg(long, default_value_t = 8_192)]
-    pub max_batched_tokens: u32,
-    /// Most requests decoding at once; more wait in the queue.
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: u32,
+    /// The engine's shape.
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Model name served on /v1/models and echoed in responses.
     #[arg(long, default_value = "kvroute-sim")]
     pub model: String,
@@ -100,6 +92,49 @@ pub struct SimWorkerArgs {
     /// How long a decode request waits for its bootstrap room, in milliseconds.
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
     pub bootstrap_timeout_ms: u64,
+}
+
+/// The simulated engine's shape, as `kvroute sim-worker` and `kvroute replay` both take
+/// it. The defaults are [`EngineConfig::default`]'s, so they live in one place.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct EngineArgs {
+    /// Tokens per KV block (a power of two up to 1024); the router must use the same.
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
+    pub block_size: u32,
+    /// KV cache capacity of each worker, in blocks.
+    #[arg(long, default_value_t = EngineConfig::default().blocks_per_worker)]
+    pub blocks_per_worker: u32,
+    /// Token budget of one forward pass (chunked prefill splits longer prompts).
+    #[arg(long, default_value_t = EngineConfig::default().max_batched_tokens)]
+    pub max_batched_tokens: u32,
+    /// Most requests running at once on a worker; more wait in its queue.
+    #[arg(long, default_value_t = EngineConfig::default().max_num_seqs)]
+    pub max_num_seqs: u32,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        EngineArgs {
+            block_size: e.block_size,
+            blocks_per_worker: e.blocks_per_worker,
+            max_batched_tokens: e.max_batched_tokens,
+            max_num_seqs: e.max_num_seqs,
+        }
+    }
+}
+
+impl EngineArgs {
+    /// `base` with this shape.
+    pub fn apply(&self, base: EngineConfig) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            blocks_per_worker: self.blocks_per_worker,
+            max_batched_tokens: self.max_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            ..base
+        }
+    }
 }
 
 /// A worker role as the command line spells it.
@@ -142,11 +177,7 @@ impl SimWorkerArgs {
             replay_port: self.replay_port,
             topic: self.topic,
             model: self.model,
-            engine: EngineConfig {
-                blocks_per_worker: self.blocks_per_worker,
-                block_size: self.block_size,
-                max_batched_tokens: self.max_batched_tokens,
-                max_num_seqs: self.max_num_seqs,
+            engine: self.engine.apply(EngineConfig {
                 speedup: self.speedup,
                 role: self.role.into(),
                 kv_transfer: KvTransfer {
@@ -154,7 +185,7 @@ impl SimWorkerArgs {
                     bandwidth_bytes_per_s: self.kv_bandwidth_gbps * 1e9,
                 },
                 ..EngineConfig::default()
-            },
+            }),
             dp_rank: self.dp_rank,
             max_tokens_default: self.default_max_tokens,
             bootstrap_port: self.bootstrap_port,
@@ -219,6 +250,13 @@ mod tests {
         let e = &cfg.engine;
         assert_eq!((e.block_size, e.blocks_per_worker, e.max_batched_tokens, e.max_num_seqs), (16, 64, 512, 4));
         assert_eq!((e.speedup, e.role), (100.0, EngineRole::Prefill));
+    }
+
+    #[test]
+    fn engine_defaults_are_the_engines_own() {
+        let cfg = parse(&[]).into_config(None).expect("defaults are valid");
+        assert_eq!(cfg.engine, EngineConfig::default());
+        assert_eq!(EngineArgs::default().apply(EngineConfig::default()), EngineConfig::default());
     }
 
     #[test]

@@ -57,10 +57,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-pub use args::{RoleArg, SimWorkerArgs};
+pub use args::{EngineArgs, RoleArg, SimWorkerArgs};
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};
-pub use tokenizer::{fallback_chat_tokens, fallback_text_tokens, FallbackTokenizer, PromptTokenizer, TokenizeError};
+pub use tokenizer::{fallback_chat, fallback_text, FallbackTokenizer, PromptTokenizer, TokenizeError};
 
 /// Everything one simulated worker needs; [`Default`] gives a loopback worker on
 /// ephemeral ports with the mocker's engine defaults.

@@ -1,16 +1,19 @@
 //! Prompt tokenization behind a small trait, and the built-in byte-level fallback.
 //!
-//! The simulated worker needs token ids only to hash prompts into KV blocks, so a router
-//! and the worker agree on prefixes exactly when they tokenize alike. Real tokenizers
-//! (Hugging Face `tokenizer.json` plus chat templates) plug in through
-//! [`PromptTokenizer`]; this module only ships the fallback, which maps each UTF-8 byte
-//! to one token id. The fallback is approximate (about four times more tokens than a
-//! BPE tokenizer, so more blocks per prompt): use `--tokenizer` for parity with a real
-//! model. A router that wants to match the fallback calls the same two public functions.
+//! The simulated worker needs token ids to hash prompts into KV blocks and to time
+//! prefill, so a router and the worker agree on prefixes exactly when they tokenize
+//! alike. Real tokenizers (Hugging Face `tokenizer.json` plus chat templates) plug in
+//! through [`PromptTokenizer`]; this module only ships the fallback, which is the
+//! router's own fallback (`kvroute_tokenize::fallback`: four UTF-8 bytes per token,
+//! about a BPE token's worth of text), so `kvroute serve` in front of simulated workers
+//! sees the blocks they cache for models without a tokenizer. Use `--tokenizer` for
+//! parity with a real model.
 
 use std::fmt;
 
 use serde_json::Value;
+
+pub use kvroute_tokenize::fallback::{fallback_chat, fallback_text};
 
 /// Why a prompt could not be tokenized.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,122 +49,23 @@ pub trait PromptTokenizer: Send + Sync + 'static {
     fn encode_chat(&self, body: &Value) -> Result<Vec<u32>, TokenizeError>;
 }
 
-/// The built-in tokenizer: one token per UTF-8 byte (approximate; use `--tokenizer`
-/// for parity with a real model).
+/// The built-in tokenizer: the router's fallback, [`fallback_text`] and
+/// [`fallback_chat`] (approximate; use `--tokenizer` for parity with a real model).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FallbackTokenizer;
 
 impl PromptTokenizer for FallbackTokenizer {
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        Ok(fallback_text_tokens(text))
+        Ok(fallback_text(text))
     }
 
     fn encode_chat(&self, body: &Value) -> Result<Vec<u32>, TokenizeError> {
         match body.get("messages") {
-            Some(Value::Array(m)) if !m.is_empty() => Ok(fallback_chat_tokens(body)),
+            Some(Value::Array(m)) if !m.is_empty() => Ok(fallback_chat(body)),
             Some(Value::Array(_)) => Err(TokenizeError::BadInput("`messages` is empty".into())),
             Some(_) => Err(TokenizeError::BadInput("`messages` must be an array".into())),
             None => Err(TokenizeError::BadInput("`messages` is required".into())),
         }
-    }
-}
-
-/// The fallback's ids for a text: each UTF-8 byte becomes the id of its value (0-255).
-pub fn fallback_text_tokens(text: &str) -> Vec<u32> {
-    text.bytes().map(u32::from).collect()
-}
-
-/// The fallback's ids for a chat body: [`fallback_text_tokens`] of a deterministic
-/// rendering of everything the model would see.
-///
-/// The rendering is, in order: `<|tools|>` and the `tools` array as canonical JSON (keys
-/// sorted, no spaces) if present and non-empty, then one line per message,
-/// `<|ROLE|>` followed by its content (a string as is; an array of parts as each text
-/// part's text, other parts as canonical JSON), then `<|tool_calls|>` and canonical JSON
-/// of `tool_calls`, and `<|name|>`/`<|tool_call_id|>` fields if present, ending in a
-/// newline; and finally `<|assistant|>` (the generation prompt). Anything that is not an
-/// object in `messages` is rendered as canonical JSON. Work is linear in the body size.
-pub fn fallback_chat_tokens(body: &Value) -> Vec<u32> {
-    fallback_text_tokens(&render_chat(body))
-}
-
-fn render_chat(body: &Value) -> String {
-    let mut out = String::new();
-    if let Some(tools) = body.get("tools").filter(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty())) {
-        out.push_str("<|tools|>");
-        canonical_json(tools, &mut out);
-        out.push('\n');
-    }
-    let empty = Vec::new();
-    let messages = body.get("messages").and_then(Value::as_array).unwrap_or(&empty);
-    for m in messages {
-        let Some(obj) = m.as_object() else {
-            canonical_json(m, &mut out);
-            out.push('\n');
-            continue;
-        };
-        out.push_str("<|");
-        out.push_str(obj.get("role").and_then(Value::as_str).unwrap_or("user"));
-        out.push_str("|>");
-        match obj.get("content") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) => out.push_str(s),
-            Some(Value::Array(parts)) => {
-                for p in parts {
-                    match p.get("text").and_then(Value::as_str) {
-                        Some(t) => out.push_str(t),
-                        None => canonical_json(p, &mut out),
-                    }
-                }
-            }
-            Some(other) => canonical_json(other, &mut out),
-        }
-        for key in ["tool_calls", "name", "tool_call_id"] {
-            if let Some(v) = obj.get(key).filter(|v| !v.is_null()) {
-                out.push_str("<|");
-                out.push_str(key);
-                out.push_str("|>");
-                match v {
-                    Value::String(s) => out.push_str(s),
-                    other => canonical_json(other, &mut out),
-                }
-            }
-        }
-        out.push('\n');
-    }
-    out.push_str("<|assistant|>");
-    out
-}
-
-/// JSON with object keys sorted and no whitespace, independent of how serde_json was
-/// built (its `preserve_order` feature changes map order).
-fn canonical_json(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                canonical_json(&map[k], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(item, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
     }
 }
 
@@ -170,48 +74,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[track_caller]
-    fn check_render(body: Value, want: &str) {
-        assert_eq!(render_chat(&body), want);
-        assert_eq!(fallback_chat_tokens(&body), fallback_text_tokens(want));
-    }
-
     #[test]
-    fn renders_every_part_of_a_chat() {
-        check_render(json!({"messages": [{"role": "user", "content": "hi"}]}), "<|user|>hi\n<|assistant|>");
-        check_render(
-            json!({"messages": [
-                {"role": "system", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]},
-                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
-                {"role": "tool", "content": "42", "tool_call_id": "c1"}
-            ], "tools": [{"type": "function", "function": {"name": "f"}}]}),
-            concat!(
-                "<|tools|>[{\"function\":{\"name\":\"f\"},\"type\":\"function\"}]\n",
-                "<|system|>be brief\n",
-                "<|user|>a{\"image_url\":{\"url\":\"u\"},\"type\":\"image_url\"}\n",
-                "<|assistant|><|tool_calls|>[{\"function\":{\"arguments\":\"{}\",\"name\":\"f\"},\"id\":\"c1\"}]\n",
-                "<|tool|>42<|tool_call_id|>c1\n",
-                "<|assistant|>"
-            ),
-        );
-        // Empty tools add nothing; odd message shapes still render deterministically.
-        check_render(json!({"messages": [7, {"content": 1}], "tools": []}), "7\n<|user|>1\n<|assistant|>");
-    }
-
-    #[test]
-    fn key_order_does_not_matter() {
-        let a: Value = serde_json::from_str(r#"{"messages":[{"role":"user","content":[{"type":"x","b":1,"a":2}]}]}"#)
-            .expect("valid json");
-        let b: Value = serde_json::from_str(r#"{"messages":[{"content":[{"a":2,"b":1,"type":"x"}],"role":"user"}]}"#)
-            .expect("valid json");
-        assert_eq!(fallback_chat_tokens(&a), fallback_chat_tokens(&b));
-    }
-
-    #[test]
-    fn text_is_bytes_and_chat_needs_messages() {
-        assert_eq!(fallback_text_tokens("aé"), vec![97, 0xc3, 0xa9]);
+    fn the_fallback_is_the_routers_and_chat_needs_messages() {
         let t = FallbackTokenizer;
+        assert_eq!(t.encode_text("abcde"), Ok(vec![u32::from_le_bytes(*b"abcd"), u32::from(b'e')]));
+        let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        assert_eq!(t.encode_chat(&body), Ok(fallback_chat(&body)));
         for body in [json!({}), json!({"messages": "x"}), json!({"messages": []})] {
             assert!(matches!(t.encode_chat(&body), Err(TokenizeError::BadInput(_))), "{body}");
         }

@@ -26,18 +26,30 @@ pub fn infinite_reuse_ratio(requests: &[SimRequest]) -> f64 {
 /// Cached prompt tokens ÷ all prompt tokens for a cache of `capacity_blocks` blocks
 /// (`None` = unbounded). Linear in the total number of prompt blocks.
 pub fn reuse_ratio(requests: &[SimRequest], capacity_blocks: Option<u64>, recompute_last_block: bool) -> f64 {
+    let cached: u64 =
+        cached_tokens(requests, capacity_blocks, recompute_last_block).iter().map(|&c| u64::from(c)).sum();
+    let total: u64 = requests.iter().map(|r| u64::from(r.prompt.len_tokens())).sum();
+    if total == 0 {
+        0.0
+    } else {
+        cached as f64 / total as f64
+    }
+}
+
+/// Prompt tokens each request finds cached in one LRU cache of `capacity_blocks` blocks
+/// (`None` = unbounded), in request order. Linear in the total number of prompt blocks.
+pub fn cached_tokens(requests: &[SimRequest], capacity_blocks: Option<u64>, recompute_last_block: bool) -> Vec<u32> {
     let cap = capacity_blocks.map_or(u32::MAX, |c| c.min(u64::from(u32::MAX)) as u32);
     let mut pool = Pool::new(cap, 0x6365_696c);
     let mut held: Vec<u32> = Vec::new();
-    let (mut cached, mut total) = (0u64, 0u64);
+    let mut out = Vec::with_capacity(requests.len());
     for r in requests {
         let blocks = r.prompt.blocks();
         let len = r.prompt.len_tokens();
         let bs = r.prompt.block_size().tokens();
         let max_hit = if recompute_last_block { (len.saturating_sub(1) / bs) as usize } else { blocks.len() };
         let hit = blocks.iter().take(max_hit).take_while(|b| pool.lookup(b.seq).is_some()).count();
-        cached += (hit as u64 * u64::from(bs)).min(u64::from(len));
-        total += u64::from(len);
+        out.push((hit as u64 * u64::from(bs)).min(u64::from(len)) as u32);
         held.clear();
         for b in blocks.iter() {
             let slot = match pool.lookup(b.seq) {
@@ -58,11 +70,7 @@ pub fn reuse_ratio(requests: &[SimRequest], capacity_blocks: Option<u64>, recomp
             pool.unpin(s);
         }
     }
-    if total == 0 {
-        0.0
-    } else {
-        cached as f64 / total as f64
-    }
+    out
 }
 
 #[cfg(test)]

@@ -8,16 +8,19 @@
 //! ITL, throughput and prefix reuse. It does no I/O of its own and reads no clock; the
 //! same inputs give byte-identical reports.
 //!
-//! What it leaves to others: the routing policy (a `Dispatcher` implementation, e.g.
-//! router-core's façade in another crate), file handling, and plotting.
+//! What it leaves to others: the routing policy, which stays in router-core ([`router`]
+//! only adapts router-core's façade to the [`replay::Dispatcher`] calls), file handling,
+//! and plotting.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bound;
 pub mod ceiling;
 pub mod engine;
 pub mod prompt;
 pub mod replay;
 pub mod rng;
+pub mod router;
 pub mod stats;
 pub mod synth;
 pub mod trace;

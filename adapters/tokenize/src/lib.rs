@@ -31,6 +31,7 @@
 mod cache;
 mod detect;
 mod error;
+pub mod fallback;
 mod files;
 mod pyfmt;
 mod request;

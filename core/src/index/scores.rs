@@ -81,6 +81,23 @@ impl OverlapScores {
         self.entries.iter().map(|e| e.1.raw()).max().unwrap_or(0)
     }
 
+    /// Keeps the longer of `key`'s overlap and a run of `blocks` device blocks (merging
+    /// a prediction with an exact answer). Zero blocks change nothing.
+    pub fn raise_device(&mut self, key: WorkerKey, blocks: u32) {
+        if blocks == 0 {
+            return;
+        }
+        match self.entries.binary_search_by_key(&key, |e| e.0) {
+            Ok(i) => {
+                let o = &mut self.entries[i].1;
+                if blocks > o.raw() {
+                    *o = Overlap { device: blocks, host: 0, disk: 0 };
+                }
+            }
+            Err(i) => self.entries.insert(i, (key, Overlap { device: blocks, host: 0, disk: 0 })),
+        }
+    }
+
     /// Adds `blocks` device blocks to `key`'s overlap (used to merge the approximate
     /// index's predictions into an exact answer). Zero blocks change nothing.
     pub fn add_device(&mut self, key: WorkerKey, blocks: u32) {

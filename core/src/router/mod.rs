@@ -77,6 +77,9 @@ pub struct RouterConfig {
     pub cost: KvCostConfig,
     /// Record predicted cache contents for workers that publish no KV events.
     pub approximate: bool,
+    /// Where the request blocks' token ids come from, and so whether KV events can
+    /// match them (default [`RequestTokens::Engine`]).
+    pub request_tokens: RequestTokens,
     /// The exact prefix index.
     pub index: IndexConfig,
     /// The approximate (predicted) index.
@@ -108,6 +111,7 @@ impl Default for RouterConfig {
             block_size: BlockSize::DEFAULT,
             cost: KvCostConfig::default(),
             approximate: false,
+            request_tokens: RequestTokens::Engine,
             index: IndexConfig::default(),
             approx: ApproxConfig::default(),
             load: LoadConfig::default(),
@@ -339,8 +343,9 @@ impl Router {
             return Err(InputError::Worker(crate::worker::WorkerError::UnknownWorker { worker: key.worker }));
         }
         let applied = self.index.apply(key, event).map_err(InputError::Index)?;
-        // Only an accepted event proves the worker publishes; then its predictions go.
-        if self.event_workers.insert(key.worker) {
+        // Only an accepted event proves the worker publishes; then its predictions go,
+        // unless its events may not match the requests' tokens.
+        if self.event_workers.insert(key.worker) && self.cfg.request_tokens == RequestTokens::Engine {
             self.approx.remove_worker(key.worker);
         }
         Ok(applied)
@@ -401,7 +406,8 @@ impl Router {
                 }
             };
         }
-        if self.cfg.approximate && !self.event_workers.contains(&key.worker) {
+        let exact = self.cfg.request_tokens == RequestTokens::Engine && self.event_workers.contains(&key.worker);
+        if self.cfg.approximate && !exact {
             self.approx.record(now, key, &f.req.blocks);
         }
         if committing && matches!(f.hold, Hold::Lease(..)) {

@@ -177,12 +177,13 @@ impl Router {
         // as where the runner-up stopped, hiding how much its cache saves.
         self.index.find_matches(&req.blocks, false, &mut scores);
         if self.cfg.approximate {
-            // Predictions exist only for workers that publish no events, so adding them
-            // never double-counts an exact overlap.
+            // A worker's overlap is the larger of its exact and predicted ones. With the
+            // engines' tokens, predictions exist only for workers that publish no events
+            // (exact overlap 0); with estimated tokens, both may exist and either may hit.
             let mut predicted = mem::take(&mut self.scratch_approx);
             self.approx.find_matches(now, &req.blocks, &mut predicted);
             for (key, o) in predicted.iter() {
-                scores.add_device(key, o.device);
+                scores.raise_device(key, o.device);
             }
             self.scratch_approx = predicted;
         }

@@ -440,6 +440,52 @@ fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
     assert_eq!((d.target, d.overlap.device), (WorkerKey::new(2, 0), 4), "exact overlaps survive the merge");
 }
 
+/// Workers 1 and 2 both publish events; worker 2's match the requests' tokens (blocks
+/// 1..=4), worker 1's never do. A request for blocks 10..=17 is served by worker 1; then
+/// previews ask where blocks 10..=17 and 1..=4 go, and with what overlap.
+#[track_caller]
+fn check_request_tokens(tokens: RequestTokens, want_repeat: (u64, u32), want_exact: (u64, u32)) {
+    let cfg =
+        RouterConfig { mode: RouterMode::Kv, approximate: true, request_tokens: tokens, ..RouterConfig::default() };
+    let mut r = Router::new(cfg);
+    for w in 0..3 {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
+    }
+    let store = |r: &mut Router, w: u64, range: core::ops::RangeInclusive<u64>| {
+        let blocks: Vec<BlockHash> = range.map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
+        let event = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
+        r.handle_kv_event(T0, WorkerKey::new(w, 0), event).unwrap();
+    };
+    store(&mut r, 2, 1..=4);
+    store(&mut r, 1, 900..=903);
+    let mut pinned = req(1, &[10, 11, 12, 13, 14, 15, 16, 17]);
+    pinned.hints.backend_instance_id = Some(WorkerId(1));
+    let first = routed(r.handle_request(T0, pinned, Draw(0)));
+    r.handle_dispatched(T0, first.id, first.phase).unwrap();
+    r.handle_finished(T0, first.id, first.phase).unwrap();
+    // The worker's own events for that request, hashed from other tokens.
+    store(&mut r, 1, 910..=917);
+    let preview = |r: &mut Router, id, blocks: &[u64]| {
+        let mut q = req(id, blocks);
+        q.preview = true;
+        let d = routed(r.handle_request(T0, q, Draw(0)));
+        (d.target.worker.0, d.overlap.device)
+    };
+    assert_eq!(preview(&mut r, 2, &[10, 11, 12, 13, 14, 15, 16, 17]), want_repeat, "the repeat");
+    assert_eq!(preview(&mut r, 3, &[1, 2, 3, 4]), want_exact, "matching events");
+    invariants(&r);
+}
+
+#[test]
+fn estimated_tokens_predict_workers_whose_events_cannot_match() {
+    // With the engines' tokens, worker 1's events make it exact: nothing matches there,
+    // and the draw picks among equals.
+    check_request_tokens(RequestTokens::Engine, (2, 0), (2, 4));
+    // With estimated tokens, its predictions stay and attract the repeat; worker 2's
+    // matching events still count exactly.
+    check_request_tokens(RequestTokens::Estimated, (1, 8), (2, 4));
+}
+
 #[test]
 fn a_hard_binding_to_a_reshaped_worker_starts_over() {
     let mut r = router(RouterMode::RoundRobin, 2);

@@ -263,3 +263,20 @@ impl fmt::Display for InputError {
 /// Why the router's invariants do not hold; only ever produced by a bug.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InvariantViolation(pub String);
+
+/// Where a pool's request blocks get their token ids, which decides whether the
+/// workers' KV events can match them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RequestTokens {
+    /// The engines' own token ids (the model's tokenizer): KV events match requests, so
+    /// the first event from a worker makes its overlap exact and drops its predictions.
+    #[default]
+    Engine,
+    /// An estimate (the caller has no tokenizer for the model): KV events match only
+    /// workers that tokenize the same way, such as simulated ones. In approximate mode
+    /// every worker's cache is then predicted from the router's own decisions, events
+    /// or not, and a worker's overlap is the larger of its exact and predicted ones, so
+    /// a matching worker still counts exactly and a mismatched one on its predictions.
+    Estimated,
+}

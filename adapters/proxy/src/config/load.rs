@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use router_core::admission::ClassLimits;
 use router_core::affinity::AffinityConfig;
 use router_core::hash::BlockSize;
-use router_core::router::RouterConfig;
+use router_core::router::{RequestTokens, RouterConfig};
 
 use super::*;
 
@@ -189,6 +189,9 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
         mode: model.mode.unwrap_or(r.mode),
         block_size: BlockSize::new(model.block_size.unwrap_or(r.block_size)).unwrap_or(BlockSize::DEFAULT),
         approximate: r.approximate,
+        // Without a tokenizer the request tokens are the byte fallback's, which a real
+        // engine's KV events never match.
+        request_tokens: if model.tokenizer.is_some() { RequestTokens::Engine } else { RequestTokens::Estimated },
         requests_max: r.requests_max,
         ..RouterConfig::default()
     };

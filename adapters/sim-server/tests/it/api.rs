@@ -84,10 +84,9 @@ fn check_error(r: &Reply, status: StatusCode, param: Option<&str>) {
 async fn completions_full_and_streamed_agree() {
     let w = start(fast_config()).await;
     let a = w.http_addr();
-    let full =
-        check_full(&post(a, "/v1/completions", r#"{"prompt":"hello world","max_tokens":5}"#).await, false, 11, 5);
+    let full = check_full(&post(a, "/v1/completions", r#"{"prompt":"hello world","max_tokens":5}"#).await, false, 3, 5);
     let body = r#"{"prompt":"hello world","max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}"#;
-    let streamed = check_stream(&post(a, "/v1/completions", body).await, false, 5, Some((11, 5)));
+    let streamed = check_stream(&post(a, "/v1/completions", body).await, false, 5, Some((3, 5)));
     assert_eq!(full, streamed, "the same prompt gives the same filler");
     let streamed = check_stream(
         &post(a, "/v1/completions", r#"{"prompt":"hello world","max_tokens":5,"stream":true}"#).await,
@@ -108,8 +107,7 @@ async fn chat_full_and_streamed_agree() {
     let a = w.http_addr();
     let msgs = r#""messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]"#;
     let prompt_tokens =
-        kvroute_sim_server::fallback_chat_tokens(&serde_json::from_str(&format!("{{{msgs}}}")).expect("json")).len()
-            as u64;
+        kvroute_sim_server::fallback_chat(&serde_json::from_str(&format!("{{{msgs}}}")).expect("json")).len() as u64;
     let full = check_full(
         &post(a, "/v1/chat/completions", &format!(r#"{{{msgs},"max_completion_tokens":7}}"#)).await,
         true,
@@ -150,11 +148,12 @@ async fn a_repeated_prompt_hits_the_prefix_cache() {
     let second = post(a, "/v1/completions", &body).await.json();
     let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
     assert_eq!(cached(&first), 0);
-    // 54 prompt tokens: 13 full blocks are reusable (the last token is always computed).
-    assert_eq!(cached(&second), 52);
+    // 54 bytes, 14 prompt tokens: 3 full blocks are reusable (the last token is always
+    // computed).
+    assert_eq!(cached(&second), 12);
     let m = metrics(&get(a, "/metrics").await);
-    assert_eq!(m["vllm:prefix_cache_hits_total"], 52.0);
-    assert_eq!(m["vllm:prefix_cache_queries_total"], 108.0);
+    assert_eq!(m["vllm:prefix_cache_hits_total"], 12.0);
+    assert_eq!(m["vllm:prefix_cache_queries_total"], 28.0);
     w.shutdown().await;
 }
 
@@ -183,7 +182,9 @@ async fn models_health_and_metrics() {
     assert_eq!(v["data"][0]["max_model_len"], 4096 * 4);
     assert_eq!(get(a, "/health").await.status, StatusCode::OK);
     for _ in 0..3 {
-        check_full(&post(a, "/v1/completions", r#"{"prompt":"abcdefgh","max_tokens":2}"#).await, false, 8, 2);
+        // 32 bytes: 8 prompt tokens.
+        let body = r#"{"prompt":"abcdefghabcdefghabcdefghabcdefgh","max_tokens":2}"#;
+        check_full(&post(a, "/v1/completions", body).await, false, 8, 2);
     }
     let _ = post(a, "/v1/completions", "{").await;
     let m = metrics(&get(a, "/metrics").await);
@@ -220,8 +221,8 @@ async fn bad_requests_get_openai_errors() {
         ("/v1/completions", r#"{"prompt":"x","max_tokens":0}"#, Some("max_tokens")),
         ("/v1/completions", r#"{"prompt":"x","stream":1}"#, Some("stream")),
         ("/v1/chat/completions", r#"{"messages":[]}"#, Some("messages")),
-        // 8 blocks of 4 tokens hold 32 tokens; 40 prompt tokens do not fit.
-        ("/v1/completions", &json!({"prompt": "x".repeat(40)}).to_string(), Some("prompt")),
+        // 8 blocks of 4 tokens hold 32 tokens; 40 prompt tokens (160 bytes) do not fit.
+        ("/v1/completions", &json!({"prompt": "x".repeat(160)}).to_string(), Some("prompt")),
     ] {
         check_error(&post(a, path, body).await, StatusCode::BAD_REQUEST, param);
     }
@@ -230,7 +231,7 @@ async fn bad_requests_get_openai_errors() {
     check_error(&request(a, "DELETE", "/v1/models", "").await, StatusCode::METHOD_NOT_ALLOWED, None);
     check_error(&get(a, "/v1/completions").await, StatusCode::METHOD_NOT_ALLOWED, None);
     // The worker still serves after all that.
-    check_full(&post(a, "/v1/completions", r#"{"prompt":"ok","max_tokens":1}"#).await, false, 2, 1);
+    check_full(&post(a, "/v1/completions", r#"{"prompt":"ok","max_tokens":1}"#).await, false, 1, 1);
     w.shutdown().await;
 }
 
@@ -238,7 +239,7 @@ async fn bad_requests_get_openai_errors() {
 async fn h2c_is_served_on_the_same_port() {
     let w = start(fast_config()).await;
     let r = request_h2(w.http_addr(), "/v1/completions", r#"{"prompt":"over h2","max_tokens":4}"#).await;
-    check_full(&r, false, 7, 4);
+    check_full(&r, false, 2, 4);
     let r = request_h2(w.http_addr(), "/v1/completions", r#"{"prompt":"over h2","max_tokens":4,"stream":true}"#).await;
     check_stream(&r, false, 4, None);
     w.shutdown().await;
@@ -329,7 +330,7 @@ async fn a_client_leaving_mid_stream_does_not_disturb_the_worker() {
         }
     })
     .await;
-    check_full(&post(a, "/v1/completions", r#"{"prompt":"still here","max_tokens":3}"#).await, false, 10, 3);
+    check_full(&post(a, "/v1/completions", r#"{"prompt":"still here","max_tokens":3}"#).await, false, 3, 3);
     w.shutdown().await;
 }
 

@@ -19,7 +19,7 @@ async fn prefill_then_decode() {
     d.engine.role = EngineRole::Decode;
     let decode = start(d).await;
 
-    let prompt = "x".repeat(41);
+    let prompt = "x".repeat(164); // 41 tokens of four bytes
     let r = post(prefill.http_addr(), "/v1/completions", &json!({"prompt": prompt, "max_tokens": 9}).to_string()).await;
     assert_eq!(r.status, StatusCode::OK);
     let v = r.json();
@@ -62,7 +62,7 @@ async fn decode_waits_for_the_kv_transfer() {
     // 100 tokens × 1,000 bytes at 1 MB/s: 100 ms of transfer before decoding.
     d.engine.kv_transfer = KvTransfer { kv_bytes_per_token: 1_000, bandwidth_bytes_per_s: 1e6 };
     let decode = start(d).await;
-    let body = json!({"prompt": "y".repeat(100), "max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": true}});
+    let body = json!({"prompt": "y".repeat(400), "max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": true}});
     let t0 = Instant::now();
     let r = post(decode.http_addr(), "/v1/completions", &body.to_string()).await;
     let elapsed = t0.elapsed();
@@ -124,7 +124,7 @@ async fn a_failed_or_missing_prefill_fails_its_decode() {
     let (prefill, decode) = bootstrap_pair(300).await;
     let port = prefill.bootstrap_port().expect("bootstrap server");
     // A prefill the worker refuses (the prompt outgrows its KV cache) fails its room.
-    let huge = json!({"prompt": "z".repeat(20_000), "bootstrap_room": 5}).to_string();
+    let huge = json!({"prompt": "z".repeat(80_000), "bootstrap_room": 5}).to_string();
     assert_eq!(post(prefill.http_addr(), "/v1/completions", &huge).await.status, StatusCode::BAD_REQUEST);
     let cases = [
         (json!({"bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": 5}), "failed"),

@@ -43,7 +43,7 @@ async fn subscribe(w: &SimServerHandle) -> SubSocket {
 /// joiner): send distinct small requests until one batch arrives.
 async fn warm_up(w: &SimServerHandle, sub: &mut SubSocket) -> Frames {
     for i in 0..100 {
-        let body = json!({"prompt": format!("warm-up {i:03}"), "max_tokens": 1}).to_string();
+        let body = json!({"prompt": format!("warm-up request {i:03}"), "max_tokens": 1}).to_string();
         post(w.http_addr(), "/v1/completions", &body).await;
         if let Ok(m) = tokio::time::timeout(Duration::from_millis(50), sub.recv()).await {
             return frames(m.expect("recv"));

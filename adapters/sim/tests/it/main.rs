@@ -5,4 +5,5 @@ mod engine_behaviour;
 mod replay_loop;
 mod scenarios;
 mod seeded;
+mod ttft_bound;
 mod worker_speeds;

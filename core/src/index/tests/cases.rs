@@ -320,3 +320,16 @@ fn scores_merge_and_reuse() {
     assert!(out.is_empty());
     assert_eq!(out.max_raw(), 0);
 }
+
+#[test]
+fn raising_keeps_the_longer_run() {
+    let mut out = OverlapScores::new();
+    out.push(k(5), Overlap { device: 2, host: 3, disk: 0 });
+    out.raise_device(k(5), 4); // shorter than 2 + 3: the exact answer stays
+    out.raise_device(k(2), 1);
+    out.raise_device(k(9), 0);
+    let got: Vec<_> = out.iter().collect();
+    assert_eq!(got, [(k(2), Overlap { device: 1, host: 0, disk: 0 }), (k(5), Overlap { device: 2, host: 3, disk: 0 })]);
+    out.raise_device(k(5), 6);
+    assert_eq!(out.get(k(5)), Overlap { device: 6, host: 0, disk: 0 });
+}

@@ -1,4 +1,4 @@
-//! Drives the real `router-core` façade from the replay loop: the simulated fleet's
+//! The replay's router: drives the real `router-core` façade from the replay loop: the simulated fleet's
 //! arrivals, KV events and completions go through the same `handle_*` calls the proxy
 //! makes, so a replay measures exactly the policy that serves production traffic.
 
@@ -11,8 +11,8 @@ use router_core::router::{
 use router_core::worker::{WorkerRole, WorkerSpec};
 use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
 
-use kvroute_sim::engine::KvEvent;
-use kvroute_sim::replay::{Dispatch, Dispatcher, SimRequest, WorkerLoadSample};
+use crate::engine::KvEvent;
+use crate::replay::{Dispatch, Dispatcher, SimRequest, WorkerLoadSample};
 
 /// A [`Dispatcher`] backed by a [`Router`]. Worker `i` of the replay is `WorkerId(i)`.
 pub struct CoreDispatcher {

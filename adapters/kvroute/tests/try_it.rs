@@ -1,0 +1,284 @@
+//! The README's try-it path through the real binary: `kvroute serve` in front of two
+//! `kvroute sim-worker` processes, over real HTTP and ZeroMQ on loopback. A model without
+//! a tokenizer routes on the byte fallback, which the sim-workers use too, so their KV
+//! events match what the router hashes: after one request, a follow-up sharing its
+//! prefix shows overlap on the worker that served it.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// How long anything here may take before the test fails instead of hanging.
+const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Tokens per KV block, for the router and the workers alike.
+const BLOCK_SIZE: u32 = 16;
+const MODEL: &str = "sim";
+
+/// A child process, killed when dropped; its stderr lines arrive on `lines`.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Proc {
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvroute"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kvroute starts");
+        let stderr: ChildStderr = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines, seen: Vec::new() }
+    }
+
+    /// The first stderr line containing `needle` (the lines before it are kept).
+    #[track_caller]
+    fn wait_line(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no line with {needle:?}; stderr so far: {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// Waits for the process to exit; its status and whole stderr.
+    fn finish(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.child.wait().expect("wait");
+        let mut all = self.seen.join("\n");
+        while let Ok(line) = self.lines.recv_timeout(STEP_TIMEOUT) {
+            all.push('\n');
+            all.push_str(&line);
+        }
+        (status, all)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange: status, headers (lower-case names) and body.
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+    #[track_caller]
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> Reply {
+    let mut s = TcpStream::connect_timeout(&addr, STEP_TIMEOUT).expect("connect");
+    s.set_read_timeout(Some(STEP_TIMEOUT)).expect("timeout");
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).and_then(|()| s.write_all(body.as_bytes())).expect("send");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let raw = String::from_utf8(raw).expect("utf-8 reply");
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("a header block");
+    let mut lines = head.lines();
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).expect("status");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    Reply { status, headers, body }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+        if n == 0 {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = &tail[n + 2..];
+    }
+    out
+}
+
+/// A sim-worker on free ports: its HTTP address and KV-event endpoint.
+fn sim_worker() -> (Proc, String, String) {
+    let bs = BLOCK_SIZE.to_string();
+    let args = ["sim-worker", "--port", "0", "--events-port", "0", "--speedup", "50", "--block-size", &bs];
+    let mut p = Proc::start(&[&args[..], &["--model", MODEL]].concat());
+    let line = p.wait_line("kvroute sim-worker: serving ");
+    let rest = line.split("serving http://").nth(1).expect("address");
+    let (http_addr, events) = rest.split_once(" with KV events on ").expect("events endpoint");
+    (p, http_addr.to_string(), events.trim().to_string())
+}
+
+/// `kvroute serve` with `config`: the process and the address it serves on.
+fn serve(name: &str, config: &str) -> (Proc, SocketAddr) {
+    let path = write_config(name, config);
+    let mut p = Proc::start(&["serve", "--config", path.to_str().expect("utf-8 path")]);
+    let line = p.wait_line("kvroute: serving ");
+    let addr = line.rsplit("http://").next().expect("address").trim().parse().expect("socket address");
+    (p, addr)
+}
+
+fn write_config(name: &str, config: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("try-it-{name}-{}.toml", std::process::id()));
+    std::fs::write(&path, config).expect("write the config");
+    path
+}
+
+/// Two sim-workers publishing KV events, a model without a tokenizer, trusted loopback.
+/// `approximate = false`: overlap can only come from the workers' events.
+fn fleet_config(workers: &[(String, String)]) -> String {
+    let mut c = format!(
+        "listen = \"127.0.0.1:0\"\n[router]\nblock_size = {BLOCK_SIZE}\napproximate = false\n\
+         [trust]\ncidrs = [\"127.0.0.1/32\"]\n[[models]]\nname = \"{MODEL}\"\n"
+    );
+    for (i, (url, events)) in workers.iter().enumerate() {
+        c.push_str(&format!(
+            "[[workers]]\nid = {}\nurl = \"http://{url}\"\nmodel = \"{MODEL}\"\nkv_events = \"{events}\"\n",
+            i + 1
+        ));
+    }
+    c
+}
+
+/// A request body of `kind` whose prompt starts with `prefix` (about `len` bytes).
+fn body(kind: &str, prefix: &str, tail: &str) -> (String, Value) {
+    let text = format!("{prefix} {}{tail}", "the cached part of a long shared prompt. ".repeat(24));
+    match kind {
+        "text" => ("/v1/completions".into(), json!({"model": MODEL, "prompt": text, "max_tokens": 2})),
+        "chat" => {
+            let mut msgs = vec![json!({"role": "system", "content": text})];
+            if !tail.is_empty() {
+                msgs.push(json!({"role": "user", "content": tail}));
+            }
+            ("/v1/chat/completions".into(), json!({"model": MODEL, "messages": msgs, "max_tokens": 2}))
+        }
+        _ => {
+            // Token ids pass through unchanged: 40 blocks' worth, then the tail's bytes.
+            let seed = prefix.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b))) % 1000;
+            let mut ids: Vec<u32> = (0..BLOCK_SIZE * 40).map(|i| seed * 10_000 + i).collect();
+            ids.extend(tail.bytes().map(u32::from));
+            ("/v1/completions".into(), json!({"model": MODEL, "prompt": ids, "max_tokens": 2}))
+        }
+    }
+}
+
+/// Serves one request of `kind`, then previews a follow-up sharing its prefix until the
+/// serving worker's overlap shows (its KV events travel asynchronously). A fresh prefix
+/// per attempt covers batches lost before the subscription settled (ZeroMQ's slow
+/// joiner). Returns the serving worker and the follow-up's preview.
+#[track_caller]
+fn served_then_previewed(addr: SocketAddr, kind: &str) -> (u64, Value) {
+    for attempt in 0..10 {
+        let prefix = format!("{kind} attempt {attempt}:");
+        let (path, first) = body(kind, &prefix, "");
+        let r = http(addr, "POST", &path, Some(&first));
+        assert_eq!(r.status, 200, "{kind}: {}", r.body);
+        let worker: u64 = r.header("x-kvroute-worker").and_then(|w| w.parse().ok()).expect("x-kvroute-worker");
+        let (_, follow_up) = body(kind, &prefix, " and a different question at the end");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let p = http(addr, "POST", "/route/preview", Some(&follow_up));
+            assert_eq!(p.status, 200, "{}", p.body);
+            let v = p.json();
+            if v["overlap_blocks"].as_u64().unwrap_or(0) > 0 {
+                return (worker, v);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    panic!("{kind}: no overlap after 10 requests; the workers' events never matched the router's blocks");
+}
+
+#[test]
+fn serve_in_front_of_sim_workers_routes_text_chat_and_token_prompts_by_cache() {
+    let (w1, url1, ev1) = sim_worker();
+    let (w2, url2, ev2) = sim_worker();
+    let (mut proxy, addr) = serve("fleet", &fleet_config(&[(url1, ev1), (url2, ev2)]));
+    for kind in ["text", "chat", "tokens"] {
+        let (worker, v) = served_then_previewed(addr, kind);
+        assert_eq!(v["worker"], worker, "{kind}: the follow-up goes where its prefix is cached: {v}");
+        let row = v["explanation"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["worker"] == worker))
+            .unwrap_or_else(|| panic!("a row for worker {worker}: {v}"));
+        let (overlap, blocks) =
+            (row["overlap"]["device"].as_u64().unwrap_or(0), v["request_blocks"].as_u64().unwrap_or(0));
+        assert!(overlap * 2 >= blocks, "{kind}: most of the follow-up is cached ({overlap} of {blocks} blocks): {v}");
+    }
+
+    // No tokenizer while the workers publish events: said at startup, in /workers and
+    // in /metrics.
+    let warning = proxy.seen.iter().find(|l| l.contains("warning")).cloned().unwrap_or_default();
+    for part in [&format!("model {MODEL:?}"), "no `tokenizer`", "set `tokenizer`", "local folder", "sim-worker"] {
+        assert!(warning.contains(part), "the startup warning says {part:?}: {warning:?}");
+    }
+    let w = http(addr, "GET", "/workers", None).json();
+    assert_eq!(w["pools"][0]["tokenizer"], false, "{w}");
+    for worker in w["workers"].as_array().expect("workers") {
+        assert_eq!(worker["tokenizer_missing"], true, "{worker}");
+    }
+    let metrics = http(addr, "GET", "/metrics", None).body;
+    assert!(metrics.contains(&format!("kvroute_tokenizer_missing{{model=\"{MODEL}\"}} 1")), "{metrics}");
+    drop((w1, w2));
+    let _ = proxy.child.kill();
+}
+
+/// `tokenizer` takes a local folder; anything else stops `serve` with what to do.
+#[track_caller]
+fn check_tokenizer_refused(value: &str, want: &[&str]) {
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\n[[models]]\nname = \"m\"\ntokenizer = \"{value}\"\n\
+         [[workers]]\nid = 1\nurl = \"http://127.0.0.1:9\"\nmodel = \"m\"\n"
+    );
+    let path = write_config("tokenizer", &config);
+    let p = Proc::start(&["serve", "--config", path.to_str().expect("utf-8 path")]);
+    let (status, stderr) = p.finish();
+    assert!(!status.success(), "{value}: serve must refuse to start");
+    for part in want {
+        assert!(stderr.contains(part), "{value}: the error says {part:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_tokenizer_that_is_not_a_local_folder_stops_serve() {
+    check_tokenizer_refused(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        &["\"m\"", "hub id", "local folder", "download", "tokenizer.json", "tokenizer_config.json"],
+    );
+    check_tokenizer_refused("/no/such/tokenizer/folder", &["\"m\"", "is not a folder", "tokenizer.json"]);
+}

@@ -1,0 +1,96 @@
+//! A lower bound on time to first token that no router can beat on a given fleet.
+//!
+//! Every request is served alone on an idle worker: no queueing, no decode steps beside
+//! it. It pays only for the prompt tokens the cache does not hold, computed in passes of
+//! the engine's token budget with the engine's prefill timing. The cache is one LRU pool
+//! with the whole fleet's capacity, fed in arrival order (see [`crate::ceiling`]): a
+//! router that spreads the same blocks over separate workers can only hold less.
+//!
+//! `benches/scripts/ttft_lower_bound.py` is the reference this port is checked against.
+
+use crate::ceiling::cached_tokens;
+use crate::engine::prefill_ms;
+use crate::replay::SimRequest;
+use crate::stats::Dist;
+
+/// Prefill time of `tokens` uncached tokens computed alone, in passes of `pass_tokens`
+/// (a pass budget of 0 is taken as 1).
+pub fn prefill_alone_ms(tokens: u64, pass_tokens: u32) -> f64 {
+    let pass = u64::from(pass_tokens.max(1));
+    (tokens / pass) as f64 * prefill_ms(pass) + prefill_ms(tokens % pass)
+}
+
+/// Each request's TTFT under the bound, in request order, for a cache of
+/// `capacity_blocks` blocks (`None` = unbounded). Linear in the total number of prompt
+/// blocks.
+pub fn ttft_lower_bounds_ms(requests: &[SimRequest], capacity_blocks: Option<u64>, pass_tokens: u32) -> Vec<f64> {
+    let cached = cached_tokens(requests, capacity_blocks, true);
+    requests
+        .iter()
+        .zip(cached)
+        .map(|(r, c)| prefill_alone_ms(u64::from(r.prompt.len_tokens().saturating_sub(c)), pass_tokens))
+        .collect()
+}
+
+/// The bound's distribution for one fleet LRU pool of `capacity_blocks` blocks.
+pub fn fleet_lru_ttft_bound(requests: &[SimRequest], capacity_blocks: u64, pass_tokens: u32) -> Dist {
+    Dist::of(&mut ttft_lower_bounds_ms(requests, Some(capacity_blocks), pass_tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::Prompt;
+    use router_core::hash::{BlockSize, HashSeed};
+
+    fn req(id: u64, ids: &[u32], len: u32) -> SimRequest {
+        let mut s = Vec::new();
+        SimRequest {
+            id,
+            arrival_ms: id as f64,
+            prompt: Prompt::from_hash_ids(ids, len, 512, BlockSize::new(64).unwrap(), HashSeed::DEFAULT, &mut s)
+                .unwrap(),
+            output_len: 1,
+            session_id: None,
+            priority: None,
+        }
+    }
+
+    #[track_caller]
+    fn check(got: f64, want: f64) {
+        assert!((got - want).abs() < 1e-9, "got {got}, want {want}");
+    }
+
+    #[test]
+    fn prefill_alone_splits_into_passes() {
+        check(prefill_alone_ms(0, 8192), 0.0);
+        check(prefill_alone_ms(100, 8192), prefill_ms(100));
+        check(prefill_alone_ms(8192, 8192), prefill_ms(8192));
+        check(prefill_alone_ms(20_000, 8192), 2.0 * prefill_ms(8192) + prefill_ms(20_000 - 2 * 8192));
+        check(prefill_alone_ms(3, 0), 3.0 * prefill_ms(1));
+    }
+
+    #[test]
+    fn cached_prefixes_shorten_the_bound() {
+        let reqs =
+            [req(0, &[1, 2], 1024), req(1, &[1, 2], 1024), req(2, &[1, 3], 1000), req(3, &[1], 100), req(4, &[1], 60)];
+        let b = ttft_lower_bounds_ms(&reqs, None, 8192);
+        check(b[0], prefill_ms(1024));
+        // Fully cached: the last block is computed again.
+        check(b[1], prefill_ms(64));
+        // Shares the first 512-token trace block only.
+        check(b[2], prefill_ms(1000 - 512));
+        // One full block cached, the rest computed.
+        check(b[3], prefill_ms(100 - 64));
+        // Shorter than one block: nothing to reuse.
+        check(b[4], prefill_ms(60));
+        // No room at all: everything is computed.
+        let cold = ttft_lower_bounds_ms(&reqs, Some(0), 8192);
+        for (r, t) in reqs.iter().zip(cold) {
+            check(t, prefill_ms(u64::from(r.prompt.len_tokens())));
+        }
+        let d = fleet_lru_ttft_bound(&reqs, 1 << 20, 8192);
+        check(d.max, prefill_ms(1024));
+        check(d.p50, prefill_ms(64));
+    }
+}
