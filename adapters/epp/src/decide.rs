@@ -7,10 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
-use kvroute_proxy::handler::{question, Asker, Question};
-use kvroute_proxy::request::{header_hints, Endpoint};
-use kvroute_proxy::upstream::WORKER_HEADER;
-use kvroute_proxy::ApiError;
+use kvroute_frontend::ask::{question, routed_json, Asker, Question};
+use kvroute_frontend::headers::WORKER_HEADER;
+use kvroute_frontend::request::{header_hints, Endpoint};
+use kvroute_frontend::ApiError;
 use router_core::router::Request;
 use router_core::WorkerId;
 use tokio::time::Instant;
@@ -85,7 +85,7 @@ pub(crate) async fn decide(
         let driver = &q.pool.driver;
         let isl = q.request.isl_tokens;
         return match driver.preview(q.request, driver.draw()) {
-            Ok(r) => Some(Err(Undecided::Preview(kvroute_proxy::admin::routed_json(&model, isl, &r)))),
+            Ok(r) => Some(Err(Undecided::Preview(routed_json(&model, isl, &r)))),
             Err(e) => refused(&model, ApiError::from_drive(&e, shared.cfg.proxy.router.queue_timeout_ms)),
         };
     }
@@ -153,7 +153,7 @@ fn bodiless(shared: &Shared, asked: &Asked, trusted: bool, model: &mut String) -
     };
     model.clone_from(&pool.name);
     let (hh, _) = header_hints(&asked.headers, trusted)?;
-    let session = kvroute_proxy::request::session_id(
+    let session = kvroute_frontend::request::session_id(
         &asked.headers,
         &shared.session_header,
         shared.cfg.proxy.limits.session_id_bytes_max,

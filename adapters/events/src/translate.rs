@@ -2,7 +2,7 @@
 //!
 //! Engine block hashes are opaque to the router, so for every `BlockStored` the
 //! translator recomputes the router's local and sequence hashes from `token_ids` and
-//! `block_size` (salted by `lora_name` and the worker's configured cache salt), and
+//! `block_size` (salted by the adapter and the cache salt, as below), and
 //! remembers engine hash → router sequence hash so `BlockRemoved` and later
 //! `parent_block_hash` links can be mapped back. One translator serves one
 //! (worker, dp rank). It does no I/O; applying the resulting [`RouterEvent`]s to an
@@ -20,7 +20,19 @@
 //!   ago is forgotten and a `Removed` for it is emitted, keeping index and map in step.
 //! * Events of a KV-cache group other than `kv_group` are ignored (hybrid models emit
 //!   one stream per group; the router tracks one).
-//! * `extra_keys` and the deprecated `lora_id` are not hashed.
+//! * Per-block `extra_keys` are read the way vLLM writes them (see
+//!   `vllm/v1/core/kv_cache_utils.py`, `generate_block_hash_extra_keys`): the LoRA name
+//!   on every block of an adapter's request, then multimodal keys, then the request's
+//!   `cache_salt` on the prompt's first block only (later blocks inherit it through the
+//!   chain). The router salts every block of a request with one [`HashSeed`] built from
+//!   the adapter and the salt, so a root block's salt sets the seed of its whole chain:
+//!   each remembered block keeps its seed, and its children reuse it. A worker's
+//!   configured `cache_salt` applies to root blocks that carry none.
+//! * A block with any other extra key (a multimodal hash, a prompt-embedding digest, a
+//!   string where no salt can be) cannot be reproduced from a request's tokens: it and
+//!   every block chained after it are remembered (so removals and children resolve) but
+//!   never indexed, so a plain-token request never matches them.
+//! * The deprecated `lora_id` is not hashed.
 
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -31,7 +43,7 @@ use router_core::hash::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHas
 use router_core::types::{Tier, WorkerKey};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::decode::{EngineHash, EventRef, RemovedRef, StoredRef};
+use crate::decode::{EngineHash, EventRef, ExtraKey, RemovedRef, StoredRef};
 
 /// An index update in router terms, owned.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -111,7 +123,7 @@ pub trait EventSink {
 pub struct TranslateConfig {
     /// The block size the router hashes with; events must match it. Default 64.
     pub block_size: BlockSize,
-    /// The worker's cache salt, if it salts all blocks (events do not carry one).
+    /// The worker's cache salt, for root blocks whose `extra_keys` carry none.
     pub cache_salt: Option<String>,
     /// Most engine hashes remembered. Default 1,048,576.
     pub blocks_max: usize,
@@ -153,6 +165,13 @@ pub enum TranslateError {
     },
     /// `parent_block_hash` names a block this translator does not know.
     UnknownParent,
+    /// `extra_keys` does not hold one entry per block.
+    ExtraKeysMismatch {
+        /// Blocks in the event.
+        blocks: usize,
+        /// Entries in `extra_keys`.
+        entries: usize,
+    },
 }
 
 impl fmt::Display for TranslateError {
@@ -165,6 +184,9 @@ impl fmt::Display for TranslateError {
                 write!(f, "{tokens} tokens do not fill {blocks} blocks exactly")
             }
             TranslateError::UnknownParent => f.write_str("parent block hash is unknown"),
+            TranslateError::ExtraKeysMismatch { blocks, entries } => {
+                write!(f, "{entries} extra_keys entries for {blocks} blocks")
+            }
         }
     }
 }
@@ -190,15 +212,58 @@ pub struct TranslateStats {
     pub block_size_mismatch: u64,
     /// Events dropped for a token count mismatch.
     pub token_count_mismatch: u64,
+    /// Events dropped for an `extra_keys` list of the wrong length.
+    pub extra_keys_mismatch: u64,
+    /// Blocks remembered but not indexed: their extra keys (or a parent's) cannot be
+    /// reproduced from a request's tokens.
+    pub opaque_blocks: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct Slot {
+    /// The router's sequence hash; meaningless when `opaque`.
     seq: SeqHash,
-    /// Bit per [`Tier`] holding the block.
-    tiers: u8,
+    /// The seed of the block's chain, reused by its children.
+    seed: HashSeed,
     /// Matches the live entry in the insertion queue.
     stamp: u64,
+    /// Bit per [`Tier`] holding the block.
+    tiers: u8,
+    /// The block is not in the index: the router cannot reproduce its hash.
+    opaque: bool,
+}
+
+/// Where a block attaches, as the translator walks an event's blocks.
+#[derive(Clone, Copy, Debug)]
+enum Link {
+    /// The first block of a prompt.
+    Root,
+    /// After an indexed block with this sequence hash and chain seed.
+    After(SeqHash, HashSeed),
+    /// After an opaque block: opaque too.
+    Opaque,
+}
+
+/// What a block's extra keys add to the router's hash: `Ok(salt)` when reproducible.
+///
+/// A leading string equal to the event's `lora_name` is the adapter's key (the seed
+/// already carries it); one string left on a root block is the request's cache salt.
+fn salt_of<'b>(
+    lora: Option<&str>,
+    keys: impl Iterator<Item = ExtraKey<'b>>,
+    root: bool,
+) -> Result<Option<&'b str>, ()> {
+    let mut keys = keys.peekable();
+    if let (Some(l), Some(&ExtraKey::Str(k))) = (lora, keys.peek()) {
+        if k == l {
+            keys.next();
+        }
+    }
+    match (keys.next(), keys.next()) {
+        (None, _) => Ok(None),
+        (Some(ExtraKey::Str(salt)), None) if root => Ok(Some(salt)),
+        _ => Err(()),
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -319,34 +384,58 @@ impl Translator {
             self.stats.token_count_mismatch += 1;
             return Err(TranslateError::TokenCountMismatch { blocks: n, tokens: s.token_ids.len() });
         }
-        let parent = match s.parent {
-            None => None,
+        if let Some(x) = s.extra_keys.filter(|x| x.len() != n) {
+            self.stats.extra_keys_mismatch += 1;
+            return Err(TranslateError::ExtraKeysMismatch { blocks: n, entries: x.len() });
+        }
+        let mut link = match s.parent {
+            None => Link::Root,
             Some(h) => match self.map.get(&h) {
-                Some(slot) => Some(slot.seq),
+                Some(slot) if slot.opaque => Link::Opaque,
+                Some(slot) => Link::After(slot.seq, slot.seed),
                 None => {
                     self.stats.unknown_parent += 1;
                     return Err(TranslateError::UnknownParent);
                 }
             },
         };
-        let seed = HashSeed::salted(s.lora_name, self.cfg.cache_salt.as_deref());
+        let parent = match link {
+            Link::After(seq, _) => Some(seq),
+            Link::Root | Link::Opaque => None,
+        };
+        let bit = tier_bit(s.tier);
         let mut blocks = Vec::with_capacity(n);
-        let mut prev = parent;
-        for block in s.token_ids.chunks_exact(bs as usize) {
-            let local = local_hash_into(&mut self.bytes, block, seed);
+        for (i, (tokens, &h)) in s.token_ids.chunks_exact(bs as usize).zip(s.block_hashes).enumerate() {
+            let keys = s.extra_keys.into_iter().flat_map(|x| x.block(i));
+            let salt = salt_of(s.lora_name, keys, matches!(link, Link::Root));
+            let (prev, seed) = match (link, salt) {
+                (Link::Root, Ok(salt)) => {
+                    (None, HashSeed::salted(s.lora_name, salt.or(self.cfg.cache_salt.as_deref())))
+                }
+                (Link::After(p, seed), Ok(None)) => (Some(p), seed),
+                _ => {
+                    link = Link::Opaque;
+                    self.stats.opaque_blocks += 1;
+                    self.remember(
+                        h,
+                        Slot { seq: SeqHash(0), seed: HashSeed::DEFAULT, stamp: 0, tiers: bit, opaque: true },
+                    );
+                    continue;
+                }
+            };
+            let local = local_hash_into(&mut self.bytes, tokens, seed);
             let seq = match prev {
                 None => SeqHash(local.0),
                 Some(p) => chain(p, local),
             };
             blocks.push(BlockHash { seq, local });
-            prev = Some(seq);
+            link = Link::After(seq, seed);
+            self.remember(h, Slot { seq, seed, stamp: 0, tiers: bit, opaque: false });
         }
-        let bit = tier_bit(s.tier);
-        for (h, b) in s.block_hashes.iter().zip(&blocks) {
-            self.remember(*h, b.seq, bit);
+        self.stats.stored_blocks += blocks.len() as u64;
+        if !blocks.is_empty() {
+            out.push(RouterEvent::Stored { parent, blocks, tier: s.tier });
         }
-        self.stats.stored_blocks += n as u64;
-        out.push(RouterEvent::Stored { parent, blocks, tier: s.tier });
         while self.map.len() > self.cfg.blocks_max {
             self.evict_oldest(out);
         }
@@ -354,15 +443,16 @@ impl Translator {
         Ok(())
     }
 
-    fn remember(&mut self, h: EngineHash, seq: SeqHash, bit: u8) {
+    /// Records `h` as `new` (its `stamp` is assigned here) in one more tier.
+    fn remember(&mut self, h: EngineHash, new: Slot) {
         self.stamp += 1;
         let stamp = self.stamp;
-        let slot = self.map.entry(h).or_insert(Slot { seq, tiers: 0, stamp });
-        if slot.seq != seq {
+        let slot = self.map.entry(h).or_insert(Slot { tiers: 0, ..new });
+        if (slot.seq, slot.seed, slot.opaque) != (new.seq, new.seed, new.opaque) {
             // The engine reused a hash for other content: the new content wins.
-            *slot = Slot { seq, tiers: 0, stamp };
+            *slot = Slot { tiers: 0, ..new };
         }
-        slot.tiers |= bit;
+        slot.tiers |= new.tiers;
         slot.stamp = stamp;
         self.order.push_back((h, stamp));
     }
@@ -378,7 +468,9 @@ impl Translator {
             match self.map.get_mut(h) {
                 Some(slot) if slot.tiers & bit != 0 => {
                     slot.tiers &= !bit;
-                    blocks.push(slot.seq);
+                    if !slot.opaque {
+                        blocks.push(slot.seq);
+                    }
                     if slot.tiers == 0 {
                         self.map.remove(h);
                     }
@@ -401,7 +493,7 @@ impl Translator {
             if let Some(slot) = self.map.remove(&h) {
                 self.stats.evicted += 1;
                 for t in TIERS {
-                    if slot.tiers & tier_bit(t) != 0 {
+                    if !slot.opaque && slot.tiers & tier_bit(t) != 0 {
                         out.push(RouterEvent::Removed { blocks: vec![slot.seq], tier: t });
                     }
                 }

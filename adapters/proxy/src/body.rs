@@ -42,12 +42,20 @@ pub enum ProxyBody {
     Full(Full<Bytes>),
     /// A worker's response, streamed through.
     Stream(Box<UpstreamBody>),
+    /// A worker's stream that may continue on another worker (see [`crate::migrate`]).
+    Migrating(Box<crate::migrate::MigratingBody>),
 }
 
 impl ProxyBody {
     /// A complete body.
     pub fn full(b: impl Into<Bytes>) -> Self {
         ProxyBody::Full(Full::new(b.into()))
+    }
+}
+
+impl From<Bytes> for ProxyBody {
+    fn from(b: Bytes) -> Self {
+        ProxyBody::full(b)
     }
 }
 
@@ -59,6 +67,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Full(f) => Pin::new(f).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::Stream(s) => Pin::new(s.as_mut()).poll_frame(cx),
+            ProxyBody::Migrating(m) => Pin::new(m.as_mut()).poll_frame(cx),
         }
     }
 
@@ -66,6 +75,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(f) => f.is_end_stream(),
             ProxyBody::Stream(s) => s.done,
+            ProxyBody::Migrating(m) => m.is_end_stream(),
         }
     }
 
@@ -73,7 +83,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(f) => f.size_hint(),
             ProxyBody::Stream(s) if !s.injects_errors => s.inner.size_hint(),
-            ProxyBody::Stream(_) => SizeHint::default(),
+            ProxyBody::Stream(_) | ProxyBody::Migrating(_) => SizeHint::default(),
         }
     }
 }
@@ -157,6 +167,14 @@ impl UpstreamBody {
             done: false,
             _permit: permit,
         }
+    }
+
+    /// Sends `first`, a frame already read from `inner`, before reading on.
+    pub(crate) fn with_first(mut self, first: Option<Frame<Bytes>>) -> Self {
+        if let Some(f) = first {
+            self.held = Some(Next::Frame(f));
+        }
+        self
     }
 
     /// A frame of `chunks` non-empty upstream chunks goes out; `last` when the worker's

@@ -35,7 +35,11 @@ pub use table::{AffinityTable, EXPIRE_PER_CALL_MAX};
 /// How strongly a binding holds.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum AffinityMode {
-    /// The binding is a pin: the session goes to its worker or fails.
+    /// The binding is a pin: the session never moves while its worker is available. A
+    /// worker that takes nothing new (ejected, draining, removed, or no longer serving
+    /// the phase) has no cache to offer, so the façade re-binds such a session as in soft
+    /// mode. A pinned request whose worker is merely busy queues; explicit pins in the
+    /// request stay strict.
     #[default]
     Hard,
     /// The binding is a preference, kept only while the worker stays eligible. The table

@@ -70,8 +70,8 @@ impl Router {
         let Some(session) = self.flights.get(&fk).and_then(|f| f.req.session.clone()) else {
             return Ok(SessionStep::Go(None));
         };
-        // Soft mode re-initializes a binding whose worker can no longer serve the phase;
-        // two rounds are enough because the second acquire cannot find a binding.
+        // A binding whose worker can no longer serve the phase is re-initialized, in both
+        // modes; two rounds are enough because the second acquire cannot find a binding.
         for _ in 0..2 {
             match self.affinity.acquire(now, &session, fk.1).map_err(RouteError::Affinity)? {
                 Acquire::Initialize(token) => {
@@ -85,12 +85,10 @@ impl Router {
                 }
                 Acquire::Bound { binding, lease } => {
                     // A binding to a worker that no longer exists in that shape (gone, another
-                    // role, fewer ranks) can never be served, in either mode: start over. Soft
-                    // bindings also yield to a worker that is merely unhealthy.
-                    let stale = !self.still_fits(binding, fk.1);
-                    let soft_unusable =
-                        self.cfg.affinity.mode == AffinityMode::Soft && !self.can_serve(binding.worker, fk.1);
-                    if stale || soft_unusable {
+                    // role, fewer ranks) or that takes nothing new (ejected, draining) has no
+                    // cache to offer, in either mode: start over. `Hard` means the session
+                    // never moves while its worker is available, not that it dies with it.
+                    if !self.still_fits(binding, fk.1) || !self.can_serve(binding.worker, fk.1) {
                         let _ = self.affinity.release(now, lease);
                         self.invalidate_session(&session, fk.1, binding.revision);
                         continue;
@@ -426,7 +424,12 @@ impl Router {
                 if let (true, Some(s)) = (invalidate, &f.req.session) {
                     self.invalidate_session(s, fk.1, revision);
                 }
-                let _ = self.affinity.release(now, lease);
+                // Only a request its worker took renews the binding's idle time.
+                let _ = if matches!(f.state, State::Dispatched(_)) {
+                    self.affinity.release(now, lease)
+                } else {
+                    self.affinity.release_unserved(now, lease)
+                };
             }
         }
         self.drain_affinity(now);

@@ -102,7 +102,7 @@ struct Fields {
     tier: Option<Tier>,
     lora: Option<core::ops::Range<usize>>,
     group_idx: u32,
-    has_extra_keys: bool,
+    extra: Option<core::ops::Range<usize>>,
 }
 
 struct Mark {
@@ -110,6 +110,8 @@ struct Mark {
     hashes: usize,
     tokens: usize,
     names: usize,
+    block_keys: usize,
+    keys: usize,
 }
 
 /// Decodes the `events` array into `out`.
@@ -117,8 +119,14 @@ pub(super) fn decode_events(r: &mut Reader<'_>, cfg: &DecodeConfig, out: &mut Ba
     let n = r.array_len()?;
     out.events.reserve(n.min(1024));
     for _ in 0..n {
-        let mark =
-            Mark { pos: r.position(), hashes: out.hashes.len(), tokens: out.tokens.len(), names: out.names.len() };
+        let mark = Mark {
+            pos: r.position(),
+            hashes: out.hashes.len(),
+            tokens: out.tokens.len(),
+            names: out.names.len(),
+            block_keys: out.block_keys.len(),
+            keys: out.keys.len(),
+        };
         match decode_event(r, cfg, out) {
             Ok(Some(ev)) => out.events.push(ev),
             Ok(None) => {
@@ -144,6 +152,8 @@ impl Batch {
         self.hashes.truncate(m.hashes);
         self.tokens.truncate(m.tokens);
         self.names.truncate(m.names);
+        self.block_keys.truncate(m.block_keys);
+        self.keys.truncate(m.keys);
     }
 }
 
@@ -282,10 +292,7 @@ fn read_field(
                 f.lora = Some(start..out.names.len());
             }
         }
-        Field::ExtraKeys => {
-            f.has_extra_keys = r.peek()? != 0xc0;
-            r.skip()?;
-        }
+        Field::ExtraKeys => f.extra = super::extra::read(r, out)?,
         Field::LoraId
         | Field::SpecKind
         | Field::SlidingWindow
@@ -331,7 +338,7 @@ fn build(kind: Kind, f: Fields) -> Result<Event, DecodeError> {
             tier: f.tier.unwrap_or(Tier::Device),
             lora: f.lora,
             group_idx: f.group_idx,
-            has_extra_keys: f.has_extra_keys,
+            extra: f.extra,
         },
         Kind::Removed => Event::Removed {
             hashes: f.hashes.ok_or(missing("BlockRemoved", "block_hashes"))?,

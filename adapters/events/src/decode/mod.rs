@@ -14,6 +14,9 @@
 //! What the events mean for the router is left to [`crate::translate`].
 
 mod event;
+mod extra;
+
+pub use extra::{ExtraKey, ExtraKeys};
 
 use core::fmt;
 use core::ops::Range;
@@ -99,6 +102,8 @@ pub enum DecodeError {
     },
     /// `medium` is none of GPU, CPU, STORAGE, DISK or nil.
     UnknownMedium,
+    /// `extra_keys` is neither nil nor a list.
+    ExtraKeysMalformed,
 }
 
 impl fmt::Display for DecodeError {
@@ -117,6 +122,7 @@ impl fmt::Display for DecodeError {
             DecodeError::HashOutOfRange => f.write_str("int block hash outside 64 bits"),
             DecodeError::IntOutOfRange { field } => write!(f, "{field} outside 0..=u32::MAX"),
             DecodeError::UnknownMedium => f.write_str("unknown medium"),
+            DecodeError::ExtraKeysMalformed => f.write_str("extra_keys is neither nil nor a list"),
         }
     }
 }
@@ -177,8 +183,8 @@ pub struct StoredRef<'b> {
     pub lora_name: Option<&'b str>,
     /// KV-cache group (hybrid models); 0 when absent.
     pub group_idx: u32,
-    /// Whether per-block `extra_keys` were present (they are not used for hashing).
-    pub has_extra_keys: bool,
+    /// Per-block `extra_keys`, when the event carries them (not nil).
+    pub extra_keys: Option<ExtraKeys<'b>>,
 }
 
 /// A decoded `BlockRemoved`.
@@ -202,7 +208,7 @@ enum Event {
         tier: Tier,
         lora: Option<Range<usize>>,
         group_idx: u32,
-        has_extra_keys: bool,
+        extra: Option<Range<usize>>,
     },
     Removed {
         hashes: Range<usize>,
@@ -225,6 +231,9 @@ pub struct Batch {
     hashes: Vec<EngineHash>,
     tokens: Vec<u32>,
     names: String,
+    /// Per-block spans of `keys`, for every event's `extra_keys`.
+    block_keys: Vec<extra::Span>,
+    keys: Vec<extra::RawKey>,
 }
 
 impl Batch {
@@ -250,7 +259,7 @@ impl Batch {
 
     fn view<'b>(&'b self, e: &Event) -> EventRef<'b> {
         match e {
-            Event::Stored { hashes, parent, tokens, block_size, tier, lora, group_idx, has_extra_keys } => {
+            Event::Stored { hashes, parent, tokens, block_size, tier, lora, group_idx, extra } => {
                 EventRef::Stored(StoredRef {
                     block_hashes: &self.hashes[hashes.clone()],
                     parent: *parent,
@@ -259,7 +268,7 @@ impl Batch {
                     tier: *tier,
                     lora_name: lora.clone().map(|r| &self.names[r]),
                     group_idx: *group_idx,
-                    has_extra_keys: *has_extra_keys,
+                    extra_keys: extra.clone().map(|r| self.extra_keys(r)),
                 })
             }
             Event::Removed { hashes, tier, group_idx } => EventRef::Removed(RemovedRef {
@@ -279,6 +288,8 @@ impl Batch {
         self.hashes.clear();
         self.tokens.clear();
         self.names.clear();
+        self.block_keys.clear();
+        self.keys.clear();
     }
 }
 

@@ -39,7 +39,7 @@ fn both_forms_decode_alike() {
                     tier: Tier::Host,
                     lora_name: Some("l"),
                     group_idx: 0,
-                    has_extra_keys: false,
+                    extra_keys: None,
                 }),
                 EventRef::Removed(RemovedRef { block_hashes: &want_hashes[..1], tier: Tier::Device, group_idx: 0 }),
                 EventRef::Cleared,
@@ -85,4 +85,73 @@ fn peek_ts_reads_both_envelopes() {
     assert_eq!(peek_ts(&encode_batch(9.5, &[], None, WireForm::Map)), Some(9.5));
     assert_eq!(peek_ts(&[0x82, 0xa6, b'e', b'v', b'e', b'n', b't', b's', 0x90, 0xa2, b't', b's', 0x03]), Some(3.0));
     assert_eq!(peek_ts(b"\xc1"), None);
+}
+
+/// `[1.0, [BlockStored{extra_keys: <raw>}, AllBlocksCleared]]`, map form.
+fn stored_with_extra_keys(raw: &dyn Fn(&mut crate::encode::Writer)) -> Vec<u8> {
+    let mut w = crate::encode::Writer(Vec::new());
+    w.array(2);
+    w.f64(1.0);
+    w.array(2);
+    w.map(6);
+    for (k, v) in [("type", "BlockStored"), ("medium", "GPU")] {
+        w.str(k);
+        w.str(v);
+    }
+    w.str("block_hashes");
+    w.array(2);
+    w.int(u64::MAX.into());
+    w.int(1 << 63);
+    w.str("token_ids");
+    w.array(8);
+    (0..8).for_each(|t| w.int(t));
+    w.str("block_size");
+    w.int(4);
+    w.str("extra_keys");
+    raw(&mut w);
+    w.map(1);
+    w.str("type");
+    w.str("AllBlocksCleared");
+    w.0
+}
+
+#[test]
+fn extra_keys_keep_strings_and_mark_the_rest_opaque() {
+    let b = decode(&stored_with_extra_keys(&|w| {
+        w.array(2);
+        // Block 0: a salt, a nested pair, an int, bytes, a string that is not UTF-8.
+        w.array(5);
+        w.str("tenant-a");
+        w.array(2);
+        w.str("img");
+        w.int(3);
+        w.int(7);
+        w.bin(b"\x00\x01");
+        w.0.extend_from_slice(&[0xa2, 0xff, 0xfe]);
+        // Block 1: nil.
+        w.nil();
+    }))
+    .unwrap();
+    let EventRef::Stored(s) = b.events().next().unwrap() else { panic!("a stored event") };
+    assert_eq!(s.block_hashes[0], EngineHash::from_int(u64::MAX.into()).unwrap(), "u64 hashes above i64::MAX");
+    let x = s.extra_keys.expect("extra keys");
+    assert_eq!(x.len(), 2);
+    let block0: Vec<_> = x.block(0).collect();
+    assert_eq!(
+        block0,
+        [ExtraKey::Str("tenant-a"), ExtraKey::Opaque, ExtraKey::Opaque, ExtraKey::Opaque, ExtraKey::Opaque]
+    );
+    assert_eq!(x.block(1).count(), 0);
+    assert_eq!(x.block(2).count(), 0, "past the end: no keys");
+}
+
+#[test]
+fn extra_keys_that_are_not_a_list_drop_only_their_event() {
+    let b = decode(&stored_with_extra_keys(&|w| w.str("tenant-a"))).unwrap();
+    assert_eq!(b.events().collect::<Vec<_>>(), [EventRef::Cleared]);
+    assert_eq!(b.stats.malformed_events, 1);
+    assert_eq!(b.stats.first_event_error, Some(DecodeError::ExtraKeysMalformed));
+    let nil = decode(&stored_with_extra_keys(&|w| w.nil())).unwrap();
+    let EventRef::Stored(s) = nil.events().next().unwrap() else { panic!("a stored event") };
+    assert_eq!(s.extra_keys, None);
 }

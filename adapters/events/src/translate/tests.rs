@@ -18,7 +18,7 @@ fn stored<'a>(hashes: &'a [EngineHash], parent: Option<EngineHash>, tokens: &'a 
         tier,
         lora_name: None,
         group_idx: 0,
-        has_extra_keys: false,
+        extra_keys: None,
     })
 }
 
@@ -173,4 +173,196 @@ fn local_hash_matches_the_core() {
             assert_eq!(local_hash_into(&mut buf, &tokens, seed), want, "{n} tokens");
         }
     }
+}
+
+// ---- extra_keys: cache salts, LoRA names, and keys the router cannot reproduce ----
+
+/// One `extra_keys` item as a test writes it.
+#[derive(Clone, Copy)]
+enum K<'a> {
+    /// A string key (LoRA name or cache salt).
+    S(&'a str),
+    /// A multimodal `(hash, offset)` pair, as current vLLM writes it.
+    Mm(&'a str, i128),
+}
+
+/// A map-form `BlockStored` with int hashes, written as vLLM's msgspec would.
+struct Ev<'a> {
+    hashes: &'a [i128],
+    parent: Option<i128>,
+    tokens: &'a [u32],
+    lora: Option<&'a str>,
+    keys: Option<&'a [Option<&'a [K<'a>]>]>,
+}
+
+fn payload(ev: &Ev<'_>) -> Vec<u8> {
+    use crate::encode::Writer;
+    let mut w = Writer(Vec::new());
+    w.array(2);
+    w.f64(1.0);
+    w.array(1);
+    w.map(7);
+    w.str("type");
+    w.str("BlockStored");
+    w.str("block_hashes");
+    w.array(ev.hashes.len());
+    ev.hashes.iter().for_each(|&v| w.int(v));
+    w.str("parent_block_hash");
+    match ev.parent {
+        Some(v) => w.int(v),
+        None => w.nil(),
+    }
+    w.str("token_ids");
+    w.array(ev.tokens.len());
+    ev.tokens.iter().for_each(|&t| w.int(t.into()));
+    w.str("block_size");
+    w.int(4);
+    w.str("lora_name");
+    match ev.lora {
+        Some(l) => w.str(l),
+        None => w.nil(),
+    }
+    w.str("extra_keys");
+    match ev.keys {
+        None => w.nil(),
+        Some(blocks) => {
+            w.array(blocks.len());
+            for block in blocks {
+                let Some(keys) = block else {
+                    w.nil();
+                    continue;
+                };
+                w.array(keys.len());
+                for k in *keys {
+                    match *k {
+                        K::S(s) => w.str(s),
+                        K::Mm(hash, offset) => {
+                            w.array(2);
+                            w.str(hash);
+                            w.int(offset);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    w.0
+}
+
+/// Decodes and translates `evs` in order; returns the sequence hashes indexed per event.
+fn translate_all(t: &mut Translator, evs: &[Ev<'_>]) -> Result<Vec<Vec<SeqHash>>, TranslateError> {
+    let mut per_event = Vec::new();
+    for ev in evs {
+        let mut batch = crate::decode::Batch::new();
+        crate::decode::decode_batch(&payload(ev), &crate::decode::DecodeConfig::default(), &mut batch)
+            .expect("a well-formed payload");
+        let mut out = Vec::new();
+        for e in batch.events() {
+            t.translate(e, &mut out)?;
+        }
+        per_event.push(seqs(&out));
+    }
+    Ok(per_event)
+}
+
+fn salted(tokens: &[u32], lora: Option<&str>, salt: Option<&str>) -> Vec<SeqHash> {
+    seq_hashes(tokens, BlockSize::new(4).unwrap(), HashSeed::salted(lora, salt))
+}
+
+/// Feeds `evs` to a fresh translator (worker salt `worker_salt`) and compares what each
+/// event indexed with `want`.
+#[track_caller]
+fn check(worker_salt: Option<&str>, evs: &[Ev<'_>], want: &[Vec<SeqHash>]) -> Translator {
+    let mut t = Translator::new(TranslateConfig { cache_salt: worker_salt.map(String::from), ..bs4() });
+    assert_eq!(translate_all(&mut t, evs).as_deref(), Ok(want));
+    t
+}
+
+const SALT_A: &[K<'static>] = &[K::S("tenant-a")];
+const MM: &[K<'static>] = &[K::Mm("img-1", 0)];
+
+fn ev<'a>(
+    hashes: &'a [i128],
+    parent: Option<i128>,
+    tokens: &'a [u32],
+    keys: Option<&'a [Option<&'a [K<'a>]>]>,
+) -> Ev<'a> {
+    Ev { hashes, parent, tokens, lora: None, keys }
+}
+
+#[test]
+fn a_salt_on_the_first_block_salts_its_whole_chain() {
+    let big = i128::from(u64::MAX) - 7; // above i64::MAX, as vLLM's u64 hashes often are
+    let t8 = &TOKENS[..8];
+    // vLLM: the salt in the first block's extra keys only, nil after.
+    check(None, &[ev(&[big, 2], None, t8, Some(&[Some(SALT_A), None]))], &[salted(t8, None, Some("tenant-a"))]);
+    // The same chain split over two events: the child inherits the salt from its parent.
+    let want = salted(t8, None, Some("tenant-a"));
+    check(
+        None,
+        &[ev(&[big], None, &t8[..4], Some(&[Some(SALT_A)])), ev(&[2], Some(big), &t8[4..], Some(&[None]))],
+        &[want[..1].to_vec(), want[1..].to_vec()],
+    );
+    // Unsalted blocks stay unsalted, with or without an all-nil extra_keys.
+    check(None, &[ev(&[1, 2], None, t8, Some(&[None, None]))], &[salted(t8, None, None)]);
+    check(None, &[ev(&[1, 2], None, t8, None)], &[salted(t8, None, None)]);
+    // A worker's configured salt applies where the event names none; the event's wins.
+    check(Some("w"), &[ev(&[1, 2], None, t8, None)], &[salted(t8, None, Some("w"))]);
+    check(Some("w"), &[ev(&[1, 2], None, t8, Some(&[Some(SALT_A), None]))], &[salted(t8, None, Some("tenant-a"))]);
+}
+
+#[test]
+fn a_salted_chain_never_matches_an_unsalted_one() {
+    let t8 = &TOKENS[..8];
+    let got = check(None, &[ev(&[1, 2], None, t8, Some(&[Some(SALT_A), None]))], &[salted(t8, None, Some("tenant-a"))]);
+    assert_eq!(got.stats().opaque_blocks, 0);
+    let salted_a = salted(t8, None, Some("tenant-a"));
+    for other in [salted(t8, None, None), salted(t8, None, Some("tenant-b"))] {
+        assert!(salted_a.iter().all(|h| !other.contains(h)), "no block in common");
+    }
+}
+
+#[test]
+fn lora_names_in_extra_keys_are_the_adapters_salt() {
+    let t8 = &TOKENS[..8];
+    let ad: &[K<'_>] = &[K::S("ad")];
+    let ad_salt: &[K<'_>] = &[K::S("ad"), K::S("t")];
+    let lora = |keys| Ev { lora: Some("ad"), ..ev(&[1, 2], None, t8, keys) };
+    let (every, first_salted) = ([Some(ad), Some(ad)], [Some(ad_salt), Some(ad)]);
+    check(None, &[lora(Some(&every))], &[salted(t8, Some("ad"), None)]);
+    check(None, &[lora(Some(&first_salted))], &[salted(t8, Some("ad"), Some("t"))]);
+    // Older vLLM sends no extra keys: the lora_name field alone salts.
+    check(None, &[lora(None)], &[salted(t8, Some("ad"), None)]);
+}
+
+#[test]
+fn blocks_with_keys_the_router_cannot_reproduce_are_never_indexed() {
+    let t12 = &TOKENS[..12];
+    let plain = salted(t12, None, None);
+    // A multimodal key in the second block: the first is indexed, the rest are not.
+    let mut t = check(None, &[ev(&[1, 2, 3], None, t12, Some(&[None, Some(MM), None]))], &[plain[..1].to_vec()]);
+    assert_eq!(t.stats().opaque_blocks, 2);
+    // A child of an opaque block is opaque; removing opaque blocks emits nothing, and
+    // removing the indexed one still maps back.
+    assert_eq!(translate_all(&mut t, &[ev(&[4], Some(3), &TOKENS[12..], Some(&[None]))]), Ok(vec![vec![]]));
+    let mut out = Vec::new();
+    t.translate(removed(&[h(2), h(3), h(4)], Tier::Device), &mut out).unwrap();
+    assert_eq!((out.len(), t.stats().unknown_removed), (0, 0));
+    t.translate(removed(&[h(1)], Tier::Device), &mut out).unwrap();
+    assert_eq!(out, vec![RouterEvent::Removed { blocks: plain[..1].to_vec(), tier: Tier::Device }]);
+    assert!(t.is_empty());
+    // A string where no salt can be (a later block, or a second string) is opaque too.
+    let two: &[K<'_>] = &[K::S("a"), K::S("b")];
+    check(None, &[ev(&[1, 2], None, &TOKENS[..8], Some(&[None, Some(SALT_A)]))], &[plain[..1].to_vec()]);
+    check(None, &[ev(&[1], None, &TOKENS[..4], Some(&[Some(two)]))], &[vec![]]);
+    check(None, &[ev(&[1], None, &TOKENS[..4], Some(&[Some(MM)]))], &[vec![]]);
+}
+
+#[test]
+fn extra_keys_of_the_wrong_length_refuse_the_event() {
+    let mut t = Translator::new(bs4());
+    let r = translate_all(&mut t, &[ev(&[1, 2], None, &TOKENS[..8], Some(&[None]))]);
+    assert_eq!(r, Err(TranslateError::ExtraKeysMismatch { blocks: 2, entries: 1 }));
+    assert!(t.is_empty());
+    assert_eq!(t.stats().extra_keys_mismatch, 1);
 }

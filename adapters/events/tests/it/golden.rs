@@ -4,10 +4,32 @@
 
 use std::fs;
 
-use kvroute_events::decode::{decode_batch, Batch, BatchStats, DecodeConfig, DecodeError, EngineHash, EventRef};
+use kvroute_events::decode::{
+    decode_batch, Batch, BatchStats, DecodeConfig, DecodeError, EngineHash, EventRef, ExtraKey, ExtraKeys,
+};
 use router_core::types::Tier;
 
 use crate::support::{crate_dir, python};
+
+/// An owned extra key.
+#[derive(Clone, PartialEq, Debug)]
+enum Key {
+    S(&'static str),
+    Opaque,
+}
+
+fn own_keys(x: ExtraKeys<'_>) -> Vec<Vec<Key>> {
+    (0..x.len())
+        .map(|i| {
+            x.block(i)
+                .map(|k| match k {
+                    ExtraKey::Str(s) => Key::S(Box::leak(s.to_string().into_boxed_str())),
+                    ExtraKey::Opaque => Key::Opaque,
+                })
+                .collect()
+        })
+        .collect()
+}
 
 /// An owned, comparable event.
 #[derive(Clone, PartialEq, Debug)]
@@ -19,7 +41,8 @@ enum Want {
         tier: Tier,
         lora: Option<&'static str>,
         group: u32,
-        extra: bool,
+        /// Per-block extra keys; `None` when the event has none.
+        extra: Option<Vec<Vec<Key>>>,
     },
     Removed {
         hashes: Vec<EngineHash>,
@@ -40,7 +63,7 @@ fn own(ev: EventRef<'_>) -> Want {
                 tier: s.tier,
                 lora: s.lora_name.map(|l| Box::leak(l.to_string().into_boxed_str()) as &'static str),
                 group: s.group_idx,
-                extra: s.has_extra_keys,
+                extra: s.extra_keys.map(own_keys),
             }
         }
         EventRef::Removed(r) => Want::Removed { hashes: r.block_hashes.to_vec(), tier: r.tier, group: r.group_idx },
@@ -64,7 +87,7 @@ fn stored_int() -> Want {
         tier: Tier::Device,
         lora: None,
         group: 0,
-        extra: false,
+        extra: None,
     }
 }
 
@@ -90,7 +113,7 @@ fn golden_frames_decode_to_the_stated_events() {
             tier: Tier::Host,
             lora: Some("adapter-a"),
             group: 0,
-            extra: true,
+            extra: Some(vec![vec![], vec![Key::S("mm-hash"), Key::Opaque]]),
         };
         check(&n("stored_bytes"), 2.25, Some(0), &[bytes], none);
         check(
@@ -117,9 +140,28 @@ fn golden_frames_decode_to_the_stated_events() {
             tier: Tier::Disk,
             lora: None,
             group: 0,
-            extra: false,
+            extra: None,
         };
         check(&n("newer_fields"), 7.0, None, &[newer], none);
+        let salted = Want::Stored {
+            hashes: vec![i(14722417665957728748), i(2887188193437737155)],
+            parent: None,
+            tokens: (300..308).collect(),
+            tier: Tier::Device,
+            lora: None,
+            group: 0,
+            extra: Some(vec![vec![Key::S("tenant-a")], vec![]]),
+        };
+        let lora_mm = Want::Stored {
+            hashes: vec![i(1 << 63), i(i128::from(u64::MAX) - 1)],
+            parent: Some(i((1 << 63) + 5)),
+            tokens: (0..8).collect(),
+            tier: Tier::Device,
+            lora: Some("sql-lora"),
+            group: 0,
+            extra: Some(vec![vec![Key::S("sql-lora"), Key::S("tenant-b")], vec![Key::S("sql-lora"), Key::Opaque]]),
+        };
+        check(&n("extra_keys"), 9.0, Some(0), &[salted, lora_mm], none);
     }
     check("golden_batch_as_map", 8.0, Some(2), &[Want::Cleared], none);
 }
@@ -133,7 +175,7 @@ fn hand_made_seeds_decode_as_stated() {
         tier: Tier::Device,
         lora: None,
         group: 0,
-        extra: false,
+        extra: None,
     };
     check("ok_legacy_positional", 1.0, None, &[legacy], BatchStats::default());
     check(

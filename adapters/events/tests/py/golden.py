@@ -54,6 +54,40 @@ def stored_bytes(cls):
     )
 
 
+def salted(cls):
+    """As vLLM 0.32 publishes a request with `cache_salt`: the salt in the first
+    block's extra keys only; u64 hashes above i64::MAX."""
+    return cls(
+        block_hashes=[14722417665957728748, 2887188193437737155],
+        parent_block_hash=None,
+        token_ids=list(range(300, 308)),
+        block_size=4,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        extra_keys=[("tenant-a",), None],
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+    )
+
+
+def lora_mm(cls):
+    """An adapter's request with a salt, then a block holding an image: the LoRA name
+    on every block, the salt on the first, a (hash, offset) pair where the image is."""
+    return cls(
+        block_hashes=[2**63, 2**64 - 2],
+        parent_block_hash=2**63 + 5,
+        token_ids=list(range(8)),
+        block_size=4,
+        lora_id=1,
+        medium="GPU",
+        lora_name="sql-lora",
+        extra_keys=[("sql-lora", "tenant-b"), ("sql-lora", ("img-hash", 2))],
+        group_idx=0,
+        kv_cache_spec_kind="full_attention",
+    )
+
+
 def cases():
     out = {}
     for form, (st, rm, cl) in {
@@ -88,6 +122,7 @@ def cases():
             session_id="s-1",
         )
         out[f"golden_newer_fields_{form}"] = EventBatch(ts=7.0, events=[newer])
+        out[f"golden_extra_keys_{form}"] = EventBatch(ts=9.0, events=[salted(st), lora_mm(st)], data_parallel_rank=0)
     out["golden_batch_as_map"] = MapEventBatch(ts=8.0, events=[MapCleared()], data_parallel_rank=2)
     return out
 

@@ -86,7 +86,7 @@ impl Retry {
             return false;
         }
         self.retries += 1;
-        state.metrics.retry(model);
+        state.metrics.retry(model, "connect");
         true
     }
 

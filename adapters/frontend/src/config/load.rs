@@ -128,7 +128,7 @@ impl ProxyConfig {
     }
 
     /// Checks one worker against the models (also used by `POST /workers`).
-    pub(crate) fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
+    pub fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
         let Some(model) = self.models.iter().find(|m| m.name == w.model) else {
             return Err(("model", format!("{:?} is not a configured model", w.model)));
         };
@@ -155,21 +155,21 @@ fn check_disagg(protocol: Option<DisaggProtocol>, w: &WorkerConfig) -> Result<()
     }
 }
 
-fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
+pub(super) fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
     let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
     let source_line = line.and_then(|l| text.lines().nth(l - 1)).unwrap_or("").trim().to_string();
     ConfigError::Parse { line, source_line, message: e.message().trim().to_string() }
 }
 
 /// A flag's value as TOML (`1024`, `true`, `["a"]`), or a plain string.
-fn override_value(raw: &str) -> toml::Value {
+pub(super) fn override_value(raw: &str) -> toml::Value {
     toml::from_str::<toml::Table>(&format!("v = {raw}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
-fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+pub(super) fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
     let mut parts: Vec<&str> = key.split('.').collect();
     let last = parts.pop().filter(|l| !l.is_empty()).ok_or("empty key")?;
     let mut t = table;

@@ -73,6 +73,13 @@ struct FallbackLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabels {
+    model: String,
+    reason: &'static str,
+    outcome: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Every metric the proxy exports.
@@ -86,7 +93,8 @@ pub struct Metrics {
     not_max_overlap: Family<ModelLabels, Counter>,
     rejections: Family<RejectLabels, Counter>,
     untrusted: Family<FieldLabels, Counter>,
-    retries: Family<ModelLabels, Counter>,
+    retries: Family<FallbackLabels, Counter>,
+    migrations: Family<MigrationLabels, Counter>,
     failures: Family<FailureLabels, Counter>,
     ejections: Family<FailureLabels, Counter>,
     fallbacks: Family<FallbackLabels, Counter>,
@@ -165,6 +173,7 @@ impl Metrics {
             rejections: Family::default(),
             untrusted: Family::default(),
             retries: Family::default(),
+            migrations: Family::default(),
             failures: Family::default(),
             ejections: Family::default(),
             fallbacks: Family::default(),
@@ -202,7 +211,16 @@ impl Metrics {
             "Routing fields removed from untrusted requests",
             m.untrusted.clone(),
         );
-        r.register("kvroute_retries", "Requests re-sent to another worker after a connect failure", m.retries.clone());
+        r.register(
+            "kvroute_retries",
+            "Tries re-sent to another worker before the first byte, by reason",
+            m.retries.clone(),
+        );
+        r.register(
+            "kvroute_migrations",
+            "Streams continued on another worker, by reason and outcome",
+            m.migrations.clone(),
+        );
         r.register("kvroute_upstream_failures", "Failures counted against workers", m.failures.clone());
         r.register("kvroute_worker_ejections", "Times a worker was ejected", m.ejections.clone());
         r.register(
@@ -396,9 +414,16 @@ impl Metrics {
         self.untrusted.get_or_create(&FieldLabels { field }).inc();
     }
 
-    /// A retry.
-    pub fn retry(&self, model: &str) {
-        self.retries.get_or_create(&ModelLabels { model: model.into() }).inc();
+    /// A retry: `connect`, `reset`, `status_5xx`, `status_429`, `first_byte_timeout`.
+    pub fn retry(&self, model: &str, reason: &'static str) {
+        self.retries.get_or_create(&FallbackLabels { model: model.into(), reason }).inc();
+    }
+
+    /// A migration attempt (`reason`: `stream_broken`, `idle_timeout`) and its `outcome`
+    /// (`resumed`, `refused_structured`, `attempts_exhausted`, `deadline`, `no_worker`,
+    /// `unsupported`).
+    pub fn migration(&self, model: &str, reason: &'static str, outcome: &'static str) {
+        self.migrations.get_or_create(&MigrationLabels { model: model.into(), reason, outcome }).inc();
     }
 
     /// A failure counted against a worker: `connect`, `status_5xx`, `stream_broken`, `probe`.

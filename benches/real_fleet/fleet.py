@@ -1,0 +1,215 @@
+"""Processes of the benchmark: vLLM CPU servers and the routers in front of them.
+
+Everything listens on 127.0.0.1 only. Every process is started in its own process group
+and stopped by its own pid (SIGTERM, then SIGKILL), never by name.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvroute"
+SERVED_NAME = "kvroute-bench"
+# Prompt tokens per forward pass, the same for vLLM, kvroute's cost model and the replay.
+MAX_BATCHED_TOKENS = 2048
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, timeout=5.0):
+    """(status, text) of one request; status 0 when nothing answered."""
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return 0, ""
+
+
+class Proc:
+    """A child process with its log file."""
+
+    def __init__(self, name, argv, env, log_dir: Path):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.log = open(self.log_path, "w", encoding="utf-8")
+        self.p = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_http(self, url, timeout_s):
+        """Waits until `url` answers 200; raises with the log's tail when it never does."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.p.poll() is not None:
+                break
+            if http("GET", url, timeout=2.0)[0] == 200:
+                return
+            time.sleep(0.5)
+        self.stop()
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{self.name} did not come up at {url}; log tail:\n{tail}")
+
+    def stop(self):
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+                self.p.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.p.wait()
+        self.log.close()
+
+
+class Engine:
+    """One vLLM CPU server with prefix caching, KV events and a small KV cache."""
+
+    def __init__(self, wid, gpu_blocks, max_model_len, log_dir: Path):
+        self.id = wid
+        self.gpu_blocks = gpu_blocks
+        self.port, self.events_port, self.replay_port = free_port(), free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        python = os.environ.get("KVROUTE_VLLM_PYTHON", str(CACHE / "engine/venv/bin/python"))
+        model = os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model"))
+        if not Path(python).exists() or not Path(model, "config.json").exists():
+            raise SystemExit(
+                f"vLLM engine or model missing ({python}, {model}); run benches/real_fleet/setup.sh first"
+            )
+        self.model = model
+        events = (
+            '{"enable_kv_cache_events": true, "publisher": "zmq", '
+            f'"endpoint": "tcp://*:{self.events_port}", "replay_endpoint": "tcp://*:{self.replay_port}", "topic": ""}}'
+        )
+        argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+                "--port", str(self.port), "--model", model, "--served-model-name", SERVED_NAME,
+                "--dtype", "bfloat16", "--enable-prefix-caching", "--block-size", "64",
+                "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", "16",
+                "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
+                "--num-gpu-blocks-override", str(gpu_blocks), "--kv-events-config", events,
+                "--enable-prompt-tokens-details"]  # fmt: skip
+        env = dict(os.environ)
+        env.update({
+            "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONHASHSEED": "0",
+            "VLLM_SERVER_DEV_MODE": "1",  # serves /reset_prefix_cache
+        })  # fmt: skip
+        self.proc = Proc(f"vllm-{wid}", argv, env, log_dir)
+
+    def reset_prefix_cache(self, timeout_s=30.0):
+        """Empties the prefix cache; retries while requests still hold blocks."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status, text = http("POST", f"{self.url}/reset_prefix_cache", b"")
+            if status == 200 and '"success":true' in text.replace(" ", ""):
+                return
+            if status == 404:
+                raise RuntimeError("vLLM has no /reset_prefix_cache (needs VLLM_SERVER_DEV_MODE=1)")
+            time.sleep(0.5)
+        raise RuntimeError(f"vllm-{self.id}: prefix cache reset did not succeed")
+
+
+def wait_routable(url, timeout_s=90.0):
+    """Waits until a router forwards a one-token completion (its /health can answer
+    before it has found its workers healthy); raises when it never does."""
+    body = json.dumps({"model": SERVED_NAME, "prompt": "hello", "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout_s
+    last = (0, "")
+    while time.monotonic() < deadline:
+        last = http("POST", f"{url}/v1/completions", body, timeout=30.0)
+        if last[0] == 200:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not route a completion in {timeout_s} s: {last}")
+
+
+def ready_or_stop(proc, url):
+    try:
+        wait_routable(url)
+    except RuntimeError:
+        proc.stop()
+        raise
+
+
+def kvroute_config(mode, engines, tokenizer_dir, port):
+    """A `kvroute serve` TOML for one policy over the fleet."""
+    lines = [
+        f'listen = "127.0.0.1:{port}"',
+        "seed = 7",
+        "[trust]",
+        'cidrs = ["127.0.0.1/32"]',
+        "[health_check]",
+        "interval_ms = 0",
+        "[router]",
+        f'mode = "{mode}"',
+        "block_size = 64",
+        "[[models]]",
+        f'name = "{SERVED_NAME}"',
+        f'tokenizer = "{tokenizer_dir}"',
+    ]
+    for e in engines:
+        lines += [
+            "[[workers]]",
+            f"id = {e.id}",
+            f'url = "{e.url}"',
+            f'model = "{SERVED_NAME}"',
+            f"kv_blocks = {e.gpu_blocks}",
+            f"max_batched_tokens = {MAX_BATCHED_TOKENS}",
+            f'kv_events = "tcp://127.0.0.1:{e.events_port}"',
+            f'kv_events_replay = "tcp://127.0.0.1:{e.replay_port}"',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def start_kvroute(binary, mode, engines, log_dir: Path, name=None):
+    """`kvroute serve` with `mode`; returns (proc, base url)."""
+    port = free_port()
+    name = name or f"kvroute-{mode}"
+    cfg = log_dir / f"{name}.toml"
+    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port))
+    proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http(f"{url}/health", 60)
+    ready_or_stop(proc, url)
+    return proc, url
+
+
+def start_peer(name, engines, log_dir: Path):
+    """A peer router (sglang-router or smg) over the same fleet; returns (proc, url) or None."""
+    port = free_port()
+    urls = [e.url for e in engines]
+    env = dict(os.environ)
+    if name == "sglang-router":
+        py = os.environ.get("KVROUTE_SGLANG_ROUTER_PYTHON")
+        if not py:
+            return None
+        argv = [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                "--policy", "cache_aware", "--worker-urls", *urls]  # fmt: skip
+    elif name in ("smg", "smg-prefix-hash"):
+        smg = os.environ.get("KVROUTE_SMG")
+        if not smg:
+            return None
+        policy = "prefix_hash" if name == "smg-prefix-hash" else "cache_aware"
+        argv = [smg, "launch", "--backend", "vllm", "--policy", policy, "--host", "127.0.0.1",
+                "--port", str(port), "--worker-urls", *urls]  # fmt: skip
+    else:
+        raise ValueError(name)
+    proc = Proc(name, argv, env, log_dir)
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http(f"{url}/health", 90)
+    ready_or_stop(proc, url)
+    return proc, url

@@ -1,0 +1,65 @@
+//! Child processes that cannot outlive the suite.
+//!
+//! Each child runs under a small `sh` watchdog in its own process group: the watchdog
+//! waits while both this test process and the child live, then kills the whole group.
+//! So when the test binary exits (the shared fixture is a static and is never dropped)
+//! or dies, vLLM (with its engine-core subprocess) and kvroute go within a second. The
+//! suite kills a server on purpose the same way: SIGKILL to its group.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// The watchdog: `$1…` is the command; `KVROUTE_WATCH_PID` the process it outlives not.
+const WATCHDOG: &str = r#"
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+while kill -0 "$KVROUTE_WATCH_PID" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
+kill -KILL 0
+"#;
+
+/// A supervised child process.
+pub struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    /// Starts `program args…` with `envs`, output appended to `log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], envs: &[(&str, String)], log: &Path) -> Proc {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log file opens");
+        let err = out.try_clone().expect("log file clones");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(WATCHDOG).arg("watchdog").arg(program).args(args);
+        cmd.env("KVROUTE_WATCH_PID", std::process::id().to_string());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name} ({}): {e}", program.display()));
+        Proc { child }
+    }
+
+    /// Whether it is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL to the whole group (the program and everything it started), then reaps.
+    pub fn kill(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free loopback TCP port (bound, read, released; a race is possible but rare).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("addr").port()
+}
