@@ -46,6 +46,7 @@ mod eligible;
 mod exclusion;
 mod hash;
 mod index;
+mod learn;
 mod load;
 mod mathf;
 mod pin;
@@ -62,6 +63,9 @@ pub use router::{KeySnapshot, Router, RouterCounts, RouterSnapshot, RouterStats,
 pub use pin::{explicit_pin, ExplicitPin, RoutingHints};
 pub use router::{Decision, DispatchFailure, ExplainRow, Output, PhaseField, Priority, Request, Routed};
 pub use select::{CandidateScore, KvCostOverrides};
+
+// ---- the cost learner's inputs and views ----
+pub use learn::{CostLearner, EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
 
 // ---- ids and plain values ----
 pub use time::Instant;

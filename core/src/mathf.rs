@@ -61,7 +61,6 @@ pub(crate) fn floor(x: f64) -> f64 {
 }
 
 /// Smallest integer not below `x`, for finite `x` within `i64`.
-#[cfg(test)]
 pub(crate) fn ceil(x: f64) -> f64 {
     -floor(-x)
 }

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use router_core::{
-    ApplySummary, Decision, DisaggPlan, DisaggStats, DispatchFailure, Draw, Health, IndexEvent, Instant, Output, Phase,
-    ReplicaUpdate, Request, RequestId, Routed, Router, RouterConfig, RouterSnapshot, Taint, WorkerId, WorkerKey,
-    WorkerSpec, WorkerUpdate,
+    ApplySummary, Decision, DisaggPlan, DisaggStats, DispatchFailure, Draw, EngineLoad, Health, IndexEvent, Instant,
+    LearnError, Learned, Output, Phase, ReplicaUpdate, Request, RequestId, Routed, Router, RouterConfig,
+    RouterSnapshot, Taint, WorkerId, WorkerKey, WorkerSpec, WorkerUpdate,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
@@ -115,6 +115,7 @@ impl Driver {
     pub async fn route(&self, mut request: Request, draw: Draw) -> Result<Booking, DriveError> {
         request.preview = false;
         let key = (request.id, request.phase.0);
+        let isl_tokens = request.isl_tokens;
         let (decision, rx) = self.shared.with(|inner, now| match inner.router.handle_request(now, request, draw) {
             Ok(d @ (Decision::Queued | Decision::Waiting)) => {
                 let (tx, rx) = oneshot::channel();
@@ -124,11 +125,11 @@ impl Driver {
             other => (other, None),
         });
         match decision {
-            Ok(Decision::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, false)),
+            Ok(Decision::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, false, isl_tokens)),
             Ok(Decision::Rejected(rej)) => Err(DriveError::Rejected(rej)),
             Err(e) => Err(DriveError::Route(e)),
             Ok(_) => match rx {
-                Some(rx) => Pending::new(self.shared.clone(), key, rx).wait().await,
+                Some(rx) => Pending::new(self.shared.clone(), key, rx, isl_tokens).wait().await,
                 None => Err(DriveError::Closed),
             },
         }
@@ -213,6 +214,16 @@ impl Driver {
     /// Read-only access to the router, under the lock. Keep `f` short.
     pub fn with_router<R>(&self, f: impl FnOnce(&Router) -> R) -> R {
         self.shared.with(|inner, _| f(&inner.router))
+    }
+
+    /// Hands the router the load `key`'s engine reports about itself.
+    pub fn engine_load(&self, key: WorkerKey, load: EngineLoad) -> Result<(), LearnError> {
+        self.shared.with(|inner, now| inner.router.handle_engine_load(now, key, load))
+    }
+
+    /// What the router's cost learner knows about `key` now.
+    pub fn learned(&self, key: WorkerKey) -> Option<Learned> {
+        self.shared.with(|inner, now| inner.router.learner().learned(now, key, &inner.router.config().cost.timing))
     }
 
     /// The router's invariants, for tests and debugging. Linear in requests in flight.

@@ -268,6 +268,10 @@ impl Exchange {
                 if let Some(booking) = &f.booking {
                     let _ = booking.prefill_done();
                 }
+            } else if let Some(booking) = &f.booking {
+                // Server-sent events after the first message time the decode.
+                let events = b.body.windows(5).filter(|w| *w == b"data:").count();
+                booking.output_chunks(u32::try_from(events).unwrap_or(u32::MAX));
             }
         }
         let flow = match self.response_mode() {

@@ -78,7 +78,9 @@ pub async fn question(
     let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
     let (hh, stripped_headers) = request::header_hints(headers, trusted)?;
     let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
-    for f in stripped_headers.into_iter().chain(stripped_fields) {
+    let (cost, cost_sent) = crate::cost_header::overrides(headers, trusted)?;
+    let cost_stripped = cost_sent.then_some(crate::cost_header::COST_HEADER);
+    for f in stripped_headers.into_iter().chain(stripped_fields).chain(cost_stripped) {
         cx.metrics.untrusted(f);
     }
     let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
@@ -95,7 +97,7 @@ pub async fn question(
         hints: hh.hints,
         session,
     };
-    let request = request::build(build, &tokens);
+    let request = Request { cost, ..request::build(build, &tokens) };
     cx.metrics.stage("tokenize", t1.elapsed());
     Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
 }

@@ -51,6 +51,8 @@ pub struct ProxyConfig {
     /// Sharing load and session bindings with other replicas over NATS; absent
     /// (default), this proxy routes alone.
     pub replica: Option<ReplicaConfig>,
+    /// Learned worker speeds and engine load scraped from the workers' metrics.
+    pub learn: crate::learn::LearnSection,
 }
 
 impl Default for ProxyConfig {
@@ -71,6 +73,7 @@ impl Default for ProxyConfig {
             models: Vec::new(),
             workers: Vec::new(),
             replica: None,
+            learn: crate::learn::LearnSection::default(),
         }
     }
 }

@@ -16,10 +16,12 @@
 
 pub mod ask;
 pub mod config;
+pub mod cost_header;
 pub mod error;
 pub mod events;
 pub mod fleet;
 pub mod headers;
+pub mod learn;
 pub mod metrics;
 pub mod request;
 mod start;

@@ -129,6 +129,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         seed: 0,
         json: d.json,
         plot: None,
+        learn: Default::default(),
     };
     let reqs = load_requests(&args)?;
     let runs = run_all(&args, &args.compare, &reqs)?;

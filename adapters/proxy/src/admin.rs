@@ -139,6 +139,8 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "tokenizer_missing": no_tokenizer && cfg.as_ref().is_some_and(|c| c.kv_events.is_some()),
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
+                // Apart from `ranks`, which says what the worker holds: this grows with traffic.
+                "learned": w.keys.iter().map(|k| crate::learn::learned_json(p.driver.learned(k.key))).collect::<Vec<_>>(),
             }));
         }
         pools.push(json!({
@@ -156,7 +158,12 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
             "timed_out": s.router.timed_out,
         }));
     }
-    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools}))
+    let scrapes = &state.scrapes;
+    let engine_scrapes = json!({
+        "ok": scrapes.ok.load(std::sync::atomic::Ordering::Relaxed),
+        "dropped": scrapes.dropped.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools, "engine_scrapes": engine_scrapes}))
 }
 
 /// A worker's event streams: `null` without a subscription, else one row per rank.

@@ -185,13 +185,22 @@ impl UpstreamBody {
         }
         let now = Instant::now();
         let m = &self.ctx.state.metrics;
+        // Chunks after the first frame time the decode (those in it came at once).
+        if let (Some(_), Some(b)) = (self.last_chunk, &self.booking) {
+            b.output_chunks(chunks);
+        }
         match self.last_chunk {
             None => {
                 m.ttft(&self.ctx.model, now - self.ctx.arrived);
                 // A body that ends with its first frame is finished at once, which
-                // releases the prefill load too.
-                if let Some(b) = self.booking.as_ref().filter(|_| !last) {
-                    let _ = b.prefill_done();
+                // releases the prefill load too; a stream's first frame still times
+                // its first token.
+                match &self.booking {
+                    Some(b) if !last => {
+                        let _ = b.prefill_done();
+                    }
+                    Some(b) if self.injects_errors => b.first_output(),
+                    _ => {}
                 }
             }
             Some(prev) if self.injects_errors => m.itl(&self.ctx.model, now - prev),

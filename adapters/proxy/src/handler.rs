@@ -122,7 +122,9 @@ pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiErr
     let routed = driver
         .preview(p.request, driver.draw())
         .map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms))?;
-    Ok(crate::error::json_response(http::StatusCode::OK, &routed_json(&p.pool.name, isl, &routed)))
+    let mut out = routed_json(&p.pool.name, isl, &routed);
+    crate::learn::annotate_preview(&mut out, driver, &routed, &state.cfg.learn);
+    Ok(crate::error::json_response(http::StatusCode::OK, &out))
 }
 
 /// Routes and forwards: split across a prefill and a decode worker when the model is

@@ -36,12 +36,13 @@ pub mod handler;
 pub mod health;
 pub mod migrate;
 pub mod retry;
+pub mod scrape;
 pub mod server;
 pub mod state;
 pub mod upstream;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
-pub use kvroute_frontend::{config, error, events, fleet, metrics, request, tokenize, trust};
+pub use kvroute_frontend::{config, cost_header, error, events, fleet, learn, metrics, request, tokenize, trust};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -101,12 +102,16 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         shutdown: shutdown_rx.clone(),
         subs,
         replica,
+        scrapes: Arc::default(),
         fleet,
         tokenizers,
         cfg,
     });
     tokio::spawn(health::active_checks(state.clone()));
     tokio::spawn(events::watch_silent(Arc::downgrade(&state), |s| (&s.subs, &s.metrics)));
+    let scraper =
+        scrape::Scraper { cfg: state.cfg.learn.clone(), client: state.client.clone(), stats: state.scrapes.clone() };
+    tokio::spawn(scrape::scrape_loop(scraper, Arc::downgrade(&state.fleet), shutdown_rx.clone()));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }

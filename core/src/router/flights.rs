@@ -123,6 +123,7 @@ impl Router {
         self.approx.remove_worker(id);
         self.load.remove_worker(id);
         self.affinity.invalidate_worker(id);
+        self.learn.remove_worker(id);
         self.event_workers.remove(&id);
         self.untrusted.retain(|k| k.worker != id);
         let gone: Vec<FlightKey> = self

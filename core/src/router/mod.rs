@@ -3,6 +3,7 @@
 
 mod disagg;
 mod flights;
+mod learn;
 mod pipeline;
 mod replica;
 mod snapshot;
@@ -19,6 +20,7 @@ use crate::affinity::{AffinityConfig, AffinityOutput, AffinityTable, InitToken, 
 use crate::eligible::EligibilityConfig;
 use crate::hash::BlockSize;
 use crate::index::{ApplySummary, ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, PrefixIndex};
+use crate::learn::{CostLearner, LearnConfig};
 use crate::load::{FleetLoad, LoadConfig};
 use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
@@ -66,6 +68,8 @@ pub struct RouterConfig {
     pub disagg: DisaggConfig,
     /// Sharing load and bindings with other replicas (default: none, a lone router).
     pub replica: ReplicaConfig,
+    /// Learned per-worker speeds and engine-reported load (default: fitted, not used).
+    pub learn: LearnConfig,
 }
 
 impl Default for RouterConfig {
@@ -86,6 +90,7 @@ impl Default for RouterConfig {
             requests_max: 65_536,
             disagg: DisaggConfig::default(),
             replica: ReplicaConfig::default(),
+            learn: LearnConfig::default(),
         }
     }
 }
@@ -220,6 +225,7 @@ pub struct Router {
     scratch: Scratch,
     replica_out: alloc::collections::VecDeque<ReplicaUpdate>,
     replica_stats: ReplicaStats,
+    learn: CostLearner,
 }
 
 impl core::fmt::Debug for Router {
@@ -262,6 +268,7 @@ impl Router {
             scratch: Scratch::default(),
             replica_out: alloc::collections::VecDeque::new(),
             replica_stats: ReplicaStats::default(),
+            learn: CostLearner::new(cfg.learn),
             cfg,
         }
     }

@@ -212,15 +212,18 @@ impl Router {
                     let spec = self.workers.get(v.key.worker);
                     let progress = self.load.combined_progress(v.key);
                     let (new_decode_blocks, inflight_prefix_blocks) = self.inflight_blocks(v.key, &req.blocks);
+                    let kv_blocks = spec.map_or(0, |s| s.kv_blocks);
+                    let kv_resolved = if kv_blocks == 0 { self.cfg.cost.timing.kv_blocks_default } else { kv_blocks };
+                    let own = self.combined_load(v.key);
                     Some(Candidate {
                         key: v.key,
-                        load: self.combined_load(v.key),
+                        load: self.learn.fold_load(now, v.key, own, progress.requests, kv_resolved),
                         overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
                         new_decode_blocks,
                         inflight_prefix_blocks,
                         weight: spec.map_or(1, |s| s.weight),
-                        cost_factor,
-                        kv_blocks: spec.map_or(0, |s| s.kv_blocks),
+                        cost_factor: cost_factor * self.learn.cost_scale(v.key, phase),
+                        kv_blocks,
                         max_batched_tokens: spec.map_or(0, |s| s.max_batched_tokens),
                         prefill_requests: progress.requests,
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),

@@ -66,6 +66,9 @@ impl ProxyConfig {
         if self.limits.connection_buffer_bytes_max < 8192 {
             return invalid("limits.connection_buffer_bytes_max".into(), "must be at least 8192".into());
         }
+        if let Err((key, message)) = self.learn.check() {
+            return invalid(key.into(), message);
+        }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
         }
@@ -193,6 +196,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.prefill_load_scale = r.prefill_load_scale;
     rc.cost.active_request_weight = r.active_request_weight;
     rc.cost.temperature = r.temperature;
+    rc.learn = cfg.learn.core();
     rc.queue.order = r.queue_order.0;
     rc.queue.queued_max = r.queued_max;
     rc.queue.queue_timeout_ms = r.queue_timeout_ms;
@@ -300,6 +304,22 @@ mod tests {
         let cfg = ProxyConfig::from_toml_str(include_str!("../../kvroute.example.toml")).unwrap();
         assert!(!cfg.models.is_empty() && !cfg.workers.is_empty());
         assert_eq!(cfg.limits.body_bytes_max, 8 << 20);
+        assert_eq!(cfg.learn, crate::learn::LearnSection::default(), "the example lists the defaults");
+    }
+
+    #[test]
+    fn learn_settings_reach_the_router_and_are_checked() {
+        let cfg = ProxyConfig::from_toml_str(&format!(
+            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\n",
+            "[[models]]\nname = \"m\"\n"
+        ))
+        .unwrap();
+        let learn = router_config(&cfg, &cfg.models[0], 0).learn;
+        assert_eq!((learn.costs, learn.engine_load, learn.samples_min, learn.half_life_ms), (true, false, 3, 5));
+        for bad in ["engine_load = true", "outlier_ratio_max = 0.5", "metrics_path = \"metrics\""] {
+            let e = ProxyConfig::from_toml_str(&format!("[learn]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("learn."), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -151,7 +151,13 @@ impl MigratingBody {
                     let _ = b.prefill_done();
                 }
             }
-            Some(prev) => m.itl(model, now - prev),
+            Some(prev) => {
+                m.itl(model, now - prev);
+                // Events after the first send time the decode for the cost learner.
+                if let Some(b) = &self.booking {
+                    b.output_chunks(events);
+                }
+            }
         }
         for _ in 1..events {
             m.itl(model, Duration::ZERO);

@@ -15,6 +15,7 @@ mod fault_slow;
 mod fault_workers;
 mod fleet;
 mod leaks;
+mod learn;
 mod limits;
 mod metrics;
 mod migration;
