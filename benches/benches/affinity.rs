@@ -16,8 +16,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant as WallClock};
 
 use criterion::{BenchmarkId, Criterion};
-use router_core::affinity::{Acquire, AffinityConfig, AffinityTable};
-use router_core::{Instant, Phase, WorkerId};
+use router_core::{internals::Acquire, internals::AffinityTable, AffinityConfig, Instant, Phase, WorkerId};
 
 const SESSIONS_MAX: usize = 65_536;
 

@@ -1,7 +1,7 @@
 //! Block hashing throughput, in tokens per second.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use router_core::hash::{chain_all, hash_tokens, local_hash, BlockSize, HashSeed, LocalHash};
+use router_core::{chain_all, hash_tokens, local_hash, BlockSize, HashSeed, LocalHash};
 use std::hint::black_box;
 
 fn tokens(n: usize) -> Vec<u32> {

@@ -3,9 +3,10 @@
 //! over the workers.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use router_core::hash::{BlockHash, LocalHash, SeqHash};
-use router_core::index::{ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, OverlapScores, PrefixIndex};
-use router_core::{Instant, Tier, WorkerKey};
+use router_core::{
+    internals::ApproxIndex, ApproxConfig, BlockHash, IndexConfig, IndexEvent, Instant, LocalHash, OverlapScores,
+    PrefixIndex, SeqHash, Tier, WorkerKey,
+};
 use std::hint::black_box;
 
 /// SplitMix64, so the fleet is the same on every run.

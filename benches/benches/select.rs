@@ -20,12 +20,11 @@
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{BenchmarkId, Criterion, Throughput};
-use router_core::hash::{chain_all, BlockSize, LocalHash, SeqHash};
-use router_core::load::{LoadConfig, LoadTracker};
-use router_core::select::{
-    kv_cost, Candidate, CandidateScore, KvCostConfig, KvCostModel, RouterMode, SelectRequest, Selector,
+use router_core::{
+    chain_all, internals::kv_cost, internals::Candidate, internals::LoadTracker, internals::SelectRequest,
+    internals::Selector, BlockSize, CandidateScore, Draw, Instant, KvCostConfig, KvCostModel, LoadConfig, LocalHash,
+    Overlap, Phase, RequestId, RouterMode, SeqHash, WorkerKey, WorkerLoad,
 };
-use router_core::{Draw, Instant, Overlap, Phase, RequestId, WorkerKey, WorkerLoad};
 use std::hint::black_box;
 
 const SIZES: [usize; 3] = [16, 128, 1024];

@@ -3,7 +3,7 @@
 //!
 //! The helpers do no timing policy of their own; each binary decides what it times.
 
-use router_core::hash::{chain, local_hash, BlockHash, HashSeed, LocalHash, SeqHash};
+use router_core::{chain, local_hash, BlockHash, HashSeed, LocalHash, SeqHash};
 use std::collections::BTreeMap;
 use std::fmt;
 

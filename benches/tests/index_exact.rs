@@ -8,9 +8,9 @@
 use std::collections::HashSet;
 
 use kvroute_benches::{hash_requests, load_trace};
-use router_core::hash::{chain, BlockHash, LocalHash, SeqHash};
-use router_core::index::{IndexConfig, IndexEvent, OverlapScores, PrefixIndex};
-use router_core::{Draw, Tier, WorkerKey};
+use router_core::{
+    chain, BlockHash, Draw, IndexConfig, IndexEvent, LocalHash, OverlapScores, PrefixIndex, SeqHash, Tier, WorkerKey,
+};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../adapters/sim/fixtures/mooncake_conversation_head.jsonl");
 

@@ -18,7 +18,7 @@ const INV_FACT: [f64; 14] = {
 const INV_LN2: f64 = core::f64::consts::LOG2_E;
 
 /// `e^x`, accurate to a few ulps on the range the core uses (`x <= 0`, sampling weights).
-pub fn exp(x: f64) -> f64 {
+pub(crate) fn exp(x: f64) -> f64 {
     if x.is_nan() {
         return x;
     }
@@ -42,7 +42,7 @@ pub fn exp(x: f64) -> f64 {
 }
 
 /// Rounds half away from zero, for finite `x` of modest size.
-pub fn round(x: f64) -> f64 {
+pub(crate) fn round(x: f64) -> f64 {
     if x >= 0.0 {
         (x + 0.5) as i64 as f64
     } else {
@@ -51,7 +51,7 @@ pub fn round(x: f64) -> f64 {
 }
 
 /// Largest integer not above `x`, for finite `x` within `i64`.
-pub fn floor(x: f64) -> f64 {
+pub(crate) fn floor(x: f64) -> f64 {
     let t = x as i64 as f64;
     if t > x {
         t - 1.0
@@ -61,7 +61,7 @@ pub fn floor(x: f64) -> f64 {
 }
 
 /// Smallest integer not below `x`, for finite `x` within `i64`.
-pub fn ceil(x: f64) -> f64 {
+pub(crate) fn ceil(x: f64) -> f64 {
     -floor(-x)
 }
 

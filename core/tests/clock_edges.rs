@@ -2,21 +2,19 @@
 //! jumping hours or to the end of time. None may panic or break an invariant, and a
 //! jump expires everything due with bounded work per `handle_timeout` call:
 //!
-//! * bookings: at most `load::EXPIRE_PER_CALL_MAX` per call;
-//! * orphans (bookings whose worker left): at most `router::ORPHANS_PER_CALL_MAX` per call;
-//! * idle session bindings: at most `affinity::EXPIRE_PER_CALL_MAX` per call;
+//! * bookings: at most `BOOKINGS_EXPIRE_PER_CALL_MAX` per call;
+//! * orphans (bookings whose worker left): at most `ORPHANS_PER_CALL_MAX` per call;
+//! * idle session bindings: at most `SESSIONS_EXPIRE_PER_CALL_MAX` per call;
 //! * queued requests: every one due, so at most `queued_max`;
 //!
 //! and while more is due, `poll_timeout()` stays at or before `now`, so an adapter that
 //! sleeps until `poll_timeout` calls again at once.
 
-use router_core::admission::QueueConfig;
-use router_core::affinity::AffinityConfig;
-use router_core::hash::SeqHash;
-use router_core::load::LoadConfig;
-use router_core::router::{Decision, Output, Request, Router, RouterConfig, WorkerUpdate, ORPHANS_PER_CALL_MAX};
-use router_core::worker::{WorkerRole, WorkerSpec};
-use router_core::{affinity, load, Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::{
+    limits::BOOKINGS_EXPIRE_PER_CALL_MAX, limits::ORPHANS_PER_CALL_MAX, limits::SESSIONS_EXPIRE_PER_CALL_MAX,
+    AffinityConfig, Decision, Draw, Instant, LoadConfig, Output, Phase, QueueConfig, Request, RequestId, Router,
+    RouterConfig, SeqHash, WorkerId, WorkerRole, WorkerSpec, WorkerUpdate,
+};
 
 const AGG: Phase = Phase::Aggregated;
 const AGE_MS: u64 = 60_000;
@@ -123,18 +121,18 @@ fn expire_all(r: &mut Router, now: Instant, bound: impl Fn(&Drained) -> bool, wa
 
 #[test]
 fn a_jump_of_hours_expires_bookings_in_bounded_batches() {
-    let n = 2 * load::EXPIRE_PER_CALL_MAX + 100;
+    let n = 2 * BOOKINGS_EXPIRE_PER_CALL_MAX + 100;
     let mut r = router(4);
     dispatch(&mut r, Instant::from_millis(1_000), 0..n as u64, false);
     let later = Instant::from_millis(1_000).add_ms(5 * 3_600_000);
     let calls = expire_all(
         &mut r,
         later,
-        |d| d.booking_expired <= load::EXPIRE_PER_CALL_MAX,
+        |d| d.booking_expired <= BOOKINGS_EXPIRE_PER_CALL_MAX,
         Drained { booking_expired: n, ..Drained::default() },
     );
-    assert_eq!(calls, n.div_ceil(load::EXPIRE_PER_CALL_MAX));
-    assert_eq!((r.requests_in_flight(), r.load().len()), (0, 0));
+    assert_eq!(calls, n.div_ceil(BOOKINGS_EXPIRE_PER_CALL_MAX));
+    assert_eq!((r.requests_in_flight(), r.counts().bookings), (0, 0));
 }
 
 #[test]
@@ -144,7 +142,7 @@ fn a_jump_expires_orphans_in_bounded_batches() {
     let t0 = Instant::from_millis(1_000);
     dispatch(&mut r, t0, 0..n as u64, false);
     r.handle_worker_update(t0, WorkerUpdate::Removed(WorkerId(0))).expect("removal");
-    assert_eq!((r.load().len(), r.requests_in_flight()), (0, n), "orphans hold no load until they age out");
+    assert_eq!((r.counts().bookings, r.requests_in_flight()), (0, n), "orphans hold no load until they age out");
     expire_all(
         &mut r,
         t0.add_ms(3_600_000),
@@ -156,7 +154,7 @@ fn a_jump_expires_orphans_in_bounded_batches() {
 
 #[test]
 fn a_jump_expires_idle_sessions_in_bounded_batches() {
-    let n = affinity::EXPIRE_PER_CALL_MAX + 500;
+    let n = SESSIONS_EXPIRE_PER_CALL_MAX + 500;
     let mut r = router(2);
     let t0 = Instant::from_millis(1_000);
     dispatch(&mut r, t0, 0..n as u64, true);
@@ -164,14 +162,14 @@ fn a_jump_expires_idle_sessions_in_bounded_batches() {
         r.handle_finished(t0, RequestId(id), AGG).expect("tracked");
     }
     assert_eq!(drain(&mut r), Drained::default());
-    assert_eq!((r.affinity().len(), r.affinity().live_leases()), (n, 0));
+    assert_eq!((r.counts().affinity_sessions, r.counts().affinity_live_leases), (n, 0));
     expire_all(
         &mut r,
         t0.add_ms(24 * 3_600_000),
-        |d| d.lease_expired <= affinity::EXPIRE_PER_CALL_MAX,
+        |d| d.lease_expired <= SESSIONS_EXPIRE_PER_CALL_MAX,
         Drained { lease_expired: n, ..Drained::default() },
     );
-    assert_eq!(r.affinity().len(), 0);
+    assert_eq!(r.counts().affinity_sessions, 0);
 }
 
 #[test]
@@ -187,20 +185,20 @@ fn a_jump_times_out_the_whole_queue_at_once() {
         let d = r.handle_request(t0, req(id, None), Draw(id));
         assert!(matches!(d, Ok(Decision::Queued)), "{d:?}");
     }
-    assert_eq!(r.queue().len(), n as usize);
+    assert_eq!(r.counts().queue_depth, n as usize);
     r.handle_finished(t0, RequestId(0), AGG).expect("tracked");
     let d = drain(&mut r);
     assert!(d.other > 0, "the freed worker takes queued requests: {d:?}");
-    let n = r.queue().len() as u64;
-    assert!(n > load::EXPIRE_PER_CALL_MAX as u64, "{n} left queued");
+    let n = r.counts().queue_depth as u64;
+    assert!(n > BOOKINGS_EXPIRE_PER_CALL_MAX as u64, "{n} left queued");
     // Routed from the queue and not finished, they expire as bookings meanwhile.
-    let booked = r.load().len();
+    let booked = r.counts().bookings;
     let mut queued_left = n as usize;
     r.handle_timeout(t0.add_ms(10 * 3_600_000));
     let first = drain(&mut r);
     queued_left -= first.timed_out;
     assert_eq!(queued_left, 0, "every queued request due times out in one call: {first:?}");
-    assert!(first.booking_expired <= load::EXPIRE_PER_CALL_MAX.min(booked));
+    assert!(first.booking_expired <= BOOKINGS_EXPIRE_PER_CALL_MAX.min(booked));
     invariants(&r);
 }
 
@@ -214,11 +212,14 @@ fn time_going_backwards_expires_nothing() {
     for id in 0..5 {
         r.handle_finished(t, RequestId(id), AGG).expect("tracked");
     }
-    let before = (r.requests_in_flight(), r.affinity().len(), r.load().len(), r.poll_timeout());
+    let before = (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.poll_timeout());
     for back in [Instant::ZERO, Instant::from_millis(1), Instant::from_millis(9 * 3_600_000)] {
         r.handle_timeout(back);
         assert_eq!(drain(&mut r), Drained::default(), "at {back:?}");
-        assert_eq!((r.requests_in_flight(), r.affinity().len(), r.load().len(), r.poll_timeout()), before);
+        assert_eq!(
+            (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.poll_timeout()),
+            before
+        );
         invariants(&r);
     }
     // Inputs from the past: a new session bound, an old one reused, a stream ended.
@@ -241,11 +242,15 @@ fn a_spurious_timeout_changes_nothing() {
     for id in 0..10 {
         r.handle_finished(t, RequestId(id), AGG).expect("tracked");
     }
-    let before = (r.requests_in_flight(), r.affinity().len(), r.load().len(), r.stats(), r.poll_timeout());
+    let before =
+        (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.stats(), r.poll_timeout());
     for _ in 0..3 {
         r.handle_timeout(t.add_ms(1));
         assert_eq!(drain(&mut r), Drained::default());
-        assert_eq!((r.requests_in_flight(), r.affinity().len(), r.load().len(), r.stats(), r.poll_timeout()), before);
+        assert_eq!(
+            (r.requests_in_flight(), r.counts().affinity_sessions, r.counts().bookings, r.stats(), r.poll_timeout()),
+            before
+        );
     }
 }
 
@@ -285,8 +290,8 @@ fn reports_from_another_time_release_exactly() {
             r.handle_finished(end_at, RequestId(id), AGG).expect("tracked");
         }
         invariants(&r);
-        assert_eq!((r.requests_in_flight(), r.load().len(), r.affinity().live_leases()), (0, 0, 0));
-        let total = r.load().total();
+        assert_eq!((r.requests_in_flight(), r.counts().bookings, r.counts().affinity_live_leases), (0, 0, 0));
+        let total = r.counts().load_total;
         assert_eq!((total.active_requests, total.active_prefill_tokens, total.active_decode_blocks), (0, 0, 0));
     }
     let hour = Instant::from_millis(3_600_000);

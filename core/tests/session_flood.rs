@@ -6,11 +6,11 @@
 //! staying flat is measured by the `session_flood` bench
 //! (`benches/src/bin/session_flood.rs`), not asserted here.
 
-use router_core::affinity::{Acquire, AffinityConfig, AffinityOutput, AffinityTable, Binding};
-use router_core::hash::SeqHash;
-use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
+use router_core::SeqHash;
+use router_core::{internals::Acquire, internals::AffinityOutput, internals::AffinityTable, AffinityConfig, Binding};
+use router_core::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::{Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::{WorkerRole, WorkerSpec};
 
 const AGG: Phase = Phase::Aggregated;
 const HOT: u64 = 64;
@@ -131,13 +131,13 @@ fn the_router_keeps_hot_sessions_under_a_flood() {
     for i in 0..5_000u64 {
         let now = Instant::from_micros(10 * (i + 1));
         route(&mut r, now, &sid(b'c', i));
-        assert!(r.affinity().len() <= sessions_max);
+        assert!(r.counts().affinity_sessions <= sessions_max);
         if i % 64 == 0 {
             for (h, &want) in hot.iter().enumerate() {
                 assert_eq!(route(&mut r, now, &sid(b'h', h as u64)), want, "hot session {h} after {i}");
             }
         }
     }
-    assert_eq!(r.affinity().len(), sessions_max);
-    assert_eq!(r.affinity().live_leases(), 0);
+    assert_eq!(r.counts().affinity_sessions, sessions_max);
+    assert_eq!(r.counts().affinity_live_leases, 0);
 }

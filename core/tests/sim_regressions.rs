@@ -3,9 +3,9 @@
 //! test now that it is fixed. The simulation faces all of them; `SIM_AVOID_BUGS=<bug>`
 //! steers around one again for triage (see `sim::ops::Bug`).
 
-use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
+use router_core::{Decision, Request, Router, RouterConfig, WorkerUpdate};
 use router_core::{Draw, Instant, Phase, RequestId, WorkerId};
+use router_core::{WorkerRole, WorkerSpec};
 
 const T0: Instant = Instant::ZERO;
 
@@ -70,7 +70,7 @@ fn refused_session_commit_wakes_waiters() {
     r.handle_timeout(later);
     while r.poll_output().is_some() {}
     assert_eq!(r.requests_in_flight(), 0, "request 3 still waits on an initialization nobody will finish");
-    assert_eq!(r.affinity().len(), 0, "session b's entry is stuck initializing");
+    assert_eq!(r.counts().affinity_sessions, 0, "session b's entry is stuck initializing");
 }
 
 /// Found by reading `place`, then by the simulation (`busy_pin`, seed 14, step 214; the
@@ -120,8 +120,8 @@ fn pinned_request_to_a_busy_worker_queues() {
 /// `can_serve` run the eligibility filter for the bound worker).
 #[test]
 fn soft_binding_to_a_tainted_worker_is_dropped() {
-    use router_core::affinity::AffinityMode;
-    use router_core::worker::{Taint, TaintEffect};
+    use router_core::AffinityMode;
+    use router_core::{Taint, TaintEffect};
     let mut cfg = RouterConfig::default();
     cfg.affinity.mode = AffinityMode::Soft;
     let mut r = router(cfg, 2);
@@ -162,9 +162,9 @@ fn decode_progress_retries_the_queue() {
     // The first token is out: request 1's prefill is over, the worker is idle again.
     r.handle_decode_progress(T0, a.id, a.phase, 1).expect("tracked");
     // Request 1's prompt no longer counts; request 2's, routed in its place, does.
-    assert_eq!(r.load().load(a.target).active_prefill_tokens, 640);
+    assert_eq!(r.local_load(a.target).active_prefill_tokens, 640);
     match r.poll_output() {
-        Some(router_core::router::Output::Routed(d)) => assert_eq!(d.id, RequestId(2)),
+        Some(router_core::Output::Routed(d)) => assert_eq!(d.id, RequestId(2)),
         other => panic!("the queued request must be routed once capacity frees, got {other:?}"),
     }
     invariants(&r);
@@ -184,9 +184,9 @@ fn decode_progress_retries_the_queue() {
 /// `invalidate` in `drop_flight` instead of peeking.
 #[test]
 fn late_worker_failure_keeps_a_newer_binding() {
-    use router_core::affinity::AffinityMode;
-    use router_core::router::DispatchFailure;
-    use router_core::worker::Health;
+    use router_core::AffinityMode;
+    use router_core::DispatchFailure;
+    use router_core::Health;
     let mut cfg = RouterConfig::default();
     cfg.affinity.mode = AffinityMode::Soft;
     let mut r = router(cfg, 2);
@@ -196,12 +196,12 @@ fn late_worker_failure_keeps_a_newer_binding() {
     r.handle_worker_update(T0, WorkerUpdate::Health(first.target.worker, Health::Ejected)).expect("known");
     let Decision::Routed(second) = decision(&mut r, session_request(2, "s")) else { panic!("routed") };
     r.handle_dispatched(T0, second.id, second.phase).expect("booked");
-    let moved = r.affinity().peek(b"s", Phase::Aggregated).expect("bound to the second worker");
+    let moved = r.session_binding(b"s", Phase::Aggregated).expect("bound to the second worker");
     assert_ne!(moved.worker, first.target.worker);
     // Now the first request's stream breaks on the failing worker.
     r.handle_dispatch_failed(T0, first.id, first.phase, DispatchFailure::Worker).expect("tracked");
     invariants(&r);
-    assert_eq!(r.affinity().peek(b"s", Phase::Aggregated), Some(moved), "the new binding must survive");
+    assert_eq!(r.session_binding(b"s", Phase::Aggregated), Some(moved), "the new binding must survive");
 }
 
 /// Found by reading `remove_worker` against the load tracker's contract ("because a

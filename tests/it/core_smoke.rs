@@ -1,4 +1,4 @@
-use router_core::hash::{seq_hashes, BlockSize, HashSeed};
+use router_core::{seq_hashes, BlockSize, HashSeed};
 
 #[test]
 fn core_hashes_a_prompt_from_outside_the_crate() {

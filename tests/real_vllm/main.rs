@@ -42,6 +42,7 @@ mod cache;
 mod engine;
 mod fleet;
 mod http;
+mod migrate;
 mod procs;
 mod prompts;
 mod restart;

@@ -16,9 +16,7 @@ use bytes::Bytes;
 use kvroute_events::decode::{decode_batch, peek_ts, Batch, DecodeConfig, EventRef};
 use kvroute_events::frame::{parse_live, parse_replay};
 use kvroute_events::{IngestConfig, IngestCore, StreamConfig};
-use router_core::hash::BlockSize;
-use router_core::index::{IndexConfig, PrefixIndex};
-use router_core::{Instant, WorkerKey};
+use router_core::{BlockSize, IndexConfig, Instant, PrefixIndex, WorkerKey};
 
 #[path = "../../core/tests/sim/mod.rs"]
 mod sim;

@@ -3,10 +3,10 @@
 //! Dropping either releases everything the request holds in the router.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use router_core::router::{DispatchFailure, Output, Routed};
-use router_core::{Phase, RequestId, WorkerKey};
+use router_core::{DispatchFailure, Instant, Observation, Output, Phase, RequestId, Routed, WorkerKey};
 use tokio::sync::oneshot;
 
 use crate::driver::{FlightKey, Shared};
@@ -30,11 +30,32 @@ pub struct Booking {
     routed: Routed,
     state: State,
     waited: bool,
+    /// What the router learns about the worker's speed from this request.
+    timing: Timing,
+}
+
+/// A request's timings on its worker, reported to the router's cost learner: time to
+/// first token once the first output arrives, decode time when it finishes.
+#[derive(Debug, Default)]
+struct Timing {
+    isl_tokens: u32,
+    dispatched: Option<Instant>,
+    /// The first token's time in microseconds plus one; 0 until it comes.
+    first_token_us: AtomicU64,
+    output_chunks: AtomicU32,
+}
+
+impl Timing {
+    fn first_token(&self) -> Option<Instant> {
+        let us = self.first_token_us.load(Ordering::Relaxed);
+        us.checked_sub(1).map(Instant::from_micros)
+    }
 }
 
 impl Booking {
-    pub(crate) fn new(shared: Arc<Shared>, routed: Routed, waited: bool) -> Self {
-        Booking { shared, routed, state: State::Booked, waited }
+    pub(crate) fn new(shared: Arc<Shared>, routed: Routed, waited: bool, isl_tokens: u32) -> Self {
+        let timing = Timing { isl_tokens, ..Timing::default() };
+        Booking { shared, routed, state: State::Booked, waited, timing }
     }
 
     /// Whether the request waited in the admission queue or behind a session's first
@@ -75,15 +96,43 @@ impl Booking {
             return Ok(());
         }
         let (id, phase) = self.key();
-        self.shared.with(|inner, now| inner.router.handle_dispatched(now, id, phase))?;
+        let at = self.shared.with(|inner, now| inner.router.handle_dispatched(now, id, phase).map(|()| now))?;
+        self.timing.dispatched = Some(at);
         self.state = State::Dispatched;
         Ok(())
     }
 
-    /// The prompt's prefill finished (the first output token arrived).
+    /// The prompt's prefill finished (the first output token arrived). The first call
+    /// also tells the router's cost learner how long that took since dispatch.
     pub fn prefill_done(&self) -> Result<(), DriveError> {
         let (id, phase) = self.key();
-        self.shared.with(|inner, now| inner.router.handle_prefill_done(now, id, phase)).map_err(DriveError::Input)
+        self.shared.with(|inner, now| {
+            self.observe_first_token(&mut inner.router, now);
+            inner.router.handle_prefill_done(now, id, phase).map_err(DriveError::Input)
+        })
+    }
+
+    /// The first output arrived, without [`Booking::prefill_done`] (the response ended
+    /// with it): only tells the cost learner the time to first token.
+    pub fn first_output(&self) {
+        self.shared.with(|inner, now| self.observe_first_token(&mut inner.router, now));
+    }
+
+    /// The first call after dispatch reports the time to first token.
+    fn observe_first_token(&self, router: &mut router_core::Router, now: Instant) {
+        let t = &self.timing;
+        let (None, Some(at)) = (t.first_token(), t.dispatched) else { return };
+        t.first_token_us.store(now.as_micros().saturating_add(1), Ordering::Relaxed);
+        let obs = Observation::first_token(ms_between(now, at), &self.routed, t.isl_tokens, router.config().block_size);
+        let _ = router.handle_observation(now, self.routed.target, obs);
+    }
+
+    /// `chunks` more output chunks (tokens, for a stream of one token per event) came
+    /// from the worker after the first output; with the time since the first output,
+    /// they are the decode time reported at [`Booking::finish`].
+    pub fn output_chunks(&self, chunks: u32) {
+        let c = &self.timing.output_chunks;
+        let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_add(chunks)));
     }
 
     /// The request produced `output_tokens` tokens so far.
@@ -101,7 +150,17 @@ impl Booking {
     pub fn finish(mut self) -> Result<(), DriveError> {
         let (id, phase) = self.key();
         self.state = State::Done;
-        self.shared.with(|inner, now| inner.router.handle_finished(now, id, phase)).map_err(DriveError::Input)
+        let t = &self.timing;
+        let (first, tokens) = (t.first_token(), t.output_chunks.load(Ordering::Relaxed));
+        let target = self.routed.target;
+        self.shared.with(|inner, now| {
+            if let (Some(at), true) = (first, tokens > 0) {
+                // Before the finish releases the request's blocks: the prediction reads the usage.
+                let obs = Observation::Decode { ms: ms_between(now, at), tokens };
+                let _ = inner.router.handle_observation(now, target, obs);
+            }
+            inner.router.handle_finished(now, id, phase).map_err(DriveError::Input)
+        })
     }
 
     /// The request failed: rolled back, and with [`DispatchFailure::Worker`] the session's
@@ -117,6 +176,10 @@ impl Booking {
     fn key(&self) -> FlightKey {
         (self.routed.id, self.routed.phase)
     }
+}
+
+fn ms_between(later: Instant, earlier: Instant) -> f64 {
+    later.micros_since(earlier) as f64 / 1000.0
 }
 
 impl Drop for Booking {
@@ -149,11 +212,12 @@ pub(crate) struct Pending {
     key: FlightKey,
     rx: oneshot::Receiver<Output>,
     armed: bool,
+    isl_tokens: u32,
 }
 
 impl Pending {
-    pub(crate) fn new(shared: Arc<Shared>, key: FlightKey, rx: oneshot::Receiver<Output>) -> Self {
-        Pending { shared, key, rx, armed: true }
+    pub(crate) fn new(shared: Arc<Shared>, key: FlightKey, rx: oneshot::Receiver<Output>, isl_tokens: u32) -> Self {
+        Pending { shared, key, rx, armed: true, isl_tokens }
     }
 
     pub(crate) async fn wait(mut self) -> Result<Booking, DriveError> {
@@ -161,7 +225,7 @@ impl Pending {
         // From here to the return nothing awaits, so the outcome cannot be lost.
         self.armed = false;
         match out {
-            Ok(Output::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, true)),
+            Ok(Output::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, true, self.isl_tokens)),
             Ok(Output::Failed { error, .. }) => Err(DriveError::Route(error)),
             Ok(Output::TimedOut { .. }) => Err(DriveError::QueueTimeout),
             Ok(Output::Rejected { rejection, .. }) => Err(DriveError::Rejected(rejection)),

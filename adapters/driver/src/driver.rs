@@ -5,20 +5,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use router_core::index::{ApplySummary, IndexEvent};
-use router_core::router::{
-    Decision, DisaggPlan, DisaggStats, DispatchFailure, Output, ReplicaUpdate, Request, Routed, Router, RouterConfig,
-    WorkerUpdate,
+use router_core::{
+    ApplySummary, Decision, DisaggPlan, DisaggStats, DispatchFailure, Draw, EngineLoad, Health, IndexEvent, Instant,
+    LearnError, Learned, Output, Phase, ReplicaUpdate, Request, RequestId, Routed, Router, RouterConfig,
+    RouterSnapshot, Taint, WorkerId, WorkerKey, WorkerSpec, WorkerUpdate,
 };
-use router_core::worker::{Health, Taint, WorkerSpec};
-use router_core::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant as TokioInstant;
 
 use crate::booking::{Booking, Pending};
 use crate::error::DriveError;
-use crate::snapshot::{DriverStats, KeySnapshot, Snapshot, WorkerSnapshot};
+use crate::snapshot::{DriverStats, Snapshot};
 
 pub(crate) type FlightKey = (RequestId, Phase);
 
@@ -117,6 +115,7 @@ impl Driver {
     pub async fn route(&self, mut request: Request, draw: Draw) -> Result<Booking, DriveError> {
         request.preview = false;
         let key = (request.id, request.phase.0);
+        let isl_tokens = request.isl_tokens;
         let (decision, rx) = self.shared.with(|inner, now| match inner.router.handle_request(now, request, draw) {
             Ok(d @ (Decision::Queued | Decision::Waiting)) => {
                 let (tx, rx) = oneshot::channel();
@@ -126,11 +125,11 @@ impl Driver {
             other => (other, None),
         });
         match decision {
-            Ok(Decision::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, false)),
+            Ok(Decision::Routed(r)) => Ok(Booking::new(self.shared.clone(), r, false, isl_tokens)),
             Ok(Decision::Rejected(rej)) => Err(DriveError::Rejected(rej)),
             Err(e) => Err(DriveError::Route(e)),
             Ok(_) => match rx {
-                Some(rx) => Pending::new(self.shared.clone(), key, rx).wait().await,
+                Some(rx) => Pending::new(self.shared.clone(), key, rx, isl_tokens).wait().await,
                 None => Err(DriveError::Closed),
             },
         }
@@ -215,6 +214,16 @@ impl Driver {
     /// Read-only access to the router, under the lock. Keep `f` short.
     pub fn with_router<R>(&self, f: impl FnOnce(&Router) -> R) -> R {
         self.shared.with(|inner, _| f(&inner.router))
+    }
+
+    /// Hands the router the load `key`'s engine reports about itself.
+    pub fn engine_load(&self, key: WorkerKey, load: EngineLoad) -> Result<(), LearnError> {
+        self.shared.with(|inner, now| inner.router.handle_engine_load(now, key, load))
+    }
+
+    /// What the router's cost learner knows about `key` now.
+    pub fn learned(&self, key: WorkerKey) -> Option<Learned> {
+        self.shared.with(|inner, now| inner.router.learner().learned(now, key, &inner.router.config().cost.timing))
     }
 
     /// The router's invariants, for tests and debugging. Linear in requests in flight.
@@ -332,42 +341,21 @@ async fn run_timer(shared: Arc<Shared>) {
 }
 
 fn snapshot(inner: &Inner) -> Snapshot {
-    let r = &inner.router;
-    let workers = r
-        .workers()
-        .iter()
-        .map(|(spec, health)| WorkerSnapshot {
-            spec: spec.clone(),
-            health,
-            publishes_events: r.publishes_events(spec.id),
-            keys: r
-                .workers()
-                .keys()
-                .filter(|k| k.worker == spec.id)
-                .map(|key| KeySnapshot {
-                    key,
-                    load: r.load().load(key),
-                    remote_load: r.remote_load().load(key),
-                    fleet_load: r.combined_load(key),
-                    index_entries: r.index().worker_entries(key),
-                })
-                .collect(),
-        })
-        .collect();
+    let RouterSnapshot { workers, counts, .. } = inner.router.snapshot();
     Snapshot {
         workers,
-        queue_depth: r.queue().len(),
-        requests_in_flight: r.requests_in_flight(),
-        affinity_sessions: r.affinity().len(),
-        affinity_live_leases: r.affinity().live_leases(),
-        affinity: r.affinity().stats(),
-        router: r.stats(),
-        index: r.index().stats(),
-        load_total: r.load().total(),
-        remote_requests: r.remote_load().len(),
-        remote_replicas: r.remote_load().replicas().count(),
-        remote: r.remote_load().stats(),
-        replica: r.replica_stats(),
+        queue_depth: counts.queue_depth,
+        requests_in_flight: counts.requests_in_flight,
+        affinity_sessions: counts.affinity_sessions,
+        affinity_live_leases: counts.affinity_live_leases,
+        affinity: counts.affinity,
+        router: counts.router,
+        index: counts.index,
+        load_total: counts.load_total,
+        remote_requests: counts.remote_requests,
+        remote_replicas: counts.remote_replicas,
+        remote: counts.remote,
+        replica: counts.replica,
         driver: DriverStats { waiters: inner.waiters.len(), ..inner.stats },
     }
 }

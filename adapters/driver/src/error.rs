@@ -2,8 +2,7 @@
 
 use std::fmt;
 
-use router_core::admission::QueueRejection;
-use router_core::router::{InputError, ReplicaError, RouteError};
+use router_core::{InputError, QueueRejection, ReplicaError, RouteError};
 
 /// Why a driver call did not succeed.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,10 +35,38 @@ impl fmt::Display for DriveError {
     }
 }
 
-impl std::error::Error for DriveError {}
+impl std::error::Error for DriveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DriveError::Route(e) => Some(e),
+            DriveError::Input(e) => Some(e),
+            DriveError::Replica(e) => Some(e),
+            DriveError::Rejected(_) | DriveError::QueueTimeout | DriveError::Closed => None,
+        }
+    }
+}
 
 impl From<InputError> for DriveError {
     fn from(e: InputError) -> Self {
         DriveError::Input(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use router_core::{InputError, Phase, RequestId};
+
+    use super::DriveError;
+
+    #[test]
+    fn wrapped_core_errors_are_the_source_and_plain_ones_have_none() {
+        let inner = InputError::UnknownRequest { id: RequestId(7), phase: Phase::Aggregated };
+        let e = DriveError::Input(inner.clone());
+        let source = e.source().expect("the core error is the source");
+        assert_eq!(source.to_string(), inner.to_string());
+        assert!(DriveError::QueueTimeout.source().is_none());
+        assert!(DriveError::Closed.source().is_none());
     }
 }

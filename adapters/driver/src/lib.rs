@@ -42,8 +42,8 @@ pub use driver::{Driver, DriverConfig};
 pub use error::DriveError;
 pub use snapshot::{DriverStats, KeySnapshot, Snapshot, WorkerSnapshot};
 
-pub use router_core::router::{
+pub use router_core::Instant;
+pub use router_core::{
     DispatchFailure, ReplicaConfig, ReplicaError, ReplicaId, ReplicaUpdate, Request, Routed, Router, RouterConfig,
     WorkerUpdate,
 };
-pub use router_core::Instant;

@@ -3,8 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use router_core::router::{ReplicaId, ReplicaUpdate};
-use router_core::Instant;
+use router_core::{Instant, ReplicaId, ReplicaUpdate};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 

@@ -1,11 +1,9 @@
 //! Point-in-time views of the router for admin endpoints and metrics.
 
-use router_core::affinity::AffinityStats;
-use router_core::index::IndexStats;
-use router_core::load::RemoteLoadStats;
-use router_core::router::{ReplicaStats, RouterStats};
-use router_core::worker::{Health, WorkerSpec};
-use router_core::{WorkerKey, WorkerLoad};
+use router_core::{AffinityStats, IndexStats, RemoteLoadStats, ReplicaStats, RouterStats, WorkerLoad};
+
+/// One worker and one of its dp ranks, as the core reports them.
+pub use router_core::{KeySnapshot, WorkerSnapshot};
 
 /// The driver's own counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -22,34 +20,6 @@ pub struct DriverStats {
     pub timeouts_fired: u64,
     /// Updates for other replicas dropped because the sink was full or closed.
     pub replica_updates_dropped: u64,
-}
-
-/// One dp rank of a worker.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KeySnapshot {
-    /// The worker and rank.
-    pub key: WorkerKey,
-    /// Its in-flight load booked by this router.
-    pub load: WorkerLoad,
-    /// Its in-flight load other replicas reported.
-    pub remote_load: WorkerLoad,
-    /// What selection weighs: both summed, a prompt block booked on both sides once.
-    pub fleet_load: WorkerLoad,
-    /// Blocks the exact prefix index holds for it.
-    pub index_entries: u32,
-}
-
-/// One worker.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WorkerSnapshot {
-    /// Its configuration.
-    pub spec: WorkerSpec,
-    /// Its health as the router sees it.
-    pub health: Health,
-    /// Whether it has published KV events (its overlap is exact, not predicted).
-    pub publishes_events: bool,
-    /// Its routable ranks, in rank order.
-    pub keys: Vec<KeySnapshot>,
 }
 
 /// The whole router at one instant.

@@ -1,11 +1,14 @@
-//! The endpoint picker's settings: the proxy's configuration (models, routing, limits,
-//! trust, workers) plus where to listen for the gateway and how it delivers bodies.
+//! The endpoint picker's settings: the shared configuration file (models, routing,
+//! limits, trust, workers, replicas) plus where to listen for the gateway and how it
+//! delivers bodies. The file's keys that only a forwarding proxy acts on are refused
+//! ([`REFUSED_KEYS`]).
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use kvroute_proxy::ProxyConfig;
+use kvroute_frontend::config::RefusedKey;
+use kvroute_frontend::{ConfigError, ProxyConfig};
 
 use crate::pb::BodySendMode;
 
@@ -13,9 +16,11 @@ use crate::pb::BodySendMode;
 /// with the proxy's defaults and no models.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EppConfig {
-    /// Models, routing policy, limits, trust and configured workers: the same file as
-    /// `kvroute serve`. Its `listen` is not used; its `limits.body_bytes_max`,
-    /// `concurrent_requests_max` and `shutdown_grace_s` apply to gateway streams.
+    /// Models, routing policy, limits, trust, configured workers and replicas: the same
+    /// file as `kvroute serve`. Its `limits.body_bytes_max`, `concurrent_requests_max`,
+    /// `session_id_bytes_max` and `shutdown_grace_s` apply to gateway streams. The keys
+    /// in [`REFUSED_KEYS`] are not used; [`EppConfig::proxy_from_toml`] refuses a file
+    /// that sets them.
     pub proxy: ProxyConfig,
     /// Where the gateway's ext_proc gRPC connects (default `127.0.0.1:9002`, the port the
     /// Inference Extension assumes).
@@ -29,6 +34,33 @@ pub struct EppConfig {
     /// A second, plaintext address serving only the gRPC health service (default none),
     /// for kubelet probes when the gateway's port speaks TLS.
     pub health_listen: Option<SocketAddr>,
+}
+
+/// The keys of the shared file that the picker does not act on: it forwards nothing
+/// (the gateway does), so it neither retries, ejects, probes nor splits requests.
+pub const REFUSED_KEYS: &[RefusedKey] = &[
+    RefusedKey { key: "listen", reason: "the picker listens where --listen (EppConfig::listen) says" },
+    RefusedKey { key: "retry", reason: "the gateway forwards requests; the picker retries nothing" },
+    RefusedKey { key: "ejection", reason: "the picker ejects no workers" },
+    RefusedKey { key: "health_check", reason: "the picker probes no workers" },
+    RefusedKey { key: "limits.header_read_timeout_ms", reason: "the gateway reads client requests" },
+    RefusedKey { key: "limits.request_timeout_ms", reason: "the gateway times requests" },
+    RefusedKey { key: "limits.connect_timeout_ms", reason: "the gateway connects to workers" },
+    RefusedKey { key: "limits.upstream_idle_timeout_ms", reason: "the gateway connects to workers" },
+    RefusedKey { key: "limits.connections_max", reason: "the gateway holds client connections" },
+    RefusedKey { key: "limits.connection_buffer_bytes_max", reason: "the gateway holds client connections" },
+    RefusedKey { key: "models.disagg_protocol", reason: "the picker sends each request to one worker" },
+    RefusedKey { key: "models.disagg_isl_min_tokens", reason: "the picker sends each request to one worker" },
+    RefusedKey { key: "models.disagg_same_label", reason: "the picker sends each request to one worker" },
+];
+
+impl EppConfig {
+    /// The shared configuration file as `kvroute epp` reads it: parsed and checked as for
+    /// `kvroute serve`, with `overrides` applied (dotted keys, TOML values), and refused
+    /// if the file or the overrides set a key of [`REFUSED_KEYS`].
+    pub fn proxy_from_toml(text: &str, overrides: &[(&str, &str)]) -> Result<ProxyConfig, ConfigError> {
+        ProxyConfig::from_toml_refusing(text, overrides, REFUSED_KEYS)
+    }
 }
 
 /// A certificate chain and its private key, both PEM.

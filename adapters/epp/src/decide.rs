@@ -7,12 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
-use kvroute_proxy::handler::{question, Asker, Question};
-use kvroute_proxy::request::{header_hints, Endpoint};
-use kvroute_proxy::upstream::WORKER_HEADER;
-use kvroute_proxy::ApiError;
-use router_core::router::Request;
-use router_core::WorkerId;
+use kvroute_frontend::ask::{question, routed_json, Asker, Question};
+use kvroute_frontend::headers::WORKER_HEADER;
+use kvroute_frontend::request::{header_hints, Endpoint};
+use kvroute_frontend::ApiError;
+use router_core::{Request, WorkerId};
 use tokio::time::Instant;
 
 use crate::reply::Destination;
@@ -85,7 +84,7 @@ pub(crate) async fn decide(
         let driver = &q.pool.driver;
         let isl = q.request.isl_tokens;
         return match driver.preview(q.request, driver.draw()) {
-            Ok(r) => Some(Err(Undecided::Preview(kvroute_proxy::admin::routed_json(&model, isl, &r)))),
+            Ok(r) => Some(Err(Undecided::Preview(routed_json(&model, isl, &r)))),
             Err(e) => refused(&model, ApiError::from_drive(&e, shared.cfg.proxy.router.queue_timeout_ms)),
         };
     }
@@ -113,6 +112,8 @@ pub(crate) async fn decide(
     shared.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
     let r = booking.routed();
     shared.metrics.decision(&q.pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
+    let (isl, block) = (q.request.isl_tokens, q.pool.block_size.tokens());
+    shared.metrics.routed(&q.pool.name, booking.target().worker.0, isl, r.overlap.raw(), block);
     match destination(shared, &booking) {
         Some(destination) => Some(Ok(Decided { booking, model, destination, forward_body: q.forward_body })),
         None => {
@@ -153,7 +154,7 @@ fn bodiless(shared: &Shared, asked: &Asked, trusted: bool, model: &mut String) -
     };
     model.clone_from(&pool.name);
     let (hh, _) = header_hints(&asked.headers, trusted)?;
-    let session = kvroute_proxy::request::session_id(
+    let session = kvroute_frontend::request::session_id(
         &asked.headers,
         &shared.session_header,
         shared.cfg.proxy.limits.session_id_bytes_max,

@@ -5,8 +5,8 @@
 //!
 //! Per request the gateway opens one `envoy.service.ext_proc.v3.ExternalProcessor/Process`
 //! stream. The picker reads the request headers and the whole body (buffered, or
-//! full-duplex in chunks), turns them into the router's question with the proxy's own
-//! parsing and tokenization ([`kvroute_proxy::handler::question`]), waits in the
+//! full-duplex in chunks), turns them into the router's question with the same parsing
+//! and tokenization as the proxy ([`kvroute_frontend::ask::question`]), waits in the
 //! admission queue if the fleet is busy, and answers with the chosen `ip:port` in the
 //! `x-gateway-destination-endpoint` header and in the dynamic metadata `envoy.lb`. It
 //! then follows the response on the same stream: the response headers confirm the
@@ -37,24 +37,25 @@ pub mod reply;
 mod service;
 mod workers;
 
-use std::hash::{BuildHasher, Hasher};
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
 use kvroute_driver::Driver;
-use kvroute_proxy::events::Subscriptions;
-use kvroute_proxy::fleet::Fleet;
-use kvroute_proxy::metrics::Metrics;
-use kvroute_proxy::trust::Trust;
-use kvroute_proxy::{ProxyError, Tokenizers};
+use kvroute_frontend::events::Subscriptions;
+use kvroute_frontend::fleet::Fleet;
+use kvroute_frontend::metrics::Metrics;
+use kvroute_frontend::trust::Trust;
+use kvroute_frontend::{FrontEnd, StartError, Tokenizers};
+use kvroute_replica::ReplicaHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tonic_health::server::HealthReporter;
 
-pub use config::{BodyMode, EppConfig, TlsIdentity};
+pub use config::{BodyMode, EppConfig, TlsIdentity, REFUSED_KEYS};
 pub use workers::Workers;
 
 /// The health-check service names, as the Inference Extension's picker reports them.
@@ -79,6 +80,8 @@ pub(crate) struct Shared {
     /// Permits for `limits.concurrent_requests_max` streams deciding or in flight.
     pub concurrency: Arc<Semaphore>,
     pub subs: tokio::sync::Mutex<Subscriptions>,
+    /// The link to peer replicas, when `[replica]` is configured.
+    pub replica: Option<Arc<ReplicaHandle>>,
     pub shutdown: watch::Receiver<bool>,
     pub health: HealthReporter,
 }
@@ -94,39 +97,32 @@ pub struct EppHandle {
     task: JoinHandle<()>,
 }
 
-/// Starts the picker: checks the configuration, builds a pool per model, registers and
-/// subscribes to the configured workers, binds `cfg.listen` and serves ext_proc and
-/// health checks until [`EppHandle::shutdown`]. Readiness starts `SERVING`; a Kubernetes
-/// watch holds it at `NOT_SERVING` until its first listing (see [`Workers::set_ready`]).
-/// Must run inside a tokio runtime.
-pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, ProxyError> {
-    cfg.proxy.validate()?;
-    let seed = cfg.proxy.seed.unwrap_or_else(random_seed);
-    let fleet = Arc::new(Fleet::new(&cfg.proxy, seed));
-    for w in &cfg.proxy.workers {
-        fleet.add_worker(w.clone()).map_err(|e| ProxyError::Worker { id: w.id, message: e.0 })?;
-    }
-    let subs =
-        Subscriptions::start(&cfg.proxy, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
+/// Starts the picker: starts the front end ([`kvroute_frontend::start`]: checks the
+/// configuration, builds a pool per model, registers and subscribes to the configured
+/// workers, joins the peer replicas when `[replica]` is configured), binds `cfg.listen`
+/// and serves ext_proc and health checks until [`EppHandle::shutdown`]. Readiness starts
+/// `SERVING`; a Kubernetes watch holds it at `NOT_SERVING` until its first listing (see
+/// [`Workers::set_ready`]). Must run inside a tokio runtime.
+pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, EppError> {
+    let front = kvroute_frontend::start(&cfg.proxy).await.map_err(EppError::Start)?;
     let server = service::server(&cfg)?;
-    let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
-    let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
+    let listener = TcpListener::bind(cfg.listen).await.map_err(EppError::Bind)?;
+    let local_addr = listener.local_addr().map_err(EppError::Bind)?;
     let health_listener = match cfg.health_listen {
-        Some(a) => Some(TcpListener::bind(a).await.map_err(ProxyError::Bind)?),
+        Some(a) => Some(TcpListener::bind(a).await.map_err(EppError::Bind)?),
         None => None,
-    };
-    let header = |name: &str| {
-        HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
     };
     let (health, health_service) = tonic_health::server::health_reporter();
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let FrontEnd { cfg: _, trust, fleet, metrics, session_header, dp_rank_header, subs, replica } = front;
     let shared = Arc::new(Shared {
-        trust: Trust::new(&cfg.proxy.trust),
-        metrics: Metrics::new(fleet.clone()),
-        session_header: header(&cfg.proxy.session_header)?,
-        dp_rank_header: header(&cfg.proxy.dp_rank_header)?,
+        trust,
+        metrics,
+        session_header,
+        dp_rank_header,
         concurrency: Arc::new(Semaphore::new(cfg.proxy.limits.concurrent_requests_max)),
-        subs: tokio::sync::Mutex::new(subs),
+        subs,
+        replica,
         shutdown: shutdown_rx.clone(),
         health,
         fleet,
@@ -139,6 +135,7 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     if let Some(l) = health_listener {
         tokio::spawn(service::run_health(l, health_service.clone(), shutdown_rx.clone()));
     }
+    tokio::spawn(kvroute_frontend::events::watch_silent(Arc::downgrade(&shared), |s| (&s.subs, &s.metrics)));
     let task = tokio::spawn(service::run(server, listener, shared.clone(), health_service, shutdown_rx));
     Ok(EppHandle { local_addr, shared, shutdown, task })
 }
@@ -169,8 +166,13 @@ impl EppHandle {
         MetricsHandle(self.shared.clone())
     }
 
+    /// Whether this replica's NATS link is up; `None` for a picker routing alone.
+    pub fn nats_connected(&self) -> Option<bool> {
+        self.shared.replica.as_ref().map(|r| r.connected())
+    }
+
     /// Reports `NOT_SERVING`, stops accepting, lets open streams run for up to
-    /// `limits.shutdown_grace_s`, then cuts the rest.
+    /// `limits.shutdown_grace_s`, then cuts the rest, and tells peer replicas it left.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let grace = Duration::from_secs(self.shared.cfg.proxy.limits.shutdown_grace_s);
@@ -178,6 +180,10 @@ impl EppHandle {
         if tokio::time::timeout(grace, &mut task).await.is_err() {
             task.abort();
             let _ = task.await;
+        }
+        // After the drain, so the ends of the last requests reach the peers first.
+        if let Some(r) = &self.shared.replica {
+            r.goodbye().await;
         }
     }
 }
@@ -193,9 +199,38 @@ impl MetricsHandle {
     }
 }
 
-/// A seed from the process's random hasher keys, so hash tables and draws differ per run.
-fn random_seed() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x6b76_6570_7021);
-    h.finish()
+/// Why [`serve`] could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum EppError {
+    /// The front end did not start (configuration, workers, KV events, replicas).
+    Start(StartError),
+    /// The gateway's certificate was refused.
+    Tls(tonic::transport::Error),
+    /// A certificate was given, but this build has no TLS support (the `tls` feature).
+    TlsNotBuilt,
+    /// A listening socket could not be bound.
+    Bind(std::io::Error),
+}
+
+impl fmt::Display for EppError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EppError::Start(e) => write!(f, "{e}"),
+            EppError::Tls(e) => write!(f, "tls: cannot serve with this certificate: {e}"),
+            EppError::TlsNotBuilt => f.write_str("tls: this build has no TLS support (the `tls` feature)"),
+            EppError::Bind(e) => write!(f, "cannot listen: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for EppError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            EppError::Start(e) => Some(e),
+            EppError::Tls(e) => Some(e),
+            EppError::TlsNotBuilt => None,
+            EppError::Bind(e) => Some(e),
+        }
+    }
 }

@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use http::StatusCode;
-use kvroute_proxy::ApiError;
+use kvroute_frontend::ApiError;
 use prost_types::{value::Kind, Struct, Value};
 
 use crate::pb::core_v3::{header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption};

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use kvroute_proxy::{ConfigError, ProxyError};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::Server;
@@ -15,7 +14,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 
 use crate::pb::ext_proc::external_processor_server::{ExternalProcessor, ExternalProcessorServer};
 use crate::pb::ext_proc::{ProcessingRequest, ProcessingResponse};
-use crate::{exchange, health_names, EppConfig, Shared};
+use crate::{exchange, health_names, EppConfig, EppError, Shared};
 
 /// Answers queued per stream before the stream's task waits for the gateway to read.
 const ANSWERS_QUEUED_MAX: usize = 16;
@@ -47,7 +46,7 @@ const KEEPALIVE_INTERVAL_S: u64 = 30;
 
 /// The server settings: one HTTP/2 stream per request in flight, keepalive pings, and
 /// TLS when configured.
-pub(crate) fn server(cfg: &EppConfig) -> Result<Server, ProxyError> {
+pub(crate) fn server(cfg: &EppConfig) -> Result<Server, EppError> {
     let streams = u32::try_from(cfg.proxy.limits.concurrent_requests_max).unwrap_or(u32::MAX);
     let server = Server::builder()
         .max_concurrent_streams(streams)
@@ -57,17 +56,13 @@ pub(crate) fn server(cfg: &EppConfig) -> Result<Server, ProxyError> {
     {
         let tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(&id.cert_pem, &id.key_pem));
-        server.tls_config(tls).map_err(|e| invalid(format!("cannot serve with this certificate: {e}")))
+        server.tls_config(tls).map_err(EppError::Tls)
     }
     #[cfg(not(feature = "tls"))]
     {
         let _ = (id, server);
-        Err(invalid("this build has no TLS support (the `tls` feature)".into()))
+        Err(EppError::TlsNotBuilt)
     }
-}
-
-fn invalid(message: String) -> ProxyError {
-    ProxyError::Config(ConfigError::Invalid { key: "tls".into(), message })
 }
 
 /// Serves until `shutdown` turns true, then reports `NOT_SERVING` and drains.

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use kvroute_proxy::config::WorkerConfig;
-use kvroute_proxy::FleetError;
+use kvroute_frontend::config::WorkerConfig;
+use kvroute_frontend::FleetError;
 use tonic_health::ServingStatus;
 
 use crate::{health_names, Shared};
@@ -38,6 +38,15 @@ impl Workers {
     pub async fn remove(&self, id: u64) -> bool {
         self.shared.subs.lock().await.remove(id).await;
         self.shared.fleet.remove_worker(id)
+    }
+
+    /// Drains a worker (its pod is being deleted): it takes no new requests or sessions,
+    /// its sessions re-bind on their next request, and it stays known until removed.
+    /// Returns whether it existed.
+    pub fn drain(&self, id: u64) -> bool {
+        let fleet = &self.shared.fleet;
+        let Some(pool) = fleet.worker(id).and_then(|w| fleet.pool(&w.model)) else { return false };
+        pool.driver.set_health(router_core::WorkerId(id), router_core::Health::Draining).is_ok()
     }
 
     /// Every worker, in id order.

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant as WallInstant};
 use bytes::Bytes;
 use kvroute_events::encode::{encode_batch, WireEvent, WireForm, WireHash};
 use kvroute_events::{EventSink, IngestConfig, IngestCore, RouterEvent, StreamConfig};
-use router_core::hash::BlockSize;
-use router_core::time::Instant;
-use router_core::types::WorkerKey;
+use router_core::{BlockSize, Instant, WorkerKey};
 
 /// Counts stored blocks; does nothing else.
 #[derive(Default)]

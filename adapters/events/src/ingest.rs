@@ -21,9 +21,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 use core::fmt;
-use router_core::hash::BlockSize;
-use router_core::time::Instant;
-use router_core::types::{DpRank, WorkerKey};
+use router_core::{BlockSize, DpRank, Instant, WorkerKey};
 
 use crate::decode::{peek_ts, Batch, DecodeConfig, DecodeError};
 use crate::frame::{parse_live, parse_replay, FrameError, ReplayFrame};

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use router_core::time::Instant;
-use router_core::types::WorkerKey;
+use router_core::{Instant, WorkerKey};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 

@@ -60,7 +60,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use router_core::time::Instant;
+use router_core::Instant;
 
 /// Sequencing limits.
 #[derive(Clone, Debug)]

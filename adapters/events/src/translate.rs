@@ -39,8 +39,7 @@ use std::hash::BuildHasher;
 
 use core::fmt;
 use hashbrown::HashMap;
-use router_core::hash::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash};
-use router_core::types::{Tier, WorkerKey};
+use router_core::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash, Tier, WorkerKey};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::decode::{EngineHash, EventRef, ExtraKey, RemovedRef, StoredRef};
@@ -70,8 +69,8 @@ pub enum RouterEvent {
 
 impl RouterEvent {
     /// The borrowed form the core's index and `Router::handle_kv_event` take.
-    pub fn as_index_event(&self) -> router_core::index::IndexEvent<'_> {
-        use router_core::index::IndexEvent;
+    pub fn as_index_event(&self) -> router_core::IndexEvent<'_> {
+        use router_core::IndexEvent;
         match self {
             RouterEvent::Stored { parent, blocks, tier } => IndexEvent::Stored { parent: *parent, blocks, tier: *tier },
             RouterEvent::Removed { blocks, tier } => IndexEvent::Removed { blocks, tier: *tier },
@@ -82,10 +81,10 @@ impl RouterEvent {
 
 /// The core's exact index is a sink as it stands (tests compare it with a lossless run).
 /// It has no notion of trust; the `Router` façade does.
-impl EventSink for router_core::index::PrefixIndex {
+impl EventSink for router_core::PrefixIndex {
     fn apply(&mut self, key: WorkerKey, ev: &RouterEvent) {
         // Counted inside the index; a refused event changes nothing.
-        let _ = router_core::index::PrefixIndex::apply(self, key, ev.as_index_event());
+        let _ = router_core::PrefixIndex::apply(self, key, ev.as_index_event());
     }
     fn clear_worker(&mut self, key: WorkerKey) {
         self.clear_key(key);
@@ -95,7 +94,7 @@ impl EventSink for router_core::index::PrefixIndex {
 
 /// The router façade is a sink too: events for unregistered workers are counted and
 /// dropped there, and a gap's distrust reaches its cost model.
-impl EventSink for router_core::router::Router {
+impl EventSink for router_core::Router {
     fn apply(&mut self, key: WorkerKey, ev: &RouterEvent) {
         // The router counts what it refuses (unknown worker, bad event).
         let _ = self.handle_kv_event(router_core::Instant::ZERO, key, ev.as_index_event());
@@ -298,7 +297,7 @@ const fn tier_bit(t: Tier) -> u8 {
     }
 }
 
-/// `router_core::hash::local_hash(tokens, &[], seed)`, into a reused buffer: the
+/// `router_core::local_hash(tokens, &[], seed)`, into a reused buffer: the
 /// core's version zeroes a 4 KiB stack buffer per block, which dominated decoding
 /// of 64-token blocks. Equality with the core is tested.
 fn local_hash_into(buf: &mut Vec<u8>, tokens: &[u32], seed: HashSeed) -> LocalHash {

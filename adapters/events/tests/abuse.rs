@@ -19,9 +19,7 @@ use kvroute_events::decode::{decode_batch, Batch, DecodeConfig};
 use kvroute_events::encode::{encode_batch, WireEvent, WireForm, WireHash, Writer};
 use kvroute_events::ingest::{Command, IngestError};
 use kvroute_events::{EventSink, IngestConfig, IngestCore, RouterEvent, StreamConfig};
-use router_core::hash::{BlockSize, SeqHash};
-use router_core::time::Instant;
-use router_core::types::WorkerKey;
+use router_core::{BlockSize, Instant, SeqHash, WorkerKey};
 
 // ---- a counting allocator, per thread ----
 

@@ -6,7 +6,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::replay_cmd::{load_requests, run_all, Policy, ReplayArgs};
-use router_core::select::RouterMode;
+use router_core::RouterMode;
 
 /// Run the router in front of a simulated fleet and compare kv routing with round-robin.
 ///
@@ -129,6 +129,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         seed: 0,
         json: d.json,
         plot: None,
+        learn: Default::default(),
     };
     let reqs = load_requests(&args)?;
     let runs = run_all(&args, &args.compare, &reqs)?;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use kvroute_epp::k8s::{PoolRef, WorkerTemplate};
 use kvroute_epp::{BodyMode, EppConfig, EppHandle, TlsIdentity};
-use kvroute_proxy::ProxyConfig;
+use kvroute_frontend::ProxyConfig;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -39,7 +39,9 @@ response ends rather than when it starts, the response body too. See docs/deploy
 #[derive(Args, Debug, Clone)]
 pub struct EppArgs {
     /// The TOML configuration, as for `kvroute serve` (models, routing, limits, trust,
-    /// workers); its `listen` is not used. Without it, --model names the one model.
+    /// workers, replicas), without the keys only a forwarding proxy honours (`listen`,
+    /// `[retry]`, `[ejection]`, `[health_check]`, disaggregation, upstream limits), which
+    /// are refused. Without it, --model names the one model.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The model served, when there is no --config; with --pool, the pool's model (the
@@ -153,7 +155,7 @@ fn proxy_config(a: &EppArgs) -> Result<ProxyConfig, String> {
         (None, Some(model)) => (format!("[[models]]\nname = {}\n", json!(model)), "--model".to_string()),
         (None, None) => return Err("give --config FILE, or --model NAME for a one-model picker".into()),
     };
-    crate::serve::config_with_flags(&text, &origin, Vec::new(), a.mode.as_ref(), &a.sets)
+    crate::serve::config_with_flags(EppConfig::proxy_from_toml, &text, &origin, Vec::new(), a.mode.as_ref(), &a.sets)
 }
 
 /// The certificate to serve the gateway with, if any.

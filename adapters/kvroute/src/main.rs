@@ -12,6 +12,7 @@ mod live;
 mod load;
 mod plot;
 mod replay_cmd;
+mod replay_learn;
 mod report;
 mod serve;
 mod tok;

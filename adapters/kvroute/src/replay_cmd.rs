@@ -16,10 +16,9 @@ use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
 use kvroute_sim_server::EngineArgs;
-use router_core::hash::BlockSize;
-use router_core::router::RouterConfig;
-use router_core::select::{KvCostModel, RouterMode};
+use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode};
 
+use crate::replay_learn::LearnArgs;
 use crate::report::{LoadPoint, RunReport};
 
 /// The bundled slice of the Mooncake conversation trace (see fixtures/PROVENANCE.md in
@@ -111,6 +110,9 @@ pub struct ReplayArgs {
     /// Draw TTFT CDFs, load imbalance over time and a worker x time load heatmap to an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Heterogeneous fleets and cost learning.
+    #[command(flatten)]
+    pub learn: LearnArgs,
 }
 
 /// A routing policy name as the command line spells it.
@@ -224,6 +226,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     cfg.eligibility.decode_blocks_frac_of_kv = None;
     cfg.approx.blocks_max_per_worker = a.engine.blocks_per_worker;
     cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
+    cfg.learn = a.learn.config();
     Ok(cfg)
 }
 
@@ -240,14 +243,17 @@ pub fn run_policy(
         0 => Vec::new(),
         p => (0..workers).map(|w| if w < p { EngineRole::Prefill } else { EngineRole::Decode }).collect(),
     };
-    let rcfg = ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, ..ReplayConfig::default() };
+    let speeds = a.learn.speeds()?;
+    let rcfg =
+        ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, speeds, ..ReplayConfig::default() };
     let fleet = Fleet {
         workers,
         prefill_workers,
         kv_blocks: a.engine.blocks_per_worker,
         max_batched_tokens: a.engine.max_batched_tokens,
     };
-    let core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
+    let mut core = CoreDispatcher::new(router_config(a, policy)?, fleet, a.seed, !a.no_kv_events, a.sessions);
+    core.observe(a.learn.observing());
     let mut d = Observed {
         inner: core,
         progress,
@@ -301,6 +307,7 @@ impl Dispatcher for Observed<'_> {
         self.inner.on_finished(now_ms, worker, req)
     }
     fn on_worker_load(&mut self, now_ms: f64, worker: u32, load: WorkerLoadSample) {
+        self.inner.on_worker_load(now_ms, worker, load);
         let last = &mut self.last_sample_ms[worker as usize];
         if now_ms - *last >= LOAD_SAMPLE_MS {
             *last = now_ms;

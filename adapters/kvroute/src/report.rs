@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use kvroute_sim::replay::ReplayReport;
 use kvroute_sim::stats::Dist;
-use router_core::router::DisaggStats;
+use router_core::DisaggStats;
 
 fn disagg_json<S: serde::Serializer>(d: &DisaggStats, s: S) -> Result<S::Ok, S::Error> {
     serde::Serialize::serialize(

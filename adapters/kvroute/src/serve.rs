@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use kvroute_proxy::{ProxyConfig, Tokenize, TokenizeError, Tokenizers};
+use kvroute_proxy::{ConfigError, ProxyConfig, Tokenize, TokenizeError, Tokenizers};
 
 use crate::tok::HfTokenizer;
 
 /// Flags of `kvroute serve`; each overrides the file.
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// The TOML configuration (see kvroute.example.toml in the proxy crate).
+    /// The TOML configuration (see kvroute.example.toml in the frontend crate).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     /// Address to listen on, overriding `listen`.
@@ -39,12 +39,18 @@ impl Tokenize for HfTokenizer {
 pub fn load_config(a: &ServeArgs) -> Result<ProxyConfig, String> {
     let text = std::fs::read_to_string(&a.config).map_err(|e| format!("cannot read {}: {e}", a.config.display()))?;
     let listen = a.listen.iter().map(|l| ("listen".to_string(), format!("{l:?}"))).collect();
-    config_with_flags(&text, &a.config.display().to_string(), listen, a.mode.as_ref(), &a.sets)
+    let origin = a.config.display().to_string();
+    config_with_flags(ProxyConfig::from_toml_with_overrides, &text, &origin, listen, a.mode.as_ref(), &a.sets)
 }
 
-/// `text` as a configuration, with `overrides`, then `--mode`, then each `--set
-/// KEY=VALUE` applied in that order; errors name `origin`. Shared by `serve` and `epp`.
+/// How a subcommand turns a file and its overrides into a configuration.
+pub type Loader = fn(&str, &[(&str, &str)]) -> Result<ProxyConfig, ConfigError>;
+
+/// `text` as a configuration read by `load`, with `overrides`, then `--mode`, then each
+/// `--set KEY=VALUE` applied in that order; errors name `origin`. Shared by `serve` and
+/// `epp`, whose loader refuses the keys it does not honour.
 pub fn config_with_flags(
+    load: Loader,
     text: &str,
     origin: &str,
     mut overrides: Vec<(String, String)>,
@@ -59,7 +65,7 @@ pub fn config_with_flags(
         overrides.push((k.trim().into(), v.trim().into()));
     }
     let pairs: Vec<(&str, &str)> = overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ProxyConfig::from_toml_with_overrides(text, &pairs).map_err(|e| format!("{origin}: {e}"))
+    load(text, &pairs).map_err(|e| format!("{origin}: {e}"))
 }
 
 /// Loads every model's tokenizer named in the config, each from a local folder, and

@@ -11,8 +11,7 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use router_core::router::Routed;
-use router_core::worker::Health;
+use router_core::Health;
 use serde_json::{json, Value};
 
 use crate::body::ProxyBody;
@@ -35,7 +34,7 @@ pub fn ready(state: &State) -> Response<ProxyBody> {
     let healthy: usize = state
         .fleet
         .pools()
-        .map(|p| p.driver.with_router(|r| r.workers().iter().filter(|(_, h)| *h == Health::Healthy).count()))
+        .map(|p| p.driver.with_router(|r| r.snapshot().workers.iter().filter(|w| w.health == Health::Healthy).count()))
         .sum();
     let status = if healthy > 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut body = json!({"ready": healthy > 0, "healthy_workers": healthy});
@@ -46,8 +45,11 @@ pub fn ready(state: &State) -> Response<ProxyBody> {
     json_response(status, &body)
 }
 
-/// `GET /metrics`: the Prometheus text exposition.
-pub fn metrics(state: &State) -> Response<ProxyBody> {
+/// `GET /metrics`: the Prometheus text exposition, with the KV-event streams' counters
+/// asked of the events runner first.
+pub async fn metrics(state: &State) -> Response<ProxyBody> {
+    let rows = state.subs.lock().await.ingest_rows().await;
+    state.metrics.set_ingest(rows);
     let mut resp = Response::new(ProxyBody::full(state.metrics.encode()));
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(prometheus_client::encoding::prometheus_text::CONTENT_TYPE));
@@ -131,11 +133,14 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "model": p.name,
                 "role": w.spec.role.as_str(),
                 "health": w.health.as_str(),
+                "in_flight": crate::drain::in_flight(state, id),
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
                 "tokenizer_missing": no_tokenizer && cfg.as_ref().is_some_and(|c| c.kv_events.is_some()),
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
+                // Apart from `ranks`, which says what the worker holds: this grows with traffic.
+                "learned": w.keys.iter().map(|k| crate::learn::learned_json(p.driver.learned(k.key))).collect::<Vec<_>>(),
             }));
         }
         pools.push(json!({
@@ -153,7 +158,12 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
             "timed_out": s.router.timed_out,
         }));
     }
-    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools}))
+    let scrapes = &state.scrapes;
+    let engine_scrapes = json!({
+        "ok": scrapes.ok.load(std::sync::atomic::Ordering::Relaxed),
+        "dropped": scrapes.dropped.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    json_response(StatusCode::OK, &json!({"workers": workers, "pools": pools, "engine_scrapes": engine_scrapes}))
 }
 
 /// A worker's event streams: `null` without a subscription, else one row per rank.
@@ -199,9 +209,22 @@ pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<R
         serde_json::from_slice(&body).map_err(|e| ApiError::bad_request(format!("invalid worker: {e}")))?;
     state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
     let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
-    let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.0))?;
+    let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // A drained worker added again is a new worker: it takes requests again.
+    if state.outliers.is_draining(w.id) {
+        state.outliers.forget(w.id);
+        if let Some(pool) = state.fleet.pool(&w.model) {
+            let _ = pool.driver.set_health(router_core::WorkerId(w.id), Health::Healthy);
+        }
+    }
     // Subscriptions follow registration: a replaced worker's stream is re-opened.
-    state.subs.lock().await.add(&state.cfg, &state.fleet, &w).await.map_err(ApiError::bad_request)?;
+    state
+        .subs
+        .lock()
+        .await
+        .add(&state.cfg, &state.fleet, &w)
+        .await
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(json_response(if new { StatusCode::CREATED } else { StatusCode::OK }, &shown))
 }
 
@@ -235,34 +258,4 @@ pub async fn preview(
     handler::preview(state, p)
 }
 
-/// A decision as JSON: the target and each candidate's overlap, score or exclusion.
-pub fn routed_json(model: &str, isl_tokens: u32, r: &Routed) -> Value {
-    let rows: Vec<Value> = r
-        .explanation
-        .iter()
-        .map(|row| {
-            json!({
-                "worker": row.key.worker.0,
-                "rank": row.key.rank.0,
-                "overlap": {"device": row.overlap.device, "host": row.overlap.host, "disk": row.overlap.disk},
-                "eligible": row.excluded.is_none(),
-                "excluded": row.excluded.as_ref().map(|e| e.as_str()),
-                "excluded_detail": row.excluded.as_ref().map(|e| e.to_string()),
-                "cost": row.score.as_ref().map(|s| s.cost),
-                "overlap_effective": row.score.as_ref().map(|s| s.overlap_effective),
-                "prefill_blocks": row.score.as_ref().map(|s| s.prefill_blocks),
-                "decode_blocks": row.score.as_ref().map(|s| s.decode_blocks),
-            })
-        })
-        .collect();
-    json!({
-        "model": model,
-        "worker": r.target.worker.0,
-        "rank": r.target.rank.0,
-        "overlap_blocks": r.overlap.raw(),
-        "max_overlap_blocks": r.max_overlap_blocks,
-        "request_blocks": r.request_blocks,
-        "isl_tokens": isl_tokens,
-        "explanation": rows,
-    })
-}
+//END

@@ -42,12 +42,20 @@ pub enum ProxyBody {
     Full(Full<Bytes>),
     /// A worker's response, streamed through.
     Stream(Box<UpstreamBody>),
+    /// A worker's stream that may continue on another worker (see [`crate::migrate`]).
+    Migrating(Box<crate::migrate::MigratingBody>),
 }
 
 impl ProxyBody {
     /// A complete body.
     pub fn full(b: impl Into<Bytes>) -> Self {
         ProxyBody::Full(Full::new(b.into()))
+    }
+}
+
+impl From<Bytes> for ProxyBody {
+    fn from(b: Bytes) -> Self {
+        ProxyBody::full(b)
     }
 }
 
@@ -59,6 +67,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Full(f) => Pin::new(f).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::Stream(s) => Pin::new(s.as_mut()).poll_frame(cx),
+            ProxyBody::Migrating(m) => Pin::new(m.as_mut()).poll_frame(cx),
         }
     }
 
@@ -66,6 +75,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(f) => f.is_end_stream(),
             ProxyBody::Stream(s) => s.done,
+            ProxyBody::Migrating(m) => m.is_end_stream(),
         }
     }
 
@@ -73,7 +83,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(f) => f.size_hint(),
             ProxyBody::Stream(s) if !s.injects_errors => s.inner.size_hint(),
-            ProxyBody::Stream(_) => SizeHint::default(),
+            ProxyBody::Stream(_) | ProxyBody::Migrating(_) => SizeHint::default(),
         }
     }
 }
@@ -159,6 +169,14 @@ impl UpstreamBody {
         }
     }
 
+    /// Sends `first`, a frame already read from `inner`, before reading on.
+    pub(crate) fn with_first(mut self, first: Option<Frame<Bytes>>) -> Self {
+        if let Some(f) = first {
+            self.held = Some(Next::Frame(f));
+        }
+        self
+    }
+
     /// A frame of `chunks` non-empty upstream chunks goes out; `last` when the worker's
     /// body ended with it. Chunks that arrived together are zero apart.
     fn on_data(&mut self, data: &Bytes, chunks: u32, last: bool) {
@@ -167,13 +185,22 @@ impl UpstreamBody {
         }
         let now = Instant::now();
         let m = &self.ctx.state.metrics;
+        // Chunks after the first frame time the decode (those in it came at once).
+        if let (Some(_), Some(b)) = (self.last_chunk, &self.booking) {
+            b.output_chunks(chunks);
+        }
         match self.last_chunk {
             None => {
                 m.ttft(&self.ctx.model, now - self.ctx.arrived);
                 // A body that ends with its first frame is finished at once, which
-                // releases the prefill load too.
-                if let Some(b) = self.booking.as_ref().filter(|_| !last) {
-                    let _ = b.prefill_done();
+                // releases the prefill load too; a stream's first frame still times
+                // its first token.
+                match &self.booking {
+                    Some(b) if !last => {
+                        let _ = b.prefill_done();
+                    }
+                    Some(b) if self.injects_errors => b.first_output(),
+                    _ => {}
                 }
             }
             Some(prev) if self.injects_errors => m.itl(&self.ctx.model, now - prev),
@@ -218,6 +245,7 @@ impl UpstreamBody {
             End::Cancelled => "cancelled",
         };
         c.state.metrics.request(&c.model, Some(c.worker), outcome, c.status);
+        c.state.metrics.request_duration(&c.model, c.worker, c.arrived.elapsed());
     }
 
     fn error_event(&self, code: &str, message: &str) -> Bytes {

@@ -8,30 +8,25 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, HeaderName, Response};
+use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use kvroute_driver::{Booking, DispatchFailure, DriveError};
-use router_core::router::Request;
-use router_core::{WorkerId, WorkerKey};
-use serde_json::Value;
+use kvroute_driver::Booking;
+use router_core::{Request, WorkerId, WorkerKey};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
+
+use kvroute_frontend::ask::{question, routed_json, Asker, Question};
 
 use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
 use crate::config::WorkerConfig;
 use crate::disagg;
 use crate::error::ApiError;
-use crate::fleet::{Fleet, Pool};
-use crate::health;
-use crate::metrics::Metrics;
-use crate::request::{self, Build, Endpoint, Prompt};
+use crate::fleet::Pool;
+use crate::forward;
+use crate::request::Endpoint;
 use crate::state::State;
-use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
 use crate::upstream::{strip_hop_by_hop, upstream_headers, WORKER_HEADER};
-
-/// Bodies larger than this are tokenized on a blocking thread, off the reactor.
-const TOKENIZE_INLINE_BYTES_MAX: usize = 64 << 10;
 
 /// A request read, checked and turned into a routing question.
 pub struct Prepared {
@@ -104,86 +99,6 @@ pub async fn prepare(
     Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint })
 }
 
-/// What turning a request into a routing question reads: pools, tokenizers, metrics and
-/// the session header. The proxy lends its own; the endpoint picker builds one.
-pub struct Asker<'a> {
-    /// Pools and workers.
-    pub fleet: &'a Fleet,
-    /// Tokenizers by model.
-    pub tokenizers: &'a Tokenizers,
-    /// Where parse and tokenize times, fallbacks and stripped fields are counted.
-    pub metrics: &'a Metrics,
-    /// The session id header.
-    pub session_header: &'a HeaderName,
-    /// Longest session id accepted, in bytes.
-    pub session_id_bytes_max: usize,
-}
-
-/// A request body turned into the router's question.
-pub struct Question {
-    /// The pool serving it.
-    pub pool: Arc<Pool>,
-    /// The router's question.
-    pub request: Request,
-    /// The body to forward (the `kvroute` object removed).
-    pub forward_body: Bytes,
-    /// Whether the trusted preview flag was set.
-    pub preview: bool,
-    /// The endpoint the request came to (or looks like).
-    pub endpoint: Endpoint,
-}
-
-/// Checks a buffered request body with its headers, finds its pool and hashes its prompt
-/// into the router's question. Pins, priorities and the preview flag count only when
-/// `trusted`. `endpoint: None` guesses it from the body. Work is linear in the body;
-/// large prompts are tokenized on a blocking thread.
-pub async fn question(
-    cx: &Asker<'_>,
-    trusted: bool,
-    headers: &HeaderMap,
-    raw: Bytes,
-    endpoint: Option<Endpoint>,
-    model_label: &mut String,
-) -> Result<Question, ApiError> {
-    let t0 = Instant::now();
-    let mut json: Value =
-        serde_json::from_slice(&raw).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
-    let endpoint = match endpoint.or_else(|| Endpoint::guess(&json)) {
-        Some(e) => e,
-        None => return Err(ApiError::bad_request("the body has none of `messages`, `prompt`, `input`")),
-    };
-    let had_kvroute = json.get("kvroute").is_some();
-    let mut parsed = request::parse(endpoint, &mut json)?;
-    let Some((pool, alias_lora)) = cx.fleet.resolve(&parsed.model) else {
-        return Err(ApiError::model_not_found(&parsed.model));
-    };
-    let pool = pool.clone();
-    *model_label = pool.name.clone();
-    let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
-    let (hh, stripped_headers) = request::header_hints(headers, trusted)?;
-    let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
-    for f in stripped_headers.into_iter().chain(stripped_fields) {
-        cx.metrics.untrusted(f);
-    }
-    let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
-    let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
-    cx.metrics.stage("parse", t0.elapsed());
-
-    let t1 = Instant::now();
-    let tokens = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await;
-    let build = Build {
-        id: pool.driver.next_request_id(),
-        block_size: pool.block_size,
-        lora: lora.as_deref(),
-        parsed: &parsed,
-        hints: hh.hints,
-        session,
-    };
-    let request = request::build(build, &tokens);
-    cx.metrics.stage("tokenize", t1.elapsed());
-    Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
-}
-
 /// Reads the body, refusing more than `max` bytes before buffering them.
 async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, ApiError> {
     let declared = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
@@ -197,48 +112,6 @@ async fn read_body(body: Incoming, headers: &HeaderMap, max: u64) -> Result<Byte
     }
 }
 
-/// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
-async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
-    if let Prompt::Tokens(t) = prompt {
-        return t.clone();
-    }
-    let Some(tok) = cx.tokenizers.get(model).cloned() else {
-        cx.metrics.fallback(model, "no_tokenizer");
-        return fallback(prompt, &body);
-    };
-    let prompt = prompt.clone();
-    let run = move || {
-        let out = match &prompt {
-            Prompt::Text(t) => tok.encode_text(t),
-            _ => tok.encode_chat(&body),
-        };
-        // Boxed: the request travels back for the fallback, and Err stays small.
-        out.map_err(|e| Box::new((e, prompt, body)))
-    };
-    let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
-        match tokio::task::spawn_blocking(run).await {
-            Ok(r) => r,
-            Err(_) => return Vec::new(),
-        }
-    } else {
-        run()
-    };
-    out.unwrap_or_else(|failed| {
-        let (e, prompt, body) = *failed;
-        tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
-        cx.metrics.fallback(model, "tokenizer_error");
-        fallback(&prompt, &body)
-    })
-}
-
-fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
-    match prompt {
-        Prompt::Text(t) => fallback_text(t),
-        Prompt::Tokens(t) => t.clone(),
-        Prompt::Chat => fallback_chat(body),
-    }
-}
-
 /// Answers with the decision the router would make, changing nothing.
 pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiError> {
     if let Some(protocol) = disagg::protocol(&p) {
@@ -249,7 +122,9 @@ pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiErr
     let routed = driver
         .preview(p.request, driver.draw())
         .map_err(|e| ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms))?;
-    Ok(crate::error::json_response(http::StatusCode::OK, &crate::admin::routed_json(&p.pool.name, isl, &routed)))
+    let mut out = routed_json(&p.pool.name, isl, &routed);
+    crate::learn::annotate_preview(&mut out, driver, &routed, &state.cfg.learn);
+    Ok(crate::error::json_response(http::StatusCode::OK, &out))
 }
 
 /// Routes and forwards: split across a prefill and a decode worker when the model is
@@ -270,8 +145,9 @@ async fn forward(
     }
 }
 
-/// Routes `p.request` (whatever phase it names) and forwards it, retrying connect
-/// failures on workers not yet tried.
+/// Routes `p.request` (whatever phase it names) and forwards it, retrying failures before
+/// the first byte on workers not yet tried (see [`crate::retry`]); a stream that breaks
+/// later is continued elsewhere when it can be (see [`crate::migrate`]).
 pub(crate) async fn forward_aggregated(
     state: &Arc<State>,
     p: Prepared,
@@ -280,62 +156,21 @@ pub(crate) async fn forward_aggregated(
 ) -> Result<Response<ProxyBody>, ApiError> {
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     let pool = p.pool.clone();
+    let plan = crate::migrate::Plan::of(&p, &state.cfg.migration);
+    let body = plan.as_ref().map_or_else(|| p.forward_body.clone(), |m| m.first_body());
+    let stream = plan.is_some() || crate::migrate::is_stream(&p.forward_body);
     let mut request = p.request.clone();
     let mut tried: Vec<WorkerId> = Vec::new();
-    let mut last_err: Option<ApiError> = None;
-    for attempt in 0..=state.cfg.retry.retries_max {
-        // The core excludes workers that already failed this request (unless a pin names them).
-        request.failed_workers.clone_from(&tried);
-        let t0 = Instant::now();
-        let routed = tokio::time::timeout_at(deadline, pool.driver.route(request.clone(), pool.driver.draw())).await;
-        let booking = match routed {
-            Err(_) => return Err(ApiError::timeout()),
-            // A retry that finds no other worker reports the failure that caused it.
-            Ok(Err(_)) if last_err.is_some() => break,
-            Ok(Err(e)) => {
-                if let DriveError::Rejected(r) = &e {
-                    state.metrics.rejected(&pool.name, &r.class, r.limit_kind.as_str());
-                }
-                return Err(ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms));
-            }
-            Ok(Ok(b)) => b,
-        };
-        state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
-        let r = booking.routed();
-        state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
-        let worker_id = booking.target().worker;
-        tried.push(worker_id);
-        let Some(worker) = state.fleet.worker(worker_id.0) else {
-            // Removed between the decision and now.
-            let _ = booking.fail(DispatchFailure::Worker);
-            continue;
-        };
-        let up = upstream_request(state, &worker, booking.target(), &p, p.forward_body.clone())?;
-        match tokio::time::timeout_at(deadline, state.client.send(up)).await {
-            Err(_) => {
-                // No answer at all within the request's time counts against the worker, so a
-                // worker gone slow is ejected like one gone dead.
-                let _ = booking.fail(DispatchFailure::Worker);
-                health::failure(state, worker_id.0, "timeout");
-                return Err(ApiError::timeout());
-            }
-            Ok(Ok(resp)) => {
-                let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
-                return Ok(respond(state, resp, booking, ctx, permit));
-            }
-            Ok(Err(e)) => {
-                let connect = e.is_connect();
-                let _ = booking.fail(DispatchFailure::Worker);
-                health::failure(state, worker_id.0, if connect { "connect" } else { "request" });
-                last_err = Some(ApiError::upstream(format!("worker {} failed: {}", worker_id.0, error_chain(&e))));
-                if !connect || attempt == state.cfg.retry.retries_max || !state.budget.withdraw() {
-                    break;
-                }
-                state.metrics.retry(&pool.name);
-            }
+    let tries = forward::Tries { state, pool: &pool, p: &p, body, path: None, deadline, stream };
+    let a = forward::first_answer(&tries, &mut request, &mut tried).await?;
+    let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
+    match plan {
+        // A worker that sent no token ids cannot be continued: its stream passes through.
+        Some(plan) if a.resp.status().is_success() && plan.can_continue(a.first.as_ref()) => {
+            Ok(crate::migrate::respond(state, a, plan, p, request, tried, ctx, permit))
         }
+        _ => Ok(respond_first(state, a.resp, a.booking, ctx, permit, a.first)),
     }
-    Err(last_err.unwrap_or_else(|| ApiError::upstream("no worker could take the request")))
 }
 
 /// The request to send `body` to `target` on `worker`, with the client's headers.
@@ -346,7 +181,19 @@ pub(crate) fn upstream_request(
     p: &Prepared,
     body: Bytes,
 ) -> Result<http::Request<Full<Bytes>>, ApiError> {
-    let uri = worker.url.join(&p.path_and_query).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
+    upstream_request_to(state, worker, target, p, &p.path_and_query, body)
+}
+
+/// [`upstream_request`] to another path than the client's.
+pub(crate) fn upstream_request_to(
+    state: &State,
+    worker: &WorkerConfig,
+    target: WorkerKey,
+    p: &Prepared,
+    path: &str,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, ApiError> {
+    let uri = worker.url.join(path).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
     let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
     // The rank header is the router's word to the engine, never the client's.
     headers.remove(&state.dp_rank_header);
@@ -374,9 +221,21 @@ pub(crate) struct Respond<'a> {
 pub(crate) fn respond(
     state: &Arc<State>,
     resp: Response<crate::upstream::Upstream>,
+    booking: Booking,
+    ctx: Respond<'_>,
+    permit: OwnedSemaphorePermit,
+) -> Response<ProxyBody> {
+    respond_first(state, resp, booking, ctx, permit, None)
+}
+
+/// [`respond`], with the body's first frame already read from `resp`.
+pub(crate) fn respond_first(
+    state: &Arc<State>,
+    resp: Response<crate::upstream::Upstream>,
     mut booking: Booking,
     ctx: Respond<'_>,
     permit: OwnedSemaphorePermit,
+    first: Option<http_body::Frame<Bytes>>,
 ) -> Response<ProxyBody> {
     let Respond { model, arrived, deadline, prefill_worker } = ctx;
     let _ = booking.dispatched();
@@ -401,7 +260,8 @@ pub(crate) fn respond(
         deadline,
         injects_errors,
     };
-    Response::from_parts(parts, ProxyBody::Stream(Box::new(UpstreamBody::new(body, booking, ctx, Some(permit)))))
+    let body = UpstreamBody::new(body, booking, ctx, Some(permit)).with_first(first);
+    Response::from_parts(parts, ProxyBody::Stream(Box::new(body)))
 }
 
 /// An error and its causes, for messages.

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use router_core::worker::Health;
-use router_core::WorkerId;
+use router_core::{Health, WorkerId};
 use serde::Serialize;
 
 use crate::config::{EjectionConfig, WorkerConfig};
@@ -25,6 +24,8 @@ use crate::state::State;
 struct Tracked {
     consecutive: u32,
     ejected: bool,
+    /// Drained by an operator: ejection and readmission leave its health alone.
+    draining: bool,
     backoff_ms: u64,
     ejections: u64,
 }
@@ -99,6 +100,16 @@ impl Outliers {
         self.with(id, |t, _| t.ejected)
     }
 
+    /// The worker is draining (see [`crate::drain`]) until it is forgotten.
+    pub fn set_draining(&self, id: u64) {
+        self.with(id, |t, _| t.draining = true);
+    }
+
+    /// Whether the worker is draining.
+    pub fn is_draining(&self, id: u64) -> bool {
+        self.with(id, |t, _| t.draining)
+    }
+
     /// Forgets a removed worker.
     pub fn forget(&self, id: u64) {
         self.table.lock().unwrap_or_else(PoisonError::into_inner).remove(&id);
@@ -116,8 +127,12 @@ pub fn failure(state: &Arc<State>, worker: u64, kind: &'static str) {
     let Some(w) = state.fleet.worker(worker) else { return };
     state.metrics.failure(&w.model, worker, kind);
     if let Some(backoff_ms) = state.outliers.failure(worker) {
-        if let Some(pool) = state.fleet.pool(&w.model) {
-            let _ = pool.driver.set_health(WorkerId(worker), Health::Ejected);
+        match state.fleet.pool(&w.model) {
+            Some(_) if state.outliers.is_draining(worker) => {}
+            Some(pool) => {
+                let _ = pool.driver.set_health(WorkerId(worker), Health::Ejected);
+            }
+            None => {}
         }
         state.metrics.ejected(&w.model, worker);
         tracing::warn!(worker, backoff_ms, "worker ejected after consecutive failures");
@@ -144,8 +159,12 @@ async fn probe_loop(state: Arc<State>, worker: u64, mut backoff_ms: u64) {
         };
         if probe(&state, &w).await {
             state.outliers.readmit(worker);
-            if let Some(pool) = state.fleet.pool(&w.model) {
-                let _ = pool.driver.set_health(WorkerId(worker), Health::Healthy);
+            match state.fleet.pool(&w.model) {
+                Some(_) if state.outliers.is_draining(worker) => {}
+                Some(pool) => {
+                    let _ = pool.driver.set_health(WorkerId(worker), Health::Healthy);
+                }
+                None => {}
             }
             tracing::info!(worker, "worker readmitted after a successful probe");
             return;

@@ -20,48 +20,48 @@
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
 //! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and the
-//! KV transfer between prefill and decode workers (the engines move the cache).
+//! KV transfer between prefill and decode workers (the engines move the cache). What
+//! happens before transport (configuration, pools, parsing, trust, subscriptions,
+//! metrics, start-up) is `kvroute-frontend`'s, shared with the endpoint picker; its
+//! modules are re-exported here under the proxy's own paths.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod body;
-pub mod config;
 pub mod disagg;
-pub mod error;
-pub mod events;
-pub mod fleet;
+pub mod drain;
+mod forward;
 pub mod handler;
 pub mod health;
-pub mod metrics;
-pub mod request;
+pub mod migrate;
+pub mod retry;
+pub mod scrape;
 pub mod server;
 pub mod state;
-pub mod tokenize;
-pub mod trust;
 pub mod upstream;
 
-use std::hash::{BuildHasher, Hasher};
+// The front end's modules, under the paths the proxy's code and users have always used.
+pub use kvroute_frontend::{config, cost_header, error, events, fleet, learn, metrics, request, tokenize, trust};
+
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::HeaderName;
 use kvroute_driver::Driver;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, ProxyConfig, WorkerConfig};
-pub use error::{ApiError, ProxyError};
+pub use error::ApiError;
 pub use fleet::FleetError;
+pub use kvroute_frontend::{FrontEnd, StartError};
 pub use server::ShutdownReport;
 pub use tokenize::{tokenizer_missing, tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
 
-use crate::fleet::Fleet;
 use crate::health::Outliers;
-use crate::metrics::Metrics;
 use crate::state::State;
-use crate::trust::Trust;
 use crate::upstream::RetryBudget;
 
 /// A running proxy: its address, its pools, and the way to stop it.
@@ -75,64 +75,43 @@ pub struct ServeHandle {
     task: JoinHandle<ShutdownReport>,
 }
 
-/// Starts the proxy: checks `cfg`, builds a pool per model, registers the configured
-/// workers, binds `cfg.listen` and serves until [`ServeHandle::shutdown`]. Must run
-/// inside a tokio runtime.
+/// Starts the proxy: starts the front end ([`kvroute_frontend::start`]: checks `cfg`,
+/// builds a pool per model, registers the configured workers, subscribes to their KV
+/// events, joins the peer replicas), binds `cfg.listen` and serves until
+/// [`ServeHandle::shutdown`]. Must run inside a tokio runtime.
 pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHandle, ProxyError> {
-    cfg.validate()?;
-    let seed = cfg.seed.unwrap_or_else(random_seed);
-    let fleet = Arc::new(Fleet::new(&cfg, seed));
-    for w in &cfg.workers {
-        fleet.add_worker(w.clone()).map_err(|e| ProxyError::Worker { id: w.id, message: e.0 })?;
-    }
-    let subs =
-        events::Subscriptions::start(&cfg, &fleet).await.map_err(|message| ProxyError::Worker { id: 0, message })?;
-    let replica = match &cfg.replica {
-        Some(r) => {
-            let pools = fleet
-                .pools()
-                .map(|p| kvroute_replica::PoolLink { model: p.name.clone(), driver: p.driver.clone() })
-                .collect();
-            let handle = kvroute_replica::start(r.options(), pools)
-                .await
-                .map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })?;
-            Some(Arc::new(handle))
-        }
-        None => None,
-    };
+    let front = kvroute_frontend::start(&cfg).await.map_err(ProxyError::Start)?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let header = |name: &str| {
-        HeaderName::from_bytes(name.as_bytes()).map_err(|e| ProxyError::Worker { id: 0, message: e.to_string() })
-    };
-    let mut metrics = Metrics::new(fleet.clone());
+    let FrontEnd { cfg, trust, fleet, mut metrics, session_header, dp_rank_header, subs, replica } = front;
     let missing = tokenize::tokenizer_missing(&cfg);
     for model in &missing {
         tracing::warn!("{}", tokenize::tokenizer_missing_warning(model));
     }
     metrics.register_tokenizer_missing(cfg.models.iter().map(|m| m.name.as_str()), &missing);
-    if let Some(r) = &replica {
-        metrics.register_replica(r.clone(), fleet.clone());
-    }
     let state = Arc::new(State {
-        trust: Trust::new(&cfg.trust),
+        trust,
         client: upstream::client(&cfg.limits),
         metrics,
         concurrency: Arc::new(Semaphore::new(cfg.limits.concurrent_requests_max)),
         budget: RetryBudget::new(&cfg.retry),
         outliers: Outliers::new(cfg.ejection.clone()),
-        session_header: header(&cfg.session_header)?,
-        dp_rank_header: header(&cfg.dp_rank_header)?,
+        session_header,
+        dp_rank_header,
         shutdown: shutdown_rx.clone(),
-        subs: tokio::sync::Mutex::new(subs),
+        subs,
         replica,
+        scrapes: Arc::default(),
         fleet,
         tokenizers,
         cfg,
     });
     tokio::spawn(health::active_checks(state.clone()));
-    tokio::spawn(events::watch_silent(std::sync::Arc::downgrade(&state)));
+    tokio::spawn(events::watch_silent(Arc::downgrade(&state), |s| (&s.subs, &s.metrics)));
+    let scraper =
+        scrape::Scraper { cfg: state.cfg.learn.clone(), client: state.client.clone(), stats: state.scrapes.clone() };
+    tokio::spawn(scrape::scrape_loop(scraper, Arc::downgrade(&state.fleet), shutdown_rx.clone()));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }
@@ -150,7 +129,8 @@ impl ServeHandle {
 
     /// Adds or replaces a worker, as `POST /workers` does.
     pub fn add_worker(&self, w: WorkerConfig) -> Result<bool, FleetError> {
-        self.state.cfg.check_worker(&w).map_err(|(k, m)| FleetError(format!("{k}: {m}")))?;
+        let invalid = |(key, message): (&str, String)| ConfigError::Invalid { key: key.into(), message };
+        self.state.cfg.check_worker(&w).map_err(|e| FleetError::Invalid(invalid(e)))?;
         self.state.fleet.add_worker(w)
     }
 
@@ -193,9 +173,30 @@ impl ServeHandle {
     }
 }
 
-/// A seed from the process's random hasher keys, so hash tables and draws differ per run.
-fn random_seed() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x6b76_726f_7574_6521);
-    h.finish()
+/// Why [`crate::serve`] could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// The front end did not start (configuration, workers, KV events, replicas).
+    Start(StartError),
+    /// The listening socket could not be bound.
+    Bind(std::io::Error),
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProxyError::Start(e) => write!(f, "{e}"),
+            ProxyError::Bind(e) => write!(f, "cannot listen: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ProxyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ProxyError::Start(e) => Some(e),
+            ProxyError::Bind(e) => Some(e),
+        }
+    }
 }

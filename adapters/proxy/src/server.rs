@@ -59,8 +59,12 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (&Method::GET, "/v1/models") => Ok(admin::models(&state).await),
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
-        (&Method::GET, "/metrics") => Ok(admin::metrics(&state)),
+        (&Method::GET, "/metrics") => Ok(admin::metrics(&state).await),
         (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
+        (&Method::POST, p) if p.starts_with("/workers/") && !admin(&state) => Err(ApiError::forbidden()),
+        (&Method::POST, p) if p.starts_with("/workers/") && p.ends_with("/drain") => {
+            crate::drain::drain(&state, &p["/workers/".len()..p.len() - "/drain".len()], req.uri().query())
+        }
         (&Method::GET, "/workers") => Ok(admin::workers(&state).await),
         (&Method::POST, "/workers") => admin::add_worker(&state, req).await,
         (&Method::DELETE, p) if p.starts_with("/workers/") => {

@@ -44,6 +44,8 @@ pub struct State {
     pub subs: tokio::sync::Mutex<crate::events::Subscriptions>,
     /// The link to peer replicas, when `[replica]` is configured.
     pub replica: Option<Arc<kvroute_replica::ReplicaHandle>>,
+    /// Engine-metrics scrape counters.
+    pub scrapes: Arc<crate::scrape::ScrapeStats>,
 }
 
 impl State {

@@ -20,13 +20,14 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::config::{LimitsConfig, RetryConfig};
 
+pub use kvroute_frontend::headers::{PIN_HEADERS, PREVIEW_HEADER, WORKER_HEADER};
 pub use pool::{SendError, Upstream, IDLE_PER_WORKER_MAX};
 
 /// The client every request and probe to a worker goes through: HTTP/1.1, TCP_NODELAY,
 /// the configured connect and idle timeouts.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    pool: Arc<pool::Pool>,
+    pool: Arc<pool::ConnPool>,
     plain: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -42,7 +43,7 @@ pub fn client(limits: &LimitsConfig) -> UpstreamClient {
         .pool_idle_timeout(idle_timeout)
         .http1_max_buf_size(limits.connection_buffer_bytes_max)
         .build(conn);
-    let pool = pool::Pool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max);
+    let pool = pool::ConnPool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max);
     UpstreamClient { pool, plain }
 }
 
@@ -71,17 +72,6 @@ const HOP_BY_HOP: [&str; 9] = [
     "transfer-encoding",
     "upgrade",
 ];
-
-/// Headers that steer the proxy itself; they never reach a worker.
-pub const PIN_HEADERS: [&str; 5] =
-    ["x-worker-id", "x-dp-rank", "x-prefill-worker-id", "x-prefill-dp-rank", "x-decode-worker-id"];
-
-/// The preview flag header.
-pub const PREVIEW_HEADER: &str = "x-kvroute-preview";
-
-/// The response header naming the worker that served a request.
-#[allow(clippy::declare_interior_mutable_const)] // a static name: nothing in it changes
-pub const WORKER_HEADER: HeaderName = HeaderName::from_static("x-kvroute-worker");
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
@@ -201,7 +191,13 @@ mod tests {
 
     #[test]
     fn the_budget_bounds_retries() {
-        let b = RetryBudget::new(&RetryConfig { retries_max: 2, budget_ratio: 0.5, budget_initial: 1, budget_max: 2 });
+        let b = RetryBudget::new(&RetryConfig {
+            retries_max: 2,
+            budget_ratio: 0.5,
+            budget_initial: 1,
+            budget_max: 2,
+            ..RetryConfig::default()
+        });
         assert!(b.withdraw());
         assert!(!b.withdraw());
         b.deposit();

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use router_core::router::ReplicaId;
+use router_core::ReplicaId;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::wire::Kind;

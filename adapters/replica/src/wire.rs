@@ -8,10 +8,9 @@
 
 use std::fmt;
 
-use router_core::affinity::BindStamp;
-use router_core::hash::SeqHash;
-use router_core::router::{ReplicaId, ReplicaUpdate};
-use router_core::{DpRank, Instant, Phase, RequestId, WorkerId, WorkerKey};
+use router_core::{
+    BindStamp, DpRank, Instant, Phase, ReplicaId, ReplicaUpdate, RequestId, SeqHash, WorkerId, WorkerKey,
+};
 use serde::{Deserialize, Serialize};
 
 /// The version every envelope carries; others are refused.

@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvroute_sim::engine::{Engine, EngineOutput, EngineRequest, EngineRole, KvEvent, RejectReason};
 use kvroute_sim::prompt::{Prompt, PromptError};
-use router_core::hash::{BlockSize, HashSeed};
+use router_core::{BlockSize, HashSeed};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 

@@ -28,10 +28,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::bootstrap::{self, Rooms, RoomsFull};
 use crate::engine_task::{Submit, SubmitError};
+use crate::faults::Faults;
+use crate::greedy::Greedy;
 use crate::metrics::{render, Metrics};
-use crate::openai::{
-    self, filler_seed, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta,
-};
+use crate::openai::{self, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta};
 use crate::sse::{collect, Finish, SseBody};
 use crate::tokenizer::{PromptTokenizer, TokenizeError};
 
@@ -56,6 +56,7 @@ pub(crate) struct State {
     pub(crate) port: u16,
     pub(crate) created: u64,
     pub(crate) rooms: Arc<Rooms>,
+    pub(crate) faults: Faults,
 }
 
 /// Holds one slot of the in-flight limit until dropped.
@@ -101,6 +102,9 @@ fn models(state: &State) -> Value {
 
 async fn generate(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     state.metrics.requests.inc();
+    if let Some((status, retry_after_s)) = state.faults.status() {
+        return Ok(injected_status(status, retry_after_s));
+    }
     let result = generate_inner(state, kind, req).await;
     if result.is_err() {
         state.metrics.rejected.inc();
@@ -122,6 +126,10 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         }
     })?;
     let (parsed, json_body) = openai::parse(kind, &body.to_bytes(), &state.limits)?;
+    if state.faults.wedged() {
+        // A wedged engine: the request is read and never answered.
+        std::future::pending::<()>().await;
+    }
     // Opened before anything else can fail, so that any failure fails the room.
     let room = match (state.role, parsed.bootstrap.room) {
         (EngineRole::Prefill, Some(room)) => Some(state.rooms.open(room).map_err(|RoomsFull(n)| {
@@ -142,7 +150,8 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         return Err(ApiError::bad(Some("prompt"), "the prompt tokenizes to nothing"));
     }
     let prompt_tokens = tokens.len() as u32;
-    let seed = filler_seed(&tokens);
+    let greedy = Greedy::after(&tokens);
+    let prompt_ids = parsed.return_token_ids.then(|| tokens.clone());
     let paired = match state.role {
         EngineRole::Decode => pair(state, &parsed.bootstrap).await?,
         _ => false,
@@ -175,7 +184,14 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         port: state.port,
     });
     if parsed.stream {
-        let finish = Finish { meta, seed, kv_params };
+        let finish = Finish {
+            meta,
+            greedy,
+            prompt_ids,
+            return_token_ids: parsed.return_token_ids,
+            stall_after_tokens: state.faults.stall_after_tokens(),
+            kv_params,
+        };
         let body = SseBody::new(rx, finish, parsed.include_usage, guard, room);
         let mut resp = Response::new(body.boxed());
         let h = resp.headers_mut();
@@ -183,7 +199,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(resp);
     }
-    let (text, done) = collect(rx, seed).await.ok_or_else(unavailable)?;
+    let (text, done) = collect(rx, greedy).await.ok_or_else(unavailable)?;
     drop(guard);
     if let Some(room) = room {
         room.done();
@@ -230,6 +246,17 @@ fn submit_error(e: SubmitError) -> ApiError {
         SubmitError::Prompt(p) => ApiError::bad(Some("prompt"), p.to_string()),
         SubmitError::Engine(r) => ApiError::bad(None, r.to_string()),
     }
+}
+
+/// Fault injection: an error answer with this status and maybe a `Retry-After`.
+fn injected_status(status: u16, retry_after_s: Option<u64>) -> Response<Body> {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let e = ApiError::new(status, "server_error", "injected failure");
+    let mut resp = json_response(status, &e.body());
+    if let Some(s) = retry_after_s {
+        resp.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    resp
 }
 
 fn unix_secs() -> u64 {

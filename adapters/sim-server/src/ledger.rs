@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvroute_sim::prompt::OUTPUT_TOKEN_ID_BASE;
-use router_core::hash::{hash_tokens, BlockHash, BlockSize, HashSeed, SeqHash};
+use router_core::{hash_tokens, BlockHash, BlockSize, HashSeed, SeqHash};
 
 /// Id the engine gives a request's `k`-th generated token when the request's output
 /// range starts at `out_base` (the engine counts output ranges up from 0 per engine, in

@@ -43,6 +43,8 @@
 mod args;
 mod bootstrap;
 mod engine_task;
+mod faults;
+mod greedy;
 mod http;
 mod ledger;
 mod metrics;
@@ -58,6 +60,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 pub use args::{EngineArgs, RoleArg, SimWorkerArgs};
+pub use faults::Faults;
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};
 pub use tokenizer::{fallback_chat, fallback_text, FallbackTokenizer, PromptTokenizer, TokenizeError};
@@ -110,6 +113,9 @@ pub struct SimServerConfig {
     pub bootstrap_timeout_ms: u64,
     /// Turns prompts into token ids for prefix hashing; [`FallbackTokenizer`].
     pub tokenizer: Arc<dyn PromptTokenizer>,
+    /// Faults to inject, for tests; none by default. Keep a clone to change them while
+    /// the worker runs.
+    pub faults: Faults,
 }
 
 impl Default for SimServerConfig {
@@ -135,6 +141,7 @@ impl Default for SimServerConfig {
             bootstrap_rooms_max: 65_536,
             bootstrap_timeout_ms: 30_000,
             tokenizer: Arc::new(FallbackTokenizer),
+            faults: Faults::default(),
         }
     }
 }

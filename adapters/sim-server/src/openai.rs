@@ -33,6 +33,8 @@ pub(crate) struct GenRequest {
     pub(crate) max_tokens: u32,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    /// vLLM's `return_token_ids`: chunks carry `token_ids`, the first `prompt_token_ids`.
+    pub(crate) return_token_ids: bool,
     pub(crate) kv_transfer_params: Option<Map<String, Value>>,
     pub(crate) bootstrap: Bootstrap,
 }
@@ -113,7 +115,8 @@ pub(crate) fn parse(kind: Kind, body: &[u8], limits: &ParseLimits) -> Result<(Ge
         Some(_) => return Err(ApiError::bad(Some("kv_transfer_params"), "`kv_transfer_params` must be an object")),
     };
     let bootstrap = parse_bootstrap(obj)?;
-    let req = GenRequest { prompt, max_tokens, stream, include_usage, kv_transfer_params, bootstrap };
+    let return_token_ids = opt_bool(obj, "return_token_ids")?.unwrap_or(false);
+    let req = GenRequest { prompt, max_tokens, stream, include_usage, return_token_ids, kv_transfer_params, bootstrap };
     Ok((req, v))
 }
 
@@ -197,53 +200,6 @@ fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>,
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(_) => Err(ApiError::bad(Some(key), format!("`{key}` must be a boolean"))),
     }
-}
-
-/// Deterministic filler text: token `k` of a response seeded by `seed`.
-pub(crate) fn filler_word(seed: u64, k: u32) -> &'static str {
-    const WORDS: [&str; 32] = [
-        "the ",
-        "cache ",
-        "holds ",
-        "every ",
-        "prefix ",
-        "block ",
-        "and ",
-        "routes ",
-        "tokens ",
-        "to ",
-        "a ",
-        "worker ",
-        "that ",
-        "already ",
-        "knows ",
-        "them ",
-        "so ",
-        "prefill ",
-        "stays ",
-        "short ",
-        "while ",
-        "decode ",
-        "keeps ",
-        "pace ",
-        "with ",
-        "load ",
-        "across ",
-        "the ",
-        "fleet ",
-        "of ",
-        "simulated ",
-        "GPUs ",
-    ];
-    let mut x = seed ^ u64::from(k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    WORDS[((x ^ (x >> 31)) % WORDS.len() as u64) as usize]
-}
-
-/// A seed for [`filler_word`] from the prompt, so equal prompts get equal text.
-pub(crate) fn filler_seed(tokens: &[u32]) -> u64 {
-    tokens.iter().fold(tokens.len() as u64, |h, &t| (h ^ u64::from(t)).wrapping_mul(0x0100_0000_01B3))
 }
 
 /// Where a decode worker pulls a prefill worker's KV from.

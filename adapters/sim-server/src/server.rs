@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::bootstrap::{self, Rooms};
 use crate::engine_task::EngineTask;
+use crate::faults::Faults;
 use crate::http::{handle, State};
 use crate::metrics::Metrics;
 use crate::openai::ParseLimits;
@@ -167,14 +168,16 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
         port: http_addr.port(),
         created,
         rooms: rooms.clone(),
+        faults: cfg.faults.clone(),
     });
 
     let publisher_task = tokio::spawn(publisher.run(events_rx));
     let engine_task = tokio::spawn(EngineTask::new(engine, events_tx, metrics).run(submit_rx, engine_stop_rx));
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
     let bootstrap_task = bootstrap.map(|l| tokio::spawn(bootstrap::serve(l, rooms, stop_rx.clone())));
+    let faults = cfg.faults.clone();
     let done = tokio::spawn(async move {
-        serve(listener, state, stop_rx, grace).await;
+        serve(listener, state, stop_rx, grace, faults).await;
         if let Some(t) = bootstrap_task {
             let _ = t.await;
         }
@@ -194,12 +197,20 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
     })
 }
 
-async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiver<bool>, grace: Duration) {
+async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    mut stop: watch::Receiver<bool>,
+    grace: Duration,
+    faults: Faults,
+) {
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         tokio::select! {
             _ = stop.changed() => break,
+            // Killed: the port closes and every connection is cut, nothing graceful.
+            _ = faults.killed() => return,
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((s, _)) => s,
@@ -217,9 +228,13 @@ async fn serve(listener: TcpListener, state: Arc<State>, mut stop: watch::Receiv
                 let svc = service_fn(move |req| handle(state.clone(), req));
                 let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
                 let conn = graceful.watch(conn);
+                let faults = faults.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    tokio::select! {
+                        ended = conn => if let Err(e) = ended {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        },
+                        _ = faults.killed() => {}
                     }
                 });
             }

@@ -18,13 +18,21 @@ use tokio::sync::mpsc;
 
 use crate::bootstrap::RoomGuard;
 use crate::engine_task::{Done, Progress};
+use crate::greedy::{word, Greedy};
 use crate::http::InFlight;
-use crate::openai::{chunk, filler_word, usage_chunk, ApiError, KvSource, ResponseMeta};
+use crate::openai::{chunk, usage_chunk, ApiError, Kind, KvSource, ResponseMeta};
 
 /// What a finished request's response needs besides its tokens.
 pub(crate) struct Finish {
     pub(crate) meta: ResponseMeta,
-    pub(crate) seed: u64,
+    /// The decoding state after the prompt.
+    pub(crate) greedy: Greedy,
+    /// With `return_token_ids`: the prompt's ids, sent in the first chunk (then `None`);
+    /// every chunk then carries its `token_ids`.
+    pub(crate) prompt_ids: Option<Vec<u32>>,
+    pub(crate) return_token_ids: bool,
+    /// Fault injection: tokens sent before the stream stalls for good.
+    pub(crate) stall_after_tokens: Option<u32>,
     /// Prefill role: where a decode worker would pull the KV from.
     pub(crate) kv_params: Option<KvSource>,
 }
@@ -53,14 +61,26 @@ impl SseBody {
     }
 
     fn tokens(&mut self, n: u32) -> Bytes {
+        let n = match self.finish.stall_after_tokens {
+            Some(stall) => n.min(stall.saturating_sub(self.emitted)),
+            None => n,
+        };
         let mut buf = BytesMut::with_capacity(n as usize * 200);
         for _ in 0..n {
-            let word = filler_word(self.finish.seed, self.emitted);
-            let c = chunk(&self.finish.meta, Some(word), self.emitted == 0);
+            let id = self.finish.greedy.next_token();
+            let mut c = chunk(&self.finish.meta, Some(word(id)), self.emitted == 0);
+            if self.finish.return_token_ids {
+                add_token_ids(&mut c, self.finish.meta.kind, id, self.finish.prompt_ids.take());
+            }
             self.emitted += 1;
             push_event(&mut buf, &c);
         }
         buf.freeze()
+    }
+
+    /// Fault injection: the stream has sent all it will.
+    fn stalled(&self) -> bool {
+        self.finish.stall_after_tokens.is_some_and(|s| self.emitted >= s)
     }
 
     fn done(&mut self, d: &Done) -> Bytes {
@@ -78,6 +98,20 @@ impl SseBody {
     }
 }
 
+/// vLLM's token-id fields: `token_ids` in the choice; `prompt_token_ids` in the first
+/// chunk, in the choice for completions and at the top for chat.
+fn add_token_ids(c: &mut Value, kind: Kind, id: u32, prompt_ids: Option<Vec<u32>>) {
+    if let Some(choice) = c.pointer_mut("/choices/0").and_then(Value::as_object_mut) {
+        choice.insert("token_ids".into(), Value::from(vec![id]));
+        if let (Kind::Completions, Some(p)) = (kind, &prompt_ids) {
+            choice.insert("prompt_token_ids".into(), Value::from(p.clone()));
+        }
+    }
+    if let (Kind::Chat, Some(p), Some(o)) = (kind, prompt_ids, c.as_object_mut()) {
+        o.insert("prompt_token_ids".into(), Value::from(p));
+    }
+}
+
 fn push_event(buf: &mut BytesMut, v: &Value) {
     buf.put_slice(b"data: ");
     buf.put_slice(v.to_string().as_bytes());
@@ -91,6 +125,10 @@ impl Body for SseBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if self.ended {
             return Poll::Ready(None);
+        }
+        if self.stalled() {
+            // Nothing wakes this body again: it stays open and silent until dropped.
+            return Poll::Pending;
         }
         let bytes = match self.rx.poll_recv(cx) {
             Poll::Pending => return Poll::Pending,
@@ -126,15 +164,13 @@ impl Body for SseBody {
 
 /// Waits for a request to finish and returns its text and figures; `None` if the
 /// engine task stopped first.
-pub(crate) async fn collect(mut rx: mpsc::UnboundedReceiver<Progress>, seed: u64) -> Option<(String, Done)> {
+pub(crate) async fn collect(mut rx: mpsc::UnboundedReceiver<Progress>, mut greedy: Greedy) -> Option<(String, Done)> {
     let mut text = String::new();
-    let mut k = 0u32;
     while let Some(p) = rx.recv().await {
         match p {
             Progress::Tokens(n) => {
                 for _ in 0..n {
-                    text.push_str(filler_word(seed, k));
-                    k += 1;
+                    text.push_str(word(greedy.next_token()));
                 }
             }
             Progress::Done(d) => return Some((text, d)),

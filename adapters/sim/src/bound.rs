@@ -41,7 +41,7 @@ pub fn fleet_lru_ttft_bound(requests: &[SimRequest], capacity_blocks: u64, pass_
 mod tests {
     use super::*;
     use crate::prompt::Prompt;
-    use router_core::hash::{BlockSize, HashSeed};
+    use router_core::{BlockSize, HashSeed};
 
     fn req(id: u64, ids: &[u32], len: u32) -> SimRequest {
         let mut s = Vec::new();

@@ -77,7 +77,7 @@ pub fn cached_tokens(requests: &[SimRequest], capacity_blocks: Option<u64>, reco
 mod tests {
     use super::*;
     use crate::prompt::Prompt;
-    use router_core::hash::{BlockSize, HashSeed};
+    use router_core::{BlockSize, HashSeed};
 
     fn req(id: u64, ids: &[u32], len: u32) -> SimRequest {
         let mut s = Vec::new();

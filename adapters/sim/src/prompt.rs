@@ -3,17 +3,17 @@
 //! A [`Prompt`] holds the full-block hashes of the prompt at one engine block size
 //! (shared behind an `Arc`, so the router and the engine read the same slice) and the
 //! trailing partial block's token ids, which an engine needs to hash that block once
-//! decoding fills it. Hashing is router-core's [`hash_tokens`](router_core::hash::hash_tokens), so the engines and the
+//! decoding fills it. Hashing is router-core's [`hash_tokens`](router_core::hash_tokens), so the engines and the
 //! router agree bit for bit. Tokenization and trace parsing are left to others.
 //!
-//! Hashing here is a faster route to exactly router-core's [`hash_tokens`](router_core::hash::hash_tokens) (its chain
+//! Hashing here is a faster route to exactly router-core's [`hash_tokens`](router_core::hash_tokens) (its chain
 //! step is reused; the local hash is the same `xxh3_64_with_seed` over the same bytes,
 //! written into a reused buffer), checked against it by the tests.
 
 use std::fmt;
 use std::sync::Arc;
 
-use router_core::hash::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash};
+use router_core::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// First token id of the range reserved for generated tokens. Prompt token ids must be
@@ -217,7 +217,7 @@ fn push_chained(out: &mut Vec<BlockHash>, prev: Option<SeqHash>, local: LocalHas
 #[cfg(test)]
 mod tests {
     use super::*;
-    use router_core::hash::hash_tokens;
+    use router_core::hash_tokens;
 
     #[track_caller]
     fn check_hash_ids(ids: &[u32], input: u32, want_blocks: usize, want_tail: &[u32]) {

@@ -139,6 +139,11 @@ pub struct ReplayConfig {
     pub kv_event_lag_ms: f64,
     /// Loop steps before giving up (a livelock guard); 10^9.
     pub steps_max: u64,
+    /// Per-worker speed factors multiplying `engine.speedup` (2.0 runs twice as fast);
+    /// empty (the default) or missing entries mean 1.0. A fleet the router does not know
+    /// the speeds of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub speeds: Vec<f64>,
 }
 
 impl Default for ReplayConfig {
@@ -149,6 +154,7 @@ impl Default for ReplayConfig {
             roles: Vec::new(),
             kv_event_lag_ms: 0.0,
             steps_max: 1_000_000_000,
+            speeds: Vec::new(),
         }
     }
 }
@@ -286,6 +292,9 @@ pub fn replay<D: Dispatcher>(
         let mut ec = cfg.engine.clone();
         if let Some(&role) = cfg.roles.get(w as usize) {
             ec.role = role;
+        }
+        if let Some(&speed) = cfg.speeds.get(w as usize) {
+            ec.speedup *= speed;
         }
         engines.push(Engine::new(ec, w)?);
     }

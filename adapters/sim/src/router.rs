@@ -2,14 +2,13 @@
 //! arrivals, KV events and completions go through the same `handle_*` calls the proxy
 //! makes, so a replay measures exactly the policy that serves production traffic.
 
-use router_core::hash::SeqHash;
-use router_core::index::IndexEvent;
-use router_core::router::{Decision, DisaggPlan, Output, PhaseField, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
-use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
+use router_core::{
+    Decision, DisaggPlan, Draw, EngineLoad, IndexEvent, Instant, Observation, Output, Phase, PhaseField, Request,
+    RequestId, Routed, Router, RouterConfig, SeqHash, Tier, WorkerId, WorkerKey, WorkerRole, WorkerSpec, WorkerUpdate,
+};
 
 use crate::engine::KvEvent;
-use crate::replay::{Dispatch, Dispatcher, SimRequest};
+use crate::replay::{Dispatch, Dispatcher, SimRequest, WorkerLoadSample};
 
 /// A [`Dispatcher`] backed by a [`Router`]. Worker `i` of the replay is `WorkerId(i)`.
 pub struct CoreDispatcher {
@@ -28,6 +27,10 @@ pub struct CoreDispatcher {
     prefill_workers: u32,
     /// Requests currently split across a prefill and a decode worker.
     split: std::collections::HashSet<u64>,
+    /// Timings of routed requests, kept only while the router is fed observations.
+    observing: Option<Observing>,
+    /// KV capacity of each worker, in blocks (for engine-reported usage).
+    kv_blocks: u32,
 }
 
 /// The simulated fleet the dispatcher routes over.
@@ -72,7 +75,15 @@ impl CoreDispatcher {
             scratch: Vec::new(),
             prefill_workers: fleet.prefill_workers,
             split: Default::default(),
+            observing: None,
+            kv_blocks: fleet.kv_blocks,
         }
+    }
+
+    /// Feed the router what the simulated workers show: each request's time to first
+    /// token and decode time (aggregated fleets only) and the workers' own load reports.
+    pub fn observe(&mut self, on: bool) {
+        self.observing = on.then(Observing::default);
     }
 
     /// Which phase of `req` worker `w` serves.
@@ -125,13 +136,18 @@ impl CoreDispatcher {
     }
 
     /// Disaggregation counters (all zero for an aggregated fleet).
-    pub fn disagg_stats(&self) -> router_core::router::DisaggStats {
+    pub fn disagg_stats(&self) -> router_core::DisaggStats {
         self.router.disagg_stats()
     }
 
-    fn confirm(&mut self, now: Instant, id: RequestId, target: WorkerKey) -> Dispatch {
-        match self.router.handle_dispatched(now, id, Phase::Aggregated) {
-            Ok(()) => Dispatch::To(target.worker.0 as u32),
+    fn confirm(&mut self, now: Instant, r: &Routed) -> Dispatch {
+        match self.router.handle_dispatched(now, r.id, Phase::Aggregated) {
+            Ok(()) => {
+                if let Some(o) = &mut self.observing {
+                    o.dispatched(now, r, self.router.config().block_size);
+                }
+                Dispatch::To(r.target.worker.0 as u32)
+            }
             Err(_) => Dispatch::Reject,
         }
     }
@@ -153,11 +169,14 @@ impl Dispatcher for CoreDispatcher {
             ..Request::default()
         };
         let draw = Draw(self.seed ^ req.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        if let Some(o) = self.observing.as_mut().filter(|_| self.prefill_workers == 0) {
+            o.arrived.insert(req.id, (req.prompt.len_tokens(), req.output_len));
+        }
         if self.prefill_workers > 0 {
             return self.arrive_disagg(now, request, draw);
         }
         match self.router.handle_request(now, request, draw) {
-            Ok(Decision::Routed(r)) => self.confirm(now, r.id, r.target),
+            Ok(Decision::Routed(r)) => self.confirm(now, &r),
             Ok(Decision::Queued) | Ok(Decision::Waiting) => Dispatch::Queued,
             Ok(_) => Dispatch::Reject,
             Err(_) => {
@@ -186,13 +205,28 @@ impl Dispatcher for CoreDispatcher {
     fn on_prefill_done(&mut self, now_ms: f64, worker: u32, req_id: u64) {
         let phase = self.phase_on(worker, req_id);
         let _ = self.router.handle_prefill_done(at(now_ms), RequestId(req_id), phase);
+        if let Some((key, obs)) = self.observing.as_mut().and_then(|o| o.first_token(at(now_ms), req_id)) {
+            let _ = self.router.handle_observation(at(now_ms), key, obs);
+        }
     }
 
     fn on_finished(&mut self, now_ms: f64, worker: u32, req_id: u64) {
         let phase = self.phase_on(worker, req_id);
+        // Before the finish releases its blocks: the decode prediction reads the usage.
+        if let Some((key, obs)) = self.observing.as_mut().and_then(|o| o.finished(at(now_ms), req_id)) {
+            let _ = self.router.handle_observation(at(now_ms), key, obs);
+        }
         let _ = self.router.handle_finished(at(now_ms), RequestId(req_id), phase);
         if phase == Phase::Decode {
             self.split.remove(&req_id);
+        }
+    }
+
+    fn on_worker_load(&mut self, now_ms: f64, worker: u32, load: WorkerLoadSample) {
+        if self.observing.is_some() {
+            let kv_usage = (f64::from(load.active_blocks) / f64::from(self.kv_blocks.max(1))).min(1.0);
+            let report = EngineLoad { waiting: load.waiting, running: load.running, kv_usage };
+            let _ = self.router.handle_engine_load(at(now_ms), WorkerKey::new(u64::from(worker), 0), report);
         }
     }
 
@@ -200,7 +234,7 @@ impl Dispatcher for CoreDispatcher {
         let now = at(now_ms);
         while let Some(out) = self.router.poll_output() {
             match out {
-                Output::Routed(r) => return Some((r.id.0, self.confirm(now, r.id, r.target))),
+                Output::Routed(r) => return Some((r.id.0, self.confirm(now, &r))),
                 Output::Failed { id, .. } | Output::TimedOut { id, .. } | Output::Rejected { id, .. } => {
                     return Some((id.0, Dispatch::Reject))
                 }
@@ -216,5 +250,54 @@ impl Dispatcher for CoreDispatcher {
 
     fn on_timeout(&mut self, now_ms: f64) {
         self.router.handle_timeout(at(now_ms));
+    }
+}
+
+/// A routed request's timings, until it finishes.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    key: WorkerKey,
+    dispatched: Instant,
+    /// The first-token observation, its time filled in when the token comes.
+    first: Observation,
+    first_token: Option<Instant>,
+}
+
+/// The dispatcher's record of routed requests, for observations.
+#[derive(Debug, Default)]
+struct Observing {
+    timings: std::collections::HashMap<u64, Timing>,
+    /// Prompt and output lengths by request id, taken at arrival.
+    arrived: std::collections::HashMap<u64, (u32, u32)>,
+}
+
+fn ms_between(later: Instant, earlier: Instant) -> f64 {
+    later.micros_since(earlier) as f64 / 1000.0
+}
+
+impl Observing {
+    fn dispatched(&mut self, now: Instant, r: &Routed, block_size: router_core::BlockSize) {
+        let Some(&(isl, _)) = self.arrived.get(&r.id.0) else { return };
+        let first = Observation::first_token(0.0, r, isl, block_size);
+        self.timings.insert(r.id.0, Timing { key: r.target, dispatched: now, first, first_token: None });
+    }
+
+    fn first_token(&mut self, now: Instant, id: u64) -> Option<(WorkerKey, Observation)> {
+        let t = self.timings.get_mut(&id)?;
+        t.first_token = Some(now);
+        match t.first {
+            Observation::FirstToken { uncached_tokens, queued_tokens, .. } => {
+                let ttft_ms = ms_between(now, t.dispatched);
+                Some((t.key, Observation::FirstToken { ttft_ms, uncached_tokens, queued_tokens }))
+            }
+            _ => None,
+        }
+    }
+
+    fn finished(&mut self, now: Instant, id: u64) -> Option<(WorkerKey, Observation)> {
+        let t = self.timings.remove(&id)?;
+        let tokens = self.arrived.remove(&id)?.1.saturating_sub(1);
+        let first_token = t.first_token.filter(|_| tokens > 0)?;
+        Some((t.key, Observation::Decode { ms: ms_between(now, first_token), tokens }))
     }
 }

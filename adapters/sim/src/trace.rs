@@ -11,7 +11,7 @@ use std::fmt;
 use std::io::BufRead;
 use std::sync::Arc;
 
-use router_core::hash::{BlockSize, HashSeed};
+use router_core::{BlockSize, HashSeed};
 use serde::Deserialize;
 
 use crate::prompt::{Prompt, OUTPUT_TOKEN_ID_BASE, PROMPT_TOKENS_MAX};

@@ -27,10 +27,10 @@ use std::io::Write;
 use std::time::Instant as Wall;
 
 use kvroute_benches::load_average_1m;
-use router_core::affinity::{Acquire, AffinityConfig, AffinityTable};
-use router_core::hash::{BlockHash, LocalHash, SeqHash};
-use router_core::index::{IndexConfig, IndexEvent, OverlapScores, PrefixIndex, HASH_SEED_DEFAULT};
-use router_core::{Draw, Instant, Phase, Tier, WorkerId, WorkerKey};
+use router_core::{
+    internals::Acquire, internals::AffinityTable, AffinityConfig, BlockHash, Draw, IndexConfig, IndexEvent, Instant,
+    LocalHash, OverlapScores, Phase, PrefixIndex, SeqHash, Tier, WorkerId, WorkerKey, HASH_SEED_DEFAULT,
+};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// `affinity/table.rs`'s salt for the aggregated phase, mixed into the table's seed.

@@ -30,9 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant as Clock;
 
 use kvroute_benches::{cpu_time_ns, hash_requests, load_average_1m, load_trace, nearest_rank, vm_rss_bytes};
-use router_core::hash::{BlockHash, SeqHash};
-use router_core::index::{IndexConfig, IndexEvent, OverlapScores, PrefixIndex};
-use router_core::{Tier, WorkerKey};
+use router_core::{BlockHash, IndexConfig, IndexEvent, OverlapScores, PrefixIndex, SeqHash, Tier, WorkerKey};
 use serde_json::{json, Value};
 
 /// Counts live heap bytes so memory mode can attribute growth to the index.
@@ -470,7 +468,7 @@ fn run_mem(args: &Args, chains: &[Vec<BlockHash>]) -> Value {
         let ev: Vec<BlockHash> = seqs[i]
             .iter()
             .zip(locals[i].iter())
-            .map(|(&s, &l)| BlockHash { seq: SeqHash(s), local: router_core::hash::LocalHash(l) })
+            .map(|(&s, &l)| BlockHash { seq: SeqHash(s), local: router_core::LocalHash(l) })
             .collect();
         let _ = index.apply(key_of(i, w), IndexEvent::Stored { parent: None, blocks: &ev, tier: Tier::Device });
     }

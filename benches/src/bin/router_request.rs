@@ -11,11 +11,10 @@
 use std::time::Instant as Wall;
 
 use kvroute_benches::{load_average_1m, nearest_rank};
-use router_core::hash::{hash_tokens, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash};
-use router_core::index::IndexEvent;
-use router_core::router::{Decision, Request, Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{WorkerRole, WorkerSpec};
-use router_core::{Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey};
+use router_core::{
+    hash_tokens, BlockHash, BlockSize, Decision, Draw, HashSeed, IndexEvent, Instant, LocalHash, Phase, Request,
+    RequestId, Router, RouterConfig, SeqHash, Tier, WorkerId, WorkerKey, WorkerRole, WorkerSpec, WorkerUpdate,
+};
 
 const PROMPT_TOKENS: usize = 8192;
 const INDEXED_BLOCKS: u64 = 1_000_000;
@@ -55,7 +54,7 @@ fn run(workers: u64, iters: usize) -> serde_json::Value {
     let mut prompt = Vec::new();
     hash_tokens(&tokens, bs, HashSeed::DEFAULT, &[], &mut prompt);
     let mut router = fleet(workers, &prompt, &mut rng);
-    let entries = router.index().stats().entries;
+    let entries = router.counts().index.entries;
 
     let mut hash_ns = Vec::with_capacity(iters);
     let mut route_ns = Vec::with_capacity(iters);

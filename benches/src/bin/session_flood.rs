@@ -16,8 +16,7 @@ use std::io::Write;
 use std::time::Instant as Wall;
 
 use kvroute_benches::{load_average_1m, nearest_rank};
-use router_core::affinity::{Acquire, AffinityConfig, AffinityTable, Binding};
-use router_core::{Instant, Phase, WorkerId};
+use router_core::{internals::Acquire, internals::AffinityTable, AffinityConfig, Binding, Instant, Phase, WorkerId};
 
 const BLOCK: u64 = 100_000;
 const CHUNK: u64 = 1_000;

@@ -118,6 +118,7 @@ impl Classes {
 
     /// Usage of the class named `name`: a listed class, the default class, or an unlisted
     /// name with its own bucket; zero otherwise.
+    #[cfg(test)]
     pub(super) fn usage(&self, name: &str) -> ClassUsage {
         if let Some((_, u)) = self.listed.iter().find(|(l, _)| l.name == name) {
             return *u;

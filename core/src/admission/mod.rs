@@ -7,7 +7,7 @@
 //! `Retry-After`.
 //!
 //! What it leaves to others: deciding *when* to pop (the façade pops when a worker has
-//! room), classifying requests (the adapter sets [`QueueEntry::class`]), answering the
+//! room), classifying requests (the adapter sets `QueueEntry::class`), answering the
 //! client, and sleeping until [`AdmissionQueue::poll_timeout`].
 
 use alloc::string::String;
@@ -20,7 +20,7 @@ mod classes;
 mod order;
 mod queue;
 
-pub use queue::AdmissionQueue;
+pub(crate) use queue::AdmissionQueue;
 
 /// Which waiting request goes first, after `strict_priority`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -37,7 +37,7 @@ pub enum QueueOrder {
 /// Queue limits of one request class. `None` means unlimited.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct ClassLimits {
-    /// The class name requests carry in [`QueueEntry::class`].
+    /// The class name requests carry in `QueueEntry::class`.
     pub name: String,
     /// Most requests of the class queued at once.
     pub queued_requests_max: Option<u32>,
@@ -66,7 +66,7 @@ impl Default for ClassLimits {
     }
 }
 
-/// Limits and ordering of an [`AdmissionQueue`].
+/// Limits and ordering of the admission queue.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct QueueConfig {
     /// Ordering after strict priority. Default [`QueueOrder::Fcfs`].
@@ -101,7 +101,7 @@ impl Default for QueueConfig {
 
 /// A request waiting for admission.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub struct QueueEntry {
+pub(crate) struct QueueEntry {
     /// The request; unique among queued requests.
     pub req: RequestId,
     /// Higher goes first, before any other ordering.
@@ -118,7 +118,7 @@ pub struct QueueEntry {
 
 /// What one class has queued.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub struct ClassUsage {
+pub(crate) struct ClassUsage {
     /// Requests queued.
     pub requests: u32,
     /// Sum of their `isl_tokens`.
@@ -174,7 +174,7 @@ impl fmt::Display for QueueRejection {
 /// Why [`AdmissionQueue::push`] refused a request. Nothing was stored.
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[non_exhaustive]
-pub enum AdmissionError {
+pub(crate) enum AdmissionError {
     /// A class limit or the queue bound would be exceeded.
     Rejected(QueueRejection),
     /// A request with this id is already queued.
@@ -194,6 +194,8 @@ impl fmt::Display for AdmissionError {
         }
     }
 }
+
+impl core::error::Error for AdmissionError {}
 
 #[cfg(test)]
 mod model;

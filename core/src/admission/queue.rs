@@ -4,7 +4,9 @@ use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::classes::{Bucket, Classes};
 use super::order::Key;
-use super::{AdmissionError, ClassUsage, LimitKind, QueueConfig, QueueEntry, QueueOrder, QueueRejection};
+#[cfg(test)]
+use super::ClassUsage;
+use super::{AdmissionError, LimitKind, QueueConfig, QueueEntry, QueueOrder, QueueRejection};
 use crate::time::Instant;
 use crate::types::RequestId;
 
@@ -28,7 +30,7 @@ use crate::types::RequestId;
 /// listed classes; one `handle_timeout` call removes every due request, at most
 /// `queued_max`. The timed-out buffer holds what callers have not drained.
 #[derive(Debug)]
-pub struct AdmissionQueue {
+pub(crate) struct AdmissionQueue {
     order: QueueOrder,
     queued_max: usize,
     queue_timeout_ms: u64,
@@ -50,7 +52,7 @@ struct Stored {
 
 impl AdmissionQueue {
     /// An empty queue.
-    pub fn new(cfg: QueueConfig) -> Self {
+    pub(crate) fn new(cfg: QueueConfig) -> Self {
         AdmissionQueue {
             order: cfg.order,
             queued_max: cfg.queued_max,
@@ -68,7 +70,7 @@ impl AdmissionQueue {
     /// `queued_max`, then the class's request, prompt-token and cached-token limits. A
     /// request that alone exceeds a token limit is always refused, so set token limits
     /// above the longest prompt a class may send.
-    pub fn push(&mut self, now: Instant, entry: QueueEntry) -> Result<(), AdmissionError> {
+    pub(crate) fn push(&mut self, now: Instant, entry: QueueEntry) -> Result<(), AdmissionError> {
         if self.by_req.contains_key(&entry.req) {
             return Err(AdmissionError::DuplicateRequest { req: entry.req });
         }
@@ -93,35 +95,36 @@ impl AdmissionQueue {
     }
 
     /// The request that would be popped next.
-    pub fn peek(&self) -> Option<&QueueEntry> {
+    pub(crate) fn peek(&self) -> Option<&QueueEntry> {
         self.queue.first_key_value().map(|(_, s)| &s.entry)
     }
 
     /// Removes and returns the next request.
-    pub fn pop(&mut self) -> Option<QueueEntry> {
+    pub(crate) fn pop(&mut self) -> Option<QueueEntry> {
         let key = *self.queue.first_key_value()?.0;
         self.take(key)
     }
 
     /// Removes `req` (the client went away); `None` if it is not queued.
-    pub fn cancel(&mut self, req: RequestId) -> Option<QueueEntry> {
+    pub(crate) fn cancel(&mut self, req: RequestId) -> Option<QueueEntry> {
         let key = *self.by_req.get(&req)?;
         self.take(key)
     }
 
     /// True while `req` is queued (not after it timed out).
-    pub fn contains(&self, req: RequestId) -> bool {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, req: RequestId) -> bool {
         self.by_req.contains_key(&req)
     }
 
     /// The soonest deadline of a queued request.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.deadlines.first().map(|&(deadline, _, _)| deadline)
     }
 
     /// Moves every request whose deadline is at or before `now` to the timed-out
     /// outputs, soonest deadline first.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         while let Some(&(deadline, _, req)) = self.deadlines.first() {
             if deadline > now {
                 break;
@@ -135,23 +138,25 @@ impl AdmissionQueue {
 
     /// The next request that timed out; answer it and drain until `None`.
     #[must_use]
-    pub fn poll_timed_out(&mut self) -> Option<QueueEntry> {
+    pub(crate) fn poll_timed_out(&mut self) -> Option<QueueEntry> {
         self.timed_out.pop_front()
     }
 
     /// Requests queued.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.queue.len()
     }
 
     /// True when nothing is queued.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     /// What the class named `class` has queued. An unlisted name that was counted under
     /// the default class (too many unlisted names at once) reports zero.
-    pub fn class_usage(&self, class: &str) -> ClassUsage {
+    #[cfg(test)]
+    pub(crate) fn class_usage(&self, class: &str) -> ClassUsage {
         self.classes.usage(class)
     }
 

@@ -24,7 +24,7 @@
 
 use core::fmt;
 
-pub use crate::load::ReplicaId;
+pub(crate) use crate::load::ReplicaId;
 use crate::time::Instant;
 use crate::types::{DpRank, Phase, WorkerId};
 
@@ -35,7 +35,11 @@ pub use table::{AffinityTable, EXPIRE_PER_CALL_MAX};
 /// How strongly a binding holds.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum AffinityMode {
-    /// The binding is a pin: the session goes to its worker or fails.
+    /// The binding is a pin: the session never moves while its worker is available. A
+    /// worker that takes nothing new (ejected, draining, removed, or no longer serving
+    /// the phase) has no cache to offer, so the façade re-binds such a session as in soft
+    /// mode. A pinned request whose worker is merely busy queues; explicit pins in the
+    /// request stay strict.
     #[default]
     Hard,
     /// The binding is a preference, kept only while the worker stays eligible. The table
@@ -231,6 +235,8 @@ impl fmt::Display for AffinityError {
         }
     }
 }
+
+impl core::error::Error for AffinityError {}
 
 /// Something the table reports; drain with [`AffinityTable::poll_output`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -102,12 +102,15 @@ enum State {
     Bound { binding: Binding, leases: u32, idle_deadline: Option<Instant>, stamp: BindStamp },
 }
 
-/// `serial == 0` marks a free lease slot.
+/// `serial == 0` marks a free lease slot. `prior_idle` is the binding's idle deadline
+/// when this lease was taken (none if other leases held it), restored by
+/// [`AffinityTable::release_unserved`].
 #[derive(Clone, Copy, Debug)]
 struct LeaseSlot {
     serial: u64,
     slot: u32,
     entry_serial: u64,
+    prior_idle: Option<Instant>,
 }
 
 impl AffinityTable {
@@ -196,7 +199,7 @@ impl AffinityTable {
         if let State::Initializing { waiters, .. } = mem::replace(&mut entry.state, bound) {
             self.wake(token.slot, waiters);
         }
-        Ok((binding, self.alloc_lease(token.slot, token.serial)))
+        Ok((binding, self.alloc_lease(token.slot, token.serial, None)))
     }
 
     /// Gives up an initialization: the entry is removed, as if it never existed, and its
@@ -239,11 +242,25 @@ impl AffinityTable {
     /// and expires at `now + lease_ttl_ms` unless acquired again first. Releasing an
     /// orphaned lease (its binding was invalidated) just forgets it.
     pub fn release(&mut self, now: Instant, lease: LeaseId) -> Result<(), AffinityError> {
+        self.release_with(now, lease, false)
+    }
+
+    /// Ends the lease of a request that was never served (it failed or was withdrawn
+    /// before its worker answered). Like [`release`](Self::release), except that it does
+    /// not renew the binding: when it was the last lease, the binding's idle deadline
+    /// goes back to the one it had when this lease was taken (`now + lease_ttl_ms` if
+    /// other leases held it then), so a client retrying a failing session does not keep
+    /// the binding alive.
+    pub fn release_unserved(&mut self, now: Instant, lease: LeaseId) -> Result<(), AffinityError> {
+        self.release_with(now, lease, true)
+    }
+
+    fn release_with(&mut self, now: Instant, lease: LeaseId, unserved: bool) -> Result<(), AffinityError> {
         let rec = match self.leases.get_mut(lease.slot as usize) {
             Some(rec) if rec.serial != 0 && rec.serial == lease.serial => rec,
             _ => return Err(AffinityError::UnknownLease),
         };
-        let LeaseSlot { slot, entry_serial, .. } = *rec;
+        let LeaseSlot { slot, entry_serial, prior_idle, .. } = *rec;
         rec.serial = 0;
         self.free_leases.push(lease.slot);
         self.leases_live -= 1;
@@ -253,7 +270,8 @@ impl AffinityTable {
         if let State::Bound { leases, idle_deadline, .. } = &mut entry.state {
             *leases = leases.saturating_sub(1);
             if *leases == 0 {
-                let deadline = now.add_ms(self.cfg.lease_ttl_ms);
+                let renewed = now.add_ms(self.cfg.lease_ttl_ms);
+                let deadline = if unserved { prior_idle.unwrap_or(renewed) } else { renewed };
                 *idle_deadline = Some(deadline);
                 self.idle.insert((deadline, entry_serial, slot));
             }
@@ -399,13 +417,15 @@ impl AffinityTable {
             }
             State::Bound { binding, leases, idle_deadline, .. } => {
                 *leases = leases.saturating_add(1);
-                if let Some(deadline) = idle_deadline.take() {
+                let prior = idle_deadline.take();
+                if let Some(deadline) = prior {
                     self.idle.remove(&(deadline, entry_serial, idx));
                 }
-                *binding
+                (*binding, prior)
             }
         };
-        let lease = self.alloc_lease(idx, entry_serial);
+        let (binding, prior_idle) = binding;
+        let lease = self.alloc_lease(idx, entry_serial, prior_idle);
         Ok(Some(Acquire::Bound { binding, lease }))
     }
 
@@ -479,9 +499,9 @@ impl AffinityTable {
 
     /// Records a lease on the entry (`slot`, `entry_serial`); the caller checked
     /// `leases_max`.
-    fn alloc_lease(&mut self, slot: u32, entry_serial: u64) -> LeaseId {
+    fn alloc_lease(&mut self, slot: u32, entry_serial: u64, prior_idle: Option<Instant>) -> LeaseId {
         let serial = bump(&mut self.serial);
-        let rec = LeaseSlot { serial, slot, entry_serial };
+        let rec = LeaseSlot { serial, slot, entry_serial, prior_idle };
         self.leases_live += 1;
         if let Some(i) = self.free_leases.pop() {
             if let Some(free) = self.leases.get_mut(i as usize) {

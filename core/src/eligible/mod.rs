@@ -4,7 +4,7 @@
 //! Every exclusion carries an [`ExclusionReason`], so a façade can explain a decision and
 //! count exclusions by reason. The filter applies constraints only; scoring, queueing and
 //! the final choice are left to the selector and the façade. [`all_overloaded`] tells the
-//! façade to queue rather than fail, and [`crate::pin::check_pinned`] turns an excluded
+//! façade to queue rather than fail, and [`check_pinned`] turns an excluded
 //! pinned worker into an error.
 //!
 //! A key gets the first reason that applies, in this order:
@@ -28,7 +28,8 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::pin::{explicit_pin, PinResolution, RoutingHints};
+pub use crate::exclusion::ExclusionReason;
+use crate::pin::{explicit_pin, PinError, PinResolution, RoutingHints};
 use crate::types::{DpRank, Phase, WorkerId, WorkerKey, WorkerLoad};
 use crate::worker::{Health, TaintEffect, Toleration, WorkerSpec, WorkerTable};
 
@@ -63,78 +64,9 @@ impl Default for EligibilityConfig {
     }
 }
 
-/// Why a key cannot take the request.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub enum ExclusionReason {
-    /// The request's allow-list does not name the worker.
-    NotAllowed,
-    /// The worker carries a `NoSchedule` taint the request does not tolerate.
-    Tainted {
-        /// The first such taint's key.
-        key: String,
-    },
-    /// The key's load is above a threshold.
-    Overloaded {
-        /// Its active prefill tokens.
-        prefill_tokens: u64,
-        /// Its active decode blocks.
-        decode_blocks: u64,
-    },
-    /// The worker already failed this request (migration).
-    FailedBefore,
-    /// The worker is ejected.
-    Ejected,
-    /// The worker is draining.
-    Draining,
-    /// The worker's role does not serve the phase.
-    WrongRole,
-    /// The request is pinned elsewhere.
-    NotPinned,
-    /// The worker's topology label differs from the one required.
-    TopologyMismatch {
-        /// The label key compared.
-        label: String,
-    },
-}
-
-impl ExclusionReason {
-    /// A short stable code, for metrics labels.
-    pub const fn as_str(&self) -> &'static str {
-        match self {
-            ExclusionReason::NotAllowed => "not_allowed",
-            ExclusionReason::Tainted { .. } => "tainted",
-            ExclusionReason::Overloaded { .. } => "overloaded",
-            ExclusionReason::FailedBefore => "failed_before",
-            ExclusionReason::Ejected => "ejected",
-            ExclusionReason::Draining => "draining",
-            ExclusionReason::WrongRole => "wrong_role",
-            ExclusionReason::NotPinned => "not_pinned",
-            ExclusionReason::TopologyMismatch { .. } => "topology_mismatch",
-        }
-    }
-}
-
-impl fmt::Display for ExclusionReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExclusionReason::NotAllowed => f.write_str("not in the request's allowed workers"),
-            ExclusionReason::Tainted { key } => write!(f, "has untolerated NoSchedule taint {key}"),
-            ExclusionReason::Overloaded { prefill_tokens, decode_blocks } => {
-                write!(f, "overloaded ({prefill_tokens} active prefill tokens, {decode_blocks} active decode blocks)")
-            }
-            ExclusionReason::FailedBefore => f.write_str("already failed this request"),
-            ExclusionReason::Ejected => f.write_str("ejected"),
-            ExclusionReason::Draining => f.write_str("draining"),
-            ExclusionReason::WrongRole => f.write_str("role does not serve this phase"),
-            ExclusionReason::NotPinned => f.write_str("request is pinned elsewhere"),
-            ExclusionReason::TopologyMismatch { label } => write!(f, "label {label} does not match"),
-        }
-    }
-}
-
 /// The verdict on one key.
 #[derive(Clone, PartialEq, Debug)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The key may take the request; the selector multiplies its cost by `cost_factor` (≥ 1).
     Eligible {
         /// Cost multiplier from soft constraints.
@@ -146,26 +78,16 @@ pub enum Verdict {
 
 /// One key and its verdict.
 #[derive(Clone, PartialEq, Debug)]
-pub struct Eligibility {
+pub(crate) struct Eligibility {
     /// The key judged.
     pub key: WorkerKey,
     /// The verdict.
     pub verdict: Verdict,
 }
 
-impl Eligibility {
-    /// The cost factor if eligible.
-    pub fn cost_factor(&self) -> Option<f64> {
-        match self.verdict {
-            Verdict::Eligible { cost_factor } => Some(cost_factor),
-            Verdict::Excluded(_) => None,
-        }
-    }
-}
-
 /// What the filter judges: one phase of one request.
 #[derive(Clone, Copy, Debug)]
-pub struct EligibilityQuery<'a> {
+pub(crate) struct EligibilityQuery<'a> {
     /// The phase being routed.
     pub phase: Phase,
     /// The request's hints (allow-list, tolerations, explicit pin).
@@ -217,12 +139,14 @@ impl fmt::Display for EligibilityError {
     }
 }
 
+impl core::error::Error for EligibilityError {}
+
 /// Judges every key of `workers` for the query, clearing `out` and filling it in key order.
 ///
 /// `load` is asked only for keys that reach the overload check. Work: per key, one pass
 /// over the worker's taints times the request's tolerations (both bounded by their
 /// configs), its labels, and `failed`; plus sorting the allow-list once.
-pub fn filter(
+pub(crate) fn filter(
     q: &EligibilityQuery<'_>,
     workers: &WorkerTable,
     load: &dyn Fn(WorkerKey) -> WorkerLoad,
@@ -249,7 +173,7 @@ pub fn filter(
 
 /// True when no key is eligible and at least one is only overloaded: the façade should
 /// queue the request rather than fail it.
-pub fn all_overloaded(out: &[Eligibility]) -> bool {
+pub(crate) fn all_overloaded(out: &[Eligibility]) -> bool {
     let mut overloaded = false;
     for e in out {
         match e.verdict {
@@ -259,6 +183,31 @@ pub fn all_overloaded(out: &[Eligibility]) -> bool {
         }
     }
     overloaded
+}
+
+/// Turns an ineligible pinned worker into an error naming the reason.
+///
+/// `verdicts` is [`filter`]'s output for the same request. A worker pin
+/// passes if any of its ranks is eligible; otherwise the error names its lowest rank's
+/// reason. A façade that queues overloaded requests should test
+/// [`all_overloaded`] first, since an overloaded pin is an error here.
+pub(crate) fn check_pinned(pin: &PinResolution, verdicts: &[Eligibility]) -> Result<(), PinError> {
+    let Some(worker) = pin.worker() else {
+        return Ok(());
+    };
+    let mut first_excluded = None;
+    for e in verdicts.iter().filter(|e| pin.admits(e.key)) {
+        match &e.verdict {
+            Verdict::Eligible { .. } => return Ok(()),
+            Verdict::Excluded(reason) => {
+                first_excluded.get_or_insert((e.key, reason));
+            }
+        }
+    }
+    match first_excluded {
+        Some((key, reason)) => Err(PinError::Ineligible { worker: key, reason: reason.clone() }),
+        None => Err(PinError::UnknownWorker { worker }),
+    }
 }
 
 struct Ctx<'q, 'a> {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::pin::{check_pinned, resolve, AffinityPin, PinError};
+use crate::pin::{resolve, AffinityPin, PinError};
 use crate::worker::{Taint, WorkerRole, WorkerTableConfig};
 use alloc::string::ToString;
 use alloc::vec;

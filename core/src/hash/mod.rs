@@ -19,7 +19,7 @@ use core::fmt;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// The unsalted seed, and the seed of every chain step.
-pub const SEED_DEFAULT: u64 = 1337;
+pub(crate) const SEED_DEFAULT: u64 = 1337;
 
 /// The largest block size accepted, in tokens.
 pub const BLOCK_SIZE_MAX_TOKENS: u32 = 1024;
@@ -67,6 +67,8 @@ impl fmt::Display for BlockSizeError {
         }
     }
 }
+
+impl core::error::Error for BlockSizeError {}
 
 impl BlockSize {
     /// The default, 64 tokens.

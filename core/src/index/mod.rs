@@ -191,6 +191,8 @@ impl fmt::Display for IndexError {
     }
 }
 
+impl core::error::Error for IndexError {}
+
 /// Sizes and cumulative counters of a [`PrefixIndex`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct IndexStats {
@@ -214,7 +216,7 @@ pub struct IndexStats {
     pub evictions: u64,
 }
 
-/// Exact prefix index over KV events; see the [module docs](self) for costs.
+/// Exact prefix index over KV events; each method states its cost.
 ///
 /// Deterministic: the answer depends only on the events applied, never on hash seeds or
 /// table order.

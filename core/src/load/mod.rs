@@ -14,11 +14,10 @@
 //! [`LoadTracker::free`]). Because a lost `free` would otherwise leak load forever, every
 //! booking expires `request_age_max_ms` after it was made.
 //!
-//! Other replicas' bookings live in a [`RemoteLoad`] table, kept apart. A router that
-//! keeps one uses the `*_with_remote` variants of `add`, `free`, `remove_worker` and
-//! `handle_timeout`: they tell the table each time a key's local bookings start or stop
-//! holding a prompt block, so that [`RemoteLoad::combined`] counts a block held on both
-//! sides once, in O(1) per key.
+//! Other replicas' bookings live in a [`RemoteLoad`] table, kept apart. A [`FleetLoad`]
+//! owns a tracker and such a table together and tells the table each time a key's local
+//! bookings start or stop holding a prompt block, so that [`RemoteLoad::combined`] counts
+//! a block held on both sides once, in O(1) per key.
 //!
 //! Calling order, as for every sans-IO type in this crate: feed inputs (`add`,
 //! `prefill_done`, `decode_progress`, `free`, `remove_worker`, `handle_timeout`), then
@@ -26,12 +25,14 @@
 //! [`LoadTracker::poll_timeout`]. An operation on an id the tracker does not hold is a
 //! counted no-op that returns [`LoadError::UnknownRequest`], never a panic.
 
+mod fleet;
 mod hasher;
 mod remote;
 
-pub use remote::{
-    RemoteLoad, RemoteLoadConfig, RemoteLoadError, RemoteLoadStats, ReplicaId, REMOTE_EXPIRE_PER_CALL_MAX,
-};
+pub(crate) use fleet::FleetLoad;
+
+pub(crate) use remote::RemoteLoad;
+pub use remote::{RemoteLoadConfig, RemoteLoadError, RemoteLoadStats, ReplicaId, REMOTE_EXPIRE_PER_CALL_MAX};
 
 use crate::hash::{BlockSize, SeqHash};
 use crate::time::Instant;
@@ -44,7 +45,7 @@ use hasher::SeededState;
 
 /// Prompt blocks kept per booking; blocks past this many are ignored (and counted in
 /// [`LoadStats::blocks_truncated`]). 65,536 blocks is four million tokens at 64 per block.
-pub const BLOCKS_MAX_PER_REQUEST: usize = 1 << 16;
+pub(crate) const BLOCKS_MAX_PER_REQUEST: usize = 1 << 16;
 
 /// Bookings one [`LoadTracker::handle_timeout`] call expires at most. If more are due,
 /// [`LoadTracker::poll_timeout`] returns a deadline already past, so the caller comes back.
@@ -52,7 +53,7 @@ pub const EXPIRE_PER_CALL_MAX: usize = 1024;
 
 /// Expiry reports kept for [`LoadTracker::poll_expired`]; when the caller does not drain
 /// them, the oldest are dropped and counted in [`LoadStats::expired_unreported`].
-pub const EXPIRED_QUEUE_MAX: usize = 4096;
+pub(crate) const EXPIRED_QUEUE_MAX: usize = 4096;
 
 /// Limits and seeds of a [`LoadTracker`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +113,8 @@ impl fmt::Display for LoadError {
     }
 }
 
+impl core::error::Error for LoadError {}
+
 /// Counters of what the tracker refused or dropped, for metrics.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct LoadStats {
@@ -125,7 +128,7 @@ pub struct LoadStats {
     pub expired: u64,
     /// Expiry reports dropped because nobody drained [`LoadTracker::poll_expired`].
     pub expired_unreported: u64,
-    /// Prompt blocks ignored past [`BLOCKS_MAX_PER_REQUEST`].
+    /// Prompt blocks ignored past `BLOCKS_MAX_PER_REQUEST` (65,536).
     pub blocks_truncated: u64,
 }
 
@@ -221,7 +224,7 @@ impl KeyLoad {
     }
 }
 
-/// Tracks in-flight load per worker key. See the [module docs](self) for the contract.
+/// Tracks in-flight load per worker key. Feed inputs, drain `poll_expired`, sleep until `poll_timeout`.
 pub struct LoadTracker {
     cfg: LoadConfig,
     bookings: HashMap<(RequestId, Phase), Booking, SeededState>,
@@ -272,11 +275,10 @@ impl LoadTracker {
     }
 
     /// [`Self::add`], telling `remote` which blocks local bookings on `key` start to hold,
-    /// so that [`RemoteLoad::combined`] counts a block held here and elsewhere once. A
-    /// tracker that shares a fleet with a [`RemoteLoad`] must use the `*_with_remote`
-    /// methods for every change to its blocks.
+    /// so that [`RemoteLoad::combined`] counts a block held here and elsewhere once. Only
+    /// [`FleetLoad`], the one owner of both tables, calls the `*_with_remote` methods.
     #[allow(clippy::too_many_arguments)] // Mirrors the booking's fields one to one.
-    pub fn add_with_remote(
+    fn add_with_remote(
         &mut self,
         now: Instant,
         req: RequestId,
@@ -404,7 +406,7 @@ impl LoadTracker {
     }
 
     /// [`Self::free`], telling `remote` which blocks no local booking holds any more.
-    pub fn free_with_remote(&mut self, req: RequestId, phase: Phase, remote: &mut RemoteLoad) -> Result<(), LoadError> {
+    fn free_with_remote(&mut self, req: RequestId, phase: Phase, remote: &mut RemoteLoad) -> Result<(), LoadError> {
         self.free_inner(req, phase, Some(remote))
     }
 
@@ -425,7 +427,7 @@ impl LoadTracker {
 
     /// [`Self::remove_worker`], telling `remote` which blocks no local booking holds any
     /// more.
-    pub fn remove_worker_with_remote(&mut self, worker: WorkerId, remote: &mut RemoteLoad) -> usize {
+    fn remove_worker_with_remote(&mut self, worker: WorkerId, remote: &mut RemoteLoad) -> usize {
         self.remove_worker_inner(worker, Some(remote))
     }
 
@@ -528,7 +530,7 @@ impl LoadTracker {
 
     /// [`Self::handle_timeout`], telling `remote` which blocks no local booking holds any
     /// more.
-    pub fn handle_timeout_with_remote(&mut self, now: Instant, remote: &mut RemoteLoad) {
+    fn handle_timeout_with_remote(&mut self, now: Instant, remote: &mut RemoteLoad) {
         self.handle_timeout_inner(now, Some(remote));
     }
 

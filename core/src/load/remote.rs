@@ -17,9 +17,8 @@
 //! remote block remembers whether a local booking on its key holds it too, and each key
 //! counts those ([`RemoteLoad::shared_blocks`]). The mark is set when a remote block
 //! first appears on a key (looked up in the [`LoadTracker`] passed to
-//! [`RemoteLoad::add`]), kept up to date by the tracker's `*_with_remote` methods (which
-//! report each block a key's local bookings start or stop holding), and goes with the
-//! block. [`RemoteLoad::combined_progress`] merges the keys' prefill backlogs the way the
+//! [`RemoteLoad::add`]), kept up to date by [`super::FleetLoad`], which owns both tables and reports each
+//! block a key's local bookings start or stop holding, and goes with the block. [`RemoteLoad::combined_progress`] merges the keys' prefill backlogs the way the
 //! local tracker follows its own (since when a key has had prefill outstanding, and how
 //! much of it finished since), so that other replicas' backlog is discounted for the time
 //! it has been computing, exactly as a local backlog is; it needs no such care, since a
@@ -37,8 +36,8 @@
 //! [`RemoteLoad::remove_replica`]), and deciding what to publish (the façade).
 //!
 //! Calling order: feed inputs (`heartbeat`, `add`, `prefill_done`, `finish`,
-//! `remove_replica`, `remove_worker`), then sleep until [`RemoteLoad::poll_timeout`]
-//! and call [`RemoteLoad::handle_timeout`]. A spurious `handle_timeout` is harmless;
+//! `remove_replica`, `remove_worker`), then sleep until `RemoteLoad::poll_timeout`
+//! and call `RemoteLoad::handle_timeout`. A spurious `handle_timeout` is harmless;
 //! time going backwards never moves a deadline earlier.
 
 use alloc::collections::{BTreeMap, BTreeSet};
@@ -55,8 +54,8 @@ use crate::hash::SeqHash;
 use crate::time::Instant;
 use crate::types::{Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
 
-/// Entries one [`RemoteLoad::handle_timeout`] call drops at most. When more are due,
-/// [`RemoteLoad::poll_timeout`] returns a deadline already past, so the caller comes back.
+/// Entries one `RemoteLoad::handle_timeout` call drops at most. When more are due,
+/// `RemoteLoad::poll_timeout` returns a deadline already past, so the caller comes back.
 pub const REMOTE_EXPIRE_PER_CALL_MAX: usize = 4096;
 
 /// One router replica among several fronting the same fleet.
@@ -74,7 +73,7 @@ impl fmt::Display for ReplicaId {
     }
 }
 
-/// Limits of a [`RemoteLoad`] table.
+/// Limits of the table of other replicas' load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemoteLoadConfig {
     /// A replica silent this long is presumed gone and its entries are dropped. Default
@@ -161,6 +160,8 @@ impl fmt::Display for RemoteLoadError {
         }
     }
 }
+
+impl core::error::Error for RemoteLoadError {}
 
 /// Counters of the remote table, for metrics.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -263,7 +264,7 @@ impl KeySum {
 /// Work: every input is O(log n) in the entries, except `remove_replica` (linear in
 /// that replica's entries) and `remove_worker` (linear in all entries).
 #[derive(Clone, Debug)]
-pub struct RemoteLoad {
+pub(crate) struct RemoteLoad {
     cfg: RemoteLoadConfig,
     entries: BTreeMap<EntryKey, Entry>,
     keys: BTreeMap<WorkerKey, KeySum>,
@@ -278,7 +279,7 @@ pub struct RemoteLoad {
 
 impl RemoteLoad {
     /// An empty table.
-    pub fn new(cfg: RemoteLoadConfig) -> Self {
+    pub(crate) fn new(cfg: RemoteLoadConfig) -> Self {
         RemoteLoad {
             cfg,
             entries: BTreeMap::new(),
@@ -291,14 +292,9 @@ impl RemoteLoad {
         }
     }
 
-    /// The limits.
-    pub fn config(&self) -> &RemoteLoadConfig {
-        &self.cfg
-    }
-
     /// `replica` is alive: its silence deadline moves to `now + replica_silence_max_ms`.
     /// Every other input from a replica counts as this too.
-    pub fn heartbeat(&mut self, now: Instant, replica: ReplicaId) -> Result<(), RemoteLoadError> {
+    pub(crate) fn heartbeat(&mut self, now: Instant, replica: ReplicaId) -> Result<(), RemoteLoadError> {
         let deadline = now.add_ms(self.cfg.replica_silence_max_ms);
         match self.replicas.get(&replica).copied() {
             // Time going backwards never moves a deadline earlier.
@@ -327,10 +323,9 @@ impl RemoteLoad {
     ///
     /// `local` is this replica's own tracker: a block that no other entry on `key` holds
     /// yet is looked up there once, so that [`Self::combined`] counts a block held on both
-    /// sides once. Keep it told of the local side's changes by using the `*_with_remote`
-    /// methods of [`LoadTracker`] with this table.
+    /// sides once. [`super::FleetLoad`] keeps it told of the local side's changes.
     #[allow(clippy::too_many_arguments)] // One entry's fields, one to one, and the local side.
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         now: Instant,
         replica: ReplicaId,
@@ -391,7 +386,7 @@ impl RemoteLoad {
 
     /// The entry's prefill finished: its prefill tokens stop counting. A second report
     /// is a no-op.
-    pub fn prefill_done(
+    pub(crate) fn prefill_done(
         &mut self,
         now: Instant,
         replica: ReplicaId,
@@ -413,7 +408,7 @@ impl RemoteLoad {
     }
 
     /// The entry's request finished (or failed, or was cancelled): it stops counting.
-    pub fn finish(
+    pub(crate) fn finish(
         &mut self,
         now: Instant,
         replica: ReplicaId,
@@ -429,7 +424,7 @@ impl RemoteLoad {
 
     /// Forgets `replica` and everything it reported (it restarted or said goodbye), and
     /// returns how many entries went. Linear in that replica's entries.
-    pub fn remove_replica(&mut self, replica: ReplicaId) -> usize {
+    pub(crate) fn remove_replica(&mut self, replica: ReplicaId) -> usize {
         if let Some(deadline) = self.replicas.remove(&replica) {
             self.silence.remove(&(deadline, replica));
         }
@@ -443,7 +438,7 @@ impl RemoteLoad {
 
     /// Drops every entry on any rank of `worker` (it left the fleet) and returns how
     /// many. Linear in the entries.
-    pub fn remove_worker(&mut self, worker: WorkerId) -> usize {
+    pub(crate) fn remove_worker(&mut self, worker: WorkerId) -> usize {
         let gone: Vec<EntryKey> =
             self.entries.iter().filter(|(_, e)| e.key.worker == worker).map(|(&ek, _)| ek).collect();
         for &ek in &gone {
@@ -455,7 +450,7 @@ impl RemoteLoad {
 
     /// Other replicas' load on `key` (all zero when none), on its own: prompt blocks that
     /// local bookings hold too are counted here; [`Self::combined`] leaves them out.
-    pub fn load(&self, key: WorkerKey) -> WorkerLoad {
+    pub(crate) fn load(&self, key: WorkerKey) -> WorkerLoad {
         self.keys.get(&key).map_or_else(WorkerLoad::default, |s| WorkerLoad {
             active_prefill_tokens: s.prefill_tokens,
             active_decode_blocks: s.blocks.len() as u64 + s.output_blocks,
@@ -466,7 +461,7 @@ impl RemoteLoad {
     /// `local` (this replica's [`LoadTracker::load`] of `key`) plus other replicas' load
     /// on `key`: what selection weighs. A prompt block held on `key` both here and
     /// elsewhere is in `local` already and is not added again. O(1); saturating.
-    pub fn combined(&self, key: WorkerKey, local: WorkerLoad) -> WorkerLoad {
+    pub(crate) fn combined(&self, key: WorkerKey, local: WorkerLoad) -> WorkerLoad {
         let Some(s) = self.keys.get(&key) else {
             return local;
         };
@@ -479,7 +474,7 @@ impl RemoteLoad {
 
     /// `local`'s prefill backlog merged with other replicas' on `key`: the stretch begins
     /// at the earlier of the two, and counts both sides' bookings and finished tokens.
-    pub fn combined_progress(&self, key: WorkerKey, local: PrefillProgress) -> PrefillProgress {
+    pub(crate) fn combined_progress(&self, key: WorkerKey, local: PrefillProgress) -> PrefillProgress {
         let Some(s) = self.keys.get(&key).filter(|s| s.prefill_requests > 0) else {
             return local;
         };
@@ -492,7 +487,7 @@ impl RemoteLoad {
 
     /// How many leading `blocks` other replicas' entries on `key` hold as prompt blocks:
     /// a prefix on its way into that worker's cache. Linear in the answer.
-    pub fn held_prefix(&self, key: WorkerKey, blocks: &[SeqHash]) -> u32 {
+    pub(crate) fn held_prefix(&self, key: WorkerKey, blocks: &[SeqHash]) -> u32 {
         let Some(s) = self.keys.get(&key) else {
             return 0;
         };
@@ -503,7 +498,8 @@ impl RemoteLoad {
 
     /// Prompt blocks on `key` held both by other replicas' entries and by local bookings:
     /// the overlap [`Self::combined`] leaves out of the remote side.
-    pub fn shared_blocks(&self, key: WorkerKey) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn shared_blocks(&self, key: WorkerKey) -> u64 {
         self.keys.get(&key).map_or(0, |s| s.shared)
     }
 
@@ -528,32 +524,34 @@ impl RemoteLoad {
     }
 
     /// The worker key a replica's entry sits on, if held.
-    pub fn entry(&self, replica: ReplicaId, req: RequestId, phase: Phase) -> Option<WorkerKey> {
+    #[cfg(test)]
+    pub(crate) fn entry(&self, replica: ReplicaId, req: RequestId, phase: Phase) -> Option<WorkerKey> {
         self.entries.get(&(replica, req, phase)).map(|e| e.key)
     }
 
     /// Entries held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Whether no entry is held.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Other replicas tracked (heard from within `replica_silence_max_ms`).
-    pub fn replicas(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+    pub(crate) fn replicas(&self) -> impl Iterator<Item = ReplicaId> + '_ {
         self.replicas.keys().copied()
     }
 
     /// Counters.
-    pub fn stats(&self) -> RemoteLoadStats {
+    pub(crate) fn stats(&self) -> RemoteLoadStats {
         self.stats
     }
 
     /// The earliest silence or age deadline.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let silent = self.silence.first().map(|&(t, _)| t);
         let aged = self.ages.first().map(|&(t, _)| t);
         match (silent, aged) {
@@ -566,7 +564,7 @@ impl RemoteLoad {
     /// [`REMOTE_EXPIRE_PER_CALL_MAX`] entries per call. A silent replica is forgotten once
     /// its last entry is gone; an update from it meanwhile revives it with the entries it
     /// still has.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         let mut budget = REMOTE_EXPIRE_PER_CALL_MAX;
         while let Some(&(deadline, replica)) = self.silence.first() {
             if deadline > now {
@@ -598,7 +596,7 @@ impl RemoteLoad {
     }
 
     /// Recomputes every sum from the entries and compares; a difference is a bug. Linear.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let mut sums: BTreeMap<WorkerKey, KeySum> = BTreeMap::new();
         let mut held = 0;
         for (&(replica, ..), e) in &self.entries {
@@ -649,8 +647,8 @@ impl RemoteLoad {
     }
 
     /// Checks that the blocks marked as held locally too are exactly those `local` holds:
-    /// what the `*_with_remote` methods of [`LoadTracker`] keep true. Linear in the blocks.
-    pub fn check_shared(&self, local: &LoadTracker) -> Result<(), String> {
+    /// what [`super::FleetLoad`] keeps true. Linear in the blocks.
+    pub(crate) fn check_shared(&self, local: &LoadTracker) -> Result<(), String> {
         for (&k, s) in &self.keys {
             let wrong = s.blocks.iter().filter(|&(&b, h)| h.local != local.holds(k, b)).count();
             if wrong > 0 {

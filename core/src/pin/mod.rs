@@ -4,7 +4,7 @@
 //! The result is a [`PinResolution`]: any worker, one worker (any of its ranks), or one
 //! exact `(worker, rank)`. Resolution checks that a pin names a worker that exists,
 //! serves the phase and has the named rank, and that the pins agree with each other. It
-//! does not judge health, taints or load: [`crate::eligible`] does, and [`check_pinned`]
+//! does not judge health, taints or load: [`crate::eligible`] does, and [`crate::eligible::check_pinned`]
 //! turns an ineligible pinned worker into an error. Choosing among the candidates is
 //! left to the selector.
 //!
@@ -31,7 +31,7 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::eligible::{Eligibility, ExclusionReason, Verdict};
+use crate::exclusion::ExclusionReason;
 use crate::types::{DpRank, Phase, WorkerId, WorkerKey};
 use crate::worker::{Toleration, WorkerTable};
 
@@ -68,7 +68,7 @@ pub struct ExplicitPin {
 
 /// A session's affinity binding for one phase.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct AffinityPin {
+pub(crate) struct AffinityPin {
     /// The bound worker.
     pub worker: WorkerId,
     /// The bound rank; `None` narrows to the worker and lets the selector pick the rank.
@@ -202,6 +202,8 @@ impl fmt::Display for PinError {
     }
 }
 
+impl core::error::Error for PinError {}
+
 /// The worker and rank `hints` name for `phase`, if any (see the module rules).
 pub fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
     let (worker, rank) = match phase {
@@ -217,7 +219,7 @@ pub fn explicit_pin(phase: Phase, hints: &RoutingHints) -> Option<ExplicitPin> {
 ///
 /// `affinity` is the session's binding for this phase, `planned` a key already previewed
 /// or planned for it. Work: a few table look-ups.
-pub fn resolve(
+pub(crate) fn resolve(
     phase: Phase,
     hints: &RoutingHints,
     affinity: Option<AffinityPin>,
@@ -250,31 +252,6 @@ pub fn resolve(
         (Some(rank), _) => Ok(PinResolution::Exact(WorkerKey { worker: r.worker, rank })),
         (None, false) => Ok(PinResolution::Worker(r.worker)),
         (None, true) => only_rank(r.worker, workers).map(PinResolution::Exact),
-    }
-}
-
-/// Turns an ineligible pinned worker into an error naming the reason.
-///
-/// `verdicts` is [`crate::eligible::filter`]'s output for the same request. A worker pin
-/// passes if any of its ranks is eligible; otherwise the error names its lowest rank's
-/// reason. A façade that queues overloaded requests should test
-/// [`crate::eligible::all_overloaded`] first, since an overloaded pin is an error here.
-pub fn check_pinned(pin: &PinResolution, verdicts: &[Eligibility]) -> Result<(), PinError> {
-    let Some(worker) = pin.worker() else {
-        return Ok(());
-    };
-    let mut first_excluded = None;
-    for e in verdicts.iter().filter(|e| pin.admits(e.key)) {
-        match &e.verdict {
-            Verdict::Eligible { .. } => return Ok(()),
-            Verdict::Excluded(reason) => {
-                first_excluded.get_or_insert((e.key, reason));
-            }
-        }
-    }
-    match first_excluded {
-        Some((key, reason)) => Err(PinError::Ineligible { worker: key, reason: reason.clone() }),
-        None => Err(PinError::UnknownWorker { worker }),
     }
 }
 

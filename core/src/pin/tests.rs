@@ -1,4 +1,5 @@
 use super::*;
+use crate::eligible::{check_pinned, Eligibility, Verdict};
 use crate::worker::{WorkerRole, WorkerSpec, WorkerTableConfig};
 use alloc::string::ToString;
 use alloc::vec;

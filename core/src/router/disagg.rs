@@ -92,8 +92,14 @@ impl Router {
 
     /// The plan without counting it (for previews).
     pub fn plan_disagg_query(&mut self, req: &Request) -> DisaggPlan {
-        let mut verdicts = mem::take(&mut self.scratch_verdicts);
-        let (load, remote) = (&self.load, &self.remote);
+        let mut scratch = mem::take(&mut self.scratch);
+        let plan = self.plan_with(req, &mut scratch);
+        self.scratch = scratch;
+        plan
+    }
+
+    fn plan_with(&self, req: &Request, scratch: &mut super::Scratch) -> DisaggPlan {
+        let super::Scratch { verdicts, scores, .. } = scratch;
         let q = EligibilityQuery {
             phase: Phase::Prefill,
             hints: &req.hints,
@@ -102,11 +108,12 @@ impl Router {
             ignore_overload: false,
             same_label_as: None,
         };
-        let combined = |k| remote.combined(k, load.load(k));
-        let filtered = eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, &mut verdicts);
-        let plan = if filtered.is_err() {
+        let load = &self.load;
+        let combined = |k| load.combined(k);
+        let filtered = eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, verdicts);
+        if filtered.is_err() {
             DisaggPlan::Bypass(BypassReason::NoPrefillWorkers)
-        } else if eligible::all_overloaded(&verdicts) {
+        } else if eligible::all_overloaded(verdicts) {
             DisaggPlan::Bypass(BypassReason::PrefillBusy)
         } else {
             let eligible: Vec<WorkerKey> =
@@ -114,16 +121,14 @@ impl Router {
             if eligible.is_empty() {
                 DisaggPlan::Bypass(BypassReason::NoPrefillWorkers)
             } else {
-                let mut scores = mem::take(&mut self.scratch_scores);
                 scores.clear();
-                self.index.find_matches(&req.blocks, false, &mut scores);
+                self.index.find_matches(&req.blocks, false, scores);
                 let best = eligible
                     .iter()
                     .filter(|k| !self.untrusted.contains(k))
                     .map(|k| scores.get(*k).device)
                     .max()
                     .unwrap_or(0);
-                self.scratch_scores = scores;
                 let cached = best.saturating_mul(self.cfg.block_size.tokens()).min(req.isl_tokens);
                 let effective = req.isl_tokens - cached;
                 if effective < self.cfg.disagg.isl_min_tokens {
@@ -132,9 +137,7 @@ impl Router {
                     DisaggPlan::Split
                 }
             }
-        };
-        self.scratch_verdicts = verdicts;
-        plan
+        }
     }
 
     /// Bypass and split counters.

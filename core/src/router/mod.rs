@@ -1,40 +1,12 @@
-//! The `Router` façade: every routing state machine behind one sans-IO surface.
-//!
-//! # Calling contract
-//!
-//! The router is driven the way quinn-proto and str0m are: **mutate, then drain, then
-//! mutate again.**
-//!
-//! 1. Feed inputs with the `handle_*` methods, each taking `now`. Inputs are requests
-//!    ([`Router::handle_request`]), KV events, worker updates and request lifecycle
-//!    events (dispatched, dispatch failed, prefill done, finished, cancelled).
-//! 2. After any input, drain [`Router::poll_output`] until it returns `None`. Outputs are
-//!    decisions the router made on its own: queued or waiting requests that are now
-//!    routed or failed, queue time-outs, expired leases and bookings.
-//! 3. Ask [`Router::poll_timeout`] for the next deadline, sleep until then (or until the
-//!    next input), and call [`Router::handle_timeout`]. A spurious or late call is
-//!    harmless; time going backwards is treated as no time passing.
-//!
-//! # Bookings
-//!
-//! A [`Decision::Routed`] is a *booking*: load is reserved on the chosen worker so that
-//! concurrent decisions see it, and a session's first binding is held open. Nothing
-//! else learns of the worker until the adapter confirms with
-//! [`Router::handle_dispatched`]: only then is the session bound and the prediction
-//! recorded (approximate mode). [`Router::handle_dispatch_failed`] rolls the booking back
-//! and leaves no trace of it. Every booking ends in exactly one of
-//! `handle_dispatch_failed`, `handle_finished`, `handle_cancel`, removal of its worker, or
-//! expiry after `request_age_max_ms`, and each releases its load, lease and queue slot.
-//!
-//! # Work per call
-//!
-//! `handle_request` is linear in the prompt's blocks plus the number of workers.
-//! Inputs that free capacity re-try queued requests in order and stop at the first one
-//! that still finds every worker busy.
+//! The `Router` façade: every routing state machine behind one sans-IO surface. The
+//! calling contract is stated once, on [`Router`].
 
 mod disagg;
+mod flights;
+mod learn;
 mod pipeline;
 mod replica;
+mod snapshot;
 mod types;
 
 #[cfg(test)]
@@ -48,15 +20,18 @@ use crate::affinity::{AffinityConfig, AffinityOutput, AffinityTable, InitToken, 
 use crate::eligible::EligibilityConfig;
 use crate::hash::BlockSize;
 use crate::index::{ApplySummary, ApproxConfig, ApproxIndex, IndexConfig, IndexEvent, PrefixIndex};
-use crate::load::{LoadConfig, LoadTracker, RemoteLoad};
+use crate::learn::{CostLearner, LearnConfig};
+use crate::load::{FleetLoad, LoadConfig};
 use crate::select::{KvCostConfig, RouterMode, Selector};
 use crate::worker::{Health, Taint, WorkerSpec, WorkerTable, WorkerTableConfig};
 use crate::{Draw, Instant, Phase, RequestId, WorkerId, WorkerKey};
 
-pub use crate::load::ReplicaId;
+use flights::{Flight, FlightKey, Hold, Scratch, State};
+
 pub use disagg::{BypassReason, DisaggConfig, DisaggPlan, DisaggStats};
-pub use pipeline::ORPHANS_PER_CALL_MAX;
+pub use flights::ORPHANS_PER_CALL_MAX;
 pub use replica::{ReplicaConfig, ReplicaError, ReplicaStats, ReplicaUpdate};
+pub use snapshot::{KeySnapshot, RouterCounts, RouterSnapshot, WorkerSnapshot};
 pub use types::*;
 
 /// Everything the router can be configured with. `Default` gives the documented defaults.
@@ -93,6 +68,8 @@ pub struct RouterConfig {
     pub disagg: DisaggConfig,
     /// Sharing load and bindings with other replicas (default: none, a lone router).
     pub replica: ReplicaConfig,
+    /// Learned per-worker speeds and engine-reported load (default: fitted, not used).
+    pub learn: LearnConfig,
 }
 
 impl Default for RouterConfig {
@@ -113,6 +90,7 @@ impl Default for RouterConfig {
             requests_max: 65_536,
             disagg: DisaggConfig::default(),
             replica: ReplicaConfig::default(),
+            learn: LearnConfig::default(),
         }
     }
 }
@@ -150,43 +128,86 @@ pub struct RouterStats {
     pub events_unknown_worker: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hold {
-    None,
-    Init(InitToken),
-    /// A lease, and the binding revision it was taken on.
-    Lease(LeaseId, u64),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    New,
-    Waiting(WaitToken),
-    Queued(RequestId),
-    Booked(WorkerKey),
-    Dispatched(WorkerKey),
-    /// Its worker was removed: load and lease are already gone. It is dropped at this
-    /// deadline if the adapter never reports its end.
-    Orphaned(Instant),
-}
-
-#[derive(Clone, Debug)]
-struct Flight {
-    req: Request,
-    draw: Draw,
-    state: State,
-    hold: Hold,
-}
-
-type FlightKey = (RequestId, Phase);
-
-/// The sans-IO router. See the module documentation for the calling contract.
+/// The sans-IO router: every routing state machine behind one surface. It does no I/O,
+/// reads no clock and draws no random numbers; time comes in as `now` and randomness as a
+/// [`Draw`].
+///
+/// # Calling contract
+///
+/// The router is driven the way quinn-proto and str0m are: **mutate, then drain, then
+/// mutate again.** Its methods fall into four kinds.
+///
+/// 1. **Inputs** (`handle_*`), each taking `now` where time matters:
+///    * requests: [`handle_request`](Self::handle_request) (also takes a [`Draw`]);
+///    * the request lifecycle: [`handle_dispatched`](Self::handle_dispatched),
+///      [`handle_dispatch_failed`](Self::handle_dispatch_failed),
+///      [`handle_prefill_done`](Self::handle_prefill_done),
+///      [`handle_decode_progress`](Self::handle_decode_progress),
+///      [`handle_finished`](Self::handle_finished), [`handle_cancel`](Self::handle_cancel);
+///    * KV events: [`handle_kv_event`](Self::handle_kv_event),
+///      [`handle_kv_clear`](Self::handle_kv_clear) (the worker restarted, or its stream
+///      could not be replayed), [`handle_overlap_trust`](Self::handle_overlap_trust)
+///      (a stream has a gap: give the worker no prefix credit until it is filled);
+///    * the fleet: [`handle_worker_update`](Self::handle_worker_update);
+///    * other replicas: [`handle_replica_update`](Self::handle_replica_update),
+///      [`handle_replica_heartbeat`](Self::handle_replica_heartbeat),
+///      [`handle_replica_gone`](Self::handle_replica_gone);
+///    * time: [`handle_timeout`](Self::handle_timeout).
+/// 2. **Outputs** (`poll_*`, `#[must_use]`). After *any* input, drain both queues until
+///    `None`, in either order:
+///    * [`poll_output`](Self::poll_output): decisions the router made on its own (queued
+///      or waiting requests now routed, rejected or failed; queue time-outs; expired
+///      leases and bookings);
+///    * [`poll_replica_update`](Self::poll_replica_update): with
+///      [`ReplicaConfig::id`] set, what to tell the other replicas, fire-and-forget. The
+///      queue holds at most `updates_max` and drops its oldest when full; without an id
+///      it stays empty.
+/// 3. **Time.** [`poll_timeout`](Self::poll_timeout) is the next deadline. Sleep until
+///    it or the next input, whichever comes first, then call `handle_timeout(now)` and
+///    drain the outputs again. A spurious or late call is harmless; time going backwards
+///    counts as no time passing. Work per call is bounded (see [`crate::limits`]); while
+///    more is due, `poll_timeout` stays at or before `now`.
+/// 4. **Queries**, which change nothing: [`snapshot`](Self::snapshot),
+///    [`counts`](Self::counts), [`stats`](Self::stats),
+///    [`session_binding`](Self::session_binding), [`booking`](Self::booking),
+///    [`combined_load`](Self::combined_load), [`find_matches`](Self::find_matches),
+///    [`plan_disagg_query`](Self::plan_disagg_query) and a preview request
+///    ([`Request::preview`]). [`plan_disagg`](Self::plan_disagg) also only reads, but
+///    counts its outcome.
+///
+/// # Bookings
+///
+/// A [`Decision::Routed`] is a *booking*: load is reserved on the chosen worker so that
+/// concurrent decisions see it, and a session's first binding is held open. Nothing
+/// else learns of the worker until the adapter confirms with
+/// [`handle_dispatched`](Self::handle_dispatched): only then is the session bound and
+/// the prediction recorded (approximate mode).
+/// [`handle_dispatch_failed`](Self::handle_dispatch_failed) rolls the booking back and
+/// leaves no trace of it. Every booking ends in exactly one of `handle_dispatch_failed`,
+/// `handle_finished`, `handle_cancel`, removal of its worker, or expiry after
+/// `request_age_max_ms`, and each releases its load, lease and queue slot.
+///
+/// # Replicas
+///
+/// Other replicas' load and session bindings arrive through the `handle_replica_*`
+/// inputs with the sender's id; any update counts as a heartbeat. Freed remote load can
+/// release queued requests, so drain `poll_output` after those inputs too. Binding
+/// stamps carry commit times: the adapter maps this router's `now` onto a clock all
+/// replicas share (wall time) when it publishes, and back when it receives. Without
+/// [`ReplicaConfig::id`] the router is alone and refuses remote input with
+/// [`ReplicaError::Disabled`].
+///
+/// # Work per call
+///
+/// `handle_request` is linear in the prompt's blocks plus the number of workers.
+/// Inputs that free capacity re-try queued requests in order and stop at the first one
+/// that still finds every worker busy.
 pub struct Router {
     cfg: RouterConfig,
     workers: WorkerTable,
     index: PrefixIndex,
     approx: ApproxIndex,
-    load: LoadTracker,
+    load: FleetLoad,
     affinity: AffinityTable,
     queue: AdmissionQueue,
     selector: Selector,
@@ -201,12 +222,10 @@ pub struct Router {
     draining_affinity: bool,
     outputs: alloc::collections::VecDeque<Output>,
     stats: RouterStats,
-    scratch_verdicts: Vec<crate::eligible::Eligibility>,
-    scratch_scores: crate::index::OverlapScores,
-    scratch_approx: crate::index::OverlapScores,
-    remote: RemoteLoad,
+    scratch: Scratch,
     replica_out: alloc::collections::VecDeque<ReplicaUpdate>,
     replica_stats: ReplicaStats,
+    learn: CostLearner,
 }
 
 impl core::fmt::Debug for Router {
@@ -227,7 +246,7 @@ impl Router {
             workers: WorkerTable::new(cfg.workers),
             index: PrefixIndex::new(cfg.index),
             approx: ApproxIndex::new(cfg.approx),
-            load: LoadTracker::new(cfg.load),
+            load: FleetLoad::new(cfg.load, cfg.replica.remote),
             // Bindings committed here carry this replica's id.
             affinity: AffinityTable::new(AffinityConfig {
                 replica: cfg.replica.id.unwrap_or_default(),
@@ -246,12 +265,10 @@ impl Router {
             draining_affinity: false,
             outputs: alloc::collections::VecDeque::new(),
             stats: RouterStats::default(),
-            scratch_verdicts: Vec::new(),
-            scratch_scores: crate::index::OverlapScores::new(),
-            scratch_approx: crate::index::OverlapScores::new(),
-            remote: RemoteLoad::new(cfg.replica.remote),
+            scratch: Scratch::default(),
             replica_out: alloc::collections::VecDeque::new(),
             replica_stats: ReplicaStats::default(),
+            learn: CostLearner::new(cfg.learn),
             cfg,
         }
     }
@@ -261,26 +278,6 @@ impl Router {
     /// The configuration.
     pub fn config(&self) -> &RouterConfig {
         &self.cfg
-    }
-    /// The fleet.
-    pub fn workers(&self) -> &WorkerTable {
-        &self.workers
-    }
-    /// The exact prefix index.
-    pub fn index(&self) -> &PrefixIndex {
-        &self.index
-    }
-    /// The load tracker.
-    pub fn load(&self) -> &LoadTracker {
-        &self.load
-    }
-    /// The affinity table.
-    pub fn affinity(&self) -> &AffinityTable {
-        &self.affinity
-    }
-    /// The admission queue.
-    pub fn queue(&self) -> &AdmissionQueue {
-        &self.queue
     }
     /// Counters.
     pub fn stats(&self) -> RouterStats {
@@ -303,9 +300,9 @@ impl Router {
         if request.preview {
             return self.preview(now, &request, draw).map(Decision::Routed);
         }
-        let fk = (request.id, request.phase.0);
+        let fk = FlightKey::new(request.id, request.phase.0);
         if self.flights.contains_key(&fk) {
-            return Err(RouteError::DuplicateRequest { id: fk.0, phase: fk.1 });
+            return Err(RouteError::DuplicateRequest { id: fk.id, phase: fk.phase });
         }
         if self.flights.len() >= self.cfg.requests_max {
             return Err(RouteError::TooManyRequests { requests_max: self.cfg.requests_max });
@@ -374,7 +371,7 @@ impl Router {
     /// Confirms a booking: the request reached its worker. Commits a session's first
     /// binding and, in approximate mode, records the predicted cache contents.
     pub fn handle_dispatched(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         let Some(f) = self.flights.get_mut(&fk) else {
             return Err(self.unknown(fk));
         };
@@ -415,7 +412,7 @@ impl Router {
         phase: Phase,
         why: DispatchFailure,
     ) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned(_)) => {}
@@ -429,7 +426,7 @@ impl Router {
 
     /// The request's prefill finished: its prompt tokens stop counting as prefill load.
     pub fn handle_prefill_done(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) => {}
@@ -437,7 +434,8 @@ impl Router {
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }
         self.publish_prefill_done(id, phase);
-        let _ = self.load.prefill_done(id, phase);
+        let done = self.load.prefill_done(id, phase);
+        debug_assert!(done.is_ok(), "a booked flight has a booking: {done:?}");
         self.drain_queue(now);
         Ok(())
     }
@@ -450,13 +448,14 @@ impl Router {
         phase: Phase,
         output_tokens: u32,
     ) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         if !self.flights.contains_key(&fk) {
             return Err(self.unknown(fk));
         }
         if output_tokens > 0 {
             self.publish_prefill_done(id, phase);
         }
+        // Only booked flights have a booking; progress on any other is a counted no-op.
         let _ = self.load.decode_progress(id, phase, output_tokens, self.cfg.block_size);
         // Any output ends the booking's prefill, which may free capacity for the queue.
         self.drain_queue(now);
@@ -465,7 +464,7 @@ impl Router {
 
     /// The request finished (successfully or not): load, lease and slot are released.
     pub fn handle_finished(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
             Some(State::Booked(_)) | Some(State::Dispatched(_)) | Some(State::Orphaned(_)) => {}
@@ -479,7 +478,7 @@ impl Router {
     /// The client went away, in whatever state the request was: queued, waiting, booked
     /// or streaming. Everything it held is released; its session binding stays.
     pub fn handle_cancel(&mut self, now: Instant, id: RequestId, phase: Phase) -> Result<(), InputError> {
-        let fk = (id, phase);
+        let fk = FlightKey::new(id, phase);
         if !self.flights.contains_key(&fk) {
             return Err(self.unknown(fk));
         }
@@ -492,10 +491,13 @@ impl Router {
     /// prediction expiry. Outputs go to [`Router::poll_output`].
     ///
     /// Work per call is bounded, so a clock jump of hours cannot stall the caller: at most
-    /// [`crate::load::EXPIRE_PER_CALL_MAX`] bookings, [`ORPHANS_PER_CALL_MAX`] orphans,
-    /// [`crate::affinity::EXPIRE_PER_CALL_MAX`] idle sessions,
-    /// [`crate::load::REMOTE_EXPIRE_PER_CALL_MAX`] peer entries and
-    /// [`crate::index::EXPIRE_PER_CALL_MAX`] predictions expire, plus every queued request
+    /// [`BOOKINGS_EXPIRE_PER_CALL_MAX`](crate::limits::BOOKINGS_EXPIRE_PER_CALL_MAX)
+    /// bookings, [`ORPHANS_PER_CALL_MAX`](crate::limits::ORPHANS_PER_CALL_MAX) orphans,
+    /// [`SESSIONS_EXPIRE_PER_CALL_MAX`](crate::limits::SESSIONS_EXPIRE_PER_CALL_MAX) idle
+    /// sessions, [`REMOTE_EXPIRE_PER_CALL_MAX`](crate::limits::REMOTE_EXPIRE_PER_CALL_MAX)
+    /// peer entries and
+    /// [`PREDICTIONS_EXPIRE_PER_CALL_MAX`](crate::limits::PREDICTIONS_EXPIRE_PER_CALL_MAX)
+    /// predictions expire, plus every queued request
     /// that is due (at most `queued_max`). While more is due, [`Router::poll_timeout`]
     /// stays at or before `now`: call again at once.
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -507,12 +509,12 @@ impl Router {
                 }
                 self.drop_flight(now, fk, false);
                 self.stats.timed_out += 1;
-                self.outputs.push_back(Output::TimedOut { id: fk.0, phase: fk.1 });
+                self.outputs.push_back(Output::TimedOut { id: fk.id, phase: fk.phase });
             }
         }
-        self.load.handle_timeout_with_remote(now, &mut self.remote);
+        self.load.handle_timeout(now);
         while let Some((id, phase)) = self.load.poll_expired() {
-            let fk = (id, phase);
+            let fk = FlightKey::new(id, phase);
             if let Some(f) = self.flights.get_mut(&fk) {
                 f.state = State::New; // the tracker already dropped the booking
                 self.drop_flight(now, fk, false);
@@ -520,7 +522,6 @@ impl Router {
                 self.outputs.push_back(Output::BookingExpired { id, phase });
             }
         }
-        self.remote.handle_timeout(now);
         self.expire_orphans(now);
         self.affinity.handle_timeout(now);
         self.approx.handle_timeout(now);
@@ -545,7 +546,6 @@ impl Router {
             self.load.poll_timeout(),
             self.affinity.poll_timeout(),
             self.approx.poll_timeout(),
-            self.remote.poll_timeout(),
             orphan,
         ]
         .into_iter()
@@ -555,6 +555,6 @@ impl Router {
 
     fn unknown(&mut self, fk: FlightKey) -> InputError {
         self.stats.unknown_requests += 1;
-        InputError::UnknownRequest { id: fk.0, phase: fk.1 }
+        InputError::UnknownRequest { id: fk.id, phase: fk.phase }
     }
 }

@@ -1,7 +1,6 @@
 //! The decision pipeline behind `handle_request`: session, pins, eligibility, prefix
-//! match, selection, then booking or queueing; and the bookkeeping that undoes it.
+//! match, selection, then booking or queueing. Ending a flight lives in `flights`.
 
-use alloc::format;
 use alloc::vec::Vec;
 use core::mem;
 
@@ -51,7 +50,7 @@ impl Router {
             Some(s) => self.affinity.peek(s, phase),
             None => None,
         };
-        let fk = (req.id, phase);
+        let fk = FlightKey::new(req.id, phase);
         // The pipeline reads the request from the flight table; a preview borrows a slot
         // there for the duration of the call and always gives it back.
         let saved = self.flights.insert(fk, Flight { req: req.clone(), draw, state: State::New, hold: Hold::None });
@@ -70,10 +69,10 @@ impl Router {
         let Some(session) = self.flights.get(&fk).and_then(|f| f.req.session.clone()) else {
             return Ok(SessionStep::Go(None));
         };
-        // Soft mode re-initializes a binding whose worker can no longer serve the phase;
-        // two rounds are enough because the second acquire cannot find a binding.
+        // A binding whose worker can no longer serve the phase is re-initialized, in both
+        // modes; two rounds are enough because the second acquire cannot find a binding.
         for _ in 0..2 {
-            match self.affinity.acquire(now, &session, fk.1).map_err(RouteError::Affinity)? {
+            match self.affinity.acquire(now, &session, fk.phase).map_err(RouteError::Affinity)? {
                 Acquire::Initialize(token) => {
                     self.set_hold(fk, Hold::Init(token));
                     return Ok(SessionStep::Go(None));
@@ -85,14 +84,13 @@ impl Router {
                 }
                 Acquire::Bound { binding, lease } => {
                     // A binding to a worker that no longer exists in that shape (gone, another
-                    // role, fewer ranks) can never be served, in either mode: start over. Soft
-                    // bindings also yield to a worker that is merely unhealthy.
-                    let stale = !self.still_fits(binding, fk.1);
-                    let soft_unusable =
-                        self.cfg.affinity.mode == AffinityMode::Soft && !self.can_serve(binding.worker, fk.1);
-                    if stale || soft_unusable {
-                        let _ = self.affinity.release(now, lease);
-                        self.invalidate_session(&session, fk.1, binding.revision);
+                    // role, fewer ranks) or that takes nothing new (ejected, draining) has no
+                    // cache to offer, in either mode: start over. `Hard` means the session
+                    // never moves while its worker is available, not that it dies with it.
+                    if !self.still_fits(binding, fk.phase) || !self.can_serve(binding.worker, fk.phase) {
+                        let released = self.affinity.release(now, lease);
+                        debug_assert!(released.is_ok(), "a lease just acquired is known: {released:?}");
+                        self.invalidate_session(&session, fk.phase, binding.revision);
                         continue;
                     }
                     self.set_hold(fk, Hold::Lease(lease, binding.revision));
@@ -107,7 +105,7 @@ impl Router {
     fn soft_binding_only(&self, fk: FlightKey, binding: Option<Binding>) -> bool {
         self.cfg.affinity.mode == AffinityMode::Soft
             && binding.is_some()
-            && self.flights.get(&fk).is_some_and(|f| pin::explicit_pin(fk.1, &f.req.hints).is_none())
+            && self.flights.get(&fk).is_some_and(|f| pin::explicit_pin(fk.phase, &f.req.hints).is_none())
     }
 
     /// Releases the flight's lease and invalidates the binding it was taken on.
@@ -116,9 +114,10 @@ impl Router {
         if let Hold::Lease(lease, revision) = f.hold {
             f.hold = Hold::None;
             if let Some(s) = f.req.session.clone() {
-                self.invalidate_session(&s, fk.1, revision);
+                self.invalidate_session(&s, fk.phase, revision);
             }
-            let _ = self.affinity.release(now, lease);
+            let released = self.affinity.release(now, lease);
+            debug_assert!(released.is_ok(), "a held lease is known: {released:?}");
         }
     }
 
@@ -142,20 +141,34 @@ impl Router {
         binding: Option<Binding>,
         commit: bool,
     ) -> Result<Placed, RouteError> {
+        let mut scratch = mem::take(&mut self.scratch);
+        let placed = self.place_with(now, fk, binding, commit, &mut scratch);
+        self.scratch = scratch;
+        placed
+    }
+
+    /// [`Self::place`] with the reusable buffers lent out.
+    fn place_with(
+        &mut self,
+        now: Instant,
+        fk: FlightKey,
+        binding: Option<Binding>,
+        commit: bool,
+        scratch: &mut Scratch,
+    ) -> Result<Placed, RouteError> {
         let Some(flight) = self.flights.get(&fk) else {
             return Err(RouteError::WorkerGone);
         };
         let req = &flight.req;
         let mut draw = flight.draw;
-        let phase = fk.1;
+        let phase = fk.phase;
         let affinity = binding.map(|b| AffinityPin { worker: b.worker, rank: b.rank });
         let direct = self.cfg.mode == RouterMode::Direct;
         let pin =
             pin::resolve(phase, &req.hints, affinity, req.planned, &self.workers, direct).map_err(RouteError::Pin)?;
 
-        let mut verdicts = mem::take(&mut self.scratch_verdicts);
+        let Scratch { verdicts, scores, approx: predicted } = scratch;
         verdicts.clear();
-        let (load, remote) = (&self.load, &self.remote);
         let q = EligibilityQuery {
             phase,
             hints: &req.hints,
@@ -164,61 +177,53 @@ impl Router {
             ignore_overload: affinity.is_some() && pin::explicit_pin(phase, &req.hints).is_none(),
             same_label_as: req.same_label_as.as_ref().map(|(k, v)| (k.as_str(), v.as_str())),
         };
-        let combined = |k| remote.combined(k, load.load(k));
-        let filtered = eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, &mut verdicts);
-        if let Err(e) = filtered {
-            self.scratch_verdicts = verdicts;
-            return Err(RouteError::Eligibility(e));
-        }
+        let load = &self.load;
+        let combined = |k| load.combined(k);
+        eligible::filter(&q, &self.workers, &combined, &self.cfg.eligibility, verdicts)
+            .map_err(RouteError::Eligibility)?;
 
-        let mut scores = mem::take(&mut self.scratch_scores);
         scores.clear();
         // Exact overlaps for every worker: an early exit would report the best one's overlap
         // as where the runner-up stopped, hiding how much its cache saves.
-        self.index.find_matches(&req.blocks, false, &mut scores);
+        self.index.find_matches(&req.blocks, false, scores);
         if self.cfg.approximate {
             // A worker's overlap is the larger of its exact and predicted ones. With the
             // engines' tokens, predictions exist only for workers that publish no events
             // (exact overlap 0); with estimated tokens, both may exist and either may hit.
-            let mut predicted = mem::take(&mut self.scratch_approx);
-            self.approx.find_matches(now, &req.blocks, &mut predicted);
+            self.approx.find_matches(now, &req.blocks, predicted);
             for (key, o) in predicted.iter() {
                 scores.raise_device(key, o.device);
             }
-            self.scratch_approx = predicted;
         }
         let bs = self.cfg.block_size.tokens();
         let max_overlap_blocks = scores.max_raw();
 
-        if eligible::all_overloaded(&verdicts) {
+        if eligible::all_overloaded(verdicts) {
             let cached_tokens = max_overlap_blocks.saturating_mul(bs).min(req.isl_tokens);
-            self.scratch_verdicts = verdicts;
-            self.scratch_scores = scores;
             return Ok(Placed::AllBusy { cached_tokens });
         }
         // After the busy check: a pin to a worker that is only busy queues, it does not fail.
-        if let Err(e) = pin::check_pinned(&pin, &verdicts) {
-            self.scratch_verdicts = verdicts;
-            self.scratch_scores = scores;
-            return Err(RouteError::Pin(e));
-        }
+        eligible::check_pinned(&pin, verdicts).map_err(RouteError::Pin)?;
 
         let candidates: Vec<Candidate> = verdicts
             .iter()
             .filter_map(|v| match v.verdict {
                 Verdict::Eligible { cost_factor } => {
                     let spec = self.workers.get(v.key.worker);
-                    let progress = self.remote.combined_progress(v.key, self.load.prefill_progress(v.key));
+                    let progress = self.load.combined_progress(v.key);
                     let (new_decode_blocks, inflight_prefix_blocks) = self.inflight_blocks(v.key, &req.blocks);
+                    let kv_blocks = spec.map_or(0, |s| s.kv_blocks);
+                    let kv_resolved = if kv_blocks == 0 { self.cfg.cost.timing.kv_blocks_default } else { kv_blocks };
+                    let own = self.combined_load(v.key);
                     Some(Candidate {
                         key: v.key,
-                        load: self.combined_load(v.key),
+                        load: self.learn.fold_load(now, v.key, own, progress.requests, kv_resolved),
                         overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
                         new_decode_blocks,
                         inflight_prefix_blocks,
                         weight: spec.map_or(1, |s| s.weight),
-                        cost_factor,
-                        kv_blocks: spec.map_or(0, |s| s.kv_blocks),
+                        cost_factor: cost_factor * self.learn.cost_scale(v.key, phase),
+                        kv_blocks,
                         max_batched_tokens: spec.map_or(0, |s| s.max_batched_tokens),
                         prefill_requests: progress.requests,
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),
@@ -241,9 +246,7 @@ impl Router {
             },
         };
         let selection = self.selector.select(&sreq, &candidates, &mut draw, commit);
-        let explanation = explain(&verdicts, &scores, selection.as_ref().map(|s| &s.scores[..]).unwrap_or(&[]));
-        self.scratch_verdicts = verdicts;
-        self.scratch_scores = scores;
+        let explanation = explain(verdicts, scores, selection.as_ref().map(|s| &s.scores[..]).unwrap_or(&[]));
         let selection = selection.map_err(RouteError::Select)?;
         let target = selection.chosen;
         let overlap = explanation.iter().find(|r| r.key == target).map_or(Overlap::default(), |r| r.overlap);
@@ -254,23 +257,14 @@ impl Router {
             let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
-            if let Err(_e) = self.load.add_with_remote(
-                now,
-                fk.0,
-                phase,
-                target,
-                &req.blocks,
-                prefill_tokens,
-                out_blocks,
-                &mut self.remote,
-            ) {
+            if let Err(_e) = self.load.add(now, fk.id, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
             self.publish_added(fk, target, prefill_tokens, out_blocks);
         }
         let req = &self.flights[&fk].req;
         Ok(Placed::Routed(Routed {
-            id: fk.0,
+            id: fk.id,
             phase,
             target,
             overlap,
@@ -307,7 +301,7 @@ impl Router {
             }
             Err(_) => {
                 self.drop_flight(now, fk, false);
-                Err(RouteError::DuplicateRequest { id: fk.0, phase: fk.1 })
+                Err(RouteError::DuplicateRequest { id: fk.id, phase: fk.phase })
             }
         }
     }
@@ -316,7 +310,7 @@ impl Router {
     pub(super) fn drain_queue(&mut self, now: Instant) {
         while let Some(ticket) = self.queue.peek().map(|e| e.req) {
             let Some(&fk) = self.tickets.get(&ticket) else {
-                let _ = self.queue.pop();
+                self.pop_peeked();
                 continue;
             };
             let binding = self.binding_of(fk);
@@ -328,20 +322,26 @@ impl Router {
             match placed {
                 Ok(Placed::AllBusy { .. }) => return,
                 Ok(Placed::Routed(r)) => {
-                    let _ = self.queue.pop();
+                    self.pop_peeked();
                     self.tickets.remove(&ticket);
                     self.set_state(fk, State::Booked(r.target));
                     self.outputs.push_back(Output::Routed(r));
                 }
                 Err(error) => {
-                    let _ = self.queue.pop();
+                    self.pop_peeked();
                     self.tickets.remove(&ticket);
                     self.set_state(fk, State::New);
                     self.drop_flight(now, fk, false);
-                    self.outputs.push_back(Output::Failed { id: fk.0, phase: fk.1, error });
+                    self.outputs.push_back(Output::Failed { id: fk.id, phase: fk.phase, error });
                 }
             }
         }
+    }
+
+    /// Pops the entry `drain_queue` just peeked at.
+    fn pop_peeked(&mut self) {
+        let popped = self.queue.pop();
+        debug_assert!(popped.is_some(), "the queue's head was just peeked");
     }
 
     /// Turns affinity outputs into router outputs; woken waiters go through the pipeline.
@@ -373,12 +373,12 @@ impl Router {
         match self.admit(now, fk) {
             Ok(Decision::Routed(r)) => self.outputs.push_back(Output::Routed(r)),
             Ok(Decision::Rejected(rejection)) => {
-                self.outputs.push_back(Output::Rejected { id: fk.0, phase: fk.1, rejection })
+                self.outputs.push_back(Output::Rejected { id: fk.id, phase: fk.phase, rejection })
             }
             Ok(_) => {}
             Err(error) => {
                 self.drop_flight(now, fk, false);
-                self.outputs.push_back(Output::Failed { id: fk.0, phase: fk.1, error });
+                self.outputs.push_back(Output::Failed { id: fk.id, phase: fk.phase, error });
             }
         }
     }
@@ -386,152 +386,11 @@ impl Router {
     fn binding_of(&self, fk: FlightKey) -> Option<Binding> {
         let f = self.flights.get(&fk)?;
         match f.hold {
-            Hold::Lease(..) => f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.1)),
+            Hold::Lease(..) => f.req.session.as_ref().and_then(|s| self.affinity.peek(s, fk.phase)),
             _ => None,
         }
     }
-
-    /// Removes a flight and releases whatever it holds. `invalidate` drops the session's
-    /// binding too (the worker failed it).
-    pub(super) fn drop_flight(&mut self, now: Instant, fk: FlightKey, invalidate: bool) {
-        let Some(f) = self.flights.remove(&fk) else { return };
-        match f.state {
-            State::Booked(_) | State::Dispatched(_) => {
-                let _ = self.load.free_with_remote(fk.0, fk.1, &mut self.remote);
-                self.publish(ReplicaUpdate::Finished { id: fk.0, phase: fk.1 });
-            }
-            State::Queued(ticket) => {
-                let _ = self.queue.cancel(ticket);
-                self.tickets.remove(&ticket);
-            }
-            State::Waiting(token) => {
-                self.waiters.remove(&token);
-                let _ = self.affinity.cancel_wait(token);
-            }
-            State::Orphaned(deadline) => {
-                self.orphan_timers.remove(&(deadline, fk));
-            }
-            State::New => {}
-        }
-        match f.hold {
-            Hold::None => {}
-            Hold::Init(token) => {
-                let _ = self.affinity.abort(token);
-            }
-            Hold::Lease(lease, revision) => {
-                // The revision the lease was taken on: a newer binding survives a late failure.
-                if let (true, Some(s)) = (invalidate, &f.req.session) {
-                    self.invalidate_session(s, fk.1, revision);
-                }
-                let _ = self.affinity.release(now, lease);
-            }
-        }
-        self.drain_affinity(now);
-    }
-
-    pub(super) fn remove_worker(&mut self, now: Instant, id: WorkerId) {
-        self.workers.remove(id);
-        self.index.remove_worker(id);
-        self.approx.remove_worker(id);
-        self.load.remove_worker_with_remote(id, &mut self.remote);
-        self.remote.remove_worker(id);
-        self.affinity.invalidate_worker(id);
-        self.event_workers.remove(&id);
-        self.untrusted.retain(|k| k.worker != id);
-        let gone: Vec<FlightKey> = self
-            .flights
-            .iter()
-            .filter(|(_, f)| matches!(f.state, State::Booked(k) | State::Dispatched(k) if k.worker == id))
-            .map(|(k, _)| *k)
-            .collect();
-        // A lost end report must not hold a slot forever: orphans age out like bookings.
-        let deadline = now.add_ms(self.cfg.load.request_age_max_ms);
-        for fk in gone {
-            self.set_state(fk, State::Orphaned(deadline));
-            self.orphan_timers.insert((deadline, fk));
-            self.publish(ReplicaUpdate::Finished { id: fk.0, phase: fk.1 });
-        }
-    }
-
-    /// Drops orphaned requests whose deadline passed, at most `ORPHANS_PER_CALL_MAX` per
-    /// call (`poll_timeout` stays due while more are).
-    pub(super) fn expire_orphans(&mut self, now: Instant) {
-        for _ in 0..ORPHANS_PER_CALL_MAX {
-            let Some(&(deadline, fk)) = self.orphan_timers.first() else { return };
-            if deadline > now {
-                return;
-            }
-            self.drop_flight(now, fk, false);
-            self.orphan_timers.remove(&(deadline, fk));
-            self.outputs.push_back(Output::BookingExpired { id: fk.0, phase: fk.1 });
-        }
-    }
-
-    fn set_state(&mut self, fk: FlightKey, s: State) {
-        if let Some(f) = self.flights.get_mut(&fk) {
-            f.state = s;
-        }
-    }
-
-    fn set_hold(&mut self, fk: FlightKey, h: Hold) {
-        if let Some(f) = self.flights.get_mut(&fk) {
-            f.hold = h;
-        }
-    }
-
-    /// Checks the router's global invariants; a violation is always a bug.
-    ///
-    /// Linear in the number of tracked requests; meant for tests, fuzzing and simulation.
-    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        let booked =
-            self.flights.values().filter(|f| matches!(f.state, State::Booked(_) | State::Dispatched(_))).count();
-        let total = self.load.total();
-        if total.active_requests as usize != booked || self.load.len() != booked {
-            return Err(InvariantViolation(format!(
-                "load tracks {} requests ({} bookings), router has {booked} booked",
-                total.active_requests,
-                self.load.len()
-            )));
-        }
-        let queued = self.flights.values().filter(|f| matches!(f.state, State::Queued(_))).count();
-        if self.queue.len() != queued || self.tickets.len() != queued {
-            return Err(InvariantViolation(format!(
-                "queue holds {} ({} tickets), router has {queued} queued",
-                self.queue.len(),
-                self.tickets.len()
-            )));
-        }
-        let waiting = self.flights.values().filter(|f| matches!(f.state, State::Waiting(_))).count();
-        if self.waiters.len() != waiting {
-            return Err(InvariantViolation(format!(
-                "{} waiter tokens, router has {waiting} waiting",
-                self.waiters.len()
-            )));
-        }
-        let leases = self.flights.values().filter(|f| matches!(f.hold, Hold::Lease(..))).count();
-        if self.affinity.live_leases() != leases {
-            return Err(InvariantViolation(format!(
-                "affinity has {} live leases, router holds {leases}",
-                self.affinity.live_leases()
-            )));
-        }
-        self.remote.check().map_err(InvariantViolation)?;
-        self.remote.check_shared(&self.load).map_err(InvariantViolation)?;
-        if self.flights.len() > self.cfg.requests_max {
-            return Err(InvariantViolation(format!(
-                "{} requests tracked, limit {}",
-                self.flights.len(),
-                self.cfg.requests_max
-            )));
-        }
-        Ok(())
-    }
 }
-
-/// Most orphaned requests one `handle_timeout` drops.
-/// Most orphaned requests (bookings whose worker left) one [`Router::handle_timeout`]
-/// call expires; `poll_timeout` stays due while more are.
-pub const ORPHANS_PER_CALL_MAX: usize = 1024;
 
 enum SessionStep {
     Wait,

@@ -33,10 +33,10 @@
 use alloc::vec::Vec;
 use core::fmt;
 
-use super::Router;
+use super::{FlightKey, Router};
 use crate::affinity::{AffinityError, BindStamp, RemoteApplied, RemoteBinding};
 use crate::hash::SeqHash;
-use crate::load::{RemoteLoad, RemoteLoadConfig, RemoteLoadError, ReplicaId};
+use crate::load::{RemoteLoadConfig, RemoteLoadError, ReplicaId};
 use crate::{DpRank, Instant, Phase, RequestId, WorkerId, WorkerKey, WorkerLoad};
 
 /// How this router shares state with other replicas.
@@ -142,6 +142,17 @@ impl fmt::Display for ReplicaError {
     }
 }
 
+/// The wrapped error of a variant that wraps one is its source.
+impl core::error::Error for ReplicaError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            ReplicaError::Load(e) => Some(e),
+            ReplicaError::Affinity(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Counters of the replica side, for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaStats {
@@ -178,14 +189,14 @@ impl Router {
     /// `replica_silence_max_ms`, its load is dropped.
     pub fn handle_replica_heartbeat(&mut self, now: Instant, from: ReplicaId) -> Result<(), ReplicaError> {
         self.check_sender(from)?;
-        self.remote.heartbeat(now, from).map_err(ReplicaError::Load)
+        self.load.heartbeat(now, from).map_err(ReplicaError::Load)
     }
 
     /// Another replica restarted or left: everything it reported is dropped at once.
     /// Returns how many of its requests went. Linear in them.
     pub fn handle_replica_gone(&mut self, now: Instant, from: ReplicaId) -> Result<usize, ReplicaError> {
         self.check_sender(from)?;
-        let n = self.remote.remove_replica(from);
+        let n = self.load.remove_replica(from);
         self.drain_queue(now);
         Ok(n)
     }
@@ -196,11 +207,6 @@ impl Router {
         self.replica_out.pop_front()
     }
 
-    /// Other replicas' load.
-    pub fn remote_load(&self) -> &RemoteLoad {
-        &self.remote
-    }
-
     /// Replica counters.
     pub fn replica_stats(&self) -> ReplicaStats {
         self.replica_stats
@@ -208,7 +214,7 @@ impl Router {
 
     /// Local plus remote load on `key`: what eligibility and selection weigh.
     pub fn combined_load(&self, key: WorkerKey) -> WorkerLoad {
-        self.remote.combined(key, self.load.load(key))
+        self.load.combined(key)
     }
 
     fn check_sender(&self, from: ReplicaId) -> Result<(), ReplicaError> {
@@ -224,14 +230,14 @@ impl Router {
         let load = |e: Result<(), RemoteLoadError>| e.map_err(ReplicaError::Load);
         match u {
             ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks } => {
-                load(self.remote.add(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks, &self.load))
+                load(self.load.add_remote(now, from, id, phase, key, prefill_tokens, &blocks, output_blocks))
             }
-            ReplicaUpdate::PrefillDone { id, phase } => load(self.remote.prefill_done(now, from, id, phase)),
-            ReplicaUpdate::Finished { id, phase } => load(self.remote.finish(now, from, id, phase)),
+            ReplicaUpdate::PrefillDone { id, phase } => load(self.load.remote_prefill_done(now, from, id, phase)),
+            ReplicaUpdate::Finished { id, phase } => load(self.load.remote_finish(now, from, id, phase)),
             ReplicaUpdate::Bound { session, phase, worker, rank, stamp } => {
                 // A binding is a sign of life too, but it is stored even from a replica
                 // the load table has no room for.
-                let _ = self.remote.heartbeat(now, from);
+                let _ = self.load.heartbeat(now, from);
                 let remote = RemoteBinding { worker, rank, stamp };
                 match self.affinity.apply_remote(now, &session, phase, remote) {
                     Ok(RemoteApplied::Kept(b)) => {
@@ -244,7 +250,7 @@ impl Router {
                 }
             }
             ReplicaUpdate::Unbound { session, phase, stamp } => {
-                let _ = self.remote.heartbeat(now, from);
+                let _ = self.load.heartbeat(now, from);
                 self.affinity.unbind_remote(&session, phase, stamp);
                 Ok(())
             }
@@ -265,12 +271,12 @@ impl Router {
     }
 
     /// Announces the booking just made of flight `fk` on `key`.
-    pub(super) fn publish_added(&mut self, fk: super::FlightKey, key: WorkerKey, prefill_tokens: u32, output: u32) {
+    pub(super) fn publish_added(&mut self, fk: FlightKey, key: WorkerKey, prefill_tokens: u32, output: u32) {
         if self.cfg.replica.id.is_none() {
             return; // Spare the copy of the prompt's blocks.
         }
         let blocks = self.flights.get(&fk).map(|f| f.req.blocks.clone()).unwrap_or_default();
-        let (id, phase) = fk;
+        let FlightKey { id, phase } = fk;
         self.publish(ReplicaUpdate::Added { id, phase, key, prefill_tokens, blocks, output_blocks: output });
     }
 
@@ -280,33 +286,34 @@ impl Router {
     ///
     /// A prompt's blocks held on a key by either side are a leading run (sequence hashes
     /// chain), so the union of both sides' is the longer run: the new blocks are those
-    /// past it, each counted once, matching [`RemoteLoad::combined`], which counts a
+    /// past it, each counted once, matching [`crate::load::RemoteLoad::combined`], which counts a
     /// block held on both sides once.
     pub(super) fn inflight_blocks(&self, key: WorkerKey, blocks: &[SeqHash]) -> (u32, u32) {
-        let remote = self.remote.held_prefix(key, blocks);
-        let fresh = self.load.new_blocks_chain(key, blocks);
+        let remote = self.load.remote().held_prefix(key, blocks);
+        let fresh = self.load.local().new_blocks_chain(key, blocks);
         let len = u32::try_from(blocks.len()).unwrap_or(u32::MAX);
-        (fresh.min(len.saturating_sub(remote)), self.load.held_prefix(key, blocks).max(remote))
+        (fresh.min(len.saturating_sub(remote)), self.load.local().held_prefix(key, blocks).max(remote))
     }
 
     /// Announces the end of a booking's prefill if the tracker still counts it; call
     /// before telling the tracker.
     pub(super) fn publish_prefill_done(&mut self, id: RequestId, phase: Phase) {
-        if self.load.prefilling(id, phase) {
+        if self.load.local().prefilling(id, phase) {
             self.publish(ReplicaUpdate::PrefillDone { id, phase });
         }
     }
 
     /// Announces the binding of the flight's session just committed here, unless another
     /// replica's earlier binding won the commit (that one was announced by its owner).
-    pub(super) fn publish_commit(&mut self, fk: super::FlightKey) {
+    pub(super) fn publish_commit(&mut self, fk: FlightKey) {
         let Some(me) = self.cfg.replica.id else { return };
         let Some(session) = self.flights.get(&fk).and_then(|f| f.req.session.clone()) else { return };
-        let (Some(b), Some(stamp)) = (self.affinity.peek(&session, fk.1), self.affinity.stamp(&session, fk.1)) else {
+        let (Some(b), Some(stamp)) = (self.affinity.peek(&session, fk.phase), self.affinity.stamp(&session, fk.phase))
+        else {
             return;
         };
         if stamp.replica == me {
-            self.publish(ReplicaUpdate::Bound { session, phase: fk.1, worker: b.worker, rank: b.rank, stamp });
+            self.publish(ReplicaUpdate::Bound { session, phase: fk.phase, worker: b.worker, rank: b.rank, stamp });
         }
     }
 

@@ -55,8 +55,8 @@ fn invariants(r: &Router) {
 
 /// Snapshot of everything a rolled-back or previewed decision must leave untouched.
 fn fingerprint(r: &Router) -> (usize, usize, usize, usize, u64, Vec<WorkerLoad>) {
-    let loads = r.workers().keys().map(|k| r.load().load(k)).collect();
-    (r.requests_in_flight(), r.affinity().len(), r.queue().len(), r.load().len(), r.stats().dispatched, loads)
+    let loads = r.workers.keys().map(|k| r.load.local().load(k)).collect();
+    (r.requests_in_flight(), r.affinity.len(), r.queue.len(), r.load.local().len(), r.stats().dispatched, loads)
 }
 
 const MODES: [RouterMode; 6] = [
@@ -84,7 +84,7 @@ fn rollback_leaves_no_trace_in_every_mode() {
         r.handle_dispatch_failed(T0, d.id, d.phase, DispatchFailure::Worker).unwrap();
         invariants(&r);
         assert_eq!(fingerprint(&r), before, "{mode:?}: rollback must restore every table");
-        assert_eq!(r.affinity().peek(b"s1", Phase::Aggregated), None, "{mode:?}: no binding survives a rollback");
+        assert_eq!(r.affinity.peek(b"s1", Phase::Aggregated), None, "{mode:?}: no binding survives a rollback");
     }
 }
 
@@ -130,15 +130,15 @@ fn finishing_releases_everything() {
     q.session = Some(b"sess".to_vec());
     let d = routed(r.handle_request(T0, q.clone(), Draw(0)));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();
-    assert_eq!(r.affinity().peek(b"sess", Phase::Aggregated).map(|b| b.worker), Some(d.target.worker));
-    assert_eq!(r.load().load(d.target).active_requests, 1);
+    assert_eq!(r.affinity.peek(b"sess", Phase::Aggregated).map(|b| b.worker), Some(d.target.worker));
+    assert_eq!(r.load.local().load(d.target).active_requests, 1);
     r.handle_prefill_done(T0, d.id, d.phase).unwrap();
-    assert_eq!(r.load().load(d.target).active_prefill_tokens, 0);
+    assert_eq!(r.load.local().load(d.target).active_prefill_tokens, 0);
     r.handle_finished(T0, d.id, d.phase).unwrap();
     invariants(&r);
-    assert_eq!(r.load().load(d.target), WorkerLoad::default());
+    assert_eq!(r.load.local().load(d.target), WorkerLoad::default());
     assert_eq!(r.requests_in_flight(), 0);
-    assert_eq!(r.affinity().live_leases(), 0);
+    assert_eq!(r.affinity.live_leases(), 0);
     // The session stays bound after its stream ends, until the idle TTL.
     let d2 = routed(r.handle_request(
         T0,
@@ -213,7 +213,7 @@ fn busy_fleet_queues_then_dequeues_when_load_drops() {
     // A queued request that is cancelled frees its slot.
     assert_eq!(r.handle_request(T0, req(3, &[6]), Draw(0)), Ok(Decision::Queued));
     r.handle_cancel(T0, RequestId(3), Phase::Aggregated).unwrap();
-    assert_eq!(r.queue().len(), 0);
+    assert_eq!(r.queue.len(), 0);
     invariants(&r);
     // And one that waits too long times out through handle_timeout.
     assert_eq!(r.handle_request(T0, req(4, &[7]), Draw(0)), Ok(Decision::Queued));
@@ -347,7 +347,7 @@ fn phases_use_their_own_pools_pins_and_bindings() {
     for x in [&p, &d] {
         r.handle_dispatched(T0, x.id, x.phase).unwrap();
     }
-    let bound = |r: &Router, ph| r.affinity().peek(b"s", ph).map(|b| b.worker.0);
+    let bound = |r: &Router, ph| r.affinity.peek(b"s", ph).map(|b| b.worker.0);
     assert_eq!(bound(&r, Phase::Prefill), Some(p.target.worker.0));
     assert_eq!(bound(&r, Phase::Decode), Some(d.target.worker.0));
     // A bypassed request runs aggregated on a decode worker.
@@ -497,5 +497,105 @@ fn a_hard_binding_to_a_reshaped_worker_starts_over() {
     r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(d.target.worker.0, WorkerRole::Prefill))).unwrap();
     let d2 = routed(r.handle_request(T0, s(2), Draw(0)));
     assert_ne!(d2.target.worker, d.target.worker, "the session re-binds instead of failing forever");
+    invariants(&r);
+}
+
+/// What happens to a session's bound worker before the session's next request.
+#[derive(Clone, Copy, Debug)]
+enum Gone {
+    Ejected,
+    Draining,
+    Removed,
+}
+
+/// A session bound to worker 0 (of two) in `mode`; worker 0 is then `gone`. The next
+/// request carries an explicit pin to worker 0 when `pinned`. `rebinds` says whether it
+/// routes to worker 1 (and the session's binding follows), else it fails with a pin error
+/// and the binding is left as it was.
+#[track_caller]
+fn check_gone_worker(mode: crate::affinity::AffinityMode, gone: Gone, pinned: bool, rebinds: bool) {
+    let mut cfg = RouterConfig { mode: RouterMode::RoundRobin, ..RouterConfig::default() };
+    cfg.affinity.mode = mode;
+    let mut r = Router::new(cfg);
+    for w in 0..2 {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
+    }
+    let d = routed(r.handle_request(T0, session_req(1, b"s"), Draw(0)));
+    assert_eq!(d.target.worker, WorkerId(0));
+    r.handle_dispatched(T0, d.id, d.phase).unwrap();
+    r.handle_finished(T0, d.id, d.phase).unwrap();
+    let update = match gone {
+        Gone::Ejected => WorkerUpdate::Health(WorkerId(0), crate::worker::Health::Ejected),
+        Gone::Draining => WorkerUpdate::Health(WorkerId(0), crate::worker::Health::Draining),
+        Gone::Removed => WorkerUpdate::Removed(WorkerId(0)),
+    };
+    r.handle_worker_update(T0, update).unwrap();
+    let mut next = session_req(2, b"s");
+    if pinned {
+        next.hints.backend_instance_id = Some(WorkerId(0));
+    }
+    let out = r.handle_request(T0, next, Draw(0));
+    let case = alloc::format!("{mode:?} {gone:?} pinned={pinned}");
+    if rebinds {
+        let d2 = routed(out);
+        assert_eq!(d2.target.worker, WorkerId(1), "{case}");
+        r.handle_dispatched(T0, d2.id, d2.phase).unwrap();
+        assert_eq!(r.session_binding(b"s", Phase::Aggregated).map(|b| b.worker), Some(WorkerId(1)), "{case}");
+    } else {
+        assert!(matches!(out, Err(RouteError::Pin(_))), "{case}: {out:?}");
+    }
+    invariants(&r);
+}
+
+#[test]
+fn a_session_whose_worker_is_gone_rebinds_in_both_modes_and_explicit_pins_stay_strict() {
+    use crate::affinity::AffinityMode::{Hard, Soft};
+    for mode in [Hard, Soft] {
+        for gone in [Gone::Ejected, Gone::Draining, Gone::Removed] {
+            check_gone_worker(mode, gone, false, true);
+            check_gone_worker(mode, gone, true, false);
+        }
+    }
+}
+
+#[test]
+fn a_request_that_fails_before_its_worker_does_not_renew_the_session() {
+    let ttl_ms = RouterConfig::default().affinity.lease_ttl_ms;
+    let mut r = router(RouterMode::RoundRobin, 2);
+    let d = routed(r.handle_request(T0, session_req(1, b"s"), Draw(0)));
+    r.handle_dispatched(T0, d.id, d.phase).unwrap();
+    r.handle_finished(T0, d.id, d.phase).unwrap();
+    // Half-way through the idle time, a request of the session pins a worker that is gone.
+    let half = T0.add_ms(ttl_ms / 2);
+    let other = WorkerId(1 - d.target.worker.0);
+    r.handle_worker_update(half, WorkerUpdate::Health(other, crate::worker::Health::Ejected)).unwrap();
+    let mut pinned = session_req(2, b"s");
+    pinned.hints.backend_instance_id = Some(other);
+    assert!(r.handle_request(half, pinned, Draw(0)).is_err());
+    // A request it booked and then failed before the worker answered renews nothing either.
+    let d3 = routed(r.handle_request(half, session_req(3, b"s"), Draw(0)));
+    r.handle_dispatch_failed(half, d3.id, d3.phase, DispatchFailure::Cancelled).unwrap();
+    assert_eq!(r.poll_timeout(), Some(T0.add_ms(ttl_ms)), "the binding keeps the deadline its last served request set");
+    r.handle_timeout(T0.add_ms(ttl_ms));
+    while r.poll_output().is_some() {}
+    assert_eq!(r.session_binding(b"s", Phase::Aggregated), None);
+    invariants(&r);
+}
+
+#[test]
+fn direct_mode_refuses_a_pin_to_a_worker_that_is_gone() {
+    // Deliberate (ARCHITECTURE.md): the caller chose the worker, so the caller re-picks.
+    let mut r = router(RouterMode::Direct, 2);
+    let pinned = |id| Request {
+        hints: RoutingHints { backend_instance_id: Some(WorkerId(0)), ..RoutingHints::default() },
+        ..req(id, &[1])
+    };
+    r.handle_worker_update(T0, WorkerUpdate::Health(WorkerId(0), crate::worker::Health::Ejected)).unwrap();
+    let e = r.handle_request(T0, pinned(1), Draw(0)).unwrap_err();
+    assert!(matches!(e, RouteError::Pin(crate::pin::PinError::Ineligible { .. })), "{e:?}");
+    r.handle_worker_update(T0, WorkerUpdate::Removed(WorkerId(0))).unwrap();
+    let e = r.handle_request(T0, pinned(2), Draw(0)).unwrap_err();
+    assert!(matches!(e, RouteError::Pin(crate::pin::PinError::UnknownWorker { .. })), "{e:?}");
+    assert_eq!(r.requests_in_flight(), 0);
     invariants(&r);
 }

@@ -223,6 +223,19 @@ impl fmt::Display for RouteError {
     }
 }
 
+/// The wrapped error of a variant that wraps one is its source.
+impl core::error::Error for RouteError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            RouteError::Affinity(e) => Some(e),
+            RouteError::Pin(e) => Some(e),
+            RouteError::Eligibility(e) => Some(e),
+            RouteError::Select(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Errors from the router's event and lifecycle inputs.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -260,9 +273,28 @@ impl fmt::Display for InputError {
     }
 }
 
+/// The wrapped error of a variant that wraps one is its source.
+impl core::error::Error for InputError {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        match self {
+            InputError::Index(e) => Some(e),
+            InputError::Worker(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Why the router's invariants do not hold; only ever produced by a bug.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InvariantViolation(pub String);
+
+impl fmt::Display for InvariantViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "router invariant violated: {}", self.0)
+    }
+}
+
+impl core::error::Error for InvariantViolation {}
 
 /// Where a pool's request blocks get their token ids, which decides whether the
 /// workers' KV events can match them.

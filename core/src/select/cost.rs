@@ -16,10 +16,10 @@ use crate::types::Phase;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum KvCostModel {
-    /// Prefill blocks plus decode blocks (see [`blocks_cost`]).
+    /// Prefill blocks plus decode blocks (see `blocks_cost`).
     Blocks,
     /// Predicted time to first token and the delay passed on to others, in milliseconds
-    /// (see [`ttft_cost`]).
+    /// (see `ttft_cost`).
     #[default]
     Ttft,
 }
@@ -95,7 +95,7 @@ impl KvCostConfig {
     }
 }
 
-/// The kv cost of sending `req` to `c`, with its parts: [`ttft_cost`] or [`blocks_cost`]
+/// The kv cost of sending `req` to `c`, with its parts: `ttft_cost` or `blocks_cost`
 /// as `req.cost.model` says. A NaN cost (from NaN weights) is reported as infinite, so
 /// such a candidate is never preferred.
 pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
@@ -121,7 +121,7 @@ pub fn kv_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 /// every full block of the prompt plus the expected output), and its request weight is at
 /// least 1. `overlap_effective` is reported in every phase.
 #[inline(always)] // Into the selector's loop, which it writes each score straight into.
-pub fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+pub(crate) fn blocks_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let cfg = &req.cost;
     let bs = f64::from(req.block_size.tokens());
     let overlap_effective = overlap_effective(&req.cost, c);

@@ -18,8 +18,11 @@ mod cost;
 mod ttft;
 mod ttft_plan;
 
-pub use cost::{blocks_cost, kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
-pub use ttft::{ttft_cost, TtftModel, TtftWeights};
+pub(crate) use cost::blocks_cost;
+pub use cost::{kv_cost, KvCostConfig, KvCostModel, KvCostOverrides};
+#[cfg(test)]
+use ttft::ttft_cost;
+pub use ttft::{TtftModel, TtftWeights};
 
 use crate::hash::BlockSize;
 use crate::mathf;
@@ -99,6 +102,8 @@ impl fmt::Display for RouterModeParseError {
         f.write_str(")")
     }
 }
+
+impl core::error::Error for RouterModeParseError {}
 
 impl FromStr for RouterMode {
     type Err = RouterModeParseError;
@@ -258,6 +263,8 @@ impl fmt::Display for SelectError {
         }
     }
 }
+
+impl core::error::Error for SelectError {}
 
 /// Picks workers; holds the round-robin cursor (one per phase).
 #[derive(Clone, Debug, Default)]

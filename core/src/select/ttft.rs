@@ -7,7 +7,7 @@
 //! prompt tokens takes `f_p(T)`; while any request there is decoding, every pass also
 //! takes one decode step `f_d(p)`, `p` being the share of the worker's KV blocks in use.
 //! A request's first token comes at the end of the pass that finishes its prompt, after
-//! the prompt tokens already queued there. [`ttft_cost`] predicts that wait and adds the
+//! the prompt tokens already queued there. `ttft_cost` predicts that wait and adds the
 //! delay the request passes on to others (see its formula).
 //!
 //! What it leaves to others: the coefficients describe one engine and model; adapters
@@ -94,7 +94,7 @@ impl TtftModel {
     }
 }
 
-/// Weights of the terms [`ttft_cost`] adds to the predicted wait. The defaults minimise
+/// Weights of the terms `ttft_cost` adds to the predicted wait. The defaults minimise
 /// the total wait of the fleet, not just this request's.
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct TtftWeights {
@@ -148,7 +148,7 @@ impl Default for TtftWeights {
 /// first-token wait to predict: it is scored by [`blocks_cost`]. The score reports
 /// `prefill_blocks` as `(queued + own) / block_size` and `decode_blocks` as the blocks
 /// formula does.
-pub fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
+pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     if req.phase == Phase::Decode {
         return blocks_cost(req, c);
     }

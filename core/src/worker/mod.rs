@@ -80,6 +80,8 @@ impl fmt::Display for ParseError {
     }
 }
 
+impl core::error::Error for ParseError {}
+
 impl FromStr for WorkerRole {
     type Err = ParseError;
 
@@ -342,6 +344,8 @@ impl fmt::Display for WorkerError {
     }
 }
 
+impl core::error::Error for WorkerError {}
+
 #[derive(Clone, Debug)]
 struct Entry {
     spec: WorkerSpec,
@@ -350,20 +354,20 @@ struct Entry {
 
 /// The set of known workers, bounded by [`WorkerTableConfig`], iterated in id order.
 #[derive(Clone, Debug)]
-pub struct WorkerTable {
+pub(crate) struct WorkerTable {
     cfg: WorkerTableConfig,
     workers: BTreeMap<WorkerId, Entry>,
 }
 
 impl WorkerTable {
     /// An empty table.
-    pub fn new(cfg: WorkerTableConfig) -> Self {
+    pub(crate) fn new(cfg: WorkerTableConfig) -> Self {
         WorkerTable { cfg, workers: BTreeMap::new() }
     }
 
     /// Adds `spec`, or replaces the spec of a worker already present (keeping its health).
     /// Returns whether the worker is new.
-    pub fn upsert(&mut self, spec: WorkerSpec) -> Result<bool, WorkerError> {
+    pub(crate) fn upsert(&mut self, spec: WorkerSpec) -> Result<bool, WorkerError> {
         self.validate(&spec)?;
         if let Some(entry) = self.workers.get_mut(&spec.id) {
             entry.spec = spec;
@@ -377,18 +381,18 @@ impl WorkerTable {
     }
 
     /// Removes a worker, returning its spec if it was present.
-    pub fn remove(&mut self, id: WorkerId) -> Option<WorkerSpec> {
+    pub(crate) fn remove(&mut self, id: WorkerId) -> Option<WorkerSpec> {
         self.workers.remove(&id).map(|e| e.spec)
     }
 
     /// Sets a worker's health.
-    pub fn set_health(&mut self, id: WorkerId, health: Health) -> Result<(), WorkerError> {
+    pub(crate) fn set_health(&mut self, id: WorkerId, health: Health) -> Result<(), WorkerError> {
         self.entry_mut(id)?.health = health;
         Ok(())
     }
 
     /// Replaces a worker's taints.
-    pub fn set_taints(&mut self, id: WorkerId, taints: Vec<Taint>) -> Result<(), WorkerError> {
+    pub(crate) fn set_taints(&mut self, id: WorkerId, taints: Vec<Taint>) -> Result<(), WorkerError> {
         let taints_max = self.cfg.taints_max;
         let entry = self.entry_mut(id)?;
         if taints.len() > taints_max {
@@ -399,43 +403,45 @@ impl WorkerTable {
     }
 
     /// A worker's spec.
-    pub fn get(&self, id: WorkerId) -> Option<&WorkerSpec> {
+    pub(crate) fn get(&self, id: WorkerId) -> Option<&WorkerSpec> {
         self.workers.get(&id).map(|e| &e.spec)
     }
 
     /// A worker's health.
-    pub fn health(&self, id: WorkerId) -> Option<Health> {
+    pub(crate) fn health(&self, id: WorkerId) -> Option<Health> {
         self.workers.get(&id).map(|e| e.health)
     }
 
     /// Every worker with its health, in id order.
-    pub fn iter(&self) -> impl Iterator<Item = (&WorkerSpec, Health)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&WorkerSpec, Health)> + '_ {
         self.workers.values().map(|e| (&e.spec, e.health))
     }
 
     /// Every routable `(worker, rank)` in key order. A worker with unknown ranks
     /// contributes rank 0 only. Work: one step per key.
-    pub fn keys(&self) -> impl Iterator<Item = WorkerKey> + '_ {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = WorkerKey> + '_ {
         self.workers.values().flat_map(|e| spec_keys(&e.spec))
     }
 
     /// The keys of workers whose role serves `phase`, in key order, whatever their health.
-    pub fn keys_for_phase(&self, phase: Phase) -> impl Iterator<Item = WorkerKey> + '_ {
+    #[cfg(test)]
+    pub(crate) fn keys_for_phase(&self, phase: Phase) -> impl Iterator<Item = WorkerKey> + '_ {
         self.workers.values().filter(move |e| e.spec.role.serves(phase)).flat_map(|e| spec_keys(&e.spec))
     }
 
     /// How many workers the table holds.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.workers.len()
     }
 
     /// Whether the table holds no worker.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.workers.is_empty()
     }
 
     /// The table's bounds.
-    pub fn config(&self) -> &WorkerTableConfig {
+    pub(crate) fn config(&self) -> &WorkerTableConfig {
         &self.cfg
     }
 

@@ -2,7 +2,7 @@
 //! path (requests, confirmations, finishes, engine events for dispatched prompts) and
 //! keep the rare inputs (removals, clears, time jumps) rare but present.
 
-use router_core::select::RouterMode;
+use router_core::RouterMode;
 
 use super::driver::Driver;
 use super::ops::{Knobs, Op, ReqOp, CHAINS, SESSIONS, WORKERS};

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use router_core::hash::{BlockHash, SeqHash};
-use router_core::index::{ApplySummary, IndexConfig, IndexError, UnknownParentPolicy};
+use router_core::{ApplySummary, IndexConfig, IndexError, UnknownParentPolicy};
+use router_core::{BlockHash, SeqHash};
 use router_core::{Overlap, Tier, WorkerId, WorkerKey};
 
 /// Tiers holding one block: device, host, disk.

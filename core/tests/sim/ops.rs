@@ -2,12 +2,12 @@
 //! seeded generator and a fuzzer can both produce them. Every value is valid: the
 //! driver maps out-of-range numbers onto the range (modulo), never rejects them.
 
-use router_core::admission::{ClassLimits, QueueOrder};
-use router_core::affinity::AffinityMode;
-use router_core::hash::{BlockHash, LocalHash, SeqHash};
-use router_core::index::UnknownParentPolicy;
-use router_core::router::RouterConfig;
-use router_core::select::RouterMode;
+use router_core::AffinityMode;
+use router_core::RouterConfig;
+use router_core::RouterMode;
+use router_core::UnknownParentPolicy;
+use router_core::{BlockHash, LocalHash, SeqHash};
+use router_core::{ClassLimits, QueueOrder};
 
 /// Distinct prompt chains; chains share leading blocks with chain 0 (see [`block`]).
 pub const CHAINS: u8 = 8;

@@ -8,9 +8,7 @@ use kvroute_proxy::request::{self, Build, Endpoint, Prompt};
 use kvroute_proxy::tokenize::{fallback_chat, fallback_text};
 use kvroute_proxy::trust::Trust;
 use kvroute_proxy::upstream::{upstream_headers, PIN_HEADERS, PREVIEW_HEADER};
-use router_core::hash::BlockSize;
-use router_core::pin::RoutingHints;
-use router_core::RequestId;
+use router_core::{BlockSize, RequestId, RoutingHints};
 use serde_json::Value;
 
 // ---- proxy_request ----

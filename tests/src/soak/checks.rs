@@ -19,8 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use router_core::index::OverlapScores;
-use router_core::{WorkerId, WorkerKey};
+use router_core::{OverlapScores, WorkerId, WorkerKey};
 
 use super::requests::St;
 use super::Soak;
@@ -57,14 +56,14 @@ impl Soak {
             }
         }
         for id in self.fleet.keys() {
-            let got = self.router.load().load(WorkerKey::new(id.0, 0)).active_requests;
+            let got = self.router.local_load(WorkerKey::new(id.0, 0)).active_requests;
             let w = want.get(id).copied().unwrap_or(0);
             if got != w {
                 return Err(format!("{id:?} carries {got} requests, the adapter booked {w} there"));
             }
         }
         let in_flight: u32 = want.iter().filter(|(id, _)| self.fleet.contains_key(id)).map(|(_, n)| n).sum();
-        let total = self.router.load().total().active_requests;
+        let total = self.router.counts().load_total.active_requests;
         if total != in_flight || want.keys().any(|id| !self.fleet.contains_key(id)) {
             return Err(format!("loads sum to {total}, requests in flight {in_flight}: {want:?}"));
         }
@@ -73,16 +72,16 @@ impl Soak {
 
     fn check_slots(&self) -> Result<(), String> {
         let pending = self.reqs.values().filter(|r| r.st == St::Pending).count();
-        let q = self.router.queue().len();
+        let q = self.router.counts().queue_depth;
         if q > pending || q > self.knobs.queued_max {
             return Err(format!("queue holds {q}, the adapter has {pending} pending (max {})", self.knobs.queued_max));
         }
         let streams = self.reqs.values().filter(|r| r.session && r.is_stream()).count();
-        let leases = self.router.affinity().live_leases();
+        let leases = self.router.counts().affinity_live_leases;
         if leases > streams {
             return Err(format!("{leases} live leases, only {streams} session streams"));
         }
-        let sessions = self.router.affinity().len();
+        let sessions = self.router.counts().affinity_sessions;
         if sessions > self.knobs.sessions_max {
             return Err(format!("{sessions} sessions held, sessions_max {}", self.knobs.sessions_max));
         }
@@ -90,11 +89,11 @@ impl Soak {
     }
 
     fn check_index(&mut self) -> Result<(), String> {
-        let index = self.router.index();
+        let router = &self.router;
         for id in self.fleet.keys() {
             let key = WorkerKey::new(id.0, 0);
             let want = self.model.keys.get(&key).map_or(0, |s| s.len());
-            let got = index.worker_entries(key) as usize;
+            let got = router.index_entries(key) as usize;
             if got != want {
                 return Err(format!("index holds {got} blocks of {key}, the events applied leave {want}"));
             }
@@ -104,7 +103,7 @@ impl Soak {
             let mut scores = OverlapScores::new();
             for (key, set) in &self.model.keys {
                 for h in set {
-                    index.find_matches(std::slice::from_ref(h), false, &mut scores);
+                    router.find_matches(std::slice::from_ref(h), false, &mut scores);
                     if scores.get(*key).raw() != 1 {
                         return Err(format!("index lost block {h:?} of {key}"));
                     }
@@ -159,11 +158,11 @@ impl Soak {
         let left = [
             ("requests", self.router.requests_in_flight()),
             ("adapter requests", self.reqs.len()),
-            ("load", self.router.load().total().active_requests as usize),
-            ("bookings", self.router.load().len()),
-            ("leases", self.router.affinity().live_leases()),
-            ("queued", self.router.queue().len()),
-            ("sessions", self.router.affinity().len()),
+            ("load", self.router.counts().load_total.active_requests as usize),
+            ("bookings", self.router.counts().bookings),
+            ("leases", self.router.counts().affinity_live_leases),
+            ("queued", self.router.counts().queue_depth),
+            ("sessions", self.router.counts().affinity_sessions),
         ];
         if let Some((what, n)) = left.iter().find(|(_, n)| *n != 0) {
             return Err(format!("after the settle {n} {what} remain: {left:?}"));

@@ -9,9 +9,7 @@ use bytes::Bytes;
 use kvroute_events::ingest::Command;
 use kvroute_events::sequence::ReplayId;
 use kvroute_events::{EventSink, IngestCore, RouterEvent};
-use router_core::hash::SeqHash;
-use router_core::router::Router;
-use router_core::{Instant, WorkerId, WorkerKey};
+use router_core::{Instant, Router, SeqHash, WorkerId, WorkerKey};
 
 /// What the index must hold: per worker key, the blocks of every event the router
 /// accepted, minus removals and clears.

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use kvroute_events::encode::{encode_batch, WireEvent, WireForm, WireHash};
 use kvroute_sim::prompt::OUTPUT_TOKEN_ID_BASE;
 use kvroute_sim::{Engine, EngineConfig, EngineOutput, EngineRequest, KvEvent, Prompt};
-use router_core::hash::{hash_tokens, BlockHash, BlockSize, HashSeed, SeqHash};
+use router_core::{hash_tokens, BlockHash, BlockSize, HashSeed, SeqHash};
 
 /// A published batch: its sequence number and its three frames.
 #[derive(Clone, Debug)]

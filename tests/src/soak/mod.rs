@@ -34,13 +34,10 @@ use kvroute_events::sequence::SequencerConfig;
 use kvroute_events::{IngestConfig, IngestCore, StreamConfig};
 use kvroute_sim::rng::SplitMix64;
 use kvroute_sim::EngineConfig;
-use router_core::admission::QueueConfig;
-use router_core::affinity::{AffinityConfig, AffinityMode};
-use router_core::hash::BlockSize;
-use router_core::load::LoadConfig;
-use router_core::router::{Router, RouterConfig, WorkerUpdate};
-use router_core::worker::{Health, WorkerRole, WorkerSpec};
-use router_core::{Instant, WorkerId, WorkerKey};
+use router_core::{
+    AffinityConfig, AffinityMode, BlockSize, Health, Instant, LoadConfig, QueueConfig, Router, RouterConfig, WorkerId,
+    WorkerKey, WorkerRole, WorkerSpec, WorkerUpdate,
+};
 
 use events::{IndexModel, PendingReplay, ReplayMode};
 use fleet::SimWorker;

@@ -2,9 +2,9 @@
 //! engine, cancellation, and the harness's view of where each request stands. Every
 //! router answer is checked against that view, so a request ends exactly once.
 
-use router_core::hash::{hash_tokens, BlockSize, HashSeed};
-use router_core::router::{Decision, DispatchFailure, Output, Request};
-use router_core::{Draw, Phase, RequestId, WorkerId};
+use router_core::{
+    hash_tokens, BlockSize, Decision, DispatchFailure, Draw, HashSeed, Output, Phase, Request, RequestId, WorkerId,
+};
 
 use super::{Soak, BLOCK_TOKENS};
 
@@ -114,7 +114,7 @@ impl Soak {
     /// A routed request goes to a worker of the fleet that takes new work.
     fn check_target(&self, id: u64, w: WorkerId) -> Result<(), String> {
         match self.fleet.get(&w) {
-            Some(m) if m.health == router_core::worker::Health::Healthy => Ok(()),
+            Some(m) if m.health == router_core::Health::Healthy => Ok(()),
             Some(m) => Err(format!("request {id} routed to {w:?}, which is {:?}", m.health)),
             None => Err(format!("request {id} routed to {w:?}, which is not in the fleet")),
         }

@@ -7,8 +7,7 @@ use std::mem;
 
 use kvroute_events::encode::{encode_batch, WireEvent, WireForm};
 use kvroute_sim::EngineOutput;
-use router_core::router::WorkerUpdate;
-use router_core::{WorkerId, WorkerKey};
+use router_core::{WorkerId, WorkerKey, WorkerUpdate};
 
 use super::events::{self, ReplayMode, Sink};
 use super::fleet::{Message, SimWorker};

@@ -40,7 +40,7 @@ async fn dropping_a_booking_releases_it_in_every_state() {
         }
         drop(b);
         check_released(&d);
-        let bound = d.with_router(|r| r.affinity().peek(b"s", Phase::Aggregated).is_some());
+        let bound = d.with_router(|r| r.session_binding(b"s", Phase::Aggregated).is_some());
         assert_eq!(bound, confirm, "a cancelled client keeps a committed binding, and only that");
     }
 }
@@ -53,7 +53,7 @@ async fn worker_failure_drops_the_session_binding() {
     let first = b.target();
     b.fail(DispatchFailure::Worker).unwrap();
     check_released(&d);
-    assert!(d.with_router(|r| r.affinity().peek(b"s", Phase::Aggregated).is_none()));
+    assert!(d.with_router(|r| r.session_binding(b"s", Phase::Aggregated).is_none()));
     let again = d.route(req(&d, 1, Some("s")), d.draw()).await.unwrap();
     assert_ne!(again.target(), first, "round-robin moves on once the binding is gone");
 }

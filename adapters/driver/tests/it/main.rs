@@ -5,10 +5,7 @@ mod replicas;
 mod timers;
 
 use kvroute_driver::{Driver, DriverConfig, Request, RouterConfig};
-use router_core::hash::SeqHash;
-use router_core::select::RouterMode;
-use router_core::worker::{WorkerRole, WorkerSpec};
-use router_core::WorkerId;
+use router_core::{RouterMode, SeqHash, WorkerId, WorkerRole, WorkerSpec};
 
 /// A driver over `workers` aggregated workers; `tweak` adjusts the router config first.
 pub fn driver(workers: u64, tweak: impl FnOnce(&mut RouterConfig)) -> Driver {

@@ -23,7 +23,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
-use kvroute_proxy::config::WorkerConfig;
+use kvroute_frontend::config::WorkerConfig;
 
 pub use pods::{Change, Member, PodSet, PoolSpec};
 
@@ -159,7 +159,7 @@ async fn apply(workers: &Workers, template: &WorkerTemplate, port: u16, changes:
                     let (id, url) = (w.id, w.url.to_string());
                     match workers.upsert(w).await {
                         Ok(_) => tracing::info!(pod = %m.name, worker = id, %url, "worker ready"),
-                        Err(e) => tracing::warn!(pod = %m.name, error = %e.0, "cannot add the worker"),
+                        Err(e) => tracing::warn!(pod = %m.name, error = %e, "cannot add the worker"),
                     }
                 }
                 Err(e) => tracing::warn!(pod = %m.name, error = %e, "cannot add the worker"),
@@ -167,6 +167,11 @@ async fn apply(workers: &Workers, template: &WorkerTemplate, port: u16, changes:
             Change::Remove(uid) => {
                 if workers.remove(worker_id(&uid)).await {
                     tracing::info!(worker = worker_id(&uid), "worker gone");
+                }
+            }
+            Change::Drain(uid) => {
+                if workers.drain(worker_id(&uid)) {
+                    tracing::info!(worker = worker_id(&uid), "worker draining: its pod is terminating");
                 }
             }
         }

@@ -1,6 +1,8 @@
 //! Which pods are workers: the pure part of the Kubernetes watch. An `InferencePool`'s
 //! spec becomes a [`PoolSpec`]; watch events of the pods it selects become additions
-//! and removals of workers, following readiness, addresses and deletion.
+//! and removals of workers, following readiness, addresses and deletion. A ready pod
+//! that starts terminating (it gains a deletion timestamp) is drained first, as
+//! `POST /workers/{id}/drain` does in the proxy, and removed when it is gone.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -103,6 +105,8 @@ pub enum Change {
     Upsert(Member),
     /// Remove the pod with this uid.
     Remove(String),
+    /// The pod with this uid is terminating: no new requests or sessions.
+    Drain(String),
 }
 
 /// The ready pods, kept from watch events. A relist (`Init` .. `InitDone`) is buffered
@@ -110,6 +114,8 @@ pub enum Change {
 #[derive(Debug, Default)]
 pub struct PodSet {
     members: BTreeMap<String, Member>,
+    /// Members that are terminating, drained and not yet gone.
+    draining: std::collections::BTreeSet<String>,
     relist: Option<BTreeMap<String, Member>>,
 }
 
@@ -130,12 +136,15 @@ impl PodSet {
             }
             Event::InitDone => {
                 let next = self.relist.take().unwrap_or_default();
+                // A terminating pod is not listed as a member: the relist removes it.
+                self.draining.retain(|u| next.contains_key(u));
                 let mut out: Vec<Change> =
                     self.members.keys().filter(|u| !next.contains_key(*u)).map(|u| Change::Remove(u.clone())).collect();
                 out.extend(next.values().filter(|m| self.members.get(&m.uid) != Some(m)).cloned().map(Change::Upsert));
                 self.members = next;
                 out
             }
+            Event::Apply(p) if p.metadata.deletion_timestamp.is_some() => self.drain(&p),
             Event::Apply(p) => match Member::of(&p) {
                 Some(m) if self.members.get(&m.uid) == Some(&m) => Vec::new(),
                 Some(m) => {
@@ -159,8 +168,18 @@ impl PodSet {
         std::mem::take(&mut self.members).into_keys().map(Change::Remove).collect()
     }
 
+    /// A member started terminating: drain it once; it stays a member until deleted.
+    fn drain(&mut self, p: &Pod) -> Vec<Change> {
+        let uid = p.metadata.uid.as_deref().unwrap_or_default();
+        if self.members.contains_key(uid) && self.draining.insert(uid.to_string()) {
+            return vec![Change::Drain(uid.to_string())];
+        }
+        Vec::new()
+    }
+
     fn forget(&mut self, p: &Pod) -> Vec<Change> {
         let uid = p.metadata.uid.as_deref().unwrap_or_default();
+        self.draining.remove(uid);
         match self.members.remove(uid) {
             Some(_) => vec![Change::Remove(uid.to_string())],
             None => Vec::new(),
@@ -204,10 +223,25 @@ mod tests {
         check(&mut s, Event::InitDone, &["a"]);
         check(&mut s, Event::Apply(pod("b", Some("10.0.0.2"), "True", false)), &["a", "b"]);
         check(&mut s, Event::Apply(pod("c", None, "True", false)), &["a", "b"]);
-        check(&mut s, Event::Apply(pod("a", Some("10.0.0.1"), "True", true)), &["b"]);
+        check(&mut s, Event::Apply(pod("a", Some("10.0.0.1"), "True", true)), &["a", "b"]);
+        check(&mut s, Event::Delete(pod("a", Some("10.0.0.1"), "True", true)), &["b"]);
         check(&mut s, Event::Apply(pod("b", Some("10.0.0.2"), "False", false)), &[]);
         check(&mut s, Event::Apply(pod("b", Some("10.0.0.2"), "True", false)), &["b"]);
         check(&mut s, Event::Delete(pod("b", Some("10.0.0.2"), "True", false)), &[]);
+    }
+
+    #[test]
+    fn a_terminating_pod_is_drained_once_then_removed_when_deleted() {
+        let mut s = PodSet::default();
+        let ready = |deleting| pod("a", Some("10.0.0.1"), "True", deleting);
+        let a = Member::of(&ready(false)).unwrap();
+        assert_eq!(s.handle(Event::Apply(ready(false))), vec![Change::Upsert(a)]);
+        assert_eq!(s.handle(Event::Apply(ready(true))), vec![Change::Drain("a".into())]);
+        assert_eq!(s.handle(Event::Apply(ready(true))), vec![], "drained once");
+        let not_ready = pod("a", Some("10.0.0.1"), "False", true);
+        assert_eq!(s.handle(Event::Apply(not_ready.clone())), vec![], "still draining");
+        assert_eq!(s.handle(Event::Delete(not_ready)), vec![Change::Remove("a".into())]);
+        assert_eq!(s.handle(Event::Apply(pod("z", Some("10.0.0.9"), "True", true))), vec![], "never a member");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use kvroute_epp::k8s::{self, PoolRef, WorkerTemplate};
+use router_core::Health;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -109,9 +110,21 @@ fn answer(paths: &Paths, req: http::Request<Incoming>) -> http::Response<Body> {
     http::Response::new(Full::new(Bytes::from(list.to_string())).boxed())
 }
 
-/// The picker's workers as `ip:port`.
+/// The picker's workers that take new requests, as `ip:port` (a terminating pod's
+/// worker is draining until its pod is gone).
 fn endpoints(epp: &EppHandle) -> BTreeSet<String> {
-    epp.workers().list().iter().map(|w| w.url.authority().to_string()).collect()
+    let healthy: BTreeSet<u64> = epp.driver(MODEL).map_or_else(BTreeSet::new, |d| {
+        d.snapshot().workers.iter().filter(|w| w.health == Health::Healthy).map(|w| w.spec.id.0).collect()
+    });
+    epp.workers().list().iter().filter(|w| healthy.contains(&w.id)).map(|w| w.url.authority().to_string()).collect()
+}
+
+/// The picker's draining workers, as `ip:port`.
+fn draining(epp: &EppHandle) -> BTreeSet<String> {
+    let draining: BTreeSet<u64> = epp.driver(MODEL).map_or_else(BTreeSet::new, |d| {
+        d.snapshot().workers.iter().filter(|w| w.health == Health::Draining).map(|w| w.spec.id.0).collect()
+    });
+    epp.workers().list().iter().filter(|w| draining.contains(&w.id)).map(|w| w.url.authority().to_string()).collect()
 }
 
 async fn readiness(epp: &EppHandle) -> i32 {
@@ -159,7 +172,7 @@ async fn workers_follow_the_pools_ready_pods() {
     let steps: [&[&str]; 6] = [
         // c turns ready
         &["10.244.1.11:8000", "10.244.1.12:8000", "10.244.2.13:8000"],
-        // a is being deleted
+        // a is being deleted: drained, no new requests
         &["10.244.1.12:8000", "10.244.2.13:8000"],
         // b is deleted
         &["10.244.2.13:8000"],
@@ -176,7 +189,8 @@ async fn workers_follow_the_pools_ready_pods() {
         eventually(10_000, &format!("after {}", &line[..60]), || endpoints(&epp) == want).await;
     }
     let driver = epp.driver(MODEL).unwrap();
-    assert_eq!(driver.snapshot().workers.len(), 1, "the router agrees with the registry");
+    assert_eq!(draining(&epp), set(&["10.244.1.11:8000"]), "a terminating pod drains until it is gone");
+    assert_eq!(driver.snapshot().workers.len(), 2, "the router agrees with the registry");
 
     // The pool moves to port 8001: its pods are listed again at the new port.
     let mut pool_events =

@@ -2,17 +2,19 @@
 //! protos plays the gateway against real `kvroute sim-worker` servers, and a recorded
 //! Kubernetes API plays the cluster.
 
+mod config;
 mod extproc;
 mod gateway;
 mod k8s;
+mod replica;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvroute_epp::{EppConfig, EppHandle};
-use kvroute_proxy::{ProxyConfig, Tokenizers};
+use kvroute_frontend::{ProxyConfig, Tokenizers};
 use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
-use router_core::select::RouterMode;
+use router_core::RouterMode;
 use serde_json::json;
 
 pub use gateway::{Gateway, Picked, Stream};

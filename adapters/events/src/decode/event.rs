@@ -4,7 +4,7 @@
 //! [`Fields`] accumulator, then checked against the event type. An event that fails
 //! is rewound, skipped as a whole, and its arena entries rolled back.
 
-use router_core::types::Tier;
+use router_core::Tier;
 
 use super::{Batch, DecodeConfig, DecodeError, EngineHash, Event};
 use crate::msgpack::Reader;

@@ -20,7 +20,7 @@ pub use extra::{ExtraKey, ExtraKeys};
 
 use core::fmt;
 use core::ops::Range;
-use router_core::types::Tier;
+use router_core::Tier;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use crate::msgpack::{MsgpackError, Reader};

@@ -1,6 +1,6 @@
 //! Carrying out a stream's sequencer outputs: decode, translate, hand to the sink.
 
-use router_core::types::{DpRank, WorkerKey};
+use router_core::{DpRank, WorkerKey};
 
 use super::{stream_keys, Command, IngestCore, IngestError, Notice, Stream};
 use crate::decode::{decode_batch, Batch, DecodeConfig};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_core::types::WorkerKey;
+use router_core::WorkerKey;
 use tokio::sync::mpsc;
 
 use super::{is_replay_end, EndpointConfig, Input, InputKind};

@@ -1,5 +1,5 @@
 use super::*;
-use router_core::hash::seq_hashes;
+use router_core::seq_hashes;
 
 fn h(v: i128) -> EngineHash {
     EngineHash::from_int(v).unwrap()
@@ -169,7 +169,7 @@ fn local_hash_matches_the_core() {
     for seed in [HashSeed::DEFAULT, HashSeed::salted(Some("x"), Some("y"))] {
         for n in [0, 1, 4, 64, 1024] {
             let tokens: Vec<u32> = (0..n).map(|i: u32| i.wrapping_mul(2_654_435_761)).collect();
-            let want = router_core::hash::local_hash(&tokens, &[], seed);
+            let want = router_core::local_hash(&tokens, &[], seed);
             assert_eq!(local_hash_into(&mut buf, &tokens, seed), want, "{n} tokens");
         }
     }

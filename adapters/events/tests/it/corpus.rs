@@ -8,9 +8,7 @@ use bytes::Bytes;
 use kvroute_events::decode::{decode_batch, Batch, DecodeConfig};
 use kvroute_events::ingest::IngestError;
 use kvroute_events::{IngestConfig, IngestCore, StreamConfig};
-use router_core::hash::BlockSize;
-use router_core::time::Instant;
-use router_core::types::WorkerKey;
+use router_core::{BlockSize, Instant, WorkerKey};
 
 use crate::support::{crate_dir, ModelSink};
 

@@ -7,7 +7,7 @@ use std::fs;
 use kvroute_events::decode::{
     decode_batch, Batch, BatchStats, DecodeConfig, DecodeError, EngineHash, EventRef, ExtraKey, ExtraKeys,
 };
-use router_core::types::Tier;
+use router_core::Tier;
 
 use crate::support::{crate_dir, python};
 

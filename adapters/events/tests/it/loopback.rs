@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use kvroute_events::ingest::StreamStatus;
 use kvroute_events::{spawn, EndpointConfig, IngestHandle, RunnerConfig, StreamConfig, ZmqConnector};
-use router_core::hash::BlockSize;
-use router_core::types::WorkerKey;
+use router_core::{BlockSize, WorkerKey};
 use serde_json::json;
 
 use crate::support::{Engine, ModelSink, Publisher};

@@ -15,9 +15,7 @@ use kvroute_events::ingest::Command;
 use kvroute_events::sequence::ReplayId;
 use kvroute_events::{IngestConfig, IngestCore, StreamConfig};
 use proptest::prelude::*;
-use router_core::hash::BlockSize;
-use router_core::time::Instant;
-use router_core::types::WorkerKey;
+use router_core::{BlockSize, Instant, WorkerKey};
 
 use crate::support::{encode_sim, Blocks, Engine, ModelSink};
 

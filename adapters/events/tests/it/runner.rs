@@ -9,8 +9,7 @@ use bytes::Bytes;
 use kvroute_events::encode::WireForm;
 use kvroute_events::transport::{Connector, ReplayReplies, SubEvent, Subscription, TransportError};
 use kvroute_events::{spawn, EndpointConfig, IngestHandle, RunnerConfig, StreamConfig};
-use router_core::hash::BlockSize;
-use router_core::types::WorkerKey;
+use router_core::{BlockSize, WorkerKey};
 use tokio::sync::mpsc;
 
 use crate::support::{encode_sim, Engine, ModelSink};

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use kvroute_events::encode::{encode_batch, WireEvent, WireForm, WireHash};
 use kvroute_events::{EventSink, RouterEvent};
-use router_core::hash::{seq_hashes, BlockSize, HashSeed, SeqHash};
-use router_core::types::{Tier, WorkerKey};
+use router_core::{seq_hashes, BlockSize, HashSeed, SeqHash, Tier, WorkerKey};
 use serde_json::{json, Value};
 
 /// Blocks per worker as a plain set model: seq hash → tiers holding it.

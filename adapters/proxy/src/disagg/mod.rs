@@ -33,13 +33,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Response, StatusCode};
-use router_core::router::{BypassReason, DisaggPlan};
-use router_core::Phase;
+use kvroute_frontend::ask::routed_json;
+use router_core::{BypassReason, DisaggPlan, Phase};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use crate::admin::routed_json;
 use crate::body::ProxyBody;
 use crate::config::DisaggProtocol;
 use crate::error::{json_response, ApiError};

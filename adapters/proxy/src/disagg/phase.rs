@@ -8,8 +8,7 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
-use router_core::router::{PhaseField, Request};
-use router_core::{Phase, WorkerId};
+use router_core::{Phase, PhaseField, Request, WorkerId};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
@@ -86,7 +85,7 @@ impl Retry {
             return false;
         }
         self.retries += 1;
-        state.metrics.retry(model);
+        state.metrics.retry(model, "connect");
         true
     }
 

@@ -135,7 +135,7 @@ async fn workers_can_be_added_replaced_and_removed() {
 async fn preview_explains_without_booking() {
     let fakes = [Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await];
     let mut cfg = config(&[(1, fakes[0].addr), (2, fakes[1].addr)]);
-    cfg.router.mode = router_core::select::RouterMode::Kv;
+    cfg.router.mode = router_core::RouterMode::Kv;
     let p = start(cfg).await;
     let addr = p.local_addr();
     let body = chat(&"a shared system prompt, long enough for several blocks. ".repeat(10));

@@ -32,6 +32,8 @@ pub enum Behavior {
     Stream { chunks: Vec<Bytes>, gap_ms: u64 },
     /// 200 SSE: each chunk waits for a permit of the gate.
     Gated { chunks: Vec<Bytes>, gate: Arc<Semaphore> },
+    /// 200 SSE: the first chunk at once, each later one after a permit of the gate.
+    GatedAfterFirst { chunks: Vec<Bytes>, gate: Arc<Semaphore> },
     /// 200 SSE: these chunks, then the connection dies.
     DieAfter { chunks: Vec<Bytes> },
     /// Wait this long before answering the headers.
@@ -258,6 +260,17 @@ impl Fake {
                 for c in chunks {
                     let Ok(p) = gate.acquire().await else { return };
                     p.forget();
+                    if tx.send(Ok(c)).await.is_err() {
+                        return;
+                    }
+                }
+            }),
+            Behavior::GatedAfterFirst { chunks, gate } => sse(move |tx| async move {
+                for (i, c) in chunks.into_iter().enumerate() {
+                    if i > 0 {
+                        let Ok(p) = gate.acquire().await else { return };
+                        p.forget();
+                    }
                     if tx.send(Ok(c)).await.is_err() {
                         return;
                     }

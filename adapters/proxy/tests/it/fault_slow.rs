@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_core::affinity::AffinityMode;
+use router_core::AffinityMode;
 use tokio::time::Instant;
 
 use crate::fault_common::{health_of, metric};

@@ -81,7 +81,7 @@ async fn f2_a_worker_dying_mid_stream_ends_its_streams_with_an_error_event_and_f
     let gates = [Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0))];
     let chunks = sse_chunks(4);
     for (f, g) in fakes.iter().zip(&gates) {
-        f.set(Behavior::Gated { chunks: chunks.clone(), gate: g.clone() });
+        f.set(Behavior::GatedAfterFirst { chunks: chunks.clone(), gate: g.clone() });
     }
     let mut cfg = config(&[(1, fakes[0].addr), (2, fakes[1].addr)]);
     cfg.ejection.consecutive_failures = 100; // count failures, never eject
@@ -98,10 +98,8 @@ async fn f2_a_worker_dying_mid_stream_ends_its_streams_with_an_error_event_and_f
         streams.push((worker, resp.into_body()));
     }
     assert_eq!(streams.iter().filter(|(w, _)| *w == 1).count(), n, "round-robin splits the streams");
-    // Every stream gets its first chunk, so each is mid-stream when the worker dies.
-    for g in &gates {
-        g.add_permits(n);
-    }
+    // Every stream gets its first chunk (the proxy answers a stream with its first
+    // chunk), so each is mid-stream when the worker dies.
     for (_, body) in &mut streams {
         within(10_000, body.frame()).await.unwrap().unwrap();
     }

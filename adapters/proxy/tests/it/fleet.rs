@@ -154,7 +154,7 @@ async fn indexed(addr: SocketAddr, worker: &SimServerHandle, id: u64, prompt: &[
 
 /// Index entries the router holds for `worker` (rank 0), registered or not.
 fn entries(driver: &kvroute_driver::Driver, worker: u64) -> u32 {
-    driver.with_router(|r| r.index().worker_entries(router_core::WorkerKey::new(worker, 0)))
+    driver.with_router(|r| r.index_entries(router_core::WorkerKey::new(worker, 0)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::Method;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -92,7 +91,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
     cfg.router.queued_max = 0;
     let p = start(cfg).await;
     let addr = p.local_addr();
-    let holder = send(addr, Method::POST, "/v1/chat/completions", &[], Some(&chat(&"long ".repeat(40)))).await;
+    let holder = hold(addr, &chat(&"long ".repeat(40))).await;
     let a = post(addr, "/v1/chat/completions", &[], &chat("more")).await;
     check(&a, 429, "queue_full");
     assert!(a.headers["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
@@ -104,7 +103,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
     let m = get(addr, "/metrics").await.text();
     assert_eq!(sample(&m, "kvroute_queue_rejections_total", &["limit=\"queue_full\""]), Some(1.0));
     gate.add_permits(5);
-    within(10_000, holder.into_body().collect()).await.unwrap();
+    within(10_000, holder.await.unwrap().into_body().collect()).await.unwrap();
     eventually(10_000, "released", || released(addr)).await;
 }
 
@@ -118,10 +117,10 @@ async fn a_queued_request_times_out_with_503() {
     cfg.router.queue_timeout_ms = 200;
     let p = start(cfg).await;
     let addr = p.local_addr();
-    let holder = send(addr, Method::POST, "/v1/chat/completions", &[], Some(&chat(&"long ".repeat(40)))).await;
+    let holder = hold(addr, &chat(&"long ".repeat(40))).await;
     check(&post(addr, "/v1/chat/completions", &[], &chat("more")).await, 503, "queue_timeout");
     gate.add_permits(5);
-    within(10_000, holder.into_body().collect()).await.unwrap();
+    within(10_000, holder.await.unwrap().into_body().collect()).await.unwrap();
     eventually(10_000, "released", || released(addr)).await;
 }
 
@@ -134,10 +133,10 @@ async fn concurrent_requests_max_sheds_load() {
     cfg.limits.concurrent_requests_max = 1;
     let p = start(cfg).await;
     let addr = p.local_addr();
-    let holder = send(addr, Method::POST, "/v1/chat/completions", &[], Some(&chat("a"))).await;
+    let holder = hold(addr, &chat("a")).await;
     check(&post(addr, "/v1/chat/completions", &[], &chat("b")).await, 503, "overloaded");
     gate.add_permits(5);
-    within(10_000, holder.into_body().collect()).await.unwrap();
+    within(10_000, holder.await.unwrap().into_body().collect()).await.unwrap();
     let a = post(addr, "/v1/chat/completions", &[], &chat("c")).await;
     assert_eq!(a.status, 200, "the permit returns with the finished stream");
 }

@@ -2,6 +2,7 @@
 
 mod admin;
 mod disagg;
+mod failover;
 mod failures;
 mod fake;
 mod fault_common;
@@ -13,11 +14,16 @@ mod fault_shutdown;
 mod fault_slow;
 mod fault_workers;
 mod fleet;
+mod leaks;
+mod learn;
 mod limits;
+mod metrics;
+mod migration;
 mod openai_client;
 mod release;
 mod sessions;
 mod shutdown;
+mod sims;
 mod streaming;
 mod trust;
 
@@ -33,7 +39,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvroute_proxy::config::{ModelConfig, WorkerConfig};
 use kvroute_proxy::{serve, ProxyConfig, ServeHandle, Tokenizers};
-use router_core::select::RouterMode;
+use router_core::RouterMode;
 use serde_json::{json, Value};
 
 pub use fake::{sse_chunks, Behavior, Fake};
@@ -102,6 +108,20 @@ pub async fn send(
     }
     let req = b.body(Full::new(body)).unwrap();
     within(10_000, client().request(req)).await.expect("the proxy answers")
+}
+
+/// Sends a streamed chat that the worker holds before its first chunk, and returns once
+/// the router tracks it. The proxy answers a stream with its first chunk, so the
+/// response (with its body unread) comes from the task once the worker sends one.
+pub async fn hold(addr: SocketAddr, body: &Value) -> tokio::task::JoinHandle<http::Response<Incoming>> {
+    let body = body.clone();
+    let before = pool(addr).await["requests_in_flight"].as_u64().unwrap_or(0);
+    let task = tokio::spawn(async move { send(addr, Method::POST, "/v1/chat/completions", &[], Some(&body)).await });
+    eventually(10_000, "the held request is in flight", || async {
+        pool(addr).await["requests_in_flight"].as_u64().unwrap_or(0) > before
+    })
+    .await;
+    task
 }
 
 /// A complete answer: status, headers, body.

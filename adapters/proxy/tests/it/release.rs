@@ -38,7 +38,7 @@ async fn a_cancelled_queued_request_frees_its_slot() {
     let p = start(cfg).await;
     let addr = p.local_addr();
     let long = chat(&"a long prompt ".repeat(20));
-    let holder = send(addr, Method::POST, "/v1/chat/completions", &[], Some(&long)).await;
+    let holder = hold(addr, &long).await;
     let queued = tokio::spawn(async move { post(addr, "/v1/chat/completions", &[], &chat("queued")).await });
     eventually(10_000, "the second request is queued", || async { pool(addr).await["queue_depth"] == 1 }).await;
     queued.abort();
@@ -49,7 +49,7 @@ async fn a_cancelled_queued_request_frees_its_slot() {
     })
     .await;
     gate.add_permits(10);
-    within(10_000, holder.into_body().collect()).await.unwrap();
+    within(10_000, holder.await.unwrap().into_body().collect()).await.unwrap();
     eventually(10_000, "everything released", || released(addr)).await;
     assert_eq!(w.seen().len(), 1, "the cancelled request never reached the worker");
 }

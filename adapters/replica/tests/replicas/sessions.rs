@@ -10,7 +10,7 @@ fn bindings(rs: &[ServeHandle], session: &str) -> Vec<Option<u64>> {
     rs.iter()
         .map(|r| {
             let d = r.driver(MODEL).expect("driver");
-            d.with_router(|router| router.affinity().peek(session.as_bytes(), Phase::Aggregated).map(|b| b.worker.0))
+            d.with_router(|router| router.session_binding(session.as_bytes(), Phase::Aggregated).map(|b| b.worker.0))
         })
         .collect()
 }

@@ -9,7 +9,7 @@ use kvroute_sim::prompt::OUTPUT_TOKEN_ID_BASE;
 use kvroute_sim_server::wire::END_SEQ;
 use kvroute_sim_server::SimServerHandle;
 use rmpv::Value;
-use router_core::hash::{chain, local_hash, seq_hashes, BlockSize, HashSeed, LocalHash, SeqHash};
+use router_core::{chain, local_hash, seq_hashes, BlockSize, HashSeed, LocalHash, SeqHash};
 use serde_json::json;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use router_core::hash::SeqHash;
+use router_core::SeqHash;
 
 use super::{Engine, KvEvent};
 

@@ -21,7 +21,7 @@ mod timing;
 use std::collections::VecDeque;
 use std::fmt;
 
-use router_core::hash::{BlockHash, BlockSize, SeqHash};
+use router_core::{BlockHash, BlockSize, SeqHash};
 use serde::{Deserialize, Serialize};
 
 pub use check::{EventLedger, InvariantViolation};

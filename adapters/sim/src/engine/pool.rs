@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use router_core::hash::SeqHash;
+use router_core::SeqHash;
 
 /// "No slot" in the intrusive list.
 pub(crate) const NIL: u32 = u32::MAX;

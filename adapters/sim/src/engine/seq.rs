@@ -6,7 +6,7 @@
 //! (and are announced) at the moment a pass schedules the tokens that fill them, so a
 //! later request in the same pass can already hit them, as in vLLM v1.
 
-use router_core::hash::{chain, local_hash, BlockHash, SeqHash};
+use router_core::{chain, local_hash, BlockHash, SeqHash};
 
 use super::pool::{Pool, NIL};
 use super::{EngineOutput, KvEvent};
@@ -65,7 +65,7 @@ impl Req {
         if pb + self.gen_hashes.len() >= upto {
             return;
         }
-        let mut buf = [0u32; router_core::hash::BLOCK_SIZE_MAX_TOKENS as usize];
+        let mut buf = [0u32; router_core::BLOCK_SIZE_MAX_TOKENS as usize];
         while pb + self.gen_hashes.len() < upto {
             let i = pb + self.gen_hashes.len();
             let start = i as u64 * u64::from(bs);

@@ -4,7 +4,7 @@
 use kvroute_sim::engine::{decode_ms, prefill_ms, Engine};
 use kvroute_sim::engine::{EngineConfig, EngineOutput, EngineRequest, EngineRole, KvEvent, RejectReason};
 use kvroute_sim::prompt::{Prompt, OUTPUT_TOKEN_ID_BASE};
-use router_core::hash::{chain, local_hash, BlockSize, HashSeed, SeqHash};
+use router_core::{chain, local_hash, BlockSize, HashSeed, SeqHash};
 
 use crate::common::Drive;
 

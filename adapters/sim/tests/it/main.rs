@@ -6,3 +6,4 @@ mod replay_loop;
 mod scenarios;
 mod seeded;
 mod ttft_bound;
+mod worker_speeds;

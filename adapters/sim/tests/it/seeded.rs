@@ -6,7 +6,7 @@
 use kvroute_sim::engine::{EngineConfig, EngineOutput, EngineRequest, EngineRole};
 use kvroute_sim::prompt::Prompt;
 use kvroute_sim::rng::SplitMix64;
-use router_core::hash::{BlockSize, HashSeed};
+use router_core::{BlockSize, HashSeed};
 
 use crate::common::Drive;
 

@@ -112,7 +112,7 @@ fn selection_sees_other_replicas_load() {
     for r in &rs {
         let total: u32 = (0..2).map(|w| r.combined_load(WorkerKey::new(w, 0)).active_requests).sum();
         assert_eq!(total, 4, "every replica sees all four requests");
-        assert_eq!(r.load().len(), 2, "and books only its own");
+        assert_eq!(r.load.local().len(), 2, "and books only its own");
     }
 }
 
@@ -136,7 +136,7 @@ fn check_end(end: End) {
         other => panic!("{other:?}"),
     };
     settle(&mut rs, at(0));
-    assert_eq!(rs[1].remote_load().load(d.target).active_requests, 1, "{end:?}: the booking is announced");
+    assert_eq!(rs[1].load.remote().load(d.target).active_requests, 1, "{end:?}: the booking is announced");
     match end {
         End::Finished => rs[0].handle_finished(at(1), d.id, d.phase).unwrap(),
         End::Cancelled => rs[0].handle_cancel(at(1), d.id, d.phase).unwrap(),
@@ -150,7 +150,7 @@ fn check_end(end: End) {
     invariants(&rs[0]);
     let sent = pump(&mut rs, 0, at(1));
     assert_eq!(sent, [ReplicaUpdate::Finished { id: d.id, phase: d.phase }], "{end:?}");
-    assert_eq!(rs[1].remote_load().len(), 0, "{end:?}: the other replica forgets it");
+    assert_eq!(rs[1].load.remote().len(), 0, "{end:?}: the other replica forgets it");
 }
 
 #[test]
@@ -168,14 +168,14 @@ fn prefill_done_is_announced_once() {
     route(&mut rs[0], at(0), q);
     settle(&mut rs, at(0));
     let key = WorkerKey::new(0, 0);
-    assert_eq!(rs[1].remote_load().load(key).active_prefill_tokens, 500);
+    assert_eq!(rs[1].load.remote().load(key).active_prefill_tokens, 500);
     rs[0].handle_decode_progress(at(1), RequestId(3), Phase::Aggregated, 4).unwrap();
     rs[0].handle_prefill_done(at(1), RequestId(3), Phase::Aggregated).unwrap();
     rs[0].handle_decode_progress(at(1), RequestId(3), Phase::Aggregated, 8).unwrap();
     let sent = pump(&mut rs, 0, at(1));
     assert_eq!(sent, [ReplicaUpdate::PrefillDone { id: RequestId(3), phase: Phase::Aggregated }]);
-    assert_eq!(rs[1].remote_load().load(key).active_prefill_tokens, 0);
-    assert_eq!(rs[1].remote_load().load(key).active_requests, 1);
+    assert_eq!(rs[1].load.remote().load(key).active_prefill_tokens, 0);
+    assert_eq!(rs[1].load.remote().load(key).active_requests, 1);
 }
 
 #[test]
@@ -193,8 +193,8 @@ fn a_silent_replica_load_expires_and_frees_queued_requests() {
     rs[1].handle_timeout(at(SILENCE_MS));
     invariants(&rs[1]);
     assert!(matches!(rs[1].poll_output(), Some(Output::Routed(r)) if r.id == RequestId(2)));
-    assert_eq!(rs[1].remote_load().len(), 0);
-    assert_eq!(rs[1].remote_load().stats().silent_replicas, 1);
+    assert_eq!(rs[1].load.remote().len(), 0);
+    assert_eq!(rs[1].load.remote().stats().silent_replicas, 1);
 }
 
 #[test]
@@ -204,9 +204,9 @@ fn a_heartbeat_keeps_a_replica_alive_and_a_goodbye_drops_it() {
     settle(&mut rs, at(0));
     rs[1].handle_replica_heartbeat(at(900), ReplicaId(1)).unwrap();
     rs[1].handle_timeout(at(1500));
-    assert_eq!(rs[1].remote_load().len(), 1, "heard from at 900 ms: alive until 1900 ms");
+    assert_eq!(rs[1].load.remote().len(), 1, "heard from at 900 ms: alive until 1900 ms");
     assert_eq!(rs[1].handle_replica_gone(at(1500), ReplicaId(1)), Ok(1));
-    assert_eq!(rs[1].remote_load().len(), 0);
+    assert_eq!(rs[1].load.remote().len(), 0);
     invariants(&rs[1]);
 }
 
@@ -246,7 +246,7 @@ fn concurrent_first_bindings_converge_on_the_earliest() {
     assert_ne!(first, winner, "the race is real");
     settle(&mut rs, at(30));
     for (i, r) in rs.iter_mut().enumerate() {
-        let b = r.affinity().peek(b"s", Phase::Aggregated).map(|b| b.worker);
+        let b = r.affinity.peek(b"s", Phase::Aggregated).map(|b| b.worker);
         assert_eq!(b, Some(winner), "replica {i} holds the earlier binding");
         assert_eq!(route(r, at(40), req(200 + i as u64, Some(b"s"))), winner, "the loser re-binds");
     }
@@ -258,7 +258,7 @@ fn an_invalidated_binding_is_dropped_everywhere() {
     let q = req(1, Some(b"s"));
     route(&mut rs[0], at(0), q.clone());
     settle(&mut rs, at(0));
-    assert!(rs[1].affinity().peek(b"s", Phase::Aggregated).is_some());
+    assert!(rs[1].affinity.peek(b"s", Phase::Aggregated).is_some());
     // The worker fails a later request of the session on replica 1.
     let again = Request { id: RequestId(2), ..q };
     let d = match rs[0].handle_request(at(1), again, Draw(0)) {
@@ -267,8 +267,8 @@ fn an_invalidated_binding_is_dropped_everywhere() {
     };
     rs[0].handle_dispatch_failed(at(1), d.id, d.phase, DispatchFailure::Worker).unwrap();
     settle(&mut rs, at(1));
-    assert_eq!(rs[1].affinity().peek(b"s", Phase::Aggregated), None);
-    assert_eq!(rs[1].affinity().stats().remote_unbound, 1);
+    assert_eq!(rs[1].affinity.peek(b"s", Phase::Aggregated), None);
+    assert_eq!(rs[1].affinity.stats().remote_unbound, 1);
 }
 
 #[test]
@@ -284,7 +284,7 @@ fn a_peers_in_flight_prompt_draws_its_continuation() {
     let home = route(&mut rs[0], at(0), prompt(1, 60));
     settle(&mut rs, at(0));
     let key = WorkerKey::new(home.0, 0);
-    assert_eq!(rs[1].remote_load().held_prefix(key, &prompt(2, 61).blocks), 60);
+    assert_eq!(rs[1].load.remote().held_prefix(key, &prompt(2, 61).blocks), 60);
     // Its prefill is done, but the worker has not announced the blocks yet when the
     // continuation reaches replica 2: the prefix is in `home`'s cache, so it goes there.
     rs[0].handle_prefill_done(at(1), RequestId(1), Phase::Aggregated).unwrap();
@@ -292,13 +292,13 @@ fn a_peers_in_flight_prompt_draws_its_continuation() {
     assert_eq!(route(&mut rs[1], at(1), prompt(2, 61)), home);
     // Peers' prompt blocks count as decode blocks, but a block held both by a booking
     // here and by a peer's counts once: the 60 shared ones plus the continuation's last.
-    assert_eq!(rs[1].remote_load().load(key).active_decode_blocks, 60);
-    assert_eq!(rs[1].remote_load().shared_blocks(key), 60);
+    assert_eq!(rs[1].load.remote().load(key).active_decode_blocks, 60);
+    assert_eq!(rs[1].load.remote().shared_blocks(key), 60);
     assert_eq!(rs[1].combined_load(key).active_decode_blocks, 61);
     // The peer's request finishing leaves only the local booking's 61 blocks.
     rs[0].handle_finished(at(2), RequestId(1), Phase::Aggregated).unwrap();
     settle(&mut rs, at(2));
-    assert_eq!(rs[1].remote_load().shared_blocks(key), 0);
+    assert_eq!(rs[1].load.remote().shared_blocks(key), 0);
     assert_eq!(rs[1].combined_load(key).active_decode_blocks, 61);
 }
 

@@ -8,6 +8,7 @@ impl Driver {
 
     pub(super) fn check(&mut self) -> Check {
         let r = &self.router;
+        let counts = r.counts();
         r.check_invariants().map_err(|v| format!("check_invariants: {}", v.0))?;
         if r.requests_in_flight() != self.reqs.len() {
             return Err(format!(
@@ -50,17 +51,13 @@ impl Driver {
                 MState::Orphaned => None,
             };
             sessions += usize::from(m.session.is_some());
-            if r.load().booking(id, phase) != want {
-                return Err(format!(
-                    "{id:?} {phase} is {:?} but its booking is {:?}",
-                    m.state,
-                    r.load().booking(id, phase)
-                ));
+            if r.booking(id, phase) != want {
+                return Err(format!("{id:?} {phase} is {:?} but its booking is {:?}", m.state, r.booking(id, phase)));
             }
         }
         let booked: u32 = per_key.values().sum();
         for (&k, &n) in &per_key {
-            let got = r.load().load(k);
+            let got = r.local_load(k);
             let (prefill, blocks, out) = &loads[&k];
             let want = WorkerLoad {
                 active_prefill_tokens: *prefill,
@@ -71,26 +68,26 @@ impl Driver {
                 return Err(format!("{k} carries {got:?}, the model books {want:?}"));
             }
         }
-        if r.load().len() != booked as usize || r.load().total().active_requests != booked {
-            return Err(format!("load tracks {} bookings, the model {booked}", r.load().len()));
+        if counts.bookings != booked as usize || counts.load_total.active_requests != booked {
+            return Err(format!("load tracks {} bookings, the model {booked}", counts.bookings));
         }
-        if booked == 0 && r.load().total() != WorkerLoad::default() {
-            return Err(format!("no bookings but load {:?}", r.load().total()));
+        if booked == 0 && counts.load_total != WorkerLoad::default() {
+            return Err(format!("no bookings but load {:?}", counts.load_total));
         }
-        if r.affinity().len() > self.cfg.affinity.sessions_max {
-            return Err(format!("{} sessions, limit {}", r.affinity().len(), self.cfg.affinity.sessions_max));
+        if counts.affinity_sessions > self.cfg.affinity.sessions_max {
+            return Err(format!("{} sessions, limit {}", counts.affinity_sessions, self.cfg.affinity.sessions_max));
         }
-        if !(seen_queued..=pending).contains(&r.queue().len()) {
+        if !(seen_queued..=pending).contains(&counts.queue_depth) {
             return Err(format!(
                 "queue holds {}, the model {seen_queued} queued of {pending} pending",
-                r.queue().len()
+                counts.queue_depth
             ));
         }
-        let leases = r.affinity().live_leases();
+        let leases = counts.affinity_live_leases;
         if leases > sessions {
             return Err(format!("{leases} live leases but only {sessions} requests with a session in flight"));
         }
-        let stats = r.index().stats();
+        let stats = counts.index;
         if stats.entries != self.index.total_entries() || stats.workers as usize != self.index.keys().count() {
             return Err(format!(
                 "index holds {} entries over {} keys, the model {} over {}",
@@ -105,20 +102,20 @@ impl Driver {
 
     /// Compares the index with the model: per-key sizes, and the answer to `query`, both
     /// exact and with early exit (where one key may stop short).
-    pub(super) fn check_index(&mut self, query: &[router_core::hash::SeqHash]) -> Check {
+    pub(super) fn check_index(&mut self, query: &[router_core::SeqHash]) -> Check {
         for k in self.index.keys() {
-            let (got, want) = (self.router.index().worker_entries(k), self.index.entries(k));
+            let (got, want) = (self.router.index_entries(k), self.index.entries(k));
             if got != want {
                 return Err(format!("index: {k} holds {got} blocks, the model {want}"));
             }
         }
         let want = self.index.find_matches(query);
-        self.router.index().find_matches(query, false, &mut self.scores);
+        self.router.find_matches(query, false, &mut self.scores);
         let got: Vec<_> = self.scores.iter().collect();
         if got != want {
             return Err(format!("index query of {} blocks answered {got:?}, the model {want:?}", query.len()));
         }
-        self.router.index().find_matches(query, true, &mut self.scores);
+        self.router.find_matches(query, true, &mut self.scores);
         let early: Vec<_> = self.scores.iter().collect();
         let short: Vec<_> = want
             .iter()

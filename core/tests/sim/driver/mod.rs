@@ -3,19 +3,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use router_core::admission::QueueOrder;
-use router_core::affinity::AffinityMode;
-use router_core::eligible::ExclusionReason;
-use router_core::hash::SeqHash;
-use router_core::index::{IndexEvent, OverlapScores};
-use router_core::pin::{PinError, RoutingHints};
-use router_core::router::{
-    Decision, DispatchFailure, InputError, Output, PhaseField, Priority, Request, RouteError, Routed, Router,
-    RouterConfig, WorkerUpdate,
+use router_core::{
+    AffinityMode, Decision, DispatchFailure, DpRank, Draw, ExclusionReason, Health, IndexEvent, InputError, Instant,
+    Output, OverlapScores, Phase, PhaseField, PinError, Priority, QueueOrder, Request, RequestId, RouteError, Routed,
+    Router, RouterConfig, RouterMode, RoutingHints, SeqHash, Taint, TaintEffect, Tier, Toleration, WorkerError,
+    WorkerId, WorkerKey, WorkerLoad, WorkerRole, WorkerSpec, WorkerUpdate,
 };
-use router_core::select::RouterMode;
-use router_core::worker::{Health, Taint, TaintEffect, Toleration, WorkerError, WorkerRole, WorkerSpec};
-use router_core::{DpRank, Draw, Instant, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
 
 mod checks;
 mod fleet;
@@ -246,12 +239,13 @@ impl Driver {
 
     fn check_empty(&self) -> Check {
         let r = &self.router;
+        let counts = r.counts();
         let leftovers = [
             ("requests", r.requests_in_flight()),
-            ("queued", r.queue().len()),
-            ("bookings", r.load().len()),
-            ("leases", r.affinity().live_leases()),
-            ("sessions", r.affinity().len()),
+            ("queued", counts.queue_depth),
+            ("bookings", counts.bookings),
+            ("leases", counts.affinity_live_leases),
+            ("sessions", counts.affinity_sessions),
         ];
         for (what, n) in leftovers {
             if n != 0 {
@@ -457,13 +451,14 @@ impl Life {
 
 /// Everything a preview or a refused duplicate must leave untouched.
 fn fingerprint(r: &Router) -> (usize, usize, usize, usize, usize, WorkerLoad, u64) {
+    let counts = r.counts();
     (
         r.requests_in_flight(),
-        r.affinity().len(),
-        r.affinity().live_leases(),
-        r.queue().len(),
-        r.load().len(),
-        r.load().total(),
+        counts.affinity_sessions,
+        counts.affinity_live_leases,
+        counts.queue_depth,
+        counts.bookings,
+        counts.load_total,
         r.stats().dispatched + r.stats().queued + r.stats().rejected,
     )
 }

@@ -27,7 +27,7 @@ impl Driver {
         };
         let fcfs = (-req.priority.strict, i128::from(self.now.as_micros()) - i128::from(req.priority.jump_ms) * 1000);
         let replay = req.clone();
-        let peek = |router: &Router| session.as_ref().and_then(|s| router.affinity().peek(s, phase));
+        let peek = |router: &Router| session.as_ref().and_then(|s| router.session_binding(s, phase));
         let bound_before = peek(&self.router);
         let before = fingerprint(&self.router);
         let res = self.router.handle_request(self.now, req, Draw(r.draw));
@@ -260,7 +260,7 @@ impl Driver {
             (_, s) => (wrong, Some(s)),
         };
         let session = self.reqs[&fk].session.clone();
-        let peek = |r: &Router| session.as_ref().and_then(|s| r.affinity().peek(s, phase));
+        let peek = |r: &Router| session.as_ref().and_then(|s| r.session_binding(s, phase));
         let bound_before = peek(&self.router);
         let got = match life {
             Life::Dispatched => self.router.handle_dispatched(self.now, id, phase),

@@ -6,7 +6,7 @@
 //! UTF-8 bytes of a canonical rendering of the prompt four to a `u32` "token", so prefix
 //! sharing between requests is preserved. `kvroute sim-worker` tokenizes the same way by
 //! default, so its KV events match these ids; a real engine's never do, and the router
-//! then predicts overlap from its own decisions (see `router_core::router::RouterConfig`).
+//! then predicts overlap from its own decisions (see `router_core::RouterConfig`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -6,13 +6,13 @@
 //! write lock.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use kvroute_driver::{Driver, DriverConfig};
-use router_core::hash::BlockSize;
-use router_core::WorkerId;
+use kvroute_driver::{DriveError, Driver, DriverConfig};
+use router_core::{BlockSize, WorkerId};
 
-use crate::config::{router_config, DisaggProtocol, ProxyConfig, WorkerConfig};
+use crate::config::{router_config, ConfigError, DisaggProtocol, ProxyConfig, WorkerConfig};
 
 /// One model's workers and router.
 pub struct Pool {
@@ -42,7 +42,38 @@ pub struct Fleet {
 
 /// Why a worker could not be added.
 #[derive(Clone, Debug, PartialEq)]
-pub struct FleetError(pub String);
+#[non_exhaustive]
+pub enum FleetError {
+    /// The worker names a model that is not configured.
+    UnknownModel {
+        /// The model it names.
+        model: String,
+    },
+    /// The worker does not fit its model's configuration (roles, ranks, bootstrap port).
+    Invalid(ConfigError),
+    /// The model's router refused the worker.
+    Router(DriveError),
+}
+
+impl fmt::Display for FleetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FleetError::UnknownModel { model } => write!(f, "{model:?} is not a configured model"),
+            FleetError::Invalid(e) => write!(f, "{e}"),
+            FleetError::Router(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for FleetError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FleetError::UnknownModel { .. } => None,
+            FleetError::Invalid(e) => Some(e),
+            FleetError::Router(e) => Some(e),
+        }
+    }
+}
 
 impl Fleet {
     /// A seed for `purpose`'s hash tables, derived from the process's seed.
@@ -122,11 +153,11 @@ impl Fleet {
     /// model changed). Returns whether it is new.
     pub fn add_worker(&self, w: WorkerConfig) -> Result<bool, FleetError> {
         let Some(pool) = self.pools.get(&w.model) else {
-            return Err(FleetError(format!("{:?} is not a configured model", w.model)));
+            return Err(FleetError::UnknownModel { model: w.model.clone() });
         };
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
         let old = workers.get(&w.id).cloned();
-        pool.driver.upsert_worker(w.spec()).map_err(|e| FleetError(e.to_string()))?;
+        pool.driver.upsert_worker(w.spec()).map_err(FleetError::Router)?;
         if let Some(old) = old.as_ref().filter(|o| o.model != w.model) {
             if let Some(p) = self.pools.get(&old.model) {
                 let _ = p.driver.remove_worker(WorkerId(old.id));

@@ -1,5 +1,5 @@
-//! Errors: [`ProxyError`] for starting the proxy, [`ApiError`] for answering a client
-//! in the OpenAI error shape. A client's mistake is always a 4xx, never a 500.
+//! [`ApiError`]: answering a client in the OpenAI error shape. A client's mistake is
+//! always a 4xx, never a 500.
 
 use std::fmt;
 
@@ -7,61 +7,11 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use kvroute_driver::DriveError;
-use router_core::admission::QueueRejection;
-use router_core::eligible::EligibilityError;
-use router_core::pin::PinError;
-use router_core::router::RouteError;
-use router_core::select::SelectError;
+use router_core::{EligibilityError, PinError, QueueRejection, RouteError, SelectError};
 use serde_json::{json, Value};
-
-use crate::body::ProxyBody;
-use crate::config::ConfigError;
 
 /// Longest `Retry-After` suggested for a full queue, in seconds.
 const RETRY_AFTER_S_MAX: u64 = 10;
-
-/// Why [`crate::serve`] could not start.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ProxyError {
-    /// The configuration was refused.
-    Config(ConfigError),
-    /// The listening socket could not be bound.
-    Bind(std::io::Error),
-    /// A configured worker was refused by its model's router.
-    Worker {
-        /// The worker.
-        id: u64,
-        /// Why.
-        message: String,
-    },
-}
-
-impl fmt::Display for ProxyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProxyError::Config(e) => write!(f, "configuration: {e}"),
-            ProxyError::Bind(e) => write!(f, "cannot listen: {e}"),
-            ProxyError::Worker { id, message } => write!(f, "worker {id}: {message}"),
-        }
-    }
-}
-
-impl std::error::Error for ProxyError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ProxyError::Config(e) => Some(e),
-            ProxyError::Bind(e) => Some(e),
-            ProxyError::Worker { .. } => None,
-        }
-    }
-}
-
-impl From<ConfigError> for ProxyError {
-    fn from(e: ConfigError) -> Self {
-        ProxyError::Config(e)
-    }
-}
 
 /// An error answer: status, OpenAI error `type` and `code`, message, and the metrics
 /// outcome it counts as.
@@ -172,7 +122,7 @@ impl ApiError {
     /// The answer for a routing failure. Unsatisfiable pins and bad session ids are the
     /// client's (4xx); a fleet that cannot take the request is ours (503).
     pub fn from_drive(e: &DriveError, queue_timeout_ms: u64) -> Self {
-        use router_core::affinity::AffinityError;
+        use router_core::AffinityError;
         let unavailable = |code, msg: String| {
             let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", code, msg);
             e.retry_after_s = Some(1);
@@ -215,10 +165,10 @@ impl ApiError {
         json!({ "error": err })
     }
 
-    /// The response.
-    pub fn into_response(self) -> Response<ProxyBody> {
+    /// The response, with a body of any type made from bytes.
+    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let body = Bytes::from(self.body_json().to_string());
-        let mut resp = Response::new(ProxyBody::full(body));
+        let mut resp = Response::new(B::from(body));
         *resp.status_mut() = self.status;
         resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(s) = self.retry_after_s {
@@ -235,8 +185,8 @@ impl fmt::Display for ApiError {
 }
 
 /// A JSON response with status 200 (or `status`).
-pub fn json_response(status: StatusCode, v: &Value) -> Response<ProxyBody> {
-    let mut resp = Response::new(ProxyBody::full(Bytes::from(v.to_string())));
+pub fn json_response<B: From<Bytes>>(status: StatusCode, v: &Value) -> Response<B> {
+    let mut resp = Response::new(B::from(Bytes::from(v.to_string())));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp

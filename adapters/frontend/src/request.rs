@@ -2,15 +2,12 @@
 //! body object and the routing headers; and building the router's `Request` from them.
 
 use http::{HeaderMap, HeaderName};
-use router_core::hash::{hash_tokens, BlockSize, HashSeed};
-use router_core::pin::RoutingHints;
-use router_core::router::{Priority, Request};
-use router_core::{DpRank, RequestId, WorkerId};
+use router_core::{hash_tokens, BlockSize, DpRank, HashSeed, Priority, Request, RequestId, RoutingHints, WorkerId};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::upstream::PIN_HEADERS;
+use crate::headers::{PIN_HEADERS, PREVIEW_HEADER};
 
 /// The proxied endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,11 +159,11 @@ pub struct HeaderHints {
 /// Reads the pin and preview headers. Untrusted requests get none of it, and the names of
 /// the headers they sent come back to be counted.
 pub fn header_hints(h: &HeaderMap, trusted: bool) -> Result<(HeaderHints, Vec<&'static str>), ApiError> {
-    let preview_set = h.get(crate::upstream::PREVIEW_HEADER).is_some();
+    let preview_set = h.get(PREVIEW_HEADER).is_some();
     if !trusted {
         let mut sent: Vec<&'static str> = PIN_HEADERS.iter().copied().filter(|p| h.contains_key(*p)).collect();
         if preview_set {
-            sent.push(crate::upstream::PREVIEW_HEADER);
+            sent.push(PREVIEW_HEADER);
         }
         return Ok((HeaderHints::default(), sent));
     }
@@ -198,7 +195,7 @@ pub fn header_hints(h: &HeaderMap, trusted: bool) -> Result<(HeaderHints, Vec<&'
         prefill_dp_rank: rank("x-prefill-dp-rank")?,
         ..RoutingHints::default()
     };
-    let preview = match h.get(crate::upstream::PREVIEW_HEADER).map(|v| v.as_bytes()) {
+    let preview = match h.get(PREVIEW_HEADER).map(|v| v.as_bytes()) {
         None | Some(b"0") | Some(b"false") => false,
         Some(_) => true,
     };

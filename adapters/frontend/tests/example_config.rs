@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use kvroute_proxy::ProxyConfig;
+use kvroute_frontend::ProxyConfig;
 
 const EXAMPLE: &str = include_str!("../kvroute.example.toml");
 const PROBE: &str = "__probe__";

@@ -7,12 +7,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::str::FromStr;
 
-use router_core::admission::QueueOrder;
-use router_core::affinity::AffinityMode;
-use router_core::hash::BlockSize;
-use router_core::select::RouterMode;
-use router_core::worker::{Taint, TaintEffect, WorkerRole, WorkerSpec};
-use router_core::WorkerId;
+use router_core::{
+    AffinityMode, BlockSize, QueueOrder, RouterMode, Taint, TaintEffect, WorkerId, WorkerRole, WorkerSpec,
+};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::trust::Cidr;
@@ -37,8 +34,10 @@ pub struct ProxyConfig {
     pub limits: LimitsConfig,
     /// Which clients may pin workers, preview decisions and set priorities.
     pub trust: TrustConfig,
-    /// Retries after a connect failure.
+    /// Retries before the first byte.
     pub retry: RetryConfig,
+    /// Continuing broken streams on another worker.
+    pub migration: MigrationConfig,
     /// Outlier ejection after consecutive failures.
     pub ejection: EjectionConfig,
     /// Active health checks.
@@ -52,6 +51,8 @@ pub struct ProxyConfig {
     /// Sharing load and session bindings with other replicas over NATS; absent
     /// (default), this proxy routes alone.
     pub replica: Option<ReplicaConfig>,
+    /// Learned worker speeds and engine load scraped from the workers' metrics.
+    pub learn: crate::learn::LearnSection,
 }
 
 impl Default for ProxyConfig {
@@ -65,12 +66,14 @@ impl Default for ProxyConfig {
             limits: LimitsConfig::default(),
             trust: TrustConfig::default(),
             retry: RetryConfig::default(),
+            migration: MigrationConfig::default(),
             ejection: EjectionConfig::default(),
             health_check: HealthCheckConfig::default(),
             router: RoutingConfig::default(),
             models: Vec::new(),
             workers: Vec::new(),
             replica: None,
+            learn: crate::learn::LearnSection::default(),
         }
     }
 }
@@ -136,7 +139,8 @@ pub struct TrustConfig {
     pub token: Option<String>,
 }
 
-/// Retries after a connect failure (nothing was sent, so a retry is always safe).
+/// Retries before the first byte reached the client: after a connect failure, a reset,
+/// a 5xx, a 429 or a first-byte timeout (see `crate::retry`).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
@@ -148,11 +152,54 @@ pub struct RetryConfig {
     pub budget_initial: u32,
     /// Most retries banked (default 100).
     pub budget_max: u32,
+    /// Ceiling of the first retry's jittered wait, in ms, doubling per retry (default 25).
+    pub backoff_base_ms: u64,
+    /// Largest ceiling of a retry's jittered wait, in ms (default 1,000).
+    pub backoff_max_ms: u64,
+    /// Longest wait a worker's `Retry-After` can ask for, in ms (default 5,000).
+    pub retry_after_max_ms: u64,
+    /// Time a streaming try has to produce its first byte, in ms, before the prefill of
+    /// its uncached prompt tokens (default 15,000).
+    pub first_byte_timeout_base_ms: u64,
+    /// Time added to the first-byte timeout per uncached prompt token, in µs (default
+    /// 1,000: a 100,000-token prompt gets 115 s).
+    pub first_byte_timeout_per_token_us: u64,
+    /// Longest silence of a stream after its first byte, in ms, before it is treated as
+    /// broken and handed to migration (default 60,000; 0 disables).
+    pub idle_stream_timeout_ms: u64,
 }
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        RetryConfig { retries_max: 2, budget_ratio: 0.2, budget_initial: 10, budget_max: 100 }
+        RetryConfig {
+            retries_max: 2,
+            budget_ratio: 0.2,
+            budget_initial: 10,
+            budget_max: 100,
+            backoff_base_ms: 25,
+            backoff_max_ms: 1_000,
+            retry_after_max_ms: 5_000,
+            first_byte_timeout_base_ms: 15_000,
+            first_byte_timeout_per_token_us: 1_000,
+            idle_stream_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Mid-stream migration: a stream that breaks after tokens reached the client continues
+/// on another worker (see `crate::migrate`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MigrationConfig {
+    /// Breaks one stream may be continued across (default 3; 0 turns migration off).
+    pub attempts_max: u32,
+    /// Time from a break until a continuation's first byte, in ms (default 30,000).
+    pub deadline_ms: u64,
+}
+
+impl Default for MigrationConfig {
+    fn default() -> Self {
+        MigrationConfig { attempts_max: 3, deadline_ms: 30_000 }
     }
 }
 
@@ -396,9 +443,9 @@ impl Default for ModelConfig {
     }
 }
 
-/// The wire protocol that drives a model's prefill and decode workers.
+/// The wire protocol that drives a model's prefill and decode workers. Exhaustive: a
+/// new protocol comes with the proxy's code that speaks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum DisaggProtocol {
     /// vLLM with the NIXL connector: prefill answers `kv_transfer_params`, which the
     /// decode request then carries.
@@ -668,6 +715,13 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// The key is set, but the server reading the file does not act on it.
+    NotHonoured {
+        /// The key, e.g. `retry` or `models[0].disagg_protocol`.
+        key: String,
+        /// Why the server does not act on it.
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -679,6 +733,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Parse { line: None, message, .. } => write!(f, "{message}"),
             ConfigError::Invalid { key, message } => write!(f, "{key}: {message}"),
+            ConfigError::NotHonoured { key, reason } => write!(f, "{key}: not honoured here ({reason}); remove it"),
         }
     }
 }
@@ -686,4 +741,6 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 mod load;
+mod refuse;
 pub use load::router_config;
+pub use refuse::RefusedKey;

@@ -8,6 +8,15 @@
 //!
 //! The per-request series (a model's latency histograms, a worker's `ok` counter) are
 //! looked up once and kept as handles, so the request path builds no label strings.
+//!
+//! Worker ids come and go (epp files every pod as a new worker), so a worker's series
+//! are removed at the first scrape after it leaves the fleet ([`workers`]).
+
+mod ingest;
+mod workers;
+
+pub use ingest::IngestRow;
+use workers::{Series, WorkerLabels, WorkerSeries};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -21,7 +30,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use router_core::worker::Health;
+use router_core::Health;
 
 use crate::fleet::Fleet;
 
@@ -73,6 +82,13 @@ struct FallbackLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabels {
+    model: String,
+    reason: &'static str,
+    outcome: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Every metric the proxy exports.
@@ -86,11 +102,21 @@ pub struct Metrics {
     not_max_overlap: Family<ModelLabels, Counter>,
     rejections: Family<RejectLabels, Counter>,
     untrusted: Family<FieldLabels, Counter>,
-    retries: Family<ModelLabels, Counter>,
+    retries: Family<FallbackLabels, Counter>,
+    migrations: Family<MigrationLabels, Counter>,
     failures: Family<FailureLabels, Counter>,
     ejections: Family<FailureLabels, Counter>,
     fallbacks: Family<FallbackLabels, Counter>,
     silent_streams: Family<WorkerLabels, Counter>,
+    e2e: HistogramFamily<WorkerLabels>,
+    prompt_tokens: HistogramFamily<WorkerLabels>,
+    cached_tokens: HistogramFamily<WorkerLabels>,
+    /// Every series naming a worker, so they leave with it.
+    worker_series: WorkerSeries,
+    /// The fleet, to tell which workers left.
+    fleet: Arc<Fleet>,
+    /// The KV-event streams' last reported counters.
+    ingest: ingest::IngestRows,
     disagg_plans: Family<PlanLabels, Counter>,
     disagg_aborts: Family<AbortLabels, Counter>,
     /// Connections refused at `limits.connections_max`.
@@ -117,6 +143,15 @@ struct ModelHandles {
     not_max_overlap: Counter,
     /// `kvroute_requests{outcome="ok"}` by worker and status.
     ok: RwLock<BTreeMap<(u64, u16), Counter>>,
+    /// The per-worker request histograms.
+    workers: RwLock<BTreeMap<u64, Arc<WorkerHandles>>>,
+}
+
+/// One worker's request histograms within a model.
+struct WorkerHandles {
+    e2e: Histogram,
+    prompt_tokens: Histogram,
+    cached_tokens: Histogram,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,12 +167,6 @@ struct AbortLabels {
     cause: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct WorkerLabels {
-    model: String,
-    worker: String,
-}
-
 fn ttft_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 14))
 }
@@ -149,6 +178,14 @@ fn overhead_buckets() -> Histogram {
 }
 fn ratio_buckets() -> Histogram {
     Histogram::new(linear_buckets(0.1, 0.1, 10))
+}
+/// 10 ms to about 5.5 minutes.
+fn e2e_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+/// 16 to 131,072 tokens.
+fn token_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(16.0, 2.0, 14))
 }
 
 impl Metrics {
@@ -165,10 +202,17 @@ impl Metrics {
             rejections: Family::default(),
             untrusted: Family::default(),
             retries: Family::default(),
+            migrations: Family::default(),
             failures: Family::default(),
             ejections: Family::default(),
             fallbacks: Family::default(),
             silent_streams: Family::default(),
+            e2e: Family::new_with_constructor(e2e_buckets),
+            prompt_tokens: Family::new_with_constructor(token_buckets),
+            cached_tokens: Family::new_with_constructor(token_buckets),
+            worker_series: WorkerSeries::default(),
+            fleet: fleet.clone(),
+            ingest: Default::default(),
             disagg_plans: Family::default(),
             disagg_aborts: Family::default(),
             connections_refused: Counter::default(),
@@ -202,7 +246,16 @@ impl Metrics {
             "Routing fields removed from untrusted requests",
             m.untrusted.clone(),
         );
-        r.register("kvroute_retries", "Requests re-sent to another worker after a connect failure", m.retries.clone());
+        r.register(
+            "kvroute_retries",
+            "Tries re-sent to another worker before the first byte, by reason",
+            m.retries.clone(),
+        );
+        r.register(
+            "kvroute_migrations",
+            "Streams continued on another worker, by reason and outcome",
+            m.migrations.clone(),
+        );
         r.register("kvroute_upstream_failures", "Failures counted against workers", m.failures.clone());
         r.register("kvroute_worker_ejections", "Times a worker was ejected", m.ejections.clone());
         r.register(
@@ -230,6 +283,22 @@ impl Metrics {
             "Connections refused because limits.connections_max connections were already open",
             m.connections_refused.clone(),
         );
+        r.register(
+            "kvroute_request_duration_seconds",
+            "Time from a request's arrival to its stream's end, by model and worker, seen at the proxy",
+            m.e2e.clone(),
+        );
+        r.register(
+            "kvroute_prompt_tokens",
+            "Prompt tokens of routed requests, by model and chosen worker",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "kvroute_cached_tokens",
+            "Prompt tokens the router expected cached on the chosen worker (overlap blocks times block size)",
+            m.cached_tokens.clone(),
+        );
+        r.register_collector(Box::new(ingest::IngestCollector { rows: m.ingest.clone(), fleet: fleet.clone() }));
         r.register_collector(Box::new(FleetCollector { fleet }));
         let stages =
             STAGES.iter().map(|&stage| (stage, m.overhead.get_or_create(&StageLabels { stage }).clone())).collect();
@@ -261,8 +330,9 @@ impl Metrics {
         );
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition. First removes the series of workers that left.
     pub fn encode(&self) -> String {
+        self.forget_departed();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
@@ -291,6 +361,7 @@ impl Metrics {
             overlap_ratio: self.overlap_ratio.get_or_create(&labels).clone(),
             not_max_overlap: self.not_max_overlap.get_or_create(&labels).clone(),
             ok: RwLock::new(BTreeMap::new()),
+            workers: RwLock::new(BTreeMap::new()),
         });
         held.push((model.to_string(), h.clone()));
         Some(h)
@@ -319,14 +390,18 @@ impl Metrics {
         let labels = RequestLabels { model: model.into(), worker: worker.to_string(), outcome: "ok".into(), status };
         let c = self.requests.get_or_create(&labels).clone();
         c.inc();
+        self.worker_series.record(worker, Series::Request(labels));
         h.ok.write().unwrap_or_else(PoisonError::into_inner).insert((worker, status), c);
     }
 
     fn request_slow(&self, model: &str, worker: Option<u64>, outcome: &str, status: u16) {
+        let id = worker;
         let worker = worker.map_or_else(|| "none".to_string(), |w| w.to_string());
-        self.requests
-            .get_or_create(&RequestLabels { model: model.into(), worker, outcome: outcome.into(), status })
-            .inc();
+        let labels = RequestLabels { model: model.into(), worker, outcome: outcome.into(), status };
+        self.requests.get_or_create(&labels).inc();
+        if let Some(id) = id {
+            self.worker_series.record(id, Series::Request(labels));
+        }
     }
 
     /// Requests each worker has served so far (for silent-stream detection).
@@ -336,7 +411,9 @@ impl Metrics {
 
     /// A worker's KV-event stream was silent while it served traffic.
     pub fn silent_stream(&self, model: &str, worker: u64) {
-        self.silent_streams.get_or_create(&WorkerLabels { model: model.into(), worker: worker.to_string() }).inc();
+        let labels = WorkerLabels { model: model.into(), worker: worker.to_string() };
+        self.silent_streams.get_or_create(&labels).inc();
+        self.worker_series.record(worker, Series::Silent(labels));
     }
 
     /// Time to first byte.
@@ -396,20 +473,30 @@ impl Metrics {
         self.untrusted.get_or_create(&FieldLabels { field }).inc();
     }
 
-    /// A retry.
-    pub fn retry(&self, model: &str) {
-        self.retries.get_or_create(&ModelLabels { model: model.into() }).inc();
+    /// A retry: `connect`, `reset`, `status_5xx`, `status_429`, `first_byte_timeout`.
+    pub fn retry(&self, model: &str, reason: &'static str) {
+        self.retries.get_or_create(&FallbackLabels { model: model.into(), reason }).inc();
+    }
+
+    /// A migration attempt (`reason`: `stream_broken`, `idle_timeout`) and its `outcome`
+    /// (`resumed`, `refused_structured`, `attempts_exhausted`, `deadline`, `no_worker`,
+    /// `unsupported`).
+    pub fn migration(&self, model: &str, reason: &'static str, outcome: &'static str) {
+        self.migrations.get_or_create(&MigrationLabels { model: model.into(), reason, outcome }).inc();
     }
 
     /// A failure counted against a worker: `connect`, `status_5xx`, `stream_broken`, `probe`.
     pub fn failure(&self, model: &str, worker: u64, kind: &'static str) {
-        self.failures.get_or_create(&FailureLabels { model: model.into(), worker: worker.to_string(), kind }).inc();
+        let labels = FailureLabels { model: model.into(), worker: worker.to_string(), kind };
+        self.failures.get_or_create(&labels).inc();
+        self.worker_series.record(worker, Series::Failure(labels));
     }
 
     /// A worker was ejected.
     pub fn ejected(&self, model: &str, worker: u64) {
         let labels = FailureLabels { model: model.into(), worker: worker.to_string(), kind: "consecutive_failures" };
         self.ejections.get_or_create(&labels).inc();
+        self.worker_series.record(worker, Series::Ejection(labels));
     }
 
     /// A disaggregated model's plan for a request: `split`, or a bypass reason
@@ -511,6 +598,11 @@ impl Collector for FleetCollector {
             "Requests routed to a worker and not finished",
             &mut per_key(|l| i64::from(l.active_requests)),
         )?;
+        gauge(
+            "kvroute_worker_index_entries",
+            "Blocks the exact prefix index holds for a worker's rank",
+            &mut per_key_entries(&snaps),
+        )?;
         let mut healthy = snaps.iter().flat_map(|(model, s)| {
             s.workers.iter().map(move |w| {
                 let labels = vec![("model", model.clone()), ("worker", w.spec.id.0.to_string())];
@@ -589,7 +681,8 @@ impl Collector for ReplicaCollector {
         )?;
         for p in self.fleet.pools() {
             let rows: Vec<_> = p.driver.with_router(|router| {
-                router.workers().keys().map(|k| (k, router.remote_load().load(k).active_requests)).collect()
+                let workers = router.snapshot().workers;
+                workers.iter().flat_map(|w| &w.keys).map(|k| (k.key, k.remote_load.active_requests)).collect()
             });
             for (k, n) in rows {
                 let labels =
@@ -599,4 +692,22 @@ impl Collector for ReplicaCollector {
         }
         Ok(())
     }
+}
+
+/// `kvroute_worker_index_entries` rows: (model, worker, rank) and the entries.
+fn per_key_entries(
+    snaps: &[(String, kvroute_driver::Snapshot)],
+) -> impl Iterator<Item = (Vec<(&'static str, String)>, i64)> + '_ {
+    snaps.iter().flat_map(|(model, s)| {
+        s.workers.iter().flat_map(move |w| {
+            w.keys.iter().map(move |k| {
+                let labels = vec![
+                    ("model", model.clone()),
+                    ("worker", k.key.worker.0.to_string()),
+                    ("rank", k.key.rank.0.to_string()),
+                ];
+                (labels, i64::from(k.index_entries))
+            })
+        })
+    })
 }

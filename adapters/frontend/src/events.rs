@@ -4,18 +4,18 @@
 //! is reported through [`Subscriptions::report`] for `GET /workers`.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use kvroute_driver::Driver;
-use kvroute_events::ingest::StreamStatus;
+use kvroute_events::ingest::{IngestError, StreamStatus};
 use kvroute_events::{
     runner, EndpointConfig, EventSink, IngestHandle, RouterEvent, RunnerConfig, StreamConfig, ZmqConnector,
 };
-use router_core::hash::BlockSize;
-use router_core::WorkerKey;
+use router_core::{BlockSize, WorkerKey};
 
+use crate::config::{ProxyConfig, WorkerConfig};
 use crate::fleet::Fleet;
-use crate::metrics::Metrics;
-use crate::{ProxyConfig, WorkerConfig};
+use crate::metrics::{IngestRow, Metrics};
 
 /// Feeds one model's router from its workers' event streams.
 #[derive(Clone)]
@@ -76,7 +76,7 @@ pub struct Subscriptions {
 
 impl Subscriptions {
     /// Subscribes to every configured worker that names a KV-event endpoint.
-    pub async fn start(cfg: &ProxyConfig, fleet: &Fleet) -> Result<Self, String> {
+    pub async fn start(cfg: &ProxyConfig, fleet: &Fleet) -> Result<Self, SubscribeError> {
         let mut subs =
             Subscriptions { by_model: BTreeMap::new(), workers: BTreeMap::new(), reported: Default::default() };
         for w in &cfg.workers {
@@ -159,17 +159,35 @@ impl Subscriptions {
         out
     }
 
+    /// Every subscribed stream's counters now, for the metrics
+    /// ([`Metrics::set_ingest`]). Asks the runner once per stream.
+    pub async fn ingest_rows(&self) -> Vec<IngestRow> {
+        let mut rows = Vec::new();
+        for (&id, sub) in &self.workers {
+            let Some(runner) = self.by_model.get(&sub.model) else { continue };
+            for rank in 0..sub.ranks {
+                let Some(status) = runner.ingest.status(WorkerKey::new(id, rank)).await else { continue };
+                let now_us = u64::try_from(runner.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                let last_message_age_s =
+                    status.last_message_at.map(|at| now_us.saturating_sub(at.as_micros()) as f64 / 1e6);
+                rows.push(IngestRow { model: sub.model.clone(), worker: id, rank, status, last_message_age_s });
+            }
+        }
+        rows
+    }
+
     /// Subscribes to one worker's events (if it names an endpoint).
-    pub async fn add(&mut self, cfg: &ProxyConfig, fleet: &Fleet, w: &WorkerConfig) -> Result<(), String> {
+    pub async fn add(&mut self, cfg: &ProxyConfig, fleet: &Fleet, w: &WorkerConfig) -> Result<(), SubscribeError> {
         self.remove(w.id).await;
         let Some(endpoint) = &w.kv_events else { return Ok(()) };
         let driver = fleet
             .pool(&w.model)
             .map(|p| p.driver.clone())
-            .ok_or_else(|| format!("worker {}: unknown model {}", w.id, w.model))?;
+            .ok_or_else(|| SubscribeError::UnknownModel { worker: w.id, model: w.model.clone() })?;
         let block =
             cfg.models.iter().find(|m| m.name == w.model).and_then(|m| m.block_size).unwrap_or(cfg.router.block_size);
-        let block_size = BlockSize::new(block).map_err(|e| e.to_string())?;
+        let block_size =
+            BlockSize::new(block).map_err(|_| SubscribeError::BlockSize { worker: w.id, tokens: block })?;
         let runner = self.by_model.entry(w.model.clone()).or_insert_with(|| {
             let started = tokio::time::Instant::now();
             // Seeded so a worker cannot aim its engine hashes at one bucket of the translator.
@@ -193,7 +211,8 @@ impl Subscriptions {
                 replay_endpoint: w.kv_events_replay.as_deref().map(|r| offset_port(r, rank)),
                 topic: String::new(),
             };
-            runner.ingest.add_endpoint(ep).await.map_err(|e| format!("worker {} rank {rank}: {e:?}", w.id))?;
+            let stream = |source| SubscribeError::Stream { worker: w.id, rank, source };
+            runner.ingest.add_endpoint(ep).await.map_err(stream)?;
         }
         let sub = Subscribed {
             model: w.model.clone(),
@@ -203,6 +222,56 @@ impl Subscriptions {
         };
         self.workers.insert(w.id, sub);
         Ok(())
+    }
+}
+
+/// Why a worker's KV events could not be subscribed to.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    /// The worker names a model that is not configured.
+    UnknownModel {
+        /// The worker.
+        worker: u64,
+        /// The model it names.
+        model: String,
+    },
+    /// The model's block size is not one the router accepts.
+    BlockSize {
+        /// The worker.
+        worker: u64,
+        /// The refused size, in tokens.
+        tokens: u32,
+    },
+    /// The event ingestion refused one rank's stream.
+    Stream {
+        /// The worker.
+        worker: u64,
+        /// The data-parallel rank.
+        rank: u32,
+        /// Why.
+        source: IngestError,
+    },
+}
+
+impl fmt::Display for SubscribeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubscribeError::UnknownModel { worker, model } => write!(f, "worker {worker}: unknown model {model}"),
+            SubscribeError::BlockSize { worker, tokens } => {
+                write!(f, "worker {worker}: block size {tokens} is not a power of two from 1 to 1024")
+            }
+            SubscribeError::Stream { worker, rank, source } => write!(f, "worker {worker} rank {rank}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for SubscribeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SubscribeError::Stream { source, .. } => Some(source),
+            SubscribeError::UnknownModel { .. } | SubscribeError::BlockSize { .. } => None,
+        }
     }
 }
 
@@ -223,11 +292,18 @@ fn offset_port(endpoint: &str, rank: u32) -> String {
 /// How often streams are checked for silence.
 const SILENT_CHECK_INTERVAL_MS: u64 = 10_000;
 
-/// Checks for silent streams until the proxy is gone.
-pub async fn watch_silent(state: std::sync::Weak<crate::state::State>) {
+/// Where a server keeps its subscriptions and metrics, for [`watch_silent`].
+pub type SilentParts<S> = fn(&S) -> (&tokio::sync::Mutex<Subscriptions>, &Metrics);
+
+/// Checks for silent streams, and refreshes the ingestion metrics, until the server
+/// holding them (`state`) is gone.
+pub async fn watch_silent<S>(state: std::sync::Weak<S>, parts: SilentParts<S>) {
     loop {
         tokio::time::sleep(std::time::Duration::from_millis(SILENT_CHECK_INTERVAL_MS)).await;
         let Some(state) = state.upgrade() else { return };
-        state.subs.lock().await.check_silent(&state.metrics).await;
+        let (subs, metrics) = parts(&state);
+        let mut subs = subs.lock().await;
+        subs.check_silent(metrics).await;
+        metrics.set_ingest(subs.ingest_rows().await);
     }
 }

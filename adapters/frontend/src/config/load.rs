@@ -2,10 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use router_core::admission::ClassLimits;
-use router_core::affinity::AffinityConfig;
-use router_core::hash::BlockSize;
-use router_core::router::{RequestTokens, RouterConfig};
+use router_core::{AffinityConfig, BlockSize, ClassLimits, RequestTokens, RouterConfig};
 
 use super::*;
 
@@ -69,6 +66,9 @@ impl ProxyConfig {
         if self.limits.connection_buffer_bytes_max < 8192 {
             return invalid("limits.connection_buffer_bytes_max".into(), "must be at least 8192".into());
         }
+        if let Err((key, message)) = self.learn.check() {
+            return invalid(key.into(), message);
+        }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
         }
@@ -125,7 +125,7 @@ impl ProxyConfig {
     }
 
     /// Checks one worker against the models (also used by `POST /workers`).
-    pub(crate) fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
+    pub fn check_worker(&self, w: &WorkerConfig) -> Result<(), (&'static str, String)> {
         let Some(model) = self.models.iter().find(|m| m.name == w.model) else {
             return Err(("model", format!("{:?} is not a configured model", w.model)));
         };
@@ -152,21 +152,21 @@ fn check_disagg(protocol: Option<DisaggProtocol>, w: &WorkerConfig) -> Result<()
     }
 }
 
-fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
+pub(super) fn parse_error(text: &str, e: &toml::de::Error) -> ConfigError {
     let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
     let source_line = line.and_then(|l| text.lines().nth(l - 1)).unwrap_or("").trim().to_string();
     ConfigError::Parse { line, source_line, message: e.message().trim().to_string() }
 }
 
 /// A flag's value as TOML (`1024`, `true`, `["a"]`), or a plain string.
-fn override_value(raw: &str) -> toml::Value {
+pub(super) fn override_value(raw: &str) -> toml::Value {
     toml::from_str::<toml::Table>(&format!("v = {raw}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
-fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+pub(super) fn set_dotted(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
     let mut parts: Vec<&str> = key.split('.').collect();
     let last = parts.pop().filter(|l| !l.is_empty()).ok_or("empty key")?;
     let mut t = table;
@@ -196,6 +196,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.prefill_load_scale = r.prefill_load_scale;
     rc.cost.active_request_weight = r.active_request_weight;
     rc.cost.temperature = r.temperature;
+    rc.learn = cfg.learn.core();
     rc.queue.order = r.queue_order.0;
     rc.queue.queued_max = r.queued_max;
     rc.queue.queue_timeout_ms = r.queue_timeout_ms;
@@ -303,6 +304,22 @@ mod tests {
         let cfg = ProxyConfig::from_toml_str(include_str!("../../kvroute.example.toml")).unwrap();
         assert!(!cfg.models.is_empty() && !cfg.workers.is_empty());
         assert_eq!(cfg.limits.body_bytes_max, 8 << 20);
+        assert_eq!(cfg.learn, crate::learn::LearnSection::default(), "the example lists the defaults");
+    }
+
+    #[test]
+    fn learn_settings_reach_the_router_and_are_checked() {
+        let cfg = ProxyConfig::from_toml_str(&format!(
+            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\n",
+            "[[models]]\nname = \"m\"\n"
+        ))
+        .unwrap();
+        let learn = router_config(&cfg, &cfg.models[0], 0).learn;
+        assert_eq!((learn.costs, learn.engine_load, learn.samples_min, learn.half_life_ms), (true, false, 3, 5));
+        for bad in ["engine_load = true", "outlier_ratio_max = 0.5", "metrics_path = \"metrics\""] {
+            let e = ProxyConfig::from_toml_str(&format!("[learn]\n{bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("learn."), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -1,0 +1,53 @@
+//! The shared configuration file as the picker reads it: keys only a forwarding proxy
+//! acts on are refused by name, and the keys the picker honours still load.
+
+use kvroute_epp::EppConfig;
+use kvroute_frontend::ConfigError;
+
+const MODELS: &str = "[[models]]\nname = \"m\"\n";
+
+/// Loads `MODELS` plus `extra` with `overrides`; `refused` is the key the error must
+/// name, or `None` when the file must load.
+#[track_caller]
+fn check(extra: &str, overrides: &[(&str, &str)], refused: Option<&str>) {
+    let text = format!("{MODELS}{extra}");
+    match (EppConfig::proxy_from_toml(&text, overrides), refused) {
+        (Ok(_), None) => {}
+        (Err(ConfigError::NotHonoured { key, .. }), Some(want)) => assert_eq!(key, want, "{text}"),
+        (other, want) => panic!("{text} with {overrides:?}: got {other:?}, want the key {want:?} refused"),
+    }
+}
+
+#[test]
+fn keys_only_a_forwarding_proxy_acts_on_are_refused_by_name() {
+    check("[retry]\nretries_max = 1\n", &[], Some("retry"));
+    check("[ejection]\nconsecutive_failures = 3\n", &[], Some("ejection"));
+    check("[health_check]\ninterval_ms = 0\n", &[], Some("health_check"));
+    check("[limits]\nconnect_timeout_ms = 100\n", &[], Some("limits.connect_timeout_ms"));
+    check("", &[("listen", "\"127.0.0.1:1\"")], Some("listen"));
+    check("", &[("limits.request_timeout_ms", "5")], Some("limits.request_timeout_ms"));
+    let split = "[[models]]\nname = \"d\"\ndisagg_protocol = \"vllm-nixl\"\n";
+    check(split, &[], Some("models[1].disagg_protocol"));
+}
+
+#[test]
+fn keys_the_picker_honours_load() {
+    check("", &[], None);
+    check("[limits]\nbody_bytes_max = 1024\nconcurrent_requests_max = 2\nshutdown_grace_s = 1\n", &[], None);
+    check("[router]\nmode = \"round-robin\"\n[trust]\ntoken = \"t\"\n", &[], None);
+    check("[replica]\nid = \"picker-a\"\n", &[], None);
+    check("", &[("router.queue_timeout_ms", "5000")], None);
+}
+
+#[test]
+fn the_refusal_says_which_key_and_why() {
+    let e = EppConfig::proxy_from_toml(&format!("{MODELS}[retry]\nretries_max = 1\n"), &[]).unwrap_err();
+    let text = e.to_string();
+    assert!(text.starts_with("retry: not honoured here (") && text.ends_with("; remove it"), "{text}");
+}
+
+#[test]
+fn a_refused_key_does_not_hide_a_malformed_file() {
+    let e = EppConfig::proxy_from_toml("[retry]\nretries_max = \"many\"\n", &[]).unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { line: Some(2), .. }), "{e:?}");
+}

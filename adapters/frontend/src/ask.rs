@@ -1,0 +1,177 @@
+//! The transport-neutral question and answer: a buffered request body and its headers
+//! become the router's [`Request`] for one pool ([`question`]), and a decision becomes
+//! the JSON a preview answers with ([`routed_json`]). The proxy asks it for every HTTP
+//! request; the endpoint picker for every gateway stream.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
+use router_core::{Request, Routed};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::error::ApiError;
+use crate::fleet::{Fleet, Pool};
+use crate::metrics::Metrics;
+use crate::request::{self, Build, Endpoint, Prompt};
+use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
+
+/// Bodies larger than this are tokenized on a blocking thread, off the reactor.
+const TOKENIZE_INLINE_BYTES_MAX: usize = 64 << 10;
+
+/// What turning a request into a routing question reads: pools, tokenizers, metrics and
+/// the session header. The proxy lends its own; the endpoint picker builds one.
+pub struct Asker<'a> {
+    /// Pools and workers.
+    pub fleet: &'a Fleet,
+    /// Tokenizers by model.
+    pub tokenizers: &'a Tokenizers,
+    /// Where parse and tokenize times, fallbacks and stripped fields are counted.
+    pub metrics: &'a Metrics,
+    /// The session id header.
+    pub session_header: &'a HeaderName,
+    /// Longest session id accepted, in bytes.
+    pub session_id_bytes_max: usize,
+}
+
+/// A request body turned into the router's question.
+pub struct Question {
+    /// The pool serving it.
+    pub pool: Arc<Pool>,
+    /// The router's question.
+    pub request: Request,
+    /// The body to forward (the `kvroute` object removed).
+    pub forward_body: Bytes,
+    /// Whether the trusted preview flag was set.
+    pub preview: bool,
+    /// The endpoint the request came to (or looks like).
+    pub endpoint: Endpoint,
+}
+
+/// Checks a buffered request body with its headers, finds its pool and hashes its prompt
+/// into the router's question. Pins, priorities and the preview flag count only when
+/// `trusted`. `endpoint: None` guesses it from the body. Work is linear in the body;
+/// large prompts are tokenized on a blocking thread.
+pub async fn question(
+    cx: &Asker<'_>,
+    trusted: bool,
+    headers: &HeaderMap,
+    raw: Bytes,
+    endpoint: Option<Endpoint>,
+    model_label: &mut String,
+) -> Result<Question, ApiError> {
+    let t0 = Instant::now();
+    let mut json: Value =
+        serde_json::from_slice(&raw).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let endpoint = match endpoint.or_else(|| Endpoint::guess(&json)) {
+        Some(e) => e,
+        None => return Err(ApiError::bad_request("the body has none of `messages`, `prompt`, `input`")),
+    };
+    let had_kvroute = json.get("kvroute").is_some();
+    let mut parsed = request::parse(endpoint, &mut json)?;
+    let Some((pool, alias_lora)) = cx.fleet.resolve(&parsed.model) else {
+        return Err(ApiError::model_not_found(&parsed.model));
+    };
+    let pool = pool.clone();
+    *model_label = pool.name.clone();
+    let lora = parsed.kv.lora_name.clone().or(alias_lora.map(String::from));
+    let (hh, stripped_headers) = request::header_hints(headers, trusted)?;
+    let stripped_fields = if trusted { Vec::new() } else { parsed.kv.strip_untrusted() };
+    let (cost, cost_sent) = crate::cost_header::overrides(headers, trusted)?;
+    let cost_stripped = cost_sent.then_some(crate::cost_header::COST_HEADER);
+    for f in stripped_headers.into_iter().chain(stripped_fields).chain(cost_stripped) {
+        cx.metrics.untrusted(f);
+    }
+    let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
+    let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
+    cx.metrics.stage("parse", t0.elapsed());
+
+    let t1 = Instant::now();
+    let tokens = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await;
+    let build = Build {
+        id: pool.driver.next_request_id(),
+        block_size: pool.block_size,
+        lora: lora.as_deref(),
+        parsed: &parsed,
+        hints: hh.hints,
+        session,
+    };
+    let request = Request { cost, ..request::build(build, &tokens) };
+    cx.metrics.stage("tokenize", t1.elapsed());
+    Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
+}
+
+/// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
+async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
+    if let Prompt::Tokens(t) = prompt {
+        return t.clone();
+    }
+    let Some(tok) = cx.tokenizers.get(model).cloned() else {
+        cx.metrics.fallback(model, "no_tokenizer");
+        return fallback(prompt, &body);
+    };
+    let prompt = prompt.clone();
+    let run = move || {
+        let out = match &prompt {
+            Prompt::Text(t) => tok.encode_text(t),
+            _ => tok.encode_chat(&body),
+        };
+        // Boxed: the request travels back for the fallback, and Err stays small.
+        out.map_err(|e| Box::new((e, prompt, body)))
+    };
+    let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
+        match tokio::task::spawn_blocking(run).await {
+            Ok(r) => r,
+            Err(_) => return Vec::new(),
+        }
+    } else {
+        run()
+    };
+    out.unwrap_or_else(|failed| {
+        let (e, prompt, body) = *failed;
+        tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
+        cx.metrics.fallback(model, "tokenizer_error");
+        fallback(&prompt, &body)
+    })
+}
+
+fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
+    match prompt {
+        Prompt::Text(t) => fallback_text(t),
+        Prompt::Tokens(t) => t.clone(),
+        Prompt::Chat => fallback_chat(body),
+    }
+}
+
+/// A decision as JSON: the target and each candidate's overlap, score or exclusion.
+pub fn routed_json(model: &str, isl_tokens: u32, r: &Routed) -> Value {
+    let rows: Vec<Value> = r
+        .explanation
+        .iter()
+        .map(|row| {
+            json!({
+                "worker": row.key.worker.0,
+                "rank": row.key.rank.0,
+                "overlap": {"device": row.overlap.device, "host": row.overlap.host, "disk": row.overlap.disk},
+                "eligible": row.excluded.is_none(),
+                "excluded": row.excluded.as_ref().map(|e| e.as_str()),
+                "excluded_detail": row.excluded.as_ref().map(|e| e.to_string()),
+                "cost": row.score.as_ref().map(|s| s.cost),
+                "overlap_effective": row.score.as_ref().map(|s| s.overlap_effective),
+                "prefill_blocks": row.score.as_ref().map(|s| s.prefill_blocks),
+                "decode_blocks": row.score.as_ref().map(|s| s.decode_blocks),
+            })
+        })
+        .collect();
+    json!({
+        "model": model,
+        "worker": r.target.worker.0,
+        "rank": r.target.rank.0,
+        "overlap_blocks": r.overlap.raw(),
+        "max_overlap_blocks": r.max_overlap_blocks,
+        "request_blocks": r.request_blocks,
+        "isl_tokens": isl_tokens,
+        "explanation": rows,
+    })
+}

@@ -1,0 +1,275 @@
+//! The tries of one request before its first byte reaches the client: route, send, wait
+//! for the head and (for a stream) the first body frame, and on a failure that
+//! [`crate::retry`] says is retryable, release the booking, back off and try another
+//! worker. What reaches the caller is a worker's answer that may go to the client, or an
+//! error for the client.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::Response;
+use http_body::Frame;
+use http_body_util::BodyExt;
+use kvroute_driver::{Booking, DispatchFailure, DriveError};
+use router_core::Request;
+use router_core::WorkerId;
+use tokio::time::Instant;
+
+use crate::error::ApiError;
+use crate::fleet::Pool;
+use crate::handler::{error_chain, upstream_request_to, Prepared};
+use crate::health;
+use crate::retry::{self, RetryReason};
+use crate::state::State;
+use crate::upstream::Upstream;
+
+/// A worker's answer that goes to the client: its booking, its head and body, and the
+/// first body frame when the proxy waited for it (a stream). `None` there with a stream
+/// means its body ended before any frame.
+pub(crate) struct Answered {
+    pub booking: Booking,
+    pub resp: Response<Upstream>,
+    pub first: Option<Frame<Bytes>>,
+}
+
+/// What one request's tries share.
+pub(crate) struct Tries<'a> {
+    pub state: &'a Arc<State>,
+    pub pool: &'a Arc<Pool>,
+    pub p: &'a Prepared,
+    /// The body each try sends.
+    pub body: Bytes,
+    /// The path each try goes to.
+    pub path: Option<String>,
+    /// When the whole request must be done.
+    pub deadline: Instant,
+    /// Whether the answer streams, so the first byte is awaited under its own timeout.
+    pub stream: bool,
+}
+
+/// How one try ended, if it did not produce an answer for the client.
+enum Failed {
+    /// Retry elsewhere, for this reason; a retryable answer kept in case no retry is left.
+    Retry(RetryReason, Option<Box<Answered>>, ApiError),
+    /// The request's own time ran out.
+    TimedOut,
+}
+
+/// Tries workers until one answers with something the client may get. `request` gains
+/// the workers tried in `failed_workers`; `tried` lists them too.
+pub(crate) async fn first_answer(
+    t: &Tries<'_>,
+    request: &mut Request,
+    tried: &mut Vec<WorkerId>,
+) -> Result<Answered, ApiError> {
+    let state = t.state;
+    // A request that pins its worker has nowhere else to go.
+    let pinned = router_core::explicit_pin(request.phase.0, &request.hints).is_some();
+    let mut last_err: Option<ApiError> = None;
+    for attempt in 0..=state.cfg.retry.retries_max {
+        // The core excludes workers that already failed this request (unless a pin names them).
+        request.failed_workers.clone_from(tried);
+        let booking = match route(t, request.clone(), last_err.is_some()).await {
+            Ok(Some(b)) => b,
+            Ok(None) => break,
+            Err(e) => return Err(e),
+        };
+        let worker = booking.target().worker;
+        tried.push(worker);
+        let (reason, kept, err) = match one_try(t, booking).await {
+            Ok(a) => return Ok(a),
+            Err(Failed::TimedOut) => return Err(ApiError::timeout()),
+            Err(Failed::Retry(reason, kept, err)) => (reason, kept, err),
+        };
+        let can_retry = !pinned && attempt < state.cfg.retry.retries_max && state.budget.withdraw();
+        if !can_retry {
+            // No retry left: a worker's own answer goes to the client as it is.
+            return kept.map(|a| *a).ok_or(err);
+        }
+        let after = kept.as_ref().and_then(|a| retry::retry_after(a.resp.headers(), unix_now_s(), cfg_cap(state)));
+        let err = match kept.map(|a| *a) {
+            Some(a) => {
+                give_up(state, a.booking, worker.0, reason);
+                // Should no other worker take it, the client gets what this one said.
+                worker_error(worker.0, a.resp, a.first).await.unwrap_or(err)
+            }
+            None => err,
+        };
+        state.metrics.retry(&t.pool.name, reason.as_str());
+        last_err = Some(err);
+        let wait = retry::backoff(&state.cfg.retry, attempt + 1, t.pool.driver.draw().0, after);
+        if Instant::now() + wait >= t.deadline {
+            return Err(ApiError::timeout());
+        }
+        tokio::time::sleep(wait).await;
+    }
+    Err(last_err.unwrap_or_else(|| ApiError::upstream("no worker could take the request")))
+}
+
+fn cfg_cap(state: &State) -> u64 {
+    state.cfg.retry.retry_after_max_ms
+}
+
+fn unix_now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Routes one try. `Ok(None)`: a retry found no other worker (the caller reports the
+/// failure that caused it).
+async fn route(t: &Tries<'_>, request: Request, retrying: bool) -> Result<Option<Booking>, ApiError> {
+    let (state, pool) = (t.state, t.pool);
+    let t0 = Instant::now();
+    let isl = request.isl_tokens;
+    let routed = tokio::time::timeout_at(t.deadline, pool.driver.route(request, pool.driver.draw())).await;
+    let booking = match routed {
+        Err(_) => return Err(ApiError::timeout()),
+        Ok(Err(_)) if retrying => return Ok(None),
+        Ok(Err(e)) => {
+            if let DriveError::Rejected(r) = &e {
+                state.metrics.rejected(&pool.name, &r.class, r.limit_kind.as_str());
+            }
+            return Err(ApiError::from_drive(&e, state.cfg.router.queue_timeout_ms));
+        }
+        Ok(Ok(b)) => b,
+    };
+    state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
+    let r = booking.routed();
+    state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
+    let block = pool.block_size.tokens();
+    state.metrics.routed(&pool.name, booking.target().worker.0, isl, r.overlap.raw(), block);
+    Ok(Some(booking))
+}
+
+/// Sends one try and waits for its head and, for a stream, its first frame, within the
+/// try's first-byte timeout.
+async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
+    let state = t.state;
+    let worker_id = booking.target().worker;
+    let Some(worker) = state.fleet.worker(worker_id.0) else {
+        // Removed between the decision and now.
+        let _ = booking.fail(DispatchFailure::Worker);
+        return Err(Failed::Retry(RetryReason::Connect, None, ApiError::upstream("the worker was removed")));
+    };
+    let path = t.path.as_deref().unwrap_or(&t.p.path_and_query);
+    let up = match upstream_request_to(state, &worker, booking.target(), t.p, path, t.body.clone()) {
+        Ok(up) => up,
+        Err(e) => {
+            let _ = booking.fail(DispatchFailure::Worker);
+            return Err(Failed::Retry(RetryReason::Connect, None, e));
+        }
+    };
+    let first_byte_by = if t.stream {
+        let r = booking.routed();
+        let cached = r.overlap.device.saturating_mul(t.pool.block_size.tokens());
+        let uncached = t.p.request.isl_tokens.saturating_sub(cached);
+        (Instant::now() + retry::first_byte_timeout(&state.cfg.retry, uncached)).min(t.deadline)
+    } else {
+        t.deadline
+    };
+    let sent = tokio::time::timeout_at(first_byte_by, async {
+        let mut resp = state.client.send(up).await?;
+        let first = if t.stream && resp.status().is_success() {
+            match resp.body_mut().frame().await {
+                None => None,
+                Some(Ok(f)) => Some(f),
+                Some(Err(e)) => return Err(crate::upstream::SendError::Request(e)),
+            }
+        } else {
+            None
+        };
+        Ok((resp, first))
+    })
+    .await;
+    let w = worker_id.0;
+    match sent {
+        Err(_) if first_byte_by >= t.deadline => {
+            // No answer at all within the request's time counts against the worker, so a
+            // worker gone slow is ejected like one gone dead.
+            let _ = booking.fail(DispatchFailure::Worker);
+            health::failure(state, w, "timeout");
+            Err(Failed::TimedOut)
+        }
+        Err(_) => {
+            give_up(state, booking, w, RetryReason::FirstByteTimeout);
+            let e = ApiError::upstream(format!("worker {w} sent no byte within its first-byte timeout"));
+            Err(Failed::Retry(RetryReason::FirstByteTimeout, None, e))
+        }
+        Ok(Err(e)) => {
+            let reason = if e.is_connect() { RetryReason::Connect } else { RetryReason::Reset };
+            give_up(state, booking, w, reason);
+            let msg = format!("worker {w} failed: {}", error_chain(&e));
+            Err(Failed::Retry(reason, None, ApiError::upstream(msg)))
+        }
+        Ok(Ok((resp, first))) => match retry::for_status(resp.status()) {
+            None => Ok(Answered { booking, resp, first }),
+            Some(reason) => {
+                let e = status_error(w, resp.status());
+                Err(Failed::Retry(reason, Some(Box::new(Answered { booking, resp, first })), e))
+            }
+        },
+    }
+}
+
+/// A worker's error answer as the client's error: its status, message and
+/// `Retry-After`. `None` if its body does not arrive within a second or is too long.
+async fn worker_error(worker: u64, resp: Response<Upstream>, first: Option<Frame<Bytes>>) -> Option<ApiError> {
+    const ERROR_BYTES_MAX: usize = 64 << 10;
+    let status = resp.status();
+    let retry_after_s = retry::retry_after(resp.headers(), unix_now_s(), u64::MAX).map(|d| d.as_secs());
+    let mut body = first.and_then(|f| f.into_data().ok()).map(Vec::from).unwrap_or_default();
+    let collect = async {
+        let mut up = resp.into_body();
+        while let Some(f) = up.frame().await {
+            body.extend_from_slice(&f.ok()?.into_data().unwrap_or_default());
+            if body.len() > ERROR_BYTES_MAX {
+                return None;
+            }
+        }
+        Some(())
+    };
+    tokio::time::timeout(Duration::from_secs(1), collect).await.ok()??;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let message = v.pointer("/error/message").and_then(|m| m.as_str()).map(String::from);
+    let mut e = status_error(worker, status);
+    e.status = status;
+    e.code = "upstream_error";
+    e.message = message.unwrap_or_else(|| format!("worker {worker} answered {status}"));
+    e.retry_after_s = retry_after_s.or(e.retry_after_s);
+    Some(e)
+}
+
+/// The client's error when a retried status was the last thing a worker said and no
+/// other worker could be tried.
+fn status_error(worker: u64, status: http::StatusCode) -> ApiError {
+    let mut e = ApiError::upstream(format!("worker {worker} answered {status}"));
+    if status == http::StatusCode::TOO_MANY_REQUESTS {
+        e.status = status;
+        e.kind = "rate_limit_error";
+        e.code = "upstream_rate_limited";
+        e.retry_after_s = Some(1);
+    }
+    e
+}
+
+/// A try is abandoned: its booking is released as the worker's failure (which drops the
+/// session's binding), and the failure counts towards the worker's ejection unless it
+/// was only a 429.
+fn give_up(state: &Arc<State>, booking: Booking, worker: u64, reason: RetryReason) {
+    let _ = booking.fail(DispatchFailure::Worker);
+    if reason.counts_against_worker() {
+        let kind = match reason {
+            RetryReason::Connect => "connect",
+            RetryReason::Reset => "request",
+            RetryReason::Status5xx => "status_5xx",
+            _ => "first_byte_timeout",
+        };
+        health::failure(state, worker, kind);
+    }
+}
+
+/// Time a stream may stay silent after its first byte, `None` when unbounded.
+pub(crate) fn idle_timeout(state: &State) -> Option<Duration> {
+    let ms = state.cfg.retry.idle_stream_timeout_ms;
+    (ms > 0).then(|| Duration::from_millis(ms))
+}

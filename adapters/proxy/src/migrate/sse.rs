@@ -1,0 +1,340 @@
+//! The stream side of a migration: reads a worker's SSE events, remembers what a
+//! continuation needs (the prompt's and the output's token ids, the chunk identity),
+//! and writes the events the client gets: complete events only, token-id fields
+//! removed, identity and usage made whole across seams, and a chat continuation's
+//! completion chunks turned back into chat deltas.
+//!
+//! A worker whose first chunk carries no `prompt_token_ids` cannot be continued: from
+//! then on its bytes pass through as they come, unsplit and unparsed ([`Stream::passthrough`]).
+//! Otherwise only chunks that name token ids, and every chunk after a seam, are parsed;
+//! the others go out byte for byte.
+//!
+//! No I/O: bytes in, bytes out. Work is linear in the bytes fed.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::{json, Map, Value};
+
+/// Longest event kept while waiting for its end; a longer one is passed through as it
+/// is, unparsed.
+const EVENT_BYTES_MAX: usize = 1 << 20;
+
+/// What the stream so far holds.
+#[derive(Default)]
+pub(crate) struct Stream {
+    /// Bytes of an event not yet complete.
+    partial: BytesMut,
+    /// Bytes of `partial` already searched for an event's end.
+    scanned: usize,
+    /// The stream cannot be continued: bytes pass through untouched.
+    pub(crate) passthrough: bool,
+    /// Whether the bytes sent so far end at an event boundary.
+    pub(crate) at_boundary: bool,
+    /// The last bytes passed through, so that `[DONE]` split across frames is seen.
+    tail: Vec<u8>,
+    /// `id`, `created`, `model` of the first chunk.
+    identity: Option<[Value; 3]>,
+    /// The first try's prompt.
+    pub(crate) prompt_ids: Option<Vec<u32>>,
+    /// Every token generated so far, across tries.
+    pub(crate) generated: Vec<u32>,
+    /// Breaks continued so far.
+    pub(crate) seams: u32,
+    /// A chunk carried a `finish_reason`.
+    pub(crate) finished: bool,
+    /// `data: [DONE]` passed.
+    pub(crate) done: bool,
+    /// The client's stream is a chat.
+    chat: bool,
+    /// The client asked for the token-id fields itself.
+    client_ids: bool,
+}
+
+impl Stream {
+    pub(crate) fn new(chat: bool, client_ids: bool) -> Self {
+        Stream { chat, client_ids, at_boundary: true, ..Stream::default() }
+    }
+
+    /// A break is being continued: what follows comes from a continuation, and a
+    /// partial event of the broken try is dropped (the client never saw it).
+    pub(crate) fn seam(&mut self) {
+        self.seams += 1;
+        self.partial.clear();
+        self.scanned = 0;
+    }
+
+    /// Feeds bytes from the worker; returns the bytes for the client (maybe empty) and
+    /// how many events they hold.
+    pub(crate) fn feed(&mut self, data: &[u8]) -> (Bytes, u32) {
+        if self.passthrough {
+            return self.pass(data);
+        }
+        self.partial.extend_from_slice(data);
+        let mut out = BytesMut::new();
+        let mut events = 0;
+        while let Some(end) = self.event_end() {
+            let event = self.partial.split_to(end + 2).freeze();
+            self.scanned = 0;
+            self.event(&event[..end], &mut out);
+            events += 1;
+            if self.passthrough {
+                let rest = self.partial.split();
+                out.extend_from_slice(&rest);
+                events += u32::from(!rest.is_empty());
+                break;
+            }
+        }
+        if self.partial.len() > EVENT_BYTES_MAX {
+            out.extend_from_slice(&self.partial.split());
+            self.scanned = 0;
+            events += 1;
+        }
+        if !out.is_empty() {
+            self.at_boundary = out.ends_with(b"\n\n");
+        }
+        (out.freeze(), events)
+    }
+
+    fn pass(&mut self, data: &[u8]) -> (Bytes, u32) {
+        if !data.is_empty() {
+            self.at_boundary = data.ends_with(b"\n\n");
+        }
+        const DONE: &[u8] = b"data: [DONE]";
+        let head = &data[..data.len().min(DONE.len())];
+        self.tail.extend_from_slice(head);
+        if memchr::memmem::find(&self.tail, DONE).is_some() || memchr::memmem::find(data, DONE).is_some() {
+            self.done = true;
+        }
+        let keep = data.len().min(DONE.len());
+        self.tail.clear();
+        self.tail.extend_from_slice(&data[data.len() - keep..]);
+        let events = memchr::memmem::find_iter(data, b"\n\n").count().max(1) as u32;
+        (Bytes::copy_from_slice(data), if data.is_empty() { 0 } else { events })
+    }
+
+    /// Where the first whole event in `partial` ends, searching only what is new.
+    fn event_end(&mut self) -> Option<usize> {
+        let from = self.scanned.saturating_sub(1);
+        match memchr::memmem::find(&self.partial[from..], b"\n\n") {
+            Some(i) => Some(from + i),
+            None => {
+                self.scanned = self.partial.len();
+                None
+            }
+        }
+    }
+
+    /// Writes one event for the client: as the worker sent it, byte for byte, unless
+    /// it had to change.
+    fn event(&mut self, event: &[u8], out: &mut BytesMut) {
+        let Some(data) = event.strip_prefix(b"data: ").or_else(|| event.strip_prefix(b"data:")) else {
+            return put_event(out, event);
+        };
+        if data.trim_ascii() == b"[DONE]" {
+            self.done = true;
+            return put_event(out, event);
+        }
+        // Most chunks need no parse: no seam yet, no token ids in them, identity known.
+        let plain = self.seams == 0 && self.identity.is_some() && memchr::memmem::find(data, b"token_ids").is_none();
+        if plain {
+            self.finished |= memchr::memmem::find(data, b"\"finish_reason\":\"").is_some()
+                || memchr::memmem::find(data, b"\"finish_reason\": \"").is_some();
+            return put_event(out, event);
+        }
+        match serde_json::from_slice::<Value>(data) {
+            Ok(Value::Object(mut chunk)) if !chunk.contains_key("error") => {
+                let first = self.identity.is_none();
+                let changed = self.chunk(&mut chunk);
+                if first && self.prompt_ids.is_none() {
+                    // No token ids to continue from: nothing more to look at.
+                    self.passthrough = true;
+                }
+                if !changed {
+                    return put_event(out, event);
+                }
+                let mut line = b"data: ".to_vec();
+                line.extend_from_slice(Value::Object(chunk).to_string().as_bytes());
+                put_event(out, &line);
+            }
+            _ => put_event(out, event),
+        }
+    }
+
+    /// Reads one chunk and changes what must change; says whether anything did.
+    fn chunk(&mut self, chunk: &mut Map<String, Value>) -> bool {
+        let continued = self.seams > 0;
+        let mut changed = continued;
+        match &self.identity {
+            Some(ids) if continued => {
+                for (k, v) in ["id", "created", "model"].into_iter().zip(ids) {
+                    chunk.insert(k.into(), v.clone());
+                }
+            }
+            Some(_) => {}
+            None => {
+                let get = |k| chunk.get(k).cloned().unwrap_or(Value::Null);
+                self.identity = Some([get("id"), get("created"), get("model")]);
+            }
+        }
+        let top_prompt = chunk.remove("prompt_token_ids");
+        let keep_prompt = self.client_ids && !continued;
+        changed |= top_prompt.is_some() && !keep_prompt;
+        if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
+            for c in choices.iter_mut().filter_map(Value::as_object_mut) {
+                let own = c.remove("prompt_token_ids");
+                match &own {
+                    Some(p) if keep_prompt => {
+                        c.insert("prompt_token_ids".into(), p.clone());
+                    }
+                    Some(_) => changed = true,
+                    None => {}
+                }
+                changed |= self.choice(c, own.or(top_prompt.clone()));
+            }
+        } else {
+            self.take_prompt(top_prompt.clone());
+        }
+        if let (true, Some(p)) = (keep_prompt, top_prompt) {
+            chunk.insert("prompt_token_ids".into(), p);
+        }
+        if continued && self.chat {
+            chunk.insert("object".into(), Value::from("chat.completion.chunk"));
+        }
+        if let (true, Some(Value::Object(usage))) = (continued, chunk.get_mut("usage")) {
+            let prompt = self.prompt_ids.as_ref().map_or(0, Vec::len) as u64;
+            let completion = self.generated.len() as u64;
+            usage.insert("prompt_tokens".into(), Value::from(prompt));
+            usage.insert("completion_tokens".into(), Value::from(completion));
+            usage.insert("total_tokens".into(), Value::from(prompt + completion));
+        }
+        changed
+    }
+
+    /// Reads one choice; says whether it changed.
+    fn choice(&mut self, c: &mut Map<String, Value>, prompt: Option<Value>) -> bool {
+        let first_try = self.seams == 0;
+        let mut changed = false;
+        if first_try {
+            self.take_prompt(prompt);
+        }
+        if let Some(ids) = c.remove("token_ids") {
+            self.generated.extend(ids_of(&ids).unwrap_or_default());
+            if self.client_ids {
+                c.insert("token_ids".into(), ids);
+            } else {
+                changed = true;
+            }
+        }
+        if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
+            self.finished = true;
+        }
+        // A chat continued on the completions endpoint: its text becomes a delta.
+        if !first_try && self.chat {
+            if let Some(text) = c.remove("text") {
+                c.insert("delta".into(), json!({ "content": text }));
+            }
+            c.remove("prompt_logprobs");
+        }
+        changed
+    }
+
+    fn take_prompt(&mut self, prompt: Option<Value>) {
+        if self.prompt_ids.is_none() && self.seams == 0 {
+            self.prompt_ids = prompt.as_ref().and_then(ids_of);
+        }
+    }
+}
+
+fn ids_of(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok())).collect()
+}
+
+#[cfg(test)]
+impl Stream {
+    fn feed_bytes(&mut self, data: &[u8]) -> Bytes {
+        self.feed(data).0
+    }
+}
+
+fn put_event(out: &mut BytesMut, event: &[u8]) {
+    out.put_slice(event);
+    out.put_slice(b"\n\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(b: &Bytes) -> String {
+        String::from_utf8(b.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn ids_are_collected_and_removed_and_partial_events_wait() {
+        let mut s = Stream::new(false, false);
+        let first = r#"data: {"id":"a","created":1,"model":"m","choices":[{"index":0,"text":"x ","prompt_token_ids":[1,2],"token_ids":[7]}]}"#;
+        let out = s.feed_bytes(format!("{first}\n\ndata: {{\"id\":\"a\",").as_bytes());
+        let v: Value = serde_json::from_str(text(&out).strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        assert_eq!(v, json!({"id": "a", "created": 1, "model": "m", "choices": [{"index": 0, "text": "x "}]}));
+        assert!(text(&out).ends_with("}\n\n"));
+        assert_eq!((s.prompt_ids.clone(), s.generated.clone()), (Some(vec![1, 2]), vec![7]));
+        // The broken try's partial event is dropped at the seam; the continuation's
+        // identity is replaced by the first one's and its usage covers everything.
+        s.seam();
+        let cont = r#"data: {"id":"b","created":2,"model":"m2","choices":[{"index":0,"text":"y ","token_ids":[8],"prompt_token_ids":[1,2,7],"finish_reason":"length"}]}"#;
+        let usage = r#"data: {"id":"b","created":2,"model":"m2","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+        let out = text(&s.feed_bytes(format!("{cont}\n\n{usage}\n\ndata: [DONE]\n\n").as_bytes()));
+        let events: Vec<Value> = out
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        assert_eq!(events[0]["id"], "a");
+        assert_eq!(events[0]["created"], 1);
+        assert_eq!(events[0]["model"], "m");
+        assert_eq!(events[0]["choices"][0], json!({"index": 0, "text": "y ", "finish_reason": "length"}));
+        assert_eq!(events[1]["usage"], json!({"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}));
+        assert!(out.ends_with("data: [DONE]\n\n") && s.done && s.finished);
+        assert_eq!(s.prompt_ids, Some(vec![1, 2]), "a continuation's prompt is not the client's");
+    }
+
+    #[test]
+    fn a_chat_continuation_speaks_chat_and_client_ids_stay() {
+        let mut s = Stream::new(true, true);
+        let first = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","prompt_token_ids":[5],"choices":[{"index":0,"delta":{"role":"assistant","content":"a "},"token_ids":[9]}]}"#;
+        let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
+        assert!(out.contains("\"prompt_token_ids\":[5]") && out.contains("\"token_ids\":[9]"), "{out}");
+        s.seam();
+        let cont = r#"data: {"id":"d","object":"text_completion","created":2,"model":"m","choices":[{"index":0,"text":"b ","token_ids":[10],"logprobs":null}]}"#;
+        let v: Value = serde_json::from_str(
+            text(&s.feed_bytes(format!("{cont}\n\n").as_bytes())).trim().strip_prefix("data: ").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert_eq!(v["id"], "c");
+        assert_eq!(v["choices"][0]["delta"], json!({"content": "b "}));
+        assert!(v["choices"][0].get("text").is_none());
+        assert_eq!(s.generated, [9, 10]);
+    }
+
+    #[test]
+    fn a_worker_without_token_ids_is_passed_through_untouched() {
+        let mut s = Stream::new(false, false);
+        let first = "data: {\"id\":\"x\", \"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"te";
+        assert_eq!(text(&s.feed_bytes(first.as_bytes())), first, "the rest of the frame goes out at once");
+        assert!(s.passthrough && !s.at_boundary);
+        let rest = "xt\":\"b\"}]}\n\ndata: [DO";
+        assert_eq!(text(&s.feed_bytes(rest.as_bytes())), rest);
+        assert!(!s.done);
+        assert_eq!(text(&s.feed_bytes(b"NE]\n\n")), "NE]\n\n");
+        assert!(s.done && s.at_boundary, "[DONE] split across frames is seen");
+    }
+
+    #[test]
+    fn comments_errors_and_garbage_pass_through() {
+        let mut s = Stream::new(false, false);
+        let input = ": ping\n\nevent: error\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: not json\n\n";
+        assert_eq!(text(&s.feed_bytes(input.as_bytes())), input);
+        assert!(s.prompt_ids.is_none() && s.generated.is_empty());
+    }
+}

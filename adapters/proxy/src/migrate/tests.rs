@@ -1,0 +1,86 @@
+use serde_json::json;
+
+use super::*;
+
+fn plan(endpoint: Endpoint, body: Value) -> Option<Plan> {
+    let Value::Object(json) = body else { panic!("an object") };
+    let yes = |k: &str| json.get(k).and_then(Value::as_bool) == Some(true);
+    if !yes("stream") {
+        return None;
+    }
+    let max_tokens = ["max_completion_tokens", "max_tokens"].iter().find_map(|k| json.get(*k)?.as_u64());
+    Some(Plan {
+        endpoint,
+        client_ids: yes("return_token_ids"),
+        refusal: structured(&json),
+        max_tokens,
+        json,
+        attempts_max: 3,
+        deadline_ms: 1_000,
+    })
+}
+
+#[track_caller]
+fn check_refusal(body: Value, want: Option<&str>) {
+    assert_eq!(structured(body.as_object().unwrap()), want, "{body}");
+}
+
+#[test]
+fn structured_output_is_refused() {
+    check_refusal(json!({}), None);
+    check_refusal(json!({"response_format": {"type": "text"}}), None);
+    check_refusal(json!({"response_format": {"type": "json_object"}}), Some("response_format"));
+    check_refusal(json!({"response_format": {"type": "json_schema", "json_schema": {}}}), Some("response_format"));
+    check_refusal(json!({"guided_json": {"type": "object"}}), Some("guided decoding"));
+    check_refusal(json!({"guided_choice": ["a", "b"]}), Some("guided decoding"));
+    check_refusal(json!({"guided_regex": null}), None);
+    check_refusal(json!({"structured_outputs": {"regex": "a+"}}), Some("guided decoding"));
+    check_refusal(json!({"tool_choice": "required"}), Some("a forced tool call"));
+    check_refusal(json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}), Some("a forced tool call"));
+    check_refusal(json!({"tool_choice": "auto"}), None);
+}
+
+#[test]
+fn a_completion_continues_from_its_ids_with_fewer_tokens_left() {
+    let p = plan(
+        Endpoint::Completions,
+        json!({"model": "m", "prompt": "hi", "stream": true, "max_tokens": 10, "min_tokens": 4, "temperature": 0}),
+    )
+    .unwrap();
+    assert!(p.first_body().windows(22).any(|w| w == b"\"return_token_ids\":tru"));
+    let (path, body) = p.continuation("/v1/completions", &[1, 2], &[7, 8, 9]).unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(path, "/v1/completions");
+    assert_eq!(v["prompt"], json!([1, 2, 7, 8, 9]));
+    assert_eq!((v["max_tokens"].clone(), v["min_tokens"].clone()), (json!(7), json!(1)));
+    assert_eq!(
+        (v["temperature"].clone(), v["stream"].clone(), v["return_token_ids"].clone()),
+        (json!(0), json!(true), json!(true))
+    );
+    assert!(p.continuation("/v1/completions", &[1], &[0; 10]).is_none(), "nothing left to generate");
+}
+
+#[test]
+fn a_chat_continues_on_the_completions_endpoint_without_chat_fields() {
+    let body = json!({
+        "model": "m", "stream": true, "max_completion_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+        "tools": [], "logprobs": true, "stream_options": {"include_usage": true}, "seed": 3,
+    });
+    let p = plan(Endpoint::Chat, body).unwrap();
+    let (path, body) = p.continuation("/v1/chat/completions?a=1", &[4], &[5]).unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(path, "/v1/completions?a=1");
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["max_tokens", "model", "prompt", "return_token_ids", "seed", "stream", "stream_options"]);
+    assert_eq!((v["prompt"].clone(), v["max_tokens"].clone()), (json!([4, 5]), json!(4)));
+    assert_eq!(completions_path("/x/chat/completions"), "/x/completions");
+}
+
+#[test]
+fn only_streams_are_detected_as_streams() {
+    assert!(is_stream(br#"{"stream": true, "prompt": "x"}"#));
+    assert!(!is_stream(br#"{"stream": false}"#));
+    assert!(!is_stream(br#"{"prompt": "x"}"#));
+    assert!(!is_stream(b"not json"));
+}

@@ -1,0 +1,186 @@
+//! Mid-stream migration (issue #16, part 2) against sim-workers, whose greedy decoding
+//! continues any prefix of prompt and output exactly as the uninterrupted run would:
+//! a stream whose worker dies or stalls after N chunks continues elsewhere and the
+//! client gets exactly the uninterrupted text, one chunk identity, a whole usage, and
+//! only standard fields; structured output is not migrated; the attempts are bounded.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::sims::*;
+use crate::*;
+
+const MIGRATIONS: &str = "kvroute_migrations_total";
+
+/// How the serving worker fails after `after` chunks reached the client. Either way it
+/// first stops after `after` tokens, so that the break falls exactly there (a sim
+/// worker is fast enough to have sent everything by the time a client reacts).
+#[derive(Clone, Copy, Debug)]
+enum Break {
+    /// The process dies: connections cut, port closed.
+    Kill,
+    /// The stream goes silent (the idle timeout hands it to migration).
+    Stall,
+}
+
+/// One stream of `body` at `path` whose worker breaks (`how`) after `after` token
+/// chunks. The client gets exactly the text, the usage and the chunk count of an
+/// uninterrupted run, one `id`/`created`/`model`, no token-id fields, `[DONE]` last;
+/// one migration is counted; nothing is left booked. Returns the seam: the time
+/// between the last chunk before the break and the first after it.
+async fn check_migrates(path: &str, body: Value, how: Break, after: usize) -> Duration {
+    let sims = Sims::start(2).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = match how {
+        Break::Kill => 10_000,
+        Break::Stall => 100,
+    };
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    let whole = stream_all(addr, path, &body).await;
+    assert!(whole.done && whole.error.is_none(), "{whole:?}");
+
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(after as u32));
+    }
+    let mut ev = Events::open(addr, path, &[], &body).await;
+    let home = ev.worker.expect("x-kvroute-worker");
+    // Only the first worker stops; its continuation runs free.
+    sims.of(3 - home).set_stall_after_tokens(None);
+    let mut events = Vec::new();
+    while events.iter().filter(|(e, _): &&(String, _)| e.contains("\"choices\":[{")).count() < after {
+        events.push(ev.next().await.expect("the first chunks"));
+    }
+    if let Break::Kill = how {
+        sims.of(home).kill();
+    }
+    let before = events.last().unwrap().1;
+    let rest = ev.rest().await;
+    let seam = rest.first().expect("chunks after the break").1 - before;
+    events.extend(rest);
+    let got = read(&events);
+    let case = format!("{path} {how:?} after {after}");
+    assert!(got.done && got.error.is_none(), "{case}: {got:?}");
+    assert_eq!(got.text, whole.text, "{case}: exactly the uninterrupted text");
+    assert_eq!(got.chunks.len(), whole.chunks.len(), "{case}: as many chunks");
+    let first = &got.chunks[0];
+    for c in &got.chunks {
+        for k in ["id", "created", "model", "object"] {
+            assert_eq!(c[k], first[k], "{case}: `{k}` is kept across the seam: {c}");
+        }
+        assert!(c.get("prompt_token_ids").is_none() && c["choices"][0].get("token_ids").is_none(), "{case}: {c}");
+        assert!(c["choices"][0].get("prompt_token_ids").is_none(), "{case}: {c}");
+    }
+    let (usage, want) = (&got.chunks.last().unwrap()["usage"], &whole.chunks.last().unwrap()["usage"]);
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(usage[k], want[k], "{case}: usage.{k} covers the whole generation");
+    }
+    let reason = match how {
+        Break::Kill => "stream_broken",
+        Break::Stall => "idle_timeout",
+    };
+    let m = get(addr, "/metrics").await.text();
+    let label = format!("reason=\"{reason}\"");
+    assert_eq!(counted(&m, MIGRATIONS, &[&label, "outcome=\"resumed\""]), 1.0, "{case}\n{m}");
+    eventually(5_000, "released", || released(addr)).await;
+    drop(p);
+    sims.stop().await;
+    seam
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m1_a_completion_whose_worker_dies_continues_with_exactly_the_uninterrupted_text() {
+    let mut seams = Vec::new();
+    for after in [1, 3, 7] {
+        seams.push(check_migrates("/v1/completions", completion("the quick brown fox", 12), Break::Kill, after).await);
+    }
+    let chat = greedy_chat("tell me about caches", 12);
+    seams.push(check_migrates("/v1/chat/completions", chat, Break::Kill, 4).await);
+    let shown: Vec<String> = seams.iter().map(|s| format!("{:.2}", ms(*s))).collect();
+    eprintln!("migration seam after a killed worker (ms): {}", shown.join(", "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m2_a_stalled_stream_is_migrated_after_the_idle_timeout() {
+    // The seam includes the idle timeout, counted from when the proxy got the last chunk.
+    let seam = check_migrates("/v1/completions", completion("a stalled stream", 10), Break::Stall, 3).await;
+    let chat = check_migrates("/v1/chat/completions", greedy_chat("stall", 10), Break::Stall, 5).await;
+    eprintln!("migration seam after a stall (ms): {:.1}, {:.1} (idle timeout 100)", ms(seam), ms(chat));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m3_structured_output_is_not_migrated_and_ends_with_an_error_event() {
+    let sims = Sims::start(2).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 50;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(2));
+    }
+    let mut body = completion("json please", 8);
+    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}});
+    let got = stream_all(addr, "/v1/completions", &body).await;
+    assert_eq!(got.chunks.len(), 2, "the tokens sent before the break stay sent");
+    assert!(!got.done, "no [DONE] after a break");
+    let e = got.error.expect("an error event");
+    assert_eq!(e["error"]["code"], "migration_refused", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("response_format"), "{e}");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"refused_structured\""]), 1.0, "{m}");
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"resumed\""]), 0.0);
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+/// Every worker stalls after 2 tokens: each continuation breaks too. After
+/// `attempts_max` migrations the next break ends the stream with an error event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m4_the_migration_limit_ends_the_stream_with_an_error_event() {
+    let sims = Sims::start(3).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 50;
+    cfg.migration.attempts_max = 2;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    let body = completion("limits", 12);
+    let whole = stream_all(addr, "/v1/completions", &body).await;
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(2));
+    }
+    let got = stream_all(addr, "/v1/completions", &body).await;
+    assert_eq!(got.chunks.len(), 6, "2 tokens from each of 3 workers: {got:?}");
+    assert!(whole.text.starts_with(&got.text), "what was sent is exact: {:?} vs {:?}", got.text, whole.text);
+    let e = got.error.expect("an error event");
+    assert_eq!(e["error"]["code"], "migration_limit", "{e}");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"resumed\""]), 2.0, "{m}");
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"attempts_exhausted\""]), 1.0, "{m}");
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+/// A session's binding follows its stream to the new worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m5_the_sessions_binding_moves_with_the_migration() {
+    let sims = Sims::start(2).await;
+    let p = proxy(sims.config()).await;
+    let addr = p.local_addr();
+    let session = [("x-session-id", "mover")];
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(1));
+    }
+    let mut ev = Events::open(addr, "/v1/completions", &session, &completion("move me", 10)).await;
+    let home = ev.worker.unwrap();
+    sims.of(3 - home).set_stall_after_tokens(None);
+    ev.next().await.expect("a first chunk");
+    sims.of(home).kill();
+    let rest = read(&ev.rest().await);
+    assert!(rest.done && rest.error.is_none(), "{rest:?}");
+    let next = post(addr, "/v1/completions", &session, &completion("next", 2)).await;
+    assert_eq!(next.status, 200, "{}", next.text());
+    assert_eq!(next.worker(), Some(3 - home), "the session now lives where its stream went");
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}

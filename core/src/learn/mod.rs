@@ -1,0 +1,424 @@
+//! Online cost learning: how fast each worker really prefills and decodes, fitted from
+//! what the adapters observe, and the load its engine reports about itself.
+//!
+//! The kv cost model predicts time with one engine timing model ([`TtftModel`]) for the
+//! whole fleet, and counts only the load this router placed. A [`CostLearner`] corrects
+//! both, per worker key:
+//!
+//! - **Speed.** Each [`Observation`] compares a measured time with what the timing model
+//!   predicts for the same work: a first token after `queued + uncached` prompt tokens,
+//!   or a run of decode steps. The learned *scale* is the decayed ratio of the two,
+//!   `Σ wᵢ·measuredᵢ / Σ wᵢ·predictedᵢ`, the samples weighted by their predicted time and
+//!   by `2^(−age / half_life_ms)`. A worker twice as slow as the model has scale 2.
+//! - **Outliers.** Before it is folded in, a sample's ratio is clamped to within
+//!   `outlier_ratio_max` of the current estimate (and to `scale_min..=scale_max`): an idle
+//!   engine that takes a second to pick a request up moves the estimate by a bounded
+//!   step, never to the outlier.
+//! - **Prior.** Until a key has `samples_min` samples of a kind, its scale is 1 (the
+//!   fixed coefficients).
+//! - **Engine load.** An [`EngineLoad`] (requests waiting and running, KV usage) scraped
+//!   from the worker counts traffic that reached it by another way. While it is younger
+//!   than `engine_load_age_max_ms`, the load a candidate is scored with is the larger of
+//!   the router's own count and the engine's, and waiting requests the router did not
+//!   place are charged the key's mean uncached prompt.
+//!
+//! How the cost uses it: with [`LearnConfig::costs`] on, a candidate's cost factor is
+//! multiplied by its prefill scale (decode scale in the decode phase), which scales every
+//! time the TTFT model predicts for that worker; with [`LearnConfig::engine_load`] on, its
+//! load is the folded one. Both are off by default, and observations are fitted either
+//! way, so the learned figures can be watched before they are trusted.
+//!
+//! State is one fixed-size entry per key, at most `keys_max` keys; a removed worker's
+//! entries go with it. Every input is O(log keys). No input panics or poisons an entry:
+//! NaN, infinite and negative values are refused and counted.
+
+#[cfg(test)]
+mod tests;
+
+use alloc::collections::BTreeMap;
+use core::fmt;
+
+use crate::mathf;
+use crate::select::TtftModel;
+use crate::types::{Phase, WorkerId, WorkerKey, WorkerLoad};
+use crate::Instant;
+
+/// Knobs of the [`CostLearner`]. `Default` gives the documented defaults.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct LearnConfig {
+    /// Scale each worker's predicted times by its learned speed. Default false.
+    pub costs: bool,
+    /// Fold engine-reported load into the load candidates are scored with. Default false.
+    pub engine_load: bool,
+    /// Age at which a sample weighs half as much as a new one, ms. Default 60,000.
+    pub half_life_ms: u64,
+    /// Samples of a kind a key needs before its learned scale replaces 1. Default 8.
+    pub samples_min: u32,
+    /// Furthest a sample's ratio may stray from the current estimate, as a factor
+    /// either way (values below 1 count as 1). Default 3.0.
+    pub outlier_ratio_max: f64,
+    /// Smallest learned scale. Default 1/32.
+    pub scale_min: f64,
+    /// Largest learned scale. Default 32.
+    pub scale_max: f64,
+    /// Worker keys tracked at once. Default 4,096.
+    pub keys_max: usize,
+    /// An engine report older than this is ignored, ms. Default 10,000.
+    pub engine_load_age_max_ms: u64,
+    /// Uncached prompt tokens charged per engine-waiting request this router did not
+    /// place, until the key has a learned mean. Default 512.
+    pub waiting_tokens_default: u32,
+}
+
+impl Default for LearnConfig {
+    fn default() -> Self {
+        LearnConfig {
+            costs: false,
+            engine_load: false,
+            half_life_ms: 60_000,
+            samples_min: 8,
+            outlier_ratio_max: 3.0,
+            scale_min: 1.0 / 32.0,
+            scale_max: 32.0,
+            keys_max: 4096,
+            engine_load_age_max_ms: 10_000,
+            waiting_tokens_default: 512,
+        }
+    }
+}
+
+/// What an adapter measured about one request on one worker key.
+#[derive(Clone, Copy, PartialEq, Debug)]
+#[non_exhaustive]
+pub enum Observation {
+    /// The first token (or first response byte) came `ttft_ms` after dispatch. The
+    /// worker had `queued_tokens` prompt tokens ahead of this request's
+    /// `uncached_tokens` (take both from the decision's score).
+    FirstToken {
+        /// Dispatch to first token, ms.
+        ttft_ms: f64,
+        /// Prompt tokens of this request the worker had to compute.
+        uncached_tokens: u32,
+        /// Prompt tokens queued ahead of it.
+        queued_tokens: u64,
+    },
+    /// `tokens` output tokens after the first took `ms` in all.
+    Decode {
+        /// Time from the first token to the last, ms.
+        ms: f64,
+        /// Tokens produced in that time.
+        tokens: u32,
+    },
+}
+
+/// Load an engine reports about itself (vLLM's `num_requests_waiting`,
+/// `num_requests_running` and `kv_cache_usage_perc`).
+#[derive(Clone, Copy, PartialEq, Debug, Default)]
+pub struct EngineLoad {
+    /// Requests queued in the engine, not yet scheduled.
+    pub waiting: u32,
+    /// Requests in the engine's running batch.
+    pub running: u32,
+    /// Share of its KV cache in use, 0..=1.
+    pub kv_usage: f64,
+}
+
+/// Why an observation or engine report was refused. Each is counted in [`LearnStats`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
+pub enum LearnError {
+    /// The worker is not registered.
+    UnknownWorker {
+        /// The worker named.
+        worker: WorkerId,
+    },
+    /// A time or share was NaN, infinite or negative, or the observation covered no work.
+    BadValue,
+    /// `keys_max` keys are tracked already.
+    TableFull {
+        /// The bound.
+        keys_max: usize,
+    },
+}
+
+impl fmt::Display for LearnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LearnError::UnknownWorker { worker } => write!(f, "unknown worker {}", worker.0),
+            LearnError::BadValue => f.write_str("observation is not a finite, non-negative amount of work"),
+            LearnError::TableFull { keys_max } => write!(f, "cost learner tracks {keys_max} keys already"),
+        }
+    }
+}
+
+/// Counters of the learner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LearnStats {
+    /// Observations fitted.
+    pub observations: u64,
+    /// Of those, samples clamped as outliers.
+    pub clamped: u64,
+    /// Engine reports stored.
+    pub engine_loads: u64,
+    /// Inputs refused (any [`LearnError`]).
+    pub dropped: u64,
+}
+
+/// What the learner knows about one key, as of `now`.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Learned {
+    /// Learned prefill scale (1 until `samples_min` prefill samples).
+    pub prefill_scale: f64,
+    /// Learned decode scale (1 until `samples_min` decode samples).
+    pub decode_scale: f64,
+    /// The timing model's linear prefill coefficient times the prefill scale, ms/token.
+    pub prefill_ms_per_token: f64,
+    /// The timing model's empty-cache decode step times the decode scale, ms/token.
+    pub decode_ms_per_token: f64,
+    /// Prefill samples fitted.
+    pub prefill_samples: u64,
+    /// Decode samples fitted.
+    pub decode_samples: u64,
+    /// The last engine report and its age in ms, if any.
+    pub engine: Option<(EngineLoad, u64)>,
+}
+
+/// A decayed ratio estimate: `num / den`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Fit {
+    num: f64,
+    den: f64,
+    samples: u64,
+    last: Instant,
+}
+
+/// Largest measured or predicted time one sample may carry, ms (about 11 days).
+const SAMPLE_MS_MAX: f64 = 1e9;
+/// Sums are scaled down past this; the ratio is unchanged.
+const SUM_MAX: f64 = 1e15;
+
+impl Fit {
+    fn ratio(&self) -> Option<f64> {
+        (self.den > 0.0).then(|| self.num / self.den).filter(|r| r.is_finite())
+    }
+
+    /// Folds in one sample; true when it was clamped.
+    fn add(&mut self, now: Instant, measured_ms: f64, predicted_ms: f64, cfg: &LearnConfig) -> bool {
+        let f = decay(now.micros_since(self.last), cfg.half_life_ms);
+        self.last = self.last.max(now);
+        self.num *= f;
+        self.den *= f;
+        if self.den < 1e-300 {
+            // Everything fitted so far has decayed away: start again from the prior.
+            *self = Fit { last: self.last, ..Fit::default() };
+        }
+        let (lo, hi) = bounds(cfg);
+        let est = self.ratio().unwrap_or(1.0).clamp(lo, hi);
+        let k = if cfg.outlier_ratio_max >= 1.0 { cfg.outlier_ratio_max } else { 1.0 };
+        let predicted = predicted_ms.min(SAMPLE_MS_MAX);
+        let raw = measured_ms.min(SAMPLE_MS_MAX) / predicted;
+        let r = raw.clamp(est / k, est * k).clamp(lo, hi);
+        self.num += r * predicted;
+        self.den += predicted;
+        if self.den > SUM_MAX {
+            self.num *= 1e-6;
+            self.den *= 1e-6;
+        }
+        self.samples = self.samples.saturating_add(1);
+        r != raw
+    }
+
+    /// The scale to use: the estimate once `samples_min` samples exist, else 1.
+    fn scale(&self, cfg: &LearnConfig) -> f64 {
+        if self.samples < u64::from(cfg.samples_min) {
+            return 1.0;
+        }
+        let (lo, hi) = bounds(cfg);
+        self.ratio().unwrap_or(1.0).clamp(lo, hi)
+    }
+}
+
+/// `scale_min..=scale_max`, repaired if the config is NaN or inverted.
+fn bounds(cfg: &LearnConfig) -> (f64, f64) {
+    let lo = if cfg.scale_min > 0.0 && cfg.scale_min <= 1.0 { cfg.scale_min } else { 1.0 / 32.0 };
+    let hi = if cfg.scale_max >= 1.0 && cfg.scale_max < f64::INFINITY { cfg.scale_max } else { 32.0 };
+    (lo, hi)
+}
+
+/// `2^(−elapsed / half_life)`; a zero half-life forgets everything older than now.
+fn decay(elapsed_us: u64, half_life_ms: u64) -> f64 {
+    if elapsed_us == 0 {
+        return 1.0;
+    }
+    if half_life_ms == 0 {
+        return 0.0;
+    }
+    let halves = elapsed_us as f64 / (half_life_ms as f64 * 1000.0);
+    mathf::exp(-halves * core::f64::consts::LN_2)
+}
+
+/// One key's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Entry {
+    prefill: Fit,
+    decode: Fit,
+    /// Decayed sums of uncached prompt tokens and of their weights.
+    uncached: (f64, f64),
+    engine: Option<(Instant, EngineLoad)>,
+}
+
+/// The learner: one fixed-size entry per worker key. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct CostLearner {
+    cfg: LearnConfig,
+    keys: BTreeMap<WorkerKey, Entry>,
+    stats: LearnStats,
+}
+
+impl CostLearner {
+    /// An empty learner.
+    pub fn new(cfg: LearnConfig) -> Self {
+        CostLearner { cfg, keys: BTreeMap::new(), stats: LearnStats::default() }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LearnConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> LearnStats {
+        self.stats
+    }
+
+    /// Keys tracked.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True when no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Fits one observation of `key`. `predicted_ms` is what the timing model predicts
+    /// for the same work at scale 1 (the router works it out; see
+    /// `Router::handle_observation`).
+    pub fn observe(
+        &mut self,
+        now: Instant,
+        key: WorkerKey,
+        obs: &Observation,
+        predicted_ms: f64,
+    ) -> Result<(), LearnError> {
+        let measured = match *obs {
+            Observation::FirstToken { ttft_ms, .. } => ttft_ms,
+            Observation::Decode { ms, tokens } if tokens > 0 => ms,
+            Observation::Decode { .. } => return Err(self.refuse(LearnError::BadValue)),
+        };
+        if !(measured >= 0.0 && measured.is_finite() && predicted_ms > 0.0 && predicted_ms.is_finite()) {
+            return Err(self.refuse(LearnError::BadValue));
+        }
+        let cfg = self.cfg;
+        let e = self.entry(key)?;
+        let clamped = match *obs {
+            Observation::FirstToken { uncached_tokens, .. } => {
+                let f = decay(now.micros_since(e.prefill.last), cfg.half_life_ms);
+                e.uncached = (e.uncached.0 * f + f64::from(uncached_tokens), e.uncached.1 * f + 1.0);
+                e.prefill.add(now, measured, predicted_ms, &cfg)
+            }
+            Observation::Decode { .. } => e.decode.add(now, measured, predicted_ms, &cfg),
+        };
+        self.stats.observations += 1;
+        self.stats.clamped += u64::from(clamped);
+        Ok(())
+    }
+
+    /// Stores `key`'s engine report, replacing the last one. A KV usage outside 0..=1 or
+    /// NaN is refused.
+    pub fn engine_load(&mut self, now: Instant, key: WorkerKey, load: EngineLoad) -> Result<(), LearnError> {
+        if !(0.0..=1.0).contains(&load.kv_usage) {
+            return Err(self.refuse(LearnError::BadValue));
+        }
+        self.entry(key)?.engine = Some((now, load));
+        self.stats.engine_loads += 1;
+        Ok(())
+    }
+
+    /// Forgets every key of `worker`.
+    pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.keys.retain(|k, _| k.worker != worker);
+    }
+
+    /// The multiplier [`LearnConfig::costs`] applies to `key`'s cost in `phase`: its
+    /// decode scale for [`Phase::Decode`], its prefill scale otherwise; 1 when off.
+    pub fn cost_scale(&self, key: WorkerKey, phase: Phase) -> f64 {
+        match (self.cfg.costs, self.keys.get(&key)) {
+            (true, Some(e)) if phase == Phase::Decode => e.decode.scale(&self.cfg),
+            (true, Some(e)) => e.prefill.scale(&self.cfg),
+            _ => 1.0,
+        }
+    }
+
+    /// `own` (the router's count) with `key`'s fresh engine report folded in, when
+    /// [`LearnConfig::engine_load`] is on; else `own`. `own_prefill_requests` are the
+    /// router's requests there still in prefill (the engine's waiting ones include
+    /// them), `kv_blocks` the key's capacity.
+    pub fn fold_load(
+        &self,
+        now: Instant,
+        key: WorkerKey,
+        own: WorkerLoad,
+        own_prefill_requests: u32,
+        kv_blocks: u32,
+    ) -> WorkerLoad {
+        let Some(e) = self.keys.get(&key).filter(|_| self.cfg.engine_load) else { return own };
+        let fresh = |(at, _): &(Instant, EngineLoad)| now.micros_since(*at) / 1000 <= self.cfg.engine_load_age_max_ms;
+        let Some((_, r)) = e.engine.filter(fresh) else { return own };
+        let blocks = mathf::ceil(r.kv_usage * f64::from(kv_blocks)) as u64;
+        let foreign = u64::from(r.waiting.saturating_sub(own_prefill_requests));
+        WorkerLoad {
+            active_prefill_tokens: own
+                .active_prefill_tokens
+                .saturating_add(foreign.saturating_mul(self.mean_uncached(e))),
+            active_decode_blocks: own.active_decode_blocks.max(blocks),
+            active_requests: own.active_requests.max(r.waiting.saturating_add(r.running)),
+        }
+    }
+
+    /// What the learner knows about `key` as of `now`, with coefficients read from `m`.
+    pub fn learned(&self, now: Instant, key: WorkerKey, m: &TtftModel) -> Option<Learned> {
+        let e = self.keys.get(&key)?;
+        let (p, d) = (e.prefill.scale(&self.cfg), e.decode.scale(&self.cfg));
+        Some(Learned {
+            prefill_scale: p,
+            decode_scale: d,
+            prefill_ms_per_token: p * m.prefill_ms_per_token,
+            decode_ms_per_token: d * m.decode_step_ms(0.0),
+            prefill_samples: e.prefill.samples,
+            decode_samples: e.decode.samples,
+            engine: e.engine.map(|(at, l)| (l, now.micros_since(at) / 1000)),
+        })
+    }
+
+    fn mean_uncached(&self, e: &Entry) -> u64 {
+        let (sum, n) = e.uncached;
+        if n > 0.0 && (sum / n).is_finite() {
+            mathf::round(sum / n) as u64
+        } else {
+            u64::from(self.cfg.waiting_tokens_default)
+        }
+    }
+
+    fn entry(&mut self, key: WorkerKey) -> Result<&mut Entry, LearnError> {
+        if !self.keys.contains_key(&key) && self.keys.len() >= self.cfg.keys_max {
+            return Err(self.refuse(LearnError::TableFull { keys_max: self.cfg.keys_max }));
+        }
+        Ok(self.keys.entry(key).or_default())
+    }
+
+    pub(crate) fn refuse(&mut self, e: LearnError) -> LearnError {
+        self.stats.dropped += 1;
+        e
+    }
+}

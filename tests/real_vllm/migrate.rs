@@ -1,0 +1,194 @@
+//! Mid-stream migration on real engines: a vLLM server SIGKILLed while it streams a
+//! greedy generation, and the client still receives exactly the text (and usage) an
+//! uninterrupted run gives, as one standard OpenAI stream. kvroute continues the
+//! generation on the other server from the prompt's ids plus the ids generated so far.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::engine::{sum_samples, MODEL};
+use crate::fleet::{fleet, tokens, Fleet};
+use crate::http;
+
+/// Chunks the client reads before the serving engine is killed.
+const CHUNKS_BEFORE_KILL: usize = 8;
+/// Tokens generated per stream: long enough to outlast the kill.
+const TOKENS: u64 = 96;
+
+/// One streamed response, read event by event.
+struct Stream {
+    reader: BufReader<TcpStream>,
+    worker: u64,
+}
+
+/// What a stream delivered.
+#[derive(Debug, Default)]
+struct Delivered {
+    text: String,
+    ids: Vec<String>,
+    usage: Option<Value>,
+    done_last: bool,
+    extra_fields: Vec<String>,
+    /// The longest gap between two content chunks, and the chunk index after it.
+    seam: (Duration, usize),
+}
+
+impl Stream {
+    fn open(f: &Fleet, path: &str, body: &Value) -> Stream {
+        let addr = f.router.addr();
+        let mut s = TcpStream::connect(addr).expect("connect to kvroute");
+        s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+        let body = serde_json::to_vec(body).expect("JSON");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).and_then(|()| s.write_all(&body)).expect("request written");
+        let mut reader = BufReader::new(s);
+        let (mut line, mut worker, mut status) = (String::new(), None, 0);
+        loop {
+            line.clear();
+            reader.read_line(&mut line).expect("response head");
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(code) = l.strip_prefix("HTTP/1.1 ") {
+                status = code[..3].parse().unwrap_or(0);
+            } else if let Some((k, v)) = l.split_once(':') {
+                if k.trim().eq_ignore_ascii_case("x-kvroute-worker") {
+                    worker = v.trim().parse().ok();
+                }
+            }
+        }
+        assert_eq!(status, 200, "the stream starts");
+        Stream { reader, worker: worker.expect("x-kvroute-worker names the serving worker") }
+    }
+
+    /// The next SSE `data:` payload (chunked framing stripped), or `None` at the end.
+    fn next_event(&mut self, pending: &mut String) -> Option<String> {
+        loop {
+            if let Some(end) = pending.find("\n\n") {
+                let event: String = pending.drain(..end + 2).collect();
+                let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                if !data.is_empty() {
+                    return Some(data.join("\n"));
+                }
+                continue;
+            }
+            let mut size = String::new();
+            if self.reader.read_line(&mut size).ok()? == 0 {
+                return None;
+            }
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                return None;
+            }
+            let mut buf = vec![0; n + 2];
+            self.reader.read_exact(&mut buf).ok()?;
+            pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    }
+
+    /// Reads to the end; calls `at_chunk(i)` after each content chunk `i`.
+    fn drain(mut self, chat: bool, mut at_chunk: impl FnMut(usize)) -> Delivered {
+        let (mut d, mut pending, mut chunks) = (Delivered::default(), String::new(), 0);
+        let mut last = Instant::now();
+        while let Some(data) = self.next_event(&mut pending) {
+            d.done_last = data == "[DONE]";
+            if d.done_last {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("chunk is JSON ({e}): {data}"));
+            if let Some(id) = v["id"].as_str() {
+                if !d.ids.iter().any(|x| x == id) {
+                    d.ids.push(id.to_string());
+                }
+            }
+            for field in ["token_ids", "prompt_token_ids"] {
+                if data.contains(&format!("\"{field}\"")) {
+                    d.extra_fields.push(field.to_string());
+                }
+            }
+            if !v["usage"].is_null() {
+                d.usage = Some(v["usage"].clone());
+            }
+            let piece = if chat { &v["choices"][0]["delta"]["content"] } else { &v["choices"][0]["text"] };
+            if let Some(t) = piece.as_str().filter(|t| !t.is_empty()) {
+                d.text.push_str(t);
+                let gap = last.elapsed();
+                if chunks > 0 && gap > d.seam.0 {
+                    d.seam = (gap, chunks);
+                }
+                last = Instant::now();
+                chunks += 1;
+                at_chunk(chunks);
+            }
+        }
+        d
+    }
+}
+
+fn migrations(f: &Fleet) -> f64 {
+    let r = http::request(f.router.addr(), "GET", "/metrics", &[], None, Duration::from_secs(10)).expect("metrics");
+    sum_samples(&r.text(), "kvroute_migrations_total")
+}
+
+/// Streams `body` twice through kvroute: once undisturbed, once with its engine killed
+/// after a few chunks; the two deliveries must be the same.
+#[track_caller]
+fn check(f: &mut Fleet, path: &str, body: Value) {
+    let chat = path.ends_with("chat/completions");
+    let reference = Stream::open(f, path, &body).drain(chat, |_| {});
+    assert!(reference.done_last, "{path}: the reference stream ends with [DONE]");
+    let before = migrations(f);
+    let s = Stream::open(f, path, &body);
+    let victim = s.worker;
+    let mut killed = None;
+    let got = s.drain(chat, |i| {
+        if i == CHUNKS_BEFORE_KILL {
+            f.engine_mut(victim).kill();
+            killed = Some(Instant::now());
+        }
+    });
+    assert!(killed.is_some(), "{path}: the stream outlasted {CHUNKS_BEFORE_KILL} chunks");
+    eprintln!("real_vllm: {path} seam after killing worker {victim}: {:?} (before chunk {})", got.seam.0, got.seam.1);
+    assert_eq!(got.text, reference.text, "{path}: the migrated stream delivers exactly the uninterrupted text");
+    assert_eq!(got.usage, reference.usage, "{path}: usage covers the whole generation");
+    assert_eq!(got.ids.len(), 1, "{path}: one chunk id across the seam: {:?}", got.ids);
+    assert!(got.extra_fields.is_empty(), "{path}: the client sees only standard fields: {:?}", got.extra_fields);
+    assert!(got.done_last, "{path}: [DONE] comes last");
+    assert_eq!(migrations(f) - before, 1.0, "{path}: one migration counted");
+    let e = f.engine_mut(victim);
+    e.restart();
+    let waited = e.wait_ready();
+    eprintln!("real_vllm: vLLM server {victim} restarted in {waited:?}");
+    f.router.wait(Duration::from_secs(60), "kvroute readmits the restarted worker", |_| {
+        f.preview(&json!({"model": MODEL, "prompt": tokens(90, 70)})).eligible(victim)
+    });
+}
+
+#[test]
+fn a_stream_whose_engine_is_killed_continues_exactly_on_the_other() {
+    let Some(mut f) = fleet() else { return };
+    let usage = json!({"include_usage": true});
+    let prompt = tokens(91, 200);
+    check(
+        &mut f,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": TOKENS, "stream": true,
+               "stream_options": usage, "ignore_eos": true}),
+    );
+    check(
+        &mut f,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "temperature": 0, "max_completion_tokens": TOKENS, "stream": true,
+               "stream_options": usage, "ignore_eos": true, "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Describe, at length, how a request router picks a worker."}]}),
+    );
+}
