@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use cache::{CacheConfig, CacheStats};
 pub use error::TokenizeError;
-pub use request::{ChatRequest, ContentFormat, Dialect, VllmOptions};
+pub use request::{ChatRequest, ContentFormat, Dialect, ToolDump, VllmOptions};
 pub use template::Clock;
 
 use cache::PieceCache;

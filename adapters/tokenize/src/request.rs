@@ -14,8 +14,10 @@
 //!   get a string when all parts are text;
 //! - tool-call `arguments` given as a JSON string are parsed (invalid JSON becomes `{}`) and
 //!   an empty `tool_calls` list is removed;
-//! - tools are dumped as vLLM's pydantic model does: `{"type", "function": {"name",
-//!   "description", "parameters"[, "strict"]}}`, absent fields as `null`, extra fields after.
+//! - tools are dumped as vLLM's pydantic model does ([`ToolDump`]); in vLLM 0.32:
+//!   `{"type", "function": {"name", "description", "parameters"[, "strict"][,
+//!   "defer_loading"]}[, "defer_loading"]}`, `description` and `parameters` as `null` when
+//!   absent, `strict` and `defer_loading` only when set, other fields dropped.
 //!
 //! Then both dialects apply what transformers' `apply_chat_template` does: keys whose value
 //! is `null` are dropped from each message, and a message's reasoning is also offered as
@@ -81,16 +83,32 @@ impl Default for Dialect {
 pub struct VllmOptions {
     /// `--chat-template-content-format`; default [`ContentFormat::Auto`].
     pub content_format: ContentFormat,
-    /// Whether the engine's `FunctionDefinition` has a `strict` field, which its tool dump
-    /// then prints as `"strict": null` when the client left it out. Default `true`
-    /// (recent vLLM); older releases lack the field.
-    pub function_strict_field: bool,
+    /// How the engine dumps each tool for the template; default [`ToolDump::Declared`].
+    pub tool_dump: ToolDump,
 }
 
 impl Default for VllmOptions {
     fn default() -> Self {
-        Self { content_format: ContentFormat::Auto, function_strict_field: true }
+        Self { content_format: ContentFormat::Auto, tool_dump: ToolDump::default() }
     }
+}
+
+/// How vLLM turns each request tool into the dict its chat template sees (`tojson` prints
+/// it, so every key is prompt tokens).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ToolDump {
+    /// vLLM 0.32: declared fields only. `name`, `description`, `parameters` (`null` when
+    /// absent), then `strict` and `defer_loading` only when not `null`; a tool-level
+    /// `defer_loading` is also copied into an unset function one. Client extras are dropped.
+    #[default]
+    Declared,
+    /// Earlier releases: `name`, `description`, `parameters` and, with `strict_field`,
+    /// `strict`, each `null` when absent; the client's extra fields follow.
+    WithExtras {
+        /// Whether `FunctionDefinition` declares `strict` (printed as `null` when unset).
+        strict_field: bool,
+    },
 }
 
 /// How message content reaches the template.
@@ -130,7 +148,7 @@ pub(crate) fn render_context(
     let (messages, tools) = match dialect {
         Dialect::Vllm(opts) => (
             vllm_messages(&req.messages, openai_content)?,
-            req.tools.as_ref().map(|t| t.iter().map(|x| vllm_tool(x, opts)).collect()),
+            req.tools.as_ref().map(|t| t.iter().map(|x| vllm_tool(x, opts.tool_dump)).collect()),
         ),
         Dialect::Transformers => (req.messages.clone(), req.tools.clone()),
     };
@@ -283,6 +301,7 @@ fn content_value(texts: &[String], openai: bool) -> Json {
 }
 
 /// vLLM parses string `arguments` to JSON and drops an empty call list (`None`).
+/// A call whose `type` is not `"function"` is a bad request, as in vLLM 0.32.
 fn vllm_tool_calls(calls: &Json) -> Result<Option<Json>, TokenizeError> {
     let Json::Array(items) = calls else {
         return Err(TokenizeError::invalid("tool_calls must be a list"));
@@ -296,22 +315,27 @@ fn vllm_tool_calls(calls: &Json) -> Result<Option<Json>, TokenizeError> {
             Json::Object(o) => o.clone(),
             _ => return Err(TokenizeError::invalid("each tool call must be an object")),
         };
+        if call.get("type").is_some_and(|t| t != "function") {
+            return Err(TokenizeError::invalid("only tool calls of type `function` are supported"));
+        }
         let Some(Json::Object(function)) = call.get_mut("function") else {
             return Err(TokenizeError::invalid("each tool call needs a `function` object"));
         };
+        // vLLM 0.32 hands templates a mapping only: anything else becomes `{}`.
         let args = match function.get("arguments") {
-            Some(Json::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| Json::Object(Map::new())),
-            Some(v @ (Json::Object(_) | Json::Array(_))) => v.clone(),
-            _ => Json::Object(Map::new()),
+            Some(Json::String(s)) => serde_json::from_str(s).ok().filter(Json::is_object),
+            Some(v @ Json::Object(_)) => Some(v.clone()),
+            _ => None,
         };
-        function.insert("arguments".into(), args);
+        function.insert("arguments".into(), args.unwrap_or_else(|| Json::Object(Map::new())));
         out.push(Json::Object(call));
     }
     Ok(Some(Json::Array(out)))
 }
 
-/// vLLM's `ChatCompletionToolsParam.model_dump()`: declared fields first, then extras.
-fn vllm_tool(tool: &Json, opts: &VllmOptions) -> Json {
+/// vLLM's `ChatCompletionToolsParam.model_dump()` as `dump` says. A tool that is not an
+/// object with a `function` object passes through (vLLM rejects it before rendering).
+fn vllm_tool(tool: &Json, dump: ToolDump) -> Json {
     let Json::Object(t) = tool else {
         return tool.clone();
     };
@@ -319,28 +343,38 @@ fn vllm_tool(tool: &Json, opts: &VllmOptions) -> Json {
         return tool.clone();
     };
     let mut function = Map::new();
-    let mut declared = vec!["name", "description", "parameters"];
-    if opts.function_strict_field {
-        declared.push("strict");
-    }
-    for key in &declared {
-        function.insert((*key).into(), f.get(*key).cloned().unwrap_or(Json::Null));
-    }
-    for (k, v) in f {
-        if !declared.contains(&k.as_str()) {
-            function.insert(k.clone(), v.clone());
-        }
+    for key in ["name", "description", "parameters"] {
+        function.insert(key.into(), f.get(key).cloned().unwrap_or(Json::Null));
     }
     let mut out = Map::new();
-    let kind = t.get("type").cloned().unwrap_or_else(|| Json::String("function".into()));
-    out.insert("type".into(), kind);
-    out.insert("function".into(), Json::Object(function));
-    for (k, v) in t {
-        if k != "type" && k != "function" {
-            out.insert(k.clone(), v.clone());
+    out.insert("type".into(), t.get("type").cloned().unwrap_or_else(|| Json::String("function".into())));
+    match dump {
+        ToolDump::Declared => {
+            let tool_defer = t.get("defer_loading").filter(|v| !v.is_null());
+            insert_set(&mut function, "strict", f.get("strict"));
+            insert_set(&mut function, "defer_loading", f.get("defer_loading").filter(|v| !v.is_null()).or(tool_defer));
+            out.insert("function".into(), Json::Object(function));
+            insert_set(&mut out, "defer_loading", tool_defer);
+        }
+        ToolDump::WithExtras { strict_field } => {
+            if strict_field {
+                function.insert("strict".into(), f.get("strict").cloned().unwrap_or(Json::Null));
+            }
+            let declared = ["name", "description", "parameters", "strict"];
+            function
+                .extend(f.iter().filter(|(k, _)| !declared.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())));
+            out.insert("function".into(), Json::Object(function));
+            out.extend(t.iter().filter(|(k, _)| *k != "type" && *k != "function").map(|(k, v)| (k.clone(), v.clone())));
         }
     }
     Json::Object(out)
+}
+
+/// Inserts `key` only when `value` is present and not `null`, as vLLM's serializers do.
+fn insert_set(map: &mut Map<String, Json>, key: &str, value: Option<&Json>) {
+    if let Some(v) = value.filter(|v| !v.is_null()) {
+        map.insert(key.into(), v.clone());
+    }
 }
 
 #[cfg(test)]

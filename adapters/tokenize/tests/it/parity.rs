@@ -358,9 +358,26 @@ fn vllm_normalized_cases() -> Vec<Case> {
         {"role": "user", "content": "Thanks"}
     ]);
     vec![
-        case("vllm: agentic", normalized.clone(), tools(), true, json!({})),
+        case("vllm: agentic", normalized.clone(), vllm_tools(), true, json!({})),
         case("vllm: no tools", normalized, Value::Null, true, json!({"enable_thinking": false})),
+        case(
+            "vllm: tools without strict",
+            json!([{"role": "user", "content": "Weather in Oslo?"}]),
+            vllm_tools(),
+            true,
+            json!({}),
+        ),
     ]
+}
+
+/// [`tools`] as vLLM 0.32 dumps them for the template: a `strict` the client left unset
+/// (here `null`) is not printed at all.
+fn vllm_tools() -> Value {
+    let mut tools = tools();
+    for tool in tools.as_array_mut().expect("list") {
+        tool["function"].as_object_mut().expect("function").remove("strict");
+    }
+    tools
 }
 
 /// Many generated conversations and texts: they catch regex and template edge cases the
@@ -406,7 +423,7 @@ fn inst_matches_transformers() {
     ]);
     let groups = [
         (Dialect::Transformers, inst_cases()),
-        (Dialect::default(), vec![case("vllm: openai content format", parts, tools(), true, json!({}))]),
+        (Dialect::default(), vec![case("vllm: openai content format", parts, vllm_tools(), true, json!({}))]),
     ];
     check(fixture::inst(), &groups, &generated_texts(2));
 }
