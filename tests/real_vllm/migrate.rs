@@ -37,14 +37,14 @@ struct Delivered {
 }
 
 impl Stream {
-    fn open(f: &Fleet, path: &str, body: &Value) -> Stream {
+    fn open(f: &Fleet, path: &str, body: &Value, headers: &str) -> Stream {
         let addr = f.router.addr();
         let mut s = TcpStream::connect(addr).expect("connect to kvroute");
         s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
         let body = serde_json::to_vec(body).expect("JSON");
         let head = format!(
             "POST {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n",
+             {headers}content-length: {}\r\n\r\n",
             body.len()
         );
         s.write_all(head.as_bytes()).and_then(|()| s.write_all(&body)).expect("request written");
@@ -133,9 +133,16 @@ impl Stream {
     }
 }
 
+fn get(f: &Fleet, path: &str) -> http::Response {
+    http::request(f.router.addr(), "GET", path, &[], None, Duration::from_secs(10)).expect("GET from kvroute")
+}
+
 fn migrations(f: &Fleet) -> f64 {
-    let r = http::request(f.router.addr(), "GET", "/metrics", &[], None, Duration::from_secs(10)).expect("metrics");
-    sum_samples(&r.text(), "kvroute_migrations_total")
+    sum_samples(&get(f, "/metrics").text(), "kvroute_migrations_total")
+}
+
+fn listed(f: &Fleet, worker: u64) -> bool {
+    get(f, "/workers").json()["workers"].as_array().is_some_and(|ws| ws.iter().any(|w| w["id"] == worker))
 }
 
 /// Streams `body` twice through kvroute: once undisturbed, once with its engine killed
@@ -143,10 +150,10 @@ fn migrations(f: &Fleet) -> f64 {
 #[track_caller]
 fn check(f: &mut Fleet, path: &str, body: Value) {
     let chat = path.ends_with("chat/completions");
-    let reference = Stream::open(f, path, &body).drain(chat, |_| {});
+    let reference = Stream::open(f, path, &body, "").drain(chat, |_| {});
     assert!(reference.done_last, "{path}: the reference stream ends with [DONE]");
     let before = migrations(f);
-    let s = Stream::open(f, path, &body);
+    let s = Stream::open(f, path, &body, "");
     let victim = s.worker;
     let mut killed = None;
     let got = s.drain(chat, |i| {
@@ -191,4 +198,47 @@ fn a_stream_whose_engine_is_killed_continues_exactly_on_the_other() {
             {"role": "system", "content": "You are a terse assistant."},
             {"role": "user", "content": "Describe, at length, how a request router picks a worker."}]}),
     );
+}
+
+/// A rolling restart by hand: drain a worker with `?remove=true` while it streams; the
+/// stream finishes untouched, the worker leaves once idle, its engine restarts, and the
+/// worker added back through `POST /workers` serves again.
+#[test]
+fn a_worker_drained_mid_stream_finishes_it_leaves_and_serves_again_after_a_restart() {
+    let Some(mut f) = fleet() else { return };
+    let victim = 1;
+    let body = json!({"model": MODEL, "prompt": tokens(92, 150), "temperature": 0, "max_tokens": TOKENS,
+                      "stream": true, "ignore_eos": true});
+    let reference = Stream::open(&f, "/v1/completions", &body, "").drain(false, |_| {});
+    let s = Stream::open(&f, "/v1/completions", &body, &format!("x-worker-id: {victim}\r\n"));
+    assert_eq!(s.worker, victim, "the pinned stream runs on the worker to drain");
+    let mut answer = None;
+    let got = s.drain(false, |i| {
+        if i == 2 {
+            let path = format!("/workers/{victim}/drain?remove=true");
+            answer = Some(http::request(f.router.addr(), "POST", &path, &[], None, Duration::from_secs(10)));
+        }
+    });
+    let answer = answer.expect("drained after 2 chunks").expect("drain answered");
+    assert_eq!(answer.status, 202, "drain accepted: {}", answer.text());
+    assert_eq!(answer.json()["health"], "draining", "{}", answer.text());
+    assert_eq!(got.text, reference.text, "the draining worker finishes its stream");
+    assert!(got.done_last, "the stream ends normally");
+    f.router.wait(Duration::from_secs(30), "the idle drained worker is removed", |_| !listed(&f, victim));
+    let e = f.engine_mut(victim);
+    e.restart();
+    let waited = e.wait_ready();
+    eprintln!("real_vllm: drained vLLM server {victim} restarted in {waited:?}");
+    let e = f.engines.iter().find(|e| e.id == victim).expect("engine");
+    let worker = json!({"id": victim, "url": e.url(), "model": MODEL,
+                        "kv_events": format!("tcp://127.0.0.1:{}", e.events_port),
+                        "kv_events_replay": format!("tcp://127.0.0.1:{}", e.replay_port)});
+    let added = f.router.post("/workers", &[], &worker);
+    assert!(added.status / 100 == 2, "worker added back: {} {}", added.status, added.text());
+    f.router.wait(Duration::from_secs(60), "the re-added worker is eligible and its events flow", |r| {
+        r.streams_connected() && f.preview(&json!({"model": MODEL, "prompt": tokens(93, 70)})).eligible(victim)
+    });
+    let served =
+        f.send("/v1/completions", &json!({"model": MODEL, "prompt": tokens(94, 130), "max_tokens": 4}), Some(victim));
+    assert_eq!(served.worker, victim, "the restarted worker serves again");
 }

@@ -36,7 +36,8 @@ pub fn build_binary() -> PathBuf {
     // build and relink kvroute for nothing.
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy();
-        if k.starts_with("CARGO_") && !matches!(&*k, "CARGO_HOME" | "CARGO_TARGET_DIR") || k == "OUT_DIR" {
+        let kept = matches!(&*k, "CARGO_HOME" | "CARGO_TARGET_DIR" | "CARGO_INCREMENTAL");
+        if k.starts_with("CARGO_") && !kept || k == "OUT_DIR" {
             cmd.env_remove(&*k);
         }
     }
