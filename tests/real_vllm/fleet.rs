@@ -75,8 +75,35 @@ impl Fleet {
             eprintln!("real_vllm: vLLM server {} healthy {:?} after the start of both", e.id, waited.max(t0.elapsed()));
         }
         let router = Kvroute::start(&bin, &dir, &env.model, &engines);
-        eprintln!("real_vllm: fleet up in {:?} (logs in {})", t0.elapsed(), dir.display());
-        Fleet { engines, router, env }
+        let fleet = Fleet { engines, router, env };
+        fleet.warm_up();
+        eprintln!("real_vllm: fleet up in {:?}", t0.elapsed());
+        eprintln!("real_vllm: logs in {}", dir.display());
+        fleet
+    }
+
+    /// A connected ZeroMQ subscription can still miss a fresh publisher's first batches
+    /// (the slow joiner), and an idle engine sends no later batch to reveal the gap. So
+    /// before any test, each engine serves a request until its blocks show in the index;
+    /// how many tries that took is printed.
+    fn warm_up(&self) {
+        for (i, e) in self.engines.iter().enumerate() {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let body = token_prompt(crate::engine::MODEL, &tokens(1_000 + 10 * i as u64 + tries, 130));
+                self.send("/v1/completions", &body, Some(e.id));
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_secs(10) && self.preview(&body).overlap(e.id) < 2 {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if self.preview(&body).overlap(e.id) >= 2 {
+                    break;
+                }
+                assert!(tries < 5, "worker {}'s KV events never reached kvroute's index", e.id);
+            }
+            eprintln!("real_vllm: worker {}'s events reach the index (after {tries} request(s))", e.id);
+        }
     }
 
     pub fn engine_mut(&mut self, id: u64) -> &mut Vllm {
