@@ -40,20 +40,9 @@ pub fn fleet_lru_ttft_bound(requests: &[SimRequest], capacity_blocks: u64, pass_
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prompt::Prompt;
-    use router_core::{BlockSize, HashSeed};
 
     fn req(id: u64, ids: &[u32], len: u32) -> SimRequest {
-        let mut s = Vec::new();
-        SimRequest {
-            id,
-            arrival_ms: id as f64,
-            prompt: Prompt::from_hash_ids(ids, len, 512, BlockSize::new(64).unwrap(), HashSeed::DEFAULT, &mut s)
-                .unwrap(),
-            output_len: 1,
-            session_id: None,
-            priority: None,
-        }
+        crate::test_requests::request(id, ids, len, 64)
     }
 
     #[track_caller]

@@ -23,6 +23,8 @@ pub mod rng;
 pub mod router;
 pub mod stats;
 pub mod synth;
+#[cfg(test)]
+mod test_requests;
 pub mod trace;
 
 pub use engine::{Engine, EngineConfig, EngineOutput, EngineRequest, EngineRole, KvEvent};
