@@ -53,6 +53,9 @@ pub struct ProxyConfig {
     pub replica: Option<ReplicaConfig>,
     /// Learned worker speeds and engine load scraped from the workers' metrics.
     pub learn: crate::learn::LearnSection,
+    /// Distributed tracing over OpenTelemetry; absent (default), no spans are made and
+    /// trace headers pass through untouched.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -74,6 +77,7 @@ impl Default for ProxyConfig {
             workers: Vec::new(),
             replica: None,
             learn: crate::learn::LearnSection::default(),
+            tracing: None,
         }
     }
 }
@@ -741,6 +745,8 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 mod load;
+mod otel;
 mod refuse;
 pub use load::router_config;
+pub use otel::TracingConfig;
 pub use refuse::RefusedKey;

@@ -3,7 +3,8 @@
 //! the configuration file ([`config`]), the fleet of pools, one router per model
 //! ([`fleet`]), request parsing ([`request`], [`headers`]) and [`trust`], the tokenizer
 //! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], and
-//! [`ApiError`], the OpenAI-shaped refusal both servers answer with.
+//! [`ApiError`], the OpenAI-shaped refusal both servers answer with; and [`otel`],
+//! distributed tracing for the proxy.
 //!
 //! Both servers start it the same way, with [`start`], and ask it the same question
 //! for every request ([`ask::question`]): a buffered body and its headers in, the pool
@@ -23,6 +24,7 @@ pub mod fleet;
 pub mod headers;
 pub mod learn;
 pub mod metrics;
+pub mod otel;
 pub mod request;
 mod start;
 pub mod tokenize;
