@@ -109,6 +109,16 @@ impl Tracing {
     }
 }
 
+impl Drop for Tracing {
+    /// A tracer dropped without [`Tracing::shutdown`] still flushes, from a thread of
+    /// its own: the flush waits on an export that runs on the runtime, which may be the
+    /// very thread dropping it.
+    fn drop(&mut self) {
+        let provider = self.provider.clone();
+        let _ = std::thread::Builder::new().name("kvroute-otel-flush".into()).spawn(move || provider.shutdown());
+    }
+}
+
 impl fmt::Debug for Tracing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tracing").field("start_traces", &self.start_traces).finish_non_exhaustive()
