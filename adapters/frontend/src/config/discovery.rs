@@ -89,7 +89,9 @@ impl DiscoverySection {
             return Err((key("kv_blocks"), "kv_blocks and max_batched_tokens must be above 0".into()));
         }
         match &k.model {
-            Some(m) if !models.clone().any(|n| n == m) => Err((key("model"), format!("{m:?} is not a [[models]] name"))),
+            Some(m) if !models.clone().any(|n| n == m) => {
+                Err((key("model"), format!("{m:?} is not a [[models]] name")))
+            }
             Some(_) => Ok(()),
             None if models.clone().count() == 1 || models.next().is_none() => Ok(()),
             None => Err((key("model"), "required when several models are configured".into())),
