@@ -36,14 +36,15 @@ pub mod handler;
 pub mod health;
 pub mod migrate;
 pub mod retry;
-pub mod scrape;
 pub mod server;
 pub mod state;
 pub mod upstream;
 mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
-pub use kvroute_frontend::{config, cost_header, error, events, fleet, learn, metrics, request, tokenize, trust};
+pub use kvroute_frontend::{
+    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tokenize, trust,
+};
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -37,6 +37,7 @@ fn keys_the_picker_honours_load() {
     check("[limits]\nbody_bytes_max = 1024\nconcurrent_requests_max = 2\nshutdown_grace_s = 1\n", &[], None);
     check("[router]\nmode = \"round-robin\"\n[trust]\ntoken = \"t\"\n", &[], None);
     check("[replica]\nid = \"picker-a\"\n", &[], None);
+    check("[learn]\nscrape_interval_ms = 1000\nengine_load = true\ncosts = true\n", &[], None);
     check("", &[("router.queue_timeout_ms", "5000")], None);
 }
 
