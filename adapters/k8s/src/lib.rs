@@ -132,3 +132,62 @@ pub async fn watch_pods<R: Registry>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use kvroute_frontend::config::KubernetesDiscovery;
+    use serde_json::json;
+
+    use super::*;
+
+    /// The calls a registry received, as text.
+    #[derive(Default)]
+    struct Calls(Mutex<Vec<String>>);
+
+    impl Registry for Calls {
+        async fn upsert(&self, w: WorkerConfig) -> Result<bool, FleetError> {
+            self.0.lock().unwrap().push(format!("upsert {} {}", w.url, w.model));
+            Ok(true)
+        }
+        async fn remove(&self, id: u64) -> bool {
+            self.0.lock().unwrap().push(format!("remove {}", id == worker_id("a")));
+            true
+        }
+        async fn drain(&self, id: u64) -> bool {
+            self.0.lock().unwrap().push(format!("drain {}", id == worker_id("a")));
+            true
+        }
+        async fn set_ready(&self, _: bool) {}
+    }
+
+    fn pod(uid: &str, role: &str, deleting: bool) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": uid, "uid": uid, "annotations": {"kvroute.io/role": role}},
+            "spec": {"containers": [{"name": "e", "ports": [{"name": "http", "containerPort": 8000}]}]},
+            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[tokio::test]
+    async fn changes_reach_the_registry_and_bad_pods_do_not() {
+        let cfg = KubernetesDiscovery { label_selector: "app=x".into(), ..KubernetesDiscovery::default() };
+        let workers = PodWorkers { cfg, default_model: Some("m".into()) };
+        let (calls, mut set) = (Calls::default(), PodSet::default());
+        for ev in [
+            Event::Apply(pod("a", "aggregated", false)),
+            Event::Apply(pod("b", "both", false)),
+            Event::Apply(pod("a", "aggregated", true)),
+            Event::Delete(pod("a", "aggregated", true)),
+        ] {
+            apply(&calls, set.handle(ev), |m| workers.worker(m)).await;
+        }
+        let got = calls.0.into_inner().unwrap();
+        assert_eq!(got, ["upsert http://10.0.0.1:8000 m", "drain true", "remove true"], "b's role does not parse");
+    }
+}
