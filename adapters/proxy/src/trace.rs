@@ -12,6 +12,9 @@
 //! ends or the client goes away. The try's span travels from [`crate::forward`] to
 //! [`finish`] in the response's extensions ([`TrySpan`]), which any path building the
 //! client's response from the worker's head keeps.
+//!
+//! Not yet spanned: the prefill and decode legs of a disaggregated request and the
+//! continuations of a migrated stream (their workers get the request span's context).
 
 use std::pin::Pin;
 use std::sync::Arc;
