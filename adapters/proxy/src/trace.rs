@@ -13,8 +13,10 @@
 //! [`finish`] in the response's extensions ([`TrySpan`]), which any path building the
 //! client's response from the worker's head keeps.
 //!
-//! Not yet spanned: the prefill and decode legs of a disaggregated request and the
-//! continuations of a migrated stream (their workers get the request span's context).
+//! A migrated stream's continuations get `route` and `upstream` spans of their own
+//! through the same tries, but such an `upstream` span ends when its head arrives, not
+//! with its stream. Not yet spanned: the prefill and decode legs of a disaggregated
+//! request (their workers get the request span's context).
 
 use std::pin::Pin;
 use std::sync::Arc;
