@@ -26,6 +26,9 @@ mod tok;
 ///
 /// Start with `kvroute demo`: it runs the router in front of a simulated GPU fleet and
 /// compares KV-aware routing with round-robin on a bundled slice of a real trace.
+///
+/// Log lines go to stderr; `RUST_LOG` sets their level (default `info` for `serve`, `epp`
+/// and `sim-worker`, `warn` otherwise).
 #[derive(Parser, Debug)]
 #[command(name = "kvroute", version, propagate_version = true, max_term_width = 100)]
 struct Cli {
@@ -94,8 +97,26 @@ fn sim_worker(a: kvroute_sim_server::SimWorkerArgs) -> Result<(), String> {
     })
 }
 
+/// Sends the libraries' log lines to stderr: `info` and up for the servers, only warnings
+/// for the commands whose output is a report. `RUST_LOG` overrides it
+/// (for example `RUST_LOG=kvroute_proxy=debug`).
+fn init_logs(cmd: &Cmd) {
+    let default = match cmd {
+        Cmd::Serve(_) | Cmd::Epp(_) | Cmd::SimWorker(_) => "info",
+        Cmd::Demo(_) | Cmd::Replay(_) => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logs(&cli.cmd);
     let result = match cli.cmd {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Replay(a) => replay_cmd::run(&a),

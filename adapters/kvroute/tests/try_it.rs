@@ -282,3 +282,17 @@ fn a_tokenizer_that_is_not_a_local_folder_stops_serve() {
     );
     check_tokenizer_refused("/no/such/tokenizer/folder", &["\"m\"", "is not a folder", "tokenizer.json"]);
 }
+
+/// `serve`'s library log lines reach stderr: a worker whose port refuses connections
+/// fails its health checks, and its ejection is logged as a warning.
+#[test]
+fn serve_logs_a_failing_workers_ejection() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\n[health_check]\ninterval_ms = 50\n[ejection]\nconsecutive_failures = 2\n\
+         [[models]]\nname = \"{MODEL}\"\n[[workers]]\nid = 7\nurl = \"http://{closed}\"\nmodel = \"{MODEL}\"\n"
+    );
+    let (mut p, _addr) = serve("ejection", &config);
+    let line = p.wait_line("worker ejected");
+    assert!(line.contains("WARN") && line.contains("worker=7"), "a warning naming the worker: {line}");
+}
