@@ -78,9 +78,7 @@ pub fn load_tokenizers(cfg: &ProxyConfig) -> Result<Tokenizers, String> {
             t.insert(m.name.clone(), Arc::new(HfTokenizer::load(&tokenizer_dir(&m.name, dir)?)?));
         }
     }
-    for model in kvroute_proxy::tokenizer_missing(cfg) {
-        eprintln!("kvroute: warning: {}", kvroute_proxy::tokenizer_missing_warning(&model));
-    }
+    // A model without a tokenizer is warned about by the proxy's log, once.
     Ok(t)
 }
 

@@ -243,7 +243,9 @@ fn serve_in_front_of_sim_workers_routes_text_chat_and_token_prompts_by_cache() {
 
     // No tokenizer while the workers publish events: said at startup, in /workers and
     // in /metrics.
-    let warning = proxy.seen.iter().find(|l| l.contains("warning")).cloned().unwrap_or_default();
+    let warnings: Vec<&String> = proxy.seen.iter().filter(|l| l.contains("WARN") && l.contains("tokenizer")).collect();
+    assert_eq!(warnings.len(), 1, "one startup warning: {:#?}", proxy.seen);
+    let warning = warnings[0];
     for part in [&format!("model {MODEL:?}"), "no `tokenizer`", "set `tokenizer`", "local folder", "sim-worker"] {
         assert!(warning.contains(part), "the startup warning says {part:?}: {warning:?}");
     }
