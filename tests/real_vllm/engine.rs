@@ -19,6 +19,12 @@ pub const MODEL: &str = "kvroute-test";
 pub const LORA: &str = "sql-lora";
 /// Tokens per KV block, on both sides.
 pub const BLOCK_TOKENS: usize = 64;
+/// The servers' `--dtype` unless `KVROUTE_ENGINE_DTYPE` names another. On vLLM's CPU
+/// build, bf16 gives a prefix prefilled in one pass other logits than the same prefix
+/// decoded token by token, and the generated model's near-ties then pick other tokens;
+/// float32 continues a greedy generation exactly (see `migrate.rs`), at about 4× the
+/// prefill time.
+pub const DTYPE_DEFAULT: &str = "float32";
 
 /// Longest wait for a server to answer `/health` after a (re)start. One server starts
 /// in about 40 s alone on 2 cores; two at once on a machine busy with other work
@@ -66,6 +72,7 @@ impl Vllm {
         let envs = [
             ("KVROUTE_VLLM_PYTHON", self.env.python.display().to_string()),
             ("KVROUTE_VLLM_MODEL", self.env.model.display().to_string()),
+            ("KVROUTE_ENGINE_DTYPE", dtype()),
         ];
         self.proc = Some(Proc::spawn(&format!("vllm-{}", self.id), Path::new("bash"), &args, &envs, &self.log));
     }
@@ -128,6 +135,11 @@ impl Vllm {
             .unwrap_or_else(|e| panic!("GET /metrics from vLLM {}: {e}", self.id));
         sum_samples(&r.text(), name)
     }
+}
+
+/// The servers' dtype: `KVROUTE_ENGINE_DTYPE`, or [`DTYPE_DEFAULT`].
+pub fn dtype() -> String {
+    std::env::var("KVROUTE_ENGINE_DTYPE").ok().filter(|d| !d.is_empty()).unwrap_or_else(|| DTYPE_DEFAULT.into())
 }
 
 /// Sums the samples of metric `name` in Prometheus text.

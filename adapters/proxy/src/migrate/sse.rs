@@ -178,9 +178,16 @@ impl Stream {
         let top_prompt = chunk.remove("prompt_token_ids");
         let keep_prompt = self.client_ids && !continued;
         changed |= top_prompt.is_some() && !keep_prompt;
+        if top_prompt.is_some() && !keep_prompt {
+            // vLLM sends `prompt_text` next to the ids (null in a chat); it goes with them.
+            chunk.remove("prompt_text");
+        }
         if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
             for c in choices.iter_mut().filter_map(Value::as_object_mut) {
                 let own = c.remove("prompt_token_ids");
+                if own.is_some() && !keep_prompt {
+                    c.remove("prompt_text");
+                }
                 match &own {
                     Some(p) if keep_prompt => {
                         c.insert("prompt_token_ids".into(), p.clone());
@@ -315,6 +322,34 @@ mod tests {
         assert_eq!(v["choices"][0]["delta"], json!({"content": "b "}));
         assert!(v["choices"][0].get("text").is_none());
         assert_eq!(s.generated, [9, 10]);
+    }
+
+    /// A chat's first chunk as vLLM sends it when asked for token ids.
+    const CHAT_FIRST: &str = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[3,64],"prompt_text":null}"#;
+
+    #[track_caller]
+    fn check_first_chunk(client_ids: bool, first: &str, want: Value) {
+        let mut s = Stream::new(true, client_ids);
+        let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
+        let got: Value = serde_json::from_str(out.strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        assert_eq!(got, want, "client_ids {client_ids}");
+        assert_eq!(s.prompt_ids, Some(vec![3, 64]));
+    }
+
+    #[test]
+    fn the_prompt_text_that_comes_with_the_ids_goes_with_them() {
+        let choice = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
+        let standard = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choice});
+        check_first_chunk(false, CHAT_FIRST, standard.clone());
+        let mut asked = standard;
+        asked["prompt_token_ids"] = json!([3, 64]);
+        asked["prompt_text"] = Value::Null;
+        check_first_chunk(true, CHAT_FIRST, asked);
+        // In a completion the ids (and the text) are the choice's.
+        let mut s = Stream::new(false, false);
+        let first = r#"data: {"id":"a","created":1,"model":"m","choices":[{"index":0,"text":"x","prompt_token_ids":[1],"prompt_text":"p","token_ids":[7]}]}"#;
+        let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
+        assert!(!out.contains("prompt_text") && !out.contains("token_ids"), "{out}");
     }
 
     #[test]
