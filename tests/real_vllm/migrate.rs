@@ -226,6 +226,11 @@ fn check(f: &mut Fleet, path: &str, body: Value) {
     };
     assert_eq!(counts(&got.usage), counts(&reference.usage), "{path}: usage covers the whole generation");
     assert_eq!(counts(&got.usage)[1], Some(TOKENS), "{path}: the whole generation: {:?}", got.usage);
+    let details = |u: &Option<Value>| u.as_ref().map(|u| u["prompt_tokens_details"].clone()).unwrap_or_default();
+    let (cached, prompt) = (details(&got.usage)["cached_tokens"].as_u64(), counts(&got.usage)[0]);
+    if details(&reference.usage).is_object() {
+        assert!(cached.is_some_and(|c| Some(c) <= prompt), "{path}: cache details within the prompt: {:?}", got.usage);
+    }
     assert_eq!(got.ids.len(), 1, "{path}: one chunk id across the seam: {:?}", got.ids);
     assert!(got.extra_fields.is_empty(), "{path}: the client sees only standard fields: {:?}", got.extra_fields);
     assert!(got.done_last, "{path}: [DONE] comes last");
