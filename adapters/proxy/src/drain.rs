@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::{Response, StatusCode};
 use router_core::Health;
-use router_core::WorkerId;
+use router_core::{WorkerId, WorkerKey};
 use serde_json::json;
 
 use crate::body::ProxyBody;
@@ -47,11 +47,11 @@ pub fn drain(state: &Arc<State>, id: &str, query: Option<&str>) -> Result<Respon
 
 /// Requests the router holds on `id`, over all its ranks.
 pub fn in_flight(state: &State, id: u64) -> u64 {
-    let Some(pool) = state.fleet.worker(id).and_then(|w| state.fleet.pool(&w.model)) else { return 0 };
+    let Some(w) = state.fleet.worker(id) else { return 0 };
+    let Some(pool) = state.fleet.pool(&w.model) else { return 0 };
+    // Per rank, not a snapshot: this runs every poll while a drained worker winds down.
     pool.driver.with_router(|r| {
-        let snap = r.snapshot();
-        let keys = snap.workers.iter().filter(|w| w.spec.id.0 == id).flat_map(|w| &w.keys);
-        keys.map(|k| u64::from(k.load.active_requests)).sum()
+        (0..w.dp_ranks).map(|rank| u64::from(r.local_load(WorkerKey::new(id, rank)).active_requests)).sum()
     })
 }
 
