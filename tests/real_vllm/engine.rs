@@ -40,8 +40,16 @@ pub struct Vllm {
     extra_args: Vec<String>,
     env: EngineEnv,
     log: PathBuf,
+    /// The log's length when the current process started.
+    log_from: usize,
     proc: Option<Proc>,
 }
+
+/// Starts in a row that may find a port taken before one is given up. The ports are
+/// released ones in the ephemeral range: while a killed server is down, any outgoing
+/// connection on the machine (kvroute's health checks to that very server among them)
+/// can hold one as its source port for a moment.
+const PORT_TAKEN_STARTS_MAX: u32 = 4;
 
 impl Vllm {
     /// Starts server `id` (not waiting for it); `extra_args` go to vLLM.
@@ -54,6 +62,7 @@ impl Vllm {
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             env: env.clone(),
             log: dir.join(format!("vllm-{id}.log")),
+            log_from: 0,
             proc: None,
         };
         v.spawn();
@@ -61,6 +70,7 @@ impl Vllm {
     }
 
     fn spawn(&mut self) {
+        self.log_from = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/real-engine/serve.sh");
         let mut args = vec![
             script.display().to_string(),
@@ -89,6 +99,7 @@ impl Vllm {
     /// exits or takes longer than [`START_TIMEOUT`]. Returns how long it waited.
     pub fn wait_ready(&mut self) -> Duration {
         let t0 = Instant::now();
+        let mut starts = 1;
         loop {
             if let Ok(r) = http::request(self.addr(), "GET", "/health", &[], None, Duration::from_secs(2)) {
                 if r.status == 200 {
@@ -96,6 +107,13 @@ impl Vllm {
                 }
             }
             let alive = self.proc.as_mut().is_some_and(Proc::alive);
+            if !alive && starts < PORT_TAKEN_STARTS_MAX && self.port_was_taken() {
+                starts += 1;
+                eprintln!("real_vllm: vLLM server {} found a port taken; starting it again", self.id);
+                std::thread::sleep(Duration::from_secs(1));
+                self.spawn();
+                continue;
+            }
             if !alive || t0.elapsed() > START_TIMEOUT {
                 panic!(
                     "vLLM server {} {} after {:?}; its log ends:\n{}",
@@ -107,6 +125,14 @@ impl Vllm {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// Whether the current process's log says one of its ports was in use.
+    fn port_was_taken(&self) -> bool {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let new = text.get(self.log_from..).unwrap_or_default();
+        // ZeroMQ says "Address already in use", uvicorn "address already in use".
+        String::from_utf8_lossy(new).to_lowercase().contains("address already in use")
     }
 
     /// SIGKILL, as a crash would.
