@@ -53,6 +53,8 @@ pub struct ProxyConfig {
     pub replica: Option<ReplicaConfig>,
     /// Learned worker speeds and engine load scraped from the workers' metrics.
     pub learn: crate::learn::LearnSection,
+    /// Workers found in a cluster besides `workers` (default none).
+    pub discovery: DiscoverySection,
 }
 
 impl Default for ProxyConfig {
@@ -74,6 +76,7 @@ impl Default for ProxyConfig {
             workers: Vec::new(),
             replica: None,
             learn: crate::learn::LearnSection::default(),
+            discovery: DiscoverySection::default(),
         }
     }
 }
@@ -740,7 +743,9 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+mod discovery;
 mod load;
 mod refuse;
+pub use discovery::{annotations, DiscoverySection, KubernetesDiscovery};
 pub use load::router_config;
 pub use refuse::RefusedKey;

@@ -2,7 +2,8 @@
 //! HTTP proxy (`kvroute-proxy`) and the gateway's endpoint picker (`kvroute-epp`):
 //! the configuration file ([`config`]), the fleet of pools, one router per model
 //! ([`fleet`]), request parsing ([`request`], [`headers`]) and [`trust`], the tokenizer
-//! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], and
+//! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
+//! scraping of the workers' metrics ([`scrape`], each server bringing its client), and
 //! [`ApiError`], the OpenAI-shaped refusal both servers answer with.
 //!
 //! Both servers start it the same way, with [`start`], and ask it the same question
@@ -24,6 +25,7 @@ pub mod headers;
 pub mod learn;
 pub mod metrics;
 pub mod request;
+pub mod scrape;
 mod start;
 pub mod tokenize;
 pub mod trust;

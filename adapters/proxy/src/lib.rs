@@ -36,13 +36,15 @@ pub mod handler;
 pub mod health;
 pub mod migrate;
 pub mod retry;
-pub mod scrape;
 pub mod server;
 pub mod state;
 pub mod upstream;
+mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
-pub use kvroute_frontend::{config, cost_header, error, events, fleet, learn, metrics, request, tokenize, trust};
+pub use kvroute_frontend::{
+    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tokenize, trust,
+};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -59,6 +61,7 @@ pub use fleet::FleetError;
 pub use kvroute_frontend::{FrontEnd, StartError};
 pub use server::ShutdownReport;
 pub use tokenize::{tokenizer_missing, tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
+pub use workers::Workers;
 
 use crate::health::Outliers;
 use crate::state::State;
@@ -132,6 +135,11 @@ impl ServeHandle {
         let invalid = |(key, message): (&str, String)| ConfigError::Invalid { key: key.into(), message };
         self.state.cfg.check_worker(&w).map_err(|e| FleetError::Invalid(invalid(e)))?;
         self.state.fleet.add_worker(w)
+    }
+
+    /// The worker registry, for discovery: add, remove and drain as the admin API does.
+    pub fn workers(&self) -> Workers {
+        Workers { state: self.state.clone() }
     }
 
     /// Removes a worker, as `DELETE /workers/{id}` does.
