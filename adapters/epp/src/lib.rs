@@ -122,7 +122,7 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     };
     let (health, health_service) = tonic_health::server::health_reporter();
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg: _, trust, fleet, metrics, session_header, dp_rank_header, subs, replica } = front;
+    let FrontEnd { cfg: _, trust, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing: _ } = front;
     let shared = Arc::new(Shared {
         trust,
         metrics,

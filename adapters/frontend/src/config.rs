@@ -55,6 +55,9 @@ pub struct ProxyConfig {
     pub learn: crate::learn::LearnSection,
     /// Workers found in a cluster besides `workers` (default none).
     pub discovery: DiscoverySection,
+    /// Distributed tracing over OpenTelemetry; absent (default), no spans are made and
+    /// trace headers pass through untouched.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -77,6 +80,7 @@ impl Default for ProxyConfig {
             replica: None,
             learn: crate::learn::LearnSection::default(),
             discovery: DiscoverySection::default(),
+            tracing: None,
         }
     }
 }
@@ -745,7 +749,9 @@ impl std::error::Error for ConfigError {}
 
 mod discovery;
 mod load;
+mod otel;
 mod refuse;
 pub use discovery::{annotations, DiscoverySection, KubernetesDiscovery};
 pub use load::router_config;
+pub use otel::TracingConfig;
 pub use refuse::RefusedKey;

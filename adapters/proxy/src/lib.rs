@@ -20,7 +20,9 @@
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
 //! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and the
-//! KV transfer between prefill and decode workers (the engines move the cache). What
+//! KV transfer between prefill and decode workers (the engines move the cache).
+//! With `[tracing]`, each request is a span with children per stage, exported over
+//! OTLP, and its W3C trace context reaches the worker (see [`trace`]). What
 //! happens before transport (configuration, pools, parsing, trust, subscriptions,
 //! metrics, start-up) is `kvroute-frontend`'s, shared with the endpoint picker; its
 //! modules are re-exported here under the proxy's own paths.
@@ -38,6 +40,7 @@ pub mod migrate;
 pub mod retry;
 pub mod server;
 pub mod state;
+pub mod trace;
 pub mod upstream;
 mod workers;
 
@@ -87,7 +90,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg, trust, fleet, mut metrics, session_header, dp_rank_header, subs, replica } = front;
+    let FrontEnd { cfg, trust, fleet, mut metrics, session_header, dp_rank_header, subs, replica, tracing } = front;
     let missing = tokenize::tokenizer_missing(&cfg);
     for model in &missing {
         tracing::warn!("{}", tokenize::tokenizer_missing_warning(model));
@@ -106,6 +109,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         subs,
         replica,
         scrapes: Arc::default(),
+        tracing,
         fleet,
         tokenizers,
         cfg,
@@ -161,6 +165,10 @@ impl ServeHandle {
         // After the drain, so the ends of the last requests reach the peers first.
         if let Some(r) = &self.state.replica {
             r.goodbye().await;
+        }
+        // After the drain too, so the last requests' spans are exported.
+        if let Some(t) = &self.state.tracing {
+            t.shutdown().await;
         }
         report
     }

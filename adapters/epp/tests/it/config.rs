@@ -28,6 +28,7 @@ fn keys_only_a_forwarding_proxy_acts_on_are_refused_by_name() {
     check("", &[("limits.request_timeout_ms", "5")], Some("limits.request_timeout_ms"));
     let split = "[[models]]\nname = \"d\"\ndisagg_protocol = \"vllm-nixl\"\n";
     check(split, &[], Some("models[1].disagg_protocol"));
+    check("[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n", &[], Some("tracing"));
     check("[discovery.kubernetes]\nlabel_selector = \"app=vllm\"\n", &[], Some("discovery"));
 }
 
