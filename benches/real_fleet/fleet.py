@@ -96,7 +96,7 @@ class Engine:
         )
         argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                 "--port", str(self.port), "--model", model, "--served-model-name", SERVED_NAME,
-                "--dtype", "bfloat16", "--enable-prefix-caching", "--block-size", "64",
+                "--dtype", os.environ.get("KVROUTE_ENGINE_DTYPE") or "bfloat16", "--enable-prefix-caching", "--block-size", "64",
                 "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", "16",
                 "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
                 "--num-gpu-blocks-override", str(gpu_blocks), "--kv-events-config", events,

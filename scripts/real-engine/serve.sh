@@ -5,7 +5,11 @@
 #
 # KV events are published over ZeroMQ on tcp://*:EVENTS_PORT (replay on REPLAY_PORT);
 # vLLM binds only when the endpoint has a wildcard host, and connects otherwise.
-# Reads KVROUTE_VLLM_PYTHON and KVROUTE_VLLM_MODEL (printed by install.sh).
+# Reads KVROUTE_VLLM_PYTHON and KVROUTE_VLLM_MODEL (printed by install.sh), and
+# KVROUTE_ENGINE_DTYPE (default bfloat16): vLLM's CPU build in bfloat16 does not
+# continue a greedy generation exactly from its ids (a prefix prefilled in one pass
+# gets other logits than decoded token by token); float32 does, with prefill about
+# 4 times slower. The test suite serves in float32.
 # The suite in tests/real_vllm starts servers the same way, from Rust.
 set -euo pipefail
 if [ $# -lt 3 ]; then
@@ -25,7 +29,7 @@ events_cfg=$(printf '{"enable_kv_cache_events": true, "publisher": "zmq", "endpo
 exec "$KVROUTE_VLLM_PYTHON" -m vllm.entrypoints.openai.api_server \
   --host 127.0.0.1 --port "$http_port" \
   --model "$KVROUTE_VLLM_MODEL" --served-model-name kvroute-test \
-  --dtype bfloat16 --enable-prefix-caching --block-size 64 --enforce-eager \
+  --dtype "${KVROUTE_ENGINE_DTYPE:-bfloat16}" --enable-prefix-caching --block-size 64 --enforce-eager \
   --max-model-len 2048 --max-num-seqs 16 --enable-prompt-tokens-details \
   --enable-lora --max-loras 1 --max-lora-rank 8 \
   --lora-modules "sql-lora=$KVROUTE_VLLM_MODEL/lora/sql-lora" \

@@ -19,6 +19,12 @@ pub const MODEL: &str = "kvroute-test";
 pub const LORA: &str = "sql-lora";
 /// Tokens per KV block, on both sides.
 pub const BLOCK_TOKENS: usize = 64;
+/// The servers' `--dtype` unless `KVROUTE_ENGINE_DTYPE` names another. On vLLM's CPU
+/// build, bf16 gives a prefix prefilled in one pass other logits than the same prefix
+/// decoded token by token, and the generated model's near-ties then pick other tokens;
+/// float32 continues a greedy generation exactly (see `migrate.rs`), at about 4× the
+/// prefill time.
+pub const DTYPE_DEFAULT: &str = "float32";
 
 /// Longest wait for a server to answer `/health` after a (re)start. One server starts
 /// in about 40 s alone on 2 cores; two at once on a machine busy with other work
@@ -34,8 +40,16 @@ pub struct Vllm {
     extra_args: Vec<String>,
     env: EngineEnv,
     log: PathBuf,
+    /// The log's length when the current process started.
+    log_from: usize,
     proc: Option<Proc>,
 }
+
+/// Starts in a row that may find a port taken before one is given up. The ports are
+/// released ones in the ephemeral range: while a killed server is down, any outgoing
+/// connection on the machine (kvroute's health checks to that very server among them)
+/// can hold one as its source port for a moment.
+const PORT_TAKEN_STARTS_MAX: u32 = 4;
 
 impl Vllm {
     /// Starts server `id` (not waiting for it); `extra_args` go to vLLM.
@@ -48,6 +62,7 @@ impl Vllm {
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             env: env.clone(),
             log: dir.join(format!("vllm-{id}.log")),
+            log_from: 0,
             proc: None,
         };
         v.spawn();
@@ -55,6 +70,7 @@ impl Vllm {
     }
 
     fn spawn(&mut self) {
+        self.log_from = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/real-engine/serve.sh");
         let mut args = vec![
             script.display().to_string(),
@@ -66,6 +82,7 @@ impl Vllm {
         let envs = [
             ("KVROUTE_VLLM_PYTHON", self.env.python.display().to_string()),
             ("KVROUTE_VLLM_MODEL", self.env.model.display().to_string()),
+            ("KVROUTE_ENGINE_DTYPE", dtype()),
         ];
         self.proc = Some(Proc::spawn(&format!("vllm-{}", self.id), Path::new("bash"), &args, &envs, &self.log));
     }
@@ -82,6 +99,7 @@ impl Vllm {
     /// exits or takes longer than [`START_TIMEOUT`]. Returns how long it waited.
     pub fn wait_ready(&mut self) -> Duration {
         let t0 = Instant::now();
+        let mut starts = 1;
         loop {
             if let Ok(r) = http::request(self.addr(), "GET", "/health", &[], None, Duration::from_secs(2)) {
                 if r.status == 200 {
@@ -89,6 +107,13 @@ impl Vllm {
                 }
             }
             let alive = self.proc.as_mut().is_some_and(Proc::alive);
+            if !alive && starts < PORT_TAKEN_STARTS_MAX && self.port_was_taken() {
+                starts += 1;
+                eprintln!("real_vllm: vLLM server {} found a port taken; starting it again", self.id);
+                std::thread::sleep(Duration::from_secs(1));
+                self.spawn();
+                continue;
+            }
             if !alive || t0.elapsed() > START_TIMEOUT {
                 panic!(
                     "vLLM server {} {} after {:?}; its log ends:\n{}",
@@ -100,6 +125,14 @@ impl Vllm {
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// Whether the current process's log says one of its ports was in use.
+    fn port_was_taken(&self) -> bool {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let new = text.get(self.log_from..).unwrap_or_default();
+        // ZeroMQ says "Address already in use", uvicorn "address already in use".
+        String::from_utf8_lossy(new).to_lowercase().contains("address already in use")
     }
 
     /// SIGKILL, as a crash would.
@@ -128,6 +161,11 @@ impl Vllm {
             .unwrap_or_else(|e| panic!("GET /metrics from vLLM {}: {e}", self.id));
         sum_samples(&r.text(), name)
     }
+}
+
+/// The servers' dtype: `KVROUTE_ENGINE_DTYPE`, or [`DTYPE_DEFAULT`].
+pub fn dtype() -> String {
+    std::env::var("KVROUTE_ENGINE_DTYPE").ok().filter(|d| !d.is_empty()).unwrap_or_else(|| DTYPE_DEFAULT.into())
 }
 
 /// Sums the samples of metric `name` in Prometheus text.

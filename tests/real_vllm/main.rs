@@ -14,9 +14,11 @@
 //!
 //! * Startup: one server answers `/health` about 40 s after launch (model load, a
 //!   1.4 s warm-up); about 3.9 GB resident each.
-//! * The generated model (Llama, hidden 768, 6 layers, 12 heads, vocab 8192, bf16)
-//!   prefills 1,024 uncached tokens in about 240 ms (2,048 in about 600 ms); the same
-//!   prompt fully cached answers in 25–55 ms.
+//! * The generated model (Llama, hidden 768, 6 layers, 12 heads, vocab 8192, bf16 on
+//!   disk) prefills 1,024 uncached tokens in about 240 ms served in bf16 (2,048 in
+//!   about 600 ms), about 1 s in float32; the same prompt fully cached answers in
+//!   25–55 ms. The suite serves float32 (`KVROUTE_ENGINE_DTYPE` overrides it): only
+//!   float32 continues a greedy generation exactly from its ids (see `migrate.rs`).
 //! * Events (`BlockStored`, map-encoded with a `type` tag, one batch per engine step):
 //!   `block_hashes` (u64, often above `i64::MAX`), `parent_block_hash`, `token_ids`,
 //!   `block_size` 64, `lora_id`, `medium` "GPU", `lora_name`, `extra_keys` (one entry

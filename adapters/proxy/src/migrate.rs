@@ -18,7 +18,10 @@
 //! a final `usage` counts the original prompt and every token generated. What is not
 //! migrated, and ends with an `error` event instead: structured output (a
 //! `response_format` other than text, guided decoding, a forced tool call), whose
-//! grammar state cannot be resumed; a worker that sent no token ids; more than
+//! grammar state cannot be resumed; a worker that sent no token ids (kvroute's own
+//! tokenization is not used instead: the router keeps only block hashes, and a text
+//! prompt or a chat template rendered by kvroute is not guaranteed to give the engine's
+//! ids token for token, nor does anything give the generated ids); more than
 //! `migration.attempts_max` breaks; no continuation answering within
 //! `migration.deadline_ms` of the break. Only streams migrate: a non-streaming request
 //! has sent nothing when its worker breaks, and is retried whole (see [`crate::retry`]).

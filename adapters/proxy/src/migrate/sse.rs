@@ -178,9 +178,16 @@ impl Stream {
         let top_prompt = chunk.remove("prompt_token_ids");
         let keep_prompt = self.client_ids && !continued;
         changed |= top_prompt.is_some() && !keep_prompt;
+        if top_prompt.is_some() && !keep_prompt {
+            // vLLM sends `prompt_text` next to the ids (null in a chat); it goes with them.
+            chunk.remove("prompt_text");
+        }
         if let Some(Value::Array(choices)) = chunk.get_mut("choices") {
             for c in choices.iter_mut().filter_map(Value::as_object_mut) {
                 let own = c.remove("prompt_token_ids");
+                if own.is_some() && !keep_prompt {
+                    c.remove("prompt_text");
+                }
                 match &own {
                     Some(p) if keep_prompt => {
                         c.insert("prompt_token_ids".into(), p.clone());
@@ -205,6 +212,13 @@ impl Stream {
             usage.insert("prompt_tokens".into(), Value::from(prompt));
             usage.insert("completion_tokens".into(), Value::from(completion));
             usage.insert("total_tokens".into(), Value::from(prompt + completion));
+            // The details stay the continuation's; its cache hits can reach into the
+            // generated part of its prompt, which the client does not count as prompt.
+            if let Some(Value::Object(details)) = usage.get_mut("prompt_tokens_details") {
+                if let Some(cached) = details.get("cached_tokens").and_then(Value::as_u64) {
+                    details.insert("cached_tokens".into(), Value::from(cached.min(prompt)));
+                }
+            }
         }
         changed
     }
@@ -315,6 +329,70 @@ mod tests {
         assert_eq!(v["choices"][0]["delta"], json!({"content": "b "}));
         assert!(v["choices"][0].get("text").is_none());
         assert_eq!(s.generated, [9, 10]);
+    }
+
+    /// A chat's first chunk as vLLM sends it when asked for token ids.
+    const CHAT_FIRST: &str = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[3,64],"prompt_text":null}"#;
+
+    #[track_caller]
+    fn check_first_chunk(client_ids: bool, first: &str, want: Value) {
+        let mut s = Stream::new(true, client_ids);
+        let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
+        let got: Value = serde_json::from_str(out.strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        assert_eq!(got, want, "client_ids {client_ids}");
+        assert_eq!(s.prompt_ids, Some(vec![3, 64]));
+    }
+
+    #[test]
+    fn the_prompt_text_that_comes_with_the_ids_goes_with_them() {
+        let choice = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
+        let standard =
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choice});
+        check_first_chunk(false, CHAT_FIRST, standard.clone());
+        let mut asked = standard;
+        asked["prompt_token_ids"] = json!([3, 64]);
+        asked["prompt_text"] = Value::Null;
+        check_first_chunk(true, CHAT_FIRST, asked);
+        // In a completion the ids (and the text) are the choice's.
+        let mut s = Stream::new(false, false);
+        let first = r#"data: {"id":"a","created":1,"model":"m","choices":[{"index":0,"text":"x","prompt_token_ids":[1],"prompt_text":"p","token_ids":[7]}]}"#;
+        let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
+        assert!(!out.contains("prompt_text") && !out.contains("token_ids"), "{out}");
+    }
+
+    /// The usage after a seam, for a continuation whose usage is `usage`, after a first
+    /// try with a 200-token prompt that generated 10 tokens.
+    #[track_caller]
+    fn check_usage_after_seam(usage: Value, want: Value) {
+        let mut s = Stream::new(true, false);
+        let first = format!(
+            r#"data: {{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{{"content":"a"}},"token_ids":[1,2,3,4,5,6,7,8,9,10]}}],"prompt_token_ids":{:?}}}"#,
+            vec![4u32; 200]
+        );
+        s.feed_bytes(format!("{first}\n\n").as_bytes());
+        s.seam();
+        let last =
+            json!({"id": "d", "object": "text_completion", "created": 2, "model": "m", "choices": [], "usage": usage});
+        let out = text(&s.feed_bytes(format!("data: {last}\n\n").as_bytes()));
+        let got: Value = serde_json::from_str(out.strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        assert_eq!(got["usage"], want);
+    }
+
+    #[test]
+    fn usage_after_a_seam_counts_the_clients_prompt_and_keeps_the_engines_details() {
+        let counts = json!({"prompt_tokens": 210, "completion_tokens": 4, "total_tokens": 214});
+        let whole = json!({"prompt_tokens": 200, "completion_tokens": 10, "total_tokens": 210});
+        let with = |mut u: Value, details: Value| {
+            u["prompt_tokens_details"] = details;
+            u
+        };
+        check_usage_after_seam(counts.clone(), whole.clone());
+        let engine = json!({"cached_tokens": 192, "created_cache_tokens": 0});
+        check_usage_after_seam(with(counts.clone(), engine.clone()), with(whole.clone(), engine));
+        // Hits in the generated part of the continuation's prompt are not the client's.
+        let engine = json!({"cached_tokens": 209});
+        check_usage_after_seam(with(counts.clone(), engine), with(whole.clone(), json!({"cached_tokens": 200})));
+        check_usage_after_seam(with(counts, Value::Null), with(whole, Value::Null));
     }
 
     #[test]

@@ -76,6 +76,10 @@ async fn check_migrates(path: &str, body: Value, how: Break, after: usize) -> Du
     for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
         assert_eq!(usage[k], want[k], "{case}: usage.{k} covers the whole generation");
     }
+    // The engine gave cache details: they stay, counted within the client's prompt.
+    assert!(want["prompt_tokens_details"].is_object(), "the sim-worker gives details: {want}");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(cached.is_some_and(|c| Some(c) <= usage["prompt_tokens"].as_u64()), "{case}: {usage}");
     let reason = match how {
         Break::Kill => "stream_broken",
         Break::Stall => "idle_timeout",
