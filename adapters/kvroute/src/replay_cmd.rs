@@ -74,6 +74,9 @@ pub struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
+    /// Prompt tokens each trace hash id stands for (Mooncake traces: 512).
+    #[arg(long, default_value_t = kvroute_sim::trace::MOONCAKE_BLOCK_TOKENS, value_name = "TOKENS")]
+    pub trace_block_tokens: u32,
     /// The simulated engines' shape (the same flags and defaults as `sim-worker`).
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -202,6 +205,7 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
         speedup: a.speedup,
         requests_max: a.requests,
         block_size: a.engine.block_size,
+        trace_block_tokens: a.trace_block_tokens,
         ..LoadOptions::default()
     };
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
@@ -347,7 +351,7 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
     let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.engine.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);
-    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.engine.max_batched_tokens);
+    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.engine.max_batched_tokens, &a.engine.engine_timing);
     for r in &mut runs {
         r.set_bounds(pooled, infinite, &ttft);
     }
