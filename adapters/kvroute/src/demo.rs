@@ -117,6 +117,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         compare: vec![Policy(RouterMode::Kv), Policy(RouterMode::RoundRobin)],
         speedup: d.speedup,
         requests: d.requests,
+        trace_block_tokens: kvroute_sim::trace::MOONCAKE_BLOCK_TOKENS,
         engine: Default::default(),
         kv_event_lag_ms: 0.0,
         no_kv_events: false,
