@@ -125,6 +125,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         prefill_load_scale: None,
         overlap_credit: None,
         active_request_weight: None,
+        router_knows_timing: false,
         temperature: None,
         model: Default::default(),
         seed: 0,

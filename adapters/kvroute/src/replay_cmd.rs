@@ -16,6 +16,7 @@ use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
 use kvroute_sim_server::EngineArgs;
+use router_core::internals::TtftModel;
 use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode};
 
 use crate::replay_learn::LearnArgs;
@@ -101,6 +102,10 @@ pub struct ReplayArgs {
     /// kv cost model knobs.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// kv cost: predict prefill and decode times with the simulated engines' timing
+    /// (--engine-timing) instead of the router's default (the mocker's GPU polynomial).
+    #[arg(long)]
+    pub router_knows_timing: bool,
     /// kv cost: sampling temperature (0 picks the cheapest worker).
     #[arg(long, value_name = "T")]
     pub temperature: Option<f64>,
@@ -225,6 +230,19 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.others_delay_weight = a.model.others_delay_weight.unwrap_or(c.ttft.others_delay_weight);
     c.ttft.work_weight = a.model.work_weight.unwrap_or(c.ttft.work_weight);
     c.ttft.memory_ms_per_block = a.model.memory_ms_per_block.unwrap_or(c.ttft.memory_ms_per_block);
+    if a.router_knows_timing {
+        let t = &a.engine.engine_timing;
+        c.timing = TtftModel {
+            prefill_ms_per_token_squared: t.prefill_ms_per_token_squared,
+            prefill_ms_per_token: t.prefill_ms_per_token,
+            prefill_ms_per_pass: t.prefill_ms_per_pass,
+            decode_ms_per_step: t.decode_ms_per_step,
+            decode_ms_per_usage: t.decode_ms_per_usage,
+            decode_ms_per_usage_squared: t.decode_ms_per_usage_squared,
+            decode_ms_min: t.decode_ms_min,
+            ..c.timing
+        };
+    }
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;

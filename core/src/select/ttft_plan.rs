@@ -277,7 +277,7 @@ impl<'a> TtftPlan<'a> {
             return queued;
         }
         let w = &self.cfg.ttft;
-        let pass_ms = self.full_pass_ms + step_ms;
+        let pass_ms = (self.full_pass_ms + step_ms) * c.prefill_scale;
         if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
             return queued;
         }

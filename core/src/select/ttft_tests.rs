@@ -123,6 +123,14 @@ fn ttft_cost_matches_hand_computation() {
     check(Agg, d, done, (35.0, 30.0, 27.4));
     // Progress credit 0 trusts only finished prefills.
     check(Agg, TtftWeights { progress_credit: 0.0, ..w }.into_cost(), done, (128.75, 30.0, 84.2));
+    // A worker learned 2× slower than the model computed half as much in 54 ms: 1000
+    // tokens, 900 left + 160 = 1060 in 2 passes, 20 + 10.6; 2 steps of 7; the backlog's
+    // last pass (900) is topped up to 1000: 2 × 1; work 30.6 − P(900) = 11.6. Total 58.2.
+    let slow = with(|c| {
+        c.prefill_busy_ms = 54;
+        c.prefill_scale = 2.0;
+    });
+    check(Agg, d, slow, (66.25, 30.0, 58.2));
     // 95 + 10 blocks on a 100-block worker: 5 short, 50 ms; p = 0.95: a 14.5 ms step.
     check(Agg, d, worker(0, 95, 2, 0), (10.0, 105.0, 87.7));
     // The worker's own capacity replaces the defaults: 200 blocks, p = 0.475, no shortage.
@@ -210,6 +218,7 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
         c.max_batched_tokens = pick(&[0, 0, 0, 1, 100, 2048, 8192, 8193]) as u32;
         c.kv_blocks = pick(&[0, 0, 1, 1000, 16_384]) as u32;
         c.cost_factor = [1.0, 1.0, 1.0, 1.5, 0.0, f64::INFINITY][pick(&[0, 1, 2, 3, 4, 5]) as usize];
+        c.prefill_scale = [1.0, 1.0, 0.25, 3.0, 32.0][pick(&[0, 1, 2, 3, 4]) as usize];
         cands.push(c);
     }
     cands

@@ -241,6 +241,16 @@ mod tests {
     }
 
     #[test]
+    fn the_routers_cpu_model_is_this_preset() {
+        let (m, t) = (router_core::internals::TtftModel::vllm_cpu(), EngineTiming::VLLM_CPU);
+        assert_eq!(
+            (m.prefill_ms_per_token_squared, m.prefill_ms_per_token, m.prefill_ms_per_pass),
+            (t.prefill_ms_per_token_squared, t.prefill_ms_per_token, t.prefill_ms_per_pass)
+        );
+        assert_eq!((m.decode_ms_per_step, m.decode_ms_per_usage, m.decode_ms_min), (t.decode_ms_per_step, 0.0, 1.0));
+    }
+
+    #[test]
     fn the_default_is_the_mocker_and_requests_cost_nothing_there() {
         let m = EngineTiming::default();
         assert_eq!(m, EngineTiming::MOCKER);
