@@ -5,8 +5,8 @@
     python benches/real_fleet/run.py --rounds 2 --out fleet.json
 
 Starts the vLLM servers once, then for every round runs each policy (kvroute's `kv`,
-`round-robin`, `least-loaded`, `kv-learn` (kv with learned costs and engine load), and
-the peer routers that are installed) over the same request sequence, in an order
+`round-robin`, `least-loaded`, `kv-cpu` (kv predicting with the CPU engines' timing),
+`kv-learn` (kv with learned costs and engine load), and the peer routers that are installed) over the same request sequence, in an order
 rotated per round, with every engine's prefix cache reset before each run. Prints one
 JSON object: per run and per policy (medians over rounds) TTFT, end-to-end latency,
 vLLM's own prefix-cache hit rate, where the hits were lost, and what `kvroute replay`
@@ -20,6 +20,7 @@ real-over-predicted ratios of hit rate and TTFT p50/p99.
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -36,8 +37,12 @@ import workload
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "adapters/sim/fixtures/mooncake_conversation_head.jsonl"
 KV_POLICIES = ("kv", "round-robin", "least-loaded")
-# kvroute variants that are not a mode: `kv` with `[learn]` on (learned costs, engine load).
-KV_VARIANTS = ("kv-learn",)
+# kvroute variants that are not a mode: `kv` predicting with the CPU engines' timing
+# (`engine_timing = "vllm-cpu"`), and `kv` with `[learn]` on (learned costs, engine load).
+KV_VARIANTS = {
+    "kv-cpu": {"router_extra": ['engine_timing = "vllm-cpu"']},
+    "kv-learn": {"learn": True},
+}
 PEERS = ("sglang-router", "smg", "smg-prefix-hash")
 
 
@@ -56,7 +61,7 @@ def parse_args():
     p.add_argument("--output-tokens-max", type=int, default=8)
     p.add_argument("--inflight-max", type=int, default=12, help="most requests outstanding at once")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--policies", default=",".join(KV_POLICIES + KV_VARIANTS + PEERS),
+    p.add_argument("--policies", default=",".join(KV_POLICIES + tuple(KV_VARIANTS) + PEERS),
                    help="comma-separated; peers that are not installed are skipped and named in the JSON")
     p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
     p.add_argument("--baseline-kvroute", type=Path,
@@ -65,8 +70,9 @@ def parse_args():
     p.add_argument("--replay-timing", default="vllm-cpu",
                    help="the simulated engines' timing: a preset (vllm-cpu, mocker) or a JSON file")
     p.add_argument("--replay-speed", default="auto",
-                   help="speed of every simulated engine (1: one idle core each); auto: the host's cores "
-                        "over the median 1-minute load average during the runs, at most 1")
+                   help="speed of every simulated engine (1: one idle core each); auto: fitted so that the "
+                        "replay's round-robin TTFT p50 is the real one (the host's share of a core), and "
+                        "the other policies are predicted at that speed")
     p.add_argument("--replay-only", type=Path, metavar="REPORT.json",
                    help="run only the replay prediction for an earlier report's slice and fleet, and compare")
     p.add_argument("--out", type=Path, help="also write the JSON here")
@@ -88,8 +94,9 @@ def run_one(policy, engines, items, args, log_dir):
         e.reset_prefix_cache()
     if policy in PEERS:
         started = fleet.start_peer(policy, engines, log_dir)
-    elif policy == "kv-learn":
-        started = fleet.start_kvroute(str(args.kvroute), "kv", engines, log_dir, "kvroute-kv-learn", learn=True)
+    elif policy in KV_VARIANTS:
+        started = fleet.start_kvroute(str(args.kvroute), "kv", engines, log_dir, f"kvroute-{policy}",
+                                      **KV_VARIANTS[policy])  # fmt: skip
     elif policy == "kv-baseline":
         started = fleet.start_kvroute(str(args.baseline_kvroute), "kv", engines, log_dir, "kvroute-kv-baseline")
     else:
@@ -119,33 +126,53 @@ def run_one(policy, engines, items, args, log_dir):
 
 
 # The kvroute variants the replay predicts: name -> extra `kvroute replay` flags.
-REPLAY_VARIANTS = {"": [], "-learn": ["--learn-costs", "--engine-load"]}
+REPLAY_VARIANTS = {"": [], "-cpu": ["--router-knows-timing"], "-learn": ["--learn-costs", "--engine-load"]}
 
 
-def replay_speed(args, runs):
-    """The simulated engines' speed: --replay-speed, or the share of a core each engine
-    got during the runs (cores / load average, at most 1)."""
+def replay_argv(args, shape, trace, speed, policies, extra=()):
+    """`kvroute replay` of the slice at `trace` on the fleet, every engine at `speed`."""
+    return [str(args.kvroute), "replay", "--trace", str(trace), "--workers", str(args.workers),
+            "--trace-block-tokens", str(shape.tokens_per_hash_id), "--block-size", "64",
+            "--blocks-per-worker", str(args.gpu_blocks), "--max-batched-tokens", str(fleet.MAX_BATCHED_TOKENS),
+            "--max-num-seqs", "16", "--engine-timing", args.replay_timing,
+            "--worker-speeds", ",".join([str(speed)] * args.workers),
+            "--compare", ",".join(policies), "--json", *extra]  # fmt: skip
+
+
+def replay_speed(args, shape, trace, policies):
+    """The simulated engines' speed: --replay-speed, or the one at which the replay's
+    round-robin TTFT p50 matches the real one (bisection over 1/32..1; 1 without a real
+    round-robin run). The host is shared, so an engine gets a fraction of its core; that
+    fraction is fitted on one policy and the others are predicted with it."""
     if args.replay_speed != "auto":
         return float(args.replay_speed)
-    loads = [x for r in runs for x in r.get("load_avg_1m", [])]
-    if not loads:
+    real = policies.get("round-robin", {}).get("ttft_ms_p50")
+    if not real:
         return 1.0
-    return round(min(1.0, (os.cpu_count() or 1) / statistics.median(loads)), 3)
+    lo, hi = math.log(1 / 32), 0.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        out = subprocess.run(replay_argv(args, shape, trace, math.exp(mid), ("round-robin",)),
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        if out.returncode != 0:
+            return 1.0
+        if json.loads(out.stdout)["ttft_ms"]["p50"] > real:
+            lo = mid
+        else:
+            hi = mid
+    return round(math.exp((lo + hi) / 2), 4)
 
 
-def replay(args, items, shape, tmp: Path, speed):
+def replay(args, items, shape, tmp: Path, real_policies):
     """What `kvroute replay` predicts for the same slice and fleet, with the engines'
-    fitted timing, for the fixed and the learned cost model."""
+    fitted timing: kv as configured, kv predicting with the engines' timing (-cpu), kv
+    with learned costs (-learn)."""
     trace = tmp / "replay_trace.jsonl"
     workload.write_replay_trace(items, shape, trace)
-    speeds = ",".join([str(speed)] * args.workers)
+    speed = replay_speed(args, shape, trace, real_policies)
     pred = {"timing": args.replay_timing, "speed": speed}
     for suffix, extra in REPLAY_VARIANTS.items():
-        argv = [str(args.kvroute), "replay", "--trace", str(trace), "--workers", str(args.workers),
-                "--trace-block-tokens", str(shape.tokens_per_hash_id), "--block-size", "64",
-                "--blocks-per-worker", str(args.gpu_blocks), "--max-batched-tokens", str(fleet.MAX_BATCHED_TOKENS),
-                "--max-num-seqs", "16", "--engine-timing", args.replay_timing, "--worker-speeds", speeds,
-                "--compare", ",".join(KV_POLICIES if not suffix else ("kv",)), "--json", *extra]  # fmt: skip
+        argv = replay_argv(args, shape, trace, speed, KV_POLICIES if not suffix else ("kv",), extra)
         out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             pred["error" + suffix] = {"stderr": out.stderr[-2000:], "command": argv[1:]}
@@ -220,8 +247,7 @@ def replay_only(args):
         setattr(args, k, Path(v) if k == "trace" and v else v)
     items, shape = build_items(args)
     with tempfile.TemporaryDirectory(prefix="real-fleet-") as tmp:
-        speed = replay_speed(args, old.get("runs", []))
-        pred = replay(args, items, shape, Path(tmp), speed)
+        pred = replay(args, items, shape, Path(tmp), old.get("policies", {}))
     out = {"report": str(args.replay_only), "load_avg_1m_of_runs": [r.get("load_avg_1m") for r in old.get("runs", [])],
            "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred)}  # fmt: skip
     print(json.dumps(out, indent=1))
@@ -298,8 +324,7 @@ def main():
         for e in engines:
             e.proc.stop()
     if not args.no_replay:
-        speed = replay_speed(args, report.get("runs", []))
-        report["replay"] = replay(args, items, shape, Path(tmp_ctx.name), speed)
+        report["replay"] = replay(args, items, shape, Path(tmp_ctx.name), report.get("policies", {}))
         report["replay_fidelity"] = fidelity(report.get("policies", {}), report["replay"])
     report["load_avg_end"] = load_avg()
     text = json.dumps(report, indent=1)

@@ -145,8 +145,9 @@ impl Default for TtftWeights {
 /// cached   = min(isl, overlap_credit × max(overlap_effective, inflight_prefix_blocks) × block_size)
 /// own      = max(1, isl − cached)          (an engine computes at least the last token)
 /// queued   = active_prefill_tokens less what the worker computed since its backlog began
-///            beyond the prefills known done: progress_credit × prefill_busy_ms × batch
-///            / ((f_p(batch) + step) × prefill_scale), clamped to 0..=active_prefill_tokens
+///            beyond the prefills known done: min(progress_credit × prefill_busy_ms × batch
+///            / ((f_p(batch) + step) × prefill_scale), prefill_done_tokens + batch),
+///            clamped to 0..=active_prefill_tokens
 /// P(T)     = time of T tokens in passes of batch = max_batched_tokens (n passes)
 /// step     = f_d(active_decode_blocks / kv_blocks) if a request there is past its prefill
 /// wait     = P(queued + own) + n × step
@@ -220,8 +221,12 @@ fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step
     {
         return queued;
     }
-    let computed = w.progress_credit * c.prefill_busy_ms as f64 * f64::from(batch.max(1)) / pass_ms;
-    (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
+    let batch = f64::from(batch.max(1));
+    let done = c.prefill_done_tokens as f64;
+    // No further than one pass past what was seen finish: a worker slower than the model
+    // has not computed what the model credits it with.
+    let computed = (w.progress_credit * c.prefill_busy_ms as f64 * batch / pass_ms).min(done + batch);
+    (done + queued - computed).clamp(0.0, queued)
 }
 
 /// What `own` more tokens add to the wait of the requests queued on `c` whose prompts end
