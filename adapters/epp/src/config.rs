@@ -52,6 +52,8 @@ pub const REFUSED_KEYS: &[RefusedKey] = &[
     RefusedKey { key: "models.disagg_protocol", reason: "the picker sends each request to one worker" },
     RefusedKey { key: "models.disagg_isl_min_tokens", reason: "the picker sends each request to one worker" },
     RefusedKey { key: "models.disagg_same_label", reason: "the picker sends each request to one worker" },
+    RefusedKey { key: "tracing", reason: "the picker forwards nothing; trace the gateway and the workers" },
+    RefusedKey { key: "discovery", reason: "the picker follows an InferencePool's pods (--pool)" },
 ];
 
 impl EppConfig {

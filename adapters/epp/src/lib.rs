@@ -23,6 +23,10 @@
 //! certificate (the `tls` feature, which also lets [`k8s::client`] reach a real API
 //! server over HTTPS).
 //!
+//! With `[learn] scrape_interval_ms`, it reads each worker's metrics page for engine load
+//! as `kvroute serve` does ([`kvroute_frontend::scrape`]), shown by
+//! [`EppHandle::engine_scrapes`] and the router's learned view.
+//!
 //! What it leaves to others: proxying the bytes (the gateway does), and serving metrics
 //! over HTTP (the binary does, from [`EppHandle::metrics_handle`]).
 #![forbid(unsafe_code)]
@@ -34,6 +38,7 @@ mod exchange;
 pub mod k8s;
 pub mod pb;
 pub mod reply;
+mod scrape;
 mod service;
 mod workers;
 
@@ -47,6 +52,7 @@ use kvroute_driver::Driver;
 use kvroute_frontend::events::Subscriptions;
 use kvroute_frontend::fleet::Fleet;
 use kvroute_frontend::metrics::Metrics;
+use kvroute_frontend::scrape::{scrape_loop, ScrapeStats, Scraper};
 use kvroute_frontend::trust::Trust;
 use kvroute_frontend::{FrontEnd, StartError, Tokenizers};
 use kvroute_replica::ReplicaHandle;
@@ -84,6 +90,8 @@ pub(crate) struct Shared {
     pub replica: Option<Arc<ReplicaHandle>>,
     pub shutdown: watch::Receiver<bool>,
     pub health: HealthReporter,
+    /// Engine-metrics scrape counters (`[learn]` scraping).
+    pub scrapes: Arc<ScrapeStats>,
 }
 
 /// A running endpoint picker: its address, its pools, and the way to stop it.
@@ -114,7 +122,7 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     };
     let (health, health_service) = tonic_health::server::health_reporter();
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg: _, trust, fleet, metrics, session_header, dp_rank_header, subs, replica } = front;
+    let FrontEnd { cfg: _, trust, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing: _ } = front;
     let shared = Arc::new(Shared {
         trust,
         metrics,
@@ -125,6 +133,7 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
         replica,
         shutdown: shutdown_rx.clone(),
         health,
+        scrapes: Arc::default(),
         fleet,
         tokenizers,
         cfg,
@@ -136,6 +145,12 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
         tokio::spawn(service::run_health(l, health_service.clone(), shutdown_rx.clone()));
     }
     tokio::spawn(kvroute_frontend::events::watch_silent(Arc::downgrade(&shared), |s| (&s.subs, &s.metrics)));
+    let scraper = Scraper {
+        cfg: shared.cfg.proxy.learn.clone(),
+        client: scrape::MetricsClient::new(),
+        stats: shared.scrapes.clone(),
+    };
+    tokio::spawn(scrape_loop(scraper, Arc::downgrade(&shared.fleet), shutdown_rx.clone()));
     let task = tokio::spawn(service::run(server, listener, shared.clone(), health_service, shutdown_rx));
     Ok(EppHandle { local_addr, shared, shutdown, task })
 }
@@ -154,6 +169,11 @@ impl EppHandle {
     /// The worker registry, for discovery (see [`k8s::watch`]).
     pub fn workers(&self) -> Workers {
         Workers::new(self.shared.clone())
+    }
+
+    /// Scrapes of the workers' metrics pages (`[learn]`): read and dropped.
+    pub fn engine_scrapes(&self) -> Arc<ScrapeStats> {
+        self.shared.scrapes.clone()
     }
 
     /// The Prometheus exposition of the pools and decisions, as `kvroute serve` serves it.

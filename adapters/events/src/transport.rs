@@ -2,7 +2,9 @@
 //! over the pure-Rust `zeromq` crate (no C library). Tests implement the trait with
 //! channels to feed frames directly.
 //!
-//! The transport moves frames only; it neither parses nor orders them. Message size
+//! The transport moves frames only; it neither parses nor orders them. A ZeroMQ
+//! subscription ends when its publisher disconnects, so that the runner's capped backoff,
+//! not the socket's own (which grows to 30 s), decides when a restarted engine is heard. Message size
 //! is not bounded here (the `zeromq` crate has no per-message limit): the decoder
 //! refuses oversized payloads, but they have been received by then.
 
@@ -137,7 +139,12 @@ impl Subscription for ZmqSub {
                 }
                 ev = self.monitor.next() => match ev {
                     Some(SocketEvent::Connected(..)) => return Ok(SubEvent::Connected),
-                    Some(SocketEvent::Disconnected(_)) => return Ok(SubEvent::Disconnected),
+                    // Ends the subscription, so the runner reconnects on its own capped
+                    // backoff: the socket's built-in one waits up to 30 s, long after a
+                    // restarted engine is back.
+                    Some(SocketEvent::Disconnected(_)) => {
+                        return Err(TransportError::Recv("the publisher disconnected".into()));
+                    }
                     Some(_) => {}
                     // The monitor is gone; keep receiving messages only.
                     None => return self.socket.recv().await

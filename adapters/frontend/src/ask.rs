@@ -61,6 +61,19 @@ pub async fn question(
     endpoint: Option<Endpoint>,
     model_label: &mut String,
 ) -> Result<Question, ApiError> {
+    question_timed(cx, trusted, headers, raw, endpoint, model_label).await.map(|(q, _)| q)
+}
+
+/// [`question`], and when its parsing ended and tokenizing began (for the proxy's
+/// `parse` and `tokenize` spans).
+pub async fn question_timed(
+    cx: &Asker<'_>,
+    trusted: bool,
+    headers: &HeaderMap,
+    raw: Bytes,
+    endpoint: Option<Endpoint>,
+    model_label: &mut String,
+) -> Result<(Question, Instant), ApiError> {
     let t0 = Instant::now();
     let mut json: Value =
         serde_json::from_slice(&raw).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
@@ -99,7 +112,7 @@ pub async fn question(
     };
     let request = Request { cost, ..request::build(build, &tokens) };
     cx.metrics.stage("tokenize", t1.elapsed());
-    Ok(Question { pool, request, forward_body, preview: hh.preview, endpoint })
+    Ok((Question { pool, request, forward_body, preview: hh.preview, endpoint }, t1))
 }
 
 /// The routing tokens: the model's tokenizer if it has one, else hashed bytes.

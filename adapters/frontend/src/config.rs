@@ -53,6 +53,11 @@ pub struct ProxyConfig {
     pub replica: Option<ReplicaConfig>,
     /// Learned worker speeds and engine load scraped from the workers' metrics.
     pub learn: crate::learn::LearnSection,
+    /// Workers found in a cluster besides `workers` (default none).
+    pub discovery: DiscoverySection,
+    /// Distributed tracing over OpenTelemetry; absent (default), no spans are made and
+    /// trace headers pass through untouched.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -74,6 +79,8 @@ impl Default for ProxyConfig {
             workers: Vec::new(),
             replica: None,
             learn: crate::learn::LearnSection::default(),
+            discovery: DiscoverySection::default(),
+            tracing: None,
         }
     }
 }
@@ -775,7 +782,11 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+mod discovery;
 mod load;
+mod otel;
 mod refuse;
+pub use discovery::{annotations, DiscoverySection, KubernetesDiscovery};
 pub use load::router_config;
+pub use otel::TracingConfig;
 pub use refuse::RefusedKey;

@@ -2,8 +2,10 @@
 //! HTTP proxy (`kvroute-proxy`) and the gateway's endpoint picker (`kvroute-epp`):
 //! the configuration file ([`config`]), the fleet of pools, one router per model
 //! ([`fleet`]), request parsing ([`request`], [`headers`]) and [`trust`], the tokenizer
-//! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], and
-//! [`ApiError`], the OpenAI-shaped refusal both servers answer with.
+//! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
+//! scraping of the workers' metrics ([`scrape`], each server bringing its client),
+//! [`ApiError`], the OpenAI-shaped refusal both servers answer with; and [`otel`],
+//! distributed tracing for the proxy.
 //!
 //! Both servers start it the same way, with [`start`], and ask it the same question
 //! for every request ([`ask::question`]): a buffered body and its headers in, the pool
@@ -23,7 +25,9 @@ pub mod fleet;
 pub mod headers;
 pub mod learn;
 pub mod metrics;
+pub mod otel;
 pub mod request;
+pub mod scrape;
 mod start;
 pub mod tokenize;
 pub mod trust;

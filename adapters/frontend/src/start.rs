@@ -11,6 +11,7 @@ use crate::config::{ConfigError, ProxyConfig, ReplicaConfig};
 use crate::events::{SubscribeError, Subscriptions};
 use crate::fleet::{Fleet, FleetError};
 use crate::metrics::Metrics;
+use crate::otel::{Tracing, TracingError};
 use crate::trust::Trust;
 
 /// What a server holds once [`start`] returns: the configuration, the pools with the
@@ -33,11 +34,14 @@ pub struct FrontEnd {
     pub subs: tokio::sync::Mutex<Subscriptions>,
     /// The link to peer replicas, when `[replica]` is configured.
     pub replica: Option<Arc<ReplicaHandle>>,
+    /// The tracer, when `[tracing]` is configured.
+    pub tracing: Option<Arc<Tracing>>,
 }
 
 /// Checks `cfg`, seeds the process (from `cfg.seed`, else at random), builds a pool per
 /// model, registers and subscribes to the configured workers, and joins the peer
-/// replicas when `[replica]` is configured. Must run inside a tokio runtime (drivers
+/// replicas when `[replica]` is configured, and starts the OTLP exporter when
+/// `[tracing]` is (call [`Tracing::shutdown`] to flush it). Must run inside a tokio runtime (drivers
 /// and subscriptions spawn tasks).
 pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
     cfg.validate()?;
@@ -53,6 +57,10 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
         Some(r) => Some(Arc::new(join_replicas(r, &fleet).await?)),
         None => None,
     };
+    let tracing = match &cfg.tracing {
+        Some(t) => Some(Arc::new(Tracing::start(t).map_err(StartError::Tracing)?)),
+        None => None,
+    };
     let mut metrics = Metrics::new(fleet.clone());
     if let Some(r) = &replica {
         metrics.register_replica(r.clone(), fleet.clone());
@@ -66,6 +74,7 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
         dp_rank_header,
         subs: tokio::sync::Mutex::new(subs),
         replica,
+        tracing,
     })
 }
 
@@ -106,6 +115,8 @@ pub enum StartError {
     Subscribe(SubscribeError),
     /// The link to peer replicas could not start.
     Replica(ReplicaStartError),
+    /// The tracer could not start.
+    Tracing(TracingError),
 }
 
 impl fmt::Display for StartError {
@@ -115,6 +126,7 @@ impl fmt::Display for StartError {
             StartError::Worker { id, source } => write!(f, "worker {id}: {source}"),
             StartError::Subscribe(e) => write!(f, "KV events: {e}"),
             StartError::Replica(e) => write!(f, "replica: {e}"),
+            StartError::Tracing(e) => write!(f, "tracing: {e}"),
         }
     }
 }
@@ -126,6 +138,7 @@ impl std::error::Error for StartError {
             StartError::Worker { source, .. } => Some(source),
             StartError::Subscribe(e) => Some(e),
             StartError::Replica(e) => Some(e),
+            StartError::Tracing(e) => Some(e),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod discover;
 mod epp;
 mod live;
 mod load;

@@ -1,4 +1,5 @@
-//! `kvroute serve`: the routing proxy, with its tokenizers and KV-event subscriptions.
+//! `kvroute serve`: the routing proxy, with its tokenizers, KV-event subscriptions and,
+//! with `[discovery.kubernetes]`, the pods it follows (see [`crate::discover`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -118,7 +119,11 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
             cfg.workers.len(),
             handle.local_addr()
         );
+        let discovery = crate::discover::start(&cfg, &handle).await?;
         shutdown_signal().await;
+        if let Some(d) = discovery {
+            d.abort();
+        }
         eprintln!("kvroute: shutting down; in-flight streams get {} s", cfg.limits.shutdown_grace_s);
         let report = handle.shutdown().await;
         eprintln!("kvroute: stopped ({report:?})");

@@ -27,6 +27,11 @@
 //!   else `-t2`) instead of in-process clients; the direct path then goes to the first
 //!   upstream only;
 //! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator).
+//! * `--tracing 0.1,1`: also measure in-process proxies with `[tracing]` on at these
+//!   sampling ratios (paths `kvroute_trace_<ratio>`), exporting every 1 s over OTLP/HTTP
+//!   to a sink in this process that reads each export and answers 200; with
+//!   `--baseline kvroute` their ratios to the untraced proxy are printed (`cpu_share` is
+//!   the traced proxy's CPU per request over the untraced one's).
 //!
 //! The comparison with the reference router runs the routers as their own processes in
 //! front of upstreams on fixed ports, with wrk as the load:
@@ -55,7 +60,7 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kvroute_proxy::config::ModelConfig;
+use kvroute_proxy::config::{ModelConfig, TracingConfig};
 use kvroute_proxy::{serve, ProxyConfig, ServeHandle, Tokenizers};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -379,6 +384,7 @@ struct Args {
     inproc: bool,
     upstreams_only: bool,
     wrk: bool,
+    tracing: Vec<f64>,
 }
 
 fn args() -> Args {
@@ -393,6 +399,7 @@ fn args() -> Args {
         inproc: true,
         upstreams_only: false,
         wrk: false,
+        tracing: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     let mut positional = 0;
@@ -406,6 +413,7 @@ fn args() -> Args {
             "--no-inproc" => a.inproc = false,
             "--upstreams-only" => a.upstreams_only = true,
             "--wrk" => a.wrk = true,
+            "--tracing" => a.tracing = value("--tracing").split(',').map(|r| r.parse().expect("--tracing")).collect(),
             "--external" => {
                 let v = value("--external");
                 let (name, rest) = v.split_once('=').expect("--external NAME=HOST:PORT[@PID]");
@@ -425,8 +433,27 @@ fn args() -> Args {
     a
 }
 
-/// The proxy under test, in this process, in front of `ups`.
-async fn inproc_proxy(ups: &[SocketAddr]) -> ServeHandle {
+/// An OTLP/HTTP sink: reads each export whole and answers 200 with an empty (valid)
+/// response.
+async fn otlp_sink() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind the OTLP sink");
+    let addr = l.local_addr().expect("sink addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let _ = req.into_body().collect().await;
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::new())))
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The proxy under test, in this process, in front of `ups`, tracing when `tracing`.
+async fn inproc_proxy(ups: &[SocketAddr], tracing: Option<TracingConfig>) -> ServeHandle {
     let mut cfg = ProxyConfig {
         listen: "127.0.0.1:0".parse().expect("listen"),
         seed: Some(1),
@@ -441,6 +468,7 @@ async fn inproc_proxy(ups: &[SocketAddr]) -> ServeHandle {
         ..ProxyConfig::default()
     };
     cfg.health_check.interval_ms = 0;
+    cfg.tracing = tracing;
     for (i, a) in ups.iter().enumerate() {
         let w = json!({"id": i, "url": format!("http://{a}"), "model": "m"});
         cfg.workers.push(serde_json::from_value(w).expect("worker"));
@@ -488,10 +516,22 @@ async fn main() {
         eprintln!("upstreams on {ups:?}");
         std::future::pending::<()>().await;
     }
-    let proxy = if args.inproc { Some(inproc_proxy(&ups).await) } else { None };
+    let proxy = if args.inproc { Some(inproc_proxy(&ups, None).await) } else { None };
     let mut targets = vec![Target { name: "direct".into(), addrs: ups.clone(), pid: None }];
     if let Some(p) = &proxy {
         targets.push(Target { name: "kvroute".into(), addrs: vec![p.local_addr()], pid: None });
+    }
+    let mut traced = Vec::new();
+    if !args.tracing.is_empty() {
+        let sink = otlp_sink().await;
+        for &ratio in &args.tracing {
+            let mut t = TracingConfig::new(format!("http://{sink}"));
+            t.sampling_ratio = ratio;
+            t.export_interval_ms = 1_000;
+            let p = inproc_proxy(&ups, Some(t)).await;
+            targets.push(Target { name: format!("kvroute_trace_{ratio}"), addrs: vec![p.local_addr()], pid: None });
+            traced.push(p);
+        }
     }
     targets.extend(args.external);
     let client = client();
@@ -550,7 +590,7 @@ async fn main() {
             let _ = std::fs::remove_file(path);
         }
     }
-    if let Some(p) = proxy {
+    for p in proxy.into_iter().chain(traced) {
         let _ = p.shutdown().await;
     }
 }

@@ -210,13 +210,7 @@ pub async fn add_worker(state: &State, req: http::Request<Incoming>) -> Result<R
     state.cfg.check_worker(&w).map_err(|(k, m)| ApiError::bad_request(format!("{k}: {m}")))?;
     let shown = serde_json::to_value(&w).unwrap_or(Value::Null);
     let new = state.fleet.add_worker(w.clone()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    // A drained worker added again is a new worker: it takes requests again.
-    if state.outliers.is_draining(w.id) {
-        state.outliers.forget(w.id);
-        if let Some(pool) = state.fleet.pool(&w.model) {
-            let _ = pool.driver.set_health(router_core::WorkerId(w.id), Health::Healthy);
-        }
-    }
+    readmit(state, &w);
     // Subscriptions follow registration: a replaced worker's stream is re-opened.
     state
         .subs
@@ -239,11 +233,26 @@ pub async fn remove_worker(state: &State, id: &str) -> Result<Response<ProxyBody
             ..ApiError::bad_request(format!("no worker {id}"))
         });
     }
-    state.outliers.forget(id);
-    state.subs.lock().await.remove(id).await;
+    forget(state, id).await;
     let mut resp = Response::new(ProxyBody::full(Bytes::new()));
     *resp.status_mut() = StatusCode::NO_CONTENT;
     Ok(resp)
+}
+
+/// A drained worker added again is a new worker: it takes requests again.
+pub(crate) fn readmit(state: &State, w: &WorkerConfig) {
+    if state.outliers.is_draining(w.id) {
+        state.outliers.forget(w.id);
+        if let Some(pool) = state.fleet.pool(&w.model) {
+            let _ = pool.driver.set_health(router_core::WorkerId(w.id), Health::Healthy);
+        }
+    }
+}
+
+/// What a removed worker leaves: its outlier state and its KV-event subscription.
+pub(crate) async fn forget(state: &State, id: u64) {
+    state.outliers.forget(id);
+    state.subs.lock().await.remove(id).await;
 }
 
 /// `POST /route/preview`: the decision for a request body, with the per-worker

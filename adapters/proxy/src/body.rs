@@ -44,6 +44,8 @@ pub enum ProxyBody {
     Stream(Box<UpstreamBody>),
     /// A worker's stream that may continue on another worker (see [`crate::migrate`]).
     Migrating(Box<crate::migrate::MigratingBody>),
+    /// Another body, whose end also ends the request's spans (see [`crate::trace`]).
+    Traced(Box<crate::trace::Traced>),
 }
 
 impl ProxyBody {
@@ -68,6 +70,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(f) => Pin::new(f).poll_frame(cx).map_err(|never| match never {}),
             ProxyBody::Stream(s) => Pin::new(s.as_mut()).poll_frame(cx),
             ProxyBody::Migrating(m) => Pin::new(m.as_mut()).poll_frame(cx),
+            ProxyBody::Traced(t) => t.poll_frame(cx),
         }
     }
 
@@ -76,6 +79,7 @@ impl Body for ProxyBody {
             ProxyBody::Full(f) => f.is_end_stream(),
             ProxyBody::Stream(s) => s.done,
             ProxyBody::Migrating(m) => m.is_end_stream(),
+            ProxyBody::Traced(t) => t.is_end_stream(),
         }
     }
 
@@ -83,6 +87,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(f) => f.size_hint(),
             ProxyBody::Stream(s) if !s.injects_errors => s.inner.size_hint(),
+            ProxyBody::Traced(t) => t.size_hint(),
             ProxyBody::Stream(_) | ProxyBody::Migrating(_) => SizeHint::default(),
         }
     }

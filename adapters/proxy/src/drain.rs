@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::{Response, StatusCode};
 use router_core::Health;
-use router_core::WorkerId;
+use router_core::{WorkerId, WorkerKey};
 use serde_json::json;
 
 use crate::body::ProxyBody;
@@ -30,28 +30,38 @@ pub fn drain(state: &Arc<State>, id: &str, query: Option<&str>) -> Result<Respon
         "remove=true" => true,
         q => return Err(ApiError::bad_request(format!("unknown query {q:?}; the only one is remove=true"))),
     };
-    let pool = state.fleet.worker(id).and_then(|w| state.fleet.pool(&w.model)).ok_or_else(|| ApiError {
-        status: StatusCode::NOT_FOUND,
-        code: "worker_not_found",
-        ..ApiError::bad_request(format!("no worker {id}"))
-    })?;
+    if !start(state, id, remove) {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "worker_not_found",
+            ..ApiError::bad_request(format!("no worker {id}"))
+        });
+    }
+    let body = json!({"id": id, "health": "draining", "in_flight": in_flight(state, id), "remove": remove});
+    Ok(json_response(StatusCode::ACCEPTED, &body))
+}
+
+/// Drains `id`, and with `remove` removes it once idle. Returns whether it exists.
+pub(crate) fn start(state: &Arc<State>, id: u64, remove: bool) -> bool {
+    let Some(pool) = state.fleet.worker(id).and_then(|w| state.fleet.pool(&w.model).cloned()) else {
+        return false;
+    };
     state.outliers.set_draining(id);
     let _ = pool.driver.set_health(WorkerId(id), Health::Draining);
     tracing::info!(worker = id, remove, "worker draining");
     if remove {
         tokio::spawn(remove_when_idle(state.clone(), id));
     }
-    let body = json!({"id": id, "health": "draining", "in_flight": in_flight(state, id), "remove": remove});
-    Ok(json_response(StatusCode::ACCEPTED, &body))
+    true
 }
 
 /// Requests the router holds on `id`, over all its ranks.
 pub fn in_flight(state: &State, id: u64) -> u64 {
-    let Some(pool) = state.fleet.worker(id).and_then(|w| state.fleet.pool(&w.model)) else { return 0 };
+    let Some(w) = state.fleet.worker(id) else { return 0 };
+    let Some(pool) = state.fleet.pool(&w.model) else { return 0 };
+    // Per rank, not a snapshot: this runs every poll while a drained worker winds down.
     pool.driver.with_router(|r| {
-        let snap = r.snapshot();
-        let keys = snap.workers.iter().filter(|w| w.spec.id.0 == id).flat_map(|w| &w.keys);
-        keys.map(|k| u64::from(k.load.active_requests)).sum()
+        (0..w.dp_ranks).map(|rank| u64::from(r.local_load(WorkerKey::new(id, rank)).active_requests)).sum()
     })
 }
 

@@ -70,7 +70,7 @@ pub(crate) async fn first_answer(
     for attempt in 0..=state.cfg.retry.retries_max {
         // The core excludes workers that already failed this request (unless a pin names them).
         request.failed_workers.clone_from(tried);
-        let booking = match route(t, request.clone(), last_err.is_some()).await {
+        let booking = match route(t, request.clone(), last_err.is_some(), attempt).await {
             Ok(Some(b)) => b,
             Ok(None) => break,
             Err(e) => return Err(e),
@@ -117,7 +117,7 @@ fn unix_now_s() -> u64 {
 
 /// Routes one try. `Ok(None)`: a retry found no other worker (the caller reports the
 /// failure that caused it).
-async fn route(t: &Tries<'_>, request: Request, retrying: bool) -> Result<Option<Booking>, ApiError> {
+async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) -> Result<Option<Booking>, ApiError> {
     let (state, pool) = (t.state, t.pool);
     let t0 = Instant::now();
     let isl = request.isl_tokens;
@@ -134,6 +134,7 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool) -> Result<Option
         Ok(Ok(b)) => b,
     };
     state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
+    crate::trace::routed(t.p.trace.as_ref(), t0, &booking, attempt);
     let r = booking.routed();
     state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);
     let block = pool.block_size.tokens();
@@ -152,8 +153,14 @@ async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
         return Err(Failed::Retry(RetryReason::Connect, None, ApiError::upstream("the worker was removed")));
     };
     let path = t.path.as_deref().unwrap_or(&t.p.path_and_query);
+    let span = crate::trace::try_span(t.p.trace.as_ref(), worker_id.0);
     let up = match upstream_request_to(state, &worker, booking.target(), t.p, path, t.body.clone()) {
-        Ok(up) => up,
+        Ok(mut up) => {
+            if let Some(s) = &span {
+                s.inject(up.headers_mut());
+            }
+            up
+        }
         Err(e) => {
             let _ = booking.fail(DispatchFailure::Worker);
             return Err(Failed::Retry(RetryReason::Connect, None, e));
@@ -182,6 +189,17 @@ async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
     })
     .await;
     let w = worker_id.0;
+    if let Some(s) = &span {
+        crate::trace::try_answered(s, &sent);
+    }
+    let sent = sent.map(|r| {
+        r.map(|(mut resp, first)| {
+            if let Some(s) = span {
+                resp.extensions_mut().insert(crate::trace::TrySpan(std::sync::Arc::new(s)));
+            }
+            (resp, first)
+        })
+    });
     match sent {
         Err(_) if first_byte_by >= t.deadline => {
             // No answer at all within the request's time counts against the worker, so a

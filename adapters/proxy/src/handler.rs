@@ -16,7 +16,8 @@ use router_core::{Request, WorkerId, WorkerKey};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use kvroute_frontend::ask::{question, routed_json, Asker, Question};
+use kvroute_frontend::ask::{question_timed, routed_json, Asker, Question};
+use kvroute_frontend::otel::RequestTrace;
 
 use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
 use crate::config::WorkerConfig;
@@ -44,6 +45,8 @@ pub struct Prepared {
     pub preview: bool,
     /// The endpoint the request came to (or looks like, for a preview).
     pub endpoint: Endpoint,
+    /// Its trace, when it is traced (see [`crate::trace`]).
+    pub trace: Option<RequestTrace>,
 }
 
 /// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
@@ -54,13 +57,15 @@ pub async fn proxy(
     endpoint: Endpoint,
 ) -> Response<ProxyBody> {
     let arrived = Instant::now();
+    let trace = crate::trace::open(&state, req.headers(), arrived);
     let mut model = "unknown".to_string();
     let result = match state.concurrency.clone().try_acquire_owned() {
         Err(_) => Err(ApiError::overloaded()),
         Ok(permit) => {
             // A client trickling its body must not hold a permit past the request's time.
             let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
-            match tokio::time::timeout_at(deadline, prepare(&state, peer, req, Some(endpoint), &mut model)).await {
+            let prepared = prepare_traced(&state, peer, req, Some(endpoint), &mut model, trace.clone());
+            match tokio::time::timeout_at(deadline, prepared).await {
                 Err(_) => Err(ApiError::body_timeout()),
                 Ok(Ok(p)) if p.preview => preview(&state, p),
                 Ok(Ok(p)) => forward(&state, p, arrived, permit).await,
@@ -68,10 +73,14 @@ pub async fn proxy(
             }
         }
     };
-    result.unwrap_or_else(|e| {
+    let resp = result.unwrap_or_else(|e| {
         state.metrics.request(&model, None, e.code, e.status.as_u16());
         e.into_response()
-    })
+    });
+    match trace {
+        Some(t) => crate::trace::finish(&state, t, &model, resp),
+        None => resp,
+    }
 }
 
 /// Reads, checks and hashes a request. `endpoint: None` guesses it from the body (for
@@ -83,6 +92,18 @@ pub async fn prepare(
     endpoint: Option<Endpoint>,
     model_label: &mut String,
 ) -> Result<Prepared, ApiError> {
+    prepare_traced(state, peer, req, endpoint, model_label, None).await
+}
+
+/// [`prepare`] of a traced request: its `parse` and `tokenize` spans are recorded.
+async fn prepare_traced(
+    state: &Arc<State>,
+    peer: SocketAddr,
+    req: http::Request<Incoming>,
+    endpoint: Option<Endpoint>,
+    model_label: &mut String,
+    trace: Option<RequestTrace>,
+) -> Result<Prepared, ApiError> {
     let (parts, body) = req.into_parts();
     let trusted = state.trust.is_trusted(peer.ip(), &parts.headers);
     let raw = read_body(body, &parts.headers, state.cfg.limits.body_bytes_max).await?;
@@ -93,10 +114,12 @@ pub async fn prepare(
         session_header: &state.session_header,
         session_id_bytes_max: state.cfg.limits.session_id_bytes_max,
     };
-    let q = question(&cx, trusted, &parts.headers, raw, endpoint, model_label).await?;
+    let asked = Instant::now();
+    let (q, parsed) = question_timed(&cx, trusted, &parts.headers, raw, endpoint, model_label).await?;
+    crate::trace::stages(trace.as_ref(), asked, parsed);
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
     let Question { pool, request, forward_body, preview, endpoint } = q;
-    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint })
+    Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint, trace })
 }
 
 /// Reads the body, refusing more than `max` bytes before buffering them.
@@ -199,6 +222,9 @@ pub(crate) fn upstream_request_to(
     headers.remove(&state.dp_rank_header);
     if worker.dp_ranks > 1 {
         headers.insert(state.dp_rank_header.clone(), HeaderValue::from(target.rank.0));
+    }
+    if let Some(t) = &p.trace {
+        t.inject(&mut headers);
     }
     let mut req = http::Request::post(uri).body(Full::new(body)).map_err(|e| ApiError::upstream(e.to_string()))?;
     *req.headers_mut() = headers;

@@ -20,7 +20,9 @@
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
 //! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and the
-//! KV transfer between prefill and decode workers (the engines move the cache). What
+//! KV transfer between prefill and decode workers (the engines move the cache).
+//! With `[tracing]`, each request is a span with children per stage, exported over
+//! OTLP, and its W3C trace context reaches the worker (see [`trace`]). What
 //! happens before transport (configuration, pools, parsing, trust, subscriptions,
 //! metrics, start-up) is `kvroute-frontend`'s, shared with the endpoint picker; its
 //! modules are re-exported here under the proxy's own paths.
@@ -36,13 +38,16 @@ pub mod handler;
 pub mod health;
 pub mod migrate;
 pub mod retry;
-pub mod scrape;
 pub mod server;
 pub mod state;
+pub mod trace;
 pub mod upstream;
+mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
-pub use kvroute_frontend::{config, cost_header, error, events, fleet, learn, metrics, request, tokenize, trust};
+pub use kvroute_frontend::{
+    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tokenize, trust,
+};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -59,6 +64,7 @@ pub use fleet::FleetError;
 pub use kvroute_frontend::{FrontEnd, StartError};
 pub use server::ShutdownReport;
 pub use tokenize::{tokenizer_missing, tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
+pub use workers::Workers;
 
 use crate::health::Outliers;
 use crate::state::State;
@@ -84,7 +90,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg, trust, fleet, mut metrics, session_header, dp_rank_header, subs, replica } = front;
+    let FrontEnd { cfg, trust, fleet, mut metrics, session_header, dp_rank_header, subs, replica, tracing } = front;
     let missing = tokenize::tokenizer_missing(&cfg);
     for model in &missing {
         tracing::warn!("{}", tokenize::tokenizer_missing_warning(model));
@@ -103,6 +109,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         subs,
         replica,
         scrapes: Arc::default(),
+        tracing,
         fleet,
         tokenizers,
         cfg,
@@ -134,6 +141,11 @@ impl ServeHandle {
         self.state.fleet.add_worker(w)
     }
 
+    /// The worker registry, for discovery: add, remove and drain as the admin API does.
+    pub fn workers(&self) -> Workers {
+        Workers { state: self.state.clone() }
+    }
+
     /// Removes a worker, as `DELETE /workers/{id}` does.
     pub fn remove_worker(&self, id: u64) -> bool {
         self.state.outliers.forget(id);
@@ -153,6 +165,10 @@ impl ServeHandle {
         // After the drain, so the ends of the last requests reach the peers first.
         if let Some(r) = &self.state.replica {
             r.goodbye().await;
+        }
+        // After the drain too, so the last requests' spans are exported.
+        if let Some(t) = &self.state.tracing {
+            t.shutdown().await;
         }
         report
     }

@@ -46,6 +46,8 @@ pub struct State {
     pub replica: Option<Arc<kvroute_replica::ReplicaHandle>>,
     /// Engine-metrics scrape counters.
     pub scrapes: Arc<crate::scrape::ScrapeStats>,
+    /// The tracer, when `[tracing]` is configured.
+    pub tracing: Option<Arc<kvroute_frontend::otel::Tracing>>,
 }
 
 impl State {

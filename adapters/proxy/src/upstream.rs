@@ -60,6 +60,16 @@ impl UpstreamClient {
     }
 }
 
+/// Metrics pages for the engine-load scraper come over the plain client.
+impl kvroute_frontend::scrape::Fetch for UpstreamClient {
+    async fn get(&self, uri: http::Uri, bytes_max: usize) -> Result<Bytes, kvroute_frontend::scrape::ScrapeError> {
+        use kvroute_frontend::scrape::{read_page, ScrapeError};
+        let req = http::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| ScrapeError::Unreachable)?;
+        let resp = self.request(req).await.map_err(|_| ScrapeError::Unreachable)?;
+        read_page(resp, bytes_max).await
+    }
+}
+
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
     "connection",

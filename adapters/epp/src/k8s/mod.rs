@@ -8,10 +8,14 @@
 //! the pod watch. Readiness is `NOT_SERVING` until the pods have been listed once, and
 //! again while the pool does not exist.
 //!
+//! The pod side (which pods are workers, the watch, applying changes) is the
+//! `kvroute-k8s` crate's, shared with `kvroute serve`'s discovery; this module adds
+//! the `InferencePool`.
+//!
 //! The service account needs `get`, `list` and `watch` on `pods` and on
 //! `inferencepools.inference.networking.k8s.io` in the pool's namespace.
 
-mod pods;
+mod pool;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,8 +28,11 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 use kvroute_frontend::config::WorkerConfig;
+use kvroute_frontend::FleetError;
+use kvroute_k8s::{apply, pod_events, PodEvents, Registry};
 
-pub use pods::{Change, Member, PodSet, PoolSpec};
+pub use kvroute_k8s::{client, worker_id, Change, Member, PodSet};
+pub use pool::PoolSpec;
 
 use crate::Workers;
 
@@ -72,17 +79,6 @@ impl WorkerTemplate {
     }
 }
 
-/// A worker id from a pod uid: 53 bits of its hash, so ids stay exact in JSON.
-pub fn worker_id(uid: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(uid.as_bytes()) & ((1 << 53) - 1)
-}
-
-/// A client from the environment: the in-cluster service account, or `KUBECONFIG`.
-/// Reaching a real API server over HTTPS needs this crate's `tls` feature.
-pub async fn client() -> Result<Client, kube::Error> {
-    Client::try_default().await
-}
-
 /// The `InferencePool` resource, for a dynamic API.
 pub fn inference_pool_resource() -> ApiResource {
     ApiResource {
@@ -104,7 +100,7 @@ pub async fn watch(client: Client, pool: PoolRef, template: WorkerTemplate, work
     let pod_api: Api<Pod> = Api::namespaced(client, &pool.namespace);
     let by_name = watcher::Config::default().fields(&format!("metadata.name={}", pool.name));
     let mut pool_events: Events<DynamicObject> = watcher(pools, by_name).default_backoff().boxed();
-    let mut pod_events: Option<Events<Pod>> = None;
+    let mut pods: Option<PodEvents> = None;
     let mut tracker = PoolTracker::default();
     let mut spec: Option<PoolSpec> = None;
     let mut set = PodSet::default();
@@ -119,20 +115,17 @@ pub async fn watch(client: Client, pool: PoolRef, template: WorkerTemplate, work
                         continue;
                     }
                     tracing::info!(pool = %pool.name, spec = ?next, "InferencePool changed; rewatching its pods");
-                    apply(&workers, &template, 0, set.clear()).await;
+                    apply(&workers, set.clear(), |m| template.worker(m, 0)).await;
                     workers.set_ready(false).await;
-                    pod_events = next.as_ref().map(|s| {
-                        let cfg = watcher::Config::default().labels(&s.selector());
-                        watcher(pod_api.clone(), cfg).default_backoff().boxed()
-                    });
+                    pods = next.as_ref().map(|s| pod_events(pod_api.clone(), &s.selector()));
                     spec = next;
                 }
             },
-            Some(ev) = next(&mut pod_events) => match (ev, &spec) {
+            Some(ev) = next(&mut pods) => match (ev, &spec) {
                 (Err(e), _) => tracing::warn!(pool = %pool.name, error = %e, "pod watch failed; retrying"),
                 (Ok(ev), Some(s)) => {
                     let listed = matches!(ev, Event::InitDone);
-                    apply(&workers, &template, s.port, set.handle(ev)).await;
+                    apply(&workers, set.handle(ev), |m| template.worker(m, s.port)).await;
                     if listed {
                         workers.set_ready(true).await;
                     }
@@ -144,37 +137,26 @@ pub async fn watch(client: Client, pool: PoolRef, template: WorkerTemplate, work
 }
 
 /// The next event of the pod watch; pends forever while there is none.
-async fn next(events: &mut Option<Events<Pod>>) -> Option<Result<Event<Pod>, watcher::Error>> {
+async fn next(events: &mut Option<PodEvents>) -> Option<Result<Event<Pod>, watcher::Error>> {
     match events {
         Some(s) => s.next().await,
         None => std::future::pending().await,
     }
 }
 
-async fn apply(workers: &Workers, template: &WorkerTemplate, port: u16, changes: Vec<Change>) {
-    for c in changes {
-        match c {
-            Change::Upsert(m) => match template.worker(&m, port) {
-                Ok(w) => {
-                    let (id, url) = (w.id, w.url.to_string());
-                    match workers.upsert(w).await {
-                        Ok(_) => tracing::info!(pod = %m.name, worker = id, %url, "worker ready"),
-                        Err(e) => tracing::warn!(pod = %m.name, error = %e, "cannot add the worker"),
-                    }
-                }
-                Err(e) => tracing::warn!(pod = %m.name, error = %e, "cannot add the worker"),
-            },
-            Change::Remove(uid) => {
-                if workers.remove(worker_id(&uid)).await {
-                    tracing::info!(worker = worker_id(&uid), "worker gone");
-                }
-            }
-            Change::Drain(uid) => {
-                if workers.drain(worker_id(&uid)) {
-                    tracing::info!(worker = worker_id(&uid), "worker draining: its pod is terminating");
-                }
-            }
-        }
+impl Registry for Workers {
+    async fn upsert(&self, w: WorkerConfig) -> Result<bool, FleetError> {
+        Workers::upsert(self, w).await
+    }
+    async fn remove(&self, id: u64) -> bool {
+        Workers::remove(self, id).await
+    }
+    /// Draining only: the worker stays known until its pod is gone.
+    async fn drain(&self, id: u64) -> bool {
+        Workers::drain(self, id)
+    }
+    async fn set_ready(&self, ready: bool) {
+        Workers::set_ready(self, ready).await
     }
 }
 

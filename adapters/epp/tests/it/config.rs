@@ -28,6 +28,8 @@ fn keys_only_a_forwarding_proxy_acts_on_are_refused_by_name() {
     check("", &[("limits.request_timeout_ms", "5")], Some("limits.request_timeout_ms"));
     let split = "[[models]]\nname = \"d\"\ndisagg_protocol = \"vllm-nixl\"\n";
     check(split, &[], Some("models[1].disagg_protocol"));
+    check("[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n", &[], Some("tracing"));
+    check("[discovery.kubernetes]\nlabel_selector = \"app=vllm\"\n", &[], Some("discovery"));
 }
 
 #[test]
@@ -36,6 +38,7 @@ fn keys_the_picker_honours_load() {
     check("[limits]\nbody_bytes_max = 1024\nconcurrent_requests_max = 2\nshutdown_grace_s = 1\n", &[], None);
     check("[router]\nmode = \"round-robin\"\n[trust]\ntoken = \"t\"\n", &[], None);
     check("[replica]\nid = \"picker-a\"\n", &[], None);
+    check("[learn]\nscrape_interval_ms = 1000\nengine_load = true\ncosts = true\n", &[], None);
     check("", &[("router.queue_timeout_ms", "5000")], None);
 }
 

@@ -3,20 +3,12 @@
 //! `tests/fixtures/*-watch.jsonl` one at a time, when the test says so; the picker's
 //! workers must follow the pods' readiness, addresses and deletion, and the pool's port.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use kvroute_epp::k8s::{self, PoolRef, WorkerTemplate};
+use kvroute_k8s::testing::FakeApi;
 use router_core::Health;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
@@ -29,85 +21,11 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture")
 }
 
-type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
-
-/// A recorded API server: one list and one watch stream per resource path.
-struct FakeApi {
-    addr: SocketAddr,
-    watches: BTreeMap<&'static str, mpsc::UnboundedSender<String>>,
-}
-
-struct Paths {
-    lists: BTreeMap<&'static str, Value>,
-    watches: Mutex<BTreeMap<&'static str, mpsc::UnboundedReceiver<String>>>,
-}
-
-impl FakeApi {
-    async fn start() -> Self {
-        let mut lists = BTreeMap::new();
-        lists.insert(POOLS, serde_json::from_str(&fixture("inferencepools-list.json")).unwrap());
-        lists.insert(PODS, serde_json::from_str(&fixture("pods-list.json")).unwrap());
-        let (mut txs, mut rxs) = (BTreeMap::new(), BTreeMap::new());
-        for p in [POOLS, PODS] {
-            let (tx, rx) = mpsc::unbounded_channel();
-            txs.insert(p, tx);
-            rxs.insert(p, rx);
-        }
-        let paths = Arc::new(Paths { lists, watches: Mutex::new(rxs) });
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let paths = paths.clone();
-                let svc = service_fn(move |req| {
-                    let paths = paths.clone();
-                    async move { Ok::<_, Infallible>(answer(&paths, req)) }
-                });
-                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc));
-            }
-        });
-        FakeApi { addr, watches: txs }
-    }
-
-    /// Streams the next recorded event of `path`'s watch.
-    fn event(&self, path: &'static str, line: &str) {
-        self.watches[path].send(format!("{line}\n")).expect("the watch is open");
-    }
-}
-
-fn answer(paths: &Paths, req: http::Request<Incoming>) -> http::Response<Body> {
-    let path = req.uri().path().to_string();
-    let query: BTreeMap<String, String> = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.replace("%3D", "=").replace("%2C", ",")))
-        .collect();
-    let Some((&key, list)) = paths.lists.iter().find(|(p, _)| **p == path) else {
-        return http::Response::builder().status(404).body(Full::new(Bytes::new()).boxed()).unwrap();
-    };
-    if query.get("watch").map(String::as_str) == Some("true") {
-        // The first watch gets the recorded events; a rewatch waits quietly.
-        let rx = paths.watches.lock().unwrap().remove(key);
-        let lines = futures::stream::unfold(rx, |rx| async move {
-            let mut rx = rx?;
-            let line = rx.recv().await?;
-            Some((Ok::<_, Infallible>(Frame::data(Bytes::from(line))), Some(rx)))
-        });
-        return http::Response::new(StreamBody::new(lines).boxed());
-    }
-    let mut list = list.clone();
-    if let Some(selector) = query.get("labelSelector") {
-        let want: BTreeMap<&str, &str> = selector.split(',').filter_map(|kv| kv.split_once('=')).collect();
-        let items = list["items"].as_array().cloned().unwrap_or_default();
-        list["items"] = items
-            .into_iter()
-            .filter(|i| want.iter().all(|(k, v)| i["metadata"]["labels"][*k].as_str() == Some(*v)))
-            .collect();
-    }
-    http::Response::new(Full::new(Bytes::from(list.to_string())).boxed())
+/// The recorded API: the pool and pod lists from the fixtures.
+async fn fake_api() -> FakeApi {
+    let list = |name: &str| serde_json::from_str::<Value>(&fixture(name)).unwrap();
+    let lists = vec![(POOLS.to_string(), list("inferencepools-list.json")), (PODS.to_string(), list("pods-list.json"))];
+    FakeApi::start(lists).await.expect("the fake API starts")
 }
 
 /// The picker's workers that take new requests, as `ip:port` (a terminating pod's
@@ -150,9 +68,9 @@ fn set(addrs: &[&str]) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_follow_the_pools_ready_pods() {
-    let api = FakeApi::start().await;
+    let api = fake_api().await;
     let epp = start(config(&[])).await;
-    let client = kube::Client::try_from(kube::Config::new(format!("http://{}", api.addr).parse().unwrap())).unwrap();
+    let client = api.client();
     let template = WorkerTemplate {
         worker: serde_json::from_value(json!({"id": 0, "url": "http://0.0.0.0:1", "model": MODEL, "kv_blocks": 2048}))
             .unwrap(),

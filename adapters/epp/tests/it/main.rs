@@ -7,6 +7,7 @@ mod extproc;
 mod gateway;
 mod k8s;
 mod replica;
+mod scrape;
 
 use std::net::SocketAddr;
 use std::time::Duration;

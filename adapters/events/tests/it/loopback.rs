@@ -23,18 +23,18 @@ struct Rig {
 
 impl Rig {
     async fn start(replay_form: &str, seed: u64) -> Rig {
-        Rig::start_after(replay_form, seed, 0).await
+        Rig::start_after(replay_form, seed, 0, RunnerConfig::default()).await
     }
 
     /// Starts the publisher, lets it publish `before` batches to nobody, then subscribes.
-    async fn start_after(replay_form: &str, seed: u64, before: usize) -> Rig {
+    async fn start_after(replay_form: &str, seed: u64, before: usize, runner: RunnerConfig) -> Rig {
         let mut publisher = Publisher::start(replay_form);
         let mut engine = Engine::new(seed, BLOCK);
         let mut last_seq = None;
         for _ in 0..before {
             last_seq = publish(&mut publisher, &mut engine, true, "map");
         }
-        let (handle, _join) = spawn(RunnerConfig::default(), ZmqConnector::default(), ModelSink::default());
+        let (handle, _join) = spawn(runner, ZmqConnector::default(), ModelSink::default());
         let ep = EndpointConfig {
             stream: StreamConfig {
                 key: KEY,
@@ -113,7 +113,7 @@ async fn dropped_range_is_replayed(form: &str) {
 /// although the publisher stays idle afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_published_before_subscribing_arrives_without_another() {
-    let rig = Rig::start_after("topic", 5, 1).await;
+    let rig = Rig::start_after("topic", 5, 1, RunnerConfig::default()).await;
     let st = rig.converge().await;
     assert_eq!((st.last_seq, st.batches_applied, st.seq.gaps, st.seq.resets), (Some(0), 1, 0, 0), "{st:?}");
     assert!(st.seq.connect_replays >= 1, "{st:?}");
@@ -143,6 +143,42 @@ async fn restart_clears_and_starts_over() {
     }
     let st = rig.converge().await;
     assert_eq!((st.seq.restarts, st.last_seq), (1, Some(2)));
+}
+
+/// An engine that dies and comes back on its ports after `DOWN` is followed again on
+/// the runner's own backoff (capped at 200 ms here), not the socket's built-in one,
+/// which by then waits about 13 s between tries (it doubles from 100 ms up to 30 s):
+/// without the runner's resubscription, this test waits 10 s and more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restarted_on_its_ports_is_followed_again() {
+    const DOWN: Duration = Duration::from_secs(15);
+    const RESUBSCRIBED_WITHIN: Duration = Duration::from_secs(5);
+    let runner = RunnerConfig { reconnect_backoff_max_ms: 200, ..RunnerConfig::default() };
+    let mut rig = Rig::start_after("topic", 6, 0, runner).await;
+    for _ in 0..4 {
+        rig.batch(true, "map");
+    }
+    rig.converge().await;
+    let (pub_port, replay_port) = (rig.publisher.pub_port, rig.publisher.replay_port);
+    rig.publisher.kill();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while rig.handle.status(KEY).await.expect("stream").connected {
+        assert!(tokio::time::Instant::now() < deadline, "the runner never saw the publisher go");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(DOWN).await;
+    rig.publisher = Publisher::start_at("topic", pub_port, replay_port);
+    let back = std::time::Instant::now();
+    assert_eq!(rig.publisher.cmd(json!({"op": "wait_sub"}))["ok"], "wait_sub");
+    let waited = back.elapsed();
+    eprintln!("subscribed again {waited:?} after the publisher came back");
+    assert!(waited < RESUBSCRIBED_WITHIN, "subscribed again {waited:?} after the publisher came back");
+    rig.engine.restart();
+    for _ in 0..3 {
+        rig.batch(true, "array");
+    }
+    let st = rig.converge().await;
+    assert_eq!((st.seq.restarts, st.last_seq), (1, Some(2)), "the new run replaces the old one");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -271,8 +271,14 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn start(replay_form: &str) -> Self {
+        Publisher::start_at(replay_form, 0, 0)
+    }
+
+    /// Starts one bound to the given ports (0: a free one), as a restarted engine is.
+    pub fn start_at(replay_form: &str, pub_port: u16, replay_port: u16) -> Self {
+        let ports = [pub_port.to_string(), replay_port.to_string()];
         let mut child = python()
-            .args(["publisher.py", "--replay-form", replay_form])
+            .args(["publisher.py", "--replay-form", replay_form, "--pub-port", &ports[0], "--replay-port", &ports[1]])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -307,9 +313,16 @@ impl Publisher {
     }
 }
 
-impl Drop for Publisher {
-    fn drop(&mut self) {
+impl Publisher {
+    /// Kills the process, as an engine dies: its sockets close at once.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.kill();
     }
 }

@@ -30,20 +30,30 @@ from wire import EventBatch, encode, event_from_json
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
+def bind(socket, port):
+    """Binds to `port` on loopback, or to a free one when it is 0; the port."""
+    if port == 0:
+        return socket.bind_to_random_port("tcp://127.0.0.1")
+    socket.bind(f"tcp://127.0.0.1:{port}")
+    return port
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay-form", choices=["topic", "vllm"], default="topic")
     ap.add_argument("--buffer-steps", type=int, default=10_000)
     ap.add_argument("--topic", default="")
+    ap.add_argument("--pub-port", type=int, default=0, help="0: a free port")
+    ap.add_argument("--replay-port", type=int, default=0, help="0: a free port")
     args = ap.parse_args()
 
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.XPUB)
     pub.setsockopt(zmq.LINGER, 0)
-    pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+    pub_port = bind(pub, args.pub_port)
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
-    replay_port = router.bind_to_random_port("tcp://127.0.0.1")
+    replay_port = bind(router, args.replay_port)
     topic = args.topic.encode()
 
     buffer = collections.deque(maxlen=args.buffer_steps)

@@ -69,6 +69,12 @@ impl ProxyConfig {
         if let Err((key, message)) = self.learn.check() {
             return invalid(key.into(), message);
         }
+        if let Err((key, message)) = self.discovery.check(self.models.iter().map(|m| m.name.as_str())) {
+            return invalid(key, message);
+        }
+        if let Some(Err((key, message))) = self.tracing.as_ref().map(super::TracingConfig::check) {
+            return invalid(key.into(), message);
+        }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
         }

@@ -20,6 +20,7 @@ mod limits;
 mod metrics;
 mod migration;
 mod openai_client;
+mod otel;
 mod release;
 mod sessions;
 mod shutdown;

@@ -1,6 +1,11 @@
 //! Three replicas sharing load over NATS place a replay slice about as well as one
 //! router does: prefix reuse within 5% of the single replica's, and load balance (the
-//! busiest worker's requests ÷ the mean) within 15%.
+//! busiest worker's requests ÷ the mean) within 15%. Each side is the mean of two runs,
+//! alternated.
+//!
+//! Why two runs: one run's reuse moves by about ±2% with timing (the engines run in real
+//! time), so a single pair once differed by 5.8% (0.1525 against 0.1619) on a quiet
+//! 2-core CI machine, where ten other pairs differed by at most 3%.
 //!
 //! Why 15% for balance: over 500 requests on 4 workers, the kv router's placement of new
 //! conversations is mostly a tie between idle workers, broken by draw, so max/mean moves
@@ -17,6 +22,8 @@ const WORKERS: usize = 4;
 const COMPRESS: f64 = 16.0;
 const LOAD_FACTOR: f64 = 2.0;
 const LB_SEED: u64 = 42;
+/// Runs per side, alternated, whose figures are averaged.
+const RUNS: usize = 2;
 
 /// Replays the slice through `n` replicas (sharing over NATS when `share`) in front of
 /// a fresh fleet; returns the fleet's figures.
@@ -46,10 +53,28 @@ async fn run(n: usize, share: bool) -> Figures {
     figures
 }
 
+/// The mean of `runs`' figures.
+fn mean(runs: &[Figures]) -> Figures {
+    let n = runs.len().max(1) as f64;
+    let avg = |f: fn(&Figures) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    Figures {
+        reuse: avg(|f| f.reuse),
+        imbalance: avg(|f| f.imbalance),
+        work_imbalance: avg(|f| f.work_imbalance),
+        requests: avg(|f| f.requests),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_place_like_one() {
-    let one = run(1, false).await;
-    let three = run(3, true).await;
+    let (mut ones, mut threes) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        ones.push(run(1, false).await);
+        threes.push(run(3, true).await);
+    }
+    let each = |rs: &[Figures]| rs.iter().map(|f| (f.reuse, f.imbalance)).collect::<Vec<_>>();
+    println!("replica parity runs (reuse, imbalance): one {:?}, three {:?}", each(&ones), each(&threes));
+    let (one, three) = (mean(&ones), mean(&threes));
     let line = json!({
         "requests": one.requests, "workers": WORKERS,
         "one": { "reuse": one.reuse, "imbalance": one.imbalance },

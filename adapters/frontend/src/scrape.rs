@@ -12,14 +12,20 @@
 //! A page that is not UTF-8, too large, has none of the gauges, or carries a value that
 //! is not a finite count or share is a counted drop (`dropped`), never a panic. Work per
 //! scrape is linear in the page.
+//!
+//! Shared by `kvroute serve` and `kvroute epp`; each brings its own HTTP client as a
+//! [`Fetch`] (the proxy its upstream pool, the picker a plain client), and
+//! [`read_page`] reads an answer within `learn.metrics_bytes_max`.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use std::future::Future;
+
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use router_core::EngineLoad;
 use router_core::WorkerKey;
 
@@ -28,7 +34,6 @@ use tokio::sync::watch;
 use crate::config::WorkerConfig;
 use crate::fleet::Fleet;
 use crate::learn::LearnSection;
-use crate::upstream::UpstreamClient;
 
 const WAITING: &str = "vllm:num_requests_waiting";
 const RUNNING: &str = "vllm:num_requests_running";
@@ -152,20 +157,42 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
-/// What the scrape task needs: the settings, a client, the fleet and the counters.
+/// How a server fetches a worker's metrics page.
+pub trait Fetch: Clone + Send + Sync + 'static {
+    /// `GET uri`, its body read whole up to `bytes_max` bytes (see [`read_page`]).
+    fn get(&self, uri: http::Uri, bytes_max: usize) -> impl Future<Output = Result<Bytes, ScrapeError>> + Send;
+}
+
+/// The body of `resp` if its status is 2xx and it is at most `bytes_max` bytes.
+pub async fn read_page<B>(resp: http::Response<B>, bytes_max: usize) -> Result<Bytes, ScrapeError>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if !resp.status().is_success() {
+        return Err(ScrapeError::Status(resp.status().as_u16()));
+    }
+    match Limited::new(resp.into_body(), bytes_max).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ScrapeError::TooLarge),
+        Err(_) => Err(ScrapeError::Unreachable),
+    }
+}
+
+/// What the scrape task needs: the settings, a client and the counters.
 #[derive(Clone)]
-pub struct Scraper {
+pub struct Scraper<F> {
     /// The `[learn]` settings.
     pub cfg: LearnSection,
     /// The HTTP client to workers.
-    pub client: UpstreamClient,
+    pub client: F,
     /// The counters it bumps.
     pub stats: Arc<ScrapeStats>,
 }
 
 /// Scrapes every worker of `fleet` each interval until `shutdown` turns true or the
 /// fleet is gone. Returns at once when scraping is off.
-pub async fn scrape_loop(s: Scraper, fleet: Weak<Fleet>, mut shutdown: watch::Receiver<bool>) {
+pub async fn scrape_loop<F: Fetch>(s: Scraper<F>, fleet: Weak<Fleet>, mut shutdown: watch::Receiver<bool>) {
     let Some(interval) = s.cfg.scrape_interval() else { return };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -185,7 +212,7 @@ pub async fn scrape_loop(s: Scraper, fleet: Weak<Fleet>, mut shutdown: watch::Re
 }
 
 /// One scrape of `w`, fed to its pool's router; failures are counted.
-async fn scrape_one(s: &Scraper, fleet: &Fleet, w: &WorkerConfig) {
+async fn scrape_one<F: Fetch>(s: &Scraper<F>, fleet: &Fleet, w: &WorkerConfig) {
     let stats = &s.stats;
     let loads = match fetch(s, w).await.and_then(|page| parse(&page, w.dp_ranks)) {
         Ok(l) => l,
@@ -202,22 +229,11 @@ async fn scrape_one(s: &Scraper, fleet: &Fleet, w: &WorkerConfig) {
     stats.ok.fetch_add(1, Ordering::Relaxed);
 }
 
-async fn fetch(s: &Scraper, w: &WorkerConfig) -> Result<Bytes, ScrapeError> {
+async fn fetch<F: Fetch>(s: &Scraper<F>, w: &WorkerConfig) -> Result<Bytes, ScrapeError> {
     let cfg = &s.cfg;
     let uri = w.url.join(&cfg.metrics_path).map_err(|_| ScrapeError::Unreachable)?;
-    let req = http::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| ScrapeError::Unreachable)?;
     let timeout = std::time::Duration::from_millis(cfg.scrape_timeout_ms);
-    let read = async {
-        let resp = s.client.request(req).await.map_err(|_| ScrapeError::Unreachable)?;
-        if !resp.status().is_success() {
-            return Err(ScrapeError::Status(resp.status().as_u16()));
-        }
-        match Limited::new(resp.into_body(), cfg.metrics_bytes_max).collect().await {
-            Ok(c) => Ok(c.to_bytes()),
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(ScrapeError::TooLarge),
-            Err(_) => Err(ScrapeError::Unreachable),
-        }
-    };
+    let read = s.client.get(uri, cfg.metrics_bytes_max);
     tokio::time::timeout(timeout, read).await.unwrap_or(Err(ScrapeError::Unreachable))
 }
 

@@ -1,62 +1,14 @@
-//! Which pods are workers: the pure part of the Kubernetes watch. An `InferencePool`'s
-//! spec becomes a [`PoolSpec`]; watch events of the pods it selects become additions
-//! and removals of workers, following readiness, addresses and deletion. A ready pod
-//! that starts terminating (it gains a deletion timestamp) is drained first, as
-//! `POST /workers/{id}/drain` does in the proxy, and removed when it is gone.
+//! Which pods are workers: the pure part of the Kubernetes watch. Watch events of the
+//! selected pods become additions and removals of workers, following readiness,
+//! addresses and deletion. A ready pod that starts terminating (it gains a deletion
+//! timestamp) is drained first, as `POST /workers/{id}/drain` does in the proxy, and
+//! removed when it is gone.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
-use serde::Deserialize;
-
-/// What the watch needs of an `InferencePool`: whose pods, and on which port.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolSpec {
-    /// `spec.selector.matchLabels`, every one required.
-    pub match_labels: BTreeMap<String, String>,
-    /// `spec.targetPorts[0].number`.
-    pub port: u16,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SpecJson {
-    selector: SelectorJson,
-    #[serde(default)]
-    target_ports: Vec<PortJson>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SelectorJson {
-    #[serde(default)]
-    match_labels: BTreeMap<String, String>,
-}
-
-#[derive(Deserialize)]
-struct PortJson {
-    number: u16,
-}
-
-impl PoolSpec {
-    /// Reads `spec` of an `InferencePool` (`inference.networking.k8s.io/v1`). A pool
-    /// without labels or ports selects nothing and is refused.
-    pub fn from_json(spec: &serde_json::Value) -> Result<Self, String> {
-        let s = SpecJson::deserialize(spec).map_err(|e| format!("bad InferencePool spec: {e}"))?;
-        if s.selector.match_labels.is_empty() {
-            return Err("the InferencePool selects no labels".into());
-        }
-        let port = s.target_ports.first().map(|p| p.number).ok_or("the InferencePool has no targetPorts")?;
-        Ok(PoolSpec { match_labels: s.selector.match_labels, port })
-    }
-
-    /// The label selector of the pod watch, `k1=v1,k2=v2`.
-    pub fn selector(&self) -> String {
-        self.match_labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
-    }
-}
 
 /// A pod that can take requests.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +21,12 @@ pub struct Member {
     pub ip: IpAddr,
     /// `spec.nodeName`, if scheduled.
     pub node: Option<String>,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// The named ports of its containers, name to number.
+    pub ports: BTreeMap<String, u16>,
 }
 
 impl Member {
@@ -88,6 +46,9 @@ impl Member {
                 name: meta.name.clone().unwrap_or_default(),
                 ip,
                 node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                labels: meta.labels.clone().unwrap_or_default(),
+                annotations: meta.annotations.clone().unwrap_or_default(),
+                ports: named_ports(pod),
             })
             .filter(|m| !m.uid.is_empty())
     }
@@ -96,6 +57,18 @@ impl Member {
     pub fn endpoint(&self, port: u16) -> SocketAddr {
         SocketAddr::new(self.ip, port)
     }
+
+    /// The annotation `key`, or else the label `key`.
+    pub fn tag(&self, key: &str) -> Option<&str> {
+        self.annotations.get(key).or_else(|| self.labels.get(key)).map(String::as_str)
+    }
+}
+
+/// Every named container port of `pod` that is a valid port number.
+fn named_ports(pod: &Pod) -> BTreeMap<String, u16> {
+    let containers = pod.spec.iter().flat_map(|s| &s.containers);
+    let ports = containers.flat_map(|c| c.ports.iter().flatten());
+    ports.filter_map(|p| Some((p.name.clone()?, u16::try_from(p.container_port).ok()?))).collect()
 }
 
 /// A change to apply to the worker registry.
@@ -255,21 +228,5 @@ mod tests {
         let changes = s.handle(Event::InitDone);
         let c = Member::of(&pod("c", Some("10.0.0.3"), "True", false)).unwrap();
         assert_eq!(changes, vec![Change::Remove("a".into()), Change::Upsert(c)], "b is unchanged");
-    }
-
-    #[test]
-    fn pool_specs() {
-        let ok = json!({"selector": {"matchLabels": {"app": "vllm", "tier": "a"}}, "targetPorts": [{"number": 8000}],
-            "endpointPickerRef": {"name": "kvroute-epp"}});
-        let spec = PoolSpec::from_json(&ok).unwrap();
-        assert_eq!((spec.selector().as_str(), spec.port), ("app=vllm,tier=a", 8000));
-        for bad in [
-            json!({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 8000}]}),
-            json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": []}),
-            json!({"selector": {"matchLabels": {"app": "x"}}, "targetPorts": [{"number": 70000}]}),
-            json!({"targetPorts": [{"number": 1}]}),
-        ] {
-            assert!(PoolSpec::from_json(&bad).is_err(), "{bad}");
-        }
     }
 }

@@ -1,0 +1,168 @@
+//! The proxy's spans, when `[tracing]` is on (see [`kvroute_frontend::otel`]).
+//!
+//! A proxied request gets `kvroute.request` (server kind, opened on arrival) and, when
+//! sampled, the children `parse`, `tokenize`, `queue_wait` (zero long when the decision
+//! was immediate), `route` (the chosen worker, its overlap and cost) and one `upstream`
+//! per try (client kind; its `first_byte` event marks the head and, for a stream, the
+//! first frame). The worker's `traceparent` names the try's `upstream` span, or the
+//! request span when the request is not sampled (flag `00`).
+//!
+//! The body is streamed after the handler returns, so the request span and the
+//! answering try's `upstream` span ride with it ([`Traced`]) and end when the stream
+//! ends or the client goes away. The try's span travels from [`crate::forward`] to
+//! [`finish`] in the response's extensions ([`TrySpan`]), which any path building the
+//! client's response from the worker's head keeps.
+//!
+//! A migrated stream's continuations get `route` and `upstream` spans of their own
+//! through the same tries, but such an `upstream` span ends when its head arrives, not
+//! with its stream. Not yet spanned: the prefill and decode legs of a disaggregated
+//! request (their workers get the request span's context).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+use http_body::{Body, Frame, SizeHint};
+use kvroute_driver::Booking;
+use kvroute_frontend::otel::{wall, ChildSpan, KeyValue, RequestTrace, SpanKind};
+use tokio::time::Instant;
+
+use crate::body::{BodyError, ProxyBody};
+use crate::state::State;
+
+/// The `upstream` span of the try whose answer goes to the client.
+#[derive(Clone)]
+pub(crate) struct TrySpan(pub Arc<ChildSpan>);
+
+/// The request's trace: `None` when tracing is off, or when the client sent no trace
+/// and `start_traces` is off.
+pub(crate) fn open(state: &State, headers: &HeaderMap, arrived: Instant) -> Option<RequestTrace> {
+    state.tracing.as_ref()?.request(headers, wall(arrived))
+}
+
+/// `parse` from `start` to `parsed`, then `tokenize` until now.
+pub(crate) fn stages(trace: Option<&RequestTrace>, start: Instant, parsed: Instant) {
+    let Some(t) = trace.filter(|t| t.sampled()) else { return };
+    let parsed = wall(parsed);
+    t.stage("parse", wall(start), parsed, Vec::new());
+    t.stage("tokenize", parsed, SystemTime::now(), Vec::new());
+}
+
+/// `queue_wait` and `route` of a decision asked for at `asked`: the chosen worker, its
+/// overlap and (when the policy scores) its cost.
+pub(crate) fn routed(trace: Option<&RequestTrace>, asked: Instant, booking: &Booking, attempt: u32) {
+    let Some(t) = trace.filter(|t| t.sampled()) else { return };
+    let (start, end) = (wall(asked), SystemTime::now());
+    t.stage("queue_wait", if booking.waited() { start } else { end }, end, Vec::new());
+    let r = booking.routed();
+    let mut attrs = vec![
+        KeyValue::new("kvroute.worker.id", r.target.worker.0 as i64),
+        KeyValue::new("kvroute.worker.dp_rank", i64::from(r.target.rank.0)),
+        KeyValue::new("kvroute.overlap_blocks", i64::from(r.overlap.raw())),
+        KeyValue::new("kvroute.request_blocks", i64::from(r.request_blocks)),
+        KeyValue::new("kvroute.max_overlap_blocks", i64::from(r.max_overlap_blocks)),
+        KeyValue::new("kvroute.queued", booking.waited()),
+        KeyValue::new("kvroute.attempt", i64::from(attempt)),
+    ];
+    let cost = r.explanation.iter().find(|row| row.key == r.target).and_then(|row| row.score.as_ref());
+    if let Some(s) = cost {
+        attrs.push(KeyValue::new("kvroute.cost", s.cost));
+    }
+    t.stage("route", start, end, attrs);
+}
+
+/// The `upstream` span of one try on `worker`, if the request is sampled.
+pub(crate) fn try_span(trace: Option<&RequestTrace>, worker: u64) -> Option<ChildSpan> {
+    let span = trace?.child("upstream", SpanKind::Client, SystemTime::now())?;
+    span.set(KeyValue::new("kvroute.worker.id", worker as i64));
+    Some(span)
+}
+
+/// A try's head (and a stream's first frame) arrived, or the try failed before.
+pub(crate) fn try_answered<B, F, E: std::fmt::Display>(
+    span: &ChildSpan,
+    sent: &Result<Result<(Response<B>, F), E>, tokio::time::error::Elapsed>,
+) {
+    match sent {
+        Err(_) => span.fail("no first byte within the try's time".into()),
+        Ok(Err(e)) => span.fail(format!("the worker failed: {e}")),
+        Ok(Ok((resp, _))) => {
+            let status = resp.status().as_u16();
+            span.event("first_byte", Vec::new());
+            span.set(KeyValue::new("http.response.status_code", i64::from(status)));
+            if status >= 500 {
+                span.fail(format!("status {status}"));
+            }
+        }
+    }
+}
+
+/// The request is answered: the request span gets the pool, its policy and the status,
+/// and ends with the body (with the answering try's `upstream` span).
+pub(crate) fn finish(
+    state: &State,
+    trace: RequestTrace,
+    model: &str,
+    mut resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    let upstream = resp.extensions_mut().remove::<TrySpan>();
+    let status = resp.status().as_u16();
+    if trace.sampled() {
+        let mode = state.cfg.models.iter().find(|m| m.name == model).and_then(|m| m.mode);
+        trace.set(KeyValue::new("kvroute.model", model.to_string()));
+        trace.set(KeyValue::new("kvroute.policy", mode.unwrap_or(state.cfg.router.mode).as_str()));
+    }
+    resp.map(|inner| ProxyBody::Traced(Box::new(Traced { inner, request: trace, upstream, status, ended: false })))
+}
+
+/// A response body that ends the request's spans when it ends or is dropped.
+pub struct Traced {
+    inner: ProxyBody,
+    request: RequestTrace,
+    upstream: Option<TrySpan>,
+    status: u16,
+    ended: bool,
+}
+
+impl Traced {
+    fn end(&mut self, broken: Option<&BodyError>) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        if let Some(u) = self.upstream.take() {
+            if let Some(e) = broken {
+                u.0.fail(e.to_string());
+            }
+            u.0.end();
+        }
+        self.request.end(self.status);
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+
+    pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.end(None),
+            Poll::Ready(Some(Err(e))) => self.end(Some(e)),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.end(None),
+            _ => {}
+        }
+        polled
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        self.end(None);
+    }
+}
