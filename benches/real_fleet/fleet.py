@@ -145,8 +145,14 @@ def ready_or_stop(proc, url):
         raise
 
 
-def kvroute_config(mode, engines, tokenizer_dir, port):
-    """A `kvroute serve` TOML for one policy over the fleet."""
+# `[learn]` of the `kv-learn` policy: learned per-worker speeds and the engines' own load,
+# scraped from their /metrics.
+LEARN_SECTION = ["[learn]", "costs = true", "engine_load = true", "scrape_interval_ms = 500"]
+
+
+def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=()):
+    """A `kvroute serve` TOML for one policy over the fleet; `learn` turns on `[learn]`,
+    `router_extra` are more `[router]` lines."""
     lines = [
         f'listen = "127.0.0.1:{port}"',
         "seed = 7",
@@ -157,10 +163,13 @@ def kvroute_config(mode, engines, tokenizer_dir, port):
         "[router]",
         f'mode = "{mode}"',
         "block_size = 64",
+        *router_extra,
         "[[models]]",
         f'name = "{SERVED_NAME}"',
         f'tokenizer = "{tokenizer_dir}"',
     ]
+    if learn:
+        lines += LEARN_SECTION
     for e in engines:
         lines += [
             "[[workers]]",
@@ -175,12 +184,12 @@ def kvroute_config(mode, engines, tokenizer_dir, port):
     return "\n".join(lines) + "\n"
 
 
-def start_kvroute(binary, mode, engines, log_dir: Path, name=None):
-    """`kvroute serve` with `mode`; returns (proc, base url)."""
+def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, router_extra=()):
+    """`kvroute serve` with `mode` (see `kvroute_config` for the rest); returns (proc, base url)."""
     port = free_port()
     name = name or f"kvroute-{mode}"
     cfg = log_dir / f"{name}.toml"
-    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port))
+    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port, learn, router_extra))
     proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 60)

@@ -5,16 +5,22 @@
     python benches/real_fleet/run.py --rounds 2 --out fleet.json
 
 Starts the vLLM servers once, then for every round runs each policy (kvroute's `kv`,
-`round-robin`, `least-loaded`, and the peer routers that are installed) over the same
-request sequence, in an order rotated per round, with every engine's prefix cache reset
-before each run. Prints one JSON object: per run and per policy (medians over rounds)
-TTFT, end-to-end latency, vLLM's own prefix-cache hit rate, where the hits were lost,
-and what `kvroute replay` predicts for the same slice and fleet.
+`round-robin`, `least-loaded`, `kv-cpu` (kv predicting with the CPU engines' timing),
+`kv-learn` (kv with learned costs and engine load), and the peer routers that are installed) over the same request sequence, in an order
+rotated per round, with every engine's prefix cache reset before each run. Prints one
+JSON object: per run and per policy (medians over rounds) TTFT, end-to-end latency,
+vLLM's own prefix-cache hit rate, where the hits were lost, and what `kvroute replay`
+predicts for the same slice and fleet with the engines' fitted timing (`vllm-cpu`),
+each engine slowed to the share of a core it got (cores / load average), with the
+real-over-predicted ratios of hit rate and TTFT p50/p99.
+
+    python benches/real_fleet/run.py --replay-only fleet.json   # the prediction alone
 """
 
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -31,6 +37,12 @@ import workload
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "adapters/sim/fixtures/mooncake_conversation_head.jsonl"
 KV_POLICIES = ("kv", "round-robin", "least-loaded")
+# kvroute variants that are not a mode: `kv` predicting with the CPU engines' timing
+# (`engine_timing = "vllm-cpu"`), and `kv` with `[learn]` on (learned costs, engine load).
+KV_VARIANTS = {
+    "kv-cpu": {"router_extra": ['engine_timing = "vllm-cpu"']},
+    "kv-learn": {"learn": True},
+}
 PEERS = ("sglang-router", "smg", "smg-prefix-hash")
 
 
@@ -49,12 +61,20 @@ def parse_args():
     p.add_argument("--output-tokens-max", type=int, default=8)
     p.add_argument("--inflight-max", type=int, default=12, help="most requests outstanding at once")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--policies", default=",".join(KV_POLICIES + PEERS),
+    p.add_argument("--policies", default=",".join(KV_POLICIES + tuple(KV_VARIANTS) + PEERS),
                    help="comma-separated; peers that are not installed are skipped and named in the JSON")
     p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
     p.add_argument("--baseline-kvroute", type=Path,
                    help="another kvroute binary (say, built from main) run as policy `kv-baseline`")
     p.add_argument("--no-replay", action="store_true")
+    p.add_argument("--replay-timing", default="vllm-cpu",
+                   help="the simulated engines' timing: a preset (vllm-cpu, mocker) or a JSON file")
+    p.add_argument("--replay-speed", default="auto",
+                   help="speed of every simulated engine (1: one idle core each); auto: fitted so that the "
+                        "replay's round-robin TTFT p50 is the real one (the host's share of a core), and "
+                        "the other policies are predicted at that speed")
+    p.add_argument("--replay-only", type=Path, metavar="REPORT.json",
+                   help="run only the replay prediction for an earlier report's slice and fleet, and compare")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--keep-logs", type=Path, help="directory for server logs (default: a temporary one)")
     return p.parse_args()
@@ -74,6 +94,9 @@ def run_one(policy, engines, items, args, log_dir):
         e.reset_prefix_cache()
     if policy in PEERS:
         started = fleet.start_peer(policy, engines, log_dir)
+    elif policy in KV_VARIANTS:
+        started = fleet.start_kvroute(str(args.kvroute), "kv", engines, log_dir, f"kvroute-{policy}",
+                                      **KV_VARIANTS[policy])  # fmt: skip
     elif policy == "kv-baseline":
         started = fleet.start_kvroute(str(args.baseline_kvroute), "kv", engines, log_dir, "kvroute-kv-baseline")
     else:
@@ -102,39 +125,85 @@ def run_one(policy, engines, items, args, log_dir):
     return run
 
 
-def replay(args, items, shape, tmp: Path):
-    """What `kvroute replay` predicts for the same slice and fleet."""
+# The kvroute variants the replay predicts: name -> extra `kvroute replay` flags.
+REPLAY_VARIANTS = {"": [], "-cpu": ["--router-knows-timing"], "-learn": ["--learn-costs", "--engine-load"]}
+
+
+def replay_argv(args, shape, trace, speed, policies, extra=()):
+    """`kvroute replay` of the slice at `trace` on the fleet, every engine at `speed`."""
+    return [str(args.kvroute), "replay", "--trace", str(trace), "--workers", str(args.workers),
+            "--trace-block-tokens", str(shape.tokens_per_hash_id), "--block-size", "64",
+            "--blocks-per-worker", str(args.gpu_blocks), "--max-batched-tokens", str(fleet.MAX_BATCHED_TOKENS),
+            "--max-num-seqs", "16", "--engine-timing", args.replay_timing,
+            "--worker-speeds", ",".join([str(speed)] * args.workers),
+            "--compare", ",".join(policies), "--json", *extra]  # fmt: skip
+
+
+def replay_speed(args, shape, trace, policies):
+    """The simulated engines' speed: --replay-speed, or the one at which the replay's
+    round-robin TTFT p50 matches the real one (bisection over 1/32..1; 1 without a real
+    round-robin run). The host is shared, so an engine gets a fraction of its core; that
+    fraction is fitted on one policy and the others are predicted with it."""
+    if args.replay_speed != "auto":
+        return float(args.replay_speed)
+    real = policies.get("round-robin", {}).get("ttft_ms_p50")
+    if not real:
+        return 1.0
+    lo, hi = math.log(1 / 32), 0.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        out = subprocess.run(replay_argv(args, shape, trace, math.exp(mid), ("round-robin",)),
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+        if out.returncode != 0:
+            return 1.0
+        if json.loads(out.stdout)["ttft_ms"]["p50"] > real:
+            lo = mid
+        else:
+            hi = mid
+    return round(math.exp((lo + hi) / 2), 4)
+
+
+def replay(args, items, shape, tmp: Path, real_policies):
+    """What `kvroute replay` predicts for the same slice and fleet, with the engines'
+    fitted timing: kv as configured, kv predicting with the engines' timing (-cpu), kv
+    with learned costs (-learn)."""
     trace = tmp / "replay_trace.jsonl"
     workload.write_replay_trace(items, shape, trace)
-    k = workload.MOONCAKE_BLOCK_TOKENS // shape.tokens_per_hash_id
-    argv = [str(args.kvroute), "replay", "--trace", str(trace), "--workers", str(args.workers),
-            "--block-size", "512", "--blocks-per-worker", str(args.gpu_blocks),
-            "--max-batched-tokens", str(fleet.MAX_BATCHED_TOKENS * k), "--max-num-seqs", "16",
-            "--compare", ",".join(KV_POLICIES), "--json"]  # fmt: skip
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        return {"error": out.stderr[-2000:], "command": argv[1:]}
-    rep = json.loads(out.stdout)
-    runs = rep.get("runs", rep if isinstance(rep, list) else [rep])
-    pred = {}
-    for r in runs:
-        pred[r["policy"]] = {
-            "hit_rate": r["prefix_reuse_ratio"],
-            "ttft_ms_mean": r["ttft_ms"]["mean"],
-            "ttft_ms_p99": r["ttft_ms"]["p99"],
-            "worker_requests": r["worker_requests"],
-        }
+    speed = replay_speed(args, shape, trace, real_policies)
+    pred = {"timing": args.replay_timing, "speed": speed}
+    for suffix, extra in REPLAY_VARIANTS.items():
+        argv = replay_argv(args, shape, trace, speed, KV_POLICIES if not suffix else ("kv",), extra)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            pred["error" + suffix] = {"stderr": out.stderr[-2000:], "command": argv[1:]}
+            continue
+        rep = json.loads(out.stdout)
+        for r in rep.get("runs", [rep]):
+            pred[r["policy"] + suffix] = {
+                "hit_rate": r["prefix_reuse_ratio"],
+                "ttft_ms_mean": r["ttft_ms"]["mean"],
+                "ttft_ms_p50": r["ttft_ms"]["p50"],
+                "ttft_ms_p99": r["ttft_ms"]["p99"],
+                "worker_requests": r["worker_requests"],
+            }
     return pred
 
 
 def fidelity(policies, predicted):
-    """Real over predicted hit rate per policy (1.0: the replay's cache model is exact)."""
+    """Real over predicted hit rate and TTFT per policy (1.0: the replay is exact)."""
     out = {}
     for pol, pred in predicted.items():
-        real = policies.get(pol, {}).get("hit_rate")
-        if isinstance(pred, dict) and real is not None and pred.get("hit_rate"):
-            out[pol] = {"real_hit_rate": real, "replay_hit_rate": round(pred["hit_rate"], 4),
-                        "real_over_replay": round(real / pred["hit_rate"], 3)}  # fmt: skip
+        real = policies.get(pol)
+        if not isinstance(pred, dict) or not real or real.get("hit_rate") is None:
+            continue
+        row = {"real_hit_rate": real["hit_rate"], "replay_hit_rate": round(pred["hit_rate"], 4),
+               "hit_real_over_replay": round(real["hit_rate"] / pred["hit_rate"], 3) if pred["hit_rate"] else None}  # fmt: skip
+        for q in ("p50", "p99"):
+            r, p = real.get(f"ttft_ms_{q}"), pred.get(f"ttft_ms_{q}")
+            row[f"real_ttft_ms_{q}"] = r
+            row[f"replay_ttft_ms_{q}"] = p
+            row[f"ttft_{q}_real_over_replay"] = round(r / p, 3) if r and p else None
+        out[pol] = row
     return out
 
 
@@ -165,16 +234,30 @@ def summarize(runs):
     return out
 
 
-def main():
-    args = parse_args()
+# The arguments that shape the slice and the fleet, taken from a report by --replay-only.
+SLICE_ARGS = ("trace", "start", "requests", "all_requests", "time_scale", "workers", "gpu_blocks",
+              "tokens_per_hash_id", "prompt_tokens_max", "output_tokens_max")  # fmt: skip
+
+
+def replay_only(args):
+    """The replay prediction for an earlier report's slice and fleet, against its real runs."""
+    old = json.loads(args.replay_only.read_text())
+    for k in SLICE_ARGS:
+        v = old["args"].get(k)
+        setattr(args, k, Path(v) if k == "trace" and v else v)
+    items, shape = build_items(args)
+    with tempfile.TemporaryDirectory(prefix="real-fleet-") as tmp:
+        pred = replay(args, items, shape, Path(tmp), old.get("policies", {}))
+    out = {"report": str(args.replay_only), "load_avg_1m_of_runs": [r.get("load_avg_1m") for r in old.get("runs", [])],
+           "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred)}  # fmt: skip
+    print(json.dumps(out, indent=1))
+
+
+def build_items(args):
+    """The workload's items and shape for the arguments."""
     trace = args.trace or BUNDLED
     if not trace.exists():
         raise SystemExit(f"trace {trace} is missing; pass --trace with a Mooncake JSONL file")
-    if not args.kvroute.exists():
-        raise SystemExit(f"{args.kvroute} is missing; run `cargo build --release --bin kvroute` first")
-    policies = [p for p in args.policies.split(",") if p]
-    if args.baseline_kvroute and "kv-baseline" not in policies:
-        policies.insert(1, "kv-baseline")
     shape = workload.Shape(
         tokens_per_hash_id=args.tokens_per_hash_id,
         prompt_tokens_max=args.prompt_tokens_max,
@@ -184,7 +267,21 @@ def main():
     model = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
     words = workload.Words(model / "tokenizer.json")
     records = workload.read_records(trace, args.start, args.requests, not args.all_requests)
-    items = workload.build(records, shape, words)
+    return workload.build(records, shape, words), shape
+
+
+def main():
+    args = parse_args()
+    if not args.kvroute.exists():
+        raise SystemExit(f"{args.kvroute} is missing; run `cargo build --release --bin kvroute` first")
+    if args.replay_only:
+        replay_only(args)
+        return
+    trace = args.trace or BUNDLED
+    policies = [p for p in args.policies.split(",") if p]
+    if args.baseline_kvroute and "kv-baseline" not in policies:
+        policies.insert(1, "kv-baseline")
+    items, shape = build_items(args)
     max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)
     tmp_ctx = tempfile.TemporaryDirectory(prefix="real-fleet-")
     log_dir = args.keep_logs or Path(tmp_ctx.name)
@@ -227,7 +324,7 @@ def main():
         for e in engines:
             e.proc.stop()
     if not args.no_replay:
-        report["replay"] = replay(args, items, shape, Path(tmp_ctx.name))
+        report["replay"] = replay(args, items, shape, Path(tmp_ctx.name), report.get("policies", {}))
         report["replay_fidelity"] = fidelity(report.get("policies", {}), report["replay"])
     report["load_avg_end"] = load_avg()
     text = json.dumps(report, indent=1)

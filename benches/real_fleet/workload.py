@@ -144,18 +144,15 @@ def build(records, shape: Shape, words: Words):
 
 
 def write_replay_trace(items, shape: Shape, path: Path):
-    """The same slice as a Mooncake trace for `kvroute replay --block-size 512`.
-
-    Replay reads 512 tokens per hash id; scaling each prompt's length by
-    512 / tokens_per_hash_id makes one replay block stand for one real KV block, so the
-    replay sees the real prompts' block structure and the real arrival times.
+    """The same slice as a Mooncake trace for `kvroute replay --trace-block-tokens
+    tokens_per_hash_id --block-size 64`: the real prompts' lengths and block structure
+    (one hash id per `tokens_per_hash_id` tokens) and the real arrival times.
     """
-    k = MOONCAKE_BLOCK_TOKENS // shape.tokens_per_hash_id
     with open(path, "w", encoding="utf-8") as f:
         for it in items:
             rec = {
                 "timestamp": round(it.arrival_s * 1000.0, 3),
-                "input_length": len(it.tokens) * k,
+                "input_length": len(it.tokens),
                 "output_length": it.output_tokens,
                 "hash_ids": list(it.hash_ids),
             }

@@ -300,6 +300,10 @@ pub struct RoutingConfig {
     pub active_request_weight: f64,
     /// Sampling temperature of the kv cost; 0 picks the cheapest (default 0.0).
     pub temperature: f64,
+    /// The engines' timing the kv cost predicts with: `gpu` (default; vLLM on a GPU, the
+    /// mocker's fit) or `vllm-cpu` (vLLM's CPU build, one core a server).
+    #[serde(deserialize_with = "from_str")]
+    pub engine_timing: EngineTimingName,
 }
 
 impl Default for RoutingConfig {
@@ -324,6 +328,7 @@ impl Default for RoutingConfig {
             prefill_load_scale: 1.0,
             active_request_weight: 0.0,
             temperature: 0.0,
+            engine_timing: EngineTimingName::Gpu,
         }
     }
 }
@@ -650,6 +655,36 @@ impl FromStr for QueueOrderName {
             "fcfs" => Ok(QueueOrderName(QueueOrder::Fcfs)),
             "wspt" => Ok(QueueOrderName(QueueOrder::Wspt)),
             _ => Err(format!("unknown queue order {s:?}; expected fcfs or wspt")),
+        }
+    }
+}
+
+/// `gpu` or `vllm-cpu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineTimingName {
+    /// vLLM on a GPU (the core's default timing model).
+    Gpu,
+    /// vLLM's CPU build, one core a server.
+    VllmCpu,
+}
+
+impl EngineTimingName {
+    /// The core's timing model of these engines.
+    pub fn model(self) -> router_core::internals::TtftModel {
+        match self {
+            EngineTimingName::Gpu => router_core::internals::TtftModel::default(),
+            EngineTimingName::VllmCpu => router_core::internals::TtftModel::vllm_cpu(),
+        }
+    }
+}
+
+impl FromStr for EngineTimingName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "gpu" => Ok(EngineTimingName::Gpu),
+            "vllm-cpu" => Ok(EngineTimingName::VllmCpu),
+            _ => Err(format!("unknown engine timing {s:?}; expected gpu or vllm-cpu")),
         }
     }
 }

@@ -16,6 +16,7 @@ use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
 use kvroute_sim_server::EngineArgs;
+use router_core::internals::TtftModel;
 use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode};
 
 use crate::replay_learn::LearnArgs;
@@ -74,6 +75,9 @@ pub struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
+    /// Prompt tokens each trace hash id stands for (Mooncake traces: 512).
+    #[arg(long, default_value_t = kvroute_sim::trace::MOONCAKE_BLOCK_TOKENS, value_name = "TOKENS")]
+    pub trace_block_tokens: u32,
     /// The simulated engines' shape (the same flags and defaults as `sim-worker`).
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -98,6 +102,10 @@ pub struct ReplayArgs {
     /// kv cost model knobs.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// kv cost: predict prefill and decode times with the simulated engines' timing
+    /// (--engine-timing) instead of the router's default (the mocker's GPU polynomial).
+    #[arg(long)]
+    pub router_knows_timing: bool,
     /// kv cost: sampling temperature (0 picks the cheapest worker).
     #[arg(long, value_name = "T")]
     pub temperature: Option<f64>,
@@ -202,6 +210,7 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
         speedup: a.speedup,
         requests_max: a.requests,
         block_size: a.engine.block_size,
+        trace_block_tokens: a.trace_block_tokens,
         ..LoadOptions::default()
     };
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
@@ -221,6 +230,19 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.others_delay_weight = a.model.others_delay_weight.unwrap_or(c.ttft.others_delay_weight);
     c.ttft.work_weight = a.model.work_weight.unwrap_or(c.ttft.work_weight);
     c.ttft.memory_ms_per_block = a.model.memory_ms_per_block.unwrap_or(c.ttft.memory_ms_per_block);
+    if a.router_knows_timing {
+        let t = &a.engine.engine_timing;
+        c.timing = TtftModel {
+            prefill_ms_per_token_squared: t.prefill_ms_per_token_squared,
+            prefill_ms_per_token: t.prefill_ms_per_token,
+            prefill_ms_per_pass: t.prefill_ms_per_pass,
+            decode_ms_per_step: t.decode_ms_per_step,
+            decode_ms_per_usage: t.decode_ms_per_usage,
+            decode_ms_per_usage_squared: t.decode_ms_per_usage_squared,
+            decode_ms_min: t.decode_ms_min,
+            ..c.timing
+        };
+    }
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
     cfg.eligibility.prefill_tokens_frac_of_batch = None;
     cfg.eligibility.decode_blocks_frac_of_kv = None;
@@ -347,7 +369,7 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
     let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.engine.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);
-    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.engine.max_batched_tokens);
+    let ttft = fleet_lru_ttft_bound(reqs, fleet_blocks, a.engine.max_batched_tokens, &a.engine.engine_timing);
     for r in &mut runs {
         r.set_bounds(pooled, infinite, &ttft);
     }

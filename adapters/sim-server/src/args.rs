@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use kvroute_sim::engine::{EngineConfig, EngineRole, KvTransfer};
+use kvroute_sim::engine::{EngineConfig, EngineRole, EngineTiming, KvTransfer};
 
 use crate::{PromptTokenizer, SimServerConfig, SimServerError};
 
@@ -110,6 +110,14 @@ pub struct EngineArgs {
     /// Most requests running at once on a worker; more wait in its queue.
     #[arg(long, default_value_t = EngineConfig::default().max_num_seqs)]
     pub max_num_seqs: u32,
+    /// How long passes take: a preset (mocker: a GPU, the default; vllm-cpu: vLLM's CPU
+    /// build, one core) or a JSON file of timing coefficients.
+    #[arg(long, default_value = "mocker", value_name = "PRESET|FILE", value_parser = parse_timing)]
+    pub engine_timing: EngineTiming,
+}
+
+fn parse_timing(spec: &str) -> Result<EngineTiming, String> {
+    EngineTiming::load(spec).map_err(|e| e.to_string())
 }
 
 impl Default for EngineArgs {
@@ -120,6 +128,7 @@ impl Default for EngineArgs {
             blocks_per_worker: e.blocks_per_worker,
             max_batched_tokens: e.max_batched_tokens,
             max_num_seqs: e.max_num_seqs,
+            engine_timing: e.timing,
         }
     }
 }
@@ -132,6 +141,7 @@ impl EngineArgs {
             blocks_per_worker: self.blocks_per_worker,
             max_batched_tokens: self.max_batched_tokens,
             max_num_seqs: self.max_num_seqs,
+            timing: self.engine_timing,
             ..base
         }
     }
@@ -264,6 +274,15 @@ mod tests {
         use clap::CommandFactory;
         let help = Cli::command().render_long_help().to_string();
         assert!(help.lines().any(|l| l.trim() == "kvroute sim-worker --port 8001 --events-port 5557"), "{help}");
+    }
+
+    #[test]
+    fn engine_timing_is_a_preset_or_a_file() {
+        let cfg = parse(&["--engine-timing", "vllm-cpu"]).into_config(None).expect("a preset");
+        assert_eq!(cfg.engine.timing, EngineTiming::VLLM_CPU);
+        let argv = ["sim-worker", "--engine-timing", "no-such-timing.json"];
+        let err = Cli::try_parse_from(argv).err().expect("a missing file is refused").to_string();
+        assert!(err.contains("neither a preset (mocker, vllm-cpu) nor a file"), "{err}");
     }
 
     #[test]

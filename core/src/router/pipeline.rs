@@ -228,6 +228,7 @@ impl Router {
                         prefill_requests: progress.requests,
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),
                         prefill_done_tokens: progress.done_tokens,
+                        prefill_scale: self.learn.cost_scale(v.key, Phase::Prefill),
                     })
                 }
                 Verdict::Excluded(_) => None,

@@ -144,11 +144,14 @@ pub struct Candidate {
     pub prefill_busy_ms: u64,
     /// Prefill tokens it finished within those `prefill_busy_ms`.
     pub prefill_done_tokens: u64,
+    /// How much slower than the timing model it prefills (its learned prefill scale;
+    /// 1.0 when not learned): the progress credited to its backlog is divided by it.
+    pub prefill_scale: f64,
 }
 
 impl Candidate {
-    /// A candidate with no overlap, no new blocks, weight 1, cost factor 1.0 and unknown
-    /// capacity.
+    /// A candidate with no overlap, no new blocks, weight 1, cost factor and prefill scale
+    /// 1.0 and unknown capacity.
     pub fn new(key: WorkerKey, load: WorkerLoad) -> Self {
         Candidate {
             key,
@@ -163,6 +166,7 @@ impl Candidate {
             prefill_requests: 0,
             prefill_busy_ms: 0,
             prefill_done_tokens: 0,
+            prefill_scale: 1.0,
         }
     }
 }

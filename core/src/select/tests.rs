@@ -190,6 +190,7 @@ fn costed(cost_factor: f64) -> Candidate {
         prefill_requests: 0,
         prefill_busy_ms: 0,
         prefill_done_tokens: 0,
+        prefill_scale: 1.0,
     }
 }
 

@@ -66,6 +66,25 @@ impl Default for TtftModel {
 }
 
 impl TtftModel {
+    /// vLLM's CPU build, one core per server: the `vllm-cpu` engine timing of the
+    /// simulator (kvroute-sim's `EngineTiming::VLLM_CPU`, where the measurements are),
+    /// less its per-running-request decode term. Prefill is nearly linear in tokens
+    /// (0.15 ms each, 42 ms a pass), unlike a GPU's, whose fixed cost per pass makes
+    /// batching prompts together nearly free; a router that predicts with the GPU's
+    /// coefficients piles prompts onto a CPU worker that computes them one by one.
+    pub fn vllm_cpu() -> Self {
+        TtftModel {
+            prefill_ms_per_token_squared: 8.494e-05,
+            prefill_ms_per_token: 0.1537,
+            prefill_ms_per_pass: 42.1,
+            decode_ms_per_step: 31.3,
+            decode_ms_per_usage: 0.0,
+            decode_ms_per_usage_squared: 0.0,
+            decode_ms_min: 1.0,
+            ..TtftModel::default()
+        }
+    }
+
     /// `f_p(tokens)`: one pass computing `tokens` prompt tokens.
     pub fn prefill_pass_ms(&self, tokens: f64) -> f64 {
         if tokens.is_nan() || tokens <= 0.0 {
@@ -126,8 +145,9 @@ impl Default for TtftWeights {
 /// cached   = min(isl, overlap_credit × max(overlap_effective, inflight_prefix_blocks) × block_size)
 /// own      = max(1, isl − cached)          (an engine computes at least the last token)
 /// queued   = active_prefill_tokens less what the worker computed since its backlog began
-///            beyond the prefills known done: progress_credit × prefill_busy_ms × batch
-///            / (f_p(batch) + step), clamped to 0..=active_prefill_tokens
+///            beyond the prefills known done: min(progress_credit × prefill_busy_ms × batch
+///            / ((f_p(batch) + step) × prefill_scale), prefill_done_tokens + batch),
+///            clamped to 0..=active_prefill_tokens
 /// P(T)     = time of T tokens in passes of batch = max_batched_tokens (n passes)
 /// step     = f_d(active_decode_blocks / kv_blocks) if a request there is past its prefill
 /// wait     = P(queued + own) + n × step
@@ -191,7 +211,8 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 /// backlog began, beyond the prefills known finished. Full passes bound that progress.
 fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step_ms: f64) -> f64 {
     let queued = c.load.active_prefill_tokens as f64;
-    let pass_ms = m.prefill_pass_ms(f64::from(batch.max(1))) + step_ms;
+    // A worker the learner found slower than the model gets through its backlog slower.
+    let pass_ms = (m.prefill_pass_ms(f64::from(batch.max(1))) + step_ms) * c.prefill_scale;
     if c.prefill_busy_ms == 0
         || w.progress_credit.is_nan()
         || w.progress_credit <= 0.0
@@ -200,8 +221,12 @@ fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step
     {
         return queued;
     }
-    let computed = w.progress_credit * c.prefill_busy_ms as f64 * f64::from(batch.max(1)) / pass_ms;
-    (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
+    let batch = f64::from(batch.max(1));
+    let done = c.prefill_done_tokens as f64;
+    // No further than one pass past what was seen finish: a worker slower than the model
+    // has not computed what the model credits it with.
+    let computed = (w.progress_credit * c.prefill_busy_ms as f64 * batch / pass_ms).min(done + batch);
+    (done + queued - computed).clamp(0.0, queued)
 }
 
 /// What `own` more tokens add to the wait of the requests queued on `c` whose prompts end

@@ -277,12 +277,13 @@ impl<'a> TtftPlan<'a> {
             return queued;
         }
         let w = &self.cfg.ttft;
-        let pass_ms = self.full_pass_ms + step_ms;
+        let pass_ms = (self.full_pass_ms + step_ms) * c.prefill_scale;
         if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
             return queued;
         }
-        let computed = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
-        (c.prefill_done_tokens as f64 + queued - computed).clamp(0.0, queued)
+        let done = c.prefill_done_tokens as f64;
+        let computed = (w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms).min(done + self.batch);
+        (done + queued - computed).clamp(0.0, queued)
     }
 
     /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how

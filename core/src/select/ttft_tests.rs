@@ -111,18 +111,29 @@ fn ttft_cost_matches_hand_computation() {
     let busy = worker(1900, 20, 3, 2);
     check(Agg, d, busy, (128.75, 30.0, 84.2));
     check(Agg, TtftWeights { others_delay_weight: 0.0, work_weight: 0.0, ..w }.into_cost(), busy, (128.75, 30.0, 71.6));
-    // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): 2000 tokens computed, so
-    // the backlog is gone: P(160) = 11.6, one step 7, work 11.6.
-    check(Agg, d, with(|c| c.prefill_busy_ms = 54), (10.0, 30.0, 30.2));
-    // ... unless 500 of those were finished prefills: 400 queued. P(560) = 15.6, one step;
-    // both prefilling requests end in that pass: 2 × (15.6 − 14); work 1.6.
+    // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): the model credits 2000
+    // tokens, but none was seen finish, so no more than one pass (1000): 900 left + 160
+    // = 1060 in 2 passes, 20 + 10.6; 2 steps of 7; the backlog's last pass (900) is
+    // topped up to 1000: 2 × 1; work 30.6 − P(900) = 11.6. Total 58.2.
+    check(Agg, d, with(|c| c.prefill_busy_ms = 54), (66.25, 30.0, 58.2));
+    // With 1500 of them seen finish, all 2000 count: 500 of the 1900 queued are done,
+    // 1400 left + 160 = 1560 in 2 passes, 20 + 15.6; 2 steps; the backlog's last pass
+    // (400) is topped up to 560, delaying its one request by 1.6; work 35.6 − P(1400)
+    // = 1.6. Total 52.8.
     let done = with(|c| {
         c.prefill_busy_ms = 54;
-        c.prefill_done_tokens = 500;
+        c.prefill_done_tokens = 1500;
     });
-    check(Agg, d, done, (35.0, 30.0, 27.4));
+    check(Agg, d, done, (97.5, 30.0, 52.8));
     // Progress credit 0 trusts only finished prefills.
     check(Agg, TtftWeights { progress_credit: 0.0, ..w }.into_cost(), done, (128.75, 30.0, 84.2));
+    // A worker learned 4× slower than the model computed a quarter as much in 54 ms:
+    // 500 tokens, 1400 left, as above.
+    let slow = with(|c| {
+        c.prefill_busy_ms = 54;
+        c.prefill_scale = 4.0;
+    });
+    check(Agg, d, slow, (97.5, 30.0, 52.8));
     // 95 + 10 blocks on a 100-block worker: 5 short, 50 ms; p = 0.95: a 14.5 ms step.
     check(Agg, d, worker(0, 95, 2, 0), (10.0, 105.0, 87.7));
     // The worker's own capacity replaces the defaults: 200 blocks, p = 0.475, no shortage.
@@ -210,6 +221,7 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
         c.max_batched_tokens = pick(&[0, 0, 0, 1, 100, 2048, 8192, 8193]) as u32;
         c.kv_blocks = pick(&[0, 0, 1, 1000, 16_384]) as u32;
         c.cost_factor = [1.0, 1.0, 1.0, 1.5, 0.0, f64::INFINITY][pick(&[0, 1, 2, 3, 4, 5]) as usize];
+        c.prefill_scale = [1.0, 1.0, 0.25, 3.0, 32.0][pick(&[0, 1, 2, 3, 4]) as usize];
         cands.push(c);
     }
     cands

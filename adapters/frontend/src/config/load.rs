@@ -202,6 +202,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.prefill_load_scale = r.prefill_load_scale;
     rc.cost.active_request_weight = r.active_request_weight;
     rc.cost.temperature = r.temperature;
+    rc.cost.timing = r.engine_timing.model();
     rc.learn = cfg.learn.core();
     rc.queue.order = r.queue_order.0;
     rc.queue.queued_max = r.queued_max;
@@ -279,6 +280,15 @@ mod tests {
         check_err("[router]\nblock_size = 0\n", None, "router.block_size");
         check_err("[limits]\nconnection_buffer_bytes_max = 100\n", None, "connection_buffer_bytes_max");
         check_err("[limits]\nconnections_max = 0\n", None, "connections_max");
+    }
+
+    #[test]
+    fn engine_timing_picks_the_cost_models_coefficients() {
+        let m = ModelConfig { name: "m".into(), ..ModelConfig::default() };
+        let timing = |text: &str| router_config(&ProxyConfig::from_toml_str(text).unwrap(), &m, 0).cost.timing;
+        assert_eq!(timing(""), router_core::internals::TtftModel::default());
+        assert_eq!(timing("[router]\nengine_timing = \"vllm-cpu\"\n"), router_core::internals::TtftModel::vllm_cpu());
+        check_err("[router]\nengine_timing = \"tpu\"\n", Some(2), "expected gpu or vllm-cpu");
     }
 
     #[test]

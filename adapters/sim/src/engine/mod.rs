@@ -25,7 +25,7 @@ use router_core::{BlockHash, BlockSize, SeqHash};
 use serde::{Deserialize, Serialize};
 
 pub use check::{EventLedger, InvariantViolation};
-pub use timing::{decode_ms, prefill_ms};
+pub use timing::{decode_ms, prefill_ms, EngineTiming, TimingError};
 
 use crate::prompt::Prompt;
 use pool::Pool;
@@ -77,6 +77,9 @@ pub struct EngineConfig {
     pub kv_transfer: KvTransfer,
     /// Seed of the block table's hasher.
     pub table_seed: u64,
+    /// How long passes take; the mocker's GPU polynomial.
+    #[serde(default)]
+    pub timing: EngineTiming,
 }
 
 impl Default for EngineConfig {
@@ -90,6 +93,7 @@ impl Default for EngineConfig {
             role: EngineRole::Aggregated,
             kv_transfer: KvTransfer::default(),
             table_seed: 0x6b76_726f_7574_6521,
+            timing: EngineTiming::MOCKER,
         }
     }
 }
@@ -104,6 +108,8 @@ pub enum ConfigError {
     Zero(&'static str),
     /// The speedup is not a positive finite number.
     Speedup(f64),
+    /// A timing coefficient is out of range.
+    Timing(TimingError),
 }
 
 impl fmt::Display for ConfigError {
@@ -114,6 +120,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Zero(name) => write!(f, "{name} must be positive"),
             ConfigError::Speedup(s) => write!(f, "speedup {s} must be positive and finite"),
+            ConfigError::Timing(e) => e.fmt(f),
         }
     }
 }
@@ -293,6 +300,7 @@ impl Engine {
         if !(cfg.speedup.is_finite() && cfg.speedup > 0.0) {
             return Err(ConfigError::Speedup(cfg.speedup));
         }
+        cfg.timing.check().map_err(ConfigError::Timing)?;
         let seed = cfg.table_seed ^ u64::from(worker_index).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Ok(Engine {
             bs: cfg.block_size,

@@ -3,7 +3,6 @@
 //! step time per pass, tokens stamped at the pass end.
 
 use super::seq::{grow, release, Req};
-use super::timing::{decode_ms, prefill_ms};
 use super::{Engine, EngineOutput, EngineRole};
 
 /// What one request does in a pass.
@@ -35,7 +34,10 @@ fn plan(r: &Req, budget: u32) -> Plan {
 struct Tally {
     budget: u32,
     prompt_tokens: u64,
-    decoding: bool,
+    /// Requests whose prompt tokens the pass computes.
+    prefilling: u64,
+    /// Requests taking a decode step.
+    decoding: u64,
     scheduled: bool,
     preempted: bool,
 }
@@ -47,7 +49,8 @@ impl Tally {
         r.scheduled = true;
         self.budget -= p.cost;
         self.prompt_tokens += u64::from(p.prompt_tokens);
-        self.decoding |= p.decoding;
+        self.prefilling += u64::from(p.prompt_tokens > 0);
+        self.decoding += u64::from(p.decoding);
         self.scheduled = true;
     }
 }
@@ -71,9 +74,10 @@ impl Engine {
                 }
                 break;
             }
-            let t_prefill = prefill_ms(tally.prompt_tokens);
-            let t_decode = if tally.decoding && self.cfg.role != EngineRole::Prefill {
-                decode_ms(u64::from(active_full_at_start), u64::from(self.pool.capacity()))
+            let timing = &self.cfg.timing;
+            let t_prefill = timing.prefill_ms(tally.prompt_tokens, tally.prefilling);
+            let t_decode = if tally.decoding > 0 && self.cfg.role != EngineRole::Prefill {
+                timing.decode_ms(u64::from(active_full_at_start), u64::from(self.pool.capacity()), tally.decoding)
             } else {
                 0.0
             };

@@ -3,6 +3,7 @@
 use std::process::Command;
 
 use kvroute_sim::bound::ttft_lower_bounds_ms;
+use kvroute_sim::engine::EngineTiming;
 use kvroute_sim::stats::nearest_rank;
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
 
@@ -48,6 +49,6 @@ fn ttft_lower_bound_matches_the_reference_script() {
     let records = read_trace(&text[..], &TraceLimits::default()).expect("fixture parses");
     let reqs = to_requests(&records, &LoadOptions::default()).expect("fixture hashes");
     assert_eq!(reqs.len(), 1500);
-    check("unbounded", ttft_lower_bounds_ms(&reqs, None, PASS_TOKENS), &lines[0]);
-    check("fleet LRU", ttft_lower_bounds_ms(&reqs, Some(FLEET_BLOCKS), PASS_TOKENS), &lines[1]);
+    check("unbounded", ttft_lower_bounds_ms(&reqs, None, PASS_TOKENS, &EngineTiming::MOCKER), &lines[0]);
+    check("fleet LRU", ttft_lower_bounds_ms(&reqs, Some(FLEET_BLOCKS), PASS_TOKENS, &EngineTiming::MOCKER), &lines[1]);
 }
