@@ -87,23 +87,33 @@ impl Fleet {
     /// before any test, each engine serves a request until its blocks show in the index;
     /// how many tries that took is printed.
     fn warm_up(&self) {
-        for (i, e) in self.engines.iter().enumerate() {
-            let mut tries = 0;
-            loop {
-                tries += 1;
-                let body = token_prompt(crate::engine::MODEL, &tokens(1_000 + 10 * i as u64 + tries, 130));
-                self.send("/v1/completions", &body, Some(e.id));
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_secs(10) && self.preview(&body).overlap(e.id) < 2 {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                if self.preview(&body).overlap(e.id) >= 2 {
-                    break;
-                }
-                assert!(tries < 5, "worker {}'s KV events never reached kvroute's index", e.id);
-            }
-            eprintln!("real_vllm: worker {}'s events reach the index (after {tries} request(s))", e.id);
+        for e in &self.engines {
+            self.follow_events(e.id, 1_000 + 10 * e.id);
         }
+    }
+
+    /// Waits until worker `id`'s KV events reach kvroute's index: sends it fresh prompts
+    /// (seeded from `seed`) until one shows as cached there. Called after an engine
+    /// (re)starts, since what it publishes before kvroute's subscription reaches it is
+    /// lost, and a later test would find the worker's index empty.
+    #[track_caller]
+    pub fn follow_events(&self, id: u64, seed: u64) {
+        self.router.wait(Duration::from_secs(60), "kvroute's event streams connect", |r| r.streams_connected());
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let body = token_prompt(crate::engine::MODEL, &tokens(seed + tries, 130));
+            self.send("/v1/completions", &body, Some(id));
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(10) && self.preview(&body).overlap(id) < 2 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if self.preview(&body).overlap(id) >= 2 {
+                break;
+            }
+            assert!(tries < 5, "worker {id}'s KV events never reached kvroute's index");
+        }
+        eprintln!("real_vllm: worker {id}'s events reach the index (after {tries} request(s))");
     }
 
     pub fn engine_mut(&mut self, id: u64) -> &mut Vllm {

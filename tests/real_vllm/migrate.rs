@@ -206,6 +206,7 @@ fn check(f: &mut Fleet, path: &str, body: Value) {
     f.router.wait(Duration::from_secs(60), "kvroute readmits the restarted worker", |_| {
         f.preview(&json!({"model": MODEL, "prompt": tokens(90, 70)})).eligible(victim)
     });
+    f.follow_events(victim, if chat { 2_100 } else { 2_000 });
     assert!(reference.done_last, "{path}: the reference stream ends with [DONE]");
     assert!(killed, "{path}: the stream outlasted {CHUNKS_BEFORE_KILL} chunks");
     eprintln!("real_vllm: {path} seam after killing worker {victim}: {:?} (before chunk {})", got.seam.0, got.seam.1);
@@ -294,6 +295,7 @@ fn a_worker_drained_mid_stream_finishes_it_leaves_and_serves_again_after_a_resta
     f.router.wait(Duration::from_secs(60), "the re-added worker is eligible and its events flow", |r| {
         r.streams_connected() && f.preview(&json!({"model": MODEL, "prompt": tokens(93, 70)})).eligible(victim)
     });
+    f.follow_events(victim, 3_000);
 
     assert_eq!(served_by, victim, "the pinned stream runs on the worker to drain");
     let answer = answer.expect("drained after 2 chunks").expect("drain answered");

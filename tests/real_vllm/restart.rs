@@ -40,8 +40,8 @@ fn a_killed_and_restarted_server_loses_its_index_and_no_request_fails() {
     eprintln!("real_vllm: vLLM server {dead} restarted in {waited:?}");
     f.router
         .wait(Duration::from_secs(30), "kvroute readmits the restarted worker", |_| f.preview(&kept).eligible(dead));
-    // ZeroMQ reconnects the subscription by itself, with a backoff that grew while the
-    // server was down; what the new process publishes before that is not seen.
+    // kvroute subscribes again on its own backoff (capped at 5 s); what the new process
+    // publishes before that is not seen.
     f.router.wait(Duration::from_secs(60), "kvroute's event streams reconnect", |r| r.streams_connected());
     // The new process's first events (numbered from 0 again, with a newer timestamp)
     // make kvroute drop the worker's old entries, then index the new blocks.

@@ -11,7 +11,9 @@
 //! * One numbered `≤ last` is a duplicate and dropped, unless it is a restart: its
 //!   timestamp is newer than the last applied batch's (a duplicate carries its
 //!   original, older timestamp), or it lies `restart_backstep_seqs` or more behind.
-//!   A restart clears the worker and applies the batch as the new start.
+//!   A restart clears the worker and joins the new run as a first batch does (below):
+//!   one numbered above 0 asks for a replay from 0, since after a reconnect the new
+//!   run's first batches are lost to ZeroMQ's slow joiner.
 //! * One numbered `> last + 1` opens a gap. With a replay endpoint the sequencer marks
 //!   the worker untrusted, asks for a replay from `last + 1`, and holds live batches
 //!   (at most `pending_batches_max`) until the replay fills the hole; then it applies
@@ -280,7 +282,7 @@ impl<P> Sequencer<P> {
         if let Some(last) = self.last {
             if seq <= last {
                 if self.is_restart(last, seq, ts) {
-                    self.restart(seq, ts, payload);
+                    self.restart_live(now, seq, ts, payload);
                 } else {
                     self.stats.duplicates += 1;
                 }
@@ -289,7 +291,7 @@ impl<P> Sequencer<P> {
         }
         let next = self.next_seq();
         if self.held_are_older(seq, ts) {
-            self.restart(seq, ts, payload);
+            self.restart_live(now, seq, ts, payload);
             return;
         }
         // A connect replay holds nothing: a batch that follows on is applied at once, one
@@ -491,6 +493,20 @@ impl<P> Sequencer<P> {
             self.out.push_back(SeqOutput::Trusted(true));
         }
         self.apply(seq, ts, payload);
+    }
+
+    /// A restart seen on the live stream: clear, then join the new run as a first batch
+    /// does, so a batch numbered above 0 asks for the ones the new run published before
+    /// the subscription reached it (lost to ZeroMQ's slow joiner after a reconnect).
+    fn restart_live(&mut self, now: Instant, seq: u64, ts: Option<f64>, payload: P) {
+        self.stats.restarts += 1;
+        let was_untrusted = self.recovery.take().is_some_and(|r| !r.connect);
+        self.reset();
+        if was_untrusted {
+            self.out.push_back(SeqOutput::Trusted(true));
+        }
+        self.fresh = true;
+        self.handle_live(now, seq, ts, payload);
     }
 
     /// Gives up on the hole: clear, trust the (empty) state, replay held live batches.

@@ -166,7 +166,7 @@ fn restarts() {
     let near = SequencerConfig { restart_backstep_seqs: 5, ..cfg() };
     let mut far = live(&[0, 1, 2, 3, 4, 5, 6, 7]);
     far.extend([LiveNoTs(3), LiveNoTs(2)]);
-    check(near, true, &far, &[A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), C, A(2)]);
+    check(near, true, &far, &[A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7), C, T(false), R(0, 0)]);
 
     // A restart during a replay abandons it.
     let mut mid = live(&[4, 6]);
@@ -182,14 +182,30 @@ fn restarts() {
 fn a_restart_while_a_gap_is_open_drops_the_held_batches() {
     // Joining: 0 lost, 1 held for a replay from 0; the restarted publisher's 0 arrives.
     check(cfg(), true, &[Live(1, 1.0), Live(0, 10.0)], &[T(false), R(0, 0), C, T(true), A(0)]);
-    // Mid-stream: 1 lost, 2 held; the new run's 1 arrives live, or by the replay.
-    let want = [A(0), T(false), R(0, 1), C, T(true), A(1)];
-    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), Live(1, 11.0)], &want);
-    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), ReplayTs(0, 1, 11.0)], &want);
+    // Mid-stream: 1 lost, 2 held; the new run's 1 arrives by the replay, or live, when
+    // the new run's 0 is asked for too.
+    let by_replay = [A(0), T(false), R(0, 1), C, T(true), A(1)];
+    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), ReplayTs(0, 1, 11.0)], &by_replay);
+    let live_too = [A(0), T(false), R(0, 1), C, T(true), T(false), R(1, 0)];
+    check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), Live(1, 11.0)], &live_too);
     // The same run fills the hole with an older timestamp, and the held batch follows.
     let same = [A(0), T(false), R(0, 1), A(1), A(2), T(true)];
     check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), Live(1, 1.5)], &same);
     check(cfg(), true, &[Live(0, 0.0), Live(2, 2.0), ReplayTs(0, 1, 1.5)], &same);
+}
+
+/// A restarted engine whose first batches went out before the subscription reached it
+/// (ZeroMQ's slow joiner after a reconnect): its first batch seen, numbered above 0,
+/// asks for the new run from 0, and the new run's batches come back in order.
+#[test]
+fn a_restart_seen_late_asks_for_the_new_runs_start() {
+    let mut script = live(&[0, 1, 2, 3]);
+    script.extend([Live(2, 20.0), ReplayTs(0, 0, 18.0), ReplayTs(0, 1, 19.0), ReplayTs(0, 2, 20.0), End(0)]);
+    check(cfg(), true, &script, &[A(0), A(1), A(2), A(3), C, T(false), R(0, 0), A(0), A(1), A(2), T(true)]);
+    // Without a replay endpoint it starts from the batch seen.
+    let mut script = live(&[0, 1, 2, 3]);
+    script.push(Live(2, 20.0));
+    check(cfg(), false, &script, &[A(0), A(1), A(2), A(3), C, A(2)]);
 }
 
 #[test]
