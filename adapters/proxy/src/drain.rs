@@ -75,8 +75,7 @@ async fn remove_when_idle(state: Arc<State>, id: u64) {
         }
         if in_flight(&state, id) == 0 {
             if state.fleet.remove_worker(id) {
-                state.outliers.forget(id);
-                state.subs.lock().await.remove(id).await;
+                crate::admin::forget(&state, id).await;
                 tracing::info!(worker = id, "drained worker removed");
             }
             return;
