@@ -485,26 +485,27 @@ impl<P> Sequencer<P> {
         self.out.push_back(SeqOutput::Clear);
     }
 
+    /// A restart seen in a replay: clear, and apply the batch as the new start.
     fn restart(&mut self, seq: u64, ts: Option<f64>, payload: P) {
+        self.forget_run();
+        self.apply(seq, ts, payload);
+    }
+
+    /// What every restart does first: count it, drop any recovery and clear the worker.
+    fn forget_run(&mut self) {
         self.stats.restarts += 1;
         let was_untrusted = self.recovery.take().is_some_and(|r| !r.connect);
         self.reset();
         if was_untrusted {
             self.out.push_back(SeqOutput::Trusted(true));
         }
-        self.apply(seq, ts, payload);
     }
 
     /// A restart seen on the live stream: clear, then join the new run as a first batch
     /// does, so a batch numbered above 0 asks for the ones the new run published before
     /// the subscription reached it (lost to ZeroMQ's slow joiner after a reconnect).
     fn restart_live(&mut self, now: Instant, seq: u64, ts: Option<f64>, payload: P) {
-        self.stats.restarts += 1;
-        let was_untrusted = self.recovery.take().is_some_and(|r| !r.connect);
-        self.reset();
-        if was_untrusted {
-            self.out.push_back(SeqOutput::Trusted(true));
-        }
+        self.forget_run();
         self.fresh = true;
         self.handle_live(now, seq, ts, payload);
     }

@@ -78,9 +78,7 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-}
 
-impl Rig {
     /// Converges, then waits (up to 3 s) until every replay asked for has ended; one the
     /// sequencer abandoned never does, and its replies are ignored as stale.
     async fn settle(&self) -> StreamStatus {
