@@ -156,14 +156,24 @@ impl Fleet {
             return Err(FleetError::UnknownModel { model: w.model.clone() });
         };
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
-        let old = workers.get(&w.id).cloned();
-        pool.driver.upsert_worker(w.spec()).map_err(FleetError::Router)?;
-        if let Some(old) = old.as_ref().filter(|o| o.model != w.model) {
+        let (id, spec) = (w.id, w.spec());
+        let model = w.model.clone();
+        // The configuration goes in before the router sees the worker, and leaves after
+        // it stops seeing it: a snapshot taken between the two never lists a worker
+        // without its configuration.
+        let old = workers.insert(id, Arc::new(w));
+        if let Err(e) = pool.driver.upsert_worker(spec) {
+            match old {
+                Some(o) => workers.insert(id, o),
+                None => workers.remove(&id),
+            };
+            return Err(FleetError::Router(e));
+        }
+        if let Some(old) = old.as_ref().filter(|o| o.model != model) {
             if let Some(p) = self.pools.get(&old.model) {
-                let _ = p.driver.remove_worker(WorkerId(old.id));
+                let _ = p.driver.remove_worker(WorkerId(id));
             }
         }
-        workers.insert(w.id, Arc::new(w));
         Ok(old.is_none())
     }
 
@@ -171,12 +181,13 @@ impl Fleet {
     /// existed.
     pub fn remove_worker(&self, id: u64) -> bool {
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
-        let Some(old) = workers.remove(&id) else {
+        let Some(old) = workers.get(&id) else {
             return false;
         };
         if let Some(p) = self.pools.get(&old.model) {
             let _ = p.driver.remove_worker(WorkerId(id));
         }
+        workers.remove(&id);
         true
     }
 

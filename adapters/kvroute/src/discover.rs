@@ -7,35 +7,21 @@ use kvroute_frontend::config::WorkerConfig;
 use kvroute_k8s::{PodWorkers, Registry};
 use kvroute_proxy::{FleetError, ProxyConfig, ServeHandle};
 
-/// The proxy's workers as the pod watch changes them; each change is also printed.
+/// The proxy's workers as the pod watch changes them (`kvroute-k8s` logs each change).
 struct ServeRegistry(kvroute_proxy::Workers);
 
 impl Registry for ServeRegistry {
     async fn upsert(&self, w: WorkerConfig) -> Result<bool, FleetError> {
-        let (id, url) = (w.id, w.url.to_string());
-        let r = self.0.upsert(w).await;
-        match &r {
-            Ok(_) => eprintln!("kvroute: discovery: worker {id} at {url} is ready"),
-            Err(e) => eprintln!("kvroute: discovery: cannot add worker {id} at {url}: {e}"),
-        }
-        r
+        self.0.upsert(w).await
     }
 
     async fn remove(&self, id: u64) -> bool {
-        let existed = self.0.remove(id).await;
-        if existed {
-            eprintln!("kvroute: discovery: worker {id} removed");
-        }
-        existed
+        self.0.remove(id).await
     }
 
     /// Drains, then removes once nothing is in flight.
     async fn drain(&self, id: u64) -> bool {
-        let existed = self.0.drain(id, true);
-        if existed {
-            eprintln!("kvroute: discovery: worker {id} draining (its pod is terminating)");
-        }
-        existed
+        self.0.drain(id, true)
     }
 
     async fn set_ready(&self, ready: bool) {

@@ -108,7 +108,8 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
         let no_tokenizer = state.cfg.models.iter().any(|m| m.name == p.name && m.tokenizer.is_none());
         for w in &s.workers {
             let id = w.spec.id.0;
-            let cfg = state.fleet.worker(id);
+            // The listing awaits below, so a worker may be removed after the snapshot.
+            let Some(cfg) = state.fleet.worker(id) else { continue };
             let keys: Vec<Value> = w
                 .keys
                 .iter()
@@ -129,14 +130,14 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 .collect();
             workers.push(json!({
                 "id": id,
-                "url": cfg.as_ref().map(|c| c.url.to_string()),
+                "url": cfg.url.to_string(),
                 "model": p.name,
                 "role": w.spec.role.as_str(),
                 "health": w.health.as_str(),
                 "in_flight": crate::drain::in_flight(state, id),
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
-                "tokenizer_missing": no_tokenizer && cfg.as_ref().is_some_and(|c| c.kv_events.is_some()),
+                "tokenizer_missing": no_tokenizer && cfg.kv_events.is_some(),
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
                 // Apart from `ranks`, which says what the worker holds: this grows with traffic.
