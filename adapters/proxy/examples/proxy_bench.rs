@@ -20,13 +20,16 @@
 //! * `--repeats 3`: runs per path and configuration;
 //! * `--upstream-port P`: the upstreams listen on P..P+3 (default: any free ports);
 //! * `--external NAME=HOST:PORT[@PID]` (repeatable): a proxy to measure too; with a PID
-//!   its process's CPU is added to its share;
+//!   its process's CPU is added to its share, and reported alone as `cpu_s_per_10k_own`
+//!   (ratio `cpu_own`), free of the load generator's noise;
 //! * `--baseline NAME`: report every other path's ratios to this external one;
 //! * `--no-inproc`: skip the in-process proxy;
 //! * `--wrk`: generate the load with wrk (a separate process, `-t1` at concurrency 1,
 //!   else `-t2`) instead of in-process clients; the direct path then goes to the first
 //!   upstream only;
-//! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator).
+//! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator);
+//! * `--otlp-sink-port P`: serve the OTLP sink on P, for traced proxies in their own
+//!   processes (see the tracing recipe below);
 //! * `--tracing 0.1,1`: also measure in-process proxies with `[tracing]` on at these
 //!   sampling ratios (paths `kvroute_trace_<ratio>`), exporting every 1 s over OTLP/HTTP
 //!   to a sink in this process that reads each export and answers 200; with
@@ -165,6 +168,8 @@ struct Sample {
     p99_us: f64,
     /// CPU seconds of this process and the target's.
     cpu: f64,
+    /// CPU seconds of the target's process alone (0 without a PID).
+    own_cpu: f64,
 }
 
 /// One run through `load`: in-process clients, or wrk when a Lua script is given.
@@ -237,6 +242,7 @@ async fn run_inproc(
         p50_us: pct_us(&all, 0.5),
         p99_us: pct_us(&all, 0.99),
         cpu,
+        own_cpu: ext,
     }
 }
 
@@ -284,6 +290,7 @@ fn run_wrk(script: &std::path::Path, target: &Target, concurrency: usize, dur: D
         p50_us: field("50%").map_or(f64::NAN, us),
         p99_us: field("99%").map_or(f64::NAN, us),
         cpu,
+        own_cpu: ext,
     }
 }
 
@@ -343,6 +350,7 @@ struct Path {
     p50: Vec<f64>,
     p99: Vec<f64>,
     cpu10k: Vec<f64>,
+    own10k: Vec<f64>,
     requests: usize,
 }
 
@@ -352,6 +360,7 @@ impl Path {
         self.p50.push(s.p50_us);
         self.p99.push(s.p99_us);
         self.cpu10k.push(s.cpu / s.requests.max(1) as f64 * 10_000.0);
+        self.own10k.push(s.own_cpu / s.requests.max(1) as f64 * 10_000.0);
         self.requests += s.requests;
     }
 }
@@ -372,71 +381,64 @@ fn stages(proxy: &ServeHandle) -> [(f64, f64); 3] {
     })
 }
 
-/// The command line; see the module docs.
+/// Measures what the proxy adds on loopback: direct-to-upstream and through-the-proxy
+/// runs, interleaved, with medians printed as one JSON line per configuration.
+#[derive(clap::Parser)]
+#[command(after_help = "See the example's module docs for what each figure means.")]
 struct Args {
+    /// Milliseconds per run.
+    #[arg(default_value_t = 800)]
     run_ms: u64,
+    /// Only this mode.
+    #[arg(value_parser = ["plain", "stream"])]
     only: Option<String>,
+    /// Concurrencies, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     conc: Vec<usize>,
+    /// Runs per path and configuration.
+    #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// The upstreams listen on P..P+3 (default: any free ports).
+    #[arg(long, value_name = "P")]
     upstream_port: Option<u16>,
+    /// A proxy to measure too, `NAME=HOST:PORT[@PID]`; with a PID its process's CPU is
+    /// added to its share and reported on its own (repeatable).
+    #[arg(long, value_parser = parse_external)]
     external: Vec<Target>,
+    /// Report every other path's ratios to this one.
+    #[arg(long, default_value = "sglang")]
     baseline: String,
+    /// Skip the in-process proxy.
+    #[arg(long = "no-inproc", action = clap::ArgAction::SetFalse)]
     inproc: bool,
+    /// Serve the upstreams (and the OTLP sink, with `--otlp-sink-port`) until killed.
+    #[arg(long)]
     upstreams_only: bool,
+    /// Generate the load with wrk instead of in-process clients.
+    #[arg(long)]
     wrk: bool,
+    /// Also measure in-process proxies tracing at these sampling ratios.
+    #[arg(long, value_delimiter = ',')]
     tracing: Vec<f64>,
+    /// Serve the OTLP/HTTP sink on this port (for traced proxies in other processes).
+    #[arg(long, value_name = "P")]
+    otlp_sink_port: Option<u16>,
 }
 
-fn args() -> Args {
-    let mut a = Args {
-        run_ms: 800,
-        only: None,
-        conc: vec![1, 16, 64],
-        repeats: 3,
-        upstream_port: None,
-        external: Vec::new(),
-        baseline: "sglang".into(),
-        inproc: true,
-        upstreams_only: false,
-        wrk: false,
-        tracing: Vec::new(),
+fn parse_external(v: &str) -> Result<Target, String> {
+    let (name, rest) = v.split_once('=').ok_or("expected NAME=HOST:PORT[@PID]")?;
+    let (addr, pid) = match rest.split_once('@') {
+        Some((a, p)) => (a, Some(p.parse().map_err(|e| format!("pid {p:?}: {e}"))?)),
+        None => (rest, None),
     };
-    let mut it = std::env::args().skip(1);
-    let mut positional = 0;
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().unwrap_or_else(|| panic!("{name} needs a value"));
-        match arg.as_str() {
-            "--conc" => a.conc = value("--conc").split(',').map(|c| c.parse().expect("--conc")).collect(),
-            "--repeats" => a.repeats = value("--repeats").parse().expect("--repeats"),
-            "--upstream-port" => a.upstream_port = Some(value("--upstream-port").parse().expect("--upstream-port")),
-            "--baseline" => a.baseline = value("--baseline"),
-            "--no-inproc" => a.inproc = false,
-            "--upstreams-only" => a.upstreams_only = true,
-            "--wrk" => a.wrk = true,
-            "--tracing" => a.tracing = value("--tracing").split(',').map(|r| r.parse().expect("--tracing")).collect(),
-            "--external" => {
-                let v = value("--external");
-                let (name, rest) = v.split_once('=').expect("--external NAME=HOST:PORT[@PID]");
-                let (addr, pid) = match rest.split_once('@') {
-                    Some((a, p)) => (a, Some(p.parse().expect("--external pid"))),
-                    None => (rest, None),
-                };
-                a.external.push(Target { name: name.into(), addrs: vec![addr.parse().expect("--external addr")], pid });
-            }
-            _ if positional == 0 => {
-                a.run_ms = arg.parse().expect("run_ms");
-                positional += 1;
-            }
-            _ => a.only = Some(arg),
-        }
-    }
-    a
+    let addr = addr.parse().map_err(|e| format!("address {addr:?}: {e}"))?;
+    Ok(Target { name: name.into(), addrs: vec![addr], pid })
 }
 
 /// An OTLP/HTTP sink: reads each export whole and answers 200 with an empty (valid)
 /// response.
-async fn otlp_sink() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind the OTLP sink");
+async fn otlp_sink(port: u16) -> SocketAddr {
+    let l = TcpListener::bind(("127.0.0.1", port)).await.expect("bind the OTLP sink");
     let addr = l.local_addr().expect("sink addr");
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
@@ -488,6 +490,7 @@ fn summary(p: &Path, direct: &Path) -> serde_json::Value {
         "added_p50_us": (p50 - d50).round(),
         "added_p99_us": (p99 - d99).round(),
         "cpu_s_per_10k_proxy_share": ((cpu - dcpu) * 1000.0).round() / 1000.0,
+        "cpu_s_per_10k_own": (median(&p.own10k) * 1000.0).round() / 1000.0,
     })
 }
 
@@ -500,20 +503,27 @@ fn ratios(x: &Path, base: &Path, direct: &Path) -> serde_json::Value {
         "rps": r(median(&x.rps), median(&base.rps)),
         "added_p50": r(added(x), added(base)),
         "cpu_share": r(share(x), share(base)),
+        // Only for proxies in their own processes: their CPU, without the clients'.
+        "cpu_own": r(median(&x.own10k), median(&base.own10k)),
     })
 }
 
 #[tokio::main]
 async fn main() {
-    let args = args();
+    let args = <Args as clap::Parser>::parse();
     let dur = Duration::from_millis(args.run_ms);
     let warm = Duration::from_millis(args.run_ms / 4);
     let mut ups = Vec::new();
     for i in 0..4u16 {
         ups.push(upstream(args.upstream_port.map_or(0, |p| p + i)).await);
     }
+    let sink = match args.otlp_sink_port {
+        Some(p) => Some(otlp_sink(p).await),
+        None if !args.tracing.is_empty() => Some(otlp_sink(0).await),
+        None => None,
+    };
     if args.upstreams_only {
-        eprintln!("upstreams on {ups:?}");
+        eprintln!("upstreams on {ups:?}, OTLP sink on {sink:?}");
         std::future::pending::<()>().await;
     }
     let proxy = if args.inproc { Some(inproc_proxy(&ups, None).await) } else { None };
@@ -522,8 +532,7 @@ async fn main() {
         targets.push(Target { name: "kvroute".into(), addrs: vec![p.local_addr()], pid: None });
     }
     let mut traced = Vec::new();
-    if !args.tracing.is_empty() {
-        let sink = otlp_sink().await;
+    if let Some(sink) = sink {
         for &ratio in &args.tracing {
             let mut t = TracingConfig::new(format!("http://{sink}"));
             t.sampling_ratio = ratio;
