@@ -19,8 +19,12 @@ pub struct LearnSection {
     /// Fold the load the engines report into the cost (default false). Needs
     /// `scrape_interval_ms` above 0.
     pub engine_load: bool,
-    /// Age at which a sample weighs half as much as a new one, in ms (default 60,000).
+    /// Age at which a sample weighs half as much as a new one, in ms (default 20,000).
     pub half_life_ms: u64,
+    /// Weight, in samples, of the fleet's fastest learned speed in each worker's; a
+    /// worker judged slow drifts back towards it as its samples age, and is tried again
+    /// (default 4; 0 turns it off).
+    pub prior_samples: f64,
     /// Samples a worker needs before its learned speed replaces the fixed one (default 8).
     pub samples_min: u32,
     /// Furthest one sample may pull from the current estimate, as a factor (default 3.0).
@@ -45,6 +49,7 @@ impl Default for LearnSection {
             costs: core.costs,
             engine_load: core.engine_load,
             half_life_ms: core.half_life_ms,
+            prior_samples: core.prior_samples,
             samples_min: core.samples_min,
             outlier_ratio_max: core.outlier_ratio_max,
             scrape_interval_ms: 0,
@@ -63,6 +68,7 @@ impl LearnSection {
             costs: self.costs,
             engine_load: self.engine_load,
             half_life_ms: self.half_life_ms,
+            prior_samples: self.prior_samples,
             samples_min: self.samples_min,
             outlier_ratio_max: self.outlier_ratio_max,
             engine_load_age_max_ms: self.engine_load_age_max_ms,
@@ -79,6 +85,9 @@ impl LearnSection {
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if !(self.outlier_ratio_max.is_finite() && self.outlier_ratio_max >= 1.0) {
             return Err(("learn.outlier_ratio_max", "must be a number of at least 1".into()));
+        }
+        if !(self.prior_samples.is_finite() && self.prior_samples >= 0.0) {
+            return Err(("learn.prior_samples", "must be a number of at least 0".into()));
         }
         if !self.metrics_path.starts_with('/') {
             return Err(("learn.metrics_path", "must start with /".into()));

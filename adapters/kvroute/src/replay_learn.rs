@@ -25,6 +25,9 @@ pub struct LearnArgs {
     /// Cost learning: age at which a sample weighs half, ms.
     #[arg(long, value_name = "MS")]
     pub learn_half_life_ms: Option<u64>,
+    /// Cost learning: pull, in samples, of the fastest worker's speed on each worker's.
+    #[arg(long, value_name = "N")]
+    pub learn_prior_samples: Option<f64>,
 }
 
 impl LearnArgs {
@@ -41,6 +44,7 @@ impl LearnArgs {
             engine_load: self.engine_load,
             samples_min: self.learn_samples_min.unwrap_or(d.samples_min),
             half_life_ms: self.learn_half_life_ms.unwrap_or(d.half_life_ms),
+            prior_samples: self.learn_prior_samples.unwrap_or(d.prior_samples),
             ..d
         }
     }

@@ -16,6 +16,12 @@
 //!   step, never to the outlier.
 //! - **Prior.** Until a key has `samples_min` samples of a kind, its scale is 1 (the
 //!   fixed coefficients).
+//! - **Optimism.** A key's estimate is blended with the fastest one in the fleet,
+//!   weighted `prior_samples` against the key's own decayed count of samples. A worker that
+//!   looked slow and so stopped getting traffic drifts back towards the fastest as its
+//!   evidence ages, and is tried again. Without it, a worker judged on a few bad samples
+//!   (an idle CPU engine takes up to a second to pick a request up) is never sampled
+//!   again, and traffic collapses onto the others.
 //! - **Engine load.** An [`EngineLoad`] (requests waiting and running, KV usage) scraped
 //!   from the worker counts traffic that reached it by another way. While it is younger
 //!   than `engine_load_age_max_ms`, the load a candidate is scored with is the larger of
@@ -50,8 +56,11 @@ pub struct LearnConfig {
     pub costs: bool,
     /// Fold engine-reported load into the load candidates are scored with. Default false.
     pub engine_load: bool,
-    /// Age at which a sample weighs half as much as a new one, ms. Default 60,000.
+    /// Age at which a sample weighs half as much as a new one, ms. Default 20,000.
     pub half_life_ms: u64,
+    /// Weight of the fleet's fastest estimate in each key's, in samples (see
+    /// "Optimism" above); 0 turns it off. Default 4.
+    pub prior_samples: f64,
     /// Samples of a kind a key needs before its learned scale replaces 1. Default 8.
     pub samples_min: u32,
     /// Furthest a sample's ratio may stray from the current estimate, as a factor
@@ -75,7 +84,8 @@ impl Default for LearnConfig {
         LearnConfig {
             costs: false,
             engine_load: false,
-            half_life_ms: 60_000,
+            half_life_ms: 20_000,
+            prior_samples: 4.0,
             samples_min: 8,
             outlier_ratio_max: 3.0,
             scale_min: 1.0 / 32.0,
@@ -188,6 +198,8 @@ pub struct Learned {
 struct Fit {
     num: f64,
     den: f64,
+    /// Samples, decayed like `num` and `den`.
+    weight: f64,
     samples: u64,
     last: Instant,
 }
@@ -208,6 +220,7 @@ impl Fit {
         self.last = self.last.max(now);
         self.num *= f;
         self.den *= f;
+        self.weight *= f;
         if self.den < 1e-300 {
             // Everything fitted so far has decayed away: start again from the prior.
             *self = Fit { last: self.last, ..Fit::default() };
@@ -220,6 +233,7 @@ impl Fit {
         let r = raw.clamp(est / k, est * k).clamp(lo, hi);
         self.num += r * predicted;
         self.den += predicted;
+        self.weight += 1.0;
         if self.den > SUM_MAX {
             self.num *= 1e-6;
             self.den *= 1e-6;
@@ -228,13 +242,25 @@ impl Fit {
         r != raw
     }
 
-    /// The scale to use: the estimate once `samples_min` samples exist, else 1.
-    fn scale(&self, cfg: &LearnConfig) -> f64 {
-        if self.samples < u64::from(cfg.samples_min) {
-            return 1.0;
-        }
+    /// The own estimate once `samples_min` samples exist.
+    fn own(&self, cfg: &LearnConfig) -> Option<f64> {
         let (lo, hi) = bounds(cfg);
-        self.ratio().unwrap_or(1.0).clamp(lo, hi)
+        (self.samples >= u64::from(cfg.samples_min)).then(|| self.ratio().unwrap_or(1.0).clamp(lo, hi))
+    }
+
+    /// The scale to use at `now`: 1 before `samples_min` samples, else the own estimate
+    /// blended with `best`, the own weighing its evidence decayed to `now`.
+    fn scale(&self, now: Instant, best: f64, cfg: &LearnConfig) -> f64 {
+        let Some(own) = self.own(cfg) else { return 1.0 };
+        let prior = if cfg.prior_samples > 0.0 && cfg.prior_samples.is_finite() { cfg.prior_samples } else { 0.0 };
+        let evidence = self.weight * decay(now.micros_since(self.last), cfg.half_life_ms);
+        if prior == 0.0 || best >= own {
+            return own;
+        }
+        // Written so that neither a huge `own` nor a huge `prior` overflows or cancels.
+        let t = prior / (evidence + prior);
+        let (lo, hi) = bounds(cfg);
+        (own * (1.0 - t) + best * t).clamp(lo, hi)
     }
 }
 
@@ -273,12 +299,14 @@ pub struct CostLearner {
     cfg: LearnConfig,
     keys: BTreeMap<WorkerKey, Entry>,
     stats: LearnStats,
+    /// The fastest own prefill and decode estimates over the keys (1 when none has one).
+    best: (f64, f64),
 }
 
 impl CostLearner {
     /// An empty learner.
     pub fn new(cfg: LearnConfig) -> Self {
-        CostLearner { cfg, keys: BTreeMap::new(), stats: LearnStats::default() }
+        CostLearner { cfg, keys: BTreeMap::new(), stats: LearnStats::default(), best: (1.0, 1.0) }
     }
 
     /// The configuration.
@@ -331,6 +359,7 @@ impl CostLearner {
         };
         self.stats.observations += 1;
         self.stats.clamped += u64::from(clamped);
+        self.update_best();
         Ok(())
     }
 
@@ -348,14 +377,28 @@ impl CostLearner {
     /// Forgets every key of `worker`.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.keys.retain(|k, _| k.worker != worker);
+        self.update_best();
     }
 
-    /// The multiplier [`LearnConfig::costs`] applies to `key`'s cost in `phase`: its
-    /// decode scale for [`Phase::Decode`], its prefill scale otherwise; 1 when off.
-    pub fn cost_scale(&self, key: WorkerKey, phase: Phase) -> f64 {
+    /// Linear in keys; runs once per observation, not per candidate.
+    fn update_best(&mut self) {
+        let cfg = &self.cfg;
+        let fastest = |f: fn(&Entry) -> &Fit| {
+            self.keys
+                .values()
+                .filter_map(|e| f(e).own(cfg))
+                .fold(None, |b: Option<f64>, s| Some(b.map_or(s, |b| b.min(s))))
+        };
+        self.best = (fastest(|e| &e.prefill).unwrap_or(1.0), fastest(|e| &e.decode).unwrap_or(1.0));
+    }
+
+    /// The multiplier [`LearnConfig::costs`] applies to `key`'s cost in `phase` at
+    /// `now`: its decode scale for [`Phase::Decode`], its prefill scale otherwise; 1
+    /// when off.
+    pub fn cost_scale(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
         match (self.cfg.costs, self.keys.get(&key)) {
-            (true, Some(e)) if phase == Phase::Decode => e.decode.scale(&self.cfg),
-            (true, Some(e)) => e.prefill.scale(&self.cfg),
+            (true, Some(e)) if phase == Phase::Decode => e.decode.scale(now, self.best.1, &self.cfg),
+            (true, Some(e)) => e.prefill.scale(now, self.best.0, &self.cfg),
             _ => 1.0,
         }
     }
@@ -389,7 +432,7 @@ impl CostLearner {
     /// What the learner knows about `key` as of `now`, with coefficients read from `m`.
     pub fn learned(&self, now: Instant, key: WorkerKey, m: &TtftModel) -> Option<Learned> {
         let e = self.keys.get(&key)?;
-        let (p, d) = (e.prefill.scale(&self.cfg), e.decode.scale(&self.cfg));
+        let (p, d) = (e.prefill.scale(now, self.best.0, &self.cfg), e.decode.scale(now, self.best.1, &self.cfg));
         Some(Learned {
             prefill_scale: p,
             decode_scale: d,

@@ -18,7 +18,7 @@ fn check(cfg: LearnConfig, samples: &[Sample], scale: f64) {
     for &(t, measured, predicted) in samples {
         l.observe(Instant::from_millis(t), KEY, &first_token(measured), predicted).unwrap();
     }
-    let got = l.cost_scale(KEY, Phase::Aggregated);
+    let got = l.cost_scale(Instant::ZERO, KEY, Phase::Aggregated);
     assert!((got - scale).abs() < 1e-9, "scale {got}, expected {scale}");
 }
 
@@ -51,11 +51,68 @@ fn learned_scale_table() {
     check(LearnConfig { scale_min: 0.5, ..cfg(1) }, &[(0, 1.0, 20.0)], 0.5);
 }
 
+/// Eight samples make `KEY` a fast worker (scale 1) and `SLOW` four times slower (its
+/// first sample clamped to 3): at `t_ms`, with `prior_samples`, `SLOW`'s scale is `want`.
+#[track_caller]
+fn check_optimism(prior_samples: f64, t_ms: u64, want: f64) {
+    const SLOW: WorkerKey = WorkerKey { worker: WorkerId(2), rank: crate::DpRank(0) };
+    let cfg = LearnConfig { costs: true, samples_min: 8, prior_samples, ..LearnConfig::default() };
+    let mut l = CostLearner::new(cfg);
+    for _ in 0..8 {
+        l.observe(Instant::ZERO, KEY, &first_token(20.0), 20.0).unwrap();
+        l.observe(Instant::ZERO, SLOW, &first_token(80.0), 20.0).unwrap();
+    }
+    let at = Instant::from_millis(t_ms);
+    assert_eq!(l.cost_scale(at, KEY, Phase::Aggregated), 1.0, "the fastest keeps its own");
+    let got = l.cost_scale(at, SLOW, Phase::Aggregated);
+    assert!((got - want).abs() < 1e-9, "at {t_ms} ms: scale {got}, expected {want}");
+    let learned = l.learned(at, SLOW, &TtftModel::default()).unwrap();
+    assert_eq!(learned.prefill_scale, got, "/workers shows the scale in use");
+}
+
+#[test]
+fn a_slow_keys_scale_drifts_to_the_fastest_as_its_samples_age() {
+    let own = (3.0 * 20.0 + 7.0 * 80.0) / 160.0;
+    let h = LearnConfig::default().half_life_ms;
+    // Fresh: eight own samples against four of the fastest's estimate.
+    check_optimism(4.0, 0, (own * 8.0 + 4.0) / 12.0);
+    // One half-life on, unsampled: its own count halved.
+    check_optimism(4.0, h, (own * 4.0 + 4.0) / 8.0);
+    // Ten half-lives on, it is nearly the fastest, and is tried again.
+    check_optimism(4.0, 10 * h, (own * 8.0 / 1024.0 + 4.0) / (8.0 / 1024.0 + 4.0));
+    // Off: its own estimate at any age.
+    check_optimism(0.0, 10 * h, own);
+}
+
+/// Found by `scales_stay_finite_and_bounded`: with `scale_max` near `f64::MAX`, a huge
+/// estimate blended with the fastest overflowed to infinity, and with a huge
+/// `prior_samples` cancelled to 0.
+#[test]
+fn a_huge_estimate_blends_to_a_finite_scale() {
+    const OTHER: WorkerKey = WorkerKey { worker: WorkerId(2), rank: crate::DpRank(0) };
+    let cfg = LearnConfig {
+        costs: true,
+        samples_min: 1,
+        scale_max: f64::MAX,
+        outlier_ratio_max: f64::MAX,
+        ..LearnConfig::default()
+    };
+    let mut l = CostLearner::new(cfg);
+    l.observe(Instant::ZERO, OTHER, &first_token(1.0), 1.0).unwrap();
+    for _ in 0..3 {
+        l.observe(Instant::ZERO, KEY, &first_token(1e9), 1e-300).unwrap();
+    }
+    let s = l.cost_scale(Instant::ZERO, KEY, Phase::Aggregated);
+    assert!(s.is_finite() && s > 1.0, "scale {s}");
+    l.cfg.prior_samples = f64::MAX;
+    assert_eq!(l.cost_scale(Instant::ZERO, KEY, Phase::Aggregated), 1.0, "all prior: the fastest's");
+}
+
 #[test]
 fn costs_off_keeps_the_prior_and_decode_has_its_own_fit() {
     let mut l = CostLearner::new(LearnConfig { samples_min: 1, ..LearnConfig::default() });
     l.observe(Instant::ZERO, KEY, &first_token(40.0), 20.0).unwrap();
-    assert_eq!(l.cost_scale(KEY, Phase::Aggregated), 1.0, "costs off");
+    assert_eq!(l.cost_scale(Instant::ZERO, KEY, Phase::Aggregated), 1.0, "costs off");
     let m = TtftModel::default();
     let learned = l.learned(Instant::ZERO, KEY, &m).unwrap();
     assert_eq!((learned.prefill_scale, learned.prefill_samples), (2.0, 1));
@@ -63,8 +120,8 @@ fn costs_off_keeps_the_prior_and_decode_has_its_own_fit() {
 
     let mut l = CostLearner::new(LearnConfig { samples_min: 1, costs: true, ..LearnConfig::default() });
     l.observe(Instant::ZERO, KEY, &Observation::Decode { ms: 30.0, tokens: 3 }, 10.0).unwrap();
-    assert_eq!(l.cost_scale(KEY, Phase::Decode), 3.0);
-    assert_eq!(l.cost_scale(KEY, Phase::Prefill), 1.0);
+    assert_eq!(l.cost_scale(Instant::ZERO, KEY, Phase::Decode), 3.0);
+    assert_eq!(l.cost_scale(Instant::ZERO, KEY, Phase::Prefill), 1.0);
     let learned = l.learned(Instant::ZERO, KEY, &m).unwrap();
     assert_eq!(learned.decode_ms_per_token, 3.0 * m.decode_step_ms(0.0));
 }
@@ -141,7 +198,7 @@ fn any_f64() -> impl Strategy<Value = f64> {
 }
 
 fn any_config() -> impl Strategy<Value = LearnConfig> {
-    (any::<u64>(), 0u32..4, any_f64(), any_f64(), any_f64()).prop_map(|(h, n, k, lo, hi)| LearnConfig {
+    (any::<u64>(), 0u32..4, any_f64(), any_f64(), any_f64(), any_f64()).prop_map(|(h, n, k, lo, hi, p)| LearnConfig {
         costs: true,
         engine_load: true,
         half_life_ms: h % 1_000_000,
@@ -149,6 +206,7 @@ fn any_config() -> impl Strategy<Value = LearnConfig> {
         outlier_ratio_max: k,
         scale_min: lo,
         scale_max: hi,
+        prior_samples: p,
         ..LearnConfig::default()
     })
 }
@@ -169,13 +227,15 @@ proptest! {
             } else {
                 Observation::FirstToken { ttft_ms: measured, uncached_tokens: n, queued_tokens: u64::from(n) << 20 }
             };
+            // Two keys, so each blends with the other's estimate.
+            let key = WorkerKey { worker: WorkerId(1 + u64::from(n % 2)), rank: crate::DpRank(0) };
             let before = l.clone().keys;
-            if l.observe(Instant::from_micros(t), KEY, &obs, predicted).is_err() {
+            if l.observe(Instant::from_micros(t), key, &obs, predicted).is_err() {
                 prop_assert_eq!(&before, &l.keys);
             }
             let _ = l.engine_load(Instant::from_micros(t), KEY, EngineLoad { waiting: n, running: n, kv_usage: measured });
             for phase in [Phase::Aggregated, Phase::Decode] {
-                let s = l.cost_scale(KEY, phase);
+                let s = l.cost_scale(Instant::from_micros(t), key, phase);
                 prop_assert!(s.is_finite() && s >= lo && s <= hi, "scale {} outside {}..={}", s, lo, hi);
             }
             let folded = l.fold_load(Instant::from_micros(t), KEY, WorkerLoad::default(), 0, u32::MAX);

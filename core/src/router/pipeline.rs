@@ -222,13 +222,13 @@ impl Router {
                         new_decode_blocks,
                         inflight_prefix_blocks,
                         weight: spec.map_or(1, |s| s.weight),
-                        cost_factor: cost_factor * self.learn.cost_scale(v.key, phase),
+                        cost_factor: cost_factor * self.learn.cost_scale(now, v.key, phase),
                         kv_blocks,
                         max_batched_tokens: spec.map_or(0, |s| s.max_batched_tokens),
                         prefill_requests: progress.requests,
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),
                         prefill_done_tokens: progress.done_tokens,
-                        prefill_scale: self.learn.cost_scale(v.key, Phase::Prefill),
+                        prefill_scale: self.learn.cost_scale(now, v.key, Phase::Prefill),
                     })
                 }
                 Verdict::Excluded(_) => None,
