@@ -76,6 +76,26 @@ def _ratio(a, b):
     return round(a / b, 3) if a is not None and b else None
 
 
+def ceilings(policies, ceil):
+    """Each policy's real hit rate as a share of what any router could reach: one pooled
+    LRU cache of the whole fleet's size (the engines evict LRU, so placement cannot do much
+    better than pooling), and an infinite cache. A peer near the pooled ceiling leaves no
+    room for a 1.1x lead; `kv_hit_target_reachable` says whether 1.1x the best peer is
+    below it."""
+    if not ceil or not ceil.get("pooled_lru"):
+        return {}
+    pooled, infinite = ceil["pooled_lru"], ceil.get("infinite_cache")
+    out = {"pooled_lru": round(pooled, 4), "infinite_cache": round(infinite, 4) if infinite else None,
+           "share_of_pooled": {p: _ratio(v["hit_rate"], pooled) for p, v in policies.items()}}  # fmt: skip
+    peers = [v["hit_rate"] for p, v in policies.items() if p in PEERS and v.get("hit_rate")]
+    if peers:
+        out["kv_hit_target_reachable"] = 1.1 * max(peers) <= pooled
+    return out
+
+
+PEERS = ("sglang-router", "smg", "smg-prefix-hash")
+
+
 def targets(policies):
     """The issue's targets for `kv`, from the per-policy medians."""
     kv = policies.get("kv")
@@ -90,7 +110,7 @@ def targets(policies):
         if other:
             out[f"kv_vs_{name}_ttft_mean"] = _ratio(kv["ttft_ms_mean"], other["ttft_ms_mean"])
             out[f"kv_vs_{name}_ttft_p99"] = _ratio(kv["ttft_ms_p99"], other["ttft_ms_p99"])
-    peers = {p: v for p, v in policies.items() if p in ("sglang-router", "smg", "smg-prefix-hash")}
+    peers = {p: v for p, v in policies.items() if p in PEERS}
     base = policies.get("kv-baseline")
     if base:
         out["kv_vs_kv_baseline_hits"] = _ratio(kv["hit_rate"], base["hit_rate"])

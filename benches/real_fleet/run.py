@@ -12,7 +12,9 @@ JSON object: per run and per policy (medians over rounds) TTFT, end-to-end laten
 vLLM's own prefix-cache hit rate, where the hits were lost, and what `kvroute replay`
 predicts for the same slice and fleet with the engines' fitted timing (`vllm-cpu`),
 each engine slowed to the share of a core it got (cores / load average), with the
-real-over-predicted ratios of hit rate and TTFT p50/p99.
+real-over-predicted ratios of hit rate and TTFT p50/p99, and each policy's hit rate as
+a share of the ceilings the replay reports (one pooled LRU cache of the fleet's size, and
+an infinite cache).
 
     python benches/real_fleet/run.py --replay-only fleet.json   # the prediction alone
 """
@@ -179,6 +181,10 @@ def replay(args, items, shape, tmp: Path, real_policies):
             continue
         rep = json.loads(out.stdout)
         for r in rep.get("runs", [rep]):
+            # The same for every policy: what one cache of the fleet's size (LRU) and an
+            # infinite one would reuse of this slice.
+            pred.setdefault("ceilings", {"pooled_lru": r.get("pooled_reuse_ratio"),
+                                         "infinite_cache": r.get("infinite_reuse_ratio")})  # fmt: skip
             pred[r["policy"] + suffix] = {
                 "hit_rate": r["prefix_reuse_ratio"],
                 "ttft_ms_mean": r["ttft_ms"]["mean"],
@@ -249,7 +255,8 @@ def replay_only(args):
     with tempfile.TemporaryDirectory(prefix="real-fleet-") as tmp:
         pred = replay(args, items, shape, Path(tmp), old.get("policies", {}))
     out = {"report": str(args.replay_only), "load_avg_1m_of_runs": [r.get("load_avg_1m") for r in old.get("runs", [])],
-           "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred)}  # fmt: skip
+           "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred),
+           "ceilings": analysis.ceilings(old.get("policies", {}), pred.get("ceilings"))}  # fmt: skip
     print(json.dumps(out, indent=1))
 
 
@@ -326,6 +333,7 @@ def main():
     if not args.no_replay:
         report["replay"] = replay(args, items, shape, Path(tmp_ctx.name), report.get("policies", {}))
         report["replay_fidelity"] = fidelity(report.get("policies", {}), report["replay"])
+        report["ceilings"] = analysis.ceilings(report.get("policies", {}), report["replay"].get("ceilings"))
     report["load_avg_end"] = load_avg()
     text = json.dumps(report, indent=1)
     print(text)
