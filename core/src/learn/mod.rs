@@ -14,8 +14,8 @@
 //!   `outlier_ratio_max` of the current estimate (and to `scale_min..=scale_max`): an idle
 //!   engine that takes a second to pick a request up moves the estimate by a bounded
 //!   step, never to the outlier.
-//! - **Prior.** Until a key has `samples_min` samples of a kind, its scale is 1 (the
-//!   fixed coefficients).
+//! - **Prior.** Until a key has `samples_min` samples of a kind, its scale is the
+//!   fleet's fastest (1, the fixed coefficients, before any key has enough).
 //! - **Optimism.** A key's estimate is blended with the fastest one in the fleet,
 //!   weighted `prior_samples` against the key's own decayed count of samples. A worker that
 //!   looked slow and so stopped getting traffic drifts back towards the fastest as its
@@ -61,14 +61,18 @@ pub struct LearnConfig {
     /// Weight of the fleet's fastest estimate in each key's, in samples (see
     /// "Optimism" above); 0 turns it off. Default 4.
     pub prior_samples: f64,
-    /// Samples of a kind a key needs before its learned scale replaces 1. Default 8.
+    /// Samples of a kind a key needs before its own learned scale is used; until then it
+    /// is the fleet's fastest (1 with `prior_samples` 0, or before any key has one).
+    /// Default 8.
     pub samples_min: u32,
     /// Furthest a sample's ratio may stray from the current estimate, as a factor
     /// either way (values below 1 count as 1). Default 3.0.
     pub outlier_ratio_max: f64,
-    /// Smallest learned scale. Default 1/32.
+    /// Smallest learned scale. Default 1/1024.
     pub scale_min: f64,
-    /// Largest learned scale. Default 32.
+    /// Largest learned scale. Default 1,024: a CPU engine routed with a GPU's timing
+    /// is some 100 times slower than predicted, and a cap below that would hide which
+    /// worker is slower still.
     pub scale_max: f64,
     /// Worker keys tracked at once. Default 4,096.
     pub keys_max: usize,
@@ -88,8 +92,8 @@ impl Default for LearnConfig {
             prior_samples: 4.0,
             samples_min: 8,
             outlier_ratio_max: 3.0,
-            scale_min: 1.0 / 32.0,
-            scale_max: 32.0,
+            scale_min: 1.0 / SCALE_LIMIT,
+            scale_max: SCALE_LIMIT,
             keys_max: 4096,
             engine_load_age_max_ms: 10_000,
             waiting_tokens_default: 512,
@@ -204,6 +208,8 @@ struct Fit {
     last: Instant,
 }
 
+/// The default bound on learned scales, either way.
+const SCALE_LIMIT: f64 = 1024.0;
 /// Largest measured or predicted time one sample may carry, ms (about 11 days).
 const SAMPLE_MS_MAX: f64 = 1e9;
 /// Sums are scaled down past this; the ratio is unchanged.
@@ -248,11 +254,17 @@ impl Fit {
         (self.samples >= u64::from(cfg.samples_min)).then(|| self.ratio().unwrap_or(1.0).clamp(lo, hi))
     }
 
-    /// The scale to use at `now`: 1 before `samples_min` samples, else the own estimate
-    /// blended with `best`, the own weighing its evidence decayed to `now`.
+    /// The scale to use at `now`: before `samples_min` samples, `best` (1 without
+    /// optimism); then the own estimate blended with `best`, the own weighing its
+    /// evidence decayed to `now`.
     fn scale(&self, now: Instant, best: f64, cfg: &LearnConfig) -> f64 {
-        let Some(own) = self.own(cfg) else { return 1.0 };
         let prior = if cfg.prior_samples > 0.0 && cfg.prior_samples.is_finite() { cfg.prior_samples } else { 0.0 };
+        let Some(own) = self.own(cfg) else {
+            // A key new to the learner is judged like the fleet's fastest, not the model:
+            // against workers learned 30 times slower than the model, a scale of 1
+            // would draw all traffic to it until it had its samples.
+            return if prior > 0.0 { best } else { 1.0 };
+        };
         let evidence = self.weight * decay(now.micros_since(self.last), cfg.half_life_ms);
         if prior == 0.0 || best >= own {
             return own;
@@ -266,8 +278,8 @@ impl Fit {
 
 /// `scale_min..=scale_max`, repaired if the config is NaN or inverted.
 fn bounds(cfg: &LearnConfig) -> (f64, f64) {
-    let lo = if cfg.scale_min > 0.0 && cfg.scale_min <= 1.0 { cfg.scale_min } else { 1.0 / 32.0 };
-    let hi = if cfg.scale_max >= 1.0 && cfg.scale_max < f64::INFINITY { cfg.scale_max } else { 32.0 };
+    let lo = if cfg.scale_min > 0.0 && cfg.scale_min <= 1.0 { cfg.scale_min } else { 1.0 / SCALE_LIMIT };
+    let hi = if cfg.scale_max >= 1.0 && cfg.scale_max < f64::INFINITY { cfg.scale_max } else { SCALE_LIMIT };
     (lo, hi)
 }
 

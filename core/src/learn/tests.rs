@@ -84,6 +84,24 @@ fn a_slow_keys_scale_drifts_to_the_fastest_as_its_samples_age() {
     check_optimism(0.0, 10 * h, own);
 }
 
+/// A key with fewer than `samples_min` samples is judged like the fleet's fastest, or
+/// at 1 with `prior_samples` 0 (found in replay: a slow worker at 1 took the traffic of
+/// workers learned 25 times slower than the model until it had eight samples).
+#[test]
+fn a_key_short_of_samples_is_judged_like_the_fastest() {
+    const SLOW: WorkerKey = WorkerKey { worker: WorkerId(2), rank: crate::DpRank(0) };
+    for (prior_samples, want) in [(4.0, (3.0 * 20.0 + 7.0 * 80.0) / 160.0), (0.0, 1.0)] {
+        let mut l =
+            CostLearner::new(LearnConfig { costs: true, samples_min: 8, prior_samples, ..LearnConfig::default() });
+        for _ in 0..8 {
+            l.observe(Instant::ZERO, SLOW, &first_token(80.0), 20.0).unwrap();
+        }
+        l.observe(Instant::ZERO, KEY, &first_token(20.0), 20.0).unwrap();
+        let got = l.cost_scale(Instant::ZERO, KEY, Phase::Aggregated);
+        assert!((got - want).abs() < 1e-9, "prior_samples {prior_samples}: scale {got}, expected {want}");
+    }
+}
+
 /// Found by `scales_stay_finite_and_bounded`: with `scale_max` near `f64::MAX`, a huge
 /// estimate blended with the fastest overflowed to infinity, and with a huge
 /// `prior_samples` cancelled to 0.
