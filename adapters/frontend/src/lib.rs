@@ -26,6 +26,7 @@ pub mod headers;
 pub mod learn;
 pub mod metrics;
 pub mod otel;
+pub mod otlp;
 pub mod request;
 pub mod scrape;
 mod start;

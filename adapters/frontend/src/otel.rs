@@ -3,10 +3,10 @@
 //!
 //! [`Tracing::start`] builds a tracer provider of its own (never a process-global one, so
 //! two servers in one process trace apart) behind a parent-based ratio sampler, with a
-//! batch processor exporting over OTLP/HTTP (protobuf). The exporter posts through a
-//! hyper client whose requests run on the tokio runtime that started it, so the batch
-//! processor's own thread never needs a reactor. [`Tracing::shutdown`] flushes what is
-//! left.
+//! batch processor exporting over OTLP/HTTP (protobuf, encoded by [`crate::otlp`]). The
+//! exporter posts through a hyper client whose requests run on the tokio runtime that
+//! started it, so the batch processor's own thread never needs a reactor.
+//! [`Tracing::shutdown`] flushes what is left.
 //!
 //! Per request, [`Tracing::request`] reads the client's W3C `traceparent` and
 //! `tracestate` and opens the request span under them, or a new trace when none arrives
@@ -25,12 +25,17 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanBuilder, TraceContextExt, Tracer as _, TracerProvider as _};
+use opentelemetry::trace::{
+    SamplingDecision, SpanBuilder, SpanContext, TraceContextExt, TraceFlags, Tracer as _, TracerProvider as _,
+};
 use opentelemetry::Context;
-use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError, Request, Response};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider,
+    ShouldSample, SpanData, SpanExporter,
+};
 use opentelemetry_sdk::Resource;
 
 pub use opentelemetry::trace::{SpanKind, Status};
@@ -47,6 +52,9 @@ pub struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     start_traces: bool,
+    /// The provider's sampler for traces kvroute starts, consulted before any span
+    /// exists, so an unsampled request never builds one.
+    ratio: Sampler,
 }
 
 impl Tracing {
@@ -54,16 +62,10 @@ impl Tracing {
     /// a tokio runtime: exports are sent on it.
     pub fn start(cfg: &TracingConfig) -> Result<Tracing, TracingError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| TracingError::NoRuntime)?;
+        let ratio = Sampler::TraceIdRatioBased(cfg.sampling_ratio);
         let timeout = Duration::from_millis(cfg.export_timeout_ms);
-        let client = ExportClient { client: export_client(), runtime, timeout };
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(cfg.traces_url())
-            .with_timeout(timeout)
-            .build()
-            .map_err(|e| TracingError::Exporter(e.to_string()))?;
+        let url = cfg.traces_url().parse().map_err(|e| TracingError::Exporter(format!("endpoint: {e}")))?;
+        let exporter = Exporter { client: export_client(), runtime, timeout, url, resource: Vec::new() };
         let batch = BatchConfigBuilder::default()
             .with_scheduled_delay(Duration::from_millis(cfg.export_interval_ms))
             .with_max_queue_size(cfg.spans_queued_max)
@@ -71,28 +73,43 @@ impl Tracing {
             .build();
         let processor = BatchSpanProcessor::builder(exporter).with_batch_config(batch).build();
         let provider = SdkTracerProvider::builder()
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.sampling_ratio))))
+            .with_sampler(Sampler::ParentBased(Box::new(ratio.clone())))
             .with_resource(Resource::builder_empty().with_service_name(cfg.service_name.clone()).build())
             .with_span_processor(processor)
             .build();
         let tracer = provider.tracer("kvroute");
-        Ok(Tracing { provider, tracer, start_traces: cfg.start_traces })
+        Ok(Tracing { provider, tracer, start_traces: cfg.start_traces, ratio })
     }
 
     /// The request span, opened at `arrived`: under the client's trace when `headers`
     /// carry a valid `traceparent`, else a new trace when `start_traces` is on, else
     /// `None` (nothing traced, nothing injected).
     pub fn request(&self, headers: &HeaderMap, arrived: SystemTime) -> Option<RequestTrace> {
-        let parent = TraceContextPropagator::new().extract_with_context(&Context::new(), &HeaderExtractor(headers));
-        if !parent.span().span_context().is_valid() && !self.start_traces {
-            return None;
+        // Most requests carry no trace: skip the propagator's parsing for them.
+        let parent = if headers.contains_key(TRACE_HEADERS[0]) {
+            TraceContextPropagator::new().extract_with_context(&Context::new(), &HeaderExtractor(headers))
+        } else {
+            Context::new()
+        };
+        let mut builder = self.tracer.span_builder("kvroute.request").with_kind(SpanKind::Server);
+        if !parent.span().span_context().is_valid() {
+            if !self.start_traces {
+                return None;
+            }
+            // A new trace the sampler drops gets its ids and nothing else: the SDK would
+            // build (and drop) a span for it on every request.
+            let ids = RandomIdGenerator::default();
+            let trace_id = ids.new_trace_id();
+            let kind = SpanKind::Server;
+            let decision = self.ratio.should_sample(None, trace_id, "kvroute.request", &kind, &[], &[]).decision;
+            if decision != SamplingDecision::RecordAndSample {
+                let sc = SpanContext::new(trace_id, ids.new_span_id(), TraceFlags::default(), false, Default::default());
+                return Some(RequestTrace { cx: Context::new().with_remote_span_context(sc), tracer: self.tracer.clone() });
+            }
+            // The provider's sampler decides again on the same id, and agrees.
+            builder = builder.with_trace_id(trace_id);
         }
-        let span = self
-            .tracer
-            .span_builder("kvroute.request")
-            .with_kind(SpanKind::Server)
-            .with_start_time(arrived)
-            .start_with_context(&self.tracer, &parent);
+        let span = builder.with_start_time(arrived).start_with_context(&self.tracer, &parent);
         Some(RequestTrace { cx: parent.with_span(span), tracer: self.tracer.clone() })
     }
 
@@ -217,12 +234,42 @@ impl ChildSpan {
 /// `traceparent` (and a non-empty `tracestate`) of `cx`'s span into `headers`, after
 /// removing whatever trace context they carried.
 fn inject(cx: &Context, headers: &mut HeaderMap) {
-    for h in TRACE_HEADERS {
-        headers.remove(h);
+    // Static names: a `&str` name is parsed on every call.
+    const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+    const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+    headers.remove(&TRACEPARENT);
+    headers.remove(&TRACESTATE);
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
+        return;
     }
-    TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
-    if headers.get("tracestate").is_some_and(|v| v.is_empty()) {
-        headers.remove("tracestate");
+    if let Some(v) = traceparent(sc.trace_id().to_bytes(), sc.span_id().to_bytes(), sc.trace_flags()) {
+        headers.insert(TRACEPARENT, v);
+    }
+    let state = sc.trace_state().header();
+    if !state.is_empty() {
+        if let Ok(v) = http::HeaderValue::from_str(&state) {
+            headers.insert(TRACESTATE, v);
+        }
+    }
+}
+
+/// `00-{trace id}-{span id}-{flags}` in lower-case hex, as W3C trace context writes it;
+/// on every traced request, so without the formatter's allocations.
+fn traceparent(trace_id: [u8; 16], span_id: [u8; 8], flags: TraceFlags) -> Option<http::HeaderValue> {
+    let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    hex_into(&mut out[3..35], &trace_id);
+    hex_into(&mut out[36..52], &span_id);
+    hex_into(&mut out[53..55], &[flags.to_u8()]);
+    http::HeaderValue::from_bytes(&out).ok()
+}
+
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 15)];
     }
 }
 
@@ -238,37 +285,53 @@ fn export_client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(conn)
 }
 
-/// The exporter's HTTP client: each export runs as a task on the runtime that started
-/// tracing, awaited from the batch processor's thread.
-struct ExportClient {
+/// The OTLP/HTTP exporter: each batch is encoded by [`crate::otlp`] and posted as a task
+/// on the runtime that started tracing, awaited from the batch processor's thread.
+struct Exporter {
     client: Client<HttpConnector, Full<Bytes>>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
+    url: http::Uri,
+    resource: Vec<KeyValue>,
 }
 
-impl fmt::Debug for ExportClient {
+impl fmt::Debug for Exporter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExportClient").field("timeout", &self.timeout).finish_non_exhaustive()
+        f.debug_struct("Exporter").field("url", &self.url).field("timeout", &self.timeout).finish_non_exhaustive()
     }
 }
 
-#[async_trait::async_trait]
-impl HttpClient for ExportClient {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+impl SpanExporter for Exporter {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let body = crate::otlp::encode_request(&self.resource, &batch);
+        let req = http::Request::post(self.url.clone())
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
         let (client, timeout) = (self.client.clone(), self.timeout);
         let task = self.runtime.spawn(async move {
             let exchange = async {
-                let resp = client.request(request.map(Full::new)).await?;
-                let (parts, body) = resp.into_parts();
-                let body = body.collect().await?.to_bytes();
-                Ok::<_, HttpError>(Response::from_parts(parts, body))
+                let resp = client.request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                // Read whole, so the connection goes back to the pool.
+                let _ = resp.into_body().collect().await;
+                Ok::<_, String>(status)
             };
             match tokio::time::timeout(timeout, exchange).await {
-                Ok(r) => r,
-                Err(_) => Err(HttpError::from(format!("no answer within {timeout:?}"))),
+                Ok(Ok(s)) if s.is_success() => Ok(()),
+                Ok(Ok(s)) => Err(format!("the collector answered {s}")),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(format!("no answer within {timeout:?}")),
             }
         });
-        task.await?
+        match task.await {
+            Ok(r) => r.map_err(OTelSdkError::InternalFailure),
+            Err(e) => Err(OTelSdkError::InternalFailure(e.to_string())),
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.resource = resource.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
     }
 }
 
@@ -292,3 +355,42 @@ impl fmt::Display for TracingError {
 }
 
 impl std::error::Error for TracingError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanContext, SpanId, TraceId, TraceState};
+
+    /// `inject` writes what the SDK's propagator writes for the same span context.
+    fn check(trace_id: u128, span_id: u64, sampled: bool, state: &[(&str, &str)]) {
+        let flags = if sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+        let state = TraceState::from_key_value(state.iter().copied()).expect("a valid trace state");
+        let sc = SpanContext::new(TraceId::from(trace_id), SpanId::from(span_id), flags, true, state);
+        let cx = Context::new().with_remote_span_context(sc);
+        let mut ours = HeaderMap::new();
+        ours.insert("tracestate", http::HeaderValue::from_static("stale=1"));
+        inject(&cx, &mut ours);
+        let mut sdk = HeaderMap::new();
+        TraceContextPropagator::new().inject_context(&cx, &mut opentelemetry_http::HeaderInjector(&mut sdk));
+        if sdk.get("tracestate").is_some_and(|v| v.is_empty()) {
+            sdk.remove("tracestate");
+        }
+        assert_eq!(ours, sdk, "trace {trace_id:x} span {span_id:x}");
+    }
+
+    #[test]
+    fn inject_writes_what_the_propagator_writes() {
+        check(1, 1, true, &[]);
+        check(u128::MAX, u64::MAX, false, &[]);
+        check(0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7, true, &[("vendor", "v1"), ("other", "x")]);
+        check(0x0af7651916cd43dd8448eb211c80319c, 0xb7ad6b7169203331, false, &[("k", "v")]);
+    }
+
+    #[test]
+    fn an_invalid_context_injects_nothing() {
+        let mut h = HeaderMap::new();
+        h.insert("traceparent", http::HeaderValue::from_static("00-stale"));
+        inject(&Context::new(), &mut h);
+        assert!(h.is_empty(), "{h:?}");
+    }
+}

@@ -78,8 +78,9 @@ pub async fn proxy(
         e.into_response()
     });
     match trace {
-        Some(t) => crate::trace::finish(&state, t, &model, resp),
-        None => resp,
+        // An unsampled request's span records nothing: its body needs no wrapper to end it.
+        Some(t) if t.sampled() => crate::trace::finish(&state, t, &model, resp),
+        _ => resp,
     }
 }
 
