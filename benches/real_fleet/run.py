@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import analysis
@@ -90,6 +91,17 @@ def load_avg():
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def learned_view(url):
+    """What a kvroute run's cost learner ended with, per worker (`GET /workers`): its
+    learned prefill scale and sample count and the engine's last report."""
+    try:
+        with urllib.request.urlopen(f"{url}/workers", timeout=5) as r:
+            rows = json.loads(r.read())["workers"]
+    except (OSError, ValueError, KeyError) as e:
+        return {"error": str(e)}
+    return {str(w["id"]): w.get("learned") for w in rows}
+
+
 def run_one(policy, engines, items, args, log_dir):
     """One policy over the workload on freshly reset caches."""
     for e in engines:
@@ -107,8 +119,11 @@ def run_one(policy, engines, items, args, log_dir):
     before = {e.id: drive.scrape(e.url) for e in engines}
     load_before = load_avg()
     t0 = time.monotonic()
+    learned = None
     try:
         results = asyncio.run(drive.drive(url, items, args.inflight_max))
+        if policy not in PEERS:
+            learned = learned_view(url)
     finally:
         proc.stop()
     wall_s = time.monotonic() - t0
@@ -118,6 +133,8 @@ def run_one(policy, engines, items, args, log_dir):
     run.update(drive.latency_stats(results, items))
     run["cache"] = cache
     run["workers"] = per_worker
+    if learned:
+        run["learned"] = learned
     run["losses"] = analysis.losses(items, results)
     errors = [r["error"] for r in results if r["error"]]
     if errors:

@@ -39,6 +39,8 @@ pub struct Booking {
 #[derive(Debug, Default)]
 struct Timing {
     isl_tokens: u32,
+    /// When the request left for the worker ([`Booking::sending`]).
+    sent: Option<Instant>,
     dispatched: Option<Instant>,
     /// The first token's time in microseconds plus one; 0 until it comes.
     first_token_us: AtomicU64,
@@ -89,6 +91,13 @@ impl Booking {
         self.state == State::Dispatched
     }
 
+    /// The request is leaving for the worker now: its time to first token counts from
+    /// here. Call it just before sending; [`Booking::dispatched`] comes once the worker
+    /// answered, which for a stream may be after its first token.
+    pub fn sending(&mut self) {
+        self.timing.sent = Some(self.shared.now());
+    }
+
     /// The worker accepted the request: commits a session's first binding. Call it once,
     /// when the upstream's response headers arrive.
     pub fn dispatched(&mut self) -> Result<(), DriveError> {
@@ -121,7 +130,8 @@ impl Booking {
     /// The first call after dispatch reports the time to first token.
     fn observe_first_token(&self, router: &mut router_core::Router, now: Instant) {
         let t = &self.timing;
-        let (None, Some(at)) = (t.first_token(), t.dispatched) else { return };
+        let (None, Some(dispatched)) = (t.first_token(), t.dispatched) else { return };
+        let at = t.sent.unwrap_or(dispatched);
         t.first_token_us.store(now.as_micros().saturating_add(1), Ordering::Relaxed);
         let obs = Observation::first_token(ms_between(now, at), &self.routed, t.isl_tokens, router.config().block_size);
         let _ = router.handle_observation(now, self.routed.target, obs);

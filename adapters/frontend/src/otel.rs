@@ -103,8 +103,12 @@ impl Tracing {
             let kind = SpanKind::Server;
             let decision = self.ratio.should_sample(None, trace_id, "kvroute.request", &kind, &[], &[]).decision;
             if decision != SamplingDecision::RecordAndSample {
-                let sc = SpanContext::new(trace_id, ids.new_span_id(), TraceFlags::default(), false, Default::default());
-                return Some(RequestTrace { cx: Context::new().with_remote_span_context(sc), tracer: self.tracer.clone() });
+                let sc =
+                    SpanContext::new(trace_id, ids.new_span_id(), TraceFlags::default(), false, Default::default());
+                return Some(RequestTrace {
+                    cx: Context::new().with_remote_span_context(sc),
+                    tracer: self.tracer.clone(),
+                });
             }
             // The provider's sampler decides again on the same id, and agrees.
             builder = builder.with_trace_id(trace_id);

@@ -144,7 +144,7 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
 
 /// Sends one try and waits for its head and, for a stream, its first frame, within the
 /// try's first-byte timeout.
-async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
+async fn one_try(t: &Tries<'_>, mut booking: Booking) -> Result<Answered, Failed> {
     let state = t.state;
     let worker_id = booking.target().worker;
     let Some(worker) = state.fleet.worker(worker_id.0) else {
@@ -174,6 +174,7 @@ async fn one_try(t: &Tries<'_>, booking: Booking) -> Result<Answered, Failed> {
     } else {
         t.deadline
     };
+    booking.sending();
     let sent = tokio::time::timeout_at(first_byte_by, async {
         let mut resp = state.client.send(up).await?;
         let first = if t.stream && resp.status().is_success() {

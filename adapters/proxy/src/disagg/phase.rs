@@ -167,6 +167,7 @@ pub(super) async fn run_prefill(
         let err = ApiError::upstream(format!("prefill worker {id} failed: {message}"));
         PrefillEnd::Failed { err, cause: kind, retryable }
     };
+    booking.sending();
     let resp = match state.client.send(up).await {
         Ok(r) => r,
         Err(e) if e.is_connect() => return fail(booking, "connect", error_chain(&e), true),

@@ -76,6 +76,36 @@ async fn learned_speeds_and_engine_load_show_in_workers_and_preview() {
     }
 }
 
+/// A worker `slowdown` times slower than the router's timing model: its learned prefill
+/// and decode scales say so. Time to first token counts from the send, not from the
+/// worker's answer, which for a stream comes with its first token (the proxy once timed
+/// it from there, and learned that every worker prefilled in about a millisecond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_slower_than_the_model_is_learned_slower() {
+    let slowdown = 4.0;
+    let cfg = SimServerConfig {
+        model: MODEL.into(),
+        engine: EngineConfig { block_size: 16, speedup: 1.0 / slowdown, ..EngineConfig::default() },
+        ..SimServerConfig::default()
+    };
+    let worker = kvroute_sim_server::spawn(cfg).await.expect("sim worker starts");
+    let mut cfg = config(&[]);
+    cfg.router.mode = RouterMode::Kv;
+    cfg.learn.samples_min = 4;
+    cfg.workers = vec![serde_json::from_value(json!({"id": 0, "url": worker.base_url(), "model": MODEL})).unwrap()];
+    let proxy = start(cfg).await;
+    for i in 0..6 {
+        let a = post(proxy.local_addr(), "/v1/completions", &[], &completion(1000 * i)).await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    }
+    let l = learned(proxy.local_addr(), 0).await;
+    let prefill = l["prefill_scale"].as_f64().unwrap();
+    // Loopback and the proxy add to every time; the engine's own share is the floor.
+    assert!((slowdown * 0.75..slowdown * 3.0).contains(&prefill), "prefill {prefill}, expected about {slowdown}: {l}");
+    // Six tokens a stream time five steps, with the frames' own delays: slower, roughly.
+    assert!(l["decode_scale"].as_f64().unwrap() > 1.5, "{l}");
+}
+
 #[tokio::test]
 async fn a_scrape_of_a_worker_without_engine_gauges_is_a_counted_drop() {
     let w = Fake::start(&[MODEL]).await;
