@@ -9,6 +9,7 @@
 # Prints proxy_bench's JSON lines; `vs_off.trace_10.cpu_own` is the 10% cost ratio.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. benches/scripts/traced_serve_config.sh
 run_ms=${1:-3000}
 repeats=${2:-7}
 conc=${3:-1,16}
@@ -26,31 +27,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# One config per proxy: the same model and workers, tracing as `$2` says.
-config() {
-    cat >"$dir/$1.toml" <<EOF
-listen = "127.0.0.1:$3"
-seed = 1
-[[models]]
-name = "m"
-block_size = 16
-[health_check]
-interval_ms = 0
-EOF
-    for i in 0 1 2 3; do
-        printf '[[workers]]\nid = %d\nurl = "http://127.0.0.1:%d"\nmodel = "m"\n' "$i" $((ups + i)) >>"$dir/$1.toml"
-    done
-    if [ "$2" != off ]; then
-        printf '[tracing]\notlp_endpoint = "http://127.0.0.1:%d"\nsampling_ratio = %s\nexport_interval_ms = 1000\n' \
-            "$sink" "$2" >>"$dir/$1.toml"
-    fi
-}
-
 externals=()
 port=19310
 for p in off:off trace_10:0.1 trace_100:1.0; do
     name=${p%%:*}
-    config "$name" "${p#*:}" "$port"
+    traced_serve_config "$dir/$name.toml" "$port" "$ups" "${p#*:}" "$sink"
     RUST_LOG=warn target/release/kvroute serve --config "$dir/$name.toml" 2>"$dir/$name.log" &
     pids+=($!)
     externals+=(--external "$name=127.0.0.1:$port@$!")

@@ -11,6 +11,7 @@
 # binaries first. Prints one JSON line per setting, with the ratio to tracing off.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. benches/scripts/traced_serve_config.sh
 ratios=${1:-0 0.1 1.0}
 run_ms=${2:-6000}
 ups=19401
@@ -26,15 +27,7 @@ trap 'pkill -f "callgrind.*$dir" 2>/dev/null || true; rm -rf "$dir"' EXIT
 # Instructions per request of one setting: `off` or a sampling ratio.
 measure() {
     local cfg="$dir/$1.toml"
-    printf 'listen = "127.0.0.1:%d"\nseed = 1\n[[models]]\nname = "m"\nblock_size = 16\n[health_check]\ninterval_ms = 0\n' \
-        "$port" >"$cfg"
-    for i in 0 1 2 3; do
-        printf '[[workers]]\nid = %d\nurl = "http://127.0.0.1:%d"\nmodel = "m"\n' "$i" $((ups + i)) >>"$cfg"
-    done
-    if [ "$1" != off ]; then
-        printf '[tracing]\notlp_endpoint = "http://127.0.0.1:%d"\nsampling_ratio = %s\nexport_interval_ms = 1000\n' \
-            "$sink" "$1" >>"$cfg"
-    fi
+    traced_serve_config "$cfg" "$port" "$ups" "$1" "$sink"
     RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/$1.out" \
         target/release/kvroute serve --config "$cfg" 2>"$dir/$1.log" &
     local pid=$!
