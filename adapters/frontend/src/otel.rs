@@ -43,8 +43,12 @@ pub use opentelemetry::KeyValue;
 
 use crate::config::TracingConfig;
 
-/// The W3C trace-context headers, which the proxy owns when tracing is on.
-pub const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+/// The W3C trace-context headers, which the proxy owns when tracing is on. Names as
+/// constants: a `&str` name is parsed on every lookup.
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+/// The request span's name.
+const REQUEST_SPAN: &str = "kvroute.request";
 
 /// A running tracer: its provider (with the exporter), and whether requests without a
 /// trace start one.
@@ -86,12 +90,12 @@ impl Tracing {
     /// `None` (nothing traced, nothing injected).
     pub fn request(&self, headers: &HeaderMap, arrived: SystemTime) -> Option<RequestTrace> {
         // Most requests carry no trace: skip the propagator's parsing for them.
-        let parent = if headers.contains_key(TRACE_HEADERS[0]) {
+        let parent = if headers.contains_key(&TRACEPARENT) {
             TraceContextPropagator::new().extract_with_context(&Context::new(), &HeaderExtractor(headers))
         } else {
             Context::new()
         };
-        let mut builder = self.tracer.span_builder("kvroute.request").with_kind(SpanKind::Server);
+        let mut trace_id = None;
         if !parent.span().span_context().is_valid() {
             if !self.start_traces {
                 return None;
@@ -99,21 +103,21 @@ impl Tracing {
             // A new trace the sampler drops gets its ids and nothing else: the SDK would
             // build (and drop) a span for it on every request.
             let ids = RandomIdGenerator::default();
-            let trace_id = ids.new_trace_id();
-            let kind = SpanKind::Server;
-            let decision = self.ratio.should_sample(None, trace_id, "kvroute.request", &kind, &[], &[]).decision;
+            let id = ids.new_trace_id();
+            let decision = self.ratio.should_sample(None, id, REQUEST_SPAN, &SpanKind::Server, &[], &[]).decision;
             if decision != SamplingDecision::RecordAndSample {
-                let sc =
-                    SpanContext::new(trace_id, ids.new_span_id(), TraceFlags::default(), false, Default::default());
+                let sc = SpanContext::new(id, ids.new_span_id(), TraceFlags::default(), false, Default::default());
                 return Some(RequestTrace {
                     cx: Context::new().with_remote_span_context(sc),
                     tracer: self.tracer.clone(),
                 });
             }
             // The provider's sampler decides again on the same id, and agrees.
-            builder = builder.with_trace_id(trace_id);
+            trace_id = Some(id);
         }
-        let span = builder.with_start_time(arrived).start_with_context(&self.tracer, &parent);
+        let mut builder = self.tracer.span_builder(REQUEST_SPAN).with_kind(SpanKind::Server).with_start_time(arrived);
+        builder.trace_id = trace_id;
+        let span = builder.start_with_context(&self.tracer, &parent);
         Some(RequestTrace { cx: parent.with_span(span), tracer: self.tracer.clone() })
     }
 
@@ -238,9 +242,6 @@ impl ChildSpan {
 /// `traceparent` (and a non-empty `tracestate`) of `cx`'s span into `headers`, after
 /// removing whatever trace context they carried.
 fn inject(cx: &Context, headers: &mut HeaderMap) {
-    // Static names: a `&str` name is parsed on every call.
-    const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
-    const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
     headers.remove(&TRACEPARENT);
     headers.remove(&TRACESTATE);
     let span = cx.span();

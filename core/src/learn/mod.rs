@@ -395,12 +395,7 @@ impl CostLearner {
     /// Linear in keys; runs once per observation, not per candidate.
     fn update_best(&mut self) {
         let cfg = &self.cfg;
-        let fastest = |f: fn(&Entry) -> &Fit| {
-            self.keys
-                .values()
-                .filter_map(|e| f(e).own(cfg))
-                .fold(None, |b: Option<f64>, s| Some(b.map_or(s, |b| b.min(s))))
-        };
+        let fastest = |f: fn(&Entry) -> &Fit| self.keys.values().filter_map(|e| f(e).own(cfg)).reduce(f64::min);
         self.best = (fastest(|e| &e.prefill).unwrap_or(1.0), fastest(|e| &e.decode).unwrap_or(1.0));
     }
 
