@@ -128,6 +128,8 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         router_knows_timing: false,
         temperature: None,
         model: Default::default(),
+        busy_prefill_batches: None,
+        queue_order: "fcfs".into(),
         seed: 0,
         json: d.json,
         plot: None,

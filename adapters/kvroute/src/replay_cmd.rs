@@ -102,6 +102,16 @@ pub struct ReplayArgs {
     /// kv cost model knobs.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Hold requests in the router's queue while every eligible worker has more than this
+    /// many batches (--max-batched-tokens) of prefill queued (serve's
+    /// `prefill_tokens_frac_of_batch`). Off by default (and at 0): the engines queue
+    /// internally.
+    #[arg(long, value_name = "BATCHES", value_parser = batches)]
+    pub busy_prefill_batches: Option<f64>,
+    /// The router queue's order when requests are held: fcfs or wspt (short uncached
+    /// prompts first).
+    #[arg(long, value_name = "ORDER", default_value = "fcfs")]
+    pub queue_order: String,
     /// kv cost: predict prefill and decode times with the simulated engines' timing
     /// (--engine-timing) instead of the router's default (the mocker's GPU polynomial).
     #[arg(long)]
@@ -216,6 +226,13 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
 }
 
+fn batches(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(b) if b.is_finite() && b >= 0.0 => Ok(b),
+        _ => Err(format!("{s}: expected a number of batches, 0 or more (0 turns holding off)")),
+    }
+}
+
 /// The router configuration for one policy.
 pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, String> {
     let mut cfg = RouterConfig { mode: policy.0, approximate: a.no_kv_events, ..RouterConfig::default() };
@@ -244,8 +261,13 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
         };
     }
     // Replay engines queue internally, as real ones do; the router does not hold requests back.
-    cfg.eligibility.prefill_tokens_frac_of_batch = None;
+    cfg.eligibility.prefill_tokens_frac_of_batch = a.busy_prefill_batches.filter(|b| *b > 0.0);
     cfg.eligibility.decode_blocks_frac_of_kv = None;
+    cfg.queue.order = match a.queue_order.as_str() {
+        "fcfs" => router_core::QueueOrder::Fcfs,
+        "wspt" => router_core::QueueOrder::Wspt,
+        other => return Err(format!("--queue-order {other}: expected fcfs or wspt")),
+    };
     cfg.approx.blocks_max_per_worker = a.engine.blocks_per_worker;
     cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
     cfg.learn = a.learn.config();
