@@ -76,20 +76,25 @@ def _ratio(a, b):
     return round(a / b, 3) if a is not None and b else None
 
 
-def ceilings(policies, ceil):
+def ceilings(policies, ceil, placement=None):
     """Each policy's real hit rate as a share of what any router could reach: one pooled
-    LRU cache of the whole fleet's size (the engines evict LRU, so placement cannot do much
-    better than pooling), and an infinite cache. A peer near the pooled ceiling leaves no
-    room for a 1.1x lead; `kv_hit_target_reachable` says whether 1.1x the best peer is
-    below it."""
+    LRU cache of the whole fleet's size, an infinite cache, and (with `placement`, from
+    `placement.ceilings`) the best online placement rule with load ignored. A peer near
+    those leaves no room for a 1.1x lead; `kv_hit_target_reachable` says whether 1.1x the
+    best peer is below the highest of pooled LRU and the best online rule."""
     if not ceil or not ceil.get("pooled_lru"):
         return {}
     pooled, infinite = ceil["pooled_lru"], ceil.get("infinite_cache")
     out = {"pooled_lru": round(pooled, 4), "infinite_cache": round(infinite, 4) if infinite else None,
            "share_of_pooled": {p: _ratio(v["hit_rate"], pooled) for p, v in policies.items()}}  # fmt: skip
+    online = (placement or {}).get("best_online")
+    if online:
+        out["best_online_placement"] = online
+        out["share_of_best_online"] = {p: _ratio(v["hit_rate"], online) for p, v in policies.items()}
     peers = [v["hit_rate"] for p, v in policies.items() if p in PEERS and v.get("hit_rate")]
     if peers:
-        out["kv_hit_target_reachable"] = 1.1 * max(peers) <= pooled
+        out["kv_hit_target"] = round(1.1 * max(peers), 4)
+        out["kv_hit_target_reachable"] = 1.1 * max(peers) <= max(pooled, online or 0)
     return out
 
 

@@ -14,6 +14,7 @@ import time
 import aiohttp
 
 from fleet import SERVED_NAME, http
+from stats import quantile
 
 # vLLM's counters (tokens) and gauges that the benchmark reads from each engine.
 COUNTERS = (
@@ -107,13 +108,6 @@ async def drive(url, items, inflight_max, request_timeout_s=300.0):
     return results
 
 
-def quantile(xs, q):
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def latency_stats(results, items):
     """TTFT and end-to-end latency over the run, and prompts vLLM counted differently."""
     lengths = {it.index: len(it.tokens) for it in items}
@@ -131,7 +125,17 @@ def latency_stats(results, items):
         "e2e_ms_p50": quantile(e2e, 0.5),
         "e2e_ms_p99": quantile(e2e, 0.99),
         "e2e_ms_mean": sum(e2e) / len(e2e) if e2e else None,
+        "ttft_ms_by_request": by_request(results, len(items)),
     }
+
+
+def by_request(results, n):
+    """Each request's TTFT in ms by workload index (None when it failed), for paired ratios."""
+    out = [None] * n
+    for r in results:
+        if r["ttft_s"] is not None and r["error"] is None and 0 <= r["i"] < n:
+            out[r["i"]] = round(r["ttft_s"] * 1000.0, 1)
+    return out
 
 
 def cache_stats(per_engine):

@@ -33,6 +33,8 @@ import urllib.request
 from pathlib import Path
 
 import analysis
+import placement
+import stats
 import drive
 import fleet
 import workload
@@ -273,7 +275,9 @@ def replay_only(args):
         pred = replay(args, items, shape, Path(tmp), old.get("policies", {}))
     out = {"report": str(args.replay_only), "load_avg_1m_of_runs": [r.get("load_avg_1m") for r in old.get("runs", [])],
            "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred),
-           "ceilings": analysis.ceilings(old.get("policies", {}), pred.get("ceilings"))}  # fmt: skip
+           "placement": placement.ceilings(items, args.workers, args.gpu_blocks),
+           "ceilings": analysis.ceilings(old.get("policies", {}), pred.get("ceilings"),
+                                         placement.ceilings(items, args.workers, args.gpu_blocks))}  # fmt: skip
     print(json.dumps(out, indent=1))
 
 
@@ -317,6 +321,7 @@ def main():
         "trace": "bundled slice" if args.trace is None else trace.name,
         "slice": workload.summary(items),
         "fleet": {"workers": args.workers, "gpu_blocks": args.gpu_blocks, "block_size": 64},
+        "placement": placement.ceilings(items, args.workers, args.gpu_blocks),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "skipped": skipped,
         "load_avg_start": load_avg(),
@@ -344,13 +349,16 @@ def main():
         report["runs"] = runs
         report["policies"] = summarize(runs)
         report["targets"] = analysis.targets(report["policies"])
+        report["paired_ttft"] = {a: stats.paired_table(runs, a, [p for p in report["policies"] if p != a])
+                                 for a in ("kv", "kv-learn") if a in report["policies"]}  # fmt: skip
     finally:
         for e in engines:
             e.proc.stop()
     if not args.no_replay:
         report["replay"] = replay(args, items, shape, Path(tmp_ctx.name), report.get("policies", {}))
         report["replay_fidelity"] = fidelity(report.get("policies", {}), report["replay"])
-        report["ceilings"] = analysis.ceilings(report.get("policies", {}), report["replay"].get("ceilings"))
+        report["ceilings"] = analysis.ceilings(report.get("policies", {}), report["replay"].get("ceilings"),
+                                               report["placement"])
     report["load_avg_end"] = load_avg()
     text = json.dumps(report, indent=1)
     print(text)

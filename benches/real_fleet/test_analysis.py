@@ -1,0 +1,115 @@
+"""Checks of the benchmark's pure analysis: placement ceilings, paired ratios, targets.
+
+Run by scripts/test (python3 -m unittest discover -s benches/real_fleet); standard
+library only, so it needs neither vLLM nor the benchmark's venv.
+"""
+
+import random
+import unittest
+from types import SimpleNamespace
+
+import analysis
+import placement
+import stats
+
+BLOCK = analysis.BLOCK_TOKENS
+
+
+def item(index, hash_ids, n_tokens=None):
+    n_tokens = n_tokens if n_tokens is not None else len(hash_ids) * BLOCK
+    return SimpleNamespace(index=index, arrival_s=float(index), hash_ids=tuple(hash_ids),
+                           tokens=[0] * n_tokens, group=tuple(hash_ids[:2]))  # fmt: skip
+
+
+def conversations(pairs, fill, length=4):
+    """`pairs` conversations asked twice, with `fill` one-off prompts between the turns."""
+    items, next_id = [], 1000
+    for c in range(pairs):
+        first = [c * 10 + k for k in range(length)]
+        items.append(item(len(items), first))
+        for _ in range(fill):
+            items.append(item(len(items), list(range(next_id, next_id + length))))
+            next_id += length
+        items.append(item(len(items), first + [next_id]))
+        next_id += 1
+    return items
+
+
+class Placement(unittest.TestCase):
+    def check(self, items, workers, blocks, want):
+        got = placement.ceilings(items, workers, blocks)
+        for name, (lo, hi) in want.items():
+            # The ceilings are rounded to 4 places.
+            self.assertTrue(lo - 5e-5 <= got[name] <= hi + 5e-5, f"{name} = {got[name]}, want {lo}..{hi}: {got}")
+        self.assertEqual(got["best_online"], max(got["best_overlap_rr"], got["best_overlap_emptiest"]))
+
+    def test_a_cache_big_enough_for_everything_reaches_every_reuse(self):
+        items = conversations(pairs=3, fill=2)
+        # Each second turn (5 blocks) hits its first turn's 4.
+        reuse = 3 * 4 * BLOCK / sum(len(it.tokens) for it in items)
+        self.check(items, 2, 1000, {k: (reuse, reuse) for k in ("best_overlap_rr", "clairvoyant")})
+
+    def test_one_offs_evict_what_an_online_rule_keeps_and_the_clairvoyant_does_not(self):
+        items = conversations(pairs=4, fill=5)
+        got = placement.ceilings(items, 2, 8)
+        self.assertGreater(got["clairvoyant"], got["best_online"], got)
+
+    def test_a_one_block_overlap_is_not_followed(self):
+        # Two prompts share only their first block: the second goes elsewhere in turn.
+        items = [item(0, [1, 2, 3]), item(1, [1, 7, 8])]
+        self.check(items, 2, 100, {"best_overlap_rr": (0.0, 0.0)})
+
+    def test_a_full_prompt_hit_stops_one_block_short(self):
+        # vLLM computes the last token, so a repeated 3-block prompt hits 2 blocks.
+        items = [item(0, [1, 2, 3]), item(1, [1, 2, 3])]
+        self.check(items, 1, 100, {"best_overlap_rr": (2 / 6, 2 / 6)})
+
+
+class Paired(unittest.TestCase):
+    def runs(self, factor, rounds=2, n=150, noise=0.0, seed=1):
+        rng, out = random.Random(seed), []
+        for rnd in range(rounds):
+            base = [rng.uniform(100, 2000) for _ in range(n)]
+            kv = [b * factor * (1 + rng.uniform(-noise, noise)) for b in base]
+            out += [{"policy": "kv", "round": rnd, "ttft_ms_by_request": kv},
+                    {"policy": "peer", "round": rnd, "ttft_ms_by_request": base}]  # fmt: skip
+        return out
+
+    def check(self, runs, which, want_ratio, ci_excludes_one):
+        got = stats.paired_ratio(runs, "kv", "peer", which)
+        self.assertAlmostEqual(got["ratio"], want_ratio, delta=0.02, msg=got)
+        lo, hi = got["ci95"]
+        self.assertLessEqual(lo, got["ratio"])
+        self.assertGreaterEqual(hi, got["ratio"])
+        self.assertEqual(not lo <= 1.0 <= hi, ci_excludes_one, got)
+
+    def test_a_uniform_speedup_is_its_ratio_with_a_tight_interval(self):
+        self.check(self.runs(0.8), "mean", 0.8, True)
+        self.check(self.runs(0.8), "p99", 0.8, True)
+
+    def test_noise_around_no_difference_gives_an_interval_around_one(self):
+        self.check(self.runs(1.0, noise=0.5), "mean", 1.0, False)
+
+    def test_failed_requests_and_missing_rounds_are_left_out(self):
+        runs = self.runs(0.5, rounds=1)
+        runs[0]["ttft_ms_by_request"][0] = None
+        runs.append({"policy": "kv", "round": 7, "ttft_ms_by_request": [1.0] * 150})
+        self.assertEqual(stats.paired_ratio(runs, "kv", "peer")["pairs"], 149)
+        self.assertIsNone(stats.paired_ratio(runs, "kv", "absent"))
+
+
+class Ceilings(unittest.TestCase):
+    def check(self, peer_hit, pooled, online, reachable):
+        policies = {"kv": {"hit_rate": 0.2}, "sglang-router": {"hit_rate": peer_hit}}
+        got = analysis.ceilings(policies, {"pooled_lru": pooled, "infinite_cache": 0.3}, {"best_online": online})
+        self.assertEqual(got["kv_hit_target_reachable"], reachable, got)
+        self.assertAlmostEqual(got["share_of_best_online"]["kv"], round(0.2 / online, 3))
+
+    def test_the_target_is_judged_against_the_higher_of_pooled_and_online(self):
+        self.check(peer_hit=0.23, pooled=0.24, online=0.26, reachable=True)
+        self.check(peer_hit=0.23, pooled=0.24, online=0.25, reachable=False)
+        self.check(peer_hit=0.20, pooled=0.24, online=0.21, reachable=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
