@@ -21,6 +21,11 @@ impl Workers {
         Workers { shared }
     }
 
+    /// The picker's metrics, for discovery to count its troubles.
+    pub(crate) fn metrics(&self) -> &kvroute_frontend::metrics::Metrics {
+        &self.shared.metrics
+    }
+
     /// Adds a worker, or replaces the one with the same id; subscribes to its KV events
     /// if it names an endpoint. Returns whether it is new. A failed subscription leaves
     /// the worker routed on predictions and is logged, not returned.

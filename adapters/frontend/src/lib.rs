@@ -29,6 +29,7 @@ pub mod otel;
 pub mod otlp;
 pub mod request;
 pub mod scrape;
+pub mod span_drops;
 mod start;
 pub mod tokenize;
 pub mod trust;

@@ -83,6 +83,11 @@ struct FallbackLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MigrationLabels {
     model: String,
     reason: &'static str,
@@ -121,6 +126,8 @@ pub struct Metrics {
     disagg_aborts: Family<AbortLabels, Counter>,
     /// Connections refused at `limits.connections_max`.
     connections_refused: Counter,
+    /// Discovery steps that failed, by kind.
+    discovery_troubles: Family<KindLabels, Counter>,
     /// Requests served per worker id, cumulative.
     served: std::sync::Mutex<BTreeMap<u64, u64>>,
     /// Resolved per-model series, at most [`MODEL_HANDLES_MAX`].
@@ -216,6 +223,7 @@ impl Metrics {
             disagg_plans: Family::default(),
             disagg_aborts: Family::default(),
             connections_refused: Counter::default(),
+            discovery_troubles: Family::default(),
             served: std::sync::Mutex::new(BTreeMap::new()),
             handles: RwLock::new(Vec::new()),
             stages: Vec::new(),
@@ -284,6 +292,12 @@ impl Metrics {
             m.connections_refused.clone(),
         );
         r.register(
+            "kvroute_discovery_troubles",
+            "Discovery steps that failed, by kind: pod_not_a_worker (bad annotation, no port or model), \
+             pod_cannot_add, watch (retried with back-off)",
+            m.discovery_troubles.clone(),
+        );
+        r.register(
             "kvroute_request_duration_seconds",
             "Time from a request's arrival to its stream's end, by model and worker, seen at the proxy",
             m.e2e.clone(),
@@ -309,6 +323,17 @@ impl Metrics {
     /// update counters, and peers' in-flight requests per worker.
     pub fn register_replica(&mut self, replica: Arc<kvroute_replica::ReplicaHandle>, fleet: Arc<Fleet>) {
         self.registry.register_collector(Box::new(ReplicaCollector { replica, fleet }));
+    }
+
+    /// Adds `kvroute_trace_spans_dropped_total{reason}`: spans that never reached the
+    /// OTLP collector (`queue_full` or `export_failed`).
+    pub fn register_span_drops(&mut self, drops: crate::span_drops::SpanDrops) {
+        self.registry.register(
+            "kvroute_trace_spans_dropped",
+            "Spans that never reached the OTLP collector, by reason: queue_full (tracing.spans_queued_max \
+             spans already waiting or exporting), export_failed (refused or no answer in time)",
+            drops.0,
+        );
     }
 
     /// Adds `kvroute_tokenizer_missing{model}`: 1 for each model in `missing` (no
@@ -516,6 +541,11 @@ impl Metrics {
     /// A connection was refused at `limits.connections_max`.
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
+    }
+
+    /// A discovery step failed: `kind` is `kvroute_k8s::Trouble::as_str`.
+    pub fn discovery_trouble(&self, kind: &'static str) {
+        self.discovery_troubles.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// A request routed on hashed bytes: `no_tokenizer` or `tokenizer_error`.

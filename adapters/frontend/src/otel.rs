@@ -42,6 +42,7 @@ pub use opentelemetry::trace::{SpanKind, Status};
 pub use opentelemetry::KeyValue;
 
 use crate::config::TracingConfig;
+use crate::span_drops::{Counted, Pending, SpanDrops};
 
 /// The W3C trace-context headers, which the proxy owns when tracing is on. Names as
 /// constants: a `&str` name is parsed on every lookup.
@@ -59,6 +60,7 @@ pub struct Tracing {
     /// The provider's sampler for traces kvroute starts, consulted before any span
     /// exists, so an unsampled request never builds one.
     ratio: Sampler,
+    drops: SpanDrops,
 }
 
 impl Tracing {
@@ -69,20 +71,35 @@ impl Tracing {
         let ratio = Sampler::TraceIdRatioBased(cfg.sampling_ratio);
         let timeout = Duration::from_millis(cfg.export_timeout_ms);
         let url = cfg.traces_url().parse().map_err(|e| TracingError::Exporter(format!("endpoint: {e}")))?;
-        let exporter = Exporter { client: export_client(), runtime, timeout, url, resource: Vec::new() };
+        let (pending, drops) = (Pending::default(), SpanDrops::default());
+        let exporter = Exporter {
+            client: export_client(),
+            runtime,
+            timeout,
+            url,
+            resource: Vec::new(),
+            pending: pending.clone(),
+            drops: drops.clone(),
+        };
         let batch = BatchConfigBuilder::default()
             .with_scheduled_delay(Duration::from_millis(cfg.export_interval_ms))
             .with_max_queue_size(cfg.spans_queued_max)
             .with_max_export_batch_size(cfg.spans_queued_max.min(512))
             .build();
-        let processor = BatchSpanProcessor::builder(exporter).with_batch_config(batch).build();
+        let inner = BatchSpanProcessor::builder(exporter).with_batch_config(batch).build();
+        let processor = Counted { inner, pending, queued_max: cfg.spans_queued_max, drops: drops.clone() };
         let provider = SdkTracerProvider::builder()
             .with_sampler(Sampler::ParentBased(Box::new(ratio.clone())))
             .with_resource(Resource::builder_empty().with_service_name(cfg.service_name.clone()).build())
             .with_span_processor(processor)
             .build();
         let tracer = provider.tracer("kvroute");
-        Ok(Tracing { provider, tracer, start_traces: cfg.start_traces, ratio })
+        Ok(Tracing { provider, tracer, start_traces: cfg.start_traces, ratio, drops })
+    }
+
+    /// The counts of spans that never reached the collector, for `/metrics`.
+    pub fn drops(&self) -> SpanDrops {
+        self.drops.clone()
     }
 
     /// The request span, opened at `arrived`: under the client's trace when `headers`
@@ -298,6 +315,8 @@ struct Exporter {
     timeout: Duration,
     url: http::Uri,
     resource: Vec<KeyValue>,
+    pending: Pending,
+    drops: SpanDrops,
 }
 
 impl fmt::Debug for Exporter {
@@ -308,7 +327,22 @@ impl fmt::Debug for Exporter {
 
 impl SpanExporter for Exporter {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let body = crate::otlp::encode_request(&self.resource, &batch);
+        let n = batch.len();
+        let sent = self.post(crate::otlp::encode_request(&self.resource, &batch)).await;
+        self.pending.exported(n);
+        if sent.is_err() {
+            self.drops.export_failed(n);
+        }
+        sent
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.resource = resource.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
+    }
+}
+
+impl Exporter {
+    async fn post(&self, body: Vec<u8>) -> OTelSdkResult {
         let req = http::Request::post(self.url.clone())
             .header(http::header::CONTENT_TYPE, "application/x-protobuf")
             .body(Full::new(Bytes::from(body)))
@@ -333,10 +367,6 @@ impl SpanExporter for Exporter {
             Ok(r) => r.map_err(OTelSdkError::InternalFailure),
             Err(e) => Err(OTelSdkError::InternalFailure(e.to_string())),
         }
-    }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        self.resource = resource.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
     }
 }
 

@@ -65,6 +65,9 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
     if let Some(r) = &replica {
         metrics.register_replica(r.clone(), fleet.clone());
     }
+    if let Some(t) = &tracing {
+        metrics.register_span_drops(t.drops());
+    }
     Ok(FrontEnd {
         cfg: cfg.clone(),
         trust: Trust::new(&cfg.trust),

@@ -51,6 +51,29 @@ pub async fn client() -> Result<Client, kube::Error> {
     Client::try_default().await
 }
 
+/// A discovery step that failed, for a [`Registry`] to count. Each is also logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Trouble {
+    /// A selected pod is not a worker: a bad annotation, no port or no model.
+    NotAWorker,
+    /// The registry refused a pod's worker.
+    CannotAdd,
+    /// A watch of the API failed; it is retried with back-off.
+    Watch,
+}
+
+impl Trouble {
+    /// The name metrics use: `pod_not_a_worker`, `pod_cannot_add` or `watch`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Trouble::NotAWorker => "pod_not_a_worker",
+            Trouble::CannotAdd => "pod_cannot_add",
+            Trouble::Watch => "watch",
+        }
+    }
+}
+
 /// Where discovered workers go. Each call is one change, applied in the watch's order.
 pub trait Registry: Send + Sync + 'static {
     /// Adds the worker, or replaces the one with its id, and subscribes to its KV events.
@@ -63,6 +86,8 @@ pub trait Registry: Send + Sync + 'static {
     fn drain(&self, id: u64) -> impl Future<Output = bool> + Send;
     /// Whether the pods have been listed: `false` until the first listing.
     fn set_ready(&self, ready: bool) -> impl Future<Output = ()> + Send;
+    /// A discovery step failed (already logged); a registry with metrics counts it.
+    fn trouble(&self, _trouble: Trouble) {}
 }
 
 /// A stream of pod watch events.
@@ -87,10 +112,16 @@ where
                     let (id, url) = (w.id, w.url.to_string());
                     match registry.upsert(w).await {
                         Ok(_) => tracing::info!(pod = %m.name, worker = id, %url, "worker ready"),
-                        Err(e) => tracing::warn!(pod = %m.name, error = %e, "cannot add the worker"),
+                        Err(e) => {
+                            tracing::warn!(pod = %m.name, error = %e, "cannot add the worker");
+                            registry.trouble(Trouble::CannotAdd);
+                        }
                     }
                 }
-                Err(e) => tracing::warn!(pod = %m.name, error = %e, "the pod is not a worker"),
+                Err(e) => {
+                    tracing::warn!(pod = %m.name, error = %e, "the pod is not a worker");
+                    registry.trouble(Trouble::NotAWorker);
+                }
             },
             Change::Remove(uid) => {
                 if registry.remove(worker_id(&uid)).await {
@@ -121,7 +152,10 @@ pub async fn watch_pods<R: Registry>(
     let mut set = PodSet::default();
     while let Some(ev) = events.next().await {
         match ev {
-            Err(e) => tracing::warn!(namespace, error = %e, "pod watch failed; retrying"),
+            Err(e) => {
+                tracing::warn!(namespace, error = %e, "pod watch failed; retrying");
+                registry.trouble(Trouble::Watch);
+            }
             Ok(ev) => {
                 let listed = matches!(ev, Event::InitDone);
                 apply(&registry, set.handle(ev), |m| workers.worker(m)).await;
@@ -160,6 +194,9 @@ mod tests {
             true
         }
         async fn set_ready(&self, _: bool) {}
+        fn trouble(&self, t: Trouble) {
+            self.0.lock().unwrap().push(format!("trouble {}", t.as_str()));
+        }
     }
 
     fn pod(uid: &str, role: &str, deleting: bool) -> Pod {
@@ -188,6 +225,7 @@ mod tests {
             apply(&calls, set.handle(ev), |m| workers.worker(m)).await;
         }
         let got = calls.0.into_inner().unwrap();
-        assert_eq!(got, ["upsert http://10.0.0.1:8000 m", "drain true", "remove true"], "b's role does not parse");
+        let want = ["upsert http://10.0.0.1:8000 m", "trouble pod_not_a_worker", "drain true", "remove true"];
+        assert_eq!(got, want, "b's role does not parse: counted, not added");
     }
 }

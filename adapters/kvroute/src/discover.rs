@@ -4,7 +4,7 @@
 //! longer Ready is removed. Either way its KV-event subscription stops with it.
 
 use kvroute_frontend::config::WorkerConfig;
-use kvroute_k8s::{PodWorkers, Registry};
+use kvroute_k8s::{PodWorkers, Registry, Trouble};
 use kvroute_proxy::{FleetError, ProxyConfig, ServeHandle};
 
 /// The proxy's workers as the pod watch changes them (`kvroute-k8s` logs each change).
@@ -28,6 +28,10 @@ impl Registry for ServeRegistry {
         if ready {
             eprintln!("kvroute: discovery: pods listed; {} worker(s)", self.0.list().len());
         }
+    }
+
+    fn trouble(&self, trouble: Trouble) {
+        self.0.metrics().discovery_trouble(trouble.as_str());
     }
 }
 

@@ -147,6 +147,10 @@ async fn the_fleet_follows_the_ready_pods() {
     let streams = wa["kv_events"]["streams"].as_array().expect("a's KV events are subscribed");
     let endpoints: Vec<&str> = streams.iter().map(|s| s["endpoint"].as_str().unwrap()).collect();
     assert_eq!(endpoints, ["tcp://10.244.1.21:5557", "tcp://10.244.1.21:5558"], "one stream per rank");
+    // x, with its bad role, is counted as well as logged.
+    let (_, _, metrics) = http(serve.addr, "GET", "/metrics", "").await;
+    let refused = r#"kvroute_discovery_troubles_total{kind="pod_not_a_worker"} 1"#;
+    assert!(metrics.lines().any(|l| l == refused), "{refused} in:\n{metrics}");
 
     // Each recorded watch event, and the fleet after it.
     let steps: [(&[&str], &str); 7] = [

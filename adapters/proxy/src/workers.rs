@@ -15,6 +15,11 @@ pub struct Workers {
 }
 
 impl Workers {
+    /// The proxy's metrics, for discovery to count its troubles.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.state.metrics
+    }
+
     /// Adds a worker, or replaces the one with its id (a drained one takes requests
     /// again), and subscribes to its KV events. Returns whether it is new. A failed
     /// subscription leaves the worker routed on predictions and is logged, not returned.

@@ -29,7 +29,7 @@ use kube::runtime::WatchStreamExt;
 use kube::Client;
 use kvroute_frontend::config::WorkerConfig;
 use kvroute_frontend::FleetError;
-use kvroute_k8s::{apply, pod_events, PodEvents, Registry};
+use kvroute_k8s::{apply, pod_events, PodEvents, Registry, Trouble};
 
 pub use kvroute_k8s::{client, worker_id, Change, Member, PodSet};
 pub use pool::PoolSpec;
@@ -108,7 +108,10 @@ pub async fn watch(client: Client, pool: PoolRef, template: WorkerTemplate, work
         tokio::select! {
             ev = pool_events.next() => match ev {
                 None => return,
-                Some(Err(e)) => tracing::warn!(pool = %pool.name, error = %e, "InferencePool watch failed; retrying"),
+                Some(Err(e)) => {
+                    tracing::warn!(pool = %pool.name, error = %e, "InferencePool watch failed; retrying");
+                    workers.trouble(Trouble::Watch);
+                }
                 Some(Ok(ev)) => {
                     let Some(next) = tracker.handle(ev, &pool.name) else { continue };
                     if next == spec {
@@ -122,7 +125,10 @@ pub async fn watch(client: Client, pool: PoolRef, template: WorkerTemplate, work
                 }
             },
             Some(ev) = next(&mut pods) => match (ev, &spec) {
-                (Err(e), _) => tracing::warn!(pool = %pool.name, error = %e, "pod watch failed; retrying"),
+                (Err(e), _) => {
+                    tracing::warn!(pool = %pool.name, error = %e, "pod watch failed; retrying");
+                    workers.trouble(Trouble::Watch);
+                }
                 (Ok(ev), Some(s)) => {
                     let listed = matches!(ev, Event::InitDone);
                     apply(&workers, set.handle(ev), |m| template.worker(m, s.port)).await;
@@ -157,6 +163,9 @@ impl Registry for Workers {
     }
     async fn set_ready(&self, ready: bool) {
         Workers::set_ready(self, ready).await
+    }
+    fn trouble(&self, trouble: Trouble) {
+        self.metrics().discovery_trouble(trouble.as_str());
     }
 }
 

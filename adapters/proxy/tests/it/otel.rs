@@ -299,3 +299,41 @@ async fn without_start_traces_only_client_traces_are_followed() {
     assert_eq!((spans[0].name.as_str(), spans[0].parent_span_id.as_str()), ("kvroute.request", CLIENT_SPAN));
     assert_eq!(spans[0].attrs["http.response.status_code"], "404");
 }
+
+/// A collector that takes connections and never answers.
+async fn stalled_collector() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    addr
+}
+
+fn dropped(proxy: &ServeHandle, reason: &str) -> u64 {
+    let line = format!("kvroute_trace_spans_dropped_total{{reason=\"{reason}\"}} ");
+    let text = proxy.metrics_text();
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn spans_past_the_queue_or_refused_by_the_collector_are_counted() {
+    let (proxy, _fakes) = traced_proxy(stalled_collector().await, |t| {
+        t.spans_queued_max = 4;
+        t.export_timeout_ms = 3_000;
+    })
+    .await;
+    for i in 0..2 {
+        let a = post(proxy.local_addr(), "/v1/chat/completions", &[], &chat(&format!("dropped {i}"))).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+    }
+    // 12 spans: 4 wait on the stalled export, the other 8 find the queue full; then the
+    // export times out and its 4 are lost too.
+    eventually(10_000, "8 spans dropped at the full queue", || async { dropped(&proxy, "queue_full") == 8 }).await;
+    eventually(10_000, "the stalled batch counted as failed", || async { dropped(&proxy, "export_failed") == 4 }).await;
+    assert_eq!(dropped(&proxy, "queue_full"), 8, "nothing else was dropped");
+    proxy.shutdown().await;
+}
