@@ -30,8 +30,12 @@
 //!
 //! How the cost uses it: with [`LearnConfig::costs`] on, a candidate's cost factor is
 //! multiplied by its prefill scale (decode scale in the decode phase), which scales every
-//! time the TTFT model predicts for that worker; with [`LearnConfig::engine_load`] on, its
-//! load is the folded one. Both are off by default, and observations are fitted either
+//! time the TTFT model predicts for that worker, and in an aggregated cost its decode
+//! steps are weighed by its decode scale over its prefill scale
+//! ([`CostLearner::decode_weight`]), so each kind of work carries its own scale: an
+//! engine whose prefill is slower against its decode than the model's (a CPU engine
+//! under the GPU model) has its queued prefill weigh more than its decode steps. With
+//! [`LearnConfig::engine_load`] on, its load is the folded one. Both are off by default, and observations are fitted either
 //! way, so the learned figures can be watched before they are trusted.
 //!
 //! State is one fixed-size entry per key, at most `keys_max` keys; a removed worker's
@@ -406,6 +410,20 @@ impl CostLearner {
         match (self.cfg.costs, self.keys.get(&key)) {
             (true, Some(e)) if phase == Phase::Decode => e.decode.scale(now, self.best.1, &self.cfg),
             (true, Some(e)) => e.prefill.scale(now, self.best.0, &self.cfg),
+            _ => 1.0,
+        }
+    }
+
+    /// The weight of `key`'s decode steps in a TTFT cost whose factor carries its prefill
+    /// scale: its decode scale over its prefill scale for [`Phase::Aggregated`], so
+    /// prefill time is scaled by the one and decode steps by the other. 1 when off or
+    /// unlearned, and for the other phases (a cost of one kind of work). Both scales are
+    /// bounded, so the ratio is finite and positive.
+    pub fn decode_weight(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
+        match (self.cfg.costs, self.keys.get(&key)) {
+            (true, Some(e)) if phase == Phase::Aggregated => {
+                e.decode.scale(now, self.best.1, &self.cfg) / e.prefill.scale(now, self.best.0, &self.cfg)
+            }
             _ => 1.0,
         }
     }

@@ -144,6 +144,23 @@ fn costs_off_keeps_the_prior_and_decode_has_its_own_fit() {
     assert_eq!(learned.decode_ms_per_token, 3.0 * m.decode_step_ms(0.0));
 }
 
+#[test]
+fn an_aggregated_cost_weighs_decode_by_its_own_scale() {
+    let mut l = CostLearner::new(LearnConfig { samples_min: 1, ..LearnConfig::default() });
+    // Prefill 2x the model, decode 3x: decode steps weigh 3/2 against the prefill scale
+    // the cost factor carries.
+    l.observe(Instant::ZERO, KEY, &first_token(40.0), 20.0).unwrap();
+    l.observe(Instant::ZERO, KEY, &Observation::Decode { ms: 30.0, tokens: 3 }, 10.0).unwrap();
+    let weight = |l: &CostLearner, phase| l.decode_weight(Instant::ZERO, KEY, phase);
+    assert_eq!(weight(&l, Phase::Aggregated), 1.0, "costs off");
+    l.cfg.costs = true;
+    assert_eq!(l.cost_scale(Instant::ZERO, KEY, Phase::Aggregated), 2.0);
+    assert_eq!(weight(&l, Phase::Aggregated), 1.5);
+    assert_eq!((weight(&l, Phase::Prefill), weight(&l, Phase::Decode)), (1.0, 1.0), "one kind of work");
+    let other = WorkerKey { worker: WorkerId(9), rank: crate::DpRank(0) };
+    assert_eq!(l.decode_weight(Instant::ZERO, other, Phase::Aggregated), 1.0, "unknown");
+}
+
 /// Folds an engine report of (waiting, running, usage) `age_ms` old into `own`.
 #[track_caller]
 fn check_fold(report: (u32, u32, f64), age_ms: u64, own: WorkerLoad, own_prefill: u32, expected: WorkerLoad) {
@@ -255,6 +272,8 @@ proptest! {
             for phase in [Phase::Aggregated, Phase::Decode] {
                 let s = l.cost_scale(Instant::from_micros(t), key, phase);
                 prop_assert!(s.is_finite() && s >= lo && s <= hi, "scale {} outside {}..={}", s, lo, hi);
+                let w = l.decode_weight(Instant::from_micros(t), key, phase);
+                prop_assert!(w.is_finite() && w >= lo / hi && w <= hi / lo, "decode weight {}", w);
             }
             let folded = l.fold_load(Instant::from_micros(t), KEY, WorkerLoad::default(), 0, u32::MAX);
             prop_assert!(folded.active_decode_blocks <= u64::from(u32::MAX));

@@ -229,6 +229,7 @@ impl Router {
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),
                         prefill_done_tokens: progress.done_tokens,
                         prefill_scale: self.learn.cost_scale(now, v.key, Phase::Prefill),
+                        decode_weight: self.learn.decode_weight(now, v.key, phase),
                     })
                 }
                 Verdict::Excluded(_) => None,

@@ -147,6 +147,10 @@ pub struct Candidate {
     /// How much slower than the timing model it prefills (its learned prefill scale;
     /// 1.0 when not learned): the progress credited to its backlog is divided by it.
     pub prefill_scale: f64,
+    /// Its decode steps' weight in the TTFT cost against its prefill time's: its learned
+    /// decode scale over its prefill scale (`cost_factor` already carries the prefill
+    /// scale), so each is scaled by its own; 1.0 when not learned.
+    pub decode_weight: f64,
 }
 
 impl Candidate {
@@ -167,6 +171,7 @@ impl Candidate {
             prefill_busy_ms: 0,
             prefill_done_tokens: 0,
             prefill_scale: 1.0,
+            decode_weight: 1.0,
         }
     }
 }

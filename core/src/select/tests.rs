@@ -191,6 +191,7 @@ fn costed(cost_factor: f64) -> Candidate {
         prefill_busy_ms: 0,
         prefill_done_tokens: 0,
         prefill_scale: 1.0,
+        decode_weight: 1.0,
     }
 }
 

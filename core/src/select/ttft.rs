@@ -157,7 +157,7 @@ impl Default for TtftWeights {
 /// work     = P(queued + own) − P(queued)
 /// memory   = memory_ms_per_block × max(0, active_decode_blocks + new_decode_blocks
 ///                                        + expected_output_blocks − kv_blocks)
-/// cost     = cost_factor × (prefill_load_scale × P(queued + own) + n × step
+/// cost     = cost_factor × (prefill_load_scale × P(queued + own) + decode_weight × n × step
 ///                           + others_delay_weight × others + work_weight × work + memory
 ///                           + active_request_weight × active_requests)
 /// ```
@@ -189,7 +189,7 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
 
     let queued = queued_tokens(m, w, c, batch, step_ms);
     let (prefill_ms, passes) = m.chunked_prefill_ms(queued + own, batch);
-    let decode_ms = passes.max(1.0) * step_ms;
+    let decode_ms = passes.max(1.0) * step_ms * c.decode_weight;
     let others_ms = others_delay(m, c, queued, own, batch);
     let work_ms = prefill_ms - m.chunked_prefill_ms(queued, batch).0;
     let decode_blocks = active + f64::from(c.new_decode_blocks) + f64::from(req.expected_output_blocks);

@@ -249,7 +249,7 @@ impl<'a> TtftPlan<'a> {
     fn finish(&self, c: &Candidate, p: &Inputs, t: &Times) -> CandidateScore {
         let cfg = &self.cfg;
         let w = &cfg.ttft;
-        let decode_ms = if t.passes > 1.0 { t.passes } else { 1.0 } * p.step_ms;
+        let decode_ms = if t.passes > 1.0 { t.passes } else { 1.0 } * p.step_ms * c.decode_weight;
         let work_ms = t.prefill_ms - t.queued_ms;
         let decode_blocks = p.active + f64::from(c.new_decode_blocks) + self.expected_blocks;
         let memory_ms = if self.aggregated {

@@ -111,6 +111,10 @@ fn ttft_cost_matches_hand_computation() {
     let busy = worker(1900, 20, 3, 2);
     check(Agg, d, busy, (128.75, 30.0, 84.2));
     check(Agg, TtftWeights { others_delay_weight: 0.0, work_weight: 0.0, ..w }.into_cost(), busy, (128.75, 30.0, 71.6));
+    // Decode learned at a fifth of the prefill scale (the cost factor carries the
+    // latter): the 21 ms of steps weigh 4.2. A prefill worker takes no steps to weigh.
+    check(Agg, d, Candidate { decode_weight: 0.2, ..busy }, (128.75, 30.0, 67.4));
+    check(Pre, d, Candidate { decode_weight: 5.0, ..busy }, (128.75, 0.0, 63.2));
     // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): the model credits 2000
     // tokens, but none was seen finish, so no more than one pass (1000): 900 left + 160
     // = 1060 in 2 passes, 20 + 10.6; 2 steps of 7; the backlog's last pass (900) is
@@ -222,6 +226,7 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
         c.kv_blocks = pick(&[0, 0, 1, 1000, 16_384]) as u32;
         c.cost_factor = [1.0, 1.0, 1.0, 1.5, 0.0, f64::INFINITY][pick(&[0, 1, 2, 3, 4, 5]) as usize];
         c.prefill_scale = [1.0, 1.0, 0.25, 3.0, 32.0][pick(&[0, 1, 2, 3, 4]) as usize];
+        c.decode_weight = [1.0, 1.0, 0.2, 5.0][pick(&[0, 1, 2, 3]) as usize];
         cands.push(c);
     }
     cands
