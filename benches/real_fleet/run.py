@@ -48,8 +48,8 @@ KV_POLICIES = ("kv", "round-robin", "least-loaded")
 KV_VARIANTS = {
     "kv-cpu": {"router_extra": ['engine_timing = "vllm-cpu"']},
     "kv-learn": {"learn": True},
-    # Queued prefill weighted 4x: in replay with the CPU engines' timing, the fit that
-    # lowered TTFT mean and p99 at every load tried.
+    # Prefill weighted 4x against decode steps: in replay with the CPU engines' timing it
+    # lowered TTFT mean and p99 at every load tried; on the real fleet, within the noise.
     "kv-pls4": {"router_extra": ["prefill_load_scale = 4.0"]},
 }
 PEERS = ("sglang-router", "smg", "smg-prefix-hash")

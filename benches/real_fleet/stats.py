@@ -2,9 +2,11 @@
 
 Within a round every policy serves the same requests, so request i of policy A and
 request i of policy B form a pair. The ratio of two policies' TTFT mean (or p99) pools
-the pairs of every round both ran; its interval resamples those pairs (seeded), so a
-request that was slow for both counts once for each side. The interval says whether a
-ratio such as 0.88 is a difference or this host's noise (three engines on two cores).
+the pairs of every round both ran. Its interval resamples at two levels (seeded): the
+rounds, then the pairs within each drawn round. A round's conditions (which engine got
+the cores, what ran before it) move all of its requests together, so resampling
+requests alone would make the interval far too narrow; with few rounds the interval is
+wide, which is the honest answer on this host (three engines on two cores).
 """
 
 import random
@@ -21,17 +23,20 @@ def quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _pairs(runs, a, b):
+def _rounds(runs, a, b):
+    """The pairs of each round both policies ran, one list per round."""
     by = {}
     for r in runs:
         if "failed" not in r and r.get("ttft_ms_by_request"):
             by.setdefault(r["round"], {})[r["policy"]] = r["ttft_ms_by_request"]
-    pairs = []
+    out = []
     for rnd in sorted(by):
         xs, ys = by[rnd].get(a), by[rnd].get(b)
         if xs and ys:
-            pairs += [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
-    return pairs
+            pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+            if pairs:
+                out.append(pairs)
+    return out
 
 
 def _stat(values, which):
@@ -44,18 +49,22 @@ def _ratio(pairs, which):
 
 
 def paired_ratio(runs, a, b, which="mean"):
-    """{ratio, ci95, pairs} of policy `a`'s TTFT `which` (mean or p99) over `b`'s, or None."""
-    pairs = _pairs(runs, a, b)
+    """{ratio, ci95, pairs, rounds} of policy `a`'s TTFT `which` (mean or p99) over
+    `b`'s, or None with fewer than 10 pairs."""
+    rounds = _rounds(runs, a, b)
+    pairs = [p for r in rounds for p in r]
     if len(pairs) < 10:
         return None
     point = _ratio(pairs, which)
     rng = random.Random(SEED)
-    boot = sorted(
-        r for r in (_ratio([pairs[rng.randrange(len(pairs))] for _ in pairs], which) for _ in range(RESAMPLES))
-        if r is not None
-    )
+
+    def resample():
+        drawn = [rounds[rng.randrange(len(rounds))] for _ in rounds]
+        return _ratio([r[rng.randrange(len(r))] for r in drawn for _ in r], which)
+
+    boot = sorted(x for x in (resample() for _ in range(RESAMPLES)) if x is not None)
     lo, hi = boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
-    return {"ratio": round(point, 3), "ci95": [round(lo, 3), round(hi, 3)], "pairs": len(pairs)}
+    return {"ratio": round(point, 3), "ci95": [round(lo, 3), round(hi, 3)], "pairs": len(pairs), "rounds": len(rounds)}
 
 
 def paired_table(runs, a, others):

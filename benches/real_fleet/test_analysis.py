@@ -90,6 +90,18 @@ class Paired(unittest.TestCase):
     def test_noise_around_no_difference_gives_an_interval_around_one(self):
         self.check(self.runs(1.0, noise=0.5), "mean", 1.0, False)
 
+    def test_rounds_that_disagree_widen_the_interval(self):
+        # One round kv is 0.7x, the other 1.3x: each round is tight, the pool is not.
+        runs = self.runs(1.0, rounds=2)
+        for r in runs:
+            if r["policy"] == "kv":
+                f = 0.7 if r["round"] == 0 else 1.3
+                r["ttft_ms_by_request"] = [x * f for x in r["ttft_ms_by_request"]]
+        got = stats.paired_ratio(runs, "kv", "peer")
+        lo, hi = got["ci95"]
+        self.assertTrue(lo < 0.85 and hi > 1.15, got)
+        self.assertEqual(got["rounds"], 2)
+
     def test_failed_requests_and_missing_rounds_are_left_out(self):
         runs = self.runs(0.5, rounds=1)
         runs[0]["ttft_ms_by_request"][0] = None
