@@ -214,6 +214,8 @@ struct Fit {
 
 /// The default bound on learned scales, either way.
 const SCALE_LIMIT: f64 = 1024.0;
+/// Bound of [`CostLearner::decode_weight`] and its inverse: the default scale bounds' widest ratio.
+pub(crate) const WEIGHT_LIMIT: f64 = SCALE_LIMIT * SCALE_LIMIT;
 /// Largest measured or predicted time one sample may carry, ms (about 11 days).
 const SAMPLE_MS_MAX: f64 = 1e9;
 /// Sums are scaled down past this; the ratio is unchanged.
@@ -417,12 +419,14 @@ impl CostLearner {
     /// The weight of `key`'s decode steps in a TTFT cost whose factor carries its prefill
     /// scale: its decode scale over its prefill scale for [`Phase::Aggregated`], so
     /// prefill time is scaled by the one and decode steps by the other. 1 when off or
-    /// unlearned, and for the other phases (a cost of one kind of work). Both scales are
-    /// bounded, so the ratio is finite and positive.
+    /// unlearned, and for the other phases (a cost of one kind of work). Bounded to
+    /// `WEIGHT_LIMIT` either way: scale bounds as wide as `f64` allows would overflow the
+    /// ratio.
     pub fn decode_weight(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
         match (self.cfg.costs, self.keys.get(&key)) {
             (true, Some(e)) if phase == Phase::Aggregated => {
-                e.decode.scale(now, self.best.1, &self.cfg) / e.prefill.scale(now, self.best.0, &self.cfg)
+                let d = e.decode.scale(now, self.best.1, &self.cfg);
+                (d / e.prefill.scale(now, self.best.0, &self.cfg)).clamp(1.0 / WEIGHT_LIMIT, WEIGHT_LIMIT)
             }
             _ => 1.0,
         }
