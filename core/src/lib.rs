@@ -65,7 +65,7 @@ pub use router::{Decision, DispatchFailure, ExplainRow, Output, PhaseField, Prio
 pub use select::{CandidateScore, KvCostOverrides};
 
 // ---- the cost learner's inputs and views ----
-pub use learn::{CostLearner, EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
+pub use learn::{CostLearner, CostScales, EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
 
 // ---- ids and plain values ----
 pub use time::Instant;

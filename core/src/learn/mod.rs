@@ -32,11 +32,12 @@
 //! multiplied by its prefill scale (decode scale in the decode phase), which scales every
 //! time the TTFT model predicts for that worker, and in an aggregated cost its decode
 //! steps are weighed by its decode scale over its prefill scale
-//! ([`CostLearner::decode_weight`]), so each kind of work carries its own scale: an
+//! ([`CostScales::decode_weight`]), so each kind of work carries its own scale: an
 //! engine whose prefill is slower against its decode than the model's (a CPU engine
 //! under the GPU model) has its queued prefill weigh more than its decode steps. With
-//! [`LearnConfig::engine_load`] on, its load is the folded one. Both are off by default, and observations are fitted either
-//! way, so the learned figures can be watched before they are trusted.
+//! [`LearnConfig::engine_load`] on, its load is the folded one. Both are off by default,
+//! and observations are fitted either way, so the learned figures can be watched before
+//! they are trusted.
 //!
 //! State is one fixed-size entry per key, at most `keys_max` keys; a removed worker's
 //! entries go with it. Every input is O(log keys). No input panics or poisons an entry:
@@ -210,6 +211,27 @@ struct Fit {
     weight: f64,
     samples: u64,
     last: Instant,
+}
+
+/// How one worker's learned scales enter a candidate's cost in one phase.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostScales {
+    /// Multiplies the whole cost: the decode scale for [`Phase::Decode`], the prefill
+    /// scale otherwise.
+    pub factor: f64,
+    /// The prefill scale, whatever the phase: the worker's backlog progress is divided
+    /// by it.
+    pub prefill_scale: f64,
+    /// The weight of decode steps in an aggregated TTFT cost whose factor carries the
+    /// prefill scale: decode scale over prefill scale, so each kind of work carries its
+    /// own; 1 in the other phases (a cost of one kind of work). Bounded to
+    /// 1/1024² ..= 1024².
+    pub decode_weight: f64,
+}
+
+impl CostScales {
+    /// Nothing learned, or learning off: every scale 1.
+    pub const NONE: CostScales = CostScales { factor: 1.0, prefill_scale: 1.0, decode_weight: 1.0 };
 }
 
 /// The default bound on learned scales, either way.
@@ -405,31 +427,33 @@ impl CostLearner {
         self.best = (fastest(|e| &e.prefill).unwrap_or(1.0), fastest(|e| &e.decode).unwrap_or(1.0));
     }
 
-    /// The multiplier [`LearnConfig::costs`] applies to `key`'s cost in `phase` at
-    /// `now`: its decode scale for [`Phase::Decode`], its prefill scale otherwise; 1
-    /// when off.
-    pub fn cost_scale(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
-        match (self.cfg.costs, self.keys.get(&key)) {
-            (true, Some(e)) if phase == Phase::Decode => e.decode.scale(now, self.best.1, &self.cfg),
-            (true, Some(e)) => e.prefill.scale(now, self.best.0, &self.cfg),
-            _ => 1.0,
+    /// How `key`'s learned scales enter its cost in `phase` at `now` (all 1 when
+    /// [`LearnConfig::costs`] is off or the key is unknown): one lookup and one
+    /// evaluation of each scale, for the router's per-candidate path.
+    pub fn cost_scales(&self, now: Instant, key: WorkerKey, phase: Phase) -> CostScales {
+        let (true, Some(e)) = (self.cfg.costs, self.keys.get(&key)) else { return CostScales::NONE };
+        let p = e.prefill.scale(now, self.best.0, &self.cfg);
+        let d = e.decode.scale(now, self.best.1, &self.cfg);
+        CostScales {
+            factor: if phase == Phase::Decode { d } else { p },
+            prefill_scale: p,
+            // Scale bounds as wide as `f64` allows would overflow the ratio.
+            decode_weight: if phase == Phase::Aggregated {
+                (d / p).clamp(1.0 / WEIGHT_LIMIT, WEIGHT_LIMIT)
+            } else {
+                1.0
+            },
         }
     }
 
-    /// The weight of `key`'s decode steps in a TTFT cost whose factor carries its prefill
-    /// scale: its decode scale over its prefill scale for [`Phase::Aggregated`], so
-    /// prefill time is scaled by the one and decode steps by the other. 1 when off or
-    /// unlearned, and for the other phases (a cost of one kind of work). Bounded to
-    /// `WEIGHT_LIMIT` either way: scale bounds as wide as `f64` allows would overflow the
-    /// ratio.
+    /// [`CostScales::factor`] of [`Self::cost_scales`].
+    pub fn cost_scale(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
+        self.cost_scales(now, key, phase).factor
+    }
+
+    /// [`CostScales::decode_weight`] of [`Self::cost_scales`].
     pub fn decode_weight(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
-        match (self.cfg.costs, self.keys.get(&key)) {
-            (true, Some(e)) if phase == Phase::Aggregated => {
-                let d = e.decode.scale(now, self.best.1, &self.cfg);
-                (d / e.prefill.scale(now, self.best.0, &self.cfg)).clamp(1.0 / WEIGHT_LIMIT, WEIGHT_LIMIT)
-            }
-            _ => 1.0,
-        }
+        self.cost_scales(now, key, phase).decode_weight
     }
 
     /// `own` (the router's count) with `key`'s fresh engine report folded in, when

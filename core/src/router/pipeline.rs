@@ -215,6 +215,7 @@ impl Router {
                     let kv_blocks = spec.map_or(0, |s| s.kv_blocks);
                     let kv_resolved = if kv_blocks == 0 { self.cfg.cost.timing.kv_blocks_default } else { kv_blocks };
                     let own = self.combined_load(v.key);
+                    let scales = self.learn.cost_scales(now, v.key, phase);
                     Some(Candidate {
                         key: v.key,
                         load: self.learn.fold_load(now, v.key, own, progress.requests, kv_resolved),
@@ -222,14 +223,14 @@ impl Router {
                         new_decode_blocks,
                         inflight_prefix_blocks,
                         weight: spec.map_or(1, |s| s.weight),
-                        cost_factor: cost_factor * self.learn.cost_scale(now, v.key, phase),
+                        cost_factor: cost_factor * scales.factor,
                         kv_blocks,
                         max_batched_tokens: spec.map_or(0, |s| s.max_batched_tokens),
                         prefill_requests: progress.requests,
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),
                         prefill_done_tokens: progress.done_tokens,
-                        prefill_scale: self.learn.cost_scale(now, v.key, Phase::Prefill),
-                        decode_weight: self.learn.decode_weight(now, v.key, phase),
+                        prefill_scale: scales.prefill_scale,
+                        decode_weight: scales.decode_weight,
                     })
                 }
                 Verdict::Excluded(_) => None,
