@@ -6,7 +6,8 @@ use clap::Args;
 use serde_json::json;
 
 use crate::replay_cmd::{load_requests, run_all, Policy, ReplayArgs};
-use router_core::RouterMode;
+use kvroute_frontend::config::QueueOrderName;
+use router_core::{QueueOrder, RouterMode};
 
 /// Run the router in front of a simulated fleet and compare kv routing with round-robin.
 ///
@@ -129,7 +130,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         temperature: None,
         model: Default::default(),
         busy_prefill_batches: None,
-        queue_order: "fcfs".into(),
+        queue_order: QueueOrderName(QueueOrder::Fcfs),
         seed: 0,
         json: d.json,
         plot: None,

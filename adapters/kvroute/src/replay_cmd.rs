@@ -8,6 +8,7 @@ use std::time::Instant as WallClock;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use kvroute_frontend::config::QueueOrderName;
 use kvroute_sim::bound::fleet_lru_ttft_bound;
 use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
 use kvroute_sim::engine::{EngineConfig, EngineRole};
@@ -111,7 +112,7 @@ pub struct ReplayArgs {
     /// The router queue's order when requests are held: fcfs or wspt (short uncached
     /// prompts first).
     #[arg(long, value_name = "ORDER", default_value = "fcfs")]
-    pub queue_order: String,
+    pub queue_order: QueueOrderName,
     /// kv cost: predict prefill and decode times with the simulated engines' timing
     /// (--engine-timing) instead of the router's default (the mocker's GPU polynomial).
     #[arg(long)]
@@ -260,14 +261,11 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
             ..c.timing
         };
     }
-    // Replay engines queue internally, as real ones do; the router does not hold requests back.
+    // Replay engines queue internally, as real ones do: the router holds requests back
+    // only when --busy-prefill-batches asks it to.
     cfg.eligibility.prefill_tokens_frac_of_batch = a.busy_prefill_batches.filter(|b| *b > 0.0);
     cfg.eligibility.decode_blocks_frac_of_kv = None;
-    cfg.queue.order = match a.queue_order.as_str() {
-        "fcfs" => router_core::QueueOrder::Fcfs,
-        "wspt" => router_core::QueueOrder::Wspt,
-        other => return Err(format!("--queue-order {other}: expected fcfs or wspt")),
-    };
+    cfg.queue.order = a.queue_order.0;
     cfg.approx.blocks_max_per_worker = a.engine.blocks_per_worker;
     cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
     cfg.learn = a.learn.config();

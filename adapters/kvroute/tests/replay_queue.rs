@@ -53,5 +53,5 @@ fn a_bad_queue_order_is_refused_by_name() {
     let out = kvroute(&[&BASE[..], &["--queue-order", "lifo"]].concat());
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--queue-order lifo") && err.contains("wspt"), "{err}");
+    assert!(err.contains("invalid value 'lifo' for '--queue-order") && err.contains("wspt"), "{err}");
 }
