@@ -63,10 +63,9 @@ def _best_or(fallback):
 
 
 def _clairvoyant(items, workers):
-    later = {}
+    remaining = {}
     for it in items:
-        later[it.group] = later.get(it.group, 0) + 1
-    remaining = dict(later)
+        remaining[it.group] = remaining.get(it.group, 0) + 1
 
     def choose(i, it, overlaps, caches):
         remaining[it.group] -= 1

@@ -34,10 +34,10 @@ import urllib.request
 from pathlib import Path
 
 import analysis
-import placement
-import stats
 import drive
 import fleet
+import placement
+import stats
 import workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,11 +277,10 @@ def replay_only(args):
     items, shape = build_items(args)
     with tempfile.TemporaryDirectory(prefix="real-fleet-") as tmp:
         pred = replay(args, items, shape, Path(tmp), old.get("policies", {}))
+    placed = placement.ceilings(items, args.workers, args.gpu_blocks)
     out = {"report": str(args.replay_only), "load_avg_1m_of_runs": [r.get("load_avg_1m") for r in old.get("runs", [])],
-           "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred),
-           "placement": placement.ceilings(items, args.workers, args.gpu_blocks),
-           "ceilings": analysis.ceilings(old.get("policies", {}), pred.get("ceilings"),
-                                         placement.ceilings(items, args.workers, args.gpu_blocks))}  # fmt: skip
+           "replay": pred, "replay_fidelity": fidelity(old.get("policies", {}), pred), "placement": placed,
+           "ceilings": analysis.ceilings(old.get("policies", {}), pred.get("ceilings"), placed)}  # fmt: skip
     print(json.dumps(out, indent=1))
 
 
