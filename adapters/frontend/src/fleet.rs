@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use kvroute_driver::{DriveError, Driver, DriverConfig};
@@ -27,6 +28,11 @@ pub struct Pool {
     pub disagg: Option<DisaggProtocol>,
     /// The topology label a split request's decode worker shares with its prefill worker.
     pub disagg_same_label: Option<String>,
+    /// Whether the model has a `tokenizer`: without one, prompts hash on the byte
+    /// fallback, which a real engine's KV events never match.
+    pub tokenizer: bool,
+    /// Set once the missing-tokenizer warning was logged for this model.
+    tokenizer_warned: AtomicBool,
 }
 
 /// Pools, model names and workers.
@@ -99,6 +105,8 @@ impl Fleet {
                     block_size,
                     disagg: m.disagg_protocol,
                     disagg_same_label: m.disagg_same_label.clone(),
+                    tokenizer: m.tokenizer.is_some(),
+                    tokenizer_warned: AtomicBool::new(false),
                 }),
             );
             names.insert(m.name.clone(), (m.name.clone(), None));
@@ -157,7 +165,7 @@ impl Fleet {
         };
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
         let (id, spec) = (w.id, w.spec());
-        let model = w.model.clone();
+        let (model, publishes) = (w.model.clone(), w.kv_events.is_some());
         // The configuration goes in before the router sees the worker, and leaves after
         // it stops seeing it: a snapshot taken between the two never lists a worker
         // without its configuration.
@@ -174,7 +182,21 @@ impl Fleet {
                 let _ = p.driver.remove_worker(WorkerId(id));
             }
         }
+        // Workers join from the config, the admin API and discovery alike: warn on the
+        // first one whose events cannot match, whichever way it came.
+        if publishes && !pool.tokenizer && !pool.tokenizer_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!("{}", crate::tokenize::tokenizer_missing_warning(&model));
+        }
         Ok(old.is_none())
+    }
+
+    /// Whether `model` has no tokenizer while one of its workers publishes KV events:
+    /// those events match the router's fallback tokens only for workers that tokenize
+    /// the same way (`kvroute sim-worker` does; a real engine never does), so the model
+    /// routes on predictions from the router's own decisions.
+    pub fn tokenizer_missing(&self, model: &str) -> bool {
+        let has_tokenizer = self.pools.get(model).is_none_or(|p| p.tokenizer);
+        !has_tokenizer && self.read().values().any(|w| w.model == model && w.kv_events.is_some())
     }
 
     /// Removes a worker from its pool; its sessions re-bind elsewhere. Returns whether it
@@ -193,5 +215,54 @@ impl Fleet {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Arc<WorkerConfig>>> {
         self.workers.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::config::{ModelConfig, ProxyConfig, WorkerConfig};
+    use crate::fleet::Fleet;
+    use crate::metrics::Metrics;
+
+    fn worker(id: u64, events: bool) -> WorkerConfig {
+        let mut w = serde_json::json!({"id": id, "url": "http://127.0.0.1:9", "model": "m"});
+        if events {
+            w["kv_events"] = "tcp://127.0.0.1:5557".into();
+        }
+        serde_json::from_value(w).expect("a worker")
+    }
+
+    /// A step: add (`Some(events)`) or remove (`None`) worker `id`; then whether model
+    /// `m` is missing its tokenizer, in the fleet and in `/metrics`.
+    type Step = (u64, Option<bool>, bool);
+
+    #[track_caller]
+    fn check(tokenizer: bool, steps: &[Step]) {
+        let tokenizer = tokenizer.then(|| "a-folder".into());
+        let model = ModelConfig { name: "m".into(), tokenizer, ..ModelConfig::default() };
+        let cfg = ProxyConfig { models: vec![model], ..Default::default() };
+        let fleet = Arc::new(Fleet::new(&cfg, 1));
+        let metrics = Metrics::new(fleet.clone());
+        for &(id, add, want) in steps {
+            match add {
+                Some(events) => _ = fleet.add_worker(worker(id, events)).expect("added"),
+                None => assert!(fleet.remove_worker(id)),
+            }
+            assert_eq!(fleet.tokenizer_missing("m"), want, "after {id} {add:?}");
+            let line = format!("kvroute_tokenizer_missing{{model=\"m\"}} {}", u8::from(want));
+            assert!(metrics.encode().lines().any(|l| l == line), "after {id} {add:?}: no {line:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_model_misses_its_tokenizer_while_a_worker_publishes_events() {
+        // Whichever way they join (config, admin API, discovery), workers count as they
+        // come and go.
+        check(false, &[(1, Some(false), false), (2, Some(true), true), (3, Some(true), true)]);
+        check(false, &[(2, Some(true), true), (2, None, false), (2, Some(false), false)]);
+        check(false, &[(2, Some(true), true), (2, Some(false), false)]);
+        check(true, &[(1, Some(true), false), (2, Some(true), false)]);
     }
 }

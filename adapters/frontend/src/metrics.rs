@@ -336,25 +336,6 @@ impl Metrics {
         );
     }
 
-    /// Adds `kvroute_tokenizer_missing{model}`: 1 for each model in `missing` (no
-    /// tokenizer while its workers publish KV events that cannot match), 0 for the rest
-    /// of `models`.
-    pub fn register_tokenizer_missing<'a>(
-        &mut self,
-        models: impl IntoIterator<Item = &'a str>,
-        missing: &std::collections::BTreeSet<String>,
-    ) {
-        let family = Family::<ModelLabels, prometheus_client::metrics::gauge::Gauge>::default();
-        for m in models {
-            family.get_or_create(&ModelLabels { model: m.to_string() }).set(i64::from(missing.contains(m)));
-        }
-        self.registry.register(
-            "kvroute_tokenizer_missing",
-            "1 if the model has no tokenizer while its workers publish KV events, so it routes on predictions",
-            family,
-        );
-    }
-
     /// The Prometheus text exposition. First removes the series of workers that left.
     pub fn encode(&self) -> String {
         self.forget_departed();
@@ -579,6 +560,15 @@ impl Collector for FleetCollector {
         let per_model = |f: fn(&kvroute_driver::Snapshot) -> i64| {
             snaps.iter().map(move |(model, s)| (vec![("model", model.clone())], f(s)))
         };
+        let missing = self
+            .fleet
+            .pools()
+            .map(|p| (vec![("model", p.name.clone())], i64::from(self.fleet.tokenizer_missing(&p.name))));
+        gauge(
+            "kvroute_tokenizer_missing",
+            "1 if the model has no tokenizer while its workers publish KV events, so it routes on predictions",
+            &mut missing.collect::<Vec<_>>().into_iter(),
+        )?;
         gauge(
             "kvroute_queue_depth",
             "Requests waiting in the admission queue",

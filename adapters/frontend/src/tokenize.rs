@@ -8,13 +8,11 @@
 //! default, so its KV events match these ids; a real engine's never do, and the router
 //! then predicts overlap from its own decisions (see `router_core::RouterConfig`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use serde_json::Value;
-
-use crate::config::ProxyConfig;
 
 pub use kvroute_tokenize::fallback::{fallback_chat, fallback_text, write_canonical};
 
@@ -69,21 +67,8 @@ impl fmt::Debug for Tokenizers {
     }
 }
 
-/// Models that have no `tokenizer` but workers configured with `kv_events`: their
-/// events match the router's fallback tokens only if the workers tokenize the same way
-/// (`kvroute sim-worker` does by default; a real engine never does), so the router
-/// predicts their caches from its own decisions (`RequestTokens::Estimated`). Read from
-/// the configuration as given at startup.
-pub fn tokenizer_missing(cfg: &ProxyConfig) -> BTreeSet<String> {
-    cfg.models
-        .iter()
-        .filter(|m| m.tokenizer.is_none())
-        .filter(|m| cfg.workers.iter().any(|w| w.model == m.name && w.kv_events.is_some()))
-        .map(|m| m.name.clone())
-        .collect()
-}
-
-/// The startup warning for a model in [`tokenizer_missing`].
+/// The warning logged once for a model in [`crate::Fleet::tokenizer_missing`], when its
+/// first worker that publishes KV events joins.
 pub fn tokenizer_missing_warning(model: &str) -> String {
     format!(
         "model {model:?} has no `tokenizer` but its workers publish KV events: the router hashes \

@@ -15,8 +15,9 @@ use serde_json::{json, Value};
 
 /// How long anything here may take before the test fails instead of hanging.
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
-/// Tokens per KV block, for the router and the workers alike.
-const BLOCK_SIZE: u32 = 16;
+/// Tokens per KV block: the default of the router and of the workers alike, which the
+/// test leaves unset on both, so that it checks the try-it path as a newcomer runs it.
+const BLOCK_SIZE: u32 = 64;
 const MODEL: &str = "sim";
 
 /// A child process, killed when dropped; its stderr lines arrive on `lines`.
@@ -133,11 +134,11 @@ fn dechunk(mut rest: &str) -> String {
     out
 }
 
-/// A sim-worker on free ports: its HTTP address and KV-event endpoint.
-fn sim_worker() -> (Proc, String, String) {
-    let bs = BLOCK_SIZE.to_string();
-    let args = ["sim-worker", "--port", "0", "--events-port", "0", "--speedup", "50", "--block-size", &bs];
-    let mut p = Proc::start(&[&args[..], &["--model", MODEL]].concat());
+/// A sim-worker on free ports with its default tokenization and block size, plus
+/// `extra` arguments: its HTTP address and KV-event endpoint.
+fn sim_worker(extra: &[&str]) -> (Proc, String, String) {
+    let args = ["sim-worker", "--port", "0", "--events-port", "0", "--speedup", "50", "--model", MODEL];
+    let mut p = Proc::start(&[&args[..], extra].concat());
     let line = p.wait_line("kvroute sim-worker: serving ");
     let rest = line.split("serving http://").nth(1).expect("address");
     let (http_addr, events) = rest.split_once(" with KV events on ").expect("events endpoint");
@@ -163,7 +164,7 @@ fn write_config(name: &str, config: &str) -> PathBuf {
 /// `approximate = false`: overlap can only come from the workers' events.
 fn fleet_config(workers: &[(String, String)]) -> String {
     let mut c = format!(
-        "listen = \"127.0.0.1:0\"\n[router]\nblock_size = {BLOCK_SIZE}\napproximate = false\n\
+        "listen = \"127.0.0.1:0\"\n[router]\napproximate = false\n\
          [trust]\ncidrs = [\"127.0.0.1/32\"]\n[[models]]\nname = \"{MODEL}\"\n"
     );
     for (i, (url, events)) in workers.iter().enumerate() {
@@ -226,8 +227,8 @@ fn served_then_previewed(addr: SocketAddr, kind: &str) -> (u64, Value) {
 
 #[test]
 fn serve_in_front_of_sim_workers_routes_text_chat_and_token_prompts_by_cache() {
-    let (w1, url1, ev1) = sim_worker();
-    let (w2, url2, ev2) = sim_worker();
+    let (w1, url1, ev1) = sim_worker(&[]);
+    let (w2, url2, ev2) = sim_worker(&[]);
     let (mut proxy, addr) = serve("fleet", &fleet_config(&[(url1, ev1), (url2, ev2)]));
     for kind in ["text", "chat", "tokens"] {
         let (worker, v) = served_then_previewed(addr, kind);
@@ -256,6 +257,46 @@ fn serve_in_front_of_sim_workers_routes_text_chat_and_token_prompts_by_cache() {
     }
     let metrics = http(addr, "GET", "/metrics", None).body;
     assert!(metrics.contains(&format!("kvroute_tokenizer_missing{{model=\"{MODEL}\"}} 1")), "{metrics}");
+    drop((w1, w2));
+    let _ = proxy.child.kill();
+}
+
+/// A real tokenizer folder unlike the router's fallback: whole words, most of them
+/// unknown. Workers that tokenize with it publish KV events the router never matches,
+/// as a real engine's are for a model configured without its tokenizer.
+fn word_tokenizer() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("try-it-words-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tokenizer folder");
+    let words = ["[UNK]", "the", "cached", "part", "of", "a", "long", "shared", "prompt", ".", "text", "attempt"];
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).expect("write tokenizer.json");
+    dir
+}
+
+#[test]
+fn a_model_without_a_tokenizer_routes_on_predictions_when_events_cannot_match() {
+    let dir = word_tokenizer();
+    let dir = dir.to_str().expect("utf-8 path");
+    let (w1, url1, ev1) = sim_worker(&["--tokenizer", dir]);
+    let (w2, url2, ev2) = sim_worker(&["--tokenizer", dir]);
+    // `approximate = false`: any overlap must come from the predictions kvroute turns on
+    // for a model whose tokens are its own estimate.
+    let (mut proxy, addr) = serve("words", &fleet_config(&[(url1, ev1), (url2, ev2)]));
+    let w = http(addr, "GET", "/workers", None).json();
+    assert!(w["workers"].as_array().expect("workers").iter().all(|w| w["tokenizer_missing"] == true), "{w}");
+    let (worker, v) = served_then_previewed(addr, "text");
+    assert_eq!(v["worker"], worker, "the follow-up goes where the router predicts its prefix: {v}");
+    let other = v["explanation"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["worker"] != worker))
+        .unwrap_or_else(|| panic!("a row for the other worker: {v}"));
+    assert_eq!(other["overlap"]["device"], 0, "nothing is predicted where nothing was sent: {v}");
     drop((w1, w2));
     let _ = proxy.child.kill();
 }

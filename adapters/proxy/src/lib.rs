@@ -63,7 +63,7 @@ pub use error::ApiError;
 pub use fleet::FleetError;
 pub use kvroute_frontend::{FrontEnd, StartError};
 pub use server::ShutdownReport;
-pub use tokenize::{tokenizer_missing, tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
+pub use tokenize::{tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
 pub use workers::Workers;
 
 use crate::health::Outliers;
@@ -90,12 +90,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg, trust, fleet, mut metrics, session_header, dp_rank_header, subs, replica, tracing } = front;
-    let missing = tokenize::tokenizer_missing(&cfg);
-    for model in &missing {
-        tracing::warn!("{}", tokenize::tokenizer_missing_warning(model));
-    }
-    metrics.register_tokenizer_missing(cfg.models.iter().map(|m| m.name.as_str()), &missing);
+    let FrontEnd { cfg, trust, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing } = front;
     let state = Arc::new(State {
         trust,
         client: upstream::client(&cfg.limits),

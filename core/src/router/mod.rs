@@ -391,8 +391,12 @@ impl Router {
                 }
             };
         }
-        let exact = self.cfg.request_tokens == RequestTokens::Engine && self.event_workers.contains(&key.worker);
-        if self.cfg.approximate && !exact {
+        let events = self.event_workers.contains(&key.worker);
+        let estimated = self.cfg.request_tokens == RequestTokens::Estimated;
+        // Estimated tokens may never match a worker's events: predict its cache even
+        // with `approximate` off, or a model without a tokenizer would route blind.
+        let exact = events && !estimated;
+        if (self.cfg.approximate && !exact) || (estimated && events) {
             self.approx.record(now, key, &f.req.blocks);
         }
         if committing && matches!(f.hold, Hold::Lease(..)) {

@@ -306,9 +306,10 @@ pub enum RequestTokens {
     #[default]
     Engine,
     /// An estimate (the caller has no tokenizer for the model): KV events match only
-    /// workers that tokenize the same way, such as simulated ones. In approximate mode
-    /// every worker's cache is then predicted from the router's own decisions, events
-    /// or not, and a worker's overlap is the larger of its exact and predicted ones, so
-    /// a matching worker still counts exactly and a mismatched one on its predictions.
+    /// workers that tokenize the same way, such as simulated ones. The cache of every
+    /// worker that publishes events is then also predicted from the router's own
+    /// decisions, even with `approximate` off (in approximate mode every worker's is),
+    /// and a worker's overlap is the larger of its exact and predicted ones, so a
+    /// matching worker still counts exactly and a mismatched one on its predictions.
     Estimated,
 }
