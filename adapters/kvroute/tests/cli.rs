@@ -80,19 +80,12 @@ fn weighted_replays_and_every_run_reports_its_regret() {
     assert!((regret["reuse"].as_f64().unwrap() - reuse_gap).abs() < 1e-6, "{regret}");
 }
 
+const COMPARE: [&str; 8] =
+    ["replay", "--synthetic", "--requests", "200", "--workers", "3", "--compare", "kv,round-robin"];
+
 #[test]
 fn compare_prints_each_policy() {
-    let out = json(&kvroute(&[
-        "replay",
-        "--synthetic",
-        "--requests",
-        "200",
-        "--workers",
-        "3",
-        "--compare",
-        "kv,round-robin",
-        "--json",
-    ]));
+    let out = json(&kvroute(&[&COMPARE[..], &["--json"]].concat()));
     let runs = out["runs"].as_array().expect("runs");
     let names: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(names, ["kv", "round-robin"]);
@@ -103,6 +96,44 @@ fn compare_prints_each_policy() {
         reuse(0),
         reuse(1)
     );
+    for run in runs {
+        let (bound, regret) = (&run["ttft_lower_bound_ms"], &run["regret"]);
+        let gap = run["pooled_reuse_ratio"].as_f64().unwrap() - run["prefix_reuse_ratio"].as_f64().unwrap();
+        assert!((regret["reuse"].as_f64().unwrap() - gap).abs() < 1e-6, "{run}");
+        let p99 = run["ttft_ms"]["p99"].as_f64().unwrap() - bound["p99"].as_f64().unwrap();
+        assert!((regret["ttft_p99_ms"].as_f64().unwrap() - p99).abs() < 1e-6, "{run}");
+    }
+}
+
+/// The text report fits an ordinary terminal and shows each policy's regret, with the
+/// JSON report's figures.
+#[test]
+fn compare_prints_its_regret_within_100_columns() {
+    let runs = json(&kvroute(&[&COMPARE[..], &["--json"]].concat()))["runs"].clone();
+    let out = kvroute(&COMPARE);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    for line in text.lines() {
+        assert!(line.chars().count() <= 100, "{} columns: {line:?}", line.chars().count());
+    }
+    let regret = text.split("regret against the bounds").nth(1).unwrap_or_else(|| panic!("no regret:\n{text}"));
+    for run in runs.as_array().expect("runs") {
+        let name = run["policy"].as_str().unwrap();
+        let row = regret.lines().find(|l| l.split_whitespace().next() == Some(name));
+        let cells: Vec<f64> = row
+            .unwrap_or_else(|| panic!("no regret row for {name}:\n{text}"))
+            .split_whitespace()
+            .skip(1)
+            .map(|c| c.parse().expect("a number"))
+            .collect();
+        let g = &run["regret"];
+        let want =
+            [g["reuse"].as_f64().unwrap(), g["ttft_p50_ms"].as_f64().unwrap(), g["ttft_p99_ms"].as_f64().unwrap()];
+        for (got, want) in cells.iter().zip(want) {
+            assert!((got - want).abs() <= 0.051, "{name}: {cells:?} against {want}");
+        }
+        assert_eq!(cells.len(), 3, "{name}: {cells:?}");
+    }
 }
 
 #[test]
@@ -152,6 +183,42 @@ fn demo_json_has_both_policies() {
         assert_eq!(r["errors"], 0, "{p}");
         assert!(r["prefix_reuse_ratio"].as_f64().is_some(), "{p}");
         assert!(r["ttft_ms"]["p99"].as_f64().unwrap() > 0.0, "{p}");
+    }
+}
+
+/// `--plot` draws the TTFT CDF, the imbalance curves and one worker × time heatmap per
+/// policy, shaded by load (240 time slices per worker).
+#[test]
+fn plot_draws_a_heatmap_per_policy() {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("plot-{}.svg", std::process::id()));
+    let out = kvroute(&[&COMPARE[..], &["--plot", path.to_str().expect("utf-8 path")]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let svg = std::fs::read_to_string(&path).expect("the plot is written");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "an SVG document");
+    for title in [
+        "TTFT CDF",
+        "load imbalance: busiest worker / mean",
+        "kv: active KV blocks per worker",
+        "round-robin: active KV blocks per worker",
+    ] {
+        assert!(svg.contains(title), "no {title:?}");
+    }
+    let fills: std::collections::BTreeSet<&str> =
+        svg.split("<rect").skip(1).filter_map(|r| r.split("fill=\"").nth(1)?.split('"').next()).collect();
+    let cells = svg.matches("<rect").count();
+    assert!(cells >= 2 * 3 * 240, "{cells} rectangles for 2 policies × 3 workers × 240 slices");
+    assert!(fills.len() > 10, "the heatmaps are shaded by load: {} fills", fills.len());
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn the_offline_demo_fits_100_columns() {
+    let out = kvroute(&["demo", "--offline", "--requests", "200"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(text.contains("kv vs round-robin"), "{text}");
+    for line in text.lines() {
+        assert!(line.chars().count() <= 100, "{} columns: {line:?}", line.chars().count());
     }
 }
 
