@@ -65,7 +65,7 @@ pub use router::{Decision, DispatchFailure, ExplainRow, Output, PhaseField, Prio
 pub use select::{CandidateScore, KvCostOverrides};
 
 // ---- the cost learner's inputs and views ----
-pub use learn::{CostLearner, CostScales, EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
+pub use learn::{EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
 
 // ---- ids and plain values ----
 pub use time::Instant;
@@ -91,7 +91,7 @@ pub use eligible::EligibilityConfig;
 pub use index::{ApproxConfig, IndexConfig};
 pub use load::{LoadConfig, RemoteLoadConfig};
 pub use router::{DisaggConfig, ReplicaConfig, RequestTokens, RouterConfig};
-pub use select::{KvCostConfig, KvCostModel, RouterMode, TtftWeights};
+pub use select::{KvCostConfig, KvCostModel, RouterMode, TtftModel, TtftWeights};
 pub use worker::WorkerTableConfig;
 
 // ---- disaggregation and replicas ----
@@ -139,5 +139,5 @@ pub mod internals {
     pub use crate::index::ApproxIndex;
     pub use crate::load::{LoadError, LoadStats, LoadTracker, PrefillProgress};
     pub use crate::pin::PinResolution;
-    pub use crate::select::{kv_cost, Candidate, SelectRequest, Selection, Selector, TtftModel};
+    pub use crate::select::{kv_cost, Candidate, SelectRequest, Selection, Selector};
 }
