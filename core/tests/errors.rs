@@ -40,10 +40,10 @@ fn wrapping_errors_name_their_cause_as_source() {
     let cases: [(&dyn Error, &dyn Error); 8] = [
         (&RouteError::Affinity(affinity), &affinity),
         (&RouteError::Pin(pin.clone()), &pin),
-        (&RouteError::Eligibility(eligibility.clone()), &eligibility),
-        (&RouteError::Select(select.clone()), &select),
-        (&InputError::Index(index.clone()), &index),
-        (&InputError::Worker(worker.clone()), &worker),
+        (&RouteError::Eligibility(eligibility), &eligibility),
+        (&RouteError::Select(select), &select),
+        (&InputError::Index(index), &index),
+        (&InputError::Worker(worker), &worker),
         (&ReplicaError::Load(load), &load),
         (&ReplicaError::Affinity(affinity), &affinity),
     ];
