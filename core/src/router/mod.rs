@@ -146,7 +146,8 @@ pub struct RouterStats {
 ///      [`handle_dispatch_failed`](Self::handle_dispatch_failed), then
 ///      [`handle_prefill_done`](Self::handle_prefill_done) and
 ///      [`handle_decode_progress`](Self::handle_decode_progress) as it runs, and last
-///      [`handle_finished`](Self::handle_finished) or [`handle_cancel`](Self::handle_cancel);
+///      [`handle_finished`](Self::handle_finished) or [`handle_cancel`](Self::handle_cancel)
+///      (which also withdraws a request still queued or waiting);
 ///    * KV events: [`handle_kv_event`](Self::handle_kv_event),
 ///      [`handle_kv_clear`](Self::handle_kv_clear) (the worker restarted, or its stream
 ///      could not be replayed), [`handle_overlap_trust`](Self::handle_overlap_trust)
@@ -156,10 +157,11 @@ pub struct RouterStats {
 ///    * other replicas: [`handle_replica_update`](Self::handle_replica_update),
 ///      [`handle_replica_heartbeat`](Self::handle_replica_heartbeat),
 ///      [`handle_replica_gone`](Self::handle_replica_gone);
-///    * measurements for the cost learner: [`handle_observation`](Self::handle_observation)
-///      (a request's time to first token or decode time, see
-///      [`Observation::first_token`](crate::Observation::first_token)) and [`handle_engine_load`](Self::handle_engine_load)
-///      (the load an engine reports about itself);
+///    * measurements for the cost learner:
+///      [`handle_observation`](Self::handle_observation) (a request's time to first
+///      token, see [`Observation::first_token`](crate::Observation::first_token), or its
+///      decode time) and [`handle_engine_load`](Self::handle_engine_load) (the load an
+///      engine reports about itself);
 ///    * time: [`handle_timeout`](Self::handle_timeout) (see 3).
 /// 2. **Outputs** (`poll_*`, `#[must_use]`). After *any* input, drain both queues until
 ///    `None`, in either order:
