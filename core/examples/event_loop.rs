@@ -3,16 +3,16 @@
 //! Everything runs on virtual time, so the example is deterministic and instant: three
 //! simulated workers serve a stream of chat turns from a few conversations. The loop
 //! feeds the router its four kinds of input (requests, KV events, timers, worker
-//! changes), drains `poll_output` after every one of them, and jumps the clock to the
+//! changes: a join, a drain and a removal), drains `poll_output` after every one of them, and jumps the clock to the
 //! earlier of the next event and `poll_timeout`. A real adapter does the same with
 //! sockets and a sleep instead of a queue of events.
 //!
 //! Run it with `cargo run -p router-core --example event_loop`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use router_core::{
-    hash_tokens, BlockHash, BlockSize, Decision, Draw, HashSeed, IndexEvent, Instant, Output, Phase, Request,
+    hash_tokens, BlockHash, BlockSize, Decision, Draw, HashSeed, Health, IndexEvent, Instant, Output, Phase, Request,
     RequestId, Router, RouterConfig, Tier, WorkerId, WorkerKey, WorkerRole, WorkerSpec, WorkerUpdate,
 };
 
@@ -27,6 +27,11 @@ enum Event {
     Finished { id: u64 },
     /// The fleet changes: a worker joins.
     Join(WorkerId),
+    /// The fleet changes: a worker starts draining (it finishes what it has, takes
+    /// nothing new).
+    Drain(WorkerId),
+    /// The fleet changes: a worker leaves.
+    Leave(WorkerId),
 }
 
 /// What the loop saw, for the test at the bottom and for `main` to print.
@@ -39,6 +44,8 @@ struct Summary {
     timer_calls: u64,
     /// Conversations whose session binding expired after their last turn.
     sessions_expired: u64,
+    /// Requests routed to a worker after it started draining (never, if health works).
+    routed_while_draining: u64,
 }
 
 const BLOCK_TOKENS: u32 = 16;
@@ -51,6 +58,7 @@ struct World {
     events: BTreeMap<(Instant, u64), Event>,
     seq: u64,
     prompts: BTreeMap<u64, Vec<BlockHash>>,
+    draining: BTreeSet<WorkerId>,
     summary: Summary,
 }
 
@@ -64,6 +72,7 @@ impl World {
             events: BTreeMap::new(),
             seq: 0,
             prompts: BTreeMap::new(),
+            draining: BTreeSet::new(),
             summary: Summary::default(),
         }
     }
@@ -105,6 +114,15 @@ impl World {
                 let spec = WorkerSpec::new(id, WorkerRole::Aggregated);
                 self.router.handle_worker_update(now, WorkerUpdate::Upsert(spec)).expect("a valid worker");
             }
+            Event::Drain(id) => {
+                // Its sessions re-bind on their next turn; its requests run to the end.
+                self.router.handle_worker_update(now, WorkerUpdate::Health(id, Health::Draining)).expect("known");
+                self.draining.insert(id);
+            }
+            Event::Leave(id) => {
+                // Its index entries, load and bindings go with it.
+                self.router.handle_worker_update(now, WorkerUpdate::Removed(id)).expect("known");
+            }
             Event::Arrive { id, conversation, turn } => {
                 // Every turn repeats the conversation so far, as a chat client does.
                 let tokens: Vec<u32> = (0..(turn + 1) * 64).map(|t| (conversation * 100_000 + t) as u32).collect();
@@ -144,6 +162,7 @@ impl World {
     fn dispatch(&mut self, id: u64, key: WorkerKey, overlap_blocks: u32) {
         self.router.handle_dispatched(self.now, RequestId(id), Phase::Aggregated).expect("just booked");
         self.summary.routed += 1;
+        self.summary.routed_while_draining += u64::from(self.draining.contains(&key.worker));
         self.summary.cache_hits += u64::from(overlap_blocks > 0);
         let now_ms = self.now.as_millis();
         self.at(now_ms + PREFILL_MS, Event::Prefilled { id, key });
@@ -168,8 +187,11 @@ fn simulate() -> (Summary, Router) {
     let mut w = World::new();
     w.at(0, Event::Join(WorkerId(1)));
     w.at(0, Event::Join(WorkerId(2)));
-    // A third worker joins halfway through.
+    // A third worker joins halfway through; the second drains soon after, and leaves
+    // once its last request has finished.
     w.at(1_000, Event::Join(WorkerId(3)));
+    w.at(1_200, Event::Drain(WorkerId(2)));
+    w.at(2_000, Event::Leave(WorkerId(2)));
     let mut id = 0;
     for turn in 0..4 {
         for conversation in 0..5 {
@@ -195,11 +217,16 @@ fn every_turn_is_served_and_later_turns_find_their_prefix() {
     assert_eq!(summary.sessions_expired, 5, "{summary:?}");
     assert!(summary.timer_calls > 0);
     // Each conversation's first turn finds nothing cached; each later turn extends a
-    // prompt some worker already published, and the kv policy sends it there.
-    assert_eq!(summary.cache_hits, 15, "{summary:?}");
+    // prompt some worker already published, and the kv policy sends it there. The one
+    // conversation bound to the draining worker is the exception: its last turn starts
+    // again on another worker, with nothing cached.
+    assert_eq!(summary.cache_hits, 15 - 1, "{summary:?}");
     let counts = router.counts();
     assert_eq!((counts.requests_in_flight, counts.bookings, counts.queue_depth), (0, 0, 0));
     assert_eq!(counts.affinity_sessions, 0);
-    assert_eq!(router.snapshot().workers.len(), 3);
+    // Nothing new went to the draining worker, and the one that left is gone.
+    assert_eq!(summary.routed_while_draining, 0, "{summary:?}");
+    let workers: Vec<WorkerId> = router.snapshot().workers.iter().map(|w| w.spec.id).collect();
+    assert_eq!(workers, [WorkerId(1), WorkerId(3)]);
     router.check_invariants().expect("the router's books balance");
 }

@@ -1,6 +1,7 @@
 //! Why a worker key cannot take a request: the one vocabulary shared by pin resolution
 //! (which reports it in [`crate::pin::PinError::Ineligible`]) and eligibility (which
-//! decides it). It lives apart from both so that neither imports the other's module.
+//! decides it). It lives apart from both so that pin resolution never imports
+//! eligibility: the one import between them runs from `eligible` to `pin`.
 
 use alloc::string::String;
 use core::fmt;

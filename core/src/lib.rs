@@ -24,8 +24,12 @@
 //! * KV events: [`IndexEvent`], block hashing ([`hash_tokens`], [`SeqHash`]) and the
 //!   exact [`PrefixIndex`], which also stands alone;
 //! * replicas: [`ReplicaUpdate`], [`ReplicaId`];
+//! * the cost learner: its inputs ([`Observation`], [`EngineLoad`]) and what it knows
+//!   of a worker key ([`Learned`], from [`Router::learned`]);
 //! * the configuration of each sub-machine ([`IndexConfig`], [`LoadConfig`],
-//!   [`AffinityConfig`], [`QueueConfig`], ...), and [`limits`] on the work per call;
+//!   [`AffinityConfig`], [`QueueConfig`], [`LearnConfig`], the cost model's
+//!   [`KvCostConfig`] with its engine timing [`TtftModel`], ...), and [`limits`] on the
+//!   work per call;
 //! * errors, one small enum per operation ([`RouteError`], [`InputError`],
 //!   [`ReplicaError`], ...), each implementing [`core::error::Error`] with its cause as
 //!   `source()`.
@@ -64,8 +68,8 @@ pub use pin::{explicit_pin, ExplicitPin, RoutingHints};
 pub use router::{Decision, DispatchFailure, ExplainRow, Output, PhaseField, Priority, Request, Routed};
 pub use select::{CandidateScore, KvCostOverrides};
 
-// ---- the cost learner's inputs and views ----
-pub use learn::{CostLearner, CostScales, EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
+// ---- the cost learner's inputs and view ----
+pub use learn::{EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
 
 // ---- ids and plain values ----
 pub use time::Instant;
@@ -91,7 +95,7 @@ pub use eligible::EligibilityConfig;
 pub use index::{ApproxConfig, IndexConfig};
 pub use load::{LoadConfig, RemoteLoadConfig};
 pub use router::{DisaggConfig, ReplicaConfig, RequestTokens, RouterConfig};
-pub use select::{KvCostConfig, KvCostModel, RouterMode, TtftWeights};
+pub use select::{KvCostConfig, KvCostModel, RouterMode, TtftModel, TtftWeights};
 pub use worker::WorkerTableConfig;
 
 // ---- disaggregation and replicas ----
@@ -139,5 +143,5 @@ pub mod internals {
     pub use crate::index::ApproxIndex;
     pub use crate::load::{LoadError, LoadStats, LoadTracker, PrefillProgress};
     pub use crate::pin::PinResolution;
-    pub use crate::select::{kv_cost, Candidate, SelectRequest, Selection, Selector, TtftModel};
+    pub use crate::select::{kv_cost, Candidate, SelectRequest, Selection, Selector};
 }

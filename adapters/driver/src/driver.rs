@@ -223,7 +223,7 @@ impl Driver {
 
     /// What the router's cost learner knows about `key` now.
     pub fn learned(&self, key: WorkerKey) -> Option<Learned> {
-        self.shared.with(|inner, now| inner.router.learner().learned(now, key, &inner.router.config().cost.timing))
+        self.shared.with(|inner, now| inner.router.learned(now, key))
     }
 
     /// The router's invariants, for tests and debugging. Linear in requests in flight.

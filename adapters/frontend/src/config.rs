@@ -670,10 +670,10 @@ pub enum EngineTimingName {
 
 impl EngineTimingName {
     /// The core's timing model of these engines.
-    pub fn model(self) -> router_core::internals::TtftModel {
+    pub fn model(self) -> router_core::TtftModel {
         match self {
-            EngineTimingName::Gpu => router_core::internals::TtftModel::default(),
-            EngineTimingName::VllmCpu => router_core::internals::TtftModel::vllm_cpu(),
+            EngineTimingName::Gpu => router_core::TtftModel::default(),
+            EngineTimingName::VllmCpu => router_core::TtftModel::vllm_cpu(),
         }
     }
 }

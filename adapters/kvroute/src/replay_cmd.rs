@@ -17,8 +17,7 @@ use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits, TraceRecord};
 use kvroute_sim_server::EngineArgs;
-use router_core::internals::TtftModel;
-use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode};
+use router_core::{BlockSize, KvCostModel, RouterConfig, RouterMode, TtftModel};
 
 use crate::replay_learn::LearnArgs;
 use crate::report::{LoadPoint, RunReport};

@@ -198,6 +198,4 @@ impl fmt::Display for AdmissionError {
 impl core::error::Error for AdmissionError {}
 
 #[cfg(test)]
-mod model;
-#[cfg(test)]
 mod tests;

@@ -282,6 +282,4 @@ pub struct AffinityStats {
 }
 
 #[cfg(test)]
-mod model;
-#[cfg(test)]
 mod tests;

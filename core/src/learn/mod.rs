@@ -54,7 +54,7 @@ use crate::select::TtftModel;
 use crate::types::{Phase, WorkerId, WorkerKey, WorkerLoad};
 use crate::Instant;
 
-/// Knobs of the [`CostLearner`]. `Default` gives the documented defaults.
+/// Knobs of the cost learner. `Default` gives the documented defaults.
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub struct LearnConfig {
     /// Scale each worker's predicted times by its learned speed. Default false.
@@ -170,6 +170,8 @@ impl fmt::Display for LearnError {
     }
 }
 
+impl core::error::Error for LearnError {}
+
 /// Counters of the learner.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LearnStats {
@@ -215,23 +217,23 @@ struct Fit {
 
 /// How one worker's learned scales enter a candidate's cost in one phase.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CostScales {
+pub(crate) struct CostScales {
     /// Multiplies the whole cost: the decode scale for [`Phase::Decode`], the prefill
     /// scale otherwise.
-    pub factor: f64,
+    pub(crate) factor: f64,
     /// The prefill scale, whatever the phase: the worker's backlog progress is divided
     /// by it.
-    pub prefill_scale: f64,
+    pub(crate) prefill_scale: f64,
     /// The weight of decode steps in an aggregated TTFT cost whose factor carries the
     /// prefill scale: decode scale over prefill scale, so each kind of work carries its
     /// own; 1 in the other phases (a cost of one kind of work). Bounded to
     /// 1/1024² ..= 1024².
-    pub decode_weight: f64,
+    pub(crate) decode_weight: f64,
 }
 
 impl CostScales {
     /// Nothing learned, or learning off: every scale 1.
-    pub const NONE: CostScales = CostScales { factor: 1.0, prefill_scale: 1.0, decode_weight: 1.0 };
+    pub(crate) const NONE: CostScales = CostScales { factor: 1.0, prefill_scale: 1.0, decode_weight: 1.0 };
 }
 
 /// The default bound on learned scales, either way.
@@ -335,7 +337,7 @@ struct Entry {
 
 /// The learner: one fixed-size entry per worker key. See the module documentation.
 #[derive(Clone, Debug)]
-pub struct CostLearner {
+pub(crate) struct CostLearner {
     cfg: LearnConfig,
     keys: BTreeMap<WorkerKey, Entry>,
     stats: LearnStats,
@@ -345,34 +347,30 @@ pub struct CostLearner {
 
 impl CostLearner {
     /// An empty learner.
-    pub fn new(cfg: LearnConfig) -> Self {
+    pub(crate) fn new(cfg: LearnConfig) -> Self {
         CostLearner { cfg, keys: BTreeMap::new(), stats: LearnStats::default(), best: (1.0, 1.0) }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &LearnConfig {
-        &self.cfg
-    }
-
     /// Counters.
-    pub fn stats(&self) -> LearnStats {
+    pub(crate) fn stats(&self) -> LearnStats {
         self.stats
     }
 
     /// Keys tracked.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.keys.len()
     }
 
     /// True when no key is tracked.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 
     /// Fits one observation of `key`. `predicted_ms` is what the timing model predicts
     /// for the same work at scale 1 (the router works it out; see
     /// `Router::handle_observation`).
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         now: Instant,
         key: WorkerKey,
@@ -405,7 +403,7 @@ impl CostLearner {
 
     /// Stores `key`'s engine report, replacing the last one. A KV usage outside 0..=1 or
     /// NaN is refused.
-    pub fn engine_load(&mut self, now: Instant, key: WorkerKey, load: EngineLoad) -> Result<(), LearnError> {
+    pub(crate) fn engine_load(&mut self, now: Instant, key: WorkerKey, load: EngineLoad) -> Result<(), LearnError> {
         if !(0.0..=1.0).contains(&load.kv_usage) {
             return Err(self.refuse(LearnError::BadValue));
         }
@@ -415,7 +413,7 @@ impl CostLearner {
     }
 
     /// Forgets every key of `worker`.
-    pub fn remove_worker(&mut self, worker: WorkerId) {
+    pub(crate) fn remove_worker(&mut self, worker: WorkerId) {
         self.keys.retain(|k, _| k.worker != worker);
         self.update_best();
     }
@@ -430,7 +428,7 @@ impl CostLearner {
     /// How `key`'s learned scales enter its cost in `phase` at `now` (all 1 when
     /// [`LearnConfig::costs`] is off or the key is unknown): one lookup and one
     /// evaluation of each scale, for the router's per-candidate path.
-    pub fn cost_scales(&self, now: Instant, key: WorkerKey, phase: Phase) -> CostScales {
+    pub(crate) fn cost_scales(&self, now: Instant, key: WorkerKey, phase: Phase) -> CostScales {
         let (true, Some(e)) = (self.cfg.costs, self.keys.get(&key)) else { return CostScales::NONE };
         let p = e.prefill.scale(now, self.best.0, &self.cfg);
         let d = e.decode.scale(now, self.best.1, &self.cfg);
@@ -447,12 +445,14 @@ impl CostLearner {
     }
 
     /// [`CostScales::factor`] of [`Self::cost_scales`].
-    pub fn cost_scale(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn cost_scale(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
         self.cost_scales(now, key, phase).factor
     }
 
     /// [`CostScales::decode_weight`] of [`Self::cost_scales`].
-    pub fn decode_weight(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn decode_weight(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
         self.cost_scales(now, key, phase).decode_weight
     }
 
@@ -460,7 +460,7 @@ impl CostLearner {
     /// [`LearnConfig::engine_load`] is on; else `own`. `own_prefill_requests` are the
     /// router's requests there still in prefill (the engine's waiting ones include
     /// them), `kv_blocks` the key's capacity.
-    pub fn fold_load(
+    pub(crate) fn fold_load(
         &self,
         now: Instant,
         key: WorkerKey,
@@ -483,7 +483,7 @@ impl CostLearner {
     }
 
     /// What the learner knows about `key` as of `now`, with coefficients read from `m`.
-    pub fn learned(&self, now: Instant, key: WorkerKey, m: &TtftModel) -> Option<Learned> {
+    pub(crate) fn learned(&self, now: Instant, key: WorkerKey, m: &TtftModel) -> Option<Learned> {
         let e = self.keys.get(&key)?;
         let (p, d) = (e.prefill.scale(now, self.best.0, &self.cfg), e.decode.scale(now, self.best.1, &self.cfg));
         Some(Learned {

@@ -623,10 +623,4 @@ impl LoadTracker {
 }
 
 #[cfg(test)]
-mod model_tests;
-#[cfg(test)]
-mod shared_tests;
-#[cfg(test)]
-mod test_keys;
-#[cfg(test)]
 mod tests;

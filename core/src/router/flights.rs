@@ -98,7 +98,9 @@ impl Router {
         match f.hold {
             Hold::None => {}
             Hold::Init(token) => {
-                let _ = self.affinity.abort(token);
+                // A held token is live: only this flight's commit or abort ends it.
+                let aborted = self.affinity.abort(token);
+                debug_assert!(aborted.is_ok(), "abort of a held init token: {aborted:?}");
             }
             Hold::Lease(lease, revision) => {
                 // The revision the lease was taken on: a newer binding survives a late failure.

@@ -135,24 +135,34 @@ pub struct RouterStats {
 /// # Calling contract
 ///
 /// The router is driven the way quinn-proto and str0m are: **mutate, then drain, then
-/// mutate again.** Its methods fall into four kinds.
+/// mutate again.** This section names every public method; they fall into five kinds.
 ///
+/// 0. **Construction.** [`new`](Self::new) takes the [`RouterConfig`]; the fleet starts
+///    empty, and a request can only go to workers registered before it arrives.
 /// 1. **Inputs** (`handle_*`), each taking `now` where time matters:
 ///    * requests: [`handle_request`](Self::handle_request) (also takes a [`Draw`]);
-///    * the request lifecycle: [`handle_dispatched`](Self::handle_dispatched),
-///      [`handle_dispatch_failed`](Self::handle_dispatch_failed),
-///      [`handle_prefill_done`](Self::handle_prefill_done),
-///      [`handle_decode_progress`](Self::handle_decode_progress),
-///      [`handle_finished`](Self::handle_finished), [`handle_cancel`](Self::handle_cancel);
+///    * the request lifecycle, in this order for each phase of a routed request:
+///      [`handle_dispatched`](Self::handle_dispatched) or
+///      [`handle_dispatch_failed`](Self::handle_dispatch_failed), then
+///      [`handle_prefill_done`](Self::handle_prefill_done) and
+///      [`handle_decode_progress`](Self::handle_decode_progress) as it runs, and last
+///      [`handle_finished`](Self::handle_finished) or [`handle_cancel`](Self::handle_cancel)
+///      (which also withdraws a request still queued or waiting);
 ///    * KV events: [`handle_kv_event`](Self::handle_kv_event),
 ///      [`handle_kv_clear`](Self::handle_kv_clear) (the worker restarted, or its stream
 ///      could not be replayed), [`handle_overlap_trust`](Self::handle_overlap_trust)
 ///      (a stream has a gap: give the worker no prefix credit until it is filled);
-///    * the fleet: [`handle_worker_update`](Self::handle_worker_update);
+///    * the fleet: [`handle_worker_update`](Self::handle_worker_update) (joins, removals,
+///      health and taints);
 ///    * other replicas: [`handle_replica_update`](Self::handle_replica_update),
 ///      [`handle_replica_heartbeat`](Self::handle_replica_heartbeat),
 ///      [`handle_replica_gone`](Self::handle_replica_gone);
-///    * time: [`handle_timeout`](Self::handle_timeout).
+///    * measurements for the cost learner:
+///      [`handle_observation`](Self::handle_observation) (a request's time to first
+///      token, see [`Observation::first_token`](crate::Observation::first_token), or its
+///      decode time) and [`handle_engine_load`](Self::handle_engine_load) (the load an
+///      engine reports about itself);
+///    * time: [`handle_timeout`](Self::handle_timeout) (see 3).
 /// 2. **Outputs** (`poll_*`, `#[must_use]`). After *any* input, drain both queues until
 ///    `None`, in either order:
 ///    * [`poll_output`](Self::poll_output): decisions the router made on its own (queued
@@ -163,17 +173,27 @@ pub struct RouterStats {
 ///      queue holds at most `updates_max` and drops its oldest when full; without an id
 ///      it stays empty.
 /// 3. **Time.** [`poll_timeout`](Self::poll_timeout) is the next deadline. Sleep until
-///    it or the next input, whichever comes first, then call `handle_timeout(now)` and
-///    drain the outputs again. A spurious or late call is harmless; time going backwards
-///    counts as no time passing. Work per call is bounded (see [`crate::limits`]); while
-///    more is due, `poll_timeout` stays at or before `now`.
-/// 4. **Queries**, which change nothing: [`snapshot`](Self::snapshot),
-///    [`counts`](Self::counts), [`stats`](Self::stats),
-///    [`session_binding`](Self::session_binding), [`booking`](Self::booking),
-///    [`combined_load`](Self::combined_load), [`find_matches`](Self::find_matches),
-///    [`plan_disagg_query`](Self::plan_disagg_query) and a preview request
-///    ([`Request::preview`]). [`plan_disagg`](Self::plan_disagg) also only reads, but
-///    counts its outcome.
+///    it or the next input, whichever comes first, then call
+///    [`handle_timeout(now)`](Self::handle_timeout) and drain the outputs again. A
+///    spurious or late call is harmless; time going backwards counts as no time passing.
+///    Work per call is bounded (see [`crate::limits`]); while more is due, `poll_timeout`
+///    stays at or before `now`.
+/// 4. **Queries**, which change nothing and may be called at any time:
+///    * plain-data views: [`snapshot`](Self::snapshot) (every worker and key; look one
+///      up with [`RouterSnapshot::key`]), [`counts`](Self::counts),
+///      [`stats`](Self::stats), [`replica_stats`](Self::replica_stats),
+///      [`disagg_stats`](Self::disagg_stats), [`learned`](Self::learned) (the cost
+///      learner's view of one key), [`config`](Self::config);
+///    * one value each: [`requests_in_flight`](Self::requests_in_flight),
+///      [`publishes_events`](Self::publishes_events),
+///      [`session_binding`](Self::session_binding), [`booking`](Self::booking),
+///      [`local_load`](Self::local_load), [`combined_load`](Self::combined_load),
+///      [`index_entries`](Self::index_entries), [`find_matches`](Self::find_matches);
+///    * what a request would get: [`plan_disagg_query`](Self::plan_disagg_query) and a
+///      preview request ([`Request::preview`]). [`plan_disagg`](Self::plan_disagg) also
+///      only reads, but counts its outcome;
+///    * for tests and debugging: [`check_invariants`](Self::check_invariants), linear in
+///      the requests in flight.
 ///
 /// # Bookings
 ///
@@ -385,8 +405,10 @@ impl Router {
                 Ok((b, lease)) => Hold::Lease(lease, b.revision),
                 Err(_) => {
                     // A refused commit (lease table full) must still end the initialization,
-                    // or the session stays initializing and its waiters wait forever.
-                    let _ = self.affinity.abort(token);
+                    // or the session stays initializing and its waiters wait forever. The
+                    // commit found the token live, and only commit or abort end one.
+                    let aborted = self.affinity.abort(token);
+                    debug_assert!(aborted.is_ok(), "abort after a refused commit: {aborted:?}");
                     Hold::None
                 }
             };

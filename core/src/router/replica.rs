@@ -250,6 +250,8 @@ impl Router {
                 }
             }
             ReplicaUpdate::Unbound { session, phase, stamp } => {
+                // As for `Bound`: refused only when the load table has no room for the
+                // sender, and the unbinding applies all the same.
                 let _ = self.load.heartbeat(now, from);
                 self.affinity.unbind_remote(&session, phase, stamp);
                 Ok(())

@@ -7,6 +7,7 @@ use alloc::vec::Vec;
 use super::{DisaggStats, ReplicaStats, Router, RouterStats};
 use crate::affinity::{AffinityStats, Binding};
 use crate::index::{IndexStats, OverlapScores};
+use crate::learn::LearnStats;
 use crate::load::RemoteLoadStats;
 use crate::worker::{Health, WorkerSpec};
 use crate::{Phase, RequestId, WorkerKey, WorkerLoad};
@@ -72,6 +73,10 @@ pub struct RouterCounts {
     pub replica: ReplicaStats,
     /// Disaggregation counters.
     pub disagg: DisaggStats,
+    /// Worker keys the cost learner holds an entry for.
+    pub learned_keys: usize,
+    /// Cost learner counters.
+    pub learn: LearnStats,
 }
 
 /// The whole router at one instant, as plain data: every worker and key, and the counts.
@@ -111,6 +116,8 @@ impl Router {
             router: self.stats,
             replica: self.replica_stats,
             disagg: self.disagg_stats,
+            learned_keys: self.learn.len(),
+            learn: self.learn.stats(),
         }
     }
 

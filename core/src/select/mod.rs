@@ -571,5 +571,3 @@ fn sample(scores: &[CandidateScore], temperature: f64, draw: &mut Draw) -> usize
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod ttft_tests;

@@ -286,8 +286,8 @@ mod tests {
     fn engine_timing_picks_the_cost_models_coefficients() {
         let m = ModelConfig { name: "m".into(), ..ModelConfig::default() };
         let timing = |text: &str| router_config(&ProxyConfig::from_toml_str(text).unwrap(), &m, 0).cost.timing;
-        assert_eq!(timing(""), router_core::internals::TtftModel::default());
-        assert_eq!(timing("[router]\nengine_timing = \"vllm-cpu\"\n"), router_core::internals::TtftModel::vllm_cpu());
+        assert_eq!(timing(""), router_core::TtftModel::default());
+        assert_eq!(timing("[router]\nengine_timing = \"vllm-cpu\"\n"), router_core::TtftModel::vllm_cpu());
         check_err("[router]\nengine_timing = \"tpu\"\n", Some(2), "expected gpu or vllm-cpu");
     }
 

@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn the_routers_cpu_model_is_this_preset() {
-        let (m, t) = (router_core::internals::TtftModel::vllm_cpu(), EngineTiming::VLLM_CPU);
+        let (m, t) = (router_core::TtftModel::vllm_cpu(), EngineTiming::VLLM_CPU);
         assert_eq!(
             (m.prefill_ms_per_token_squared, m.prefill_ms_per_token, m.prefill_ms_per_pass),
             (t.prefill_ms_per_token_squared, t.prefill_ms_per_token, t.prefill_ms_per_pass)

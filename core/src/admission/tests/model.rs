@@ -9,7 +9,7 @@ use core::cmp::Ordering;
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
-use super::*;
+use super::super::*;
 use crate::time::Instant;
 
 const REQS: u64 = 12;

@@ -1,7 +1,7 @@
 //! TTFT cost tests: the engine timing against the reference model's published figures,
 //! and the cost against hand computation on a model simple enough to do by hand.
 
-use super::*;
+use super::super::*;
 use alloc::vec;
 
 /// `f_p(T) = 0.01·T + 10`, `f_d(p) = 5 + 10·p`, 1000-token passes, 100 KV blocks.

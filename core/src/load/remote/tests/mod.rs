@@ -2,8 +2,8 @@
 //! deadlines, every sum recomputed from scratch. Small id ranges make duplicates,
 //! unknown entries, a full table, too many replicas, silence and age expiry common.
 
-use super::super::test_keys::{any_key, universe};
 use super::*;
+use crate::load::tests::keys::{any_key, universe};
 use alloc::vec::Vec;
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};

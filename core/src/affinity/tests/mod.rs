@@ -1,6 +1,8 @@
 //! Scripted scenarios: each test is a list of steps with the answer each must give.
 //! Tokens, leases and bindings are named in the script when they are first handed out.
 
+mod model;
+
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 

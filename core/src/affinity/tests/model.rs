@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
 
-use super::*;
+use super::super::*;
 use crate::time::Instant;
 
 /// Keys `0..KEYS`: session `k / 2`, phase by `k % 2`.

@@ -4,11 +4,11 @@ use crate::types::WorkerKey;
 use proptest::prelude::*;
 
 /// Every key, worker by worker.
-pub(super) fn universe(workers: u64, ranks: u32) -> impl Iterator<Item = WorkerKey> {
+pub(in crate::load) fn universe(workers: u64, ranks: u32) -> impl Iterator<Item = WorkerKey> {
     (0..workers).flat_map(move |w| (0..ranks).map(move |r| WorkerKey::new(w, r)))
 }
 
 /// Any one key.
-pub(super) fn any_key(workers: u64, ranks: u32) -> impl Strategy<Value = WorkerKey> + Clone {
+pub(in crate::load) fn any_key(workers: u64, ranks: u32) -> impl Strategy<Value = WorkerKey> + Clone {
     (0..workers, 0..ranks).prop_map(|(w, r)| WorkerKey::new(w, r))
 }

@@ -1,5 +1,9 @@
 //! Scenario tests: a script of operations, then the load each key should show.
 
+pub(super) mod keys;
+mod model;
+mod shared;
+
 use super::*;
 use alloc::vec;
 use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};

@@ -2,8 +2,8 @@
 //! entries counts once in [`RemoteLoad::combined`]: table cases first, then the two
 //! tables driven together against a model that recomputes `|local ∪ remote|` per key.
 
-use super::test_keys::{any_key, universe};
-use super::*;
+use super::super::*;
+use super::keys::{any_key, universe};
 use crate::load::{RemoteLoad, RemoteLoadConfig, ReplicaId};
 use alloc::collections::BTreeSet;
 use alloc::vec;

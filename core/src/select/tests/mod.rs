@@ -1,6 +1,8 @@
 //! Selection tests, one `check` per feature. Distributions are measured over many fixed
 //! draws, so they are deterministic; tolerances are several standard deviations wide.
 
+mod ttft;
+
 use super::*;
 use alloc::collections::BTreeMap;
 use alloc::format;

@@ -2,8 +2,8 @@
 //! every load from scratch. Ids, keys and blocks come from small ranges so duplicates,
 //! unknown ids, shared blocks, a full table and expiry all happen often.
 
-use super::test_keys::{any_key, universe};
-use super::*;
+use super::super::*;
+use super::keys::{any_key, universe};
 use alloc::vec;
 use alloc::vec::Vec;
 use proptest::prelude::*;

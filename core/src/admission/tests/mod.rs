@@ -1,5 +1,7 @@
 //! Scripted scenarios: each test is a list of steps with the answer each must give.
 
+mod model;
+
 use alloc::string::String;
 use alloc::vec::Vec;
 

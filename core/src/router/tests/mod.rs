@@ -1,6 +1,8 @@
 //! Façade scenarios. Each test drives the router through its public inputs and checks
 //! the global invariants after every step.
 
+mod contract;
+
 use alloc::vec;
 use alloc::vec::Vec;
 
