@@ -27,7 +27,7 @@
 //! metrics, start-up) is `kvroute-frontend`'s, shared with the endpoint picker; its
 //! modules are re-exported here under the proxy's own paths.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
 pub mod body;
@@ -41,6 +41,9 @@ pub mod retry;
 pub mod server;
 pub mod state;
 pub mod trace;
+// `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
+// them belongs to the change now reworking `upstream/`.
+#[allow(unreachable_pub)]
 pub mod upstream;
 mod workers;
 
