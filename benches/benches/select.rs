@@ -231,6 +231,7 @@ extern "C" {
 /// Linux's `CLOCK_THREAD_CPUTIME_ID`.
 const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
 
+#[allow(unsafe_code)] // A call into the C library; std has no thread CPU clock.
 fn thread_cpu_ns() -> u64 {
     let mut ts = Timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, exclusively borrowed timespec (two i64 on 64-bit Linux),

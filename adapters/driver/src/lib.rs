@@ -29,7 +29,7 @@
 //! What it leaves to others: HTTP, tokenization, upstream I/O, health checks and KV-event
 //! decoding live in the proxy and events adapters, which call this crate.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod booking;
 mod driver;

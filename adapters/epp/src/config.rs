@@ -41,6 +41,7 @@ pub struct EppConfig {
 pub const REFUSED_KEYS: &[RefusedKey] = &[
     RefusedKey { key: "listen", reason: "the picker listens where --listen (EppConfig::listen) says" },
     RefusedKey { key: "retry", reason: "the gateway forwards requests; the picker retries nothing" },
+    RefusedKey { key: "migration", reason: "the gateway streams responses; the picker continues no broken stream" },
     RefusedKey { key: "ejection", reason: "the picker ejects no workers" },
     RefusedKey { key: "health_check", reason: "the picker probes no workers" },
     RefusedKey { key: "limits.header_read_timeout_ms", reason: "the gateway reads client requests" },

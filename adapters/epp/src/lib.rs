@@ -30,7 +30,7 @@
 //! What it leaves to others: proxying the bytes (the gateway does), and serving metrics
 //! over HTTP (the binary does, from [`EppHandle::metrics_handle`]).
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod config;
 mod decide;

@@ -16,7 +16,7 @@
 //! discovery (the caller adds and removes endpoints), and logging (problems are
 //! counted in [`ingest::StreamStatus`] and surfaced as [`ingest::Notice`]s).
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod decode;
 pub mod encode;

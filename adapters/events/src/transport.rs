@@ -16,17 +16,23 @@ use core::fmt;
 use futures_util::StreamExt;
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
-/// Why a transport operation failed.
-#[derive(Clone, PartialEq, Eq, Debug)]
+/// Why a transport operation failed. Each variant carries the socket's own error (or,
+/// for a test's transport, any error or message) as its `source()`.
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum TransportError {
     /// Connecting or subscribing failed.
-    Connect(String),
+    Connect(BoxError),
     /// Receiving failed; the socket is unusable.
-    Recv(String),
+    Recv(BoxError),
     /// Sending the replay request failed.
-    Send(String),
+    Send(BoxError),
+    /// The publisher disconnected; the subscription has ended.
+    Disconnected,
 }
+
+/// A transport's own error, boxed so that the trait does not name the socket crate.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -34,11 +40,19 @@ impl fmt::Display for TransportError {
             TransportError::Connect(m) => write!(f, "connect failed: {m}"),
             TransportError::Recv(m) => write!(f, "receive failed: {m}"),
             TransportError::Send(m) => write!(f, "send failed: {m}"),
+            TransportError::Disconnected => f.write_str("receive failed: the publisher disconnected"),
         }
     }
 }
 
-impl std::error::Error for TransportError {}
+impl std::error::Error for TransportError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TransportError::Connect(e) | TransportError::Recv(e) | TransportError::Send(e) => Some(&**e),
+            TransportError::Disconnected => None,
+        }
+    }
+}
 
 /// What a subscription yields.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -104,13 +118,26 @@ struct ZmqReplay {
     socket: DealerSocket,
 }
 
-fn err<E: fmt::Display>(f: fn(String) -> TransportError) -> impl Fn(E) -> TransportError {
-    move |e| f(e.to_string())
+fn err<E: Into<BoxError>>(f: fn(BoxError) -> TransportError) -> impl Fn(E) -> TransportError {
+    move |e| f(e.into())
+}
+
+/// The `zeromq` crate panics on an `ipc://` endpoint when built without IPC (as here),
+/// so such an endpoint from a configuration is refused first.
+fn tcp_only(endpoint: &str) -> Result<(), TransportError> {
+    match endpoint.parse::<zeromq::Endpoint>() {
+        Ok(zeromq::Endpoint::Ipc(_)) => {
+            Err(TransportError::Connect("ipc:// endpoints are not built in; use tcp://".into()))
+        }
+        // The socket itself reports anything else it refuses.
+        _ => Ok(()),
+    }
 }
 
 #[async_trait]
 impl Connector for ZmqConnector {
     async fn subscribe(&self, endpoint: &str, topic: &str) -> Result<Box<dyn Subscription>, TransportError> {
+        tcp_only(endpoint)?;
         let mut socket = SubSocket::with_options(self.options());
         let monitor = socket.monitor();
         socket.connect(endpoint).await.map_err(err(TransportError::Connect))?;
@@ -119,11 +146,13 @@ impl Connector for ZmqConnector {
     }
 
     async fn replay(&self, endpoint: &str, from: u64) -> Result<Box<dyn ReplayReplies>, TransportError> {
+        tcp_only(endpoint)?;
         let mut socket = DealerSocket::with_options(self.options());
         socket.connect(endpoint).await.map_err(err(TransportError::Connect))?;
         // A DEALER adds no delimiter itself; the ROUTER expects [identity, empty, start].
         let request = vec![Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
-        let msg = ZmqMessage::try_from(request).map_err(err(TransportError::Send))?;
+        // The crate's empty-message error is no `Error`; only its text can travel.
+        let msg = ZmqMessage::try_from(request).map_err(|e| TransportError::Send(e.to_string().into()))?;
         socket.send(msg).await.map_err(err(TransportError::Send))?;
         Ok(Box::new(ZmqReplay { socket }))
     }
@@ -143,7 +172,7 @@ impl Subscription for ZmqSub {
                     // backoff: the socket's built-in one waits up to 30 s, long after a
                     // restarted engine is back.
                     Some(SocketEvent::Disconnected(_)) => {
-                        return Err(TransportError::Recv("the publisher disconnected".into()));
+                        return Err(TransportError::Disconnected);
                     }
                     Some(_) => {}
                     // The monitor is gone; keep receiving messages only.
@@ -161,5 +190,37 @@ impl ReplayReplies for ZmqReplay {
     async fn next(&mut self) -> Result<Vec<Bytes>, TransportError> {
         let m = self.socket.recv().await.map_err(err(TransportError::Recv))?;
         Ok(m.into_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    #[track_caller]
+    fn check(e: &TransportError, text: &str, source_is_zmq: bool) {
+        assert_eq!(e.to_string(), text);
+        assert_eq!(e.source().is_some_and(|s| s.is::<zeromq::ZmqError>()), source_is_zmq, "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn the_sockets_error_is_the_source() {
+        let zmq = ZmqConnector::default();
+        for endpoint in ["nonsense", "tcp://127.0.0.1:notaport"] {
+            let Err(e) = zmq.subscribe(endpoint, "").await else { panic!("subscribed to {endpoint:?}") };
+            let cause = e.source().map(ToString::to_string).unwrap_or_default();
+            check(&e, &format!("connect failed: {cause}"), true);
+            let Err(e) = zmq.replay(endpoint, 0).await else { panic!("replay from {endpoint:?}") };
+            assert!(matches!(e, TransportError::Connect(_)), "{e:?}");
+        }
+        // An IPC endpoint is refused, not a panic inside the socket crate.
+        let Err(e) = zmq.subscribe("ipc:///nowhere", "").await else { panic!("subscribed over IPC") };
+        check(&e, "connect failed: ipc:// endpoints are not built in; use tcp://", false);
+        assert!(zmq.replay("ipc:///nowhere", 0).await.is_err());
+        check(&TransportError::Disconnected, "receive failed: the publisher disconnected", false);
+        let text = TransportError::Recv("closed".into());
+        assert_eq!(text.source().map(ToString::to_string).as_deref(), Some("closed"));
     }
 }

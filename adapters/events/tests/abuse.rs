@@ -45,6 +45,7 @@ fn note(bytes: usize) {
 
 // SAFETY: every call forwards to `System` with the caller's arguments unchanged; the
 // bookkeeping touches only const-initialised thread-locals, which never allocate.
+#[allow(unsafe_code)] // A global allocator can only be written with `unsafe`.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note(layout.size());

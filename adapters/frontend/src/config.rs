@@ -731,7 +731,7 @@ fn display<S: Serializer, T: fmt::Display>(v: &T, s: S) -> Result<S::Ok, S::Erro
 }
 
 /// Why a configuration was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
@@ -739,7 +739,7 @@ pub enum ConfigError {
         /// The path.
         path: String,
         /// The OS error.
-        message: String,
+        source: std::io::Error,
     },
     /// The TOML is malformed, has an unknown key, or a value of the wrong type.
     Parse {
@@ -769,7 +769,7 @@ pub enum ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConfigError::Read { path, message } => write!(f, "cannot read {path}: {message}"),
+            ConfigError::Read { path, source } => write!(f, "cannot read {path}: {source}"),
             ConfigError::Parse { line: Some(l), source_line, message } => {
                 write!(f, "line {l}: `{source_line}`: {message}")
             }
@@ -780,7 +780,14 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Read { source, .. } => Some(source),
+            ConfigError::Parse { .. } | ConfigError::Invalid { .. } | ConfigError::NotHonoured { .. } => None,
+        }
+    }
+}
 
 mod discovery;
 mod load;

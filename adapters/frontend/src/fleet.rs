@@ -47,7 +47,7 @@ pub struct Fleet {
 }
 
 /// Why a worker could not be added.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum FleetError {
     /// The worker names a model that is not configured.

@@ -14,7 +14,7 @@
 //! What it leaves to the servers: sockets, forwarding and streaming (the proxy), the
 //! gateway protocol (the picker).
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod ask;
 pub mod config;

@@ -70,7 +70,7 @@ impl Tracing {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| TracingError::NoRuntime)?;
         let ratio = Sampler::TraceIdRatioBased(cfg.sampling_ratio);
         let timeout = Duration::from_millis(cfg.export_timeout_ms);
-        let url = cfg.traces_url().parse().map_err(|e| TracingError::Exporter(format!("endpoint: {e}")))?;
+        let url = cfg.traces_url().parse().map_err(TracingError::Endpoint)?;
         let (pending, drops) = (Pending::default(), SpanDrops::default());
         let exporter = Exporter {
             client: export_client(),
@@ -376,20 +376,27 @@ impl Exporter {
 pub enum TracingError {
     /// [`Tracing::start`] ran outside a tokio runtime.
     NoRuntime,
-    /// The OTLP exporter refused its settings.
-    Exporter(String),
+    /// The collector's endpoint is not a URI.
+    Endpoint(http::uri::InvalidUri),
 }
 
 impl fmt::Display for TracingError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TracingError::NoRuntime => write!(f, "tracing must start inside a tokio runtime"),
-            TracingError::Exporter(e) => write!(f, "OTLP exporter: {e}"),
+            TracingError::Endpoint(e) => write!(f, "OTLP exporter: endpoint: {e}"),
         }
     }
 }
 
-impl std::error::Error for TracingError {}
+impl std::error::Error for TracingError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TracingError::NoRuntime => None,
+            TracingError::Endpoint(e) => Some(e),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -74,6 +74,8 @@ impl fmt::Display for ScrapeError {
     }
 }
 
+impl std::error::Error for ScrapeError {}
+
 /// Scrape counters, shown in `/workers`.
 #[derive(Debug, Default)]
 pub struct ScrapeStats {

@@ -18,7 +18,7 @@
 //!
 //! The service account needs `get`, `list` and `watch` on `pods` in the namespace.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod pods;
 #[cfg(feature = "testing")]

@@ -27,7 +27,7 @@
 //! metrics, start-up) is `kvroute-frontend`'s, shared with the endpoint picker; its
 //! modules are re-exported here under the proxy's own paths.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
 pub mod body;
@@ -41,6 +41,9 @@ pub mod retry;
 pub mod server;
 pub mod state;
 pub mod trace;
+// `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
+// them belongs to the change now reworking `upstream/`.
+#[allow(unreachable_pub)]
 pub mod upstream;
 mod workers;
 
@@ -209,5 +212,67 @@ impl std::error::Error for ProxyError {
             ProxyError::Start(e) => Some(e),
             ProxyError::Bind(e) => Some(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// Each level of `e`'s chain, from `e` down.
+    fn chain<'a>(e: &'a (dyn Error + 'static)) -> Vec<&'a (dyn Error + 'static)> {
+        let mut out = vec![e];
+        while let Some(s) = out[out.len() - 1].source() {
+            out.push(s);
+        }
+        out
+    }
+
+    /// `cfg` is refused with a chain `depth` deep whose messages each print the next
+    /// (they are quoted whole) and whose last level passes `cause`.
+    #[track_caller]
+    fn check(e: ProxyError, depth: usize, cause: fn(&(dyn Error + 'static)) -> bool) {
+        let levels = chain(&e);
+        assert_eq!(levels.len(), depth, "{e:?}");
+        for w in levels.windows(2) {
+            assert!(w[0].to_string().contains(&w[1].to_string()), "{} does not print {}", w[0], w[1]);
+        }
+        assert!(cause(levels[depth - 1]), "{e:?}");
+    }
+
+    async fn serve_err(cfg: ProxyConfig) -> ProxyError {
+        match serve(cfg, Tokenizers::new()).await {
+            Err(e) => e,
+            Ok(_) => panic!("the proxy started"),
+        }
+    }
+
+    #[tokio::test]
+    async fn start_errors_chain_to_their_cause() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let cfg = ProxyConfig { listen: taken.local_addr().unwrap(), ..ProxyConfig::default() };
+        let e = serve_err(cfg).await;
+        assert!(matches!(e, ProxyError::Bind(_)), "{e:?}");
+        check(e, 2, |s| {
+            s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+        });
+
+        let cfg = ProxyConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            models: vec![serde_json::from_value(json!({"name": "m"})).unwrap()],
+            workers: vec![serde_json::from_value(
+                json!({"id": 1, "url": "http://127.0.0.1:1", "model": "m", "dp_ranks": 4_000_000_000u32}),
+            )
+            .unwrap()],
+            ..ProxyConfig::default()
+        };
+        let e = serve_err(cfg).await;
+        assert!(matches!(e, ProxyError::Start(StartError::Worker { id: 1, .. })), "{e:?}");
+        // ProxyError, StartError, FleetError, DriveError, InputError, WorkerError.
+        check(e, 6, |s| s.is::<router_core::WorkerError>());
     }
 }

@@ -23,7 +23,7 @@
 //! What it leaves to others: configuration and wiring into the proxy
 //! (`kvroute-proxy`), routing itself (`router-core`), and running the NATS server.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod options;
 mod replica;

@@ -45,7 +45,7 @@ impl Default for ReplicaOptions {
 
 /// Why a replica could not start. Losing or never reaching NATS is not one of these: a
 /// replica then runs alone until NATS is back.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum ReplicaStartError {
     /// An option is out of range; names the option.
@@ -55,10 +55,10 @@ pub enum ReplicaStartError {
         /// What is wrong.
         message: String,
     },
-    /// The NATS client refused the URL or options.
-    Connect(String),
-    /// The subscription could not be made.
-    Subscribe(String),
+    /// The NATS client refused the URL or options; the client's error is the source.
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// The subscription could not be made; the client's error is the source.
+    Subscribe(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl fmt::Display for ReplicaStartError {
@@ -71,7 +71,14 @@ impl fmt::Display for ReplicaStartError {
     }
 }
 
-impl std::error::Error for ReplicaStartError {}
+impl std::error::Error for ReplicaStartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReplicaStartError::Invalid { .. } => None,
+            ReplicaStartError::Connect(e) | ReplicaStartError::Subscribe(e) => Some(&**e),
+        }
+    }
+}
 
 impl ReplicaOptions {
     /// Checks what types alone cannot.

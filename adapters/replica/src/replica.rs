@@ -107,8 +107,8 @@ pub async fn start(opts: ReplicaOptions, pools: Vec<PoolLink>) -> Result<Replica
         })
         .connect(opts.nats_url.as_str())
         .await
-        .map_err(|e| ReplicaStartError::Connect(e.to_string()))?;
-    let sub = client.subscribe(opts.subscription()).await.map_err(|e| ReplicaStartError::Subscribe(e.to_string()))?;
+        .map_err(|e| ReplicaStartError::Connect(Box::new(e)))?;
+    let sub = client.subscribe(opts.subscription()).await.map_err(|e| ReplicaStartError::Subscribe(Box::new(e)))?;
     let shared = Arc::new(Shared {
         id: replica_id(&opts.name),
         epoch: AtomicU64::new(random_u64()),
@@ -392,5 +392,19 @@ mod tests {
         check(vec![added(half), added(half), added(1)], &[2, 1]);
         // An update larger than a message's budget still travels, alone.
         check(vec![added(1), added(wire::BLOCKS_PER_MESSAGE_MAX + 1), added(1)], &[1, 1, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_url_keeps_the_clients_error_as_the_source() {
+        use std::error::Error;
+        let opts = ReplicaOptions { nats_url: "nats://127.0.0.1:notaport".into(), ..ReplicaOptions::default() };
+        let e = match start(opts, Vec::new()).await {
+            Err(e) => e,
+            Ok(_) => panic!("a URL without a port number started a replica"),
+        };
+        assert!(matches!(e, ReplicaStartError::Connect(_)), "{e:?}");
+        let source = e.source().expect("the client's error is the source");
+        assert!(source.is::<async_nats::ConnectError>(), "{source:?}");
+        assert_eq!(e.to_string(), format!("NATS client: {source}"));
     }
 }

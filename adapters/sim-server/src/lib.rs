@@ -38,7 +38,7 @@
 //! `bootstrap_host`, `bootstrap_port` and `bootstrap_room` waits there for the room's
 //! prefill before it starts (an error answer if that prefill fails).
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod args;
 mod bootstrap;

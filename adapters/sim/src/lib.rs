@@ -12,7 +12,7 @@
 //! only adapts router-core's façade to the [`replay::Dispatcher`] calls), file handling,
 //! and plotting.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
 
 pub mod bound;
 pub mod ceiling;

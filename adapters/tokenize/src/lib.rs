@@ -27,6 +27,7 @@
 //! requires `pip install transformers tokenizers jinja2` (no torch).
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod cache;
 mod detect;

@@ -3,6 +3,7 @@
 //! Kubernetes API plays the cluster.
 
 mod config;
+mod errors;
 mod extproc;
 mod gateway;
 mod k8s;

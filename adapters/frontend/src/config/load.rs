@@ -37,7 +37,7 @@ impl ProxyConfig {
     /// Reads, parses and checks a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?;
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         Self::from_toml_str(&text)
     }
 

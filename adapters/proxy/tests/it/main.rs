@@ -1,4 +1,6 @@
 //! The proxy end to end on loopback: real sockets, a fake upstream, bounded waits.
+// `fault_conns` borrows a socket's fd to read TCP_NODELAY; the workspace denies `unsafe`.
+#![allow(unsafe_code)]
 
 mod admin;
 mod disagg;
