@@ -195,7 +195,13 @@ async fn d1_a_drained_worker_finishes_its_streams_and_takes_nothing_new() {
         assert_eq!((a.status.as_u16(), a.worker().is_some_and(|w| w != home)), (200, true), "{}", a.text());
     }
     let moved = post(addr, "/v1/completions", &session, &completion("again", 2)).await;
-    assert_ne!(moved.worker(), Some(home), "the session re-binds away from the draining worker");
+    let other = 3 - home;
+    assert_eq!(
+        (moved.status.as_u16(), moved.worker()),
+        (200, Some(other)),
+        "re-bound away from the drain: {}",
+        moved.text()
+    );
     let rest = read(&held.rest().await);
     assert!(rest.done && rest.error.is_none(), "the in-flight stream finished: {rest:?}");
 

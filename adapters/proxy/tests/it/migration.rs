@@ -165,11 +165,14 @@ async fn m4_the_migration_limit_ends_the_stream_with_an_error_event() {
     sims.stop().await;
 }
 
-/// A session's binding follows its stream to the new worker.
+/// A session's binding follows its stream to the new worker: of three, the one that
+/// continued it, while the stalled one is still up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m5_the_sessions_binding_moves_with_the_migration() {
-    let sims = Sims::start(2).await;
-    let p = proxy(sims.config()).await;
+    let sims = Sims::start(3).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 100;
+    let p = proxy(cfg).await;
     let addr = p.local_addr();
     let session = [("x-session-id", "mover")];
     for f in &sims.faults {
@@ -177,14 +180,58 @@ async fn m5_the_sessions_binding_moves_with_the_migration() {
     }
     let mut ev = Events::open(addr, "/v1/completions", &session, &completion("move me", 10)).await;
     let home = ev.worker.unwrap();
-    sims.of(3 - home).set_stall_after_tokens(None);
-    ev.next().await.expect("a first chunk");
-    sims.of(home).kill();
+    for id in (1..=3).filter(|&id| id != home) {
+        sims.of(id).set_stall_after_tokens(None);
+    }
     let rest = read(&ev.rest().await);
     assert!(rest.done && rest.error.is_none(), "{rest:?}");
-    let next = post(addr, "/v1/completions", &session, &completion("next", 2)).await;
-    assert_eq!(next.status, 200, "{}", next.text());
-    assert_eq!(next.worker(), Some(3 - home), "the session now lives where its stream went");
+    sims.of(home).set_stall_after_tokens(None);
+    let m = get(addr, "/metrics").await.text();
+    let served = |w: u64| counted(&m, "kvroute_requests_total", &[&format!("worker=\"{w}\""), "outcome=\"ok\""]);
+    let target = (1..=3).find(|&w| served(w) == 1.0).expect("one worker finished the stream");
+    assert_ne!(target, home);
+    let preview = post(addr, "/route/preview", &session, &completion("next", 2)).await.json();
+    assert_eq!(preview["worker"], target, "{preview}");
+    for row in preview["explanation"].as_array().unwrap() {
+        let pinned_elsewhere = row["worker"] != target && row["excluded"] == "not_pinned";
+        assert!(row["worker"] == target || pinned_elsewhere, "the binding pins the target: {preview}");
+    }
+    for i in 0..3 {
+        let next = post(addr, "/v1/completions", &session, &completion(&format!("next{i}"), 2)).await;
+        assert_eq!((next.status.as_u16(), next.worker()), (200, Some(target)), "{}", next.text());
+    }
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+/// The continuation's worker is wedged: no first byte comes within
+/// `migration.deadline_ms` of the break, and the stream ends with its own error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m6_a_continuation_past_the_migration_deadline_ends_the_stream() {
+    let sims = Sims::start(2).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 300;
+    cfg.migration.deadline_ms = 150;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(2));
+    }
+    let mut ev = Events::open(addr, "/v1/completions", &[], &completion("late", 10)).await;
+    let home = ev.worker.unwrap();
+    sims.of(3 - home).set_wedged(true);
+    let first = ev.next().await.expect("a first chunk").1;
+    let events = ev.rest().await;
+    let got = read(&events);
+    let took = events.last().unwrap().1 - first;
+    assert!(!got.done, "{got:?}");
+    let e = got.error.expect("an error event");
+    assert_eq!(e["error"]["code"], "migration_deadline", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("150 ms"), "{e}");
+    assert!(took < Duration::from_secs(3), "the first-byte timeout (15 s) did not decide: {took:?}");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"deadline\""]), 1.0, "{m}");
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"no_worker\""]), 0.0, "{m}");
     eventually(5_000, "released", || released(addr)).await;
     sims.stop().await;
 }
