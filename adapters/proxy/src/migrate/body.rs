@@ -198,10 +198,18 @@ impl MigratingBody {
     /// else end with an error event (returned).
     fn broke(&mut self, reason: &'static str) -> Option<(Bytes, u32)> {
         if self.stream.done || self.stream.finished {
-            // Everything was generated; only the end was lost.
-            let tail = if self.stream.done { Bytes::new() } else { Bytes::from_static(b"data: [DONE]\n\n") };
+            // Everything was generated; only the end was lost, which the client still gets:
+            // the usage it asked for (from what is known) and `[DONE]`.
+            let mut tail = Vec::new();
+            if !self.stream.done {
+                if self.shared.plan.include_usage && !self.stream.usage_seen {
+                    tail.extend_from_slice(&self.stream.usage_chunk().unwrap_or_default());
+                }
+                tail.extend_from_slice(b"data: [DONE]\n\n");
+            }
+            let events = memchr::memmem::find_iter(&tail, b"\n\n").count().max(1) as u32;
             self.finish();
-            return Some((tail, 1));
+            return Some((Bytes::from(tail), events));
         }
         if let Some(b) = self.booking.take() {
             let _ = b.fail(DispatchFailure::Worker);
@@ -213,8 +221,9 @@ impl MigratingBody {
             m.migration(&self.shared.pool.name, reason, outcome);
             outcome
         };
-        if let Some(why) = plan.refusal {
-            refused("refused_structured");
+        let parsed = self.stream.parsed_output.then_some(("reasoning or tool-call output", "refused_fidelity"));
+        if let Some((why, outcome)) = plan.refusal.or(parsed) {
+            refused(outcome);
             let msg = format!("the worker's stream broke; a request with {why} cannot be continued on another worker");
             return Some(self.fail("migration_refused", "stream_broken", &msg));
         }

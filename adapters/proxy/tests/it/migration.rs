@@ -235,3 +235,79 @@ async fn m6_a_continuation_past_the_migration_deadline_ends_the_stream() {
     eventually(5_000, "released", || released(addr)).await;
     sims.stop().await;
 }
+
+/// A chat whose continuation would change what the client gets (`extra` asks for
+/// logprobs or offers tools) is not migrated: the break ends it with an error event
+/// naming `why`, counted as `refused_fidelity`.
+async fn check_unfaithful_is_refused(extra: Value, why: &str) {
+    let sims = Sims::start(2).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 50;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(2));
+    }
+    let mut body = greedy_chat("faithful", 8);
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let got = stream_all(addr, "/v1/chat/completions", &body).await;
+    assert!(!got.done && !got.chunks.is_empty(), "{why}: {got:?}");
+    let e = got.error.expect("an error event");
+    assert_eq!(e["error"]["code"], "migration_refused", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains(why), "{e}");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"refused_fidelity\""]), 1.0, "{why}\n{m}");
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"resumed\""]), 0.0, "{why}");
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m7_a_chat_with_logprobs_or_tools_is_not_migrated() {
+    check_unfaithful_is_refused(json!({"logprobs": true, "top_logprobs": 1}), "logprobs").await;
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    check_unfaithful_is_refused(json!({"tools": tools}), "tools").await;
+}
+
+/// The worker dies after the chunk with the `finish_reason` but before the usage the
+/// client asked for: the client still gets a usage chunk, built from the prompt's and
+/// the output's token ids, then `[DONE]`, and no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m8_a_break_between_the_last_token_and_the_usage_still_gives_the_usage() {
+    let fake = Fake::start(&[MODEL]).await;
+    let chunk = |choice: Value, first: bool| {
+        let mut c =
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": MODEL, "choices": [choice]});
+        if first {
+            c["choices"][0]["prompt_token_ids"] = json!([5, 6, 7, 8]);
+        }
+        bytes::Bytes::from(format!("data: {c}\n\n"))
+    };
+    let chunks = vec![
+        chunk(json!({"index": 0, "text": "a", "token_ids": [11], "finish_reason": null}), true),
+        chunk(json!({"index": 0, "text": "b", "token_ids": [12], "finish_reason": null}), false),
+        chunk(json!({"index": 0, "text": "c", "token_ids": [13], "finish_reason": "length"}), false),
+    ];
+    fake.set(Behavior::DieAfter { chunks });
+    let p = proxy(config(&[(1, fake.addr)])).await;
+    let addr = p.local_addr();
+    let got = stream_all(addr, "/v1/completions", &completion("usage please", 3)).await;
+    assert!(got.done && got.error.is_none(), "{got:?}");
+    assert_eq!(got.text, "abc");
+    let last = got.chunks.last().unwrap();
+    let want = json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7});
+    assert_eq!(last["usage"], want, "{last}");
+    assert_eq!(
+        (&last["id"], &last["created"], &last["object"]),
+        (&json!("cmpl-1"), &json!(7), &json!("text_completion"))
+    );
+    assert!(got.chunks.iter().all(|c| c["choices"][0].get("token_ids").is_none()), "{:?}", got.chunks);
+    // Without include_usage, none is made up.
+    let mut body = completion("no usage", 3);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let plain = stream_all(addr, "/v1/completions", &body).await;
+    assert!(plain.done && plain.error.is_none() && plain.chunks.iter().all(|c| c.get("usage").is_none()), "{plain:?}");
+    eventually(5_000, "released", || released(addr)).await;
+}
