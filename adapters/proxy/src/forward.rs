@@ -111,7 +111,12 @@ fn cfg_cap(state: &State) -> u64 {
     state.cfg.retry.retry_after_max_ms
 }
 
-fn unix_now_s() -> u64 {
+/// A worker's `Retry-After` as the wait it asks for, capped by the configuration.
+pub(crate) fn retry_after_of(state: &State, headers: &http::HeaderMap) -> Option<Duration> {
+    retry::retry_after(headers, unix_now_s(), cfg_cap(state))
+}
+
+pub(crate) fn unix_now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -169,11 +174,7 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32) -> Result
     };
     let cached = booking.routed().overlap.device.saturating_mul(t.pool.block_size.tokens());
     let uncached = isl_tokens.saturating_sub(cached);
-    let limit = if t.stream {
-        Some(retry::first_byte_timeout(&state.cfg.retry, uncached))
-    } else {
-        retry::answer_timeout(&state.cfg.retry, uncached, retry::max_output_tokens(&t.body))
-    };
+    let limit = retry::try_limit(&state.cfg.retry, t.stream, uncached, &t.body);
     let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();
     let sent = tokio::time::timeout_at(first_byte_by, async {

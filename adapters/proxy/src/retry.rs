@@ -114,6 +114,16 @@ pub fn answer_timeout(cfg: &RetryConfig, uncached_tokens: u32, max_output_tokens
     Some(first_byte_timeout(cfg, uncached_tokens).saturating_add(decode))
 }
 
+/// How long one try of `body` may take to produce its first byte: the first-byte
+/// timeout for a stream, the answer timeout otherwise; `None` for the request's deadline.
+pub fn try_limit(cfg: &RetryConfig, stream: bool, uncached_tokens: u32, body: &[u8]) -> Option<Duration> {
+    if stream {
+        Some(first_byte_timeout(cfg, uncached_tokens))
+    } else {
+        answer_timeout(cfg, uncached_tokens, max_output_tokens(body))
+    }
+}
+
 /// The output limit a request body names (`max_completion_tokens`, else `max_tokens`).
 pub fn max_output_tokens(body: &[u8]) -> Option<u64> {
     #[derive(serde::Deserialize)]
