@@ -221,7 +221,8 @@ mod tests {
         assert_eq!(answer_timeout(&c, 0, None), None, "no limit named: the request's deadline");
         let off = RetryConfig { answer_timeout_per_output_token_ms: 0, ..c };
         assert_eq!(answer_timeout(&off, 0, Some(100)), None);
-        assert_eq!(answer_timeout(&c, 0, Some(u64::MAX)), Some(Duration::MAX));
+        let huge = Duration::from_millis(u64::MAX) + Duration::from_millis(1_000);
+        assert_eq!(answer_timeout(&c, 0, Some(u64::MAX)), Some(huge), "no overflow");
         assert_eq!(max_output_tokens(br#"{"max_tokens": 7}"#), Some(7));
         assert_eq!(max_output_tokens(br#"{"max_tokens": 7, "max_completion_tokens": 9}"#), Some(9));
         assert_eq!(max_output_tokens(br#"{"max_tokens": null}"#), None);
