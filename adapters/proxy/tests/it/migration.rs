@@ -311,3 +311,34 @@ async fn m8_a_break_between_the_last_token_and_the_usage_still_gives_the_usage()
     assert!(plain.done && plain.error.is_none() && plain.chunks.iter().all(|c| c.get("usage").is_none()), "{plain:?}");
     eventually(5_000, "released", || released(addr)).await;
 }
+
+/// A continuation prefills the prompt and what was generated: its first-byte timeout is
+/// sized by both. Worker 1 streams two tokens of a 1,000-token prompt and dies; worker 2
+/// takes 400 ms to its first byte, within 100 ms plus 1 ms per token of the
+/// continuation's prompt, though far beyond that for the client's short text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m9_a_continuations_first_byte_timeout_counts_the_prompt_and_the_output() {
+    let (dying, slow) = (Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await);
+    let ids: Vec<u32> = (0..1_000).collect();
+    let first = json!({"id": "c", "object": "text_completion", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "text": "a", "token_ids": [5000], "prompt_token_ids": ids}]});
+    let second = json!({"id": "c", "object": "text_completion", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "text": "b", "token_ids": [5001]}]});
+    let chunks = [first, second].map(|c| bytes::Bytes::from(format!("data: {c}\n\n"))).to_vec();
+    dying.set(Behavior::DieAfter { chunks });
+    slow.set(Behavior::Delayed { ms: 400, chunks: sse_chunks(2) });
+    let mut cfg = config(&[(1, dying.addr), (2, slow.addr)]);
+    cfg.retry.first_byte_timeout_base_ms = 100;
+    cfg.retry.first_byte_timeout_per_token_us = 1_000;
+    cfg.ejection.consecutive_failures = 0;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    let got = stream_all(addr, "/v1/completions", &completion("hi", 8)).await;
+    assert!(got.done && got.error.is_none(), "{got:?}");
+    let cont = slow.seen();
+    assert_eq!(cont.len(), 1, "one continuation");
+    assert_eq!(cont[0].body["prompt"].as_array().map(Vec::len), Some(1_002), "the prompt and the two tokens");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"resumed\""]), 1.0, "{m}");
+    eventually(5_000, "released", || released(addr)).await;
+}
