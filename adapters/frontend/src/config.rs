@@ -174,6 +174,11 @@ pub struct RetryConfig {
     /// Longest silence of a stream after its first byte, in ms, before it is treated as
     /// broken and handed to migration (default 60,000; 0 disables).
     pub idle_stream_timeout_ms: u64,
+    /// Time a non-streaming try has to answer, per output token it asks for
+    /// (`max_tokens` or `max_completion_tokens`), in ms, on top of its first-byte timeout
+    /// (default 100; 0 disables). A request that names no limit waits until its own
+    /// deadline, `limits.request_timeout_ms`.
+    pub answer_timeout_per_output_token_ms: u64,
 }
 
 impl Default for RetryConfig {
@@ -189,6 +194,7 @@ impl Default for RetryConfig {
             first_byte_timeout_base_ms: 15_000,
             first_byte_timeout_per_token_us: 1_000,
             idle_stream_timeout_ms: 60_000,
+            answer_timeout_per_output_token_ms: 100,
         }
     }
 }
@@ -275,8 +281,9 @@ pub struct RoutingConfig {
     pub sessions_max: usize,
     /// How long an idle session stays bound, in ms (default 300,000).
     pub lease_ttl_ms: u64,
-    /// `hard` (default: a session stays on its worker or fails) or `soft` (re-bind
-    /// when the worker is unavailable).
+    /// `hard` (default: a session never moves while its worker is available, and
+    /// re-binds when it is ejected, draining or gone) or `soft` (also re-binds when the
+    /// worker is ineligible for a request).
     #[serde(deserialize_with = "from_str")]
     pub affinity_mode: AffinityModeName,
     /// Requests tracked per model: booked, streaming, queued or waiting (default 65,536).

@@ -77,7 +77,7 @@ pub(crate) async fn first_answer(
         };
         let worker = booking.target().worker;
         tried.push(worker);
-        let (reason, kept, err) = match one_try(t, booking).await {
+        let (reason, kept, err) = match one_try(t, booking, request.isl_tokens).await {
             Ok(a) => return Ok(a),
             Err(Failed::TimedOut) => return Err(ApiError::timeout()),
             Err(Failed::Retry(reason, kept, err)) => (reason, kept, err),
@@ -111,7 +111,12 @@ fn cfg_cap(state: &State) -> u64 {
     state.cfg.retry.retry_after_max_ms
 }
 
-fn unix_now_s() -> u64 {
+/// A worker's `Retry-After` as the wait it asks for, capped by the configuration.
+pub(crate) fn retry_after_of(state: &State, headers: &http::HeaderMap) -> Option<Duration> {
+    retry::retry_after(headers, unix_now_s(), cfg_cap(state))
+}
+
+pub(crate) fn unix_now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -142,9 +147,10 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
     Ok(Some(booking))
 }
 
-/// Sends one try and waits for its head and, for a stream, its first frame, within the
-/// try's first-byte timeout.
-async fn one_try(t: &Tries<'_>, mut booking: Booking) -> Result<Answered, Failed> {
+/// Sends one try of a prompt of `isl_tokens` and waits for its head and, for a stream,
+/// its first frame, within the try's first-byte timeout (for a non-streaming try, its
+/// answer timeout).
+async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32) -> Result<Answered, Failed> {
     let state = t.state;
     let worker_id = booking.target().worker;
     let Some(worker) = state.fleet.worker(worker_id.0) else {
@@ -166,14 +172,10 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking) -> Result<Answered, Failed
             return Err(Failed::Retry(RetryReason::Connect, None, e));
         }
     };
-    let first_byte_by = if t.stream {
-        let r = booking.routed();
-        let cached = r.overlap.device.saturating_mul(t.pool.block_size.tokens());
-        let uncached = t.p.request.isl_tokens.saturating_sub(cached);
-        (Instant::now() + retry::first_byte_timeout(&state.cfg.retry, uncached)).min(t.deadline)
-    } else {
-        t.deadline
-    };
+    let cached = booking.routed().overlap.device.saturating_mul(t.pool.block_size.tokens());
+    let uncached = isl_tokens.saturating_sub(cached);
+    let limit = retry::try_limit(&state.cfg.retry, t.stream, uncached, &t.body);
+    let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();
     let sent = tokio::time::timeout_at(first_byte_by, async {
         let mut resp = state.client.send(up).await?;
@@ -271,11 +273,17 @@ fn status_error(worker: u64, status: http::StatusCode) -> ApiError {
     e
 }
 
-/// A try is abandoned: its booking is released as the worker's failure (which drops the
-/// session's binding), and the failure counts towards the worker's ejection unless it
-/// was only a 429.
-fn give_up(state: &Arc<State>, booking: Booking, worker: u64, reason: RetryReason) {
-    let _ = booking.fail(DispatchFailure::Worker);
+/// A try is abandoned: its booking is released, and the failure counts towards the
+/// worker's ejection unless it was only a 429. A worker that could not be reached or
+/// broke the connection loses the session's binding; one that answered (a 429, a 5xx)
+/// or is only slow keeps it, since it is still available: this request alone goes
+/// elsewhere.
+pub(crate) fn give_up(state: &Arc<State>, booking: Booking, worker: u64, reason: RetryReason) {
+    let why = match reason {
+        RetryReason::Connect | RetryReason::Reset => DispatchFailure::Worker,
+        _ => DispatchFailure::Refused,
+    };
+    let _ = booking.fail(why);
     if reason.counts_against_worker() {
         let kind = match reason {
             RetryReason::Connect => "connect",

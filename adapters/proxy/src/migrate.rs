@@ -23,7 +23,11 @@
 //! prompt or a chat template rendered by kvroute is not guaranteed to give the engine's
 //! ids token for token, nor does anything give the generated ids); more than
 //! `migration.attempts_max` breaks; no continuation answering within
-//! `migration.deadline_ms` of the break. Only streams migrate: a non-streaming request
+//! `migration.deadline_ms` of the break. Nor is what a continuation on
+//! `/v1/completions` would silently change: logprobs (a chat's have another shape, a
+//! completion's offsets restart), tools (unless `tool_choice` is `"none"`), and a chat
+//! whose worker parsed its output into reasoning or tool-call deltas (a server-side
+//! parser the continuation bypasses). Only streams migrate: a non-streaming request
 //! has sent nothing when its worker breaks, and is retried whole (see [`crate::retry`]).
 
 mod body;
@@ -77,8 +81,11 @@ pub(crate) struct Plan {
     json: Map<String, Value>,
     /// The client asked for `return_token_ids` itself: the fields stay in its chunks.
     pub(crate) client_ids: bool,
-    /// Why a break cannot be continued, if it cannot.
-    pub(crate) refusal: Option<&'static str>,
+    /// Why a break cannot be continued, if it cannot: the reason, and the `outcome`
+    /// label it is counted under.
+    pub(crate) refusal: Option<(&'static str, &'static str)>,
+    /// The client asked for a final usage chunk (`stream_options.include_usage`).
+    pub(crate) include_usage: bool,
     /// The output limit the client set, if any.
     max_tokens: Option<u64>,
     pub(crate) attempts_max: u32,
@@ -102,7 +109,8 @@ impl Plan {
         Some(Plan {
             endpoint: p.endpoint,
             client_ids: yes("return_token_ids"),
-            refusal: structured(&json),
+            refusal: refusal(p.endpoint, &json),
+            include_usage: include_usage(&json),
             max_tokens,
             json,
             attempts_max: cfg.attempts_max,
@@ -162,6 +170,33 @@ impl Plan {
         };
         Some((path, Bytes::from(Value::Object(json).to_string())))
     }
+}
+
+/// Why a stream of `json` cannot be continued, with the outcome it counts as.
+fn refusal(endpoint: Endpoint, json: &Map<String, Value>) -> Option<(&'static str, &'static str)> {
+    structured(json)
+        .map(|why| (why, "refused_structured"))
+        .or_else(|| unfaithful(endpoint, json).map(|why| (why, "refused_fidelity")))
+}
+
+/// What a continuation on `/v1/completions` would drop or change for the client, if
+/// `json` asks for it.
+fn unfaithful(endpoint: Endpoint, json: &Map<String, Value>) -> Option<&'static str> {
+    let logprobs = match json.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(_) => true,
+    };
+    if logprobs {
+        return Some("logprobs");
+    }
+    let tools = json.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
+    let none = json.get("tool_choice").and_then(Value::as_str) == Some("none");
+    (endpoint == Endpoint::Chat && tools && !none).then_some("tools")
+}
+
+/// Whether the client asked for a final usage chunk.
+fn include_usage(json: &Map<String, Value>) -> bool {
+    json.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool) == Some(true)
 }
 
 /// Why `json` asks for structured output, if it does.

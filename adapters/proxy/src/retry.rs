@@ -18,6 +18,10 @@
 //!   its cache, so long prefills get the time they need and a wedged worker is found in
 //!   seconds. It counts against the worker, like a 5xx, so a wedged worker is ejected
 //!   after `ejection.consecutive_failures` tries instead of after the health checks.
+//! * A non-streaming try sends its first byte only when the whole answer is done, so it
+//!   gets the first-byte timeout plus `answer_timeout_per_output_token_ms` for each output
+//!   token it asks for. One that names no limit could run as long as the engine allows,
+//!   and waits until the request's own deadline.
 
 use std::time::Duration;
 
@@ -100,6 +104,37 @@ pub fn first_byte_timeout(cfg: &RetryConfig, uncached_tokens: u32) -> Duration {
     Duration::from_millis(cfg.first_byte_timeout_base_ms).saturating_add(Duration::from_micros(per_token))
 }
 
+/// A non-streaming try's time to answer: its first-byte timeout plus the per-token
+/// allowance for `max_output_tokens`. `None` (wait for the request's deadline) when the
+/// request names no limit or the allowance is off.
+pub fn answer_timeout(cfg: &RetryConfig, uncached_tokens: u32, max_output_tokens: Option<u64>) -> Option<Duration> {
+    let per_token_ms = cfg.answer_timeout_per_output_token_ms;
+    let out = max_output_tokens.filter(|_| per_token_ms > 0)?;
+    let decode = Duration::from_millis(out.saturating_mul(per_token_ms));
+    Some(first_byte_timeout(cfg, uncached_tokens).saturating_add(decode))
+}
+
+/// How long one try of `body` may take to produce its first byte: the first-byte
+/// timeout for a stream, the answer timeout otherwise; `None` for the request's deadline.
+pub fn try_limit(cfg: &RetryConfig, stream: bool, uncached_tokens: u32, body: &[u8]) -> Option<Duration> {
+    if stream {
+        Some(first_byte_timeout(cfg, uncached_tokens))
+    } else {
+        answer_timeout(cfg, uncached_tokens, max_output_tokens(body))
+    }
+}
+
+/// The output limit a request body names (`max_completion_tokens`, else `max_tokens`).
+pub fn max_output_tokens(body: &[u8]) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Limits {
+        max_tokens: Option<u64>,
+        max_completion_tokens: Option<u64>,
+    }
+    let l: Limits = serde_json::from_slice(body).ok()?;
+    l.max_completion_tokens.or(l.max_tokens)
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
@@ -171,5 +206,27 @@ mod tests {
         assert_eq!(first_byte_timeout(&c, 0), Duration::from_millis(1_000));
         assert_eq!(first_byte_timeout(&c, 10_000), Duration::from_millis(6_000));
         assert_eq!(first_byte_timeout(&c, u32::MAX), Duration::from_micros(1_000_000 + 4_294_967_295 * 500));
+    }
+
+    #[test]
+    fn a_non_streaming_answer_gets_time_per_output_token_it_asks_for() {
+        let c = RetryConfig {
+            first_byte_timeout_base_ms: 1_000,
+            first_byte_timeout_per_token_us: 500,
+            answer_timeout_per_output_token_ms: 20,
+            ..cfg()
+        };
+        assert_eq!(answer_timeout(&c, 2_000, Some(100)), Some(Duration::from_millis(4_000)));
+        assert_eq!(answer_timeout(&c, 0, Some(0)), Some(Duration::from_millis(1_000)));
+        assert_eq!(answer_timeout(&c, 0, None), None, "no limit named: the request's deadline");
+        let off = RetryConfig { answer_timeout_per_output_token_ms: 0, ..c };
+        assert_eq!(answer_timeout(&off, 0, Some(100)), None);
+        let huge = Duration::from_millis(u64::MAX) + Duration::from_millis(1_000);
+        assert_eq!(answer_timeout(&c, 0, Some(u64::MAX)), Some(huge), "no overflow");
+        assert_eq!(max_output_tokens(br#"{"max_tokens": 7}"#), Some(7));
+        assert_eq!(max_output_tokens(br#"{"max_tokens": 7, "max_completion_tokens": 9}"#), Some(9));
+        assert_eq!(max_output_tokens(br#"{"max_tokens": null}"#), None);
+        assert_eq!(max_output_tokens(br#"{"max_tokens": -1}"#), None);
+        assert_eq!(max_output_tokens(b"[1]"), None);
     }
 }

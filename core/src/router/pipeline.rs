@@ -26,6 +26,7 @@ impl Router {
             SessionStep::Wait => return Ok(Decision::Waiting),
             SessionStep::Go(b) => b,
         };
+        let binding = self.unless_refused(fk, binding);
         let placed = match self.place(now, fk, binding, true) {
             Err(RouteError::Pin(_)) if self.soft_binding_only(fk, binding) => {
                 // A soft binding is a preference: drop it and place the request afresh.
@@ -99,6 +100,18 @@ impl Router {
             }
         }
         Err(RouteError::WorkerGone)
+    }
+
+    /// The binding to place by: none when its worker already refused this request (a
+    /// retry) and no explicit pin names it. The flight keeps its lease, so the binding
+    /// stays where it is and this one request goes elsewhere.
+    fn unless_refused(&self, fk: FlightKey, binding: Option<Binding>) -> Option<Binding> {
+        let refused = |b: &Binding| {
+            self.flights.get(&fk).is_some_and(|f| {
+                f.req.failed_workers.contains(&b.worker) && pin::explicit_pin(fk.phase, &f.req.hints).is_none()
+            })
+        };
+        binding.filter(|b| !refused(b))
     }
 
     /// True when the request's only pin is a soft session binding.
@@ -316,7 +329,7 @@ impl Router {
                 self.pop_peeked();
                 continue;
             };
-            let binding = self.binding_of(fk);
+            let binding = self.unless_refused(fk, self.binding_of(fk));
             let mut placed = self.place(now, fk, binding, true);
             if matches!(placed, Err(RouteError::Pin(_))) && self.soft_binding_only(fk, binding) {
                 self.drop_binding(now, fk);

@@ -125,8 +125,13 @@ pub enum Decision {
 pub enum DispatchFailure {
     /// The client went away: the binding stays.
     Cancelled,
-    /// The worker failed (connect error, bad status, prepare step): the binding is dropped.
+    /// The worker failed (connect error, reset, prepare step): the binding is dropped.
     Worker,
+    /// The worker is up but could not serve this request (a 429, a 5xx, no first byte in
+    /// time): the binding stays, in both affinity modes, because the worker still holds
+    /// the session's cache. The request's retry lists the worker in
+    /// [`Request::failed_workers`] and goes elsewhere once, without moving the binding.
+    Refused,
 }
 
 /// Something the router decided on its own, drained from `poll_output`.

@@ -11,7 +11,11 @@
 //! has seen nothing. Then the decode request is aborted (its connection closed, its
 //! booking released without blaming the decode worker) and the pair is retried with
 //! another prefill worker, within the retry budget. The other way round, a decode
-//! worker that fails aborts the prefill; one that refuses the connection is replaced.
+//! worker that fails aborts the prefill. Either side failing before the client's first
+//! byte (by the rules of [`crate::retry`]: no connection, a reset, a 5xx, a 429, no head
+//! within its first-byte timeout) retries the pair with a new room and another worker
+//! on the failed side, with the same budget, backoff and `Retry-After` as an
+//! aggregated request.
 //!
 //! A decode worker whose prefill failed often answers with an error of its own, which
 //! can arrive before the proxy hears from the prefill. So an error answer from the
@@ -24,18 +28,20 @@ use std::time::Duration;
 
 use crate::upstream::Upstream;
 use http::Response;
-use kvroute_driver::DispatchFailure;
 use router_core::{Phase, WorkerId};
 use serde_json::{json, Map, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::phase::{book, decode_request, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
+use super::phase::{
+    book, decode_request, edited_body, phase_request, prefill_limit, retryable_answer, run_prefill, PrefillEnd, Retry,
+};
 use crate::body::ProxyBody;
 use crate::config::{WorkerConfig, WorkerUrl};
 use crate::error::ApiError;
+use crate::forward;
 use crate::handler::{error_chain, respond, upstream_request, Prepared, Respond};
-use crate::health;
+use crate::retry::{self, RetryReason};
 use crate::state::State;
 
 /// How long an error answer from the decode worker waits for its prefill's verdict.
@@ -50,9 +56,9 @@ enum Paired {
     /// The prefill worker refused the request as the client's mistake.
     Refused(Response<ProxyBody>),
     /// The prefill worker failed.
-    PrefillFailed { err: ApiError, cause: &'static str, retryable: bool },
+    PrefillFailed { err: ApiError, cause: &'static str, reason: RetryReason, after: Option<Duration> },
     /// The decode request failed before any answer.
-    DecodeFailed { err: ApiError, connect: bool },
+    DecodeFailed { err: ApiError, reason: RetryReason },
 }
 
 /// Prefill and decode at once; streams the decode's answer.
@@ -66,6 +72,9 @@ pub(super) async fn forward(
     let model = p.pool.name.as_str();
     let mut pre = phase_request(&p.request, Phase::Prefill);
     let (mut retry_pre, mut retry_dec) = (Retry::new(), Retry::new());
+    let stream = crate::migrate::is_stream(&p.forward_body);
+    // The decode waits for the whole prompt's KV before its first token.
+    let dec_limit = retry::try_limit(&state.cfg.retry, stream, p.request.isl_tokens, &p.forward_body);
     loop {
         let (pre_booking, pre_worker) = book(state, &p.pool, &mut pre, &retry_pre, deadline).await?;
         let mut dec = decode_request(&p.request, &p.pool, &pre_worker);
@@ -75,14 +84,42 @@ pub(super) async fn forward(
         let body = edited_body(&p, |o| bootstrap_fields(o, &pre_worker, room))?;
         let up_pre = upstream_request(state, &pre_worker, pre_booking.target(), &p, body.clone())?;
         let up_dec = upstream_request(state, &dec_worker, dec_booking.target(), &p, body)?;
-        let prefill = run_prefill(state, model, &pre_worker, pre_booking, up_pre);
-        let decode = async { state.client.send(up_dec).await.map_err(|e| (e.is_connect(), error_chain(&e))) };
+        let pre_limit = prefill_limit(state, &p.pool, &pre_booking, p.request.isl_tokens);
+        let prefill = run_prefill(state, model, &pre_worker, pre_booking, up_pre, pre_limit);
+        let decode = async {
+            let sent = state.client.send(up_dec);
+            // The decode's first byte waits for the prefill: a stalled prefill is blamed
+            // by its own timeout, which comes first.
+            let sent = match dec_limit {
+                Some(limit) => tokio::time::timeout(pre_limit + limit, sent).await,
+                None => Ok(sent.await),
+            };
+            match sent {
+                Ok(Ok(resp)) => Ok(resp),
+                Ok(Err(e)) if e.is_connect() => Err((RetryReason::Connect, error_chain(&e))),
+                Ok(Err(e)) => Err((RetryReason::Reset, error_chain(&e))),
+                Err(_) => Err((RetryReason::FirstByteTimeout, "no byte within its first-byte timeout".into())),
+            }
+        };
         let paired = match tokio::time::timeout_at(deadline, pair(prefill, decode)).await {
             Err(_) => return Err(ApiError::timeout()),
             Ok(p) => p,
         };
         let ctx = Respond { model, arrived, deadline, prefill_worker: Some(pre_worker.id) };
+        let dec_id = WorkerId(dec_worker.id);
         match paired {
+            Paired::Decode(resp) | Paired::DecodeRefused(resp) if retryable(state, &resp, &mut retry_dec) => {
+                let (reason, after) = retryable_answer(state, &resp).unwrap_or((RetryReason::Status5xx, None));
+                forward::give_up(state, dec_booking, dec_worker.id, reason);
+                state.metrics.disagg_abort(model, "prefill", reason.as_str());
+                retry_dec.record(
+                    dec_id,
+                    ApiError::upstream(format!("decode worker {} answered {}", dec_worker.id, resp.status())),
+                );
+                if !retry_dec.backoff(state, &p.pool, reason, after, deadline).await {
+                    return Err(retry_dec.into_err());
+                }
+            }
             Paired::Decode(resp) => return Ok(respond(state, resp, dec_booking, ctx, permit)),
             Paired::DecodeRefused(resp) => {
                 state.metrics.disagg_abort(model, "prefill", "status");
@@ -92,19 +129,20 @@ pub(super) async fn forward(
                 state.metrics.disagg_abort(model, "decode", "refused");
                 return Ok(resp);
             }
-            Paired::PrefillFailed { err, cause, retryable } => {
+            Paired::PrefillFailed { err, cause, reason, after } => {
                 // Dropping the booking cancels it: the decode worker did nothing wrong.
                 drop(dec_booking);
                 state.metrics.disagg_abort(model, "decode", cause);
-                if !retry_pre.failed(state, model, WorkerId(pre_worker.id), err, retryable) {
+                let why = Some((reason, after));
+                if !retry_pre.failed(state, &p.pool, WorkerId(pre_worker.id), err, why, deadline).await {
                     return Err(retry_pre.into_err());
                 }
             }
-            Paired::DecodeFailed { err, connect } => {
-                let _ = dec_booking.fail(DispatchFailure::Worker);
-                health::failure(state, dec_worker.id, if connect { "connect" } else { "request" });
-                state.metrics.disagg_abort(model, "prefill", if connect { "connect" } else { "request" });
-                if !retry_dec.failed(state, model, WorkerId(dec_worker.id), err, connect) {
+            Paired::DecodeFailed { err, reason } => {
+                forward::give_up(state, dec_booking, dec_worker.id, reason);
+                let cause = if reason == RetryReason::Reset { "request" } else { reason.as_str() };
+                state.metrics.disagg_abort(model, "prefill", cause);
+                if !retry_dec.failed(state, &p.pool, dec_id, err, Some((reason, None)), deadline).await {
                     return Err(retry_dec.into_err());
                 }
             }
@@ -112,19 +150,24 @@ pub(super) async fn forward(
     }
 }
 
+/// Whether a decode answer is a retryable status and a retry is left (which this takes).
+fn retryable(state: &State, resp: &Response<Upstream>, retry: &mut Retry) -> bool {
+    retryable_answer(state, resp).is_some() && retry.may_retry(state)
+}
+
 /// Drives both requests until the prefill's verdict and the decode's answer are in, or
 /// one side fails. Whatever is still running when this returns is dropped: its
 /// connection closes and its booking is released.
 async fn pair(
     prefill: impl Future<Output = PrefillEnd>,
-    decode: impl Future<Output = Result<Response<Upstream>, (bool, String)>>,
+    decode: impl Future<Output = Result<Response<Upstream>, (RetryReason, String)>>,
 ) -> Paired {
     tokio::pin!(prefill, decode);
     let mut answered: Option<Response<Upstream>> = None;
     let mut verdict_by: Option<Instant> = None;
-    let decode_failed = |(connect, message): (bool, String)| Paired::DecodeFailed {
+    let decode_failed = |(reason, message): (RetryReason, String)| Paired::DecodeFailed {
         err: ApiError::upstream(format!("decode worker failed: {message}")),
-        connect,
+        reason,
     };
     loop {
         let wait = async {
@@ -144,7 +187,9 @@ async fn pair(
                         },
                     },
                     PrefillEnd::Refused(resp) => Paired::Refused(resp),
-                    PrefillEnd::Failed { err, cause, retryable } => Paired::PrefillFailed { err, cause, retryable },
+                    PrefillEnd::Failed { err, cause, reason, after } => {
+                        Paired::PrefillFailed { err, cause, reason, after }
+                    }
                 };
             }
             got = &mut decode, if answered.is_none() => match got {

@@ -7,8 +7,10 @@
 //!    client has seen nothing yet.
 //! 2. Its answer's `kv_transfer_params` (where and which blocks to pull) go into the
 //!    original request, which the decode worker streams back to the client. A decode
-//!    worker that refuses the connection is replaced by another one; the prefilled KV
-//!    stays where it is until some decode worker pulls it.
+//!    worker that fails before its first byte (by the rules of [`crate::retry`]: no
+//!    connection, a reset, a 5xx, a 429, no head within its first-byte timeout) is
+//!    replaced by another one with the same transfer parameters; the prefilled KV stays
+//!    where it is until some decode worker pulls it.
 //!
 //! The prefill booking ends when its answer arrives (the prefill worker's part is done);
 //! the decode booking lives as long as the client's stream.
@@ -16,18 +18,20 @@
 use std::sync::Arc;
 
 use http::Response;
-use kvroute_driver::DispatchFailure;
 use router_core::{Phase, WorkerId};
 use serde_json::{json, Map, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::phase::{book, decode_request, edited_body, phase_request, run_prefill, PrefillEnd, Retry};
+use super::phase::{
+    book, decode_request, edited_body, phase_request, prefill_limit, retryable_answer, run_prefill, PrefillEnd, Retry,
+};
 use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
+use crate::forward;
 use crate::handler::{error_chain, respond, upstream_request, Prepared, Respond};
-use crate::health;
+use crate::retry::{self, RetryReason};
 use crate::state::State;
 
 /// What the prefill step came to.
@@ -61,25 +65,44 @@ pub(super) async fn forward(
         None => p.forward_body.clone(),
     };
     let model = p.pool.name.as_str();
+    let stream = crate::migrate::is_stream(&body);
+    // The decode pulls the whole prompt's KV before its first token.
+    let limit = retry::try_limit(&state.cfg.retry, stream, p.request.isl_tokens, &body);
     let mut retry = Retry::new();
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
-        match tokio::time::timeout_at(deadline, state.client.send(up)).await {
-            Err(_) => return Err(ApiError::timeout()),
-            Ok(Ok(resp)) => {
-                let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };
-                return Ok(respond(state, resp, booking, ctx, permit));
+        let by = limit.and_then(|l| Instant::now().checked_add(l)).map_or(deadline, |t| t.min(deadline));
+        let (reason, err) = match tokio::time::timeout_at(by, state.client.send(up)).await {
+            Err(_) if by >= deadline => return Err(ApiError::timeout()),
+            Err(_) => {
+                let msg = format!("decode worker {} sent no byte within its first-byte timeout", worker.id);
+                (RetryReason::FirstByteTimeout, ApiError::upstream(msg))
             }
-            Ok(Err(e)) => {
-                let connect = e.is_connect();
-                let _ = booking.fail(DispatchFailure::Worker);
-                health::failure(state, worker.id, if connect { "connect" } else { "request" });
-                let err = ApiError::upstream(format!("decode worker {} failed: {}", worker.id, error_chain(&e)));
-                if !retry.failed(state, model, WorkerId(worker.id), err, connect) {
-                    return Err(retry.into_err());
+            Ok(Ok(resp)) => match retryable_answer(state, &resp) {
+                Some((reason, after)) if retry.may_retry(state) => {
+                    forward::give_up(state, booking, worker.id, reason);
+                    let err = ApiError::upstream(format!("decode worker {} answered {}", worker.id, resp.status()));
+                    retry.record(WorkerId(worker.id), err);
+                    if !retry.backoff(state, &p.pool, reason, after, deadline).await {
+                        return Err(retry.into_err());
+                    }
+                    continue;
                 }
+                _ => {
+                    // No retry left: the worker's answer goes to the client as it is.
+                    let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };
+                    return Ok(respond(state, resp, booking, ctx, permit));
+                }
+            },
+            Ok(Err(e)) => {
+                let reason = if e.is_connect() { RetryReason::Connect } else { RetryReason::Reset };
+                (reason, ApiError::upstream(format!("decode worker {} failed: {}", worker.id, error_chain(&e))))
             }
+        };
+        forward::give_up(state, booking, worker.id, reason);
+        if !retry.failed(state, &p.pool, WorkerId(worker.id), err, Some((reason, None)), deadline).await {
+            return Err(retry.into_err());
         }
     }
 }
@@ -93,11 +116,13 @@ async fn prefill(state: &Arc<State>, p: &Prepared, deadline: Instant) -> Result<
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), p, body.clone())?;
-        match run_prefill(state, model, &worker, booking, up).await {
+        let limit = prefill_limit(state, &p.pool, &booking, p.request.isl_tokens);
+        match run_prefill(state, model, &worker, booking, up, limit).await {
             PrefillEnd::Done(answer) => return Ok(Prefilled::Ready { params: transfer_params(&answer), worker }),
             PrefillEnd::Refused(resp) => return Ok(Prefilled::Answer(resp)),
-            PrefillEnd::Failed { err, retryable, .. } => {
-                if !retry.failed(state, model, WorkerId(worker.id), err, retryable) {
+            PrefillEnd::Failed { err, reason, after, .. } => {
+                let why = Some((reason, after));
+                if !retry.failed(state, &p.pool, WorkerId(worker.id), err, why, deadline).await {
                     return Err(retry.into_err());
                 }
             }

@@ -2,6 +2,7 @@
 //! with retries, rewriting the body, and the prefill exchange.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
@@ -16,9 +17,12 @@ use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
 use crate::fleet::Pool;
+use crate::forward;
 use crate::handler::{error_chain, Prepared};
 use crate::health;
+use crate::retry::{self, RetryReason};
 use crate::state::State;
+use crate::upstream::Upstream;
 
 use super::PREFILL_WORKER_HEADER;
 
@@ -56,7 +60,9 @@ pub(super) fn edited_body(p: &Prepared, edit: impl FnOnce(&mut Map<String, Value
     Ok(Bytes::from(v.to_string()))
 }
 
-/// The workers that failed one phase of a request, and whether it may try another.
+/// The workers that failed one phase of a request, and whether it may try another,
+/// by the rules of [`crate::retry`]: the same reasons, budget, backoff and `Retry-After`
+/// as an aggregated request.
 pub(super) struct Retry {
     tried: Vec<WorkerId>,
     last_err: Option<ApiError>,
@@ -68,24 +74,57 @@ impl Retry {
         Retry { tried: Vec::new(), last_err: None, retries: 0 }
     }
 
-    /// `worker` failed: it is excluded from now on. Returns whether another worker may
-    /// be tried: the failure is `retryable`, `retries_max` is not spent, and the retry
-    /// budget has a retry (which this takes).
-    pub(super) fn failed(
+    /// `worker` failed for `reason` (`None`: not retryable): it is excluded from now on.
+    /// Returns whether another worker may be tried, after the backoff.
+    pub(super) async fn failed(
         &mut self,
         state: &State,
-        model: &str,
+        pool: &Pool,
         worker: WorkerId,
         err: ApiError,
-        retryable: bool,
+        reason: Option<(RetryReason, Option<Duration>)>,
+        deadline: Instant,
     ) -> bool {
+        self.record(worker, err);
+        match reason {
+            Some((reason, after)) if self.may_retry(state) => self.backoff(state, pool, reason, after, deadline).await,
+            _ => false,
+        }
+    }
+
+    /// `worker` failed this phase; `err` is reported if no retry follows.
+    pub(super) fn record(&mut self, worker: WorkerId, err: ApiError) {
         self.tried.push(worker);
         self.last_err = Some(err);
-        if !retryable || self.retries >= state.cfg.retry.retries_max || !state.budget.withdraw() {
+    }
+
+    /// Whether one more retry is allowed: `retries_max` is not spent and the retry
+    /// budget has a retry, which this takes.
+    pub(super) fn may_retry(&mut self, state: &State) -> bool {
+        if self.retries >= state.cfg.retry.retries_max || !state.budget.withdraw() {
             return false;
         }
         self.retries += 1;
-        state.metrics.retry(model, "connect");
+        true
+    }
+
+    /// Counts a retry for `reason` and waits its backoff (never less than the worker's
+    /// `Retry-After`); false when that would pass the request's deadline.
+    pub(super) async fn backoff(
+        &mut self,
+        state: &State,
+        pool: &Pool,
+        reason: RetryReason,
+        after: Option<Duration>,
+        deadline: Instant,
+    ) -> bool {
+        state.metrics.retry(&pool.name, reason.as_str());
+        let wait = retry::backoff(&state.cfg.retry, self.retries, pool.driver.draw().0, after);
+        if Instant::now() + wait >= deadline {
+            self.last_err = Some(ApiError::timeout());
+            return false;
+        }
+        tokio::time::sleep(wait).await;
         true
     }
 
@@ -144,44 +183,65 @@ pub(super) enum PrefillEnd {
     Done(Bytes),
     /// The worker refused the request as the client's mistake (a 4xx): pass it on.
     Refused(Response<ProxyBody>),
-    /// The worker failed. `cause` labels metrics; a `retryable` failure may go to
-    /// another prefill worker (the client has seen nothing yet).
-    Failed { err: ApiError, cause: &'static str, retryable: bool },
+    /// The worker failed (`cause` labels metrics) for `reason`, with the `Retry-After`
+    /// it asked for: another prefill worker may be tried, the client has seen nothing.
+    Failed { err: ApiError, cause: &'static str, reason: RetryReason, after: Option<Duration> },
+}
+
+/// How long a prefill try may take to answer: the first-byte timeout of the prompt
+/// tokens the booked worker does not hold.
+pub(super) fn prefill_limit(state: &State, pool: &Pool, booking: &Booking, isl_tokens: u32) -> Duration {
+    let cached = booking.routed().overlap.device.saturating_mul(pool.block_size.tokens());
+    retry::first_byte_timeout(&state.cfg.retry, isl_tokens.saturating_sub(cached))
+}
+
+/// The retry reason of a decode answer's status, with its `Retry-After`; `None` when the
+/// answer goes to the client.
+pub(super) fn retryable_answer(state: &State, resp: &Response<Upstream>) -> Option<(RetryReason, Option<Duration>)> {
+    let reason = retry::for_status(resp.status())?;
+    Some((reason, forward::retry_after_of(state, resp.headers())))
 }
 
 /// Sends the prefill request and reads its whole answer, ending the prefill booking:
 /// finished when the prefill ran or the worker refused the request, failed when the
-/// worker failed. The caller bounds it in time; dropping it releases the booking and
-/// closes the connection.
+/// worker failed or sent no head within `limit`. The caller bounds it in time; dropping
+/// it releases the booking and closes the connection.
 pub(super) async fn run_prefill(
     state: &Arc<State>,
     model: &str,
     worker: &WorkerConfig,
     mut booking: Booking,
     up: http::Request<Full<Bytes>>,
+    limit: Duration,
 ) -> PrefillEnd {
     let id = worker.id;
-    let fail = |booking: Booking, kind: &'static str, message: String, retryable: bool| {
-        let _ = booking.fail(DispatchFailure::Worker);
-        health::failure(state, id, kind);
+    let fail = |booking: Booking, cause: &'static str, message: String, reason: RetryReason, after| {
+        forward::give_up(state, booking, id, reason);
         let err = ApiError::upstream(format!("prefill worker {id} failed: {message}"));
-        PrefillEnd::Failed { err, cause: kind, retryable }
+        PrefillEnd::Failed { err, cause, reason, after }
     };
     booking.sending();
-    let resp = match state.client.send(up).await {
-        Ok(r) => r,
-        Err(e) if e.is_connect() => return fail(booking, "connect", error_chain(&e), true),
-        Err(e) => return fail(booking, "request", error_chain(&e), true),
+    let resp = match tokio::time::timeout(limit, state.client.send(up)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) if e.is_connect() => return fail(booking, "connect", error_chain(&e), RetryReason::Connect, None),
+        Ok(Err(e)) => return fail(booking, "request", error_chain(&e), RetryReason::Reset, None),
+        Err(_) => {
+            let msg = format!("no answer within its first-byte timeout ({} ms)", limit.as_millis());
+            return fail(booking, "first_byte_timeout", msg, RetryReason::FirstByteTimeout, None);
+        }
     };
     let status = resp.status();
     let content_type = resp.headers().get(CONTENT_TYPE).cloned();
+    let after = forward::retry_after_of(state, resp.headers());
     let body = Limited::new(resp.into_body(), PREFILL_ANSWER_BYTES_MAX).collect().await.map(|c| c.to_bytes());
-    if status.is_server_error() {
-        return fail(booking, "status_5xx", format!("status {}", status.as_u16()), true);
+    if let Some(reason) = retry::for_status(status) {
+        return fail(booking, reason.as_str(), format!("status {}", status.as_u16()), reason, after);
     }
     let body = match body {
         Ok(b) => b,
-        Err(e) => return fail(booking, "stream_broken", format!("its answer broke off: {e}"), true),
+        Err(e) => {
+            return fail(booking, "stream_broken", format!("its answer broke off: {e}"), RetryReason::Reset, None)
+        }
     };
     if !status.is_success() {
         let _ = booking.finish();

@@ -47,7 +47,12 @@ type Resume = Pin<Box<dyn Future<Output = Result<(Answered, Request, Vec<WorkerI
 
 enum Phase {
     Streaming(Box<Upstream>),
-    Resuming { fut: Resume, reason: &'static str },
+    /// A continuation is being tried; `by` is its migration deadline.
+    Resuming {
+        fut: Resume,
+        reason: &'static str,
+        by: Instant,
+    },
     Ended,
 }
 
@@ -193,10 +198,18 @@ impl MigratingBody {
     /// else end with an error event (returned).
     fn broke(&mut self, reason: &'static str) -> Option<(Bytes, u32)> {
         if self.stream.done || self.stream.finished {
-            // Everything was generated; only the end was lost.
-            let tail = if self.stream.done { Bytes::new() } else { Bytes::from_static(b"data: [DONE]\n\n") };
+            // Everything was generated; only the end was lost, which the client still gets:
+            // the usage it asked for (from what is known) and `[DONE]`.
+            let mut tail = Vec::new();
+            if !self.stream.done {
+                if self.shared.plan.include_usage && !self.stream.usage_seen {
+                    tail.extend_from_slice(&self.stream.usage_chunk().unwrap_or_default());
+                }
+                tail.extend_from_slice(b"data: [DONE]\n\n");
+            }
+            let events = memchr::memmem::find_iter(&tail, b"\n\n").count().max(1) as u32;
             self.finish();
-            return Some((tail, 1));
+            return Some((Bytes::from(tail), events));
         }
         if let Some(b) = self.booking.take() {
             let _ = b.fail(DispatchFailure::Worker);
@@ -208,8 +221,9 @@ impl MigratingBody {
             m.migration(&self.shared.pool.name, reason, outcome);
             outcome
         };
-        if let Some(why) = plan.refusal {
-            refused("refused_structured");
+        let parsed = self.stream.parsed_output.then_some(("reasoning or tool-call output", "refused_fidelity"));
+        if let Some((why, outcome)) = plan.refusal.or(parsed) {
+            refused(outcome);
             let msg = format!("the worker's stream broke; a request with {why} cannot be continued on another worker");
             return Some(self.fail("migration_refused", "stream_broken", &msg));
         }
@@ -237,9 +251,33 @@ impl MigratingBody {
         self.attempts += 1;
         self.stream.seam();
         let by = (now + Duration::from_millis(plan.deadline_ms)).min(self.shared.deadline);
-        self.phase =
-            Phase::Resuming { fut: resume(self.shared.clone(), &self.request, &self.tried, path, body, by), reason };
+        // The continuation prefills the prompt and everything generated so far: its
+        // first-byte timeout and its booking are sized for both.
+        let mut request = self.request.clone();
+        request.isl_tokens = u32::try_from(prompt_ids.len() + self.stream.generated.len()).unwrap_or(u32::MAX);
+        let fut = resume(self.shared.clone(), request, &self.tried, path, body, by);
+        self.phase = Phase::Resuming { fut, reason, by };
         None
+    }
+
+    /// No continuation answered: by the migration's deadline `by`, or at all.
+    fn not_resumed(&mut self, reason: &'static str, by: Instant, e: &ApiError) -> (Bytes, u32) {
+        let m = &self.shared.state.metrics;
+        if Instant::now() >= by && by < self.shared.deadline {
+            m.migration(&self.shared.pool.name, reason, "deadline");
+            let msg = format!(
+                "the worker's stream broke and no other worker continued it within migration.deadline_ms ({} ms)",
+                self.shared.plan.deadline_ms
+            );
+            return self.fail("migration_deadline", "stream_broken", &msg);
+        }
+        if Instant::now() >= self.shared.deadline {
+            m.migration(&self.shared.pool.name, reason, "deadline");
+            return self.fail("timeout", "timeout", "the request timed out mid-stream");
+        }
+        m.migration(&self.shared.pool.name, reason, "no_worker");
+        let msg = format!("the worker's stream broke and no other worker continued it: {}", e.message);
+        self.fail("migration_failed", "stream_broken", &msg)
     }
 
     /// A continuation answered: stream it.
@@ -260,8 +298,8 @@ impl MigratingBody {
         loop {
             match &mut self.phase {
                 Phase::Ended => return Poll::Ready(None),
-                Phase::Resuming { fut, reason } => {
-                    let reason = *reason;
+                Phase::Resuming { fut, reason, by } => {
+                    let (reason, by) = (*reason, *by);
                     match fut.as_mut().poll(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Ok((a, request, tried))) => {
@@ -270,12 +308,7 @@ impl MigratingBody {
                                 return Poll::Ready(Some(out));
                             }
                         }
-                        Poll::Ready(Err(e)) => {
-                            self.shared.state.metrics.migration(&self.shared.pool.name, reason, "no_worker");
-                            let msg =
-                                format!("the worker's stream broke and no other worker continued it: {}", e.message);
-                            return Poll::Ready(Some(self.fail("migration_failed", "stream_broken", &msg)));
-                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Some(self.not_resumed(reason, by, &e))),
                     }
                 }
                 Phase::Streaming(up) => match Pin::new(up.as_mut()).poll_frame(cx) {
@@ -321,13 +354,13 @@ impl MigratingBody {
 /// The tries of a continuation, as a future that owns what it needs.
 fn resume(
     shared: Arc<Shared>,
-    request: &Request,
+    mut request: Request,
     tried: &[WorkerId],
     path: String,
     body: Bytes,
     by: Instant,
 ) -> Resume {
-    let (mut request, mut tried) = (request.clone(), tried.to_vec());
+    let mut tried = tried.to_vec();
     Box::pin(async move {
         let t = Tries {
             state: &shared.state,

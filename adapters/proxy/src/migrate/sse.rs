@@ -47,6 +47,11 @@ pub(crate) struct Stream {
     chat: bool,
     /// The client asked for the token-id fields itself.
     client_ids: bool,
+    /// A chunk carried a usage object.
+    pub(crate) usage_seen: bool,
+    /// A chat chunk carried reasoning or tool-call deltas: a server-side parser shaped the
+    /// output, which a continuation on `/v1/completions` would bypass.
+    pub(crate) parsed_output: bool,
 }
 
 impl Stream {
@@ -132,6 +137,12 @@ impl Stream {
         if data.trim_ascii() == b"[DONE]" {
             self.done = true;
             return put_event(out, event);
+        }
+        self.usage_seen |= has_value(data, b"\"usage\":");
+        if self.chat && !self.parsed_output {
+            self.parsed_output = [&b"\"reasoning_content\":"[..], b"\"reasoning\":", b"\"tool_calls\":"]
+                .iter()
+                .any(|k| has_value(data, k));
         }
         // Most chunks need no parse: no seam yet, no token ids in them, identity known.
         let plain = self.seams == 0 && self.identity.is_some() && memchr::memmem::find(data, b"token_ids").is_none();
@@ -256,6 +267,31 @@ impl Stream {
             self.prompt_ids = prompt.as_ref().and_then(ids_of);
         }
     }
+}
+
+impl Stream {
+    /// A final usage chunk from what is known (the client's prompt and every token
+    /// generated), for a stream whose worker broke after its last token but before its
+    /// usage. `None` without the prompt's ids.
+    pub(crate) fn usage_chunk(&self) -> Option<Bytes> {
+        let prompt = self.prompt_ids.as_ref()?.len() as u64;
+        let completion = self.generated.len() as u64;
+        let [id, created, model] = self.identity.clone()?;
+        let object = if self.chat { "chat.completion.chunk" } else { "text_completion" };
+        let usage =
+            json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+        let chunk =
+            json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage});
+        Some(Bytes::from(format!("data: {chunk}\n\n")))
+    }
+}
+
+/// Whether `data` holds `key` (a quoted name and its colon) with a value other than null.
+fn has_value(data: &[u8], key: &[u8]) -> bool {
+    memchr::memmem::find_iter(data, key).any(|at| {
+        let rest = data[at + key.len()..].trim_ascii_start();
+        !rest.is_empty() && !rest.starts_with(b"null")
+    })
 }
 
 fn ids_of(v: &Value) -> Option<Vec<u32>> {
@@ -406,6 +442,32 @@ mod tests {
         assert!(!s.done);
         assert_eq!(text(&s.feed_bytes(b"NE]\n\n")), "NE]\n\n");
         assert!(s.done && s.at_boundary, "[DONE] split across frames is seen");
+    }
+
+    #[test]
+    fn usage_and_parsed_deltas_are_noticed_and_a_lost_usage_is_rebuilt() {
+        let mut s = Stream::new(true, false);
+        let first = r#"data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a","reasoning_content":null},"token_ids":[7]}],"prompt_token_ids":[1,2,3],"usage":null}"#;
+        s.feed_bytes(format!("{first}\n\n").as_bytes());
+        assert!(!s.usage_seen && !s.parsed_output, "null values are not output");
+        let last = r#"data: {"id":"c","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"b"},"token_ids":[8],"finish_reason":"stop"}]}"#;
+        s.feed_bytes(format!("{last}\n\n").as_bytes());
+        let u = s.usage_chunk().unwrap();
+        let v: Value = serde_json::from_str(text(&u).strip_prefix("data: ").unwrap().trim_end()).unwrap();
+        let usage = json!({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5});
+        let want = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": usage});
+        assert_eq!(v, want);
+        let reasoning =
+            r#"data: {"id":"c","choices":[{"index":0,"delta":{"reasoning_content":"hm"},"token_ids":[9]}]}"#;
+        s.feed_bytes(format!("{reasoning}\n\n").as_bytes());
+        assert!(s.parsed_output);
+        let mut t = Stream::new(true, false);
+        t.feed_bytes(b"data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"tool_calls\": [{\"index\":0}]}}]}\n\n");
+        assert!(t.parsed_output);
+        let mut u = Stream::new(false, false);
+        u.feed_bytes(b"data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n");
+        assert!(u.usage_seen && !u.parsed_output);
+        assert_eq!(Stream::new(false, false).usage_chunk(), None, "nothing known, nothing made up");
     }
 
     #[test]

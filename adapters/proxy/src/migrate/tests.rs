@@ -12,7 +12,8 @@ fn plan(endpoint: Endpoint, body: Value) -> Option<Plan> {
     Some(Plan {
         endpoint,
         client_ids: yes("return_token_ids"),
-        refusal: structured(&json),
+        refusal: refusal(endpoint, &json),
+        include_usage: include_usage(&json),
         max_tokens,
         json,
         attempts_max: 3,
@@ -23,6 +24,35 @@ fn plan(endpoint: Endpoint, body: Value) -> Option<Plan> {
 #[track_caller]
 fn check_refusal(body: Value, want: Option<&str>) {
     assert_eq!(structured(body.as_object().unwrap()), want, "{body}");
+}
+
+#[track_caller]
+fn check_fidelity(endpoint: Endpoint, body: Value, want: Option<(&str, &str)>) {
+    assert_eq!(refusal(endpoint, body.as_object().unwrap()), want, "{endpoint:?} {body}");
+}
+
+#[test]
+fn what_a_continuation_would_change_is_refused() {
+    use Endpoint::{Chat, Completions};
+    let tool = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    check_fidelity(Chat, json!({"logprobs": true, "top_logprobs": 2}), Some(("logprobs", "refused_fidelity")));
+    check_fidelity(Chat, json!({"logprobs": false}), None);
+    check_fidelity(Chat, json!({"logprobs": null}), None);
+    check_fidelity(Completions, json!({"logprobs": 0}), Some(("logprobs", "refused_fidelity")));
+    check_fidelity(Chat, json!({"tools": tool}), Some(("tools", "refused_fidelity")));
+    check_fidelity(Chat, json!({"tools": tool, "tool_choice": "auto"}), Some(("tools", "refused_fidelity")));
+    check_fidelity(Chat, json!({"tools": tool, "tool_choice": "none"}), None);
+    check_fidelity(Chat, json!({"tools": []}), None);
+    check_fidelity(
+        Chat,
+        json!({"tools": tool, "tool_choice": "required"}),
+        Some(("a forced tool call", "refused_structured")),
+    );
+    check_fidelity(
+        Completions,
+        json!({"response_format": {"type": "json_object"}, "logprobs": 1}),
+        Some(("response_format", "refused_structured")),
+    );
 }
 
 #[test]

@@ -383,3 +383,49 @@ async fn preview_shows_both_picks() {
         f.shutdown().await;
     }
 }
+
+/// One worker of the `faulty` side answers `behavior`; the other side and the rest are
+/// sim workers. Every request succeeds on a sim worker, and each that met the faulty
+/// worker was retried, counted under `reason`.
+async fn check_leg_retried(protocol: DisaggProtocol, prefill_faulty: bool, behavior: Behavior, reason: &str) {
+    let faulty = Fake::start(&[MODEL]).await;
+    faulty.set(behavior);
+    let (prefill, decode) = match prefill_faulty {
+        true => (vec![W::Fake(faulty.clone()), W::Sim], sims(1)),
+        false => (sims(1), vec![W::Fake(faulty.clone()), W::Sim]),
+    };
+    let f = fleet(protocol, prefill, decode, |c| {
+        c.retry.backoff_base_ms = 1;
+        c.retry.first_byte_timeout_base_ms = 300;
+        c.retry.first_byte_timeout_per_token_us = 0;
+        c.retry.answer_timeout_per_output_token_ms = 20;
+    })
+    .await;
+    let (want_prefill, want_decode) = if prefill_faulty { ([2], [11]) } else { ([1], [12]) };
+    for i in 0..4 {
+        let a = post(f.addr(), "/v1/completions", &[], &completion(LONG, i % 2 == 1, i)).await;
+        check_split(&a, i % 2 == 1, &want_prefill, &want_decode);
+    }
+    let met = faulty.seen().len() as f64;
+    assert!(met >= 1.0, "{protocol}: round-robin sent some requests to the faulty worker");
+    let m = get(f.addr(), "/metrics").await.text();
+    let case = format!("{protocol} {reason} prefill_faulty={prefill_faulty}");
+    assert!(metric(&m, "kvroute_retries_total", &[&format!("reason=\"{reason}\"")]) >= met, "{case}\n{m}");
+    let against = metric(&m, "kvroute_upstream_failures_total", &["worker=\"1\""])
+        + metric(&m, "kvroute_upstream_failures_total", &["worker=\"11\""]);
+    assert_eq!(against == 0.0, reason == "status_429", "{case}: only a 429 is not the worker's fault\n{m}");
+    eventually(10_000, "released", || released(f.addr())).await;
+    f.proxy.driver(MODEL).unwrap().check_invariants().expect("router invariants");
+    f.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_429_or_silent_worker_on_either_leg_is_retried_by_the_retry_rules() {
+    for protocol in BOTH {
+        check_leg_retried(protocol, false, Behavior::Status(503), "status_5xx").await;
+        check_leg_retried(protocol, false, Behavior::Status(429), "status_429").await;
+        check_leg_retried(protocol, true, Behavior::Status(429), "status_429").await;
+        check_leg_retried(protocol, true, Behavior::Stall { ms: 5_000 }, "first_byte_timeout").await;
+        check_leg_retried(protocol, false, Behavior::Stall { ms: 5_000 }, "first_byte_timeout").await;
+    }
+}

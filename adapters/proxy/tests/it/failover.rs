@@ -195,7 +195,13 @@ async fn d1_a_drained_worker_finishes_its_streams_and_takes_nothing_new() {
         assert_eq!((a.status.as_u16(), a.worker().is_some_and(|w| w != home)), (200, true), "{}", a.text());
     }
     let moved = post(addr, "/v1/completions", &session, &completion("again", 2)).await;
-    assert_ne!(moved.worker(), Some(home), "the session re-binds away from the draining worker");
+    let other = 3 - home;
+    assert_eq!(
+        (moved.status.as_u16(), moved.worker()),
+        (200, Some(other)),
+        "re-bound away from the drain: {}",
+        moved.text()
+    );
     let rest = read(&held.rest().await);
     assert!(rest.done && rest.error.is_none(), "the in-flight stream finished: {rest:?}");
 
@@ -220,5 +226,37 @@ async fn d2_drain_is_for_trusted_clients_only() {
     let p = proxy(cfg).await;
     let a = call(p.local_addr(), Method::POST, "/workers/1/drain", &[], None).await;
     assert_eq!(a.status, 403);
+    sims.stop().await;
+}
+
+/// A draining worker that fails, is ejected, and then passes its readmission probe and
+/// the active health checks stays draining: it takes nothing new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d3_a_draining_worker_stays_draining_through_passing_health_probes() {
+    let fake = Fake::start(&[MODEL]).await;
+    let sims = Sims::start(1).await;
+    let mut cfg = config(&[(1, fake.addr), (2, sims.workers[0].http_addr())]);
+    cfg.health_check.interval_ms = 30;
+    cfg.ejection.consecutive_failures = 1;
+    cfg.ejection.base_ms = 30;
+    cfg.ejection.max_ms = 30;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    assert_eq!(post_empty(addr, "/workers/1/drain").await.status, 202);
+    // A failed check ejects it; the readmission probe and the checks then pass.
+    fake.set_healthy(false);
+    eventually(5_000, "the draining worker is ejected", || async { outlier(addr, 1).await["ejections"] == 1 }).await;
+    fake.set_healthy(true);
+    let probed = fake.probes().len();
+    eventually(5_000, "readmitted by a passing probe, then checked again", || async {
+        fake.probes().len() >= probed + 3 && outlier(addr, 1).await["ejected"] == false
+    })
+    .await;
+    assert_eq!(health_of(addr, 1).await, "draining", "a passing probe does not end a drain");
+    for i in 0..4 {
+        let a = post(addr, "/v1/completions", &[], &completion(&format!("d{i}"), 2)).await;
+        assert_eq!((a.status.as_u16(), a.worker()), (200, Some(2)), "{}", a.text());
+    }
+    assert!(fake.seen().is_empty(), "the draining worker got no request");
     sims.stop().await;
 }

@@ -5,8 +5,9 @@
 //! every round, once the requests are done, nothing is left booked: no request tracked,
 //! no load, no lease, no queue slot, and the router's invariants hold.
 //!
-//! The seed is printed; `SIM_SEED=<seed>` replays a run's choices (the timing of real
-//! sockets still varies).
+//! The seed is fixed and printed (again on failure); `SIM_SEED=<seed>` replays a run's
+//! choices (the timing of real sockets still varies), `SIM_SEEDS=<n>` runs `n` seeds.
+//! The run must have retried and migrated, or it proved nothing.
 
 use std::net::SocketAddr;
 
@@ -112,11 +113,45 @@ fn faults(rng: &mut Rng, sims: &Sims) -> Vec<&'static str> {
         .collect()
 }
 
+/// The seed a plain run uses; `SIM_SEED` replays another, `SIM_SEEDS=<n>` runs `n`
+/// seeds from this one.
+const SEED_DEFAULT: u64 = 17;
+
+/// Prints the seed if the simulation panics, whatever the panic was.
+struct SeedOnPanic(u64);
+
+impl Drop for SeedOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("leak simulation failed with seed {0}: SIM_SEED={0} replays its choices", self.0);
+        }
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l1_no_booking_leaks_across_retries_and_migrations() {
-    let seed = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let seeds: Vec<u64> = match env_u64("SIM_SEED") {
+        Some(seed) => vec![seed],
+        None => (0..env_u64("SIM_SEEDS").unwrap_or(1)).map(|i| SEED_DEFAULT.wrapping_add(i)).collect(),
+    };
+    let (mut retries, mut resumed) = (0.0, 0.0);
+    for seed in seeds {
+        let (r, m) = simulate(seed).await;
+        retries += r;
+        resumed += m;
+    }
+    // A simulation that never retried or migrated proves nothing about their bookings.
+    assert!(retries > 0.0, "the simulation retried nothing");
+    assert!(resumed > 0.0, "the simulation migrated nothing");
+}
+
+/// One seed's rounds; returns the retries and the migrations resumed.
+async fn simulate(seed: u64) -> (f64, f64) {
+    let _guard = SeedOnPanic(seed);
     eprintln!("leak simulation: seed {seed} (SIM_SEED={seed} replays its choices)");
     let mut rng = Rng(seed);
     let sims = Sims::start(3).await;
@@ -146,10 +181,10 @@ async fn l1_no_booking_leaks_across_retries_and_migrations() {
         }
     }
     let m = get(addr, "/metrics").await.text();
-    eprintln!(
-        "leak simulation: {} retries, {} migrations resumed",
-        counted(&m, "kvroute_retries_total", &[]),
-        counted(&m, "kvroute_migrations_total", &["outcome=\"resumed\""])
-    );
+    let retries = counted(&m, "kvroute_retries_total", &[]);
+    let resumed = counted(&m, "kvroute_migrations_total", &["outcome=\"resumed\""]);
+    eprintln!("leak simulation, seed {seed}: {retries} retries, {resumed} migrations resumed");
+    drop(p);
     sims.stop().await;
+    (retries, resumed)
 }

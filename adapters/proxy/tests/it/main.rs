@@ -23,6 +23,7 @@ mod metrics;
 mod migration;
 mod openai_client;
 mod otel;
+mod refusals;
 mod release;
 mod sessions;
 mod shutdown;

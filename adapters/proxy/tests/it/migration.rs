@@ -165,11 +165,14 @@ async fn m4_the_migration_limit_ends_the_stream_with_an_error_event() {
     sims.stop().await;
 }
 
-/// A session's binding follows its stream to the new worker.
+/// A session's binding follows its stream to the new worker: of three, the one that
+/// continued it, while the stalled one is still up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m5_the_sessions_binding_moves_with_the_migration() {
-    let sims = Sims::start(2).await;
-    let p = proxy(sims.config()).await;
+    let sims = Sims::start(3).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 100;
+    let p = proxy(cfg).await;
     let addr = p.local_addr();
     let session = [("x-session-id", "mover")];
     for f in &sims.faults {
@@ -177,14 +180,165 @@ async fn m5_the_sessions_binding_moves_with_the_migration() {
     }
     let mut ev = Events::open(addr, "/v1/completions", &session, &completion("move me", 10)).await;
     let home = ev.worker.unwrap();
-    sims.of(3 - home).set_stall_after_tokens(None);
-    ev.next().await.expect("a first chunk");
-    sims.of(home).kill();
+    for id in (1..=3).filter(|&id| id != home) {
+        sims.of(id).set_stall_after_tokens(None);
+    }
     let rest = read(&ev.rest().await);
     assert!(rest.done && rest.error.is_none(), "{rest:?}");
-    let next = post(addr, "/v1/completions", &session, &completion("next", 2)).await;
-    assert_eq!(next.status, 200, "{}", next.text());
-    assert_eq!(next.worker(), Some(3 - home), "the session now lives where its stream went");
+    sims.of(home).set_stall_after_tokens(None);
+    let m = get(addr, "/metrics").await.text();
+    let served = |w: u64| counted(&m, "kvroute_requests_total", &[&format!("worker=\"{w}\""), "outcome=\"ok\""]);
+    let target = (1..=3).find(|&w| served(w) == 1.0).expect("one worker finished the stream");
+    assert_ne!(target, home);
+    let preview = post(addr, "/route/preview", &session, &completion("next", 2)).await.json();
+    assert_eq!(preview["worker"], target, "{preview}");
+    for row in preview["explanation"].as_array().unwrap() {
+        let pinned_elsewhere = row["worker"] != target && row["excluded"] == "not_pinned";
+        assert!(row["worker"] == target || pinned_elsewhere, "the binding pins the target: {preview}");
+    }
+    for i in 0..3 {
+        let next = post(addr, "/v1/completions", &session, &completion(&format!("next{i}"), 2)).await;
+        assert_eq!((next.status.as_u16(), next.worker()), (200, Some(target)), "{}", next.text());
+    }
     eventually(5_000, "released", || released(addr)).await;
     sims.stop().await;
+}
+
+/// The continuation's worker is wedged: no first byte comes within
+/// `migration.deadline_ms` of the break, and the stream ends with its own error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m6_a_continuation_past_the_migration_deadline_ends_the_stream() {
+    let sims = Sims::start(2).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 300;
+    cfg.migration.deadline_ms = 150;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(2));
+    }
+    let mut ev = Events::open(addr, "/v1/completions", &[], &completion("late", 10)).await;
+    let home = ev.worker.unwrap();
+    sims.of(3 - home).set_wedged(true);
+    let first = ev.next().await.expect("a first chunk").1;
+    let events = ev.rest().await;
+    let got = read(&events);
+    let took = events.last().unwrap().1 - first;
+    assert!(!got.done, "{got:?}");
+    let e = got.error.expect("an error event");
+    assert_eq!(e["error"]["code"], "migration_deadline", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("150 ms"), "{e}");
+    assert!(took < Duration::from_secs(3), "the first-byte timeout (15 s) did not decide: {took:?}");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"deadline\""]), 1.0, "{m}");
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"no_worker\""]), 0.0, "{m}");
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+/// A chat whose continuation would change what the client gets (`extra` asks for
+/// logprobs or offers tools) is not migrated: the break ends it with an error event
+/// naming `why`, counted as `refused_fidelity`.
+async fn check_unfaithful_is_refused(extra: Value, why: &str) {
+    let sims = Sims::start(2).await;
+    let mut cfg = sims.config();
+    cfg.retry.idle_stream_timeout_ms = 50;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    for f in &sims.faults {
+        f.set_stall_after_tokens(Some(2));
+    }
+    let mut body = greedy_chat("faithful", 8);
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let got = stream_all(addr, "/v1/chat/completions", &body).await;
+    assert!(!got.done && !got.chunks.is_empty(), "{why}: {got:?}");
+    let e = got.error.expect("an error event");
+    assert_eq!(e["error"]["code"], "migration_refused", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains(why), "{e}");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"refused_fidelity\""]), 1.0, "{why}\n{m}");
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"resumed\""]), 0.0, "{why}");
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m7_a_chat_with_logprobs_or_tools_is_not_migrated() {
+    check_unfaithful_is_refused(json!({"logprobs": true, "top_logprobs": 1}), "logprobs").await;
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    check_unfaithful_is_refused(json!({"tools": tools}), "tools").await;
+}
+
+/// The worker dies after the chunk with the `finish_reason` but before the usage the
+/// client asked for: the client still gets a usage chunk, built from the prompt's and
+/// the output's token ids, then `[DONE]`, and no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m8_a_break_between_the_last_token_and_the_usage_still_gives_the_usage() {
+    let fake = Fake::start(&[MODEL]).await;
+    let chunk = |choice: Value, first: bool| {
+        let mut c =
+            json!({"id": "cmpl-1", "object": "text_completion", "created": 7, "model": MODEL, "choices": [choice]});
+        if first {
+            c["choices"][0]["prompt_token_ids"] = json!([5, 6, 7, 8]);
+        }
+        bytes::Bytes::from(format!("data: {c}\n\n"))
+    };
+    let chunks = vec![
+        chunk(json!({"index": 0, "text": "a", "token_ids": [11], "finish_reason": null}), true),
+        chunk(json!({"index": 0, "text": "b", "token_ids": [12], "finish_reason": null}), false),
+        chunk(json!({"index": 0, "text": "c", "token_ids": [13], "finish_reason": "length"}), false),
+    ];
+    fake.set(Behavior::DieAfter { chunks });
+    let p = proxy(config(&[(1, fake.addr)])).await;
+    let addr = p.local_addr();
+    let got = stream_all(addr, "/v1/completions", &completion("usage please", 3)).await;
+    assert!(got.done && got.error.is_none(), "{got:?}");
+    assert_eq!(got.text, "abc");
+    let last = got.chunks.last().unwrap();
+    let want = json!({"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7});
+    assert_eq!(last["usage"], want, "{last}");
+    assert_eq!(
+        (&last["id"], &last["created"], &last["object"]),
+        (&json!("cmpl-1"), &json!(7), &json!("text_completion"))
+    );
+    assert!(got.chunks.iter().all(|c| c["choices"][0].get("token_ids").is_none()), "{:?}", got.chunks);
+    // Without include_usage, none is made up.
+    let mut body = completion("no usage", 3);
+    body.as_object_mut().unwrap().remove("stream_options");
+    let plain = stream_all(addr, "/v1/completions", &body).await;
+    assert!(plain.done && plain.error.is_none() && plain.chunks.iter().all(|c| c.get("usage").is_none()), "{plain:?}");
+    eventually(5_000, "released", || released(addr)).await;
+}
+
+/// A continuation prefills the prompt and what was generated: its first-byte timeout is
+/// sized by both. Worker 1 streams two tokens of a 1,000-token prompt and dies; worker 2
+/// takes 400 ms to its first byte, within 100 ms plus 1 ms per token of the
+/// continuation's prompt, though far beyond that for the client's short text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m9_a_continuations_first_byte_timeout_counts_the_prompt_and_the_output() {
+    let (dying, slow) = (Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await);
+    let ids: Vec<u32> = (0..1_000).collect();
+    let first = json!({"id": "c", "object": "text_completion", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "text": "a", "token_ids": [5000], "prompt_token_ids": ids}]});
+    let second = json!({"id": "c", "object": "text_completion", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "text": "b", "token_ids": [5001]}]});
+    let chunks = [first, second].map(|c| bytes::Bytes::from(format!("data: {c}\n\n"))).to_vec();
+    dying.set(Behavior::DieAfter { chunks });
+    slow.set(Behavior::Delayed { ms: 400, chunks: sse_chunks(2) });
+    let mut cfg = config(&[(1, dying.addr), (2, slow.addr)]);
+    cfg.retry.first_byte_timeout_base_ms = 100;
+    cfg.retry.first_byte_timeout_per_token_us = 1_000;
+    cfg.ejection.consecutive_failures = 0;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    let got = stream_all(addr, "/v1/completions", &completion("hi", 8)).await;
+    assert!(got.done && got.error.is_none(), "{got:?}");
+    let cont = slow.seen();
+    assert_eq!(cont.len(), 1, "one continuation");
+    assert_eq!(cont[0].body["prompt"].as_array().map(Vec::len), Some(1_002), "the prompt and the two tokens");
+    let m = get(addr, "/metrics").await.text();
+    assert_eq!(counted(&m, MIGRATIONS, &["outcome=\"resumed\""]), 1.0, "{m}");
+    eventually(5_000, "released", || released(addr)).await;
 }

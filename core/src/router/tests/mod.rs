@@ -622,3 +622,42 @@ fn direct_mode_refuses_a_pin_to_a_worker_that_is_gone() {
     assert_eq!(r.requests_in_flight(), 0);
     invariants(&r);
 }
+
+/// A session bound to worker 0 (of two) in `mode` sends a request that worker 0 fails
+/// with `why`; its retry lists worker 0 as failed, goes to worker 1 and is served there.
+/// `stays` says whether the session's next request still goes to worker 0.
+#[track_caller]
+fn check_refused(mode: crate::affinity::AffinityMode, why: DispatchFailure, stays: bool) {
+    let mut cfg = RouterConfig { mode: RouterMode::RoundRobin, ..RouterConfig::default() };
+    cfg.affinity.mode = mode;
+    let mut r = Router::new(cfg);
+    for w in 0..2 {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
+    }
+    let serve = |r: &mut Router, q: Request| {
+        let d = routed(r.handle_request(T0, q, Draw(0)));
+        r.handle_dispatched(T0, d.id, d.phase).unwrap();
+        r.handle_finished(T0, d.id, d.phase).unwrap();
+        d.target.worker
+    };
+    assert_eq!(serve(&mut r, session_req(1, b"s")), WorkerId(0));
+    let d = routed(r.handle_request(T0, session_req(2, b"s"), Draw(0)));
+    assert_eq!(d.target.worker, WorkerId(0));
+    r.handle_dispatch_failed(T0, d.id, d.phase, why).unwrap();
+    let case = alloc::format!("{mode:?} {why:?}");
+    let retry = Request { failed_workers: vec![WorkerId(0)], ..session_req(2, b"s") };
+    assert_eq!(serve(&mut r, retry), WorkerId(1), "{case}: the retry goes elsewhere");
+    let want = if stays { WorkerId(0) } else { WorkerId(1) };
+    assert_eq!(r.session_binding(b"s", Phase::Aggregated).map(|b| b.worker), Some(want), "{case}");
+    assert_eq!(serve(&mut r, session_req(3, b"s")), want, "{case}: the next request");
+    invariants(&r);
+}
+
+#[test]
+fn a_refusal_moves_one_request_and_keeps_the_binding_while_a_failure_moves_it() {
+    use crate::affinity::AffinityMode::{Hard, Soft};
+    for mode in [Hard, Soft] {
+        check_refused(mode, DispatchFailure::Refused, true);
+        check_refused(mode, DispatchFailure::Worker, false);
+    }
+}
