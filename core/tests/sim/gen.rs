@@ -95,7 +95,7 @@ pub fn op(rng: &mut SplitMix64, d: &Driver) -> Op {
         9 => Op::Trust { worker: w(rng), rank: rng.below(3) as u8, trusted: rng.chance(50) },
         10 => Op::Request(request(rng, d.config().mode == RouterMode::Direct)),
         11 => Op::Dispatched { pick },
-        12 => Op::DispatchFailed { pick, worker_fault: rng.chance(50) },
+        12 => Op::DispatchFailed { pick, failure: rng.below(3) as u8 },
         13 => Op::PrefillDone { pick },
         14 => Op::Progress { pick, tokens: rng.below(400) as u16 },
         15 => Op::Finished { pick },

@@ -227,7 +227,8 @@ pub enum Op {
     },
     DispatchFailed {
         pick: u16,
-        worker_fault: bool,
+        /// 0: the client went away; 1: the worker failed; 2: it refused (modulo 3).
+        failure: u8,
     },
     PrefillDone {
         pick: u16,

@@ -287,7 +287,10 @@ impl Driver {
             }
             Op::Request(r) => self.request(r),
             Op::Dispatched { pick } => self.lifecycle(pick, Life::Dispatched),
-            Op::DispatchFailed { pick, worker_fault } => self.lifecycle(pick, Life::Failed(worker_fault)),
+            Op::DispatchFailed { pick, failure } => {
+                let why = [DispatchFailure::Cancelled, DispatchFailure::Worker, DispatchFailure::Refused];
+                self.lifecycle(pick, Life::Failed(why[usize::from(failure % 3)]))
+            }
             Op::PrefillDone { pick } => self.lifecycle(pick, Life::PrefillDone),
             Op::Progress { pick, tokens } => self.lifecycle(pick, Life::Progress(tokens)),
             Op::Finished { pick } => self.lifecycle(pick, Life::Finished),
@@ -429,7 +432,7 @@ impl Driver {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Life {
     Dispatched,
-    Failed(bool),
+    Failed(DispatchFailure),
     PrefillDone,
     Progress(u16),
     Finished,

@@ -264,10 +264,7 @@ impl Driver {
         let bound_before = peek(&self.router);
         let got = match life {
             Life::Dispatched => self.router.handle_dispatched(self.now, id, phase),
-            Life::Failed(worker_fault) => {
-                let why = if worker_fault { DispatchFailure::Worker } else { DispatchFailure::Cancelled };
-                self.router.handle_dispatch_failed(self.now, id, phase, why)
-            }
+            Life::Failed(why) => self.router.handle_dispatch_failed(self.now, id, phase, why),
             Life::PrefillDone => self.router.handle_prefill_done(self.now, id, phase),
             Life::Progress(t) => self.router.handle_decode_progress(self.now, id, phase, u32::from(t)),
             Life::Finished => self.router.handle_finished(self.now, id, phase),
@@ -288,7 +285,13 @@ impl Driver {
                 }
             }
         }
-        if let (Life::Failed(true), Ok(()), Some(b)) = (life, &got, bound_before) {
+        if let (Life::Failed(DispatchFailure::Refused), Ok(()), Some(b)) = (life, &got, bound_before) {
+            // A refusal (429, 5xx, no first byte) moves the request, never the binding.
+            if bound_after.map(|a| a.revision) != Some(b.revision) {
+                return Err(format!("a refusal of {fk:?} moved the binding {b:?} to {bound_after:?}"));
+            }
+        }
+        if let (Life::Failed(DispatchFailure::Worker), Ok(()), Some(b)) = (life, &got, bound_before) {
             // A worker failure may drop the binding the request held, never a newer one.
             let dropped = bound_after.is_none_or(|a| a.revision != b.revision);
             let held = self.reqs[&fk].lease_rev;
