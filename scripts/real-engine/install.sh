@@ -30,6 +30,9 @@ say() { printf '[real-engine] %s\n' "$*" >&2; }
 ensure_venv_module() {
   if python3 -c 'import venv, ensurepip' 2>/dev/null; then return; fi
   local as_root=()
+  if ! command -v apt-get >/dev/null 2>&1; then
+    say "python3 has no venv/ensurepip module; install your distribution's python3 venv package and rerun"; exit 1
+  fi
   if [ "$(id -u)" != 0 ]; then
     if ! sudo -n true 2>/dev/null; then
       say "python3 has no venv/ensurepip module; install python3-venv (as root) and rerun"; exit 1
