@@ -160,8 +160,9 @@ fn write_config(name: &str, config: &str) -> PathBuf {
     path
 }
 
-/// Two sim-workers publishing KV events, a model without a tokenizer, trusted loopback.
-/// `approximate = false`: overlap can only come from the workers' events.
+/// Two sim-workers publishing KV events, a model without a tokenizer, trusted loopback,
+/// `approximate = false` (predictions still cover event-publishing workers of a model
+/// without a tokenizer, but only for requests the router itself routed).
 fn fleet_config(workers: &[(String, String)]) -> String {
     let mut c = format!(
         "listen = \"127.0.0.1:0\"\n[router]\napproximate = false\n\
@@ -198,18 +199,16 @@ fn body(kind: &str, prefix: &str, tail: &str) -> (String, Value) {
     }
 }
 
-/// Serves one request of `kind`, then previews a follow-up sharing its prefix until the
-/// serving worker's overlap shows (its KV events travel asynchronously). A fresh prefix
-/// per attempt covers batches lost before the subscription settled (ZeroMQ's slow
-/// joiner). Returns the serving worker and the follow-up's preview.
+/// Has one request of `kind` served by `send` (which returns the serving worker), then
+/// previews a follow-up sharing its prefix until that worker's overlap shows (its KV
+/// events travel asynchronously). A fresh prefix per attempt covers batches lost before
+/// the subscription settled (ZeroMQ's slow joiner). Returns the worker and the preview.
 #[track_caller]
-fn served_then_previewed(addr: SocketAddr, kind: &str) -> (u64, Value) {
+fn previewed_after(addr: SocketAddr, kind: &str, send: impl Fn(&str, &Value) -> u64) -> (u64, Value) {
     for attempt in 0..10 {
         let prefix = format!("{kind} attempt {attempt}:");
         let (path, first) = body(kind, &prefix, "");
-        let r = http(addr, "POST", &path, Some(&first));
-        assert_eq!(r.status, 200, "{kind}: {}", r.body);
-        let worker: u64 = r.header("x-kvroute-worker").and_then(|w| w.parse().ok()).expect("x-kvroute-worker");
+        let worker = send(&path, &first);
         let (_, follow_up) = body(kind, &prefix, " and a different question at the end");
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
@@ -225,13 +224,33 @@ fn served_then_previewed(addr: SocketAddr, kind: &str) -> (u64, Value) {
     panic!("{kind}: no overlap after 10 requests; the workers' events never matched the router's blocks");
 }
 
+/// `send` for [`previewed_after`]: through the router, which names the worker.
+fn through(addr: SocketAddr) -> impl Fn(&str, &Value) -> u64 {
+    move |path, body| {
+        let r = http(addr, "POST", path, Some(body));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.header("x-kvroute-worker").and_then(|w| w.parse().ok()).expect("x-kvroute-worker")
+    }
+}
+
+/// `send` for [`previewed_after`]: straight to worker `id` at `url`, so the router
+/// predicts nothing and any overlap it shows comes from that worker's KV events.
+fn straight_to(id: u64, url: &str) -> impl Fn(&str, &Value) -> u64 + '_ {
+    move |path, body| {
+        let r = http(url.parse().expect("worker address"), "POST", path, Some(body));
+        assert_eq!(r.status, 200, "{}", r.body);
+        id
+    }
+}
+
 #[test]
 fn serve_in_front_of_sim_workers_routes_text_chat_and_token_prompts_by_cache() {
     let (w1, url1, ev1) = sim_worker(&[]);
     let (w2, url2, ev2) = sim_worker(&[]);
-    let (mut proxy, addr) = serve("fleet", &fleet_config(&[(url1, ev1), (url2, ev2)]));
+    let (mut proxy, addr) = serve("fleet", &fleet_config(&[(url1.clone(), ev1), (url2, ev2)]));
     for kind in ["text", "chat", "tokens"] {
-        let (worker, v) = served_then_previewed(addr, kind);
+        // Cached by worker 1 behind the router's back: only its events can tell.
+        let (worker, v) = previewed_after(addr, kind, straight_to(1, &url1));
         assert_eq!(v["worker"], worker, "{kind}: the follow-up goes where its prefix is cached: {v}");
         let row = v["explanation"]
             .as_array()
@@ -290,7 +309,7 @@ fn a_model_without_a_tokenizer_routes_on_predictions_when_events_cannot_match() 
     let (mut proxy, addr) = serve("words", &fleet_config(&[(url1, ev1), (url2, ev2)]));
     let w = http(addr, "GET", "/workers", None).json();
     assert!(w["workers"].as_array().expect("workers").iter().all(|w| w["tokenizer_missing"] == true), "{w}");
-    let (worker, v) = served_then_previewed(addr, "text");
+    let (worker, v) = previewed_after(addr, "text", through(addr));
     assert_eq!(v["worker"], worker, "the follow-up goes where the router predicts its prefix: {v}");
     let other = v["explanation"]
         .as_array()
