@@ -26,9 +26,17 @@ pub trait Tokenize: Send + Sync {
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError>;
 }
 
-/// A tokenizer's failure; the proxy falls back to byte hashing and counts it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenizeError(pub String);
+/// A tokenizer's failure, carrying the tokenizer's own error as its source; the proxy
+/// falls back to byte hashing and counts it.
+#[derive(Clone, Debug)]
+pub struct TokenizeError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl TokenizeError {
+    /// Wraps the tokenizer's error.
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        TokenizeError(Arc::from(source.into()))
+    }
+}
 
 impl fmt::Display for TokenizeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -36,7 +44,11 @@ impl fmt::Display for TokenizeError {
     }
 }
 
-impl std::error::Error for TokenizeError {}
+impl std::error::Error for TokenizeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
 
 /// Tokenizers by model name. Models without one route on the byte fallback.
 #[derive(Clone, Default)]

@@ -84,3 +84,10 @@ fn scrape_errors_are_errors() {
     assert_eq!(e.to_string(), "metrics answered status 503");
     assert!(e.source().is_none());
 }
+
+#[test]
+fn a_tokenizer_failure_keeps_the_tokenizers_error() {
+    let cause = std::io::Error::new(std::io::ErrorKind::InvalidData, "no such merge");
+    let e = kvroute_frontend::TokenizeError::new(cause);
+    check(&e, 1, |s| s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData));
+}

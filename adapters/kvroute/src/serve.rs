@@ -29,10 +29,10 @@ pub struct ServeArgs {
 
 impl Tokenize for HfTokenizer {
     fn encode_chat(&self, body: &serde_json::Value) -> Result<Vec<u32>, TokenizeError> {
-        self.chat_tokens(body).map_err(|e| TokenizeError(e.to_string()))
+        self.chat_tokens(body).map_err(TokenizeError::new)
     }
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.0.encode_text(text, true).map_err(|e| TokenizeError(e.to_string()))
+        self.0.encode_text(text, true).map_err(TokenizeError::new)
     }
 }
 

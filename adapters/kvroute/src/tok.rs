@@ -29,9 +29,18 @@ impl HfTokenizer {
 
 impl PromptTokenizer for HfTokenizer {
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, SimTokenizeError> {
-        self.0.encode_text(text, true).map_err(|e| SimTokenizeError::BadInput(e.to_string()))
+        self.0.encode_text(text, true).map_err(sim_error)
     }
     fn encode_chat(&self, body: &serde_json::Value) -> Result<Vec<u32>, SimTokenizeError> {
-        self.chat_tokens(body).map_err(|e| SimTokenizeError::BadInput(e.to_string()))
+        self.chat_tokens(body).map_err(sim_error)
+    }
+}
+
+/// The request's faults are a 400; the rest is the tokenizer's own failure, a 500.
+fn sim_error(e: kvroute_tokenize::TokenizeError) -> SimTokenizeError {
+    if e.is_bad_request() {
+        SimTokenizeError::BadInput(e.to_string())
+    } else {
+        SimTokenizeError::Backend(Arc::new(e))
     }
 }

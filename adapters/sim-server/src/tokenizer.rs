@@ -10,19 +10,32 @@
 //! parity with a real model.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
 
 pub use kvroute_tokenize::fallback::{fallback_chat, fallback_text};
 
 /// Why a prompt could not be tokenized.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum TokenizeError {
     /// The request is malformed (for example `messages` is not an array): a 400.
     BadInput(String),
-    /// The tokenizer itself failed: a 500.
-    Backend(String),
+    /// The tokenizer itself failed (its error is the source): a 500.
+    Backend(Arc<dyn std::error::Error + Send + Sync>),
+}
+
+/// Equal when of the same kind with the same message (a backend error has no other
+/// identity).
+impl PartialEq for TokenizeError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (TokenizeError::BadInput(a), TokenizeError::BadInput(b)) => a == b,
+            (TokenizeError::Backend(a), TokenizeError::Backend(b)) => a.to_string() == b.to_string(),
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for TokenizeError {
@@ -34,7 +47,14 @@ impl fmt::Display for TokenizeError {
     }
 }
 
-impl std::error::Error for TokenizeError {}
+impl std::error::Error for TokenizeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TokenizeError::BadInput(_) => None,
+            TokenizeError::Backend(e) => Some(&**e),
+        }
+    }
+}
 
 /// Turns a request's prompt into the token ids the engine hashes.
 ///

@@ -182,7 +182,15 @@ impl fmt::Display for TraceError {
     }
 }
 
-impl std::error::Error for TraceError {}
+impl std::error::Error for TraceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.kind)
+    }
+}
+
+/// Reading, JSON and prompt failures keep their cause's text: trace errors are compared
+/// in tests and cloned into reports, which the causes' types do not allow.
+impl std::error::Error for TraceErrorKind {}
 
 /// Tokens per Mooncake trace block.
 pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;

@@ -125,7 +125,14 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConfigError::Timing(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// A request handed to an engine.
 #[derive(Clone, Debug)]

@@ -129,3 +129,16 @@ fn load_options_scale_take_and_sort() {
     let bad = LoadOptions { block_size: 3, ..LoadOptions::default() };
     assert!(matches!(to_requests(&recs, &bad).unwrap_err().kind, TraceErrorKind::Prompt(_)));
 }
+
+#[test]
+fn a_trace_error_chains_to_what_was_wrong_with_its_line() {
+    use std::error::Error;
+    let err = parse_str(&format!("{SMALL}\nnot json\n"), &TraceLimits::default()).expect_err("bad line");
+    let kind = err.source().expect("the line's fault is the source");
+    assert_eq!(kind.to_string(), err.kind.to_string());
+    assert!(err.to_string().ends_with(&kind.to_string()), "{err}");
+    let timing = crate::engine::ConfigError::Timing(
+        crate::engine::EngineTiming::from_json("\"nope\"").expect_err("not an object"),
+    );
+    assert!(timing.source().is_some_and(|s| s.to_string() == timing.to_string()), "{timing:?}");
+}
