@@ -11,18 +11,12 @@ use router_core::{
 };
 
 /// The Display of `e` and of each of its sources, outermost first.
-fn chain(e: &dyn Error) -> Vec<String> {
-    let mut links = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        links.push(s.to_string());
-        next = s.source();
-    }
-    links
+fn chain(e: &(dyn Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(e), |&e| e.source()).map(ToString::to_string).collect()
 }
 
 #[track_caller]
-fn check(e: &dyn Error, links: &[&str]) {
+fn check(e: &(dyn Error + 'static), links: &[&str]) {
     assert_eq!(chain(e), links, "{e:?}");
 }
 

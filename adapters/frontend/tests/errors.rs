@@ -13,13 +13,7 @@ use kvroute_replica::ReplicaStartError;
 
 /// The chain from `e` down, one message per level.
 fn chain(e: &(dyn Error + 'static)) -> Vec<String> {
-    let mut out = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        out.push(s.to_string());
-        next = s.source();
-    }
-    out
+    std::iter::successors(Some(e), |&e| e.source()).map(ToString::to_string).collect()
 }
 
 /// `e`'s chain is at least `ours + 1` deep, its first `ours` levels print the level

@@ -11,13 +11,7 @@ use crate::{config, MODEL};
 
 /// The chain from `e` down, one message per level.
 fn chain(e: &(dyn Error + 'static)) -> Vec<String> {
-    let mut out = vec![e.to_string()];
-    let mut next = e.source();
-    while let Some(s) = next {
-        out.push(s.to_string());
-        next = s.source();
-    }
-    out
+    std::iter::successors(Some(e), |&e| e.source()).map(ToString::to_string).collect()
 }
 
 /// `e`'s chain is `depth` levels deep, each message printing the next, and the last
