@@ -203,6 +203,8 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
     });
     let w = worker_id.0;
     let sent = tokio::select! {
+        // An answer that is ready says more than the ejection it may have caused.
+        biased;
         sent = answer => sent,
         () = state.outliers.ejected(w), if on_ejection => {
             if let Some(s) = &span {
