@@ -172,12 +172,13 @@ pub struct RetryConfig {
     /// 1,000: a 100,000-token prompt gets 115 s).
     pub first_byte_timeout_per_token_us: u64,
     /// Longest silence of a stream after its first byte, in ms, before it is treated as
-    /// broken and handed to migration (default 60,000; 0 disables).
+    /// broken: handed to migration, or, for a stream that cannot migrate, ended with a
+    /// `stream_stalled` error event (default 60,000; 0 disables).
     pub idle_stream_timeout_ms: u64,
     /// Time a non-streaming try has to answer, per output token it asks for
     /// (`max_tokens` or `max_completion_tokens`), in ms, on top of its first-byte timeout
-    /// (default 100; 0 disables). A request that names no limit waits until its own
-    /// deadline, `limits.request_timeout_ms`.
+    /// (default 100; 0 disables). A request that names no limit waits until its worker
+    /// is ejected, or its own deadline, `limits.request_timeout_ms`.
     pub answer_timeout_per_output_token_ms: u64,
 }
 

@@ -13,6 +13,11 @@
 //! * upstream finished: `finish` (or, for a 5xx, a worker failure);
 //! * upstream broke mid-stream: a worker failure, and an SSE client gets an `error`
 //!   event instead of a clean `[DONE]`; other clients see the response cut short;
+//! * upstream went silent for `retry.idle_stream_timeout_ms` after its first byte: a
+//!   worker failure like a broken stream, and an SSE client gets an `error` event
+//!   (`stream_stalled`) and `[DONE]`. Streams that may migrate have their own timer
+//!   ([`crate::migrate`]); this one covers the rest (several choices, migration off,
+//!   workers that send no token ids, disaggregated decode);
 //! * the client went away (the body is dropped): the booking is cancelled;
 //! * `request_timeout_ms` passed: cancelled, and an SSE client gets an `error` event.
 
@@ -109,6 +114,8 @@ pub struct StreamCtx {
     pub deadline: Instant,
     /// Whether the response is an SSE stream the proxy may append an error event to.
     pub injects_errors: bool,
+    /// Longest silence after the first byte, `None` when unbounded.
+    pub idle: Option<Duration>,
 }
 
 /// Largest frame [`UpstreamBody`] makes of upstream chunks that were ready together.
@@ -135,6 +142,7 @@ impl From<Option<Result<Frame<Bytes>, hyper::Error>>> for Next {
 enum End {
     Finished,
     Broken,
+    Stalled,
     TimedOut,
     Cancelled,
 }
@@ -145,9 +153,10 @@ pub struct UpstreamBody {
     booking: Option<Booking>,
     ctx: StreamCtx,
     injects_errors: bool,
+    /// Fires at the request's deadline or, after the first byte, the idle timeout.
     /// Armed the first time the worker makes the client wait: a response that is ready
     /// at once never touches the timer.
-    deadline: Option<Pin<Box<Sleep>>>,
+    timer: Option<Pin<Box<Sleep>>>,
     last_chunk: Option<Instant>,
     /// Whether the bytes sent so far end at an SSE event boundary.
     at_boundary: bool,
@@ -164,7 +173,7 @@ impl UpstreamBody {
             inner,
             booking: Some(booking),
             injects_errors: ctx.injects_errors,
-            deadline: None,
+            timer: None,
             ctx,
             last_chunk: None,
             at_boundary: true,
@@ -245,6 +254,12 @@ impl UpstreamBody {
                 health::failure(&c.state, c.worker, "stream_broken");
                 "stream_broken"
             }
+            // A stall is a broken stream that did not say so.
+            End::Stalled => {
+                let _ = booking.fail(DispatchFailure::Worker);
+                health::failure(&c.state, c.worker, "idle_timeout");
+                "stream_broken"
+            }
             // Dropping the booking cancels it: the worker did nothing wrong.
             End::TimedOut => "timeout",
             End::Cancelled => "cancelled",
@@ -266,24 +281,20 @@ impl UpstreamBody {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().is_some_and(|d| d.as_mut().poll(cx).is_ready()) {
-            return this.time_out();
+        if this.timer.is_some() {
+            if let Some(how) = this.poll_timer(cx) {
+                return this.expire(how);
+            }
         }
         let next = match this.held.take() {
             Some(h) => Poll::Ready(h),
             None => Pin::new(&mut this.inner).poll_frame(cx).map(Next::from),
         };
         match next {
-            Poll::Pending if this.deadline.is_none() => {
-                let mut d = Box::pin(tokio::time::sleep_until(this.ctx.deadline));
-                let due = d.as_mut().poll(cx).is_ready();
-                this.deadline = Some(d);
-                if due {
-                    return this.time_out();
-                }
-                Poll::Pending
-            }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => match this.poll_timer(cx) {
+                Some(how) => this.expire(how),
+                None => Poll::Pending,
+            },
             Poll::Ready(Next::End) => {
                 this.end(End::Finished);
                 Poll::Ready(None)
@@ -352,9 +363,44 @@ impl UpstreamBody {
         (joined.map_or(first, BytesMut::freeze), chunks)
     }
 
-    fn time_out(&mut self) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        self.end(End::TimedOut);
-        self.fail_stream("timeout", "the request timed out mid-stream")
+    /// When the timer is due: the idle timeout after the last byte sent, or the
+    /// request's deadline if sooner or nothing was sent yet.
+    fn due(&self) -> Instant {
+        let idle = self.last_chunk.zip(self.ctx.idle).map(|(at, idle)| at + idle);
+        idle.map_or(self.ctx.deadline, |at| at.min(self.ctx.deadline))
+    }
+
+    /// Arms or moves the timer to [`Self::due`] and polls it: how the stream ends if it
+    /// fired.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> Option<End> {
+        let at = self.due();
+        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if timer.deadline() != at {
+            timer.as_mut().reset(at);
+        }
+        timer.as_mut().poll(cx).is_ready().then(|| {
+            if Instant::now() >= self.ctx.deadline {
+                End::TimedOut
+            } else {
+                End::Stalled
+            }
+        })
+    }
+
+    fn expire(&mut self, how: End) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.end(how);
+        if how != End::Stalled {
+            return self.fail_stream("timeout", "the request timed out mid-stream");
+        }
+        tracing::debug!(worker = self.ctx.worker, "upstream stream stalled past the idle timeout");
+        let msg = "the worker's stream stalled past retry.idle_stream_timeout_ms";
+        if !self.injects_errors {
+            return Poll::Ready(Some(Err(msg.into())));
+        }
+        // The stream ends cleanly: the client hears why, then the usual end.
+        let mut b = BytesMut::from(self.error_event("stream_stalled", msg));
+        b.extend_from_slice(b"data: [DONE]\n\n");
+        Poll::Ready(Some(Ok(Frame::data(b.freeze()))))
     }
 
     fn fail_stream(&mut self, code: &str, message: &str) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {

@@ -67,6 +67,8 @@ pub(crate) async fn first_answer(
     // A request that pins its worker has nowhere else to go.
     let pinned = router_core::explicit_pin(request.phase.0, &request.hints).is_some();
     let mut last_err: Option<ApiError> = None;
+    // The reason of the retry the next try would be, counted once that try is sent.
+    let mut retrying: Option<RetryReason> = None;
     for attempt in 0..=state.cfg.retry.retries_max {
         // The core excludes workers that already failed this request (unless a pin names them).
         request.failed_workers.clone_from(tried);
@@ -75,14 +77,21 @@ pub(crate) async fn first_answer(
             Ok(None) => break,
             Err(e) => return Err(e),
         };
+        if let Some(reason) = retrying.take() {
+            // Dropping the booking cancels it: nothing was sent.
+            if !state.budget.withdraw() {
+                break;
+            }
+            state.metrics.retry(&t.pool.name, reason.as_str());
+        }
         let worker = booking.target().worker;
         tried.push(worker);
-        let (reason, kept, err) = match one_try(t, booking, request.isl_tokens).await {
+        let (reason, kept, err) = match one_try(t, booking, request.isl_tokens, !pinned).await {
             Ok(a) => return Ok(a),
             Err(Failed::TimedOut) => return Err(ApiError::timeout()),
             Err(Failed::Retry(reason, kept, err)) => (reason, kept, err),
         };
-        let can_retry = !pinned && attempt < state.cfg.retry.retries_max && state.budget.withdraw();
+        let can_retry = !pinned && attempt < state.cfg.retry.retries_max && state.budget.available();
         if !can_retry {
             // No retry left: a worker's own answer goes to the client as it is.
             return kept.map(|a| *a).ok_or(err);
@@ -96,7 +105,7 @@ pub(crate) async fn first_answer(
             }
             None => err,
         };
-        state.metrics.retry(&t.pool.name, reason.as_str());
+        retrying = Some(reason);
         last_err = Some(err);
         let wait = retry::backoff(&state.cfg.retry, attempt + 1, t.pool.driver.draw().0, after);
         if Instant::now() + wait >= t.deadline {
@@ -149,8 +158,10 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
 
 /// Sends one try of a prompt of `isl_tokens` and waits for its head and, for a stream,
 /// its first frame, within the try's first-byte timeout (for a non-streaming try, its
-/// answer timeout).
-async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32) -> Result<Answered, Failed> {
+/// answer timeout). With `on_ejection`, the wait ends when the worker is ejected, which
+/// bounds a try that has no timeout of its own (a non-streaming request naming no
+/// output limit) on a wedged worker.
+async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejection: bool) -> Result<Answered, Failed> {
     let state = t.state;
     let worker_id = booking.target().worker;
     let Some(worker) = state.fleet.worker(worker_id.0) else {
@@ -177,7 +188,7 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32) -> Result
     let limit = retry::try_limit(&state.cfg.retry, t.stream, uncached, &t.body);
     let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();
-    let sent = tokio::time::timeout_at(first_byte_by, async {
+    let answer = tokio::time::timeout_at(first_byte_by, async {
         let mut resp = state.client.send(up).await?;
         let first = if t.stream && resp.status().is_success() {
             match resp.body_mut().frame().await {
@@ -189,9 +200,21 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32) -> Result
             None
         };
         Ok((resp, first))
-    })
-    .await;
+    });
     let w = worker_id.0;
+    let sent = tokio::select! {
+        // An answer that is ready says more than the ejection it may have caused.
+        biased;
+        sent = answer => sent,
+        () = state.outliers.ejected(w), if on_ejection => {
+            if let Some(s) = &span {
+                s.fail("the worker was ejected before its first byte".into());
+            }
+            give_up(state, booking, w, RetryReason::Ejected);
+            let e = ApiError::upstream(format!("worker {w} was ejected before it sent a byte"));
+            return Err(Failed::Retry(RetryReason::Ejected, None, e));
+        }
+    };
     if let Some(s) = &span {
         crate::trace::try_answered(s, &sent);
     }

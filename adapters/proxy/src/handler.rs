@@ -286,6 +286,7 @@ pub(crate) fn respond_first(
         arrived,
         deadline,
         injects_errors,
+        idle: crate::forward::idle_timeout(state),
     };
     let body = UpstreamBody::new(body, booking, ctx, Some(permit)).with_first(first);
     Response::from_parts(parts, ProxyBody::Stream(Box::new(body)))

@@ -6,7 +6,8 @@
 //! probe task then waits out the back-off and sends one `GET` of the health-check path;
 //! success readmits the worker, failure doubles the back-off up to `max_ms` and waits
 //! again. A success anywhere resets the count and the back-off. There is one probe task
-//! per ejected worker, so their number is bounded by the fleet's size.
+//! per ejected worker, so their number is bounded by the fleet's size. An ejection also
+//! wakes the tries still waiting for that worker's first byte (see [`crate::forward`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use router_core::{Health, WorkerId};
 use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::config::{EjectionConfig, WorkerConfig};
 use crate::state::State;
@@ -45,12 +47,14 @@ pub struct HealthView {
 pub struct Outliers {
     cfg: EjectionConfig,
     table: Mutex<BTreeMap<u64, Tracked>>,
+    /// Ejections so far, for tries waiting on a worker to hear of its ejection.
+    ejected: watch::Sender<u64>,
 }
 
 impl Outliers {
     /// An empty tracker.
     pub fn new(cfg: EjectionConfig) -> Self {
-        Outliers { cfg, table: Mutex::new(BTreeMap::new()) }
+        Outliers { cfg, table: Mutex::new(BTreeMap::new()), ejected: watch::channel(0).0 }
     }
 
     fn with<R>(&self, id: u64, f: impl FnOnce(&mut Tracked, &EjectionConfig) -> R) -> R {
@@ -60,6 +64,14 @@ impl Outliers {
 
     /// Counts a failure; returns the back-off in ms when this failure ejects the worker.
     fn failure(&self, id: u64) -> Option<u64> {
+        let ejected = self.count_failure(id);
+        if ejected.is_some() {
+            self.ejected.send_modify(|n| *n += 1);
+        }
+        ejected
+    }
+
+    fn count_failure(&self, id: u64) -> Option<u64> {
         self.with(id, |t, cfg| {
             t.consecutive = t.consecutive.saturating_add(1);
             if cfg.consecutive_failures == 0 || t.ejected || t.consecutive < cfg.consecutive_failures {
@@ -98,6 +110,17 @@ impl Outliers {
 
     fn is_ejected(&self, id: u64) -> bool {
         self.with(id, |t, _| t.ejected)
+    }
+
+    /// Resolves once worker `id` is ejected (at once if it is now).
+    pub async fn ejected(&self, id: u64) {
+        let mut changes = self.ejected.subscribe();
+        // Subscribed before the look, so an ejection between the two still wakes us.
+        while !self.is_ejected(id) {
+            if changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// The worker is draining (see [`crate::drain`]) until it is forgotten.
@@ -248,6 +271,26 @@ mod tests {
         o.success(7);
         assert_eq!(o.failure(7), None);
         assert_eq!(o.failure(7), Some(1));
+    }
+
+    #[tokio::test]
+    async fn an_ejection_wakes_only_its_workers_waiters() {
+        let o = Arc::new(Outliers::new(EjectionConfig { consecutive_failures: 2, base_ms: 1, max_ms: 1 }));
+        let (w1, w2) = (tokio::spawn(watch_for(o.clone(), 1)), tokio::spawn(watch_for(o.clone(), 2)));
+        tokio::task::yield_now().await;
+        assert_eq!(o.failure(1), None);
+        assert_eq!(o.failure(2), None);
+        assert_eq!(o.failure(1), Some(1));
+        tokio::time::timeout(Duration::from_secs(5), w1).await.expect("worker 1's waiter wakes").unwrap();
+        tokio::task::yield_now().await;
+        assert!(!w2.is_finished(), "worker 2 is not ejected");
+        w2.abort();
+        let now = tokio::time::timeout(Duration::from_secs(5), o.ejected(1));
+        now.await.expect("an ejected worker resolves at once");
+    }
+
+    async fn watch_for(o: Arc<Outliers>, id: u64) {
+        o.ejected(id).await;
     }
 
     #[test]

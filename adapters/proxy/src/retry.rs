@@ -10,6 +10,10 @@
 //!   while `retries_max` and the shared retry budget allow. Any other 4xx is the client's
 //!   and goes back as it is. Nothing is retried once a byte reached the client (a broken
 //!   stream is migration's job, see [`crate::migrate`]).
+//! * A try still waiting for its first byte when its worker is ejected (by the health
+//!   checks or by outlier ejection) is given up and retried too: this bounds a try that
+//!   has no timeout of its own on a wedged worker. A retry is counted, and taken from the
+//!   budget, only when another worker takes it.
 //! * The wait before retry `n` (from 1) is exponential with full jitter:
 //!   `draw × min(backoff_max_ms, backoff_base_ms × 2^(n-1))`, and never less than the
 //!   worker's `Retry-After` (capped at `retry_after_max_ms`).
@@ -20,8 +24,8 @@
 //!   after `ejection.consecutive_failures` tries instead of after the health checks.
 //! * A non-streaming try sends its first byte only when the whole answer is done, so it
 //!   gets the first-byte timeout plus `answer_timeout_per_output_token_ms` for each output
-//!   token it asks for. One that names no limit could run as long as the engine allows,
-//!   and waits until the request's own deadline.
+//!   token it asks for. One that names no limit could run as long as the engine allows:
+//!   it waits until the request's own deadline, or until its worker is ejected.
 
 use std::time::Duration;
 
@@ -42,6 +46,9 @@ pub enum RetryReason {
     Status429,
     /// No byte within the try's first-byte timeout.
     FirstByteTimeout,
+    /// The worker was ejected (health checks or outlier ejection) while the try waited
+    /// for its first byte.
+    Ejected,
 }
 
 impl RetryReason {
@@ -53,13 +60,15 @@ impl RetryReason {
             RetryReason::Status5xx => "status_5xx",
             RetryReason::Status429 => "status_429",
             RetryReason::FirstByteTimeout => "first_byte_timeout",
+            RetryReason::Ejected => "ejected",
         }
     }
 
     /// Whether the failure is the worker's fault and counts towards its ejection. A 429
-    /// is a worker saying it is full, which is not a fault.
+    /// is a worker saying it is full, which is not a fault; an ejected worker was already
+    /// counted.
     pub const fn counts_against_worker(self) -> bool {
-        !matches!(self, RetryReason::Status429)
+        !matches!(self, RetryReason::Status429 | RetryReason::Ejected)
     }
 }
 
@@ -198,6 +207,7 @@ mod tests {
         }
         assert!(!RetryReason::Status429.counts_against_worker());
         assert!(RetryReason::FirstByteTimeout.counts_against_worker());
+        assert!(!RetryReason::Ejected.counts_against_worker(), "its ejection already counted");
     }
 
     #[test]

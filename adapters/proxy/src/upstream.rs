@@ -164,6 +164,12 @@ impl RetryBudget {
         let _ = self.milli.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| Some((b + d).min(max)));
     }
 
+    /// Whether the balance holds a retry now (a later [`RetryBudget::withdraw`] may
+    /// still find it spent).
+    pub fn available(&self) -> bool {
+        self.milli.load(Ordering::Relaxed) >= 1000
+    }
+
     /// Takes one retry if the balance allows.
     pub fn withdraw(&self) -> bool {
         self.milli.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| (b >= 1000).then_some(b - 1000)).is_ok()
@@ -208,8 +214,8 @@ mod tests {
             budget_max: 2,
             ..RetryConfig::default()
         });
-        assert!(b.withdraw());
-        assert!(!b.withdraw());
+        assert!(b.available() && b.withdraw());
+        assert!(!b.available() && !b.withdraw());
         b.deposit();
         assert!(!b.withdraw(), "half a retry is not a retry");
         b.deposit();

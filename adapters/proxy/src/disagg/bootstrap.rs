@@ -76,9 +76,9 @@ pub(super) async fn forward(
     // The decode waits for the whole prompt's KV before its first token.
     let dec_limit = retry::try_limit(&state.cfg.retry, stream, p.request.isl_tokens, &p.forward_body);
     loop {
-        let (pre_booking, pre_worker) = book(state, &p.pool, &mut pre, &retry_pre, deadline).await?;
+        let (pre_booking, pre_worker) = book(state, &p.pool, &mut pre, &mut retry_pre, deadline).await?;
         let mut dec = decode_request(&p.request, &p.pool, &pre_worker);
-        let (dec_booking, dec_worker) = book(state, &p.pool, &mut dec, &retry_dec, deadline).await?;
+        let (dec_booking, dec_worker) = book(state, &p.pool, &mut dec, &mut retry_dec, deadline).await?;
         // A u63, as SGLang draws it.
         let room = p.pool.driver.draw().next_u64() >> 1;
         let body = edited_body(&p, |o| bootstrap_fields(o, &pre_worker, room))?;

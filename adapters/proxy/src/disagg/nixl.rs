@@ -70,7 +70,7 @@ pub(super) async fn forward(
     let limit = retry::try_limit(&state.cfg.retry, stream, p.request.isl_tokens, &body);
     let mut retry = Retry::new();
     loop {
-        let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
+        let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
         let by = limit.and_then(|l| Instant::now().checked_add(l)).map_or(deadline, |t| t.min(deadline));
         let (reason, err) = match tokio::time::timeout_at(by, state.client.send(up)).await {
@@ -114,7 +114,7 @@ async fn prefill(state: &Arc<State>, p: &Prepared, deadline: Instant) -> Result<
     let mut req = phase_request(&p.request, Phase::Prefill);
     let mut retry = Retry::new();
     loop {
-        let (booking, worker) = book(state, &p.pool, &mut req, &retry, deadline).await?;
+        let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), p, body.clone())?;
         let limit = prefill_limit(state, &p.pool, &booking, p.request.isl_tokens);
         match run_prefill(state, model, &worker, booking, up, limit).await {

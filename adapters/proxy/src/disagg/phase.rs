@@ -67,11 +67,13 @@ pub(super) struct Retry {
     tried: Vec<WorkerId>,
     last_err: Option<ApiError>,
     retries: u32,
+    /// The reason of the retry the next booking makes, counted once it finds a worker.
+    pending: Option<RetryReason>,
 }
 
 impl Retry {
     pub(super) fn new() -> Self {
-        Retry { tried: Vec::new(), last_err: None, retries: 0 }
+        Retry { tried: Vec::new(), last_err: None, retries: 0, pending: None }
     }
 
     /// `worker` failed for `reason` (`None`: not retryable): it is excluded from now on.
@@ -99,17 +101,18 @@ impl Retry {
     }
 
     /// Whether one more retry is allowed: `retries_max` is not spent and the retry
-    /// budget has a retry, which this takes.
+    /// budget has a retry (taken when the retry finds a worker, see [`book`]).
     pub(super) fn may_retry(&mut self, state: &State) -> bool {
-        if self.retries >= state.cfg.retry.retries_max || !state.budget.withdraw() {
+        if self.retries >= state.cfg.retry.retries_max || !state.budget.available() {
             return false;
         }
         self.retries += 1;
         true
     }
 
-    /// Counts a retry for `reason` and waits its backoff (never less than the worker's
-    /// `Retry-After`); false when that would pass the request's deadline.
+    /// Waits the backoff of a retry for `reason` (never less than the worker's
+    /// `Retry-After`); false when that would pass the request's deadline. The retry is
+    /// counted when it finds a worker.
     pub(super) async fn backoff(
         &mut self,
         state: &State,
@@ -118,7 +121,7 @@ impl Retry {
         after: Option<Duration>,
         deadline: Instant,
     ) -> bool {
-        state.metrics.retry(&pool.name, reason.as_str());
+        self.pending = Some(reason);
         let wait = retry::backoff(&state.cfg.retry, self.retries, pool.driver.draw().0, after);
         if Instant::now() + wait >= deadline {
             self.last_err = Some(ApiError::timeout());
@@ -135,8 +138,27 @@ impl Retry {
 }
 
 /// Books a worker for `req`'s phase, excluding those `retry` saw fail. Once something
-/// failed, a router refusal reports that failure instead (no other worker was left).
+/// failed, a router refusal reports that failure instead (no other worker was left). A
+/// retry that finds a worker is counted and taken from the budget here.
 pub(super) async fn book(
+    state: &State,
+    pool: &Pool,
+    req: &mut Request,
+    retry: &mut Retry,
+    deadline: Instant,
+) -> Result<(Booking, Arc<WorkerConfig>), ApiError> {
+    let booked = book_one(state, pool, req, retry, deadline).await?;
+    if let Some(reason) = retry.pending.take() {
+        if !state.budget.withdraw() {
+            // Dropping the booking cancels it: nothing was sent.
+            return Err(retry.last_err.clone().unwrap_or_else(|| ApiError::upstream("no retry left")));
+        }
+        state.metrics.retry(&pool.name, reason.as_str());
+    }
+    Ok(booked)
+}
+
+async fn book_one(
     state: &State,
     pool: &Pool,
     req: &mut Request,

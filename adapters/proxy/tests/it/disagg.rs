@@ -302,6 +302,8 @@ async fn a_failed_prefill_aborts_its_waiting_decode() {
     assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{}", a.text());
     let m = get(f.addr(), "/metrics").await.text();
     assert_eq!(metric(&m, "kvroute_disagg_aborts_total", &["aborted=\"decode\"", "cause=\"status_5xx\""]), 1.0);
+    // The only prefill worker failed: the retry found nowhere to go, so none was made.
+    assert_eq!(metric(&m, "kvroute_retries_total", &[]), 0.0, "{m}");
     eventually(10_000, "released", || released(f.addr())).await;
     f.shutdown().await;
 }

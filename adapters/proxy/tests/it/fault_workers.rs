@@ -55,7 +55,11 @@ async fn check_refusing_worker(consecutive_failures: u32, clients: usize, per_cl
         attempts >= f64::from(consecutive_failures) && attempts <= most,
         "worker 1 was tried {attempts} times; want {consecutive_failures}..={most}"
     );
-    assert_eq!(metric(&m, "kvroute_retries_total", &[]), attempts, "each refusal was retried elsewhere once");
+    let retried = metric(&m, "kvroute_retries_total", &["reason=\"connect\""]);
+    assert_eq!(retried, attempts, "each refusal was retried elsewhere once");
+    // A try still connecting when the worker was ejected is retried at the ejection.
+    let ejected = metric(&m, "kvroute_retries_total", &["reason=\"ejected\""]);
+    assert_eq!(total(&m, "kvroute_retries_total", ""), attempts + ejected, "no other retries\n{m}");
     assert_eq!(metric(&m, "kvroute_worker_ejections_total", &["worker=\"1\""]), 1.0);
     assert_eq!(outlier(addr, 1).await["ejected"], true);
     let seen = live[0].seen().len() + live[1].seen().len();

@@ -28,6 +28,7 @@ mod release;
 mod sessions;
 mod shutdown;
 mod sims;
+mod stalls;
 mod streaming;
 mod trust;
 
