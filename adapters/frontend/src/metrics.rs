@@ -479,7 +479,7 @@ impl Metrics {
         self.untrusted.get_or_create(&FieldLabels { field }).inc();
     }
 
-    /// A retry: `connect`, `reset`, `status_5xx`, `status_429`, `first_byte_timeout`.
+    /// A retry: `connect`, `reset`, `status_5xx`, `status_429`, `first_byte_timeout`, `ejected`.
     pub fn retry(&self, model: &str, reason: &'static str) {
         self.retries.get_or_create(&FallbackLabels { model: model.into(), reason }).inc();
     }
