@@ -114,7 +114,8 @@ pub struct StreamCtx {
     pub deadline: Instant,
     /// Whether the response is an SSE stream the proxy may append an error event to.
     pub injects_errors: bool,
-    /// Longest silence after the first byte, `None` when unbounded.
+    /// Longest silence after the first byte (for SSE, after the response began), `None`
+    /// when unbounded.
     pub idle: Option<Duration>,
 }
 
@@ -158,6 +159,12 @@ pub struct UpstreamBody {
     /// at once never touches the timer.
     timer: Option<Pin<Box<Sleep>>>,
     last_chunk: Option<Instant>,
+    /// Since when this body has been waiting on the worker with nothing to send: set
+    /// when the worker's body is not ready, cleared when it yields. Time the client
+    /// spends not reading is not counted. An SSE stream waits from its first poll, so a
+    /// stream whose headers came but whose first token never does (a disaggregated
+    /// decode) is bounded too; another body only after its first byte.
+    waiting_since: Option<Instant>,
     /// Whether the bytes sent so far end at an SSE event boundary.
     at_boundary: bool,
     /// What followed the chunks sent in the last frame, for the next poll.
@@ -174,6 +181,7 @@ impl UpstreamBody {
             booking: Some(booking),
             injects_errors: ctx.injects_errors,
             timer: None,
+            waiting_since: None,
             ctx,
             last_chunk: None,
             at_boundary: true,
@@ -281,20 +289,29 @@ impl UpstreamBody {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.timer.is_some() {
-            if let Some(how) = this.poll_timer(cx) {
-                return this.expire(how);
-            }
+        // Only the deadline ends a stream before the worker is asked: after a client that
+        // stopped reading, the worker's data may be waiting, so a stall is judged below,
+        // when the worker has nothing.
+        if this.timer.is_some() && this.poll_timer(cx) == Some(End::TimedOut) {
+            return this.expire(End::TimedOut);
         }
         let next = match this.held.take() {
             Some(h) => Poll::Ready(h),
             None => Pin::new(&mut this.inner).poll_frame(cx).map(Next::from),
         };
+        if let Poll::Ready(_) = next {
+            this.waiting_since = None;
+        }
         match next {
-            Poll::Pending => match this.poll_timer(cx) {
-                Some(how) => this.expire(how),
-                None => Poll::Pending,
-            },
+            Poll::Pending => {
+                if this.waiting_since.is_none() && (this.ctx.injects_errors || this.last_chunk.is_some()) {
+                    this.waiting_since = Some(Instant::now());
+                }
+                match this.poll_timer(cx) {
+                    Some(how) => this.expire(how),
+                    None => Poll::Pending,
+                }
+            }
             Poll::Ready(Next::End) => {
                 this.end(End::Finished);
                 Poll::Ready(None)
@@ -363,10 +380,10 @@ impl UpstreamBody {
         (joined.map_or(first, BytesMut::freeze), chunks)
     }
 
-    /// When the timer is due: the idle timeout after the last byte sent, or the
-    /// request's deadline if sooner or nothing was sent yet.
+    /// When the timer is due: the idle timeout after the body began waiting on the
+    /// worker, or the request's deadline if sooner.
     fn due(&self) -> Instant {
-        let idle = self.last_chunk.zip(self.ctx.idle).map(|(at, idle)| at + idle);
+        let idle = self.waiting_since.zip(self.ctx.idle).map(|(at, idle)| at + idle);
         idle.map_or(self.ctx.deadline, |at| at.min(self.ctx.deadline))
     }
 

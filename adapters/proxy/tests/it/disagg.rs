@@ -431,3 +431,38 @@ async fn a_5xx_429_or_silent_worker_on_either_leg_is_retried_by_the_retry_rules(
         check_leg_retried(protocol, false, Behavior::Stall { ms: 5_000 }, "first_byte_timeout").await;
     }
 }
+
+/// The decode worker answers its headers at once and then never sends a token: the
+/// client's stream ends at the idle timeout with a `stream_stalled` error event, the
+/// stall counts against the decode worker, and nothing stays booked.
+async fn check_decode_stalls_after_its_headers(protocol: DisaggProtocol) {
+    let wedged = Fake::start(&[MODEL]).await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    wedged.set(Behavior::Gated { chunks: crate::fake::sse_chunks(2), gate });
+    let f = fleet(protocol, sims(1), vec![W::Fake(wedged.clone())], |c| {
+        c.retry.idle_stream_timeout_ms = 300;
+        c.limits.request_timeout_ms = 60_000;
+        c.ejection.consecutive_failures = 0;
+    })
+    .await;
+    let t = std::time::Instant::now();
+    let mut ev = crate::sims::Events::open(f.addr(), "/v1/completions", &[], &completion(LONG, true, 7)).await;
+    assert_eq!(ev.status, 200, "{protocol}");
+    let got = crate::sims::read(&ev.rest().await);
+    let e = got.error.as_ref().unwrap_or_else(|| panic!("{protocol}: an error event: {got:?}"));
+    assert_eq!(e["error"]["code"], "stream_stalled", "{protocol}: {e}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "{protocol}: ended by the idle timeout");
+    let m = get(f.addr(), "/metrics").await.text();
+    let against = metric(&m, "kvroute_upstream_failures_total", &["worker=\"11\"", "kind=\"idle_timeout\""]);
+    assert_eq!(against, 1.0, "{protocol}: counted against the decode worker\n{m}");
+    eventually(10_000, "released", || released(f.addr())).await;
+    f.proxy.driver(MODEL).unwrap().check_invariants().expect("router invariants");
+    f.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_that_stalls_after_its_headers_ends_at_the_idle_timeout() {
+    for protocol in BOTH {
+        check_decode_stalls_after_its_headers(protocol).await;
+    }
+}

@@ -131,3 +131,30 @@ async fn st2_a_try_waiting_on_a_worker_that_is_ejected_is_retried_elsewhere() {
     eventually(5_000, "released", || released(addr)).await;
     sims.stop().await;
 }
+
+/// A client that stops reading for longer than the idle timeout holds its stream back;
+/// the worker did not stall, so the stream must go on where it stopped, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn st3_a_client_that_pauses_reading_does_not_stall_its_stream() {
+    let fake = Fake::start(&[MODEL]).await;
+    let chunk = bytes::Bytes::from_static(b"data: {\"choices\":[{\"index\":0,\"text\":\"flood\"}]}\n\n");
+    let total = 32u64 << 20;
+    fake.set(Behavior::Flood { chunk: chunk.clone(), bytes_total: total });
+    let mut cfg = config(&[(1, fake.addr)]);
+    cfg.retry.idle_stream_timeout_ms = 200;
+    cfg.limits.request_timeout_ms = REQUEST_TIMEOUT_MS;
+    cfg.limits.connection_buffer_bytes_max = 16 << 10;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    let mut ev = Events::open(addr, "/v1/completions", &[], &completion("pause", 8)).await;
+    assert_eq!(ev.status, 200);
+    let first = ev.next().await.expect("a first event");
+    // The proxy's buffers and the sockets' fill up, and the proxy stops reading too.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let rest = ev.rest().await;
+    let got = read(&rest);
+    assert!(got.error.is_none(), "a paused client is not a stalled worker: {:?}", got.error);
+    let events = 1 + rest.len() as u64;
+    assert_eq!(events, total / chunk.len() as u64, "every event of the stream arrives once: {first:?}");
+    eventually(5_000, "released", || released(addr)).await;
+}
