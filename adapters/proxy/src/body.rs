@@ -299,7 +299,7 @@ impl UpstreamBody {
             Some(h) => Poll::Ready(h),
             None => Pin::new(&mut this.inner).poll_frame(cx).map(Next::from),
         };
-        if let Poll::Ready(_) = next {
+        if next.is_ready() {
             this.waiting_since = None;
         }
         match next {
