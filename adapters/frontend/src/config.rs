@@ -171,9 +171,11 @@ pub struct RetryConfig {
     /// Time added to the first-byte timeout per uncached prompt token, in µs (default
     /// 1,000: a 100,000-token prompt gets 115 s).
     pub first_byte_timeout_per_token_us: u64,
-    /// Longest silence of a stream after its first byte, in ms, before it is treated as
-    /// broken: handed to migration, or, for a stream that cannot migrate, ended with a
-    /// `stream_stalled` error event (default 60,000; 0 disables).
+    /// Longest silence of a stream after its first byte (an SSE stream that cannot
+    /// migrate: after its headers), in ms, before it is treated as broken: handed to
+    /// migration, or, for a stream that cannot migrate, ended with a `stream_stalled`
+    /// error event (default 60,000; 0 disables). Only time spent waiting on the worker
+    /// counts, not time a client takes to read.
     pub idle_stream_timeout_ms: u64,
     /// Time a non-streaming try has to answer, per output token it asks for
     /// (`max_tokens` or `max_completion_tokens`), in ms, on top of its first-byte timeout
