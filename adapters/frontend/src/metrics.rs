@@ -485,7 +485,7 @@ impl Metrics {
     }
 
     /// A migration attempt (`reason`: `stream_broken`, `idle_timeout`) and its `outcome`
-    /// (`resumed`, `refused_structured`, `attempts_exhausted`, `deadline`, `no_worker`,
+    /// (`resumed`, `refused_structured`, `refused_fidelity`, `attempts_exhausted`, `deadline`, `no_worker`,
     /// `unsupported`).
     pub fn migration(&self, model: &str, reason: &'static str, outcome: &'static str) {
         self.migrations.get_or_create(&MigrationLabels { model: model.into(), reason, outcome }).inc();
