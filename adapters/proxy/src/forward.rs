@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::fleet::Pool;
 use crate::handler::{error_chain, upstream_request_to, Prepared};
 use crate::health;
+use crate::migrate::BodyShape;
 use crate::retry::{self, RetryReason};
 use crate::state::State;
 use crate::upstream::Upstream;
@@ -44,8 +45,9 @@ pub(crate) struct Tries<'a> {
     pub path: Option<String>,
     /// When the whole request must be done.
     pub deadline: Instant,
-    /// Whether the answer streams, so the first byte is awaited under its own timeout.
-    pub stream: bool,
+    /// Whether the answer streams, so the first byte is awaited under its own timeout,
+    /// and the output limit a non-streaming answer's timeout is sized by.
+    pub shape: BodyShape,
 }
 
 /// How one try ended, if it did not produce an answer for the client.
@@ -185,12 +187,12 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
     };
     let cached = booking.routed().overlap.device.saturating_mul(t.pool.block_size.tokens());
     let uncached = isl_tokens.saturating_sub(cached);
-    let limit = retry::try_limit(&state.cfg.retry, t.stream, uncached, &t.body);
+    let limit = retry::try_limit(&state.cfg.retry, t.shape, uncached);
     let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();
     let answer = tokio::time::timeout_at(first_byte_by, async {
         let mut resp = state.client.send(up).await?;
-        let first = if t.stream && resp.status().is_success() {
+        let first = if t.shape.stream && resp.status().is_success() {
             match resp.body_mut().frame().await {
                 None => None,
                 Some(Ok(f)) => Some(f),

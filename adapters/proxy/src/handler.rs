@@ -182,10 +182,11 @@ pub(crate) async fn forward_aggregated(
     let pool = p.pool.clone();
     let plan = crate::migrate::Plan::of(&p, &state.cfg.migration);
     let body = plan.as_ref().map_or_else(|| p.forward_body.clone(), |m| m.first_body());
-    let stream = plan.is_some() || crate::migrate::is_stream(&p.forward_body);
+    let mut shape = crate::migrate::body_shape(&p.forward_body);
+    shape.stream |= plan.is_some();
     let mut request = p.request.clone();
     let mut tried: Vec<WorkerId> = Vec::new();
-    let tries = forward::Tries { state, pool: &pool, p: &p, body, path: None, deadline, stream };
+    let tries = forward::Tries { state, pool: &pool, p: &p, body, path: None, deadline, shape };
     let a = forward::first_answer(&tries, &mut request, &mut tried).await?;
     let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
     match plan {

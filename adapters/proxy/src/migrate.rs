@@ -65,13 +65,34 @@ const CHAT_ONLY: [&str; 14] = [
 const GUIDED: [&str; 6] =
     ["guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "guided_decoding"];
 
-/// Whether a request body asks for a stream.
-pub(crate) fn is_stream(body: &[u8]) -> bool {
+/// What forwarding reads from a request body, in one pass over it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BodyShape {
+    /// It asks for a stream.
+    pub stream: bool,
+    /// The output limit it names (`max_completion_tokens`, else `max_tokens`); `None`
+    /// when it names none, or either is not a whole number.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// Reads a request body's [`BodyShape`].
+pub(crate) fn body_shape(body: &[u8]) -> BodyShape {
     #[derive(serde::Deserialize)]
-    struct Shape {
-        stream: Option<bool>,
+    struct Raw {
+        stream: Option<Value>,
+        max_tokens: Option<Value>,
+        max_completion_tokens: Option<Value>,
     }
-    serde_json::from_slice::<Shape>(body).is_ok_and(|s| s.stream == Some(true))
+    let limit = |v: Option<Value>| match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or(()),
+    };
+    let Ok(raw) = serde_json::from_slice::<Raw>(body) else { return BodyShape::default() };
+    let max_output_tokens = match (limit(raw.max_completion_tokens), limit(raw.max_tokens)) {
+        (Ok(completion), Ok(tokens)) => completion.or(tokens),
+        _ => None,
+    };
+    BodyShape { stream: raw.stream == Some(Value::Bool(true)), max_output_tokens }
 }
 
 /// How a stream that may migrate is forwarded and continued.

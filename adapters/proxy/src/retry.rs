@@ -32,6 +32,7 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 
 use crate::config::RetryConfig;
+use crate::migrate::BodyShape;
 
 /// Why a try was given up and the request sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,25 +124,15 @@ pub fn answer_timeout(cfg: &RetryConfig, uncached_tokens: u32, max_output_tokens
     Some(first_byte_timeout(cfg, uncached_tokens).saturating_add(decode))
 }
 
-/// How long one try of `body` may take to produce its first byte: the first-byte
-/// timeout for a stream, the answer timeout otherwise; `None` for the request's deadline.
-pub fn try_limit(cfg: &RetryConfig, stream: bool, uncached_tokens: u32, body: &[u8]) -> Option<Duration> {
-    if stream {
+/// How long one try of a body of `shape` may take to produce its first byte: the
+/// first-byte timeout for a stream, the answer timeout otherwise; `None` for the
+/// request's deadline.
+pub(crate) fn try_limit(cfg: &RetryConfig, shape: BodyShape, uncached_tokens: u32) -> Option<Duration> {
+    if shape.stream {
         Some(first_byte_timeout(cfg, uncached_tokens))
     } else {
-        answer_timeout(cfg, uncached_tokens, max_output_tokens(body))
+        answer_timeout(cfg, uncached_tokens, shape.max_output_tokens)
     }
-}
-
-/// The output limit a request body names (`max_completion_tokens`, else `max_tokens`).
-pub fn max_output_tokens(body: &[u8]) -> Option<u64> {
-    #[derive(serde::Deserialize)]
-    struct Limits {
-        max_tokens: Option<u64>,
-        max_completion_tokens: Option<u64>,
-    }
-    let l: Limits = serde_json::from_slice(body).ok()?;
-    l.max_completion_tokens.or(l.max_tokens)
 }
 
 #[cfg(test)]
@@ -233,10 +224,5 @@ mod tests {
         assert_eq!(answer_timeout(&off, 0, Some(100)), None);
         let huge = Duration::from_millis(u64::MAX) + Duration::from_millis(1_000);
         assert_eq!(answer_timeout(&c, 0, Some(u64::MAX)), Some(huge), "no overflow");
-        assert_eq!(max_output_tokens(br#"{"max_tokens": 7}"#), Some(7));
-        assert_eq!(max_output_tokens(br#"{"max_tokens": 7, "max_completion_tokens": 9}"#), Some(9));
-        assert_eq!(max_output_tokens(br#"{"max_tokens": null}"#), None);
-        assert_eq!(max_output_tokens(br#"{"max_tokens": -1}"#), None);
-        assert_eq!(max_output_tokens(b"[1]"), None);
     }
 }

@@ -72,9 +72,9 @@ pub(super) async fn forward(
     let model = p.pool.name.as_str();
     let mut pre = phase_request(&p.request, Phase::Prefill);
     let (mut retry_pre, mut retry_dec) = (Retry::new(), Retry::new());
-    let stream = crate::migrate::is_stream(&p.forward_body);
+    let shape = crate::migrate::body_shape(&p.forward_body);
     // The decode waits for the whole prompt's KV before its first token.
-    let dec_limit = retry::try_limit(&state.cfg.retry, stream, p.request.isl_tokens, &p.forward_body);
+    let dec_limit = retry::try_limit(&state.cfg.retry, shape, p.request.isl_tokens);
     loop {
         let (pre_booking, pre_worker) = book(state, &p.pool, &mut pre, &mut retry_pre, deadline).await?;
         let mut dec = decode_request(&p.request, &p.pool, &pre_worker);

@@ -65,9 +65,9 @@ pub(super) async fn forward(
         None => p.forward_body.clone(),
     };
     let model = p.pool.name.as_str();
-    let stream = crate::migrate::is_stream(&body);
+    let shape = crate::migrate::body_shape(&body);
     // The decode pulls the whole prompt's KV before its first token.
-    let limit = retry::try_limit(&state.cfg.retry, stream, p.request.isl_tokens, &body);
+    let limit = retry::try_limit(&state.cfg.retry, shape, p.request.isl_tokens);
     let mut retry = Retry::new();
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;

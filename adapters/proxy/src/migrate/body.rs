@@ -369,7 +369,8 @@ fn resume(
             body,
             path: Some(path),
             deadline: by,
-            stream: true,
+            // A continuation streams: its timeout is the first-byte one.
+            shape: crate::migrate::BodyShape { stream: true, max_output_tokens: None },
         };
         let a = forward::first_answer(&t, &mut request, &mut tried).await?;
         if !a.resp.status().is_success() {
