@@ -314,8 +314,9 @@ async fn m8_a_break_between_the_last_token_and_the_usage_still_gives_the_usage()
 
 /// A continuation prefills the prompt and what was generated: its first-byte timeout is
 /// sized by both. Worker 1 streams two tokens of a 1,000-token prompt and dies; worker 2
-/// takes 400 ms to its first byte, within 100 ms plus 1 ms per token of the
-/// continuation's prompt, though far beyond that for the client's short text.
+/// takes 2 s to its first byte, within 1 s plus 2 ms per token of the continuation's
+/// prompt, though beyond that for the client's short text. (Seconds, not the 100 ms it
+/// once had, which a loaded host's first bytes overran.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn m9_a_continuations_first_byte_timeout_counts_the_prompt_and_the_output() {
     let (dying, slow) = (Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await);
@@ -326,10 +327,10 @@ async fn m9_a_continuations_first_byte_timeout_counts_the_prompt_and_the_output(
         "choices": [{"index": 0, "text": "b", "token_ids": [5001]}]});
     let chunks = [first, second].map(|c| bytes::Bytes::from(format!("data: {c}\n\n"))).to_vec();
     dying.set(Behavior::DieAfter { chunks });
-    slow.set(Behavior::Delayed { ms: 400, chunks: sse_chunks(2) });
+    slow.set(Behavior::Delayed { ms: 2_000, chunks: sse_chunks(2) });
     let mut cfg = config(&[(1, dying.addr), (2, slow.addr)]);
-    cfg.retry.first_byte_timeout_base_ms = 100;
-    cfg.retry.first_byte_timeout_per_token_us = 1_000;
+    cfg.retry.first_byte_timeout_base_ms = 1_000;
+    cfg.retry.first_byte_timeout_per_token_us = 2_000;
     cfg.ejection.consecutive_failures = 0;
     let p = proxy(cfg).await;
     let addr = p.local_addr();
