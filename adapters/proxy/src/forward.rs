@@ -122,6 +122,13 @@ fn cfg_cap(state: &State) -> u64 {
     state.cfg.retry.retry_after_max_ms
 }
 
+/// The tokens of a prompt of `isl_tokens` that `booking`'s worker does not hold, which
+/// its prefill (and so its first byte) waits for.
+pub(crate) fn uncached_tokens(pool: &Pool, booking: &Booking, isl_tokens: u32) -> u32 {
+    let cached = booking.routed().overlap.device.saturating_mul(pool.block_size.tokens());
+    isl_tokens.saturating_sub(cached)
+}
+
 /// A worker's `Retry-After` as the wait it asks for, capped by the configuration.
 pub(crate) fn retry_after_of(state: &State, headers: &http::HeaderMap) -> Option<Duration> {
     retry::retry_after(headers, unix_now_s(), cfg_cap(state))
@@ -185,9 +192,7 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
             return Err(Failed::Retry(RetryReason::Connect, None, e));
         }
     };
-    let cached = booking.routed().overlap.device.saturating_mul(t.pool.block_size.tokens());
-    let uncached = isl_tokens.saturating_sub(cached);
-    let limit = retry::try_limit(&state.cfg.retry, t.shape, uncached);
+    let limit = retry::try_limit(&state.cfg.retry, t.shape, uncached_tokens(t.pool, &booking, isl_tokens));
     let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();
     let answer = tokio::time::timeout_at(first_byte_by, async {

@@ -213,8 +213,7 @@ pub(super) enum PrefillEnd {
 /// How long a prefill try may take to answer: the first-byte timeout of the prompt
 /// tokens the booked worker does not hold.
 pub(super) fn prefill_limit(state: &State, pool: &Pool, booking: &Booking, isl_tokens: u32) -> Duration {
-    let cached = booking.routed().overlap.device.saturating_mul(pool.block_size.tokens());
-    retry::first_byte_timeout(&state.cfg.retry, isl_tokens.saturating_sub(cached))
+    retry::first_byte_timeout(&state.cfg.retry, forward::uncached_tokens(pool, booking, isl_tokens))
 }
 
 /// The retry reason of a decode answer's status, with its `Retry-After`; `None` when the
