@@ -22,9 +22,15 @@ pub struct Kvroute {
     _proc: Proc,
 }
 
-/// Builds the `kvroute` binary in this test binary's target directory and profile;
-/// returns its path. A no-op for cargo when it is up to date.
+/// The `kvroute` binary: `KVROUTE_TEST_BIN` when set (the test command sets it to the
+/// one its own `cargo test --workspace` builds), else built in this test binary's target
+/// directory and profile; returns its path. A no-op for cargo when it is up to date.
 pub fn build_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("KVROUTE_TEST_BIN") {
+        let bin = PathBuf::from(bin);
+        assert!(bin.is_file(), "KVROUTE_TEST_BIN={} is not a file", bin.display());
+        return bin;
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     // <target>/<profile>/deps/real_vllm-<hash>
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
