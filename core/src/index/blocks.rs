@@ -74,9 +74,8 @@ pub(crate) struct Blocks {
     /// walk finds how far its run goes from the bits alone.
     cuts: Vec<u64>,
     /// One bit per slot: set while the previous slot holds the block's parent, as every
-    /// event that named the block's parent has said. Set when a chain is appended,
-    /// cleared when an event names another parent or compaction drops the previous
-    /// slot. Inside a run the slots are therefore one chain, and a walk that matches a
+    /// event that stored the block has said. Set when a chain is appended, cleared when
+    /// an event names another parent or none, or compaction drops the previous slot. Inside a run the slots are therefore one chain, and a walk that matches a
     /// run's first and last block has matched the blocks between (see
     /// [`PrefixIndex::find_matches`](super::PrefixIndex::find_matches)).
     links: Vec<u64>,
@@ -185,15 +184,14 @@ impl Blocks {
     }
 
     /// Records that an event names `parent` as the parent of live slot `s`'s block:
-    /// a parent other than the previous slot's block unlinks them. `None` (an event
-    /// that names no parent) says nothing.
+    /// a parent other than the previous slot's block unlinks them. `None` says the
+    /// block is a root, as engines mean it, and unlinks too: were it to say nothing, a
+    /// key could hold a block behind a forged link without ever contradicting it.
     pub(crate) fn note_parent(&mut self, s: u32, parent: Option<u64>) {
         let s = s as usize;
-        if let Some(p) = parent {
-            if self.linked(s) && self.seqs[s - 1] != p {
-                self.links[s / 64] &= !(1 << (s % 64));
-                self.update_cut(s);
-            }
+        if self.linked(s) && parent != Some(self.seqs[s - 1]) {
+            self.links[s / 64] &= !(1 << (s % 64));
+            self.update_cut(s);
         }
     }
 

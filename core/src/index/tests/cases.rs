@@ -129,8 +129,22 @@ fn an_event_naming_another_parent_unlinks_the_block() {
         &[1, 2, 3],
         &want,
     );
-    // An event that names no parent says nothing.
+    // An event that names no parent unlinks a true link too (it says the block is a
+    // root), which costs a run, never an answer.
     check(&[St(0, &[1, 2, 3]), St(1, &[1, 2]), St(1, &[3])], &[1, 2, 3], &[(0, [3, 0, 0]), (1, [3, 0, 0])]);
+}
+
+/// The proptest case that found it (`a_liar_never_changes_an_honest_answer`): worker 2
+/// forges 1-8-3; worker 0 stores 3 naming no parent, then 0-1-8. Every slot from 1 to 3
+/// then has holders {0, 2}, and while 3 stayed linked to 8 the walk took 1-8-3 for
+/// 1-2-3, matching its last block, and answered 4 for worker 0, which lacks 2.
+#[test]
+fn an_event_naming_no_parent_unlinks_a_forged_link() {
+    let evs = [St(2, &[0, 1, 8, 3, 10]), St(0, &[3]), St(0, &[0, 1, 8])];
+    check(&evs, &[0, 1, 2, 3], &[(0, [2, 0, 0]), (2, [2, 0, 0])]);
+    // Named as a root outright, the same.
+    let evs = [St(2, &[0, 1, 8, 3, 10]), StP(0, None, &[3], Tier::Host), St(0, &[0, 1, 8])];
+    check(&evs, &[0, 1, 2, 3], &[(0, [2, 0, 0]), (2, [2, 0, 0])]);
 }
 
 #[test]
