@@ -223,13 +223,11 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
         }
     };
     if let Some(s) = &span {
-        crate::trace::try_answered(s, &sent);
+        crate::trace::try_answered(s, crate::trace::head_of(&sent, |(r, _)| r.status().as_u16()));
     }
     let sent = sent.map(|r| {
         r.map(|(mut resp, first)| {
-            if let Some(s) = span {
-                resp.extensions_mut().insert(crate::trace::TrySpan(std::sync::Arc::new(s)));
-            }
+            crate::trace::ride_along(&mut resp, span);
             (resp, first)
         })
     });

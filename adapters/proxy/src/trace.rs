@@ -15,8 +15,10 @@
 //!
 //! A migrated stream's continuations get `route` and `upstream` spans of their own
 //! through the same tries, but such an `upstream` span ends when its head arrives, not
-//! with its stream. Not yet spanned: the prefill and decode legs of a disaggregated
-//! request (their workers get the request span's context).
+//! with its stream. A disaggregated request's tries are `prefill` and `decode` spans
+//! instead (client kind, one per try of each leg, each worker's `traceparent` naming
+//! its own): a prefill span ends with the prefill's answer, and the answering decode
+//! span with the stream, as an `upstream` span does.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -76,21 +78,56 @@ pub(crate) fn routed(trace: Option<&RequestTrace>, asked: Instant, booking: &Boo
 
 /// The `upstream` span of one try on `worker`, if the request is sampled.
 pub(crate) fn try_span(trace: Option<&RequestTrace>, worker: u64) -> Option<ChildSpan> {
-    let span = trace?.child("upstream", SpanKind::Client, SystemTime::now())?;
+    client_span(trace, "upstream", worker)
+}
+
+/// The span of one try of a disaggregated request's `leg` (`prefill` or `decode`) on
+/// `worker`, if the request is sampled; its context goes into `up`, replacing the
+/// request span's, so that the worker's own spans hang under this try.
+pub(crate) fn leg_span<B>(
+    trace: Option<&RequestTrace>,
+    leg: &'static str,
+    worker: u64,
+    up: &mut http::Request<B>,
+) -> Option<ChildSpan> {
+    let span = client_span(trace, leg, worker)?;
+    span.inject(up.headers_mut());
+    Some(span)
+}
+
+fn client_span(trace: Option<&RequestTrace>, name: &'static str, worker: u64) -> Option<ChildSpan> {
+    let span = trace?.child(name, SpanKind::Client, SystemTime::now())?;
     span.set(KeyValue::new("kvroute.worker.id", worker as i64));
     Some(span)
 }
 
-/// A try's head (and a stream's first frame) arrived, or the try failed before.
-pub(crate) fn try_answered<B, F, E: std::fmt::Display>(
-    span: &ChildSpan,
-    sent: &Result<Result<(Response<B>, F), E>, tokio::time::error::Elapsed>,
-) {
+/// Hands the span of the try whose answer goes to the client to [`finish`], which ends
+/// it with the stream.
+pub(crate) fn ride_along<B>(resp: &mut Response<B>, span: Option<ChildSpan>) {
+    if let Some(s) = span {
+        resp.extensions_mut().insert(TrySpan(Arc::new(s)));
+    }
+}
+
+/// How a try's wait for its head ended, for [`try_answered`]: the head's status, or why
+/// none came.
+pub(crate) fn head_of<T, E: std::fmt::Display>(
+    sent: &Result<Result<T, E>, tokio::time::error::Elapsed>,
+    status: impl FnOnce(&T) -> u16,
+) -> Result<u16, String> {
     match sent {
-        Err(_) => span.fail("no first byte within the try's time".into()),
-        Ok(Err(e)) => span.fail(format!("the worker failed: {e}")),
-        Ok(Ok((resp, _))) => {
-            let status = resp.status().as_u16();
+        Err(_) => Err("no first byte within the try's time".into()),
+        Ok(Err(e)) => Err(format!("the worker failed: {e}")),
+        Ok(Ok(t)) => Ok(status(t)),
+    }
+}
+
+/// A try's head (for a stream, with its first frame) arrived with a status: the
+/// `first_byte` event, the status, and a failure from 500 on; or the try failed before.
+pub(crate) fn try_answered(span: &ChildSpan, head: Result<u16, String>) {
+    match head {
+        Err(why) => span.fail(why),
+        Ok(status) => {
             span.event("first_byte", Vec::new());
             span.set(KeyValue::new("http.response.status_code", i64::from(status)));
             if status >= 500 {

@@ -83,9 +83,10 @@ pub(super) async fn forward(
         let room = p.pool.driver.draw().next_u64() >> 1;
         let body = edited_body(&p, |o| bootstrap_fields(o, &pre_worker, room))?;
         let up_pre = upstream_request(state, &pre_worker, pre_booking.target(), &p, body.clone())?;
-        let up_dec = upstream_request(state, &dec_worker, dec_booking.target(), &p, body)?;
+        let mut up_dec = upstream_request(state, &dec_worker, dec_booking.target(), &p, body)?;
+        let dec_span = crate::trace::leg_span(p.trace.as_ref(), "decode", dec_worker.id, &mut up_dec);
         let pre_limit = prefill_limit(state, &p.pool, &pre_booking, p.request.isl_tokens);
-        let prefill = run_prefill(state, model, &pre_worker, pre_booking, up_pre, pre_limit);
+        let prefill = run_prefill(state, &p, &pre_worker, pre_booking, up_pre, pre_limit);
         let decode = async {
             let sent = state.client.send(up_dec);
             // The decode's first byte waits for the prefill: a stalled prefill is blamed
@@ -94,6 +95,9 @@ pub(super) async fn forward(
                 Some(limit) => tokio::time::timeout(pre_limit + limit, sent).await,
                 None => Ok(sent.await),
             };
+            if let Some(s) = &dec_span {
+                crate::trace::try_answered(s, crate::trace::head_of(&sent, |r| r.status().as_u16()));
+            }
             match sent {
                 Ok(Ok(resp)) => Ok(resp),
                 Ok(Err(e)) if e.is_connect() => Err((RetryReason::Connect, error_chain(&e))),
@@ -120,9 +124,13 @@ pub(super) async fn forward(
                     return Err(retry_dec.into_err());
                 }
             }
-            Paired::Decode(resp) => return Ok(respond(state, resp, dec_booking, ctx, permit)),
-            Paired::DecodeRefused(resp) => {
+            Paired::Decode(mut resp) => {
+                crate::trace::ride_along(&mut resp, dec_span);
+                return Ok(respond(state, resp, dec_booking, ctx, permit));
+            }
+            Paired::DecodeRefused(mut resp) => {
                 state.metrics.disagg_abort(model, "prefill", "status");
+                crate::trace::ride_along(&mut resp, dec_span);
                 return Ok(respond(state, resp, dec_booking, ctx, permit));
             }
             Paired::Refused(resp) => {

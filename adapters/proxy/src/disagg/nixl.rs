@@ -71,15 +71,20 @@ pub(super) async fn forward(
     let mut retry = Retry::new();
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;
-        let up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
+        let mut up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
+        let span = crate::trace::leg_span(p.trace.as_ref(), "decode", worker.id, &mut up);
         let by = limit.and_then(|l| Instant::now().checked_add(l)).map_or(deadline, |t| t.min(deadline));
-        let (reason, err) = match tokio::time::timeout_at(by, state.client.send(up)).await {
+        let sent = tokio::time::timeout_at(by, state.client.send(up)).await;
+        if let Some(s) = &span {
+            crate::trace::try_answered(s, crate::trace::head_of(&sent, |r| r.status().as_u16()));
+        }
+        let (reason, err) = match sent {
             Err(_) if by >= deadline => return Err(ApiError::timeout()),
             Err(_) => {
                 let msg = format!("decode worker {} sent no byte within its first-byte timeout", worker.id);
                 (RetryReason::FirstByteTimeout, ApiError::upstream(msg))
             }
-            Ok(Ok(resp)) => match retryable_answer(state, &resp) {
+            Ok(Ok(mut resp)) => match retryable_answer(state, &resp) {
                 Some((reason, after)) if retry.may_retry(state) => {
                     forward::give_up(state, booking, worker.id, reason);
                     let err = ApiError::upstream(format!("decode worker {} answered {}", worker.id, resp.status()));
@@ -91,6 +96,7 @@ pub(super) async fn forward(
                 }
                 _ => {
                     // No retry left: the worker's answer goes to the client as it is.
+                    crate::trace::ride_along(&mut resp, span);
                     let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };
                     return Ok(respond(state, resp, booking, ctx, permit));
                 }
@@ -110,14 +116,13 @@ pub(super) async fn forward(
 /// Runs the prefill on the first prefill worker that does not fail.
 async fn prefill(state: &Arc<State>, p: &Prepared, deadline: Instant) -> Result<Prefilled, ApiError> {
     let body = edited_body(p, prefill_fields)?;
-    let model = p.pool.name.as_str();
     let mut req = phase_request(&p.request, Phase::Prefill);
     let mut retry = Retry::new();
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;
         let up = upstream_request(state, &worker, booking.target(), p, body.clone())?;
         let limit = prefill_limit(state, &p.pool, &booking, p.request.isl_tokens);
-        match run_prefill(state, model, &worker, booking, up, limit).await {
+        match run_prefill(state, p, &worker, booking, up, limit).await {
             PrefillEnd::Done(answer) => return Ok(Prefilled::Ready { params: transfer_params(&answer), worker }),
             PrefillEnd::Refused(resp) => return Ok(Prefilled::Answer(resp)),
             PrefillEnd::Failed { err, reason, after, .. } => {

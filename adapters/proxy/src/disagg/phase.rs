@@ -223,27 +223,36 @@ pub(super) fn retryable_answer(state: &State, resp: &Response<Upstream>) -> Opti
     Some((reason, forward::retry_after_of(state, resp.headers())))
 }
 
-/// Sends the prefill request and reads its whole answer, ending the prefill booking:
-/// finished when the prefill ran or the worker refused the request, failed when the
-/// worker failed or sent no head within `limit`. The caller bounds it in time; dropping
-/// it releases the booking and closes the connection.
+/// Sends the prefill request of `p` and reads its whole answer, ending the prefill
+/// booking: finished when the prefill ran or the worker refused the request, failed
+/// when the worker failed or sent no head within `limit`. The caller bounds it in time;
+/// dropping it releases the booking and closes the connection (and ends its span).
 pub(super) async fn run_prefill(
     state: &Arc<State>,
-    model: &str,
+    p: &Prepared,
     worker: &WorkerConfig,
     mut booking: Booking,
-    up: http::Request<Full<Bytes>>,
+    mut up: http::Request<Full<Bytes>>,
     limit: Duration,
 ) -> PrefillEnd {
-    let id = worker.id;
+    let (id, model) = (worker.id, p.pool.name.as_str());
+    let span = crate::trace::leg_span(p.trace.as_ref(), "prefill", id, &mut up);
     let fail = |booking: Booking, cause: &'static str, message: String, reason: RetryReason, after| {
         forward::give_up(state, booking, id, reason);
+        if let Some(s) = &span {
+            s.fail(message.clone());
+        }
         let err = ApiError::upstream(format!("prefill worker {id} failed: {message}"));
         PrefillEnd::Failed { err, cause, reason, after }
     };
     booking.sending();
     let resp = match tokio::time::timeout(limit, state.client.send(up)).await {
-        Ok(Ok(r)) => r,
+        Ok(Ok(r)) => {
+            if let Some(s) = &span {
+                crate::trace::try_answered(s, Ok(r.status().as_u16()));
+            }
+            r
+        }
         Ok(Err(e)) if e.is_connect() => return fail(booking, "connect", error_chain(&e), RetryReason::Connect, None),
         Ok(Err(e)) => return fail(booking, "request", error_chain(&e), RetryReason::Reset, None),
         Err(_) => {

@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use kvroute_proxy::config::TracingConfig;
+use kvroute_proxy::config::{DisaggProtocol, TracingConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
@@ -145,13 +145,19 @@ fn flatten(export: ExportTraceServiceRequest) -> Vec<Got> {
     out
 }
 
+/// Tracing to `receiver`, exporting every 50 ms.
+fn tracing_to(receiver: SocketAddr) -> TracingConfig {
+    let mut t = TracingConfig::new(format!("http://{receiver}"));
+    t.service_name = "kvroute-test".into();
+    t.export_interval_ms = 50;
+    t
+}
+
 /// Two fakes behind a proxy tracing to `receiver` with `tracing` adjusted by `set`.
 async fn traced_proxy(receiver: SocketAddr, set: impl FnOnce(&mut TracingConfig)) -> (ServeHandle, [Fake; 2]) {
     let fakes = [Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await];
     let mut cfg = config(&[(1, fakes[0].addr), (2, fakes[1].addr)]);
-    let mut t = TracingConfig::new(format!("http://{receiver}"));
-    t.service_name = "kvroute-test".into();
-    t.export_interval_ms = 50;
+    let mut t = tracing_to(receiver);
     set(&mut t);
     cfg.tracing = Some(t);
     (start(cfg).await, fakes)
@@ -298,6 +304,58 @@ async fn without_start_traces_only_client_traces_are_followed() {
     assert_eq!(spans.len(), 1, "{spans:#?}");
     assert_eq!((spans[0].name.as_str(), spans[0].parent_span_id.as_str()), ("kvroute.request", CLIENT_SPAN));
     assert_eq!(spans[0].attrs["http.response.status_code"], "404");
+}
+
+/// A fake of `role` in a disaggregated fleet (a prefill fake names a bootstrap port it
+/// does not serve: the decode fake never looks).
+fn leg_worker(id: u64, fake: &Fake, role: &str) -> kvroute_proxy::config::WorkerConfig {
+    let w = json!({"id": id, "url": fake.url(), "model": MODEL, "role": role, "bootstrap_port": 1});
+    serde_json::from_value(w).unwrap()
+}
+
+/// Each leg of a split request is a span of its own, which its worker's `traceparent`
+/// names; the decode span ends with the stream. For both protocols.
+#[tokio::test]
+async fn each_leg_of_a_disaggregated_request_is_a_span_its_worker_continues() {
+    const GAP_MS: u64 = 100;
+    for protocol in [DisaggProtocol::VllmNixl, DisaggProtocol::SglangBootstrap] {
+        let (receiver, raddr) = Receiver::start().await;
+        let (prefill, decode) = (Fake::start(&[MODEL]).await, Fake::start(&[MODEL]).await);
+        prefill.set(Behavior::Json);
+        decode.set(Behavior::Stream { chunks: sse_chunks(3), gap_ms: GAP_MS });
+        let mut cfg = config(&[]);
+        cfg.workers = vec![leg_worker(1, &prefill, "prefill"), leg_worker(2, &decode, "decode")];
+        cfg.models[0].disagg_protocol = Some(protocol);
+        cfg.models[0].disagg_isl_min_tokens = Some(1);
+        cfg.tracing = Some(tracing_to(raddr));
+        let proxy = start(cfg).await;
+        let parent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+        let body = chat("a prompt long enough to be split in two");
+        let a = post(proxy.local_addr(), "/v1/chat/completions", &[("traceparent", &parent)], &body).await;
+        assert_eq!(a.status, 200, "{protocol:?}: {}", a.text());
+        assert_eq!(a.headers.get("x-kvroute-prefill-worker").map(|v| v.to_str().unwrap()), Some("1"), "{protocol:?}");
+        proxy.shutdown().await; // flushes
+        let spans = receiver.spans();
+        let request = named(&spans, "kvroute.request");
+        assert!(!spans.iter().any(|s| s.name == "upstream"), "{protocol:?}: a split request's tries are its legs");
+        for (leg, fake, id) in [("prefill", &prefill, 1), ("decode", &decode, 2)] {
+            let s = named(&spans, leg);
+            let what = format!("{protocol:?} {leg}");
+            assert_eq!(s.kind, SpanKind::Client as i32, "{what}");
+            assert_eq!(s.parent_span_id, request.span_id, "{what} is a child of the request span");
+            assert!(request.start_ns <= s.start_ns && s.end_ns <= request.end_ns, "{what} lies within the request");
+            assert_eq!(s.attrs["kvroute.worker.id"], id.to_string(), "{what}");
+            assert_eq!(s.attrs["http.response.status_code"], "200", "{what}");
+            assert_eq!(s.events, ["first_byte"], "{what}");
+            let seen = fake.seen();
+            assert_eq!(seen.len(), 1, "{what}: one request");
+            let sent = seen[0].headers.get("traceparent").expect("a traceparent").to_str().unwrap();
+            assert_eq!(sent, format!("00-{CLIENT_TRACE}-{}-01", s.span_id), "{what}: the worker continues its leg");
+        }
+        let decode = named(&spans, "decode");
+        let lasted_ms = (decode.end_ns - decode.start_ns) / 1_000_000;
+        assert!(lasted_ms >= 2 * GAP_MS, "{protocol:?}: the decode span ends with its stream ({lasted_ms} ms)");
+    }
 }
 
 /// A collector that takes connections and never answers.
