@@ -309,7 +309,10 @@ async fn without_start_traces_only_client_traces_are_followed() {
 /// A fake of `role` in a disaggregated fleet (a prefill fake names a bootstrap port it
 /// does not serve: the decode fake never looks).
 fn leg_worker(id: u64, fake: &Fake, role: &str) -> kvroute_proxy::config::WorkerConfig {
-    let w = json!({"id": id, "url": fake.url(), "model": MODEL, "role": role, "bootstrap_port": 1});
+    let mut w = json!({"id": id, "url": fake.url(), "model": MODEL, "role": role});
+    if role == "prefill" {
+        w["bootstrap_port"] = json!(1);
+    }
     serde_json::from_value(w).unwrap()
 }
 
