@@ -179,19 +179,14 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
         return Err(Failed::Retry(RetryReason::Connect, None, ApiError::upstream("the worker was removed")));
     };
     let path = t.path.as_deref().unwrap_or(&t.p.path_and_query);
-    let span = crate::trace::try_span(t.p.trace.as_ref(), worker_id.0);
-    let up = match upstream_request_to(state, &worker, booking.target(), t.p, path, t.body.clone()) {
-        Ok(mut up) => {
-            if let Some(s) = &span {
-                s.inject(up.headers_mut());
-            }
-            up
-        }
+    let mut up = match upstream_request_to(state, &worker, booking.target(), t.p, path, t.body.clone()) {
+        Ok(up) => up,
         Err(e) => {
             let _ = booking.fail(DispatchFailure::Worker);
             return Err(Failed::Retry(RetryReason::Connect, None, e));
         }
     };
+    let span = crate::trace::try_span(t.p.trace.as_ref(), "upstream", worker_id.0, &mut up);
     let limit = retry::try_limit(&state.cfg.retry, t.shape, uncached_tokens(t.pool, &booking, isl_tokens));
     let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();

@@ -76,28 +76,18 @@ pub(crate) fn routed(trace: Option<&RequestTrace>, asked: Instant, booking: &Boo
     t.stage("route", start, end, attrs);
 }
 
-/// The `upstream` span of one try on `worker`, if the request is sampled.
-pub(crate) fn try_span(trace: Option<&RequestTrace>, worker: u64) -> Option<ChildSpan> {
-    client_span(trace, "upstream", worker)
-}
-
-/// The span of one try of a disaggregated request's `leg` (`prefill` or `decode`) on
-/// `worker`, if the request is sampled; its context goes into `up`, replacing the
-/// request span's, so that the worker's own spans hang under this try.
-pub(crate) fn leg_span<B>(
+/// The span of one try on `worker`, if the request is sampled: `upstream`, or for a
+/// disaggregated request its leg's (`prefill`, `decode`). Its context goes into `up`,
+/// replacing the request span's, so that the worker's own spans hang under this try.
+pub(crate) fn try_span<B>(
     trace: Option<&RequestTrace>,
-    leg: &'static str,
+    name: &'static str,
     worker: u64,
     up: &mut http::Request<B>,
 ) -> Option<ChildSpan> {
-    let span = client_span(trace, leg, worker)?;
-    span.inject(up.headers_mut());
-    Some(span)
-}
-
-fn client_span(trace: Option<&RequestTrace>, name: &'static str, worker: u64) -> Option<ChildSpan> {
     let span = trace?.child(name, SpanKind::Client, SystemTime::now())?;
     span.set(KeyValue::new("kvroute.worker.id", worker as i64));
+    span.inject(up.headers_mut());
     Some(span)
 }
 

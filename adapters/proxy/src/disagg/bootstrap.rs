@@ -84,7 +84,7 @@ pub(super) async fn forward(
         let body = edited_body(&p, |o| bootstrap_fields(o, &pre_worker, room))?;
         let up_pre = upstream_request(state, &pre_worker, pre_booking.target(), &p, body.clone())?;
         let mut up_dec = upstream_request(state, &dec_worker, dec_booking.target(), &p, body)?;
-        let dec_span = crate::trace::leg_span(p.trace.as_ref(), "decode", dec_worker.id, &mut up_dec);
+        let dec_span = crate::trace::try_span(p.trace.as_ref(), "decode", dec_worker.id, &mut up_dec);
         let pre_limit = prefill_limit(state, &p.pool, &pre_booking, p.request.isl_tokens);
         let prefill = run_prefill(state, &p, &pre_worker, pre_booking, up_pre, pre_limit);
         let decode = async {

@@ -72,7 +72,7 @@ pub(super) async fn forward(
     loop {
         let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;
         let mut up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
-        let span = crate::trace::leg_span(p.trace.as_ref(), "decode", worker.id, &mut up);
+        let span = crate::trace::try_span(p.trace.as_ref(), "decode", worker.id, &mut up);
         let by = limit.and_then(|l| Instant::now().checked_add(l)).map_or(deadline, |t| t.min(deadline));
         let sent = tokio::time::timeout_at(by, state.client.send(up)).await;
         if let Some(s) = &span {

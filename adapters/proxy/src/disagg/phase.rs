@@ -236,7 +236,7 @@ pub(super) async fn run_prefill(
     limit: Duration,
 ) -> PrefillEnd {
     let (id, model) = (worker.id, p.pool.name.as_str());
-    let span = crate::trace::leg_span(p.trace.as_ref(), "prefill", id, &mut up);
+    let span = crate::trace::try_span(p.trace.as_ref(), "prefill", id, &mut up);
     let fail = |booking: Booking, cause: &'static str, message: String, reason: RetryReason, after| {
         forward::give_up(state, booking, id, reason);
         if let Some(s) = &span {
