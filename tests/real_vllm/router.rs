@@ -22,18 +22,19 @@ pub struct Kvroute {
     _proc: Proc,
 }
 
-/// The `kvroute` binary: `KVROUTE_TEST_BIN` when set (the test command sets it to the
-/// one its own `cargo test --workspace` builds), else built in this test binary's target
-/// directory and profile; returns its path. A no-op for cargo when it is up to date.
+/// The `kvroute` binary in this test binary's target directory and profile; returns
+/// its path. Built there (a no-op for cargo when it is up to date) unless
+/// `KVROUTE_BIN_BUILT=1` says the cargo run that built this test built it too, as the
+/// test command's `cargo test --workspace` does.
 pub fn build_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("KVROUTE_TEST_BIN") {
-        let bin = PathBuf::from(bin);
-        assert!(bin.is_file(), "KVROUTE_TEST_BIN={} is not a file", bin.display());
-        return bin;
-    }
     let exe = std::env::current_exe().expect("the test binary's path");
     // <target>/<profile>/deps/real_vllm-<hash>
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    if std::env::var_os("KVROUTE_BIN_BUILT").is_some_and(|v| v == "1") {
+        let bin = profile_dir.join("kvroute");
+        assert!(bin.is_file(), "KVROUTE_BIN_BUILT=1, but {} is not a file", bin.display());
+        return bin;
+    }
     let target_dir = profile_dir.parent().expect("target dir");
     let profile = profile_dir.file_name().and_then(|s| s.to_str()).expect("profile name");
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
