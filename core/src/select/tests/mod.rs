@@ -179,21 +179,12 @@ fn direct_routes_to_the_named_worker_or_says_why_not() {
 /// A candidate for cost cases: 32 queued prefill tokens, 10 active decode blocks,
 /// 4 requests; overlap 4 device, 2 host, 4 disk blocks; 6 new decode blocks.
 fn costed(cost_factor: f64) -> Candidate {
+    let load = WorkerLoad { active_prefill_tokens: 32, active_decode_blocks: 10, active_requests: 4 };
     Candidate {
-        key: key(1),
-        load: WorkerLoad { active_prefill_tokens: 32, active_decode_blocks: 10, active_requests: 4 },
         overlap: Overlap { device: 4, host: 2, disk: 4 },
         new_decode_blocks: 6,
-        inflight_prefix_blocks: 0,
-        weight: 1,
         cost_factor,
-        kv_blocks: 0,
-        max_batched_tokens: 0,
-        prefill_requests: 0,
-        prefill_busy_ms: 0,
-        prefill_done_tokens: 0,
-        prefill_scale: 1.0,
-        decode_weight: 1.0,
+        ..Candidate::new(key(1), load)
     }
 }
 
