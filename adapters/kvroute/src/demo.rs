@@ -119,6 +119,8 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         speedup: d.speedup,
         requests: d.requests,
         trace_block_tokens: kvroute_sim::trace::MOONCAKE_BLOCK_TOKENS,
+        input_scale: 1.0,
+        output_scale: 1.0,
         engine: Default::default(),
         kv_event_lag_ms: 0.0,
         no_kv_events: false,
@@ -133,6 +135,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         queue_order: QueueOrderName(QueueOrder::Fcfs),
         seed: 0,
         json: d.json,
+        text_tree: false,
         plot: None,
         learn: Default::default(),
     };

@@ -12,6 +12,7 @@ use kvroute_frontend::config::QueueOrderName;
 use kvroute_sim::bound::fleet_lru_ttft_bound;
 use kvroute_sim::ceiling::{infinite_reuse_ratio, pooled_reuse_ratio};
 use kvroute_sim::engine::{EngineConfig, EngineRole};
+use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatch, Dispatcher, ReplayConfig, SimRequest, WorkerLoadSample};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::synth::{generate, SynthConfig};
@@ -75,6 +76,13 @@ pub struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long, value_name = "N")]
     pub requests: Option<usize>,
+    /// Multiply every prompt length by K (with --trace-block-tokens 128 on a Mooncake
+    /// trace, 0.25 keeps each id's share of the prompt).
+    #[arg(long, default_value_t = 1.0, value_name = "K")]
+    pub input_scale: f64,
+    /// Multiply every output length by K.
+    #[arg(long, default_value_t = 1.0, value_name = "K")]
+    pub output_scale: f64,
     /// Prompt tokens each trace hash id stands for (Mooncake traces: 512).
     #[arg(long, default_value_t = kvroute_sim::trace::MOONCAKE_BLOCK_TOKENS, value_name = "TOKENS")]
     pub trace_block_tokens: u32,
@@ -125,6 +133,11 @@ pub struct ReplayArgs {
     /// Print exactly one JSON object on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also replay the text-tree routers' rule (the `cache_aware` policy of vllm-router,
+    /// SGLang's router and SMG: the longest prefix they sent a worker, unless the fleet
+    /// is imbalanced), as a reference run named `text-tree`.
+    #[arg(long)]
+    pub text_tree: bool,
     /// Draw TTFT CDFs, load imbalance over time and a worker x time load heatmap to an SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -183,6 +196,16 @@ pub struct ModelArgs {
     /// ttft model: wait charged per KV block a worker would be short of, ms.
     #[arg(long, value_name = "MS")]
     pub memory_ms_per_block: Option<f64>,
+    /// ttft model: weight of the decode time a placement costs (the request's own steps
+    /// and the slowdown its blocks add to those decoding there).
+    #[arg(long, value_name = "X")]
+    pub decode_time_weight: Option<f64>,
+    /// ttft model: output tokens expected of a request that names none.
+    #[arg(long, value_name = "TOKENS")]
+    pub output_tokens_default: Option<u32>,
+    /// ttft model: charge per prompt block computed rather than found cached, ms.
+    #[arg(long, value_name = "MS")]
+    pub store_ms_per_block: Option<f64>,
 }
 
 /// A kv cost model name as the command line spells it.
@@ -213,6 +236,11 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
     } else {
         return Err("choose a workload: --trace FILE, --bundled or --synthetic (see --help)".into());
     };
+    for (flag, k) in [("--input-scale", a.input_scale), ("--output-scale", a.output_scale)] {
+        if !(k.is_finite() && k > 0.0) {
+            return Err(format!("{flag} must be a positive number, got {k}"));
+        }
+    }
     if !(a.speedup.is_finite() && a.speedup > 0.0) {
         return Err(format!("--speedup must be a positive number, got {}", a.speedup));
     }
@@ -221,6 +249,8 @@ pub fn load_requests(a: &ReplayArgs) -> Result<Vec<SimRequest>, String> {
         requests_max: a.requests,
         block_size: a.engine.block_size,
         trace_block_tokens: a.trace_block_tokens,
+        input_scale: a.input_scale,
+        output_scale: a.output_scale,
         ..LoadOptions::default()
     };
     to_requests(&records, &opts).map_err(|e| format!("trace: {e}"))
@@ -247,6 +277,9 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.others_delay_weight = a.model.others_delay_weight.unwrap_or(c.ttft.others_delay_weight);
     c.ttft.work_weight = a.model.work_weight.unwrap_or(c.ttft.work_weight);
     c.ttft.memory_ms_per_block = a.model.memory_ms_per_block.unwrap_or(c.ttft.memory_ms_per_block);
+    c.ttft.decode_time_weight = a.model.decode_time_weight.unwrap_or(c.ttft.decode_time_weight);
+    c.ttft.output_tokens_default = a.model.output_tokens_default.unwrap_or(c.ttft.output_tokens_default);
+    c.ttft.store_ms_per_block = a.model.store_ms_per_block.unwrap_or(c.ttft.store_ms_per_block);
     if a.router_knows_timing {
         let t = &a.engine.engine_timing;
         c.timing = TtftModel {
@@ -310,6 +343,21 @@ pub fn run_policy(
     run.prefill_workers = prefill_workers;
     run.disagg = d.inner.disagg_stats();
     Ok(run)
+}
+
+/// The text-tree routers' rule over the same fleet (aggregated only).
+fn run_text_tree(a: &ReplayArgs, reqs: &[SimRequest]) -> Result<RunReport, String> {
+    let (workers, prefill_workers) = fleet_shape(a);
+    if prefill_workers > 0 {
+        return Err("--text-tree replays an aggregated fleet only (the peers' rule splits no request)".into());
+    }
+    let engine = a.engine.apply(EngineConfig::default());
+    let speeds = a.learn.speeds()?;
+    let rcfg = ReplayConfig { workers, engine, kv_event_lag_ms: a.kv_event_lag_ms, speeds, ..ReplayConfig::default() };
+    let mut rule = TextTreeRule::new(workers, TextTreeConfig::default());
+    let t0 = WallClock::now();
+    let rep = replay(&rcfg, reqs, &mut rule).map_err(|e| format!("simulator configuration: {e}"))?;
+    Ok(RunReport::new("text-tree".into(), workers, reqs.len(), &rep, t0.elapsed().as_secs_f64(), 0, Vec::new()))
 }
 
 /// Total workers and how many of them prefill (0 for an aggregated fleet).
@@ -385,6 +433,9 @@ pub fn run_all(a: &ReplayArgs, policies: &[Policy], reqs: &[SimRequest]) -> Resu
         runs.push(run_policy(a, p, reqs, &pb)?);
     }
     pb.finish_and_clear();
+    if a.text_tree {
+        runs.push(run_text_tree(a, reqs)?);
+    }
     let fleet_blocks = u64::from(fleet_shape(a).0) * u64::from(a.engine.blocks_per_worker);
     let pooled = pooled_reuse_ratio(reqs, fleet_blocks);
     let infinite = infinite_reuse_ratio(reqs);

@@ -333,6 +333,12 @@ pub struct LoadOptions {
     pub trace_block_tokens: u32,
     /// Hash seed (LoRA / cache salt); unsalted.
     pub seed: HashSeed,
+    /// Multiplies every record's `input_length` (rounded, at least 1): with fewer
+    /// `trace_block_tokens` than the trace was made with, the same share of each id;
+    /// 1.0.
+    pub input_scale: f64,
+    /// Multiplies every record's `output_length` (rounded, at least 1); 1.0.
+    pub output_scale: f64,
 }
 
 impl Default for LoadOptions {
@@ -343,8 +349,18 @@ impl Default for LoadOptions {
             block_size: 64,
             trace_block_tokens: MOONCAKE_BLOCK_TOKENS,
             seed: HashSeed::DEFAULT,
+            input_scale: 1.0,
+            output_scale: 1.0,
         }
     }
+}
+
+/// `n × k`, rounded, at least 1 (`n` itself when `k` is not a positive number).
+fn scaled(n: u32, k: f64) -> u32 {
+    if !(k.is_finite() && k > 0.0) {
+        return n;
+    }
+    (f64::from(n) * k).round().clamp(1.0, f64::from(u32::MAX)) as u32
 }
 
 /// Hashes every record once into a [`SimRequest`] (id = record index), sorted stably by
@@ -359,7 +375,8 @@ pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<Si
     for (i, rec) in records[..take].iter().enumerate() {
         let prompt = match &rec.content {
             PromptContent::HashIds(ids) => {
-                Prompt::from_hash_ids(ids, rec.input_length, opts.trace_block_tokens, bs, opts.seed, &mut scratch)
+                let input = scaled(rec.input_length, opts.input_scale);
+                Prompt::from_hash_ids(ids, input, opts.trace_block_tokens, bs, opts.seed, &mut scratch)
             }
             PromptContent::Tokens(t) => Prompt::from_tokens(t, bs, opts.seed),
         }
@@ -368,7 +385,7 @@ pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<Si
             id: i as u64,
             arrival_ms: rec.timestamp_ms / speedup,
             prompt,
-            output_len: rec.output_length,
+            output_len: scaled(rec.output_length, opts.output_scale),
             session_id: rec.session_id.as_deref().map(Arc::from),
             priority: rec.priority,
         });
