@@ -238,6 +238,7 @@ impl Router {
                         weight: spec.map_or(1, |s| s.weight),
                         cost_factor: cost_factor * scales.factor,
                         kv_blocks,
+                        cached_blocks: self.index.worker_entries(v.key),
                         max_batched_tokens: spec.map_or(0, |s| s.max_batched_tokens),
                         prefill_requests: progress.requests,
                         prefill_busy_ms: progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000),

@@ -134,6 +134,9 @@ pub struct Candidate {
     pub cost_factor: f64,
     /// Its KV capacity in blocks; 0 if unknown (the cost model's default is used).
     pub kv_blocks: u32,
+    /// Blocks its cache holds now, by its KV events (0 if it publishes none): with
+    /// `kv_blocks`, how many cached blocks storing this request's would evict.
+    pub cached_blocks: u32,
     /// Prompt tokens one forward pass of it computes at most; 0 if unknown (the cost
     /// model's default is used).
     pub max_batched_tokens: u32,
@@ -166,6 +169,7 @@ impl Candidate {
             weight: 1,
             cost_factor: 1.0,
             kv_blocks: 0,
+            cached_blocks: 0,
             max_batched_tokens: 0,
             prefill_requests: 0,
             prefill_busy_ms: 0,

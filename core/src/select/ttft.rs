@@ -131,11 +131,47 @@ pub struct TtftWeights {
     /// Wait charged per KV block the worker would be short of to hold this request next
     /// to the ones it runs (an engine admits nothing it has no room for), ms. Default 10.
     pub memory_ms_per_block: f64,
+    /// Weight of the decode time placing the request there costs: its own output's steps
+    /// at the worker's KV usage with it, plus what its blocks add to the steps of the
+    /// requests decoding there. Decode steps slow down as KV usage grows, so this is what
+    /// spreads decode work and keeps end-to-end latency even. Default 0 (off: see the fleet benchmark notes).
+    pub decode_time_weight: f64,
+    /// Output tokens expected of a request that names none, for the decode time term.
+    /// Default 128.
+    pub output_tokens_default: u32,
+    /// Charge per cached block that storing the request's uncached blocks would evict
+    /// there, ms: a later request may have needed it. It fills empty caches before
+    /// evicting from full ones, and keeps one copy of a prefix where it is unless load
+    /// pays for another. Default 1.0.
+    pub store_ms_per_block: f64,
 }
 
 impl Default for TtftWeights {
     fn default() -> Self {
-        TtftWeights { progress_credit: 1.0, others_delay_weight: 1.0, work_weight: 1.0, memory_ms_per_block: 10.0 }
+        TtftWeights {
+            progress_credit: 1.0,
+            others_delay_weight: 1.0,
+            work_weight: 1.0,
+            memory_ms_per_block: 10.0,
+            decode_time_weight: DECODE_TIME_WEIGHT,
+            output_tokens_default: 128,
+            store_ms_per_block: STORE_MS,
+        }
+    }
+}
+
+const DECODE_TIME_WEIGHT: f64 = 0.0;
+const STORE_MS: f64 = 1.0;
+
+impl TtftWeights {
+    /// The decode time term: `decode_time_weight × out × (f_d(u₁) + n × (f_d(u₁) − f_d(u₀)))`
+    /// where `out` is the request's expected output in tokens, `u₀` the worker's KV usage
+    /// and `u₁` its usage with the request's blocks, and `n` the requests decoding there.
+    /// Shared by `ttft_cost` and the batch evaluator, which must agree bit for bit.
+    #[inline(always)]
+    pub(super) fn decode_time_ms(&self, out_tokens: f64, step0_ms: f64, step1_ms: f64, decoding: f64) -> f64 {
+        let others = decoding * (step1_ms - step0_ms);
+        self.decode_time_weight * out_tokens * (step1_ms + others)
     }
 }
 
@@ -157,14 +193,21 @@ impl Default for TtftWeights {
 /// work     = P(queued + own) − P(queued)
 /// memory   = memory_ms_per_block × max(0, active_decode_blocks + new_decode_blocks
 ///                                        + expected_output_blocks − kv_blocks)
+/// out      = expected_output_blocks × block_size, or output_tokens_default if 0
+/// decode   = decode_time_weight × out × (f_d(u₁) + d × (f_d(u₁) − f_d(u₀))), u₀ =
+///            active_decode_blocks / kv_blocks, u₁ = (active_decode_blocks + new_decode_blocks
+///            + out / block_size) / kv_blocks, d = requests there past their prefill
+/// store    = store_ms_per_block × min(own / block_size, max(0, cached_blocks + own /
+///            block_size − kv_blocks)): the cached blocks its new ones would evict
 /// cost     = cost_factor × (prefill_load_scale × P(queued + own) + decode_weight × n × step
 ///                           + others_delay_weight × others + work_weight × work + memory
+///                           + decode_weight × decode + store
 ///                           + active_request_weight × active_requests)
 /// ```
 ///
 /// `batch` and `kv_blocks` come from the candidate, or the model's defaults when it
-/// reports 0. [`Phase::Prefill`] has no decode step and no memory term (a prefill worker
-/// holds blocks only while computing). [`Phase::Decode`] computes no prompt, so it has no
+/// reports 0. [`Phase::Prefill`] has no decode step and no memory or decode term (a
+/// prefill worker holds blocks only while computing). [`Phase::Decode`] computes no prompt, so it has no
 /// first-token wait to predict: it is scored by [`blocks_cost`]. The score reports
 /// `prefill_blocks` as `(queued + own) / block_size` and `decode_blocks` as the blocks
 /// formula does.
@@ -194,6 +237,15 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let work_ms = prefill_ms - m.chunked_prefill_ms(queued, batch).0;
     let decode_blocks = active + f64::from(c.new_decode_blocks) + f64::from(req.expected_output_blocks);
     let memory_ms = if aggregated { w.memory_ms_per_block * (decode_blocks - kv).max(0.0) } else { 0.0 };
+    let out_time_ms = if aggregated {
+        let out = output_tokens(req, w);
+        let step1_ms = m.decode_step_ms((active + f64::from(c.new_decode_blocks) + out / bs) / kv);
+        let decoding = f64::from(c.load.active_requests.saturating_sub(c.prefill_requests));
+        w.decode_time_ms(out, m.decode_step_ms(active / kv), step1_ms, decoding) * c.decode_weight
+    } else {
+        0.0
+    };
+    let store_ms = w.store_ms_per_block * evicted_blocks(own / bs, f64::from(c.cached_blocks), kv);
 
     let requests = f64::from(c.load.active_requests);
     let cost = c.cost_factor
@@ -202,9 +254,34 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
             + w.others_delay_weight * others_ms
             + w.work_weight * work_ms
             + memory_ms
+            + out_time_ms
+            + store_ms
             + cfg.active_request_weight * requests);
     let decode_blocks = if aggregated { decode_blocks } else { 0.0 };
     score(c, overlap, (queued + own) / bs, decode_blocks, cost)
+}
+
+/// Cached blocks that storing `new` more would evict from a cache of `kv` blocks
+/// holding `cached`: the overflow, at most `new`.
+#[inline(always)]
+pub(super) fn evicted_blocks(new: f64, cached: f64, kv: f64) -> f64 {
+    let over = cached + new - kv;
+    if over <= 0.0 {
+        0.0
+    } else if over < new {
+        over
+    } else {
+        new
+    }
+}
+
+/// The output `req` is expected to produce, in tokens: its own expectation, else the
+/// weights' default.
+pub(super) fn output_tokens(req: &SelectRequest, w: &TtftWeights) -> f64 {
+    match req.expected_output_blocks {
+        0 => f64::from(w.output_tokens_default),
+        b => f64::from(b) * f64::from(req.block_size.tokens()),
+    }
 }
 
 /// Prompt tokens still queued on `c`: its booked ones less what it has computed since its

@@ -27,7 +27,7 @@
 //! model's defaults, which are rare and scored one by one.
 
 use super::cost::{overlap_effective, score};
-use super::ttft::{ttft_cost, TtftModel};
+use super::ttft::{evicted_blocks, output_tokens, ttft_cost, TtftModel};
 use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
@@ -78,6 +78,9 @@ struct TtftPlan<'a> {
     isl: f64,
     aggregated: bool,
     expected_blocks: f64,
+    /// The request's expected output in tokens and blocks, for the decode time term.
+    out_tokens: f64,
+    out_blocks: f64,
     /// The request's weights, copied so the loop reads them without going through `req`.
     cfg: KvCostConfig,
 }
@@ -139,6 +142,8 @@ impl<'a> TtftPlan<'a> {
             isl: f64::from(req.isl_tokens),
             aggregated: req.phase == Phase::Aggregated,
             expected_blocks: f64::from(req.expected_output_blocks),
+            out_tokens: output_tokens(req, &req.cost.ttft),
+            out_blocks: output_tokens(req, &req.cost.ttft) / f64::from(bs),
             cfg: req.cost,
         })
     }
@@ -159,7 +164,7 @@ impl<'a> TtftPlan<'a> {
             .map(|c| {
                 let p = self.inputs::<POW2>(c);
                 let t = self.times::<POW2>(c, &p);
-                self.finish(c, &p, &t)
+                self.finish::<POW2>(c, &p, &t)
             })
             .collect();
         let (min, in_order, odd) = tally(&out, cands, |c| !self.is_default::<POW2>(c));
@@ -246,7 +251,7 @@ impl<'a> TtftPlan<'a> {
 
     /// Stage 3: the cost and the score.
     #[inline(always)]
-    fn finish(&self, c: &Candidate, p: &Inputs, t: &Times) -> CandidateScore {
+    fn finish<const POW2: bool>(&self, c: &Candidate, p: &Inputs, t: &Times) -> CandidateScore {
         let cfg = &self.cfg;
         let w = &cfg.ttft;
         let decode_ms = if t.passes > 1.0 { t.passes } else { 1.0 } * p.step_ms * c.decode_weight;
@@ -258,6 +263,21 @@ impl<'a> TtftPlan<'a> {
         } else {
             0.0
         };
+        let out_time_ms = if self.aggregated {
+            let m = &cfg.timing;
+            let used = p.active + f64::from(c.new_decode_blocks) + self.out_blocks;
+            let (u0, u1) = if POW2 {
+                (p.active * self.kv_recip, used * self.kv_recip)
+            } else {
+                (p.active / self.kv, used / self.kv)
+            };
+            let decoding = f64::from(c.load.active_requests.saturating_sub(c.prefill_requests));
+            w.decode_time_ms(self.out_tokens, decode_step_ms(m, u0), decode_step_ms(m, u1), decoding) * c.decode_weight
+        } else {
+            0.0
+        };
+        let own_blocks = if POW2 { p.own * self.bs_recip } else { p.own / self.bs };
+        let store_ms = w.store_ms_per_block * evicted_blocks(own_blocks, f64::from(c.cached_blocks), self.kv);
         let requests = f64::from(c.load.active_requests);
         let cost = c.cost_factor
             * (cfg.prefill_load_scale * t.prefill_ms
@@ -265,6 +285,8 @@ impl<'a> TtftPlan<'a> {
                 + w.others_delay_weight * t.others_ms
                 + w.work_weight * work_ms
                 + memory_ms
+                + out_time_ms
+                + store_ms
                 + cfg.active_request_weight * requests);
         let decode_blocks = if self.aggregated { decode_blocks } else { 0.0 };
         score(c, p.overlap, (p.queued + p.own) * self.bs_recip, decode_blocks, cost)

@@ -77,10 +77,41 @@ fn default_timing_is_the_reference_engine() {
     assert_eq!(m.chunked_prefill_ms(100.0, 0).1, 100.0, "a zero budget is one token a pass");
 }
 
+/// The weights the hand computations below were made with: the defaults without the
+/// decode time and store terms, which `decode_time_and_store_terms` checks alone.
+fn base_weights() -> TtftWeights {
+    TtftWeights { decode_time_weight: 0.0, store_ms_per_block: 0.0, ..TtftWeights::default() }
+}
+
+#[test]
+fn decode_time_and_store_terms() {
+    use Phase::{Aggregated as Agg, Prefill as Pre};
+    // Idle alone costs 23.2 (see below); 160 tokens = 10 uncached blocks, 10 new blocks.
+    let decode = cost(TtftWeights { decode_time_weight: 0.5, output_tokens_default: 100, ..base_weights() });
+    // 100 output tokens, KV 0 → (10 + 100/16 = 16.25) blocks of 100: f_d = 5 + 1.625 =
+    // 6.625 a step, nobody else decoding: 0.5 × 100 × 6.625 = 331.25.
+    check(Agg, decode, idle(), (10.0, 10.0, 23.2 + 331.25));
+    // 3 requests, 2 prefilling: 1 decodes. KV 20 → 36.25 blocks: f_d 7 → 8.625;
+    // 0.5 × 100 × (8.625 + 1 × 1.625) = 512.5 on top of the busy worker's 84.2.
+    check(Agg, decode, worker(1900, 20, 3, 2), (128.75, 30.0, 84.2 + 512.5));
+    // A prefill worker decodes nothing.
+    check(Pre, decode, worker(1900, 20, 3, 2), (128.75, 0.0, 63.2));
+    // The store term: 2 ms per evicted block. 10 new blocks into a 100-block cache.
+    let store = cost(TtftWeights { store_ms_per_block: 2.0, ..base_weights() });
+    let holding = |n| Candidate { cached_blocks: n, ..idle() };
+    // Room for all 10: nothing evicted.
+    check(Agg, store, holding(90), (10.0, 10.0, 23.2));
+    // Room for 6: 4 evicted, 8 ms.
+    check(Agg, store, holding(94), (10.0, 10.0, 31.2));
+    // Full, or over (its count can run ahead of its capacity): all 10, 20 ms.
+    check(Agg, store, holding(100), (10.0, 10.0, 43.2));
+    check(Agg, store, holding(5000), (10.0, 10.0, 43.2));
+}
+
 #[test]
 fn ttft_cost_matches_hand_computation() {
     use Phase::{Aggregated as Agg, Decode as Dec, Prefill as Pre};
-    let w = TtftWeights::default();
+    let w = base_weights();
     let d = cost(w);
     let with = |f: fn(&mut Candidate)| {
         let mut c = worker(1900, 20, 3, 2);
@@ -224,6 +255,7 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
         c.prefill_done_tokens = pick(&[0, 100, 8192, 50_000]);
         c.max_batched_tokens = pick(&[0, 0, 0, 1, 100, 2048, 8192, 8193]) as u32;
         c.kv_blocks = pick(&[0, 0, 1, 1000, 16_384]) as u32;
+        c.cached_blocks = pick(&[0, 0, 999, 1000, 16_383, 16_384, u64::from(u32::MAX)]) as u32;
         c.cost_factor = [1.0, 1.0, 1.0, 1.5, 0.0, f64::INFINITY][pick(&[0, 1, 2, 3, 4, 5]) as usize];
         c.prefill_scale = [1.0, 1.0, 0.25, 3.0, 32.0][pick(&[0, 1, 2, 3, 4]) as usize];
         c.decode_weight = [1.0, 1.0, 0.2, 5.0][pick(&[0, 1, 2, 3]) as usize];
@@ -274,9 +306,15 @@ proptest::proptest! {
         temperature in proptest::sample::select(vec![0.0, 0.0, 0.3]),
         small_default_batch in proptest::bool::ANY,
         draw in proptest::prelude::any::<u64>(),
+        decode_time in proptest::sample::select(vec![0.0, 0.3, 1.0, f64::NAN]),
+        store in proptest::sample::select(vec![0.0, 1.0, 7.5, f64::INFINITY]),
+        out_default in proptest::sample::select(vec![0u32, 128, 4096]),
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
         cost.ttft.progress_credit = progress;
+        cost.ttft.decode_time_weight = decode_time;
+        cost.ttft.store_ms_per_block = store;
+        cost.ttft.output_tokens_default = out_default;
         cost.host_tier_weight = host_weight;
         match odd_timing {
             1 => cost.timing.decode_ms_min = f64::NAN,

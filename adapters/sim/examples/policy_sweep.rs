@@ -1,0 +1,151 @@
+//! Replays one workload through kv cost variants and the text-tree routers' rule, at
+//! several loads, and prints one JSON line per run: the study tool behind the default
+//! kv weights.
+//!
+//! ```text
+//! cargo run --release -p kvroute-sim --example policy_sweep -- \
+//!     --workers 8 --blocks 2462 --speedups 1,2 --variants 'kv;dtw=1;dtw=1,store=5'
+//! ```
+//!
+//! The workload is the bundled Mooncake slice with each hash id as 128 tokens and
+//! lengths ÷ 4 (the fleet benchmark's conversation workload), or `--trace FILE`.
+//! A variant is `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
+//! weights: `dtw` (decode_time_weight), `out` (output_tokens_default), `store`
+//! (store_ms_per_block), `work`, `others`, `arw` (active_request_weight), `pls`
+//! (prefill_load_scale), `mode` (`rr`, `ll` for round-robin or least-loaded).
+
+use kvroute_sim::engine::EngineConfig;
+use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
+use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
+use kvroute_sim::router::{CoreDispatcher, Fleet};
+use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
+use router_core::{BlockSize, RouterConfig, RouterMode};
+
+const BUNDLED: &str = include_str!("../fixtures/mooncake_conversation_head.jsonl");
+
+struct Args {
+    workers: u32,
+    blocks: u32,
+    speedups: Vec<f64>,
+    variants: Vec<String>,
+    trace: Option<String>,
+    tokens_per_id: u32,
+    scale: f64,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        workers: 8,
+        blocks: 2462,
+        speedups: vec![1.0],
+        variants: vec!["kv".into()],
+        trace: None,
+        tokens_per_id: 128,
+        scale: 0.25,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let [k, v] = pair else { return Err(format!("{} needs a value", pair[0])) };
+        let num = |v: &str| v.parse::<f64>().map_err(|e| format!("{k}: {e}"));
+        match k.as_str() {
+            "--workers" => a.workers = num(v)? as u32,
+            "--blocks" => a.blocks = num(v)? as u32,
+            "--speedups" => a.speedups = v.split(',').map(num).collect::<Result<_, _>>()?,
+            "--variants" => a.variants = v.split(';').map(String::from).collect(),
+            "--trace" => a.trace = Some(v.clone()),
+            "--tokens-per-id" => a.tokens_per_id = num(v)? as u32,
+            "--scale" => a.scale = num(v)?,
+            _ => return Err(format!("unknown flag {k}")),
+        }
+    }
+    Ok(a)
+}
+
+fn requests(a: &Args, speedup: f64) -> Result<Vec<SimRequest>, String> {
+    let text = match &a.trace {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| format!("cannot read {p}: {e}"))?,
+        None => BUNDLED.to_string(),
+    };
+    let records = read_trace(text.as_bytes(), &TraceLimits::default()).map_err(|e| e.to_string())?;
+    let opts = LoadOptions {
+        speedup,
+        trace_block_tokens: a.tokens_per_id,
+        input_scale: a.scale,
+        output_scale: a.scale,
+        ..LoadOptions::default()
+    };
+    to_requests(&records, &opts).map_err(|e| e.to_string())
+}
+
+fn config(variant: &str) -> Result<RouterConfig, String> {
+    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+    cfg.eligibility.decode_blocks_frac_of_kv = None;
+    if variant == "kv" {
+        return Ok(cfg);
+    }
+    for kv in variant.split(',') {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("{kv}: expected key=value"))?;
+        if k == "mode" {
+            cfg.mode = match v {
+                "rr" => RouterMode::RoundRobin,
+                "ll" => RouterMode::LeastLoaded,
+                _ => return Err(format!("mode {v}")),
+            };
+            continue;
+        }
+        let x: f64 = v.parse().map_err(|e| format!("{kv}: {e}"))?;
+        let c = &mut cfg.cost;
+        match k {
+            "dtw" => c.ttft.decode_time_weight = x,
+            "out" => c.ttft.output_tokens_default = x as u32,
+            "store" => c.ttft.store_ms_per_block = x,
+            "work" => c.ttft.work_weight = x,
+            "others" => c.ttft.others_delay_weight = x,
+            "arw" => c.active_request_weight = x,
+            "pls" => c.prefill_load_scale = x,
+            _ => return Err(format!("unknown weight {k}")),
+        }
+    }
+    Ok(cfg)
+}
+
+fn run<D: Dispatcher>(cfg: &ReplayConfig, reqs: &[SimRequest], d: &mut D) -> Result<ReplayReport, String> {
+    replay(cfg, reqs, d).map_err(|e| e.to_string())
+}
+
+fn line(name: &str, speedup: f64, r: &ReplayReport) {
+    let s = &r.summary;
+    let counts: Vec<u64> = r.workers.iter().map(|w| w.requests).collect();
+    println!(
+        "{{\"variant\":\"{name}\",\"speedup\":{speedup},\"hits\":{:.4},\"ttft_mean\":{:.1},\"ttft_p99\":{:.1},\
+         \"e2e_mean\":{:.1},\"e2e_p99\":{:.1},\"per_worker\":{counts:?}}}",
+        s.prefix_reuse_ratio, s.ttft_ms.mean, s.ttft_ms.p99, s.e2e_ms.mean, s.e2e_ms.p99
+    );
+}
+
+fn main() -> Result<(), String> {
+    let a = parse()?;
+    let engine = EngineConfig {
+        blocks_per_worker: a.blocks,
+        block_size: BlockSize::DEFAULT.tokens(),
+        ..EngineConfig::default()
+    };
+    let rcfg = ReplayConfig { workers: a.workers, engine: engine.clone(), ..ReplayConfig::default() };
+    let fleet = Fleet {
+        workers: a.workers,
+        prefill_workers: 0,
+        kv_blocks: engine.blocks_per_worker,
+        max_batched_tokens: engine.max_batched_tokens,
+    };
+    for &speedup in &a.speedups {
+        let reqs = requests(&a, speedup)?;
+        let rep = run(&rcfg, &reqs, &mut TextTreeRule::new(a.workers, TextTreeConfig::default()))?;
+        line("text-tree", speedup, &rep);
+        for v in &a.variants {
+            let mut d = CoreDispatcher::new(config(v)?, fleet, 0, true, false);
+            let rep = run(&rcfg, &reqs, &mut d)?;
+            line(v, speedup, &rep);
+        }
+    }
+    Ok(())
+}
