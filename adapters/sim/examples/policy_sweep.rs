@@ -145,6 +145,11 @@ fn main() -> Result<(), String> {
             let mut d = CoreDispatcher::new(config(v)?, fleet, 0, true, false);
             let rep = run(&rcfg, &reqs, &mut d)?;
             line(v, speedup, &rep);
+            let p = d.placements;
+            println!(
+                "{{\"variant\":\"{v}\",\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{}}}",
+                p.routed, p.with_prefix, p.moved, p.blocks_left
+            );
         }
     }
     Ok(())

@@ -22,6 +22,8 @@ pub struct CoreDispatcher {
     pub arrivals: u64,
     /// Requests the router refused with an error.
     pub errors: u64,
+    /// Where the routed requests' cache went: see [`Placements`].
+    pub placements: Placements,
     scratch: Vec<SeqHash>,
     /// Workers `0..prefill_workers` prefill; the rest decode. 0: an aggregated fleet.
     prefill_workers: u32,
@@ -31,6 +33,19 @@ pub struct CoreDispatcher {
     observing: Option<Observing>,
     /// KV capacity of each worker, in blocks (for engine-reported usage).
     kv_blocks: u32,
+}
+
+/// How routed requests used the cache the router saw when it placed them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placements {
+    /// Requests routed.
+    pub routed: u64,
+    /// Requests some worker held a prefix of, by the router's index.
+    pub with_prefix: u64,
+    /// Of those, requests sent to a worker holding less of it than the best holder.
+    pub moved: u64,
+    /// Prompt blocks the best holders had cached beyond the chosen workers'.
+    pub blocks_left: u64,
 }
 
 /// The simulated fleet the dispatcher routes over.
@@ -72,6 +87,7 @@ impl CoreDispatcher {
             sessions: sessions && fleet.prefill_workers == 0,
             arrivals: 0,
             errors: 0,
+            placements: Placements::default(),
             scratch: Vec::new(),
             prefill_workers: fleet.prefill_workers,
             split: Default::default(),
@@ -143,6 +159,13 @@ impl CoreDispatcher {
     fn confirm(&mut self, now: Instant, r: &Routed) -> Dispatch {
         match self.router.handle_dispatched(now, r.id, Phase::Aggregated) {
             Ok(()) => {
+                let p = &mut self.placements;
+                p.routed += 1;
+                let best = u64::from(r.max_overlap_blocks);
+                let got = u64::from(r.overlap.device);
+                p.with_prefix += u64::from(best > 0);
+                p.moved += u64::from(got < best);
+                p.blocks_left += best.saturating_sub(got);
                 if let Some(o) = &mut self.observing {
                     o.dispatched(now, r, self.router.config().block_size);
                 }
