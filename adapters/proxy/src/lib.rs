@@ -37,6 +37,7 @@ mod forward;
 pub mod handler;
 pub mod health;
 pub mod migrate;
+mod outliers;
 pub mod retry;
 pub mod server;
 pub mod state;
@@ -69,7 +70,7 @@ pub use server::ShutdownReport;
 pub use tokenize::{tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
 pub use workers::Workers;
 
-use crate::health::Outliers;
+use crate::outliers::Outliers;
 use crate::state::State;
 use crate::upstream::RetryBudget;
 
