@@ -9,8 +9,8 @@ use std::sync::Arc;
 use router_core::{DispatchFailure, Instant, Observation, Output, Phase, RequestId, Routed, WorkerKey};
 use tokio::sync::oneshot;
 
-use crate::driver::{FlightKey, Shared};
 use crate::error::DriveError;
+use crate::shared::{FlightKey, Shared};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum State {

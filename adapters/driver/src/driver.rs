@@ -1,24 +1,21 @@
-//! The driver: the router behind a mutex, the clock, the timer task and output delivery.
+//! The driver: the public handle to one router, and its methods (routing, fleet changes,
+//! KV events, snapshots). The lock, clock, timer and output delivery are `shared`'s.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use router_core::{
-    ApplySummary, Decision, DisaggPlan, DisaggStats, DispatchFailure, Draw, EngineLoad, Health, IndexEvent, Instant,
-    LearnError, Learned, Output, Phase, ReplicaUpdate, Request, RequestId, Routed, Router, RouterConfig,
-    RouterSnapshot, Taint, WorkerId, WorkerKey, WorkerSpec, WorkerUpdate,
+    ApplySummary, Decision, DisaggPlan, DisaggStats, Draw, EngineLoad, Health, IndexEvent, Instant, LearnError,
+    Learned, Request, RequestId, Routed, Router, RouterConfig, RouterSnapshot, Taint, WorkerId, WorkerKey, WorkerSpec,
+    WorkerUpdate,
 };
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::Instant as TokioInstant;
 
 use crate::booking::{Booking, Pending};
 use crate::error::DriveError;
+use crate::shared::{self, Inner, Shared};
 use crate::snapshot::{DriverStats, Snapshot};
-
-pub(crate) type FlightKey = (RequestId, Phase);
 
 /// How to build a [`Driver`].
 #[derive(Clone, Debug, Default)]
@@ -41,25 +38,6 @@ pub struct Driver {
     _timer: Arc<TimerGuard>,
 }
 
-pub(crate) struct Shared {
-    inner: Mutex<Inner>,
-    notify: Notify,
-    start: TokioInstant,
-    /// Wall-clock microseconds since the Unix epoch when `start` was taken.
-    pub(crate) start_unix_us: u64,
-    next_id: AtomicU64,
-    draws: AtomicU64,
-}
-
-pub(crate) struct Inner {
-    pub(crate) router: Router,
-    pub(crate) waiters: BTreeMap<FlightKey, oneshot::Sender<Output>>,
-    /// The deadline the timer task last slept towards.
-    armed: Option<Instant>,
-    pub(crate) stats: DriverStats,
-    pub(crate) replica_sink: Option<mpsc::Sender<ReplicaUpdate>>,
-}
-
 struct TimerGuard(JoinHandle<()>);
 
 impl Drop for TimerGuard {
@@ -71,21 +49,8 @@ impl Drop for TimerGuard {
 impl Driver {
     /// A driver over a new router. Must be called inside a tokio runtime.
     pub fn new(cfg: DriverConfig) -> Self {
-        let shared = Arc::new(Shared {
-            inner: Mutex::new(Inner {
-                router: Router::new(cfg.router),
-                waiters: BTreeMap::new(),
-                armed: None,
-                stats: DriverStats::default(),
-                replica_sink: None,
-            }),
-            notify: Notify::new(),
-            start: TokioInstant::now(),
-            start_unix_us: crate::replica::unix_now_us(),
-            next_id: AtomicU64::new(1),
-            draws: AtomicU64::new(cfg.draw_seed),
-        });
-        let timer = tokio::spawn(run_timer(shared.clone()));
+        let shared = Arc::new(Shared::new(Router::new(cfg.router), cfg.draw_seed));
+        let timer = tokio::spawn(shared::run_timer(shared.clone()));
         Driver { shared, _timer: Arc::new(TimerGuard(timer)) }
     }
 
@@ -229,114 +194,6 @@ impl Driver {
     /// The router's invariants, for tests and debugging. Linear in requests in flight.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.with_router(|r| r.check_invariants().map_err(|v| v.0))
-    }
-}
-
-impl Shared {
-    pub(crate) fn now(&self) -> Instant {
-        let us = u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        Instant::from_micros(us)
-    }
-
-    /// Runs `f` on the router under the lock, then drains outputs and wakes the timer if
-    /// the next deadline moved earlier.
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Inner, Instant) -> R) -> R {
-        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        // Read the clock under the lock so that inputs reach the router in time order.
-        let now = self.now();
-        let r = f(&mut g, now);
-        g.drain(now);
-        let wake = g.rearm();
-        drop(g);
-        if wake {
-            self.notify.notify_one();
-        }
-        r
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Inner {
-    /// Hands every output to its waiter. A routed output nobody awaits any more is rolled
-    /// back at once, so its load never lingers.
-    fn drain(&mut self, now: Instant) {
-        while let Some(out) = self.router.poll_output() {
-            let key = match &out {
-                Output::Routed(r) => (r.id, r.phase),
-                Output::Failed { id, phase, .. }
-                | Output::TimedOut { id, phase }
-                | Output::Rejected { id, phase, .. } => (*id, *phase),
-                Output::LeaseExpired { .. } => {
-                    self.stats.leases_expired += 1;
-                    continue;
-                }
-                Output::BookingExpired { .. } => {
-                    self.stats.bookings_expired += 1;
-                    continue;
-                }
-                _ => continue,
-            };
-            let undelivered = match self.waiters.remove(&key) {
-                Some(tx) => tx.send(out).err(),
-                None => Some(out),
-            };
-            if let Some(out) = undelivered {
-                self.stats.undelivered += 1;
-                if let Output::Routed(r) = out {
-                    let _ = self.router.handle_dispatch_failed(now, r.id, r.phase, DispatchFailure::Cancelled);
-                }
-            }
-        }
-        self.drain_replica_updates();
-    }
-
-    /// Whether the timer task must wake because the next deadline is now earlier than the
-    /// one it sleeps towards.
-    fn rearm(&mut self) -> bool {
-        let next = self.router.poll_timeout();
-        let earlier = match (next, self.armed) {
-            (Some(n), Some(a)) => n < a,
-            (Some(_), None) => true,
-            _ => false,
-        };
-        if earlier {
-            self.armed = next;
-        }
-        earlier
-    }
-}
-
-/// The one timer of the driver: sleeps until the router's next deadline, runs it, repeats.
-async fn run_timer(shared: Arc<Shared>) {
-    let mut last_fired: Option<Instant> = None;
-    loop {
-        let deadline = {
-            let mut g = shared.lock();
-            g.armed = g.router.poll_timeout();
-            g.armed
-        };
-        let when = deadline.and_then(|t| shared.start.checked_add(Duration::from_micros(t.as_micros())));
-        let Some(mut when) = when else {
-            shared.notify.notified().await;
-            continue;
-        };
-        // A deadline that handle_timeout did not move would spin; give it a millisecond.
-        if last_fired == deadline {
-            when = when.max(TokioInstant::now() + Duration::from_millis(1));
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(when) => {
-                last_fired = deadline;
-                shared.with(|inner, now| {
-                    inner.router.handle_timeout(now);
-                    inner.stats.timeouts_fired += 1;
-                });
-            }
-            _ = shared.notify.notified() => {}
-        }
     }
 }
 

@@ -35,6 +35,7 @@ mod booking;
 mod driver;
 mod error;
 mod replica;
+mod shared;
 mod snapshot;
 
 pub use booking::Booking;

@@ -1,13 +1,10 @@
 //! The driver's replica side: handing the router's updates to a sink, applying other
 //! replicas' updates, and mapping the router's clock to wall time and back.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use router_core::{Instant, ReplicaId, ReplicaUpdate};
 use tokio::sync::mpsc;
-use tokio::sync::mpsc::error::TrySendError;
 
-use crate::driver::{Driver, Inner};
+use crate::driver::Driver;
 use crate::error::DriveError;
 
 impl Driver {
@@ -48,22 +45,4 @@ impl Driver {
     pub fn instant_at_unix_us(&self, unix_us: u64) -> Instant {
         Instant::from_micros(unix_us.saturating_sub(self.shared.start_unix_us))
     }
-}
-
-impl Inner {
-    /// Hands every queued replica update to the sink, or discards it when there is none.
-    pub(crate) fn drain_replica_updates(&mut self) {
-        while let Some(u) = self.router.poll_replica_update() {
-            let Some(sink) = &self.replica_sink else { continue };
-            match sink.try_send(u) {
-                Ok(()) => {}
-                Err(TrySendError::Full(_)) | Err(TrySendError::Closed(_)) => self.stats.replica_updates_dropped += 1,
-            }
-        }
-    }
-}
-
-/// Wall-clock microseconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn unix_now_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
+use crate::drain::{forget, readmit};
 use crate::error::{json_response, ApiError};
 use crate::events::StreamReport;
 use crate::handler;
@@ -238,22 +239,6 @@ pub async fn remove_worker(state: &State, id: &str) -> Result<Response<ProxyBody
     let mut resp = Response::new(ProxyBody::full(Bytes::new()));
     *resp.status_mut() = StatusCode::NO_CONTENT;
     Ok(resp)
-}
-
-/// A drained worker added again is a new worker: it takes requests again.
-pub(crate) fn readmit(state: &State, w: &WorkerConfig) {
-    if state.outliers.is_draining(w.id) {
-        state.outliers.forget(w.id);
-        if let Some(pool) = state.fleet.pool(&w.model) {
-            let _ = pool.driver.set_health(router_core::WorkerId(w.id), Health::Healthy);
-        }
-    }
-}
-
-/// What a removed worker leaves: its outlier state and its KV-event subscription.
-pub(crate) async fn forget(state: &State, id: u64) {
-    state.outliers.forget(id);
-    state.subs.lock().await.remove(id).await;
 }
 
 /// `POST /route/preview`: the decision for a request body, with the per-worker

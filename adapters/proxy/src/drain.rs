@@ -5,7 +5,7 @@
 //!
 //! A draining worker stays draining: outlier ejection and readmission probes leave its
 //! health alone (see [`crate::health`]). Re-adding it through `POST /workers` makes it
-//! a new, healthy worker.
+//! a new, healthy worker ([`readmit`]); a removed worker leaves nothing behind ([`forget`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use router_core::{WorkerId, WorkerKey};
 use serde_json::json;
 
 use crate::body::ProxyBody;
+use crate::config::WorkerConfig;
 use crate::error::{json_response, ApiError};
 use crate::state::State;
 
@@ -75,7 +76,7 @@ async fn remove_when_idle(state: Arc<State>, id: u64) {
         }
         if in_flight(&state, id) == 0 {
             if state.fleet.remove_worker(id) {
-                crate::admin::forget(&state, id).await;
+                forget(&state, id).await;
                 tracing::info!(worker = id, "drained worker removed");
             }
             return;
@@ -85,4 +86,20 @@ async fn remove_when_idle(state: Arc<State>, id: u64) {
             _ = shutdown.changed() => return,
         }
     }
+}
+
+/// A drained worker added again is a new worker: it takes requests again.
+pub(crate) fn readmit(state: &State, w: &WorkerConfig) {
+    if state.outliers.is_draining(w.id) {
+        state.outliers.forget(w.id);
+        if let Some(pool) = state.fleet.pool(&w.model) {
+            let _ = pool.driver.set_health(WorkerId(w.id), Health::Healthy);
+        }
+    }
+}
+
+/// What a removed worker leaves: its outlier state and its KV-event subscription.
+pub(crate) async fn forget(state: &State, id: u64) {
+    state.outliers.forget(id);
+    state.subs.lock().await.remove(id).await;
 }

@@ -18,9 +18,8 @@ use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::fleet::Pool;
-use crate::handler::{error_chain, upstream_request_to, Prepared};
 use crate::health;
-use crate::migrate::BodyShape;
+use crate::prepared::{error_chain, upstream_request_to, BodyShape, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
 use crate::upstream::Upstream;
@@ -316,10 +315,4 @@ pub(crate) fn give_up(state: &Arc<State>, booking: Booking, worker: u64, reason:
         };
         health::failure(state, worker, kind);
     }
-}
-
-/// Time a stream may stay silent after its first byte, `None` when unbounded.
-pub(crate) fn idle_timeout(state: &State) -> Option<Duration> {
-    let ms = state.cfg.retry.idle_stream_timeout_ms;
-    (ms > 0).then(|| Duration::from_millis(ms))
 }

@@ -7,47 +7,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Response};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use kvroute_driver::Booking;
-use router_core::{Request, WorkerId, WorkerKey};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use kvroute_frontend::ask::{question_timed, routed_json, Asker, Question};
 use kvroute_frontend::otel::RequestTrace;
 
-use crate::body::{ProxyBody, StreamCtx, UpstreamBody};
-use crate::config::WorkerConfig;
+use crate::body::ProxyBody;
 use crate::disagg;
 use crate::error::ApiError;
-use crate::fleet::Pool;
-use crate::forward;
 use crate::request::Endpoint;
 use crate::state::State;
-use crate::upstream::{strip_hop_by_hop, upstream_headers, WORKER_HEADER};
 
-/// A request read, checked and turned into a routing question.
-pub struct Prepared {
-    /// The pool serving it.
-    pub pool: Arc<Pool>,
-    /// The router's question.
-    pub request: Request,
-    /// The body to forward (the `kvroute` object removed).
-    pub forward_body: Bytes,
-    /// The client's headers.
-    pub headers: HeaderMap,
-    /// Path and query to forward to.
-    pub path_and_query: String,
-    /// Whether the trusted preview flag was set.
-    pub preview: bool,
-    /// The endpoint the request came to (or looks like, for a preview).
-    pub endpoint: Endpoint,
-    /// Its trace, when it is traced (see [`crate::trace`]).
-    pub trace: Option<RequestTrace>,
-}
+pub use crate::prepared::Prepared;
 
 /// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
 pub async fn proxy(
@@ -79,7 +55,7 @@ pub async fn proxy(
     });
     match trace {
         // An unsampled request's span records nothing: its body needs no wrapper to end it.
-        Some(t) if t.sampled() => crate::trace::finish(&state, t, &model, resp),
+        Some(t) if t.sampled() => crate::trace::finish(&state, t, &model, resp).map(|b| ProxyBody::Traced(Box::new(b))),
         _ => resp,
     }
 }
@@ -165,142 +141,6 @@ async fn forward(
     state.budget.deposit();
     match disagg::protocol(&p) {
         Some(protocol) => disagg::forward(state, p, protocol, arrived, permit).await,
-        None => forward_aggregated(state, p, arrived, permit).await,
+        None => crate::aggregated::forward(state, p, arrived, permit).await,
     }
-}
-
-/// Routes `p.request` (whatever phase it names) and forwards it, retrying failures before
-/// the first byte on workers not yet tried (see [`crate::retry`]); a stream that breaks
-/// later is continued elsewhere when it can be (see [`crate::migrate`]).
-pub(crate) async fn forward_aggregated(
-    state: &Arc<State>,
-    p: Prepared,
-    arrived: Instant,
-    permit: OwnedSemaphorePermit,
-) -> Result<Response<ProxyBody>, ApiError> {
-    let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
-    let pool = p.pool.clone();
-    let plan = crate::migrate::Plan::of(&p, &state.cfg.migration);
-    let body = plan.as_ref().map_or_else(|| p.forward_body.clone(), |m| m.first_body());
-    let mut shape = crate::migrate::body_shape(&p.forward_body);
-    shape.stream |= plan.is_some();
-    let mut request = p.request.clone();
-    let mut tried: Vec<WorkerId> = Vec::new();
-    let tries = forward::Tries { state, pool: &pool, p: &p, body, path: None, deadline, shape };
-    let a = forward::first_answer(&tries, &mut request, &mut tried).await?;
-    let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
-    match plan {
-        // A worker that sent no token ids cannot be continued: its stream passes through.
-        Some(plan) if a.resp.status().is_success() && plan.can_continue(a.first.as_ref()) => {
-            Ok(crate::migrate::respond(state, a, plan, p, request, tried, ctx, permit))
-        }
-        _ => Ok(respond_first(state, a.resp, a.booking, ctx, permit, a.first)),
-    }
-}
-
-/// The request to send `body` to `target` on `worker`, with the client's headers.
-pub(crate) fn upstream_request(
-    state: &State,
-    worker: &WorkerConfig,
-    target: WorkerKey,
-    p: &Prepared,
-    body: Bytes,
-) -> Result<http::Request<Full<Bytes>>, ApiError> {
-    upstream_request_to(state, worker, target, p, &p.path_and_query, body)
-}
-
-/// [`upstream_request`] to another path than the client's.
-pub(crate) fn upstream_request_to(
-    state: &State,
-    worker: &WorkerConfig,
-    target: WorkerKey,
-    p: &Prepared,
-    path: &str,
-    body: Bytes,
-) -> Result<http::Request<Full<Bytes>>, ApiError> {
-    let uri = worker.url.join(path).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
-    let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
-    // The rank header is the router's word to the engine, never the client's.
-    headers.remove(&state.dp_rank_header);
-    if worker.dp_ranks > 1 {
-        headers.insert(state.dp_rank_header.clone(), HeaderValue::from(target.rank.0));
-    }
-    if let Some(t) = &p.trace {
-        t.inject(&mut headers);
-    }
-    let mut req = http::Request::post(uri).body(Full::new(body)).map_err(|e| ApiError::upstream(e.to_string()))?;
-    *req.headers_mut() = headers;
-    Ok(req)
-}
-
-/// What a streamed answer is part of.
-pub(crate) struct Respond<'a> {
-    /// The pool's name.
-    pub model: &'a str,
-    /// When the request arrived.
-    pub arrived: Instant,
-    /// When it must be done.
-    pub deadline: Instant,
-    /// The prefill worker of a split request, named in `x-kvroute-prefill-worker`.
-    pub prefill_worker: Option<u64>,
-}
-
-/// The worker accepted: confirm the booking and stream its answer back.
-pub(crate) fn respond(
-    state: &Arc<State>,
-    resp: Response<crate::upstream::Upstream>,
-    booking: Booking,
-    ctx: Respond<'_>,
-    permit: OwnedSemaphorePermit,
-) -> Response<ProxyBody> {
-    respond_first(state, resp, booking, ctx, permit, None)
-}
-
-/// [`respond`], with the body's first frame already read from `resp`.
-pub(crate) fn respond_first(
-    state: &Arc<State>,
-    resp: Response<crate::upstream::Upstream>,
-    mut booking: Booking,
-    ctx: Respond<'_>,
-    permit: OwnedSemaphorePermit,
-    first: Option<http_body::Frame<Bytes>>,
-) -> Response<ProxyBody> {
-    let Respond { model, arrived, deadline, prefill_worker } = ctx;
-    let _ = booking.dispatched();
-    let worker = booking.target().worker.0;
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    parts.headers.insert(WORKER_HEADER, HeaderValue::from(worker));
-    // Only the proxy names workers: a worker's own header of that name never passes.
-    match prefill_worker {
-        Some(w) => parts.headers.insert(disagg::PREFILL_WORKER_HEADER, HeaderValue::from(w)),
-        None => parts.headers.remove(disagg::PREFILL_WORKER_HEADER),
-    };
-    let sse = parts.headers.get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    let injects_errors =
-        sse && !parts.headers.contains_key(CONTENT_LENGTH) && !parts.headers.contains_key(CONTENT_ENCODING);
-    let ctx = StreamCtx {
-        state: state.clone(),
-        model: model.to_string(),
-        worker,
-        status: parts.status.as_u16(),
-        arrived,
-        deadline,
-        injects_errors,
-        idle: crate::forward::idle_timeout(state),
-    };
-    let body = UpstreamBody::new(body, booking, ctx, Some(permit)).with_first(first);
-    Response::from_parts(parts, ProxyBody::Stream(Box::new(body)))
-}
-
-/// An error and its causes, for messages.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

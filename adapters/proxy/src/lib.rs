@@ -30,6 +30,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
+mod aggregated;
 pub mod body;
 pub mod disagg;
 pub mod drain;
@@ -37,9 +38,12 @@ mod forward;
 pub mod handler;
 pub mod health;
 pub mod migrate;
+mod outliers;
+mod prepared;
 pub mod retry;
 pub mod server;
 pub mod state;
+mod stream;
 pub mod trace;
 // `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
 // them belongs to the change now reworking `upstream/`.
@@ -69,7 +73,7 @@ pub use server::ShutdownReport;
 pub use tokenize::{tokenizer_missing_warning, Tokenize, TokenizeError, Tokenizers};
 pub use workers::Workers;
 
-use crate::health::Outliers;
+use crate::outliers::Outliers;
 use crate::state::State;
 use crate::upstream::RetryBudget;
 

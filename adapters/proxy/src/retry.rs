@@ -32,7 +32,7 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 
 use crate::config::RetryConfig;
-use crate::migrate::BodyShape;
+use crate::prepared::BodyShape;
 
 /// Why a try was given up and the request sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

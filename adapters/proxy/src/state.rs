@@ -8,8 +8,8 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::config::ProxyConfig;
 use crate::fleet::Fleet;
-use crate::health::Outliers;
 use crate::metrics::Metrics;
+use crate::outliers::Outliers;
 use crate::tokenize::Tokenizers;
 use crate::trust::Trust;
 use crate::upstream::{RetryBudget, UpstreamClient};

@@ -32,7 +32,6 @@ use kvroute_driver::Booking;
 use kvroute_frontend::otel::{wall, ChildSpan, KeyValue, RequestTrace, SpanKind};
 use tokio::time::Instant;
 
-use crate::body::{BodyError, ProxyBody};
 use crate::state::State;
 
 /// The `upstream` span of the try whose answer goes to the client.
@@ -129,12 +128,7 @@ pub(crate) fn try_answered(span: &ChildSpan, head: Result<u16, String>) {
 
 /// The request is answered: the request span gets the pool, its policy and the status,
 /// and ends with the body (with the answering try's `upstream` span).
-pub(crate) fn finish(
-    state: &State,
-    trace: RequestTrace,
-    model: &str,
-    mut resp: Response<ProxyBody>,
-) -> Response<ProxyBody> {
+pub(crate) fn finish<B>(state: &State, trace: RequestTrace, model: &str, mut resp: Response<B>) -> Response<Traced<B>> {
     let upstream = resp.extensions_mut().remove::<TrySpan>();
     let status = resp.status().as_u16();
     if trace.sampled() {
@@ -142,20 +136,20 @@ pub(crate) fn finish(
         trace.set(KeyValue::new("kvroute.model", model.to_string()));
         trace.set(KeyValue::new("kvroute.policy", mode.unwrap_or(state.cfg.router.mode).as_str()));
     }
-    resp.map(|inner| ProxyBody::Traced(Box::new(Traced { inner, request: trace, upstream, status, ended: false })))
+    resp.map(|inner| Traced { inner, request: trace, upstream, status, ended: false })
 }
 
 /// A response body that ends the request's spans when it ends or is dropped.
-pub struct Traced {
-    inner: ProxyBody,
+pub struct Traced<B> {
+    inner: B,
     request: RequestTrace,
     upstream: Option<TrySpan>,
     status: u16,
     ended: bool,
 }
 
-impl Traced {
-    fn end(&mut self, broken: Option<&BodyError>) {
+impl<B> Traced<B> {
+    fn end(&mut self, broken: Option<&dyn std::fmt::Display>) {
         if std::mem::replace(&mut self.ended, true) {
             return;
         }
@@ -167,7 +161,12 @@ impl Traced {
         }
         self.request.end(self.status);
     }
+}
 
+impl<B: Body<Data = Bytes> + Unpin> Traced<B>
+where
+    B::Error: std::fmt::Display,
+{
     pub(crate) fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
     }
@@ -176,7 +175,7 @@ impl Traced {
         self.inner.size_hint()
     }
 
-    pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.end(None),
@@ -188,7 +187,7 @@ impl Traced {
     }
 }
 
-impl Drop for Traced {
+impl<B> Drop for Traced<B> {
     fn drop(&mut self) {
         self.end(None);
     }

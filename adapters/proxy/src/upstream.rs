@@ -23,6 +23,9 @@ use crate::config::{LimitsConfig, RetryConfig};
 pub use kvroute_frontend::headers::{PIN_HEADERS, PREVIEW_HEADER, WORKER_HEADER};
 pub use pool::{SendError, Upstream, IDLE_PER_WORKER_MAX};
 
+/// The response header naming the prefill worker of a split request.
+pub const PREFILL_WORKER_HEADER: &str = "x-kvroute-prefill-worker";
+
 /// The client every request and probe to a worker goes through: HTTP/1.1, TCP_NODELAY,
 /// the configured connect and idle timeouts.
 #[derive(Clone)]

@@ -28,7 +28,7 @@ impl Workers {
         let invalid = |(key, message): (&str, String)| ConfigError::Invalid { key: key.into(), message };
         state.cfg.check_worker(&w).map_err(|e| FleetError::Invalid(invalid(e)))?;
         let new = state.fleet.add_worker(w.clone())?;
-        crate::admin::readmit(state, &w);
+        crate::drain::readmit(state, &w);
         if let Err(e) = state.subs.lock().await.add(&state.cfg, &state.fleet, &w).await {
             tracing::warn!(worker = w.id, error = %e, "cannot subscribe to the worker's KV events");
         }
@@ -41,7 +41,7 @@ impl Workers {
         if !self.state.fleet.remove_worker(id) {
             return false;
         }
-        crate::admin::forget(&self.state, id).await;
+        crate::drain::forget(&self.state, id).await;
         true
     }
 

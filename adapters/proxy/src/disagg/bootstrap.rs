@@ -36,13 +36,15 @@ use tokio::time::Instant;
 use super::phase::{
     book, decode_request, edited_body, phase_request, prefill_limit, retryable_answer, run_prefill, PrefillEnd, Retry,
 };
+use crate::body::respond;
 use crate::body::ProxyBody;
 use crate::config::{WorkerConfig, WorkerUrl};
 use crate::error::ApiError;
 use crate::forward;
-use crate::handler::{error_chain, respond, upstream_request, Prepared, Respond};
+use crate::prepared::{error_chain, upstream_request, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
+use crate::stream::Respond;
 
 /// How long an error answer from the decode worker waits for its prefill's verdict.
 pub const PREFILL_VERDICT_WAIT_MS: u64 = 1_000;
@@ -72,7 +74,7 @@ pub(super) async fn forward(
     let model = p.pool.name.as_str();
     let mut pre = phase_request(&p.request, Phase::Prefill);
     let (mut retry_pre, mut retry_dec) = (Retry::new(), Retry::new());
-    let shape = crate::migrate::body_shape(&p.forward_body);
+    let shape = crate::prepared::body_shape(&p.forward_body);
     // The decode waits for the whole prompt's KV before its first token.
     let dec_limit = retry::try_limit(&state.cfg.retry, shape, p.request.isl_tokens);
     loop {

@@ -42,14 +42,13 @@ use tokio::time::Instant;
 use crate::body::ProxyBody;
 use crate::config::DisaggProtocol;
 use crate::error::{json_response, ApiError};
-use crate::handler::{self, Prepared};
+use crate::prepared::Prepared;
 use crate::request::Endpoint;
 use crate::state::State;
 
 pub use bootstrap::PREFILL_VERDICT_WAIT_MS;
 
-/// The response header naming the prefill worker of a split request.
-pub const PREFILL_WORKER_HEADER: &str = "x-kvroute-prefill-worker";
+pub use crate::upstream::PREFILL_WORKER_HEADER;
 
 /// The protocol that splits `p`, if its model is disaggregated and it generates text.
 pub fn protocol(p: &Prepared) -> Option<DisaggProtocol> {
@@ -68,7 +67,7 @@ pub(crate) async fn forward(
     state.metrics.disagg_plan(&p.pool.name, plan_label(plan));
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     match (plan, protocol) {
-        (DisaggPlan::Bypass(_), _) => handler::forward_aggregated(state, p, arrived, permit).await,
+        (DisaggPlan::Bypass(_), _) => crate::aggregated::forward(state, p, arrived, permit).await,
         (DisaggPlan::Split, DisaggProtocol::VllmNixl) => nixl::forward(state, p, arrived, deadline, permit).await,
         (DisaggPlan::Split, DisaggProtocol::SglangBootstrap) => {
             bootstrap::forward(state, p, arrived, deadline, permit).await

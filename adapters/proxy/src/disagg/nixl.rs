@@ -26,13 +26,15 @@ use tokio::time::Instant;
 use super::phase::{
     book, decode_request, edited_body, phase_request, prefill_limit, retryable_answer, run_prefill, PrefillEnd, Retry,
 };
+use crate::body::respond;
 use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
 use crate::forward;
-use crate::handler::{error_chain, respond, upstream_request, Prepared, Respond};
+use crate::prepared::{error_chain, upstream_request, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
+use crate::stream::Respond;
 
 /// What the prefill step came to.
 enum Prefilled {
@@ -65,7 +67,7 @@ pub(super) async fn forward(
         None => p.forward_body.clone(),
     };
     let model = p.pool.name.as_str();
-    let shape = crate::migrate::body_shape(&body);
+    let shape = crate::prepared::body_shape(&body);
     // The decode pulls the whole prompt's KV before its first token.
     let limit = retry::try_limit(&state.cfg.retry, shape, p.request.isl_tokens);
     let mut retry = Retry::new();

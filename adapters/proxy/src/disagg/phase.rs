@@ -18,13 +18,11 @@ use crate::config::WorkerConfig;
 use crate::error::ApiError;
 use crate::fleet::Pool;
 use crate::forward;
-use crate::handler::{error_chain, Prepared};
 use crate::health;
+use crate::prepared::{error_chain, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
-use crate::upstream::Upstream;
-
-use super::PREFILL_WORKER_HEADER;
+use crate::upstream::{Upstream, PREFILL_WORKER_HEADER};
 
 /// Largest prefill answer read; a NIXL answer lists one block id per prompt block.
 const PREFILL_ANSWER_BYTES_MAX: usize = 4 << 20;

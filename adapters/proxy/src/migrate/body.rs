@@ -22,16 +22,16 @@ use router_core::WorkerId;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Duration, Instant, Sleep};
 
+use super::plan::Plan;
 use super::sse::Stream;
-use super::Plan;
-use crate::body::{BodyError, ProxyBody};
 use crate::error::ApiError;
 use crate::fleet::Pool;
 use crate::forward::{self, Answered, Tries};
-use crate::handler::{Prepared, Respond};
 use crate::health;
+use crate::prepared::Prepared;
 use crate::state::State;
-use crate::upstream::{strip_hop_by_hop, Upstream, WORKER_HEADER};
+use crate::stream::{idle_timeout, BodyError, Respond};
+use crate::upstream::{strip_hop_by_hop, Upstream, PREFILL_WORKER_HEADER, WORKER_HEADER};
 
 /// What a continuation's tries need, shared with the futures that make them.
 struct Shared {
@@ -89,7 +89,7 @@ pub(crate) fn respond(
     tried: Vec<WorkerId>,
     ctx: Respond<'_>,
     permit: OwnedSemaphorePermit,
-) -> Response<ProxyBody> {
+) -> Response<MigratingBody> {
     let Answered { mut booking, resp, first } = a;
     let _ = booking.dispatched();
     let worker = booking.target().worker.0;
@@ -98,8 +98,8 @@ pub(crate) fn respond(
     // The body is rewritten: its length is no longer the worker's.
     parts.headers.remove(CONTENT_LENGTH);
     parts.headers.insert(WORKER_HEADER, HeaderValue::from(worker));
-    parts.headers.remove(crate::disagg::PREFILL_WORKER_HEADER);
-    let idle = forward::idle_timeout(state);
+    parts.headers.remove(PREFILL_WORKER_HEADER);
+    let idle = idle_timeout(state);
     let stream = Stream::new(plan.is_chat(), plan.client_ids);
     let shared = Arc::new(Shared {
         state: state.clone(),
@@ -127,7 +127,7 @@ pub(crate) fn respond(
     body.rearm();
     let pending = first.and_then(|f| f.into_data().ok()).map(|d| body.stream.feed(&d));
     body.held = pending.filter(|(b, _)| !b.is_empty());
-    Response::from_parts(parts, ProxyBody::Migrating(Box::new(body)))
+    Response::from_parts(parts, body)
 }
 
 impl MigratingBody {
@@ -370,7 +370,7 @@ fn resume(
             path: Some(path),
             deadline: by,
             // A continuation streams: its timeout is the first-byte one.
-            shape: crate::migrate::BodyShape { stream: true, max_output_tokens: None },
+            shape: crate::prepared::BodyShape { stream: true, max_output_tokens: None },
         };
         let a = forward::first_answer(&t, &mut request, &mut tried).await?;
         if !a.resp.status().is_success() {

@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::prepared::{body_shape, BodyShape};
 
 fn plan(endpoint: Endpoint, body: Value) -> Option<Plan> {
     let Value::Object(json) = body else { panic!("an object") };

@@ -1,0 +1,117 @@
+//! A request read and checked ([`Prepared`]), and what every try makes of it: the
+//! worker's request ([`upstream_request`]) and the shape of its body ([`BodyShape`]).
+//! Every layer below the handler takes a `Prepared`; this module names none of them.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::HeaderMap;
+use http_body_util::Full;
+use kvroute_frontend::otel::RequestTrace;
+use router_core::{Request, WorkerKey};
+use serde_json::Value;
+
+use crate::config::WorkerConfig;
+use crate::error::ApiError;
+use crate::fleet::Pool;
+use crate::request::Endpoint;
+use crate::state::State;
+use crate::upstream::upstream_headers;
+
+/// A request read, checked and turned into a routing question.
+pub struct Prepared {
+    /// The pool serving it.
+    pub pool: Arc<Pool>,
+    /// The router's question.
+    pub request: Request,
+    /// The body to forward (the `kvroute` object removed).
+    pub forward_body: Bytes,
+    /// The client's headers.
+    pub headers: HeaderMap,
+    /// Path and query to forward to.
+    pub path_and_query: String,
+    /// Whether the trusted preview flag was set.
+    pub preview: bool,
+    /// The endpoint the request came to (or looks like, for a preview).
+    pub endpoint: Endpoint,
+    /// Its trace, when it is traced (see [`crate::trace`]).
+    pub trace: Option<RequestTrace>,
+}
+
+/// What forwarding reads from a request body, in one pass over it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BodyShape {
+    /// It asks for a stream.
+    pub stream: bool,
+    /// The output limit it names (`max_completion_tokens`, else `max_tokens`); `None`
+    /// when it names none, or either is not a whole number.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// Reads a request body's [`BodyShape`].
+pub(crate) fn body_shape(body: &[u8]) -> BodyShape {
+    #[derive(serde::Deserialize)]
+    struct Raw {
+        stream: Option<Value>,
+        max_tokens: Option<Value>,
+        max_completion_tokens: Option<Value>,
+    }
+    let limit = |v: Option<Value>| match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or(()),
+    };
+    let Ok(raw) = serde_json::from_slice::<Raw>(body) else { return BodyShape::default() };
+    let max_output_tokens = match (limit(raw.max_completion_tokens), limit(raw.max_tokens)) {
+        (Ok(completion), Ok(tokens)) => completion.or(tokens),
+        _ => None,
+    };
+    BodyShape { stream: raw.stream == Some(Value::Bool(true)), max_output_tokens }
+}
+
+/// The request to send `body` to `target` on `worker`, with the client's headers.
+pub(crate) fn upstream_request(
+    state: &State,
+    worker: &WorkerConfig,
+    target: WorkerKey,
+    p: &Prepared,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, ApiError> {
+    upstream_request_to(state, worker, target, p, &p.path_and_query, body)
+}
+
+/// [`upstream_request`] to another path than the client's.
+pub(crate) fn upstream_request_to(
+    state: &State,
+    worker: &WorkerConfig,
+    target: WorkerKey,
+    p: &Prepared,
+    path: &str,
+    body: Bytes,
+) -> Result<http::Request<Full<Bytes>>, ApiError> {
+    let uri = worker.url.join(path).map_err(|e| ApiError::upstream(format!("bad worker URL: {e}")))?;
+    let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
+    // The rank header is the router's word to the engine, never the client's.
+    headers.remove(&state.dp_rank_header);
+    if worker.dp_ranks > 1 {
+        headers.insert(state.dp_rank_header.clone(), HeaderValue::from(target.rank.0));
+    }
+    if let Some(t) = &p.trace {
+        t.inject(&mut headers);
+    }
+    let mut req = http::Request::post(uri).body(Full::new(body)).map_err(|e| ApiError::upstream(e.to_string()))?;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// An error and its causes, for messages.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
