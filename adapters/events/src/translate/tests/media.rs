@@ -20,7 +20,8 @@ fn media_pairs_index_what_a_request_with_the_image_looks_up() {
     let (b0, b1, b2): (&[K<'_>], &[K<'_>], &[K<'_>]) =
         (&[K::Mm("img-a", 2)], &[K::Mm("img-a", -2)], &[K::Mm("img-a", -6)]);
     let want = request(t12, None, None, &[("img-a", 2, 7)]);
-    let t = check(None, &[ev(&[1, 2, 3], None, t12, Some(&[Some(b0), Some(b1), Some(b2)]))], &[want.clone()]);
+    let t =
+        check(None, &[ev(&[1, 2, 3], None, t12, Some(&[Some(b0), Some(b1), Some(b2)]))], std::slice::from_ref(&want));
     assert_eq!((t.stats().media_blocks, t.stats().opaque_blocks), (3, 0));
     // Split over two events, the child continues the chain.
     let (first, rest) = ([Some(b0)], [Some(b1), Some(b2)]);
