@@ -233,3 +233,6 @@ fn webp_orientation(b: &[u8]) -> u8 {
     }
     exif::settle(exif_o, xmp_o)
 }
+
+#[cfg(test)]
+mod tests;

@@ -24,7 +24,7 @@ pub mod tokens;
 pub use digest::{identifier, Algorithm, ImageIo, ImageItem};
 pub use error::MediaError;
 pub use header::{Format, ImageHeader};
-pub use tokens::{expand_placeholders, PlaceholderRule};
+pub use tokens::{expand_placeholders, Placed, PlaceholderRule};
 
 use router_core::{MediaItem, MediaItems};
 
@@ -135,8 +135,11 @@ pub fn expand(
     tokens_max: usize,
 ) -> Result<Expanded, MediaError> {
     let counts: Vec<u32> = images.iter().map(|i| i.tokens).collect();
-    let (tokens, spans) = expand_placeholders(prompt, placeholder, &counts, tokens_max)?;
+    let tokens::Placed { tokens, spans } = expand_placeholders(prompt, placeholder, &counts, tokens_max)?;
     let items = images.iter().zip(spans).map(|(i, (off, len))| MediaItem::new(i.identifier.as_bytes(), off, len));
     let media = MediaItems::new(items.collect(), tokens.len(), images.len()).map_err(MediaError::Items)?;
     Ok(Expanded { tokens, media })
 }
+
+#[cfg(test)]
+mod tests;

@@ -44,7 +44,7 @@ impl PlaceholderRule {
     /// A LLaVA-style rule from its vision tower's `image_size` and `patch_size` and
     /// the model's `vision_feature_select_strategy` (`default` or `full`).
     pub fn llava(image_size: u32, patch_size: u32, strategy: &str) -> Result<Self, MediaError> {
-        if patch_size == 0 || image_size % patch_size != 0 || image_size / patch_size > 1024 {
+        if patch_size == 0 || !image_size.is_multiple_of(patch_size) || image_size / patch_size > 1024 {
             return Err(MediaError::Config("image_size is not a multiple of patch_size"));
         }
         let clip = (image_size / patch_size).pow(2) + 1;
@@ -149,6 +149,15 @@ fn smart_resize(
     Ok((h, w))
 }
 
+/// A prompt with its placeholders expanded.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Placed {
+    /// The expanded prompt.
+    pub tokens: Vec<u32>,
+    /// Each image's `(offset, length)` in `tokens`, in tokens.
+    pub spans: Vec<(u32, u32)>,
+}
+
 /// The prompt with each `placeholder` token replaced by `counts[i]` copies (the i-th
 /// occurrence for the i-th image), and each image's `(offset, length)` in the result.
 /// Work is linear in the result, which must hold at most `tokens_max` tokens.
@@ -157,7 +166,7 @@ pub fn expand_placeholders(
     placeholder: u32,
     counts: &[u32],
     tokens_max: usize,
-) -> Result<(Vec<u32>, Vec<(u32, u32)>), MediaError> {
+) -> Result<Placed, MediaError> {
     let found = prompt.iter().filter(|&&t| t == placeholder).count();
     if found != counts.len() {
         return Err(MediaError::PlaceholderCount { found, items: counts.len() });
@@ -178,5 +187,8 @@ pub fn expand_placeholders(
             None => out.push(t),
         }
     }
-    Ok((out, spans))
+    Ok(Placed { tokens: out, spans })
 }
+
+#[cfg(test)]
+mod tests;
