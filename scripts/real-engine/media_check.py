@@ -13,8 +13,9 @@ a copy of its logic:
 
   media_check.py blocks
       reads one request from stdin as JSON ({"block_size", "tokens", "cache_salt",
-      "items": [{"identifier", "offset", "length"}], "extra_keys": [[[id, off], ...]
-      per block]}), builds a vLLM `Request` with those `mm_features` and its block
+      "lora_name", "items": [{"identifier", "offset", "length"}], "extra_keys":
+      [[[id, off], ...] per block]}), builds a vLLM `Request` with those
+      `mm_features` (and a `LoRARequest` when "lora_name" is set) and its block
       hasher, and prints whether vLLM's block hashes equal the chain of
       `hash_block_tokens` over the given per-block keys, with vLLM's own per-block keys
       and the `BlockStored` event vLLM would publish for them (msgpack, hex).
@@ -116,6 +117,7 @@ def images(out_dir):
 
 def blocks():
     from vllm.distributed.kv_events import BlockStored, EventBatch
+    from vllm.lora.request import LoRARequest
     from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256_cbor
@@ -133,9 +135,11 @@ def blocks():
         )
         for it in req["items"]
     ]
+    lora = req.get("lora_name")
+    lora_request = LoRARequest(lora_name=lora, lora_int_id=1, lora_path="lora-path") if lora else None
     request = Request(
         request_id="r", prompt_token_ids=req["tokens"], sampling_params=SamplingParams(max_tokens=1),
-        pooling_params=None, mm_features=features, cache_salt=req.get("cache_salt"),
+        pooling_params=None, mm_features=features, cache_salt=req.get("cache_salt"), lora_request=lora_request,
         block_hasher=kcu.get_request_block_hasher(bs, sha256_cbor),
     )
     # vLLM's own per-block keys, then the chain over the keys kvroute gave.
@@ -143,7 +147,8 @@ def blocks():
     for b in range(len(req["tokens"]) // bs):
         keys, cursor = kcu.generate_block_hash_extra_keys(request, b * bs, (b + 1) * bs, cursor)
         theirs.append(keys)
-        given = [("mm", k[0], k[1]) for k in req["extra_keys"][b]]
+        given = [("lora", lora, "lora-path")] if lora else []
+        given += [("mm", k[0], k[1]) for k in req["extra_keys"][b]]
         if b == 0 and req.get("cache_salt"):
             given.append(("cache_salt", req["cache_salt"]))
         parent = kcu.hash_block_tokens(sha256_cbor, parent, req["tokens"][b * bs:(b + 1) * bs], tuple(given) or None)
@@ -151,7 +156,7 @@ def blocks():
     event = BlockStored(
         block_hashes=[int.from_bytes(h[:8], "big") for h in request.block_hashes], parent_block_hash=None,
         token_ids=req["tokens"][: len(request.block_hashes) * bs], block_size=bs, lora_id=None, medium="GPU",
-        lora_name=None, extra_keys=kcu.to_event_extra_keys(theirs),
+        lora_name=lora, extra_keys=kcu.to_event_extra_keys(theirs),
     )
     payload = msgspec.msgpack.Encoder().encode(EventBatch(ts=1.0, events=[event]))
     print(json.dumps({
