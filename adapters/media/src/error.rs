@@ -29,7 +29,11 @@ pub enum MediaError {
         /// The limit.
         pixels_max: u64,
     },
-    /// The bytes are not a PNG, JPEG or WebP image whose header can be read.
+    /// The bytes are not PNG, JPEG or WebP. The engine may still open them (GIF, BMP,
+    /// TIFF ...), so a proxy may forward such a request unmatched instead of refusing it.
+    UnknownFormat,
+    /// A PNG, JPEG or WebP header that cannot be read (truncated, or a variant Pillow
+    /// does not open either).
     UndecodableHeader(&'static str),
     /// The request carries more media items than allowed.
     TooManyItems {
@@ -84,6 +88,7 @@ impl fmt::Display for MediaError {
             MediaError::TooManyPixels { pixels, pixels_max } => {
                 write!(f, "image of {pixels} pixels is larger than the {pixels_max} allowed")
             }
+            MediaError::UnknownFormat => f.write_str("the image is not PNG, JPEG or WebP"),
             MediaError::UndecodableHeader(why) => write!(f, "undecodable image header: {why}"),
             MediaError::TooManyItems { items, items_max } => {
                 write!(f, "{items} media items, more than the {items_max} allowed")

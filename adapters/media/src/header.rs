@@ -67,7 +67,7 @@ pub fn read(bytes: &[u8]) -> Result<ImageHeader, MediaError> {
     } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
         webp(bytes)?
     } else {
-        return Err(bad("not a PNG, JPEG or WebP file"));
+        return Err(MediaError::UnknownFormat);
     };
     if h.width == 0 || h.height == 0 {
         return Err(bad("zero width or height"));

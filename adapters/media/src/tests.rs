@@ -52,8 +52,9 @@ fn image_parts() {
     check(ImagePart::default(), QWEN, d, Err((MediaError::NotDataUrl, 400)));
     check(url("https://example.invalid/a.png"), QWEN, d, Err((MediaError::NotDataUrl, 400)));
     check(url("data:image/png;base64,@@@@"), QWEN, d, Err((MediaError::BadBase64, 400)));
-    let header = MediaError::UndecodableHeader("not a PNG, JPEG or WebP file");
-    check(url(&data_url(b"GIF89a....")), QWEN, d, Err((header, 400)));
+    check(url(&data_url(b"GIF89a....")), QWEN, d, Err((MediaError::UnknownFormat, 400)));
+    let header = MediaError::UndecodableHeader("truncated PNG header");
+    check(url(&data_url(b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0")), QWEN, d, Err((header, 400)));
     let small = Limits { bytes_max: 1000, ..d };
     check(url(&jpg), QWEN, small, Err((MediaError::TooLarge { bytes: 20071, bytes_max: 1000 }, 413)));
     let few = Limits { pixels_max: 1000, ..d };
