@@ -9,7 +9,7 @@
 //! * [`tokens`]: the placeholder token count a model's processor gives an image, and
 //!   the prompt with each image's placeholder expanded;
 //! * [`MediaConfig::resolve`] puts these together per image part, and
-//!   [`media_items`] turns the results into the core's [`router_core::MediaItems`].
+//!   [`expand`] places them in the prompt as the core's [`router_core::MediaItems`].
 //!
 //! It does no I/O: fetching `http(s)` images is left to the caller's policy.
 #![forbid(unsafe_code)]
