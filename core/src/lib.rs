@@ -84,6 +84,7 @@ pub use hash::{
     chain, chain_all, hash_tokens, local_hash, seq_hashes, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash,
     BLOCK_SIZE_MAX_TOKENS,
 };
+pub use hash::{hash_tokens_with_media, MediaError, MediaItem, MediaItems, MediaKey, MEDIA_ITEMS_MAX};
 pub use index::{
     ApplySummary, IndexEvent, IndexStats, OverlapScores, PrefixIndex, UnknownParentPolicy, HASH_SEED_DEFAULT,
 };

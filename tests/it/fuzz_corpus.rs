@@ -63,6 +63,11 @@ fn config_parse_corpus_replays() {
     check("config_parse", 20);
 }
 
+#[test]
+fn media_hash_corpus_replays() {
+    check("media_hash", 10);
+}
+
 /// Every target has a corpus folder, and every corpus folder a target.
 #[test]
 fn every_target_has_a_corpus() {

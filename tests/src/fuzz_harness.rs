@@ -10,6 +10,7 @@
 //! * [`proxy_request`]: bytes as a client's request line, headers and body, through the
 //!   proxy's body parser, routing-header reader, trust stripping and upstream headers.
 //! * [`config_parse`]: bytes as the proxy's TOML configuration, with overrides.
+//! * [`media_hash`]: bytes as an image part and as media items hashed over a prompt.
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
@@ -21,19 +22,22 @@ use router_core::{BlockSize, IndexConfig, Instant, PrefixIndex, WorkerKey};
 #[path = "../../core/tests/sim/mod.rs"]
 mod sim;
 
+mod media;
 mod proxy;
+pub use media::media_hash;
 pub use proxy::{config_parse, proxy_request};
 
 /// A target's body: any bytes in, a panic only on a bug.
 pub type Target = fn(&[u8]);
 
 /// Every target by name, as the corpus folders are named.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("kv_event_decode", kv_event_decode),
     ("router_ops", router_ops),
     ("trace_parse", trace_parse),
     ("proxy_request", proxy_request),
     ("config_parse", config_parse),
+    ("media_hash", media_hash),
 ];
 
 // ---- kv_event_decode ----

@@ -180,6 +180,11 @@ pub struct StreamStatus {
     pub events_unknown: u64,
     /// Unknown fields skipped.
     pub fields_unknown: u64,
+    /// Blocks indexed with media keys (images) folded into their hashes.
+    pub blocks_media: u64,
+    /// Blocks kept out of the index because their extra keys (audio, video, prompt
+    /// embeddings, unknown shapes) or a parent's cannot be reproduced from a request.
+    pub blocks_unmatchable: u64,
     /// The first configuration error, kept until the stream is re-added.
     pub config_error: Option<TranslateError>,
     /// Sequencing counters.

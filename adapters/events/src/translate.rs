@@ -28,10 +28,15 @@
 //!   the adapter and the salt, so a root block's salt sets the seed of its whole chain:
 //!   each remembered block keeps its seed, and its children reuse it. A worker's
 //!   configured `cache_salt` applies to root blocks that carry none.
-//! * A block with any other extra key (a multimodal hash, a prompt-embedding digest, a
-//!   string where no salt can be) cannot be reproduced from a request's tokens: it and
-//!   every block chained after it are remembered (so removals and children resolve) but
-//!   never indexed, so a plain-token request never matches them.
+//! * Media keys, `[identifier, offset]` pairs after the LoRA name, are folded into the
+//!   block's local hash as the core's [`router_core::MediaKey`] words, exactly as a
+//!   request's media items are ([`router_core::hash_tokens_with_media`]), so an image
+//!   request matches the blocks vLLM holds for its image and no other request does.
+//! * A block with any other extra key (a prompt-embedding digest, audio or video keys
+//!   of another shape, a string where no salt can be) cannot be reproduced from a
+//!   request: it and every block chained after it are remembered (so removals and
+//!   children resolve) but never indexed, and counted in
+//!   [`TranslateStats::opaque_blocks`].
 //! * The deprecated `lora_id` is not hashed.
 
 use std::collections::VecDeque;
@@ -39,7 +44,7 @@ use std::hash::BuildHasher;
 
 use core::fmt;
 use hashbrown::HashMap;
-use router_core::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash, Tier, WorkerKey};
+use router_core::{chain, BlockHash, BlockSize, HashSeed, LocalHash, MediaKey, SeqHash, Tier, WorkerKey};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::decode::{EngineHash, EventRef, ExtraKey, RemovedRef, StoredRef};
@@ -214,8 +219,10 @@ pub struct TranslateStats {
     /// Events dropped for an `extra_keys` list of the wrong length.
     pub extra_keys_mismatch: u64,
     /// Blocks remembered but not indexed: their extra keys (or a parent's) cannot be
-    /// reproduced from a request's tokens.
+    /// reproduced from a request.
     pub opaque_blocks: u64,
+    /// Blocks indexed with media keys folded in.
+    pub media_blocks: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -243,20 +250,28 @@ enum Link {
     Opaque,
 }
 
-/// What a block's extra keys add to the router's hash: `Ok(salt)` when reproducible.
+/// What a block's extra keys add to the router's hash: `Ok(salt)` when reproducible,
+/// with the block's media words left in `media`.
 ///
-/// A leading string equal to the event's `lora_name` is the adapter's key (the seed
-/// already carries it); one string left on a root block is the request's cache salt.
-fn salt_of<'b>(
+/// vLLM's order is the LoRA name, media pairs, then the cache salt: a leading string
+/// equal to the event's `lora_name` is the adapter's key (the seed already carries it),
+/// and one string left on a root block is the request's cache salt.
+fn block_keys<'b>(
     lora: Option<&str>,
     keys: impl Iterator<Item = ExtraKey<'b>>,
     root: bool,
+    media: &mut Vec<u64>,
 ) -> Result<Option<&'b str>, ()> {
+    media.clear();
     let mut keys = keys.peekable();
     if let (Some(l), Some(&ExtraKey::Str(k))) = (lora, keys.peek()) {
         if k == l {
             keys.next();
         }
+    }
+    while let Some(&ExtraKey::Media { identifier, offset_tokens }) = keys.peek() {
+        media.extend_from_slice(&MediaKey::of(identifier.as_bytes()).extra_keys(offset_tokens));
+        keys.next();
     }
     match (keys.next(), keys.next()) {
         (None, _) => Ok(None),
@@ -297,13 +312,17 @@ const fn tier_bit(t: Tier) -> u8 {
     }
 }
 
-/// `router_core::local_hash(tokens, &[], seed)`, into a reused buffer: the
+/// `router_core::local_hash(tokens, extra, seed)`, into a reused buffer: the
 /// core's version zeroes a 4 KiB stack buffer per block, which dominated decoding
 /// of 64-token blocks. Equality with the core is tested.
-fn local_hash_into(buf: &mut Vec<u8>, tokens: &[u32], seed: HashSeed) -> LocalHash {
-    buf.resize(tokens.len() * 4, 0);
-    for (dst, t) in buf.chunks_exact_mut(4).zip(tokens) {
+fn local_hash_into(buf: &mut Vec<u8>, tokens: &[u32], extra: &[u64], seed: HashSeed) -> LocalHash {
+    buf.resize(tokens.len() * 4 + extra.len() * 8, 0);
+    let (tok_bytes, extra_bytes) = buf.split_at_mut(tokens.len() * 4);
+    for (dst, t) in tok_bytes.chunks_exact_mut(4).zip(tokens) {
         dst.copy_from_slice(&t.to_le_bytes());
+    }
+    for (dst, k) in extra_bytes.chunks_exact_mut(8).zip(extra) {
+        dst.copy_from_slice(&k.to_le_bytes());
     }
     LocalHash(xxh3_64_with_seed(buf, seed.0))
 }
@@ -320,13 +339,23 @@ pub struct Translator {
     stats: TranslateStats,
     /// Reused buffer for one block's token bytes.
     bytes: Vec<u8>,
+    /// Reused buffer for one block's media words.
+    media: Vec<u64>,
 }
 
 impl Translator {
     /// An empty translator.
     pub fn new(cfg: TranslateConfig) -> Self {
         let map = HashMap::with_hasher(SeededState(cfg.map_seed));
-        Translator { cfg, map, order: VecDeque::new(), stamp: 0, stats: TranslateStats::default(), bytes: Vec::new() }
+        Translator {
+            cfg,
+            map,
+            order: VecDeque::new(),
+            stamp: 0,
+            stats: TranslateStats::default(),
+            bytes: Vec::new(),
+            media: Vec::new(),
+        }
     }
 
     /// Engine hashes currently remembered.
@@ -406,7 +435,7 @@ impl Translator {
         let mut blocks = Vec::with_capacity(n);
         for (i, (tokens, &h)) in s.token_ids.chunks_exact(bs as usize).zip(s.block_hashes).enumerate() {
             let keys = s.extra_keys.into_iter().flat_map(|x| x.block(i));
-            let salt = salt_of(s.lora_name, keys, matches!(link, Link::Root));
+            let salt = block_keys(s.lora_name, keys, matches!(link, Link::Root), &mut self.media);
             let (prev, seed) = match (link, salt) {
                 (Link::Root, Ok(salt)) => {
                     (None, HashSeed::salted(s.lora_name, salt.or(self.cfg.cache_salt.as_deref())))
@@ -422,7 +451,8 @@ impl Translator {
                     continue;
                 }
             };
-            let local = local_hash_into(&mut self.bytes, tokens, seed);
+            let local = local_hash_into(&mut self.bytes, tokens, &self.media, seed);
+            self.stats.media_blocks += u64::from(!self.media.is_empty());
             let seq = match prev {
                 None => SeqHash(local.0),
                 Some(p) => chain(p, local),

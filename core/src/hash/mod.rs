@@ -12,11 +12,15 @@
 //!
 //! Extra keys (for example multimodal content hashes) are appended after the block's
 //! tokens, in the order given, each as a little-endian u64. A block with no extra keys
-//! hashes exactly as Dynamo's does.
+//! hashes exactly as Dynamo's does. `media` turns a prompt's media items into the
+//! per-block extra keys vLLM hashes them with ([`hash_tokens_with_media`]).
 
 use alloc::vec::Vec;
 use core::fmt;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+mod media;
+pub use media::{hash_tokens_with_media, MediaError, MediaItem, MediaItems, MediaKey, MEDIA_ITEMS_MAX};
 
 /// The unsalted seed, and the seed of every chain step.
 pub(crate) const SEED_DEFAULT: u64 = 1337;

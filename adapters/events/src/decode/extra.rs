@@ -3,9 +3,10 @@
 //! vLLM publishes one entry per block: nil, or a tuple of the LoRA name (every block of
 //! an adapter's request), multimodal `(hash, offset)` pairs, the request's `cache_salt`
 //! (the first block of a prompt only; later blocks inherit it through the chain) and
-//! prompt-embedding digests, in that order. The router can reproduce strings (names and
-//! salts) and nothing else, so a key is kept as a string or marked opaque; what each
-//! string means is [`crate::translate`]'s business.
+//! prompt-embedding digests, in that order (`to_event_extra_keys` publishes them
+//! untagged). The router can reproduce strings (names and salts) and media pairs
+//! (`[identifier: str, offset: int]`), so a key is kept as one of those or marked
+//! opaque; what each string means is [`crate::translate`]'s business.
 
 use core::ops::Range;
 
@@ -34,17 +35,27 @@ impl Span {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum RawKey {
     Str(Span),
+    Media(Span, i64),
     Opaque,
 }
 
 /// One item of a block's extra keys.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[non_exhaustive]
 pub enum ExtraKey<'b> {
     /// A UTF-8 string: a LoRA name or a cache salt (or, from older vLLM, a bare
     /// multimodal hash).
     Str(&'b str),
-    /// Anything else: a multimodal `(hash, offset)` pair, prompt-embedding bytes, a
-    /// number. The router cannot compute these from a request's tokens.
+    /// A media item overlapping the block: a `[identifier, offset]` pair with a UTF-8
+    /// identifier and an offset that fits `i64`.
+    Media {
+        /// vLLM's identifier of the item (a digest, or the client's UUID).
+        identifier: &'b str,
+        /// Where the item starts, relative to the block's first token, in tokens.
+        offset_tokens: i64,
+    },
+    /// Anything else: prompt-embedding bytes, a number, a pair of another shape. The
+    /// router cannot compute these from a request.
     Opaque,
 }
 
@@ -75,6 +86,7 @@ impl<'b> ExtraKeys<'b> {
         let names = self.names;
         keys.iter().map(move |k| match *k {
             RawKey::Str(s) => ExtraKey::Str(&names[s.range()]),
+            RawKey::Media(s, offset_tokens) => ExtraKey::Media { identifier: &names[s.range()], offset_tokens },
             RawKey::Opaque => ExtraKey::Opaque,
         })
     }
@@ -129,16 +141,48 @@ fn read_block(r: &mut Reader<'_>, out: &mut Batch) -> Result<(), DecodeError> {
 }
 
 fn read_key(r: &mut Reader<'_>, out: &mut Batch) -> Result<(), DecodeError> {
-    if matches!(r.peek()?, 0xa0..=0xbf | 0xd9..=0xdb) {
-        if let Ok(s) = core::str::from_utf8(r.str_or_bin()?) {
-            let start = out.names.len();
-            out.names.push_str(s);
-            out.keys.push(RawKey::Str(Span::new(start..out.names.len())));
-            return Ok(());
+    let key = match r.peek()? {
+        0xa0..=0xbf | 0xd9..=0xdb => utf8(r.str_or_bin()?).map(|s| RawKey::Str(out.name(s))),
+        0x92 => media_pair(r, out)?,
+        _ => {
+            r.skip()?;
+            None
         }
-    } else {
-        r.skip()?;
-    }
-    out.keys.push(RawKey::Opaque);
+    };
+    out.keys.push(key.unwrap_or(RawKey::Opaque));
     Ok(())
+}
+
+fn utf8(b: &[u8]) -> Option<&str> {
+    core::str::from_utf8(b).ok()
+}
+
+/// A two-item array: a media key when it is `[str, int]` with a UTF-8 string and an
+/// `i64`, else `None` with the whole array consumed.
+fn media_pair(r: &mut Reader<'_>, out: &mut Batch) -> Result<Option<RawKey>, DecodeError> {
+    let start = r.position();
+    r.array_len()?;
+    let is_str = matches!(r.peek()?, 0xa0..=0xbf | 0xd9..=0xdb);
+    let is_int = |r: &Reader<'_>| r.peek().map(|m| matches!(m, 0x00..=0x7f | 0xe0..=0xff | 0xcc..=0xd3));
+    if is_str {
+        let id = r.str_or_bin()?;
+        if let (Some(id), true) = (utf8(id), is_int(r)?) {
+            if let Ok(offset) = i64::try_from(r.int()?) {
+                return Ok(Some(RawKey::Media(out.name(id), offset)));
+            }
+            return Ok(None);
+        }
+    }
+    r.rewind(start);
+    r.skip()?;
+    Ok(None)
+}
+
+impl Batch {
+    /// Copies `s` into the name arena.
+    fn name(&mut self, s: &str) -> Span {
+        let start = self.names.len();
+        self.names.push_str(s);
+        Span::new(start..self.names.len())
+    }
 }

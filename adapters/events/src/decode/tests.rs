@@ -116,18 +116,32 @@ fn stored_with_extra_keys(raw: &dyn Fn(&mut crate::encode::Writer)) -> Vec<u8> {
 }
 
 #[test]
-fn extra_keys_keep_strings_and_mark_the_rest_opaque() {
+fn extra_keys_keep_strings_and_media_pairs_and_mark_the_rest_opaque() {
     let b = decode(&stored_with_extra_keys(&|w| {
         w.array(2);
-        // Block 0: a salt, a nested pair, an int, bytes, a string that is not UTF-8.
-        w.array(5);
+        // Block 0: a salt, a media pair, an int, bytes, a string that is not UTF-8, and
+        // pairs of other shapes: a non-UTF-8 id, an offset past i64, [int, int], a triple.
+        w.array(9);
         w.str("tenant-a");
         w.array(2);
         w.str("img");
-        w.int(3);
+        w.int(-3);
         w.int(7);
         w.bin(b"\x00\x01");
         w.0.extend_from_slice(&[0xa2, 0xff, 0xfe]);
+        w.array(2);
+        w.0.extend_from_slice(&[0xa2, 0xff, 0xfe]);
+        w.int(1);
+        w.array(2);
+        w.str("img");
+        w.int(u64::MAX.into());
+        w.array(2);
+        w.int(1);
+        w.int(2);
+        w.array(3);
+        w.str("img");
+        w.int(1);
+        w.int(2);
         // Block 1: nil.
         w.nil();
     }))
@@ -139,7 +153,17 @@ fn extra_keys_keep_strings_and_mark_the_rest_opaque() {
     let block0: Vec<_> = x.block(0).collect();
     assert_eq!(
         block0,
-        [ExtraKey::Str("tenant-a"), ExtraKey::Opaque, ExtraKey::Opaque, ExtraKey::Opaque, ExtraKey::Opaque]
+        [
+            ExtraKey::Str("tenant-a"),
+            ExtraKey::Media { identifier: "img", offset_tokens: -3 },
+            ExtraKey::Opaque,
+            ExtraKey::Opaque,
+            ExtraKey::Opaque,
+            ExtraKey::Opaque,
+            ExtraKey::Opaque,
+            ExtraKey::Opaque,
+            ExtraKey::Opaque,
+        ]
     );
     assert_eq!(x.block(1).count(), 0);
     assert_eq!(x.block(2).count(), 0, "past the end: no keys");

@@ -102,6 +102,7 @@ fn apply_batch(
             map_seed: ctx.map_seed,
         })
     });
+    let before = *translator.stats();
     for ev in ctx.batch.events() {
         ctx.scratch.clear();
         match translator.translate(ev, ctx.scratch) {
@@ -125,6 +126,9 @@ fn apply_batch(
             }
         }
     }
+    let after = translator.stats();
+    stream.status.blocks_media += after.media_blocks - before.media_blocks;
+    stream.status.blocks_unmatchable += after.opaque_blocks - before.opaque_blocks;
     stream.status.batches_applied += 1;
     first
 }

@@ -171,3 +171,46 @@ fn connecting_asks_for_what_was_published_before() {
         Err(IngestError::UnknownStream(WorkerKey::new(1, 0)))
     );
 }
+
+/// Two blocks of 4 tokens: block 0 holds an image from its first token; block 1 the
+/// image's rest and a prompt-embeddings digest, which the router cannot reproduce.
+fn media_then_embeds() -> Vec<u8> {
+    let mut w = crate::encode::Writer(Vec::new());
+    w.array(2);
+    w.f64(1.0);
+    w.array(1);
+    w.map(5);
+    w.str("type");
+    w.str("BlockStored");
+    w.str("block_hashes");
+    w.array(2);
+    w.int(1);
+    w.int(2);
+    w.str("token_ids");
+    w.array(8);
+    (0..8).for_each(|t| w.int(t));
+    w.str("block_size");
+    w.int(4);
+    w.str("extra_keys");
+    w.array(2);
+    w.array(1);
+    w.array(2);
+    w.str("img");
+    w.int(0);
+    w.array(2);
+    w.array(2);
+    w.str("img");
+    w.int(-4);
+    w.bin(&[7; 32]);
+    w.0
+}
+
+#[test]
+fn media_and_unmatchable_blocks_are_counted_per_stream() {
+    let mut c = core(false);
+    let mut log = Log::default();
+    c.handle_live(T0, KEY, &frames(0, media_then_embeds()), &mut log).unwrap();
+    assert_eq!(log.0, ["7/0 stored 1"]);
+    let st = c.status(KEY).unwrap();
+    assert_eq!((st.blocks_media, st.blocks_unmatchable, st.events_applied), (1, 1, 1));
+}

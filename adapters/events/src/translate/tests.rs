@@ -169,8 +169,10 @@ fn local_hash_matches_the_core() {
     for seed in [HashSeed::DEFAULT, HashSeed::salted(Some("x"), Some("y"))] {
         for n in [0, 1, 4, 64, 1024] {
             let tokens: Vec<u32> = (0..n).map(|i: u32| i.wrapping_mul(2_654_435_761)).collect();
-            let want = router_core::local_hash(&tokens, &[], seed);
-            assert_eq!(local_hash_into(&mut buf, &tokens, seed), want, "{n} tokens");
+            for extra in [&[][..], &[7, u64::MAX][..]] {
+                let want = router_core::local_hash(&tokens, extra, seed);
+                assert_eq!(local_hash_into(&mut buf, &tokens, extra, seed), want, "{n} tokens, {extra:?}");
+            }
         }
     }
 }
@@ -184,6 +186,8 @@ enum K<'a> {
     S(&'a str),
     /// A multimodal `(hash, offset)` pair, as current vLLM writes it.
     Mm(&'a str, i128),
+    /// Bytes: a prompt-embeddings digest, which the router cannot reproduce.
+    B(&'a [u8]),
 }
 
 /// A map-form `BlockStored` with int hashes, written as vLLM's msgspec would.
@@ -241,6 +245,7 @@ fn payload(ev: &Ev<'_>) -> Vec<u8> {
                             w.str(hash);
                             w.int(offset);
                         }
+                        K::B(b) => w.bin(b),
                     }
                 }
             }
@@ -279,7 +284,7 @@ fn check(worker_salt: Option<&str>, evs: &[Ev<'_>], want: &[Vec<SeqHash>]) -> Tr
 }
 
 const SALT_A: &[K<'static>] = &[K::S("tenant-a")];
-const MM: &[K<'static>] = &[K::Mm("img-1", 0)];
+const EMBEDS: &[K<'static>] = &[K::B(&[0xab; 32])];
 
 fn ev<'a>(
     hashes: &'a [i128],
@@ -339,8 +344,8 @@ fn lora_names_in_extra_keys_are_the_adapters_salt() {
 fn blocks_with_keys_the_router_cannot_reproduce_are_never_indexed() {
     let t12 = &TOKENS[..12];
     let plain = salted(t12, None, None);
-    // A multimodal key in the second block: the first is indexed, the rest are not.
-    let mut t = check(None, &[ev(&[1, 2, 3], None, t12, Some(&[None, Some(MM), None]))], &[plain[..1].to_vec()]);
+    // A prompt-embeddings digest in the second block: the first is indexed, the rest are not.
+    let mut t = check(None, &[ev(&[1, 2, 3], None, t12, Some(&[None, Some(EMBEDS), None]))], &[plain[..1].to_vec()]);
     assert_eq!(t.stats().opaque_blocks, 2);
     // A child of an opaque block is opaque; removing opaque blocks emits nothing, and
     // removing the indexed one still maps back.
@@ -355,7 +360,7 @@ fn blocks_with_keys_the_router_cannot_reproduce_are_never_indexed() {
     let two: &[K<'_>] = &[K::S("a"), K::S("b")];
     check(None, &[ev(&[1, 2], None, &TOKENS[..8], Some(&[None, Some(SALT_A)]))], &[plain[..1].to_vec()]);
     check(None, &[ev(&[1], None, &TOKENS[..4], Some(&[Some(two)]))], &[vec![]]);
-    check(None, &[ev(&[1], None, &TOKENS[..4], Some(&[Some(MM)]))], &[vec![]]);
+    check(None, &[ev(&[1], None, &TOKENS[..4], Some(&[Some(EMBEDS)]))], &[vec![]]);
 }
 
 #[test]
@@ -366,3 +371,5 @@ fn extra_keys_of_the_wrong_length_refuse_the_event() {
     assert!(t.is_empty());
     assert_eq!(t.stats().extra_keys_mismatch, 1);
 }
+
+mod media;

@@ -15,6 +15,7 @@ use crate::support::{crate_dir, python};
 #[derive(Clone, PartialEq, Debug)]
 enum Key {
     S(&'static str),
+    M(&'static str, i64),
     Opaque,
 }
 
@@ -24,7 +25,10 @@ fn own_keys(x: ExtraKeys<'_>) -> Vec<Vec<Key>> {
             x.block(i)
                 .map(|k| match k {
                     ExtraKey::Str(s) => Key::S(Box::leak(s.to_string().into_boxed_str())),
-                    ExtraKey::Opaque => Key::Opaque,
+                    ExtraKey::Media { identifier, offset_tokens } => {
+                        Key::M(Box::leak(identifier.to_string().into_boxed_str()), offset_tokens)
+                    }
+                    _ => Key::Opaque,
                 })
                 .collect()
         })
@@ -159,7 +163,10 @@ fn golden_frames_decode_to_the_stated_events() {
             tier: Tier::Device,
             lora: Some("sql-lora"),
             group: 0,
-            extra: Some(vec![vec![Key::S("sql-lora"), Key::S("tenant-b")], vec![Key::S("sql-lora"), Key::Opaque]]),
+            extra: Some(vec![
+                vec![Key::S("sql-lora"), Key::S("tenant-b")],
+                vec![Key::S("sql-lora"), Key::M("img-hash", 2)],
+            ]),
         };
         check(&n("extra_keys"), 9.0, Some(0), &[salted, lora_mm], none);
     }

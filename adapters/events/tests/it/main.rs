@@ -6,3 +6,4 @@ mod loopback;
 mod model;
 mod runner;
 mod support;
+mod vllm_media;

@@ -163,3 +163,5 @@ fn chain_all_matches_hash_tokens() {
     chain_all(Some(direct[0].seq), &locals[1..], &mut tail);
     assert_eq!(&direct[1..], &tail[..]);
 }
+
+mod media;
