@@ -2,7 +2,11 @@
 //! handler that turns a parsed request into an engine submission and a response.
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-//! `GET /health`, `GET /metrics`. Every refusal is an OpenAI error body; no input panics.
+//! `GET /health`, `GET /metrics`; vLLM's preprocessing (`POST /v1/completions/render`,
+//! `POST /v1/chat/completions/render`, `POST /tokenize`, `POST /detokenize`, see the
+//! `preprocess` module); and what routers read about a worker (`GET /version`,
+//! `/server_info`, `/get_server_info`, `/kv_event_sources`, `/get_load`, see the `info`
+//! module). Every refusal is an OpenAI error body; no input panics.
 //!
 //! Disaggregation: a prefill-role request with `bootstrap_room` holds that room until
 //! its prefill is done; a decode-role request with one first pairs with its prefill
@@ -30,10 +34,12 @@ use crate::bootstrap::{self, Rooms, RoomsFull};
 use crate::engine_task::{Submit, SubmitError};
 use crate::faults::Faults;
 use crate::greedy::Greedy;
+use crate::info::{self, Facts};
 use crate::metrics::{render, Metrics};
-use crate::openai::{self, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, PromptInput, ResponseMeta};
+use crate::openai::{self, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, ResponseMeta};
+use crate::preprocess::{self, prompt_ids};
 use crate::sse::{collect, Finish, SseBody};
-use crate::tokenizer::{PromptTokenizer, TokenizeError};
+use crate::tokenizer::PromptTokenizer;
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
 
@@ -41,7 +47,7 @@ pub(crate) type Body = BoxBody<Bytes, Infallible>;
 pub(crate) struct State {
     pub(crate) model: String,
     pub(crate) role: EngineRole,
-    pub(crate) max_model_len: u64,
+    pub(crate) facts: Facts,
     pub(crate) limits: ParseLimits,
     pub(crate) body_bytes_max: usize,
     pub(crate) requests_in_flight_max: usize,
@@ -59,6 +65,33 @@ pub(crate) struct State {
     pub(crate) faults: Faults,
 }
 
+impl State {
+    /// A fresh response or request id, as vLLM prefixes them.
+    pub(crate) fn response_id(&self, kind: Kind) -> String {
+        let n = self.next_response.fetch_add(1, Ordering::Relaxed);
+        let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+        format!("{prefix}-{:x}-{n}", self.created)
+    }
+}
+
+/// Every path served, for telling a wrong method from an unknown path.
+const PATHS: [&str; 14] = [
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
+    "/tokenize",
+    "/detokenize",
+    "/version",
+    "/server_info",
+    "/get_server_info",
+    "/kv_event_sources",
+    "/get_load",
+];
+
 /// Holds one slot of the in-flight limit until dropped.
 pub(crate) struct InFlight(Arc<AtomicUsize>);
 
@@ -74,6 +107,14 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<
     let resp = match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/completions") => generate(&state, Kind::Completions, req).await,
         (&Method::POST, "/v1/chat/completions") => generate(&state, Kind::Chat, req).await,
+        (&Method::POST, "/v1/completions/render") => {
+            answer(&state, req, |s, b| preprocess::render(s, Kind::Completions, b)).await
+        }
+        (&Method::POST, "/v1/chat/completions/render") => {
+            answer(&state, req, |s, b| preprocess::render(s, Kind::Chat, b)).await
+        }
+        (&Method::POST, "/tokenize") => answer(&state, req, preprocess::tokenize).await,
+        (&Method::POST, "/detokenize") => answer(&state, req, preprocess::detokenize).await,
         (&Method::GET, "/v1/models") => Ok(json_response(StatusCode::OK, &models(&state))),
         (&Method::GET, "/health") => Ok(text_response(StatusCode::OK, "", "text/plain")),
         (&Method::GET, "/metrics") => Ok(text_response(
@@ -81,7 +122,13 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<
             render(&state.registry),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )),
-        (_, "/v1/completions" | "/v1/chat/completions" | "/v1/models" | "/health" | "/metrics") => {
+        (&Method::GET, "/version") => Ok(json_response(StatusCode::OK, &info::version())),
+        (&Method::GET, "/server_info" | "/get_server_info") => {
+            Ok(json_response(StatusCode::OK, &info::server_info(&state.facts)))
+        }
+        (&Method::GET, "/kv_event_sources") => Ok(json_response(StatusCode::OK, &info::kv_event_sources(&state.facts))),
+        (&Method::GET, "/get_load") => Ok(json_response(StatusCode::OK, &info::get_load(&state.facts, &state.metrics))),
+        (_, p) if PATHS.contains(&p) => {
             Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method not allowed"))
         }
         _ => Err(ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("no route for {path}"))),
@@ -96,8 +143,34 @@ fn models(state: &State) -> Value {
         "created": state.created,
         "owned_by": "kvroute",
         "root": state.model,
-        "max_model_len": state.max_model_len,
+        "max_model_len": state.facts.max_model_len(),
     }]})
+}
+
+/// Reads a JSON body and answers what `f` makes of it.
+async fn answer(
+    state: &State,
+    req: Request<Incoming>,
+    f: impl FnOnce(&State, &[u8]) -> Result<Value, ApiError>,
+) -> Result<Response<Body>, ApiError> {
+    let body = read_body(state, req).await?;
+    f(state, &body).map(|v| json_response(StatusCode::OK, &v))
+}
+
+/// The whole body, refused past `body_bytes_max`.
+async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let body = Limited::new(req.into_body(), state.body_bytes_max).collect().await.map_err(|e| {
+        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("request body exceeds {} bytes", state.body_bytes_max),
+            )
+        } else {
+            ApiError::bad(None, format!("cannot read the request body: {e}"))
+        }
+    })?;
+    Ok(body.to_bytes())
 }
 
 async fn generate(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
@@ -114,18 +187,8 @@ async fn generate(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Res
 
 async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let guard = admit(state)?;
-    let body = Limited::new(req.into_body(), state.body_bytes_max).collect().await.map_err(|e| {
-        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                format!("request body exceeds {} bytes", state.body_bytes_max),
-            )
-        } else {
-            ApiError::bad(None, format!("cannot read the request body: {e}"))
-        }
-    })?;
-    let (parsed, json_body) = openai::parse(kind, &body.to_bytes(), &state.limits)?;
+    let body = read_body(state, req).await?;
+    let (parsed, json_body) = openai::parse(kind, &body, &state.limits)?;
     if state.faults.wedged() {
         // A wedged engine: the request is read and never answered.
         std::future::pending::<()>().await;
@@ -137,18 +200,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         })?),
         _ => None,
     };
-    let tokens = match &parsed.prompt {
-        PromptInput::Text(t) => state.tokenizer.encode_text(t),
-        PromptInput::Tokens(t) => Ok(t.clone()),
-        PromptInput::Chat => state.tokenizer.encode_chat(&json_body),
-    }
-    .map_err(|e| match e {
-        TokenizeError::BadInput(m) => ApiError::bad(Some("prompt"), m),
-        other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", other.to_string()),
-    })?;
-    if tokens.is_empty() {
-        return Err(ApiError::bad(Some("prompt"), "the prompt tokenizes to nothing"));
-    }
+    let tokens = prompt_ids(state, &parsed.prompt, &json_body)?;
     let prompt_tokens = tokens.len() as u32;
     let greedy = Greedy::after(&tokens);
     let prompt_ids = parsed.return_token_ids.then(|| tokens.clone());
@@ -169,10 +221,8 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
     state.submit_tx.send(submit).await.map_err(|_| unavailable())?;
     accepted_rx.await.map_err(|_| unavailable())?.map_err(submit_error)?;
 
-    let n = state.next_response.fetch_add(1, Ordering::Relaxed);
-    let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
     let meta = ResponseMeta {
-        id: format!("{prefix}-{:x}-{n}", state.created),
+        id: state.response_id(kind),
         created: unix_secs(),
         model: state.model.clone(),
         kind,

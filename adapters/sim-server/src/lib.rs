@@ -46,9 +46,11 @@ mod engine_task;
 mod faults;
 mod greedy;
 mod http;
+mod info;
 mod ledger;
 mod metrics;
 mod openai;
+mod preprocess;
 mod publisher;
 mod server;
 mod sse;
@@ -63,7 +65,7 @@ pub use args::{EngineArgs, RoleArg, SimWorkerArgs};
 pub use faults::Faults;
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};
-pub use tokenizer::{fallback_chat, fallback_text, FallbackTokenizer, PromptTokenizer, TokenizeError};
+pub use tokenizer::{fallback_chat, fallback_decode, fallback_text, FallbackTokenizer, PromptTokenizer, TokenizeError};
 
 /// Everything one simulated worker needs; [`Default`] gives a loopback worker on
 /// ephemeral ports with the mocker's engine defaults.

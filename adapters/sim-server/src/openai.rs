@@ -166,7 +166,7 @@ fn parse_prompt(p: Option<&Value>) -> Result<PromptInput, ApiError> {
     }
 }
 
-fn token_ids(ids: &[Value]) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn token_ids(ids: &[Value]) -> Result<Vec<u32>, ApiError> {
     ids.iter()
         .map(|v| {
             v.as_u64()
@@ -176,7 +176,7 @@ fn token_ids(ids: &[Value]) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
-fn parse_max_tokens(obj: &Map<String, Value>, limits: &ParseLimits) -> Result<u32, ApiError> {
+pub(crate) fn parse_max_tokens(obj: &Map<String, Value>, limits: &ParseLimits) -> Result<u32, ApiError> {
     for key in ["max_completion_tokens", "max_tokens"] {
         match obj.get(key) {
             None | Some(Value::Null) => continue,
@@ -194,7 +194,7 @@ fn parse_max_tokens(obj: &Map<String, Value>, limits: &ParseLimits) -> Result<u3
     Ok(limits.max_tokens_default)
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn opt_bool(obj: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),

@@ -24,6 +24,7 @@ use crate::bootstrap::{self, Rooms};
 use crate::engine_task::EngineTask;
 use crate::faults::Faults;
 use crate::http::{handle, State};
+use crate::info::Facts;
 use crate::metrics::Metrics;
 use crate::openai::ParseLimits;
 use crate::publisher::Publisher;
@@ -149,11 +150,12 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
     let (stop_tx, stop_rx) = watch::channel(false);
     let (engine_stop_tx, engine_stop_rx) = watch::channel(false);
 
+    let engine_id = format!("kvroute-sim-{}-dp{}", http_addr.port(), cfg.dp_rank);
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(State {
         model: cfg.model.clone(),
         role: cfg.engine.role,
-        max_model_len: u64::from(cfg.engine.blocks_per_worker) * u64::from(cfg.engine.block_size),
+        facts: Facts::new(&cfg, engine_id.clone(), ports.events, ports.replay),
         limits: ParseLimits { max_tokens_default: cfg.max_tokens_default, max_tokens_max: cfg.max_tokens_max },
         body_bytes_max: cfg.body_bytes_max,
         requests_in_flight_max: cfg.requests_in_flight_max,
@@ -163,7 +165,7 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
         metrics: metrics.clone(),
         in_flight: Arc::new(AtomicUsize::new(0)),
         next_response: AtomicU64::new(0),
-        engine_id: format!("kvroute-sim-{}-dp{}", http_addr.port(), cfg.dp_rank),
+        engine_id,
         host: http_addr.ip().to_string(),
         port: http_addr.port(),
         created,

@@ -24,6 +24,8 @@ pub enum TokenizeError {
     BadInput(String),
     /// The tokenizer itself failed (its error is the source): a 500.
     Backend(Arc<dyn std::error::Error + Send + Sync>),
+    /// The tokenizer cannot do this (for example decode): a 501.
+    Unsupported(&'static str),
 }
 
 /// Equal when of the same kind with the same message (a backend error has no other
@@ -33,6 +35,7 @@ impl PartialEq for TokenizeError {
         match (self, other) {
             (TokenizeError::BadInput(a), TokenizeError::BadInput(b)) => a == b,
             (TokenizeError::Backend(a), TokenizeError::Backend(b)) => a.to_string() == b.to_string(),
+            (TokenizeError::Unsupported(a), TokenizeError::Unsupported(b)) => a == b,
             _ => false,
         }
     }
@@ -43,6 +46,7 @@ impl fmt::Display for TokenizeError {
         match self {
             TokenizeError::BadInput(m) => write!(f, "invalid prompt: {m}"),
             TokenizeError::Backend(m) => write!(f, "tokenizer failed: {m}"),
+            TokenizeError::Unsupported(what) => write!(f, "this tokenizer cannot {what}"),
         }
     }
 }
@@ -50,7 +54,7 @@ impl fmt::Display for TokenizeError {
 impl std::error::Error for TokenizeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            TokenizeError::BadInput(_) => None,
+            TokenizeError::BadInput(_) | TokenizeError::Unsupported(_) => None,
             TokenizeError::Backend(e) => Some(&**e),
         }
     }
@@ -67,6 +71,12 @@ pub trait PromptTokenizer: Send + Sync + 'static {
     /// Token ids of a whole chat request body (messages, tools, template), as the model
     /// would see it rendered.
     fn encode_chat(&self, body: &Value) -> Result<Vec<u32>, TokenizeError>;
+    /// The text of `ids`, for `/detokenize` and `/tokenize`'s `return_token_strs`. The
+    /// default cannot decode; ids it does not know must not panic.
+    fn decode(&self, ids: &[u32]) -> Result<String, TokenizeError> {
+        let _ = ids;
+        Err(TokenizeError::Unsupported("decode token ids"))
+    }
 }
 
 /// The built-in tokenizer: the router's fallback, [`fallback_text`] and
@@ -87,6 +97,40 @@ impl PromptTokenizer for FallbackTokenizer {
             None => Err(TokenizeError::BadInput("`messages` is required".into())),
         }
     }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, TokenizeError> {
+        Ok(fallback_decode(ids))
+    }
+}
+
+/// Undoes [`fallback_text`]: the four bytes of each id, with the top bit that packing
+/// cleared (each id's fourth byte) restored from its UTF-8 neighbours: set when a
+/// multi-byte character still expects a continuation byte there, or when the byte
+/// after it is a continuation byte (so it was a lead byte). Zero padding at the end is
+/// dropped. Ids that no text packs to decode lossily, never panic. Linear in `ids`.
+pub fn fallback_decode(ids: &[u32]) -> String {
+    let mut bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+    let is_continuation = |b: u8| (0x80..=0xbf).contains(&b);
+    let mut expected = 0u8;
+    for i in 0..bytes.len() {
+        let b = bytes[i];
+        if i % 4 == 3 {
+            let lead = (0x42..=0x74).contains(&b) && bytes.get(i + 1).copied().is_some_and(is_continuation);
+            if expected > 0 || lead {
+                bytes[i] = b | 0x80;
+            }
+        }
+        expected = match bytes[i] {
+            0xc0..=0xdf => 1,
+            0xe0..=0xef => 2,
+            0xf0..=0xf7 => 3,
+            c if is_continuation(c) => expected.saturating_sub(1),
+            _ => 0,
+        };
+    }
+    let padding = bytes.iter().rev().take(3).take_while(|&&b| b == 0).count();
+    bytes.truncate(bytes.len() - padding);
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[cfg(test)]
@@ -103,5 +147,28 @@ mod tests {
         for body in [json!({}), json!({"messages": "x"}), json!({"messages": []})] {
             assert!(matches!(t.encode_chat(&body), Err(TokenizeError::BadInput(_))), "{body}");
         }
+    }
+
+    #[track_caller]
+    fn check_round_trip(text: &str) {
+        assert_eq!(FallbackTokenizer.decode(&fallback_text(text)).as_deref(), Ok(text), "{text:?}");
+    }
+
+    #[test]
+    fn the_fallback_decodes_what_it_encodes() {
+        // Multi-byte characters at every offset, so each lands on a fourth byte.
+        for text in
+            ["", "a", "abcd", "abcde", "héllo wörld", "xé", "xxé", "xxxé", "xxx€", "xx€", "x€€", "😀", "x😀", "xxx😀x"]
+        {
+            check_round_trip(text);
+        }
+        let mixed: String = (0..64u32).filter_map(|i| char::from_u32(0x41 + i * 997 % 0x2fff)).collect();
+        check_round_trip(&mixed);
+    }
+
+    #[test]
+    fn decoding_ids_no_text_packs_to_never_panics() {
+        let decoded = FallbackTokenizer.decode(&[u32::MAX, 0x8080_8080, 0, 0x7fff_ffff]).expect("the fallback decodes");
+        assert!(!decoded.is_empty());
     }
 }
