@@ -1,5 +1,5 @@
 //! The aggregated path: one worker serves the whole request. Its tries go through the
-//! try layer ([`crate::forward`]); a stream that may migrate is answered through the
+//! try layer ([`crate::tries`]); a stream that may migrate is answered through the
 //! migration layer ([`crate::migrate`]), any other answer through [`respond_first`].
 //! A disaggregated model's bypass comes here too.
 
@@ -13,11 +13,11 @@ use tokio::time::Instant;
 
 use crate::body::{respond_first, ProxyBody};
 use crate::error::ApiError;
-use crate::forward;
 use crate::migrate::Plan;
 use crate::prepared::{body_shape, Prepared};
 use crate::state::State;
 use crate::stream::Respond;
+use crate::tries;
 
 /// Routes `p.request` (whatever phase it names) and forwards it, retrying failures before
 /// the first byte on workers not yet tried (see [`crate::retry`]); a stream that breaks
@@ -36,8 +36,8 @@ pub(crate) async fn forward(
     shape.stream |= plan.is_some();
     let mut request = p.request.clone();
     let mut tried: Vec<WorkerId> = Vec::new();
-    let tries = forward::Tries { state, pool: &pool, p: &p, body, path: None, deadline, shape };
-    let a = forward::first_answer(&tries, &mut request, &mut tried).await?;
+    let tries = tries::Tries { state, pool: &pool, p: &p, body, path: None, deadline, shape };
+    let a = tries::first_answer(&tries, &mut request, &mut tried).await?;
     let ctx = Respond { model: &pool.name, arrived, deadline, prefill_worker: None };
     match plan {
         // A worker that sent no token ids cannot be continued: its stream passes through.

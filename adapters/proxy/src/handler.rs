@@ -1,6 +1,23 @@
-//! The proxied endpoints: read and check the request, build the router's question,
-//! route it, forward it (retrying connect failures elsewhere), and stream the answer.
-//! Models with a `disagg_protocol` hand their requests to [`crate::disagg`].
+//! The request layer, the top of a proxied request's stack (`POST /v1/chat/completions`,
+//! `/v1/completions`, `/v1/embeddings`). Each layer names only those below it:
+//!
+//! 1. accept: [`crate::server`] takes the connection and sends the request here;
+//! 2. admit: a slot of `concurrent_requests_max` ([`ApiError::overloaded`] without one);
+//! 3. parse and authenticate: read the body within the request's time, decide trust,
+//!    build the router's question ([`prepare`], giving a [`Prepared`]); a trusted
+//!    preview is answered here ([`preview`]);
+//! 4. the tenant layers (authentication, limits) when they come, as `tower` layers
+//!    over the route ([`crate::route`]'s `stack`);
+//! 5. route: the core's decision and the path, aggregated or split ([`crate::route`]);
+//! 6. tries: retries, first-byte timeouts, ejection ([`crate::tries`], and the split
+//!    legs' `disagg::phase`);
+//! 7. stream: idle timeout, deadline, migration ([`crate::body`]'s stream and
+//!    [`crate::migrate`]);
+//! 8. response: headers and the body that ends the booking ([`crate::body`]), which
+//!    this layer wraps in the request's span ([`crate::trace`]).
+//!
+//! An error at any layer comes back up as an [`ApiError`], which this layer answers and
+//! counts.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +28,6 @@ use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use kvroute_frontend::ask::{question_timed, routed_json, Asker, Question};
@@ -21,6 +37,7 @@ use crate::body::ProxyBody;
 use crate::disagg;
 use crate::error::ApiError;
 use crate::request::Endpoint;
+use crate::route::{self, Admitted};
 use crate::state::State;
 
 pub use crate::prepared::Prepared;
@@ -44,7 +61,7 @@ pub async fn proxy(
             match tokio::time::timeout_at(deadline, prepared).await {
                 Err(_) => Err(ApiError::body_timeout()),
                 Ok(Ok(p)) if p.preview => preview(&state, p),
-                Ok(Ok(p)) => forward(&state, p, arrived, permit).await,
+                Ok(Ok(p)) => route::call(route::stack(&state), Admitted { p, arrived, permit }).await,
                 Ok(Err(e)) => Err(e),
             }
         }
@@ -125,22 +142,4 @@ pub fn preview(state: &State, p: Prepared) -> Result<Response<ProxyBody>, ApiErr
     let mut out = routed_json(&p.pool.name, isl, &routed);
     crate::learn::annotate_preview(&mut out, driver, &routed, &state.cfg.learn);
     Ok(crate::error::json_response(http::StatusCode::OK, &out))
-}
-
-/// Routes and forwards: split across a prefill and a decode worker when the model is
-/// disaggregated, else to one worker.
-async fn forward(
-    state: &Arc<State>,
-    p: Prepared,
-    arrived: Instant,
-    permit: OwnedSemaphorePermit,
-) -> Result<Response<ProxyBody>, ApiError> {
-    if state.shutting_down() {
-        return Err(ApiError::shutting_down());
-    }
-    state.budget.deposit();
-    match disagg::protocol(&p) {
-        Some(protocol) => disagg::forward(state, p, protocol, arrived, permit).await,
-        None => crate::aggregated::forward(state, p, arrived, permit).await,
-    }
 }

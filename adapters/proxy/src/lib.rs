@@ -34,17 +34,18 @@ mod aggregated;
 pub mod body;
 pub mod disagg;
 pub mod drain;
-mod forward;
 pub mod handler;
 pub mod health;
 pub mod migrate;
 mod outliers;
 mod prepared;
 pub mod retry;
+mod route;
 pub mod server;
 pub mod state;
 mod stream;
 pub mod trace;
+mod tries;
 // `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
 // them belongs to the change now reworking `upstream/`.
 #[allow(unreachable_pub)]

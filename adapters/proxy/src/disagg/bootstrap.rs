@@ -40,11 +40,11 @@ use crate::body::respond;
 use crate::body::ProxyBody;
 use crate::config::{WorkerConfig, WorkerUrl};
 use crate::error::ApiError;
-use crate::forward;
 use crate::prepared::{error_chain, upstream_request, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
 use crate::stream::Respond;
+use crate::tries;
 
 /// How long an error answer from the decode worker waits for its prefill's verdict.
 pub const PREFILL_VERDICT_WAIT_MS: u64 = 1_000;
@@ -116,7 +116,7 @@ pub(super) async fn forward(
         match paired {
             Paired::Decode(resp) | Paired::DecodeRefused(resp) if retryable(state, &resp, &mut retry_dec) => {
                 let (reason, after) = retryable_answer(state, &resp).unwrap_or((RetryReason::Status5xx, None));
-                forward::give_up(state, dec_booking, dec_worker.id, reason);
+                tries::give_up(state, dec_booking, dec_worker.id, reason);
                 state.metrics.disagg_abort(model, "prefill", reason.as_str());
                 retry_dec.record(
                     dec_id,
@@ -149,7 +149,7 @@ pub(super) async fn forward(
                 }
             }
             Paired::DecodeFailed { err, reason } => {
-                forward::give_up(state, dec_booking, dec_worker.id, reason);
+                tries::give_up(state, dec_booking, dec_worker.id, reason);
                 let cause = if reason == RetryReason::Reset { "request" } else { reason.as_str() };
                 state.metrics.disagg_abort(model, "prefill", cause);
                 if !retry_dec.failed(state, &p.pool, dec_id, err, Some((reason, None)), deadline).await {
@@ -196,7 +196,7 @@ async fn pair(
                             Err(e) => decode_failed(e),
                         },
                     },
-                    PrefillEnd::Refused(resp) => Paired::Refused(resp),
+                    PrefillEnd::Refused(resp) => Paired::Refused(resp.map(ProxyBody::full)),
                     PrefillEnd::Failed { err, cause, reason, after } => {
                         Paired::PrefillFailed { err, cause, reason, after }
                     }

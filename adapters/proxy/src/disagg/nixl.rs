@@ -30,11 +30,11 @@ use crate::body::respond;
 use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
-use crate::forward;
 use crate::prepared::{error_chain, upstream_request, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
 use crate::stream::Respond;
+use crate::tries;
 
 /// What the prefill step came to.
 enum Prefilled {
@@ -88,7 +88,7 @@ pub(super) async fn forward(
             }
             Ok(Ok(mut resp)) => match retryable_answer(state, &resp) {
                 Some((reason, after)) if retry.may_retry(state) => {
-                    forward::give_up(state, booking, worker.id, reason);
+                    tries::give_up(state, booking, worker.id, reason);
                     let err = ApiError::upstream(format!("decode worker {} answered {}", worker.id, resp.status()));
                     retry.record(WorkerId(worker.id), err);
                     if !retry.backoff(state, &p.pool, reason, after, deadline).await {
@@ -108,7 +108,7 @@ pub(super) async fn forward(
                 (reason, ApiError::upstream(format!("decode worker {} failed: {}", worker.id, error_chain(&e))))
             }
         };
-        forward::give_up(state, booking, worker.id, reason);
+        tries::give_up(state, booking, worker.id, reason);
         if !retry.failed(state, &p.pool, WorkerId(worker.id), err, Some((reason, None)), deadline).await {
             return Err(retry.into_err());
         }
@@ -126,7 +126,7 @@ async fn prefill(state: &Arc<State>, p: &Prepared, deadline: Instant) -> Result<
         let limit = prefill_limit(state, &p.pool, &booking, p.request.isl_tokens);
         match run_prefill(state, p, &worker, booking, up, limit).await {
             PrefillEnd::Done(answer) => return Ok(Prefilled::Ready { params: transfer_params(&answer), worker }),
-            PrefillEnd::Refused(resp) => return Ok(Prefilled::Answer(resp)),
+            PrefillEnd::Refused(resp) => return Ok(Prefilled::Answer(resp.map(ProxyBody::full))),
             PrefillEnd::Failed { err, reason, after, .. } => {
                 let why = Some((reason, after));
                 if !retry.failed(state, &p.pool, WorkerId(worker.id), err, why, deadline).await {

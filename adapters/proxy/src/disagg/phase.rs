@@ -13,15 +13,14 @@ use router_core::{Phase, PhaseField, Request, WorkerId};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
 use crate::fleet::Pool;
-use crate::forward;
 use crate::health;
 use crate::prepared::{error_chain, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
+use crate::tries;
 use crate::upstream::{Upstream, PREFILL_WORKER_HEADER};
 
 /// Largest prefill answer read; a NIXL answer lists one block id per prompt block.
@@ -202,7 +201,7 @@ pub(super) enum PrefillEnd {
     /// The prefill ran; this is its answer's body.
     Done(Bytes),
     /// The worker refused the request as the client's mistake (a 4xx): pass it on.
-    Refused(Response<ProxyBody>),
+    Refused(Response<Bytes>),
     /// The worker failed (`cause` labels metrics) for `reason`, with the `Retry-After`
     /// it asked for: another prefill worker may be tried, the client has seen nothing.
     Failed { err: ApiError, cause: &'static str, reason: RetryReason, after: Option<Duration> },
@@ -211,14 +210,14 @@ pub(super) enum PrefillEnd {
 /// How long a prefill try may take to answer: the first-byte timeout of the prompt
 /// tokens the booked worker does not hold.
 pub(super) fn prefill_limit(state: &State, pool: &Pool, booking: &Booking, isl_tokens: u32) -> Duration {
-    retry::first_byte_timeout(&state.cfg.retry, forward::uncached_tokens(pool, booking, isl_tokens))
+    retry::first_byte_timeout(&state.cfg.retry, tries::uncached_tokens(pool, booking, isl_tokens))
 }
 
 /// The retry reason of a decode answer's status, with its `Retry-After`; `None` when the
 /// answer goes to the client.
 pub(super) fn retryable_answer(state: &State, resp: &Response<Upstream>) -> Option<(RetryReason, Option<Duration>)> {
     let reason = retry::for_status(resp.status())?;
-    Some((reason, forward::retry_after_of(state, resp.headers())))
+    Some((reason, tries::retry_after_of(state, resp.headers())))
 }
 
 /// Sends the prefill request of `p` and reads its whole answer, ending the prefill
@@ -236,7 +235,7 @@ pub(super) async fn run_prefill(
     let (id, model) = (worker.id, p.pool.name.as_str());
     let span = crate::trace::try_span(p.trace.as_ref(), "prefill", id, &mut up);
     let fail = |booking: Booking, cause: &'static str, message: String, reason: RetryReason, after| {
-        forward::give_up(state, booking, id, reason);
+        tries::give_up(state, booking, id, reason);
         if let Some(s) = &span {
             s.fail(message.clone());
         }
@@ -260,7 +259,7 @@ pub(super) async fn run_prefill(
     };
     let status = resp.status();
     let content_type = resp.headers().get(CONTENT_TYPE).cloned();
-    let after = forward::retry_after_of(state, resp.headers());
+    let after = tries::retry_after_of(state, resp.headers());
     let body = Limited::new(resp.into_body(), PREFILL_ANSWER_BYTES_MAX).collect().await.map(|c| c.to_bytes());
     if let Some(reason) = retry::for_status(status) {
         return fail(booking, reason.as_str(), format!("status {}", status.as_u16()), reason, after);
@@ -286,8 +285,8 @@ pub(super) async fn run_prefill(
 }
 
 /// A prefill worker's 4xx, passed to the client as it came.
-fn refusal(status: StatusCode, content_type: Option<HeaderValue>, body: Bytes, worker: u64) -> Response<ProxyBody> {
-    let mut resp = Response::new(ProxyBody::full(body));
+fn refusal(status: StatusCode, content_type: Option<HeaderValue>, body: Bytes, worker: u64) -> Response<Bytes> {
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     if let Some(ct) = content_type {
         resp.headers_mut().insert(CONTENT_TYPE, ct);

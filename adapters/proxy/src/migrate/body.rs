@@ -1,7 +1,7 @@
 //! The client's body of a stream that may migrate: forwards the worker's events through
 //! [`Stream`], and when the worker's stream breaks or stays silent past the idle
 //! timeout, releases its booking as the worker's failure and continues on another
-//! worker through the same tries as the first ([`forward::first_answer`]).
+//! worker through the same tries as the first ([`tries::first_answer`]).
 //!
 //! The booking is held while a worker streams; the client going away drops the body,
 //! which cancels it. How the body ends decides what the router, the health tracker and
@@ -26,11 +26,11 @@ use super::plan::Plan;
 use super::sse::Stream;
 use crate::error::ApiError;
 use crate::fleet::Pool;
-use crate::forward::{self, Answered, Tries};
 use crate::health;
 use crate::prepared::Prepared;
 use crate::state::State;
 use crate::stream::{idle_timeout, BodyError, Respond};
+use crate::tries::{self, Answered, Tries};
 use crate::upstream::{strip_hop_by_hop, Upstream, PREFILL_WORKER_HEADER, WORKER_HEADER};
 
 /// What a continuation's tries need, shared with the futures that make them.
@@ -372,7 +372,7 @@ fn resume(
             // A continuation streams: its timeout is the first-byte one.
             shape: crate::prepared::BodyShape { stream: true, max_output_tokens: None },
         };
-        let a = forward::first_answer(&t, &mut request, &mut tried).await?;
+        let a = tries::first_answer(&t, &mut request, &mut tried).await?;
         if !a.resp.status().is_success() {
             return Err(ApiError::upstream(format!("the continuation was answered {}", a.resp.status())));
         }
