@@ -73,6 +73,7 @@ pub use learn::{EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observ
 
 // ---- ids and plain values ----
 pub use time::Instant;
+pub use admission::TenantId;
 pub use types::{DpRank, Draw, Overlap, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
 
 // ---- workers ----
@@ -90,7 +91,7 @@ pub use index::{
 };
 
 // ---- configuration ----
-pub use admission::{ClassLimits, QueueConfig, QueueOrder};
+pub use admission::{ClassLimits, QueueConfig, QueueOrder, TENANT_WEIGHT_MAX};
 pub use affinity::{AffinityConfig, AffinityMode};
 pub use eligible::EligibilityConfig;
 pub use index::{ApproxConfig, IndexConfig};

@@ -73,6 +73,8 @@ fn live(d: &DemoArgs) -> Result<(), String> {
                 "requests": s.sent,
                 "completed": s.done,
                 "errors": s.errors,
+                "errors_by_kind": s.error_kinds,
+                "unfinished": s.unfinished(),
                 "prefix_reuse_ratio": (s.reuse() * 1e6).round() / 1e6,
                 "ttft_ms": { "mean": s.ttft_mean() * k, "p50": s.ttft_pct(50.0) * k, "p99": s.ttft_pct(99.0) * k },
             }),
@@ -101,8 +103,34 @@ fn live(d: &DemoArgs) -> Result<(), String> {
                 s.ttft_pct(99.0) * k
             );
         }
+        for line in error_lines(&results) {
+            println!("{line}");
+        }
     }
     Ok(())
+}
+
+/// What each policy's errors were, a line per kind with its count, and the requests
+/// still open when the budget ran out (abandoned, not failed).
+fn error_lines(results: &[crate::live::LiveResult]) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for r in results {
+        if r.stats.error_kinds.is_empty() {
+            lines.push(format!("{:<12} no errors", r.policy));
+        }
+        for (kind, n) in &r.stats.error_kinds {
+            lines.push(format!("{:<12} {n:>7} x {kind}", r.policy));
+        }
+    }
+    let open: Vec<String> = results
+        .iter()
+        .filter(|r| r.stats.unfinished() > 0)
+        .map(|r| format!("{} {}", r.policy, r.stats.unfinished()))
+        .collect();
+    if !open.is_empty() {
+        lines.push(format!("still streaming at the deadline, abandoned: {}", open.join(", ")));
+    }
+    lines
 }
 
 fn offline(d: &DemoArgs) -> Result<(), String> {
@@ -163,4 +191,49 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         crate::report::print_table(&runs);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::live::LiveResult;
+    use crate::load::LiveStats;
+
+    /// `error_lines` of one policy per `(errors by kind, sent, done)`.
+    #[track_caller]
+    fn check(policies: &[(&'static str, &[(&str, u64)], u64, u64)], want: &[&str]) {
+        let results: Vec<LiveResult> = policies
+            .iter()
+            .map(|&(policy, kinds, sent, done)| {
+                let error_kinds = kinds.iter().map(|&(k, n)| (k.to_string(), n)).collect();
+                let errors = kinds.iter().map(|&(_, n)| n).sum();
+                LiveResult {
+                    policy,
+                    stats: LiveStats { sent, done, errors, error_kinds, ..Default::default() },
+                    speedup: 1.0,
+                }
+            })
+            .collect();
+        let got = super::error_lines(&results);
+        assert_eq!(got[1..], want.iter().map(|s| s.to_string()).collect::<Vec<_>>()[..], "{got:#?}");
+    }
+
+    #[test]
+    fn each_error_kind_gets_a_line_with_its_count() {
+        check(
+            &[("kv", &[], 10, 10), ("round-robin", &[], 10, 10)],
+            &["kv           no errors", "round-robin  no errors"],
+        );
+        check(
+            &[
+                ("kv", &[("HTTP 503 no_worker_available", 1), ("stream broke", 2)], 1500, 1497),
+                ("round-robin", &[], 1500, 1490),
+            ],
+            &[
+                "kv                 1 x HTTP 503 no_worker_available",
+                "kv                 2 x stream broke",
+                "round-robin  no errors",
+                "still streaming at the deadline, abandoned: round-robin 10",
+            ],
+        );
+    }
 }

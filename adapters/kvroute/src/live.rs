@@ -6,14 +6,31 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use kvroute_proxy::{ProxyConfig, ServeHandle, Tokenizers};
+use kvroute_proxy::{ProxyConfig, ServeHandle, Tokenize, TokenizeError, Tokenizers};
 use kvroute_sim::trace::{read_trace, TraceLimits, TraceRecord};
-use kvroute_sim_server::{EngineConfig, SimServerConfig, SimServerHandle};
+use kvroute_sim_server::{EngineConfig, FallbackTokenizer, PromptTokenizer, SimServerConfig, SimServerHandle};
 
 use crate::load::{replay_http, LiveStats, Target};
 use crate::replay_cmd::BUNDLED_TRACE;
 
 const MODEL: &str = "demo";
+/// The config's name for [`DemoTokenizer`], which the demo hands the router in code.
+const TOKENIZER: &str = "built-in: the simulated workers' byte tokenizer";
+
+/// The demo model's tokenizer: the one its simulated workers run
+/// ([`FallbackTokenizer`]), so the ids the router hashes are those the workers' KV
+/// events name, and the router needs no predictions.
+struct DemoTokenizer(FallbackTokenizer);
+
+impl Tokenize for DemoTokenizer {
+    fn encode_chat(&self, body: &serde_json::Value) -> Result<Vec<u32>, TokenizeError> {
+        self.0.encode_chat(body).map_err(TokenizeError::new)
+    }
+
+    fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        self.0.encode_text(text).map_err(TokenizeError::new)
+    }
+}
 
 /// How the live demo runs.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +67,7 @@ async fn stack(policy: &'static str, o: &LiveOptions, speedup: f64) -> Result<St
     for _ in 0..o.workers {
         let cfg = SimServerConfig {
             model: MODEL.into(),
+            tokenizer: Arc::new(FallbackTokenizer),
             replay_port: Some(0),
             engine: EngineConfig { speedup, ..EngineConfig::default() },
             ..SimServerConfig::default()
@@ -69,12 +87,12 @@ async fn stack(policy: &'static str, o: &LiveOptions, speedup: f64) -> Result<St
     let cfg: ProxyConfig = serde_json::from_value(json!({
         "listen": "127.0.0.1:0",
         "seed": 1,
-        "models": [{ "name": MODEL, "block_size": 64 }],
+        "models": [{ "name": MODEL, "block_size": 64, "tokenizer": TOKENIZER }],
         "workers": worker_cfgs,
         "router": {
             "mode": policy,
-            // The demo sends token ids, which the workers' KV events match exactly: no
-            // predictions (a model without a tokenizer would otherwise keep them).
+            // The router tokenizes as the workers do, so their KV events match exactly:
+            // no predictions.
             "approximate": false,
             // The engines queue internally; the demo compares placement, not shedding.
             "prefill_tokens_frac_of_batch": 0.0,
@@ -84,7 +102,9 @@ async fn stack(policy: &'static str, o: &LiveOptions, speedup: f64) -> Result<St
         "health_check": { "interval_ms": 0 },
     }))
     .map_err(|e| format!("demo configuration: {e}"))?;
-    let proxy = kvroute_proxy::serve(cfg.clone(), Tokenizers::new()).await.map_err(|e| format!("router: {e}"))?;
+    let mut tokenizers = Tokenizers::new();
+    tokenizers.insert(MODEL, Arc::new(DemoTokenizer(FallbackTokenizer)));
+    let proxy = kvroute_proxy::serve(cfg.clone(), tokenizers).await.map_err(|e| format!("router: {e}"))?;
     Ok(Stack { policy, workers, proxy, stats: Arc::new(Mutex::new(LiveStats::default())) })
 }
 

@@ -1,6 +1,7 @@
 //! The demo's client: replays trace requests over real HTTP against a router and keeps
 //! live statistics (throughput, time to first token, prefix reuse).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ pub struct LiveStats {
     pub done: u64,
     /// Requests that failed (status, transport or a broken stream).
     pub errors: u64,
+    /// The same failures by what each was (`HTTP 429 queue_full`, `stream broke`, ...).
+    pub error_kinds: BTreeMap<String, u64>,
     /// Time to first token of each finished request, ms.
     pub ttft_ms: Vec<f64>,
     /// Prompt tokens of finished requests.
@@ -46,6 +49,10 @@ impl LiveStats {
         } else {
             self.ttft_ms.iter().sum::<f64>() / self.ttft_ms.len() as f64
         }
+    }
+    /// Requests sent that neither finished nor failed (still open).
+    pub fn unfinished(&self) -> u64 {
+        self.sent.saturating_sub(self.done + self.errors)
     }
     /// Cached ÷ prompt tokens so far.
     pub fn reuse(&self) -> f64 {
@@ -112,10 +119,33 @@ pub async fn replay_http(records: &[TraceRecord], compress: f64, model: &str, ta
 
 async fn one_request(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, body: Bytes) {
     lock(&t.stats).sent += 1;
-    let ok = stream_once(client, t, body).await;
-    if ok.is_none() {
-        lock(&t.stats).errors += 1;
+    if let Err(kind) = stream_once(client, t, body).await {
+        let mut s = lock(&t.stats);
+        s.errors += 1;
+        *s.error_kinds.entry(kind).or_default() += 1;
     }
+}
+
+/// The most of an error answer's body read for its code.
+const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
+
+/// What a refused request was: its status and the OpenAI-style error code, if any.
+async fn status_kind(resp: hyper::Response<hyper::body::Incoming>) -> String {
+    let status = resp.status().as_u16();
+    let body = http_body_util::Limited::new(resp.into_body(), ERROR_BODY_BYTES_MAX).collect().await;
+    let code = body.ok().and_then(|b| error_code(&b.to_bytes()));
+    match code {
+        Some(code) => format!("HTTP {status} {code}"),
+        None => format!("HTTP {status}"),
+    }
+}
+
+/// `error.code`, else `error.type`, of an OpenAI-style error object.
+fn error_code(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let e = v.get("error")?;
+    let code = e.get("code").and_then(|c| c.as_str()).or_else(|| e.get("type").and_then(|c| c.as_str()))?;
+    Some(code.to_string())
 }
 
 fn lock(m: &Mutex<LiveStats>) -> std::sync::MutexGuard<'_, LiveStats> {
@@ -124,16 +154,22 @@ fn lock(m: &Mutex<LiveStats>) -> std::sync::MutexGuard<'_, LiveStats> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Streams one completion; `None` on any failure.
-async fn stream_once(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, body: Bytes) -> Option<()> {
+/// Streams one completion; on failure, what went wrong.
+async fn stream_once(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, body: Bytes) -> Result<(), String> {
     let req = hyper::Request::post(format!("{}/v1/completions", t.base_url))
         .header("content-type", "application/json")
         .body(Full::new(body))
-        .ok()?;
+        .map_err(|e| format!("request not built: {e}"))?;
     let sent = Instant::now();
-    let resp = client.request(req).await.ok()?;
+    let resp = client.request(req).await.map_err(|e| {
+        if e.is_connect() {
+            "connect failed".to_string()
+        } else {
+            "no answer (connection closed)".to_string()
+        }
+    })?;
     if !resp.status().is_success() {
-        return None;
+        return Err(status_kind(resp).await);
     }
     let mut body = resp.into_body();
     let mut first: Option<f64> = None;
@@ -141,7 +177,7 @@ async fn stream_once(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, bo
     let mut usage = None;
     let mut done = false;
     while let Some(frame) = body.frame().await {
-        let frame = frame.ok()?;
+        let frame = frame.map_err(|_| "stream broke".to_string())?;
         let Some(data) = frame.data_ref() else { continue };
         if first.is_none() {
             first = Some(sent.elapsed().as_secs_f64() * 1000.0);
@@ -155,7 +191,8 @@ async fn stream_once(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, bo
                 done = true;
             } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(payload) {
                 if v.get("error").is_some() {
-                    return None;
+                    let code = error_code(payload.as_bytes()).unwrap_or_else(|| "unnamed".into());
+                    return Err(format!("error event {code}"));
                 }
                 if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                     usage = Some(u.clone());
@@ -164,7 +201,7 @@ async fn stream_once(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, bo
         }
     }
     if !done {
-        return None;
+        return Err("stream ended without [DONE]".into());
     }
     let mut s = lock(&t.stats);
     s.done += 1;
@@ -173,5 +210,22 @@ async fn stream_once(client: &Client<HttpConnector, Full<Bytes>>, t: &Target, bo
         s.prompt_tokens += u["prompt_tokens"].as_u64().unwrap_or(0);
         s.cached_tokens += u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
     }
-    Some(())
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[track_caller]
+    fn check(body: &str, want: Option<&str>) {
+        assert_eq!(super::error_code(body.as_bytes()).as_deref(), want, "{body}");
+    }
+
+    #[test]
+    fn an_error_body_names_its_code_else_its_type() {
+        check(r#"{"error":{"message":"m","type":"overloaded","code":"queue_full"}}"#, Some("queue_full"));
+        check(r#"{"error":{"message":"m","type":"invalid_request_error","code":null}}"#, Some("invalid_request_error"));
+        check(r#"{"error":"plain"}"#, None);
+        check("not json", None);
+        check(r#"{"choices":[]}"#, None);
+    }
 }

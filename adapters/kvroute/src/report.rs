@@ -205,6 +205,9 @@ pub fn print_table(runs: &[RunReport]) {
             r.output_tokens_per_s,
         );
     }
+    for line in shortfall_lines(runs) {
+        println!("{line}");
+    }
     print_regret(runs);
     if let Some(base) = runs.iter().find(|r| r.policy == "round-robin") {
         for r in runs.iter().filter(|r| r.policy != "round-robin") {
@@ -217,6 +220,26 @@ pub fn print_table(runs: &[RunReport]) {
             );
         }
     }
+}
+
+/// A line per run and kind of request that did not complete, with its count; none
+/// when every request completed.
+fn shortfall_lines(runs: &[RunReport]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for r in runs {
+        let kinds = [
+            (r.rejected, "rejected (refused by the admission queue or a worker)"),
+            (r.routing_errors, "routing errors (the router found no worker to take it)"),
+            (r.unfinished, "unfinished when the replay ended"),
+        ];
+        for (n, what) in kinds.into_iter().filter(|&(n, _)| n > 0) {
+            lines.push(format!("{:<13} {n:>9} {what}", r.policy));
+        }
+    }
+    if !lines.is_empty() {
+        lines.insert(0, String::new());
+    }
+    lines
 }
 
 /// Each run's distance from the bounds no router can beat on this fleet.

@@ -6,6 +6,11 @@
 //! class, the limit and the current usage, so the proxy can answer 429 with a useful
 //! `Retry-After`.
 //!
+//! Requests of several tenants ([`TenantId`]) share the queue by weight: the tenant
+//! that has been served least for its weight goes next, and the order above applies
+//! within each tenant (see `fair`). With one tenant the queue is exactly the order
+//! above.
+//!
 //! What it leaves to others: deciding *when* to pop (the façade pops when a worker has
 //! room), classifying requests (the adapter sets `QueueEntry::class`), answering the
 //! client, and sleeping until [`AdmissionQueue::poll_timeout`].
@@ -17,6 +22,7 @@ use core::fmt;
 use crate::types::RequestId;
 
 mod classes;
+mod fair;
 mod order;
 mod queue;
 
@@ -33,6 +39,16 @@ pub enum QueueOrder {
     /// cached_tokens)` first, so short uncached prompts overtake long ones.
     Wspt,
 }
+
+/// The tenant a request is queued for: a small id the adapter assigns from its own
+/// tenant list (0, the default, for requests of no tenant). Its weight comes from
+/// [`QueueConfig::tenant_weights`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TenantId(pub u16);
+
+/// The largest tenant weight; larger weights count as this.
+pub const TENANT_WEIGHT_MAX: u32 = 1 << 16;
 
 /// Queue limits of one request class. `None` means unlimited.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -84,6 +100,14 @@ pub struct QueueConfig {
     /// Most unlisted class names whose usage is tracked apart at once. Past it, requests
     /// of a new unlisted name are counted under `default_class`. Default 64.
     pub extra_classes_max: usize,
+    /// Weight of tenant `i` at index `i`, its share of the queue's pops while it and
+    /// others wait. A tenant listed here also keeps `queued_max · weight / Σ weights`
+    /// queue slots that no other tenant may fill. Unlisted tenants weigh 1 and keep no
+    /// slots; weights are clamped to `1..=TENANT_WEIGHT_MAX`. Default none.
+    pub tenant_weights: Vec<u32>,
+    /// Tenant ids told apart (at least 1); a request naming a higher id is queued as
+    /// tenant 0, and listed weights past it are ignored. Default 256.
+    pub tenants_max: u16,
 }
 
 impl Default for QueueConfig {
@@ -95,6 +119,8 @@ impl Default for QueueConfig {
             classes: Vec::new(),
             default_class: ClassLimits::default(),
             extra_classes_max: 64,
+            tenant_weights: Vec::new(),
+            tenants_max: 256,
         }
     }
 }
@@ -114,6 +140,8 @@ pub(crate) struct QueueEntry {
     pub cached_tokens: u32,
     /// The request's class; `None` is the default class.
     pub class: Option<String>,
+    /// The tenant whose share the request is served from.
+    pub tenant: TenantId,
 }
 
 /// What one class has queued.
@@ -136,7 +164,8 @@ pub enum LimitKind {
     QueuedPromptTokens,
     /// The class's `queued_cached_tokens_max`.
     QueuedCachedTokens,
-    /// The queue's `queued_max`, all classes together.
+    /// The queue's `queued_max`, all classes together, less the slots kept for other
+    /// tenants (see [`QueueConfig::tenant_weights`]).
     QueueFull,
 }
 
@@ -159,7 +188,8 @@ pub struct QueueRejection {
     pub class: String,
     /// The limit that refused it.
     pub limit_kind: LimitKind,
-    /// Usage of that limit before the request: requests or tokens.
+    /// Usage of that limit before the request: requests or tokens (for `QueueFull`,
+    /// queued requests plus the slots kept for other tenants).
     pub current: u64,
     /// The limit.
     pub limit: u64,

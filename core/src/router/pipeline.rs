@@ -303,6 +303,7 @@ impl Router {
             isl_tokens: req.isl_tokens,
             cached_tokens,
             class: req.priority.class.clone(),
+            tenant: req.tenant,
         };
         match self.queue.push(now, entry) {
             Ok(()) => {

@@ -4,7 +4,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::admission::QueueRejection;
+use crate::admission::{QueueRejection, TenantId};
 use crate::affinity::AffinityError;
 use crate::eligible::{EligibilityError, ExclusionReason};
 use crate::hash::SeqHash;
@@ -42,6 +42,9 @@ pub struct Request {
     pub hints: RoutingHints,
     /// Queue placement.
     pub priority: Priority,
+    /// The tenant whose weighted share of the admission queue the request waits in
+    /// (default 0); priorities order requests within a tenant only.
+    pub tenant: TenantId,
     /// Predicted output length, if the client supplied one.
     pub expected_output_tokens: Option<u32>,
     /// Per-request overrides of the kv cost knobs.

@@ -1,5 +1,7 @@
 //! Scripted scenarios: each test is a list of steps with the answer each must give.
 
+mod fair;
+mod fair_model;
 mod model;
 
 use alloc::string::String;
@@ -19,6 +21,7 @@ fn e(req: u64) -> QueueEntry {
         isl_tokens: 100,
         cached_tokens: 0,
         class: None,
+        tenant: TenantId(0),
     }
 }
 

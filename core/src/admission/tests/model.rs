@@ -34,6 +34,7 @@ fn config(order: QueueOrder) -> QueueConfig {
         classes: alloc::vec![gold, silver],
         default_class,
         extra_classes_max: EXTRA_MAX,
+        ..QueueConfig::default()
     }
 }
 
@@ -194,6 +195,7 @@ impl ReferenceStateMachine for QueueModel {
                 isl_tokens: isl * 100,
                 cached_tokens: cached * 100,
                 class: Some(NAMES[name]).filter(|n| !n.is_empty()).map(String::from),
+                tenant: TenantId(0),
             },
         );
         prop_oneof![
