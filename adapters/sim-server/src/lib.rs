@@ -61,7 +61,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-pub use args::{EngineArgs, RoleArg, SimWorkerArgs};
+pub use args::{EngineArgs, RoleArg, SimWorkerArgs, SIM_WORKER_AFTER_HELP};
 pub use faults::Faults;
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};
