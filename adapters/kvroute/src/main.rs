@@ -65,8 +65,10 @@ enum Cmd {
     ///
     /// The worker runs the same vLLM-style model as `replay`, in real time scaled by
     /// --speedup, serves /v1/chat/completions, /v1/completions (streaming or not),
-    /// /v1/models, /health and /metrics, and publishes its KV-cache events over ZeroMQ in
-    /// vLLM's wire format, so `kvroute serve` can route to it exactly as to a real engine.
+    /// /v1/models, /health and /metrics, vLLM's render pair, /tokenize, /detokenize,
+    /// /version and /server_info, and publishes its KV-cache events over ZeroMQ in vLLM's
+    /// wire format, so `kvroute serve` and peer routers route to it as to a real engine.
+    #[command(after_help = kvroute_sim_server::SIM_WORKER_AFTER_HELP)]
     SimWorker(kvroute_sim_server::SimWorkerArgs),
     /// Replay a request trace through the router and simulated GPU workers, offline.
     ///

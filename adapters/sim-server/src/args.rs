@@ -25,14 +25,7 @@ use crate::{PromptTokenizer, SimServerConfig, SimServerError};
 ///
 /// Prompts are tokenized like kvroute's routing fallback (four bytes per token) unless
 /// a tokenizer is loaded with --tokenizer; a router must tokenize the same way to see
-/// the same prefixes.
-///
-/// Examples:
-///   kvroute sim-worker --port 8001 --events-port 5557
-///   kvroute sim-worker --port 8002 --events-port 5558 --replay-port 5568 --speedup 10
-///   kvroute sim-worker --port 8003 --events-port 5559 --role prefill
-///   kvroute sim-worker --port 8004 --events-port 5560 --role prefill --bootstrap-port 8998
-///   curl -s localhost:8001/v1/completions -d '{"prompt":"hello","max_tokens":8}'
+/// the same prefixes. [`SIM_WORKER_AFTER_HELP`] lists the other endpoints, with examples.
 #[derive(Args, Debug, Clone)]
 #[command(verbatim_doc_comment)]
 pub struct SimWorkerArgs {
@@ -93,6 +86,25 @@ pub struct SimWorkerArgs {
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
     pub bootstrap_timeout_ms: u64,
 }
+
+/// The end of `kvroute sim-worker --help`: the endpoints routers read besides
+/// generation, and examples.
+pub const SIM_WORKER_AFTER_HELP: &str = "\
+What routers ask a vLLM server besides generation, in vLLM's shapes:
+  POST /v1/completions/render, /v1/chat/completions/render   a request's token ids, not generated
+  POST /tokenize, /detokenize
+  GET  /version, /server_info (also /get_server_info), /kv_event_sources
+  GET  /get_load                                             SGLang's load shape
+The ids render and /tokenize return are the ids the worker hashes into the KV blocks its
+events announce, so a router that tokenizes through them sees the worker's own prefixes.
+
+Examples:
+  kvroute sim-worker --port 8001 --events-port 5557
+  kvroute sim-worker --port 8002 --events-port 5558 --replay-port 5568 --speedup 10
+  kvroute sim-worker --port 8003 --events-port 5559 --role prefill
+  kvroute sim-worker --port 8004 --events-port 5560 --role prefill --bootstrap-port 8998
+  curl -s localhost:8001/v1/completions -d '{\"prompt\":\"hello\",\"max_tokens\":8}'
+  curl -s localhost:8001/v1/completions/render -d '{\"prompt\":\"hello\"}'";
 
 /// The simulated engine's shape, as `kvroute sim-worker` and `kvroute replay` both take
 /// it. The defaults are [`EngineConfig::default`]'s, so they live in one place.
@@ -212,6 +224,7 @@ mod tests {
     use clap::Parser;
 
     #[derive(Parser)]
+    #[command(after_help = SIM_WORKER_AFTER_HELP)]
     struct Cli {
         #[command(flatten)]
         args: SimWorkerArgs,
@@ -274,6 +287,9 @@ mod tests {
         use clap::CommandFactory;
         let help = Cli::command().render_long_help().to_string();
         assert!(help.lines().any(|l| l.trim() == "kvroute sim-worker --port 8001 --events-port 5557"), "{help}");
+        for path in ["/v1/completions/render", "/v1/chat/completions/render", "/tokenize", "/version", "/server_info"] {
+            assert!(help.contains(path), "{path} in {help}");
+        }
     }
 
     #[test]

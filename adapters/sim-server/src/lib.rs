@@ -6,7 +6,10 @@
 //! A router under test cannot tell it from a vLLM worker at the protocol level: the same
 //! `/v1/completions` and `/v1/chat/completions` shapes (streaming and not), the same
 //! `vllm:`-named Prometheus gauges, and the same `[topic, seq, payload]` ZeroMQ frames
-//! with a replay ROUTER socket. What it serves is filler text; what it models is when
+//! with a replay ROUTER socket. It also serves what routers ask a vLLM server besides
+//! generation: the render pair and `/tokenize` (whose ids are exactly the ids it hashes
+//! into the blocks its events announce), `/detokenize`, `/version`, `/server_info` and
+//! `/kv_event_sources`, and SGLang's `/get_load`. What it serves is filler text; what it models is when
 //! tokens arrive and which KV blocks are cached (see the `kvroute-sim` crate).
 //!
 //! Shape: one engine task owns the [`kvroute_sim::Engine`] (requests reach it over a
@@ -61,7 +64,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-pub use args::{EngineArgs, RoleArg, SimWorkerArgs};
+pub use args::{EngineArgs, RoleArg, SimWorkerArgs, SIM_WORKER_AFTER_HELP};
 pub use faults::Faults;
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};

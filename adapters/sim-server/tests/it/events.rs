@@ -170,6 +170,16 @@ impl Replica {
     }
 }
 
+/// Every block stored so far, in order, as `(hash, tokens)`, each checked as
+/// [`Replica::apply`] checks it. Needs the replay socket and dp rank 0.
+pub(crate) async fn stored_blocks(w: &SimServerHandle) -> Vec<(u64, Vec<u32>)> {
+    let mut replica = Replica::default();
+    for f in &replay(w, 0).await {
+        replica.apply(f, 0);
+    }
+    replica.stored_hashes.into_iter().zip(replica.stored_blocks).collect()
+}
+
 #[tokio::test]
 async fn published_events_rebuild_the_cache() {
     let mut cfg = fast_config();

@@ -4,4 +4,6 @@
 mod api;
 mod disagg;
 mod events;
+mod info;
+mod preprocess;
 mod support;
