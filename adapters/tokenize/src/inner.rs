@@ -9,11 +9,14 @@
 //!   at `p`, `single_word` of a token starting there) ([`added_tokens`]);
 //! - the normalizer must map text character by character, or be a Unicode normal form (an
 //!   ASCII character is a boundary for all four), so `N(a ++ b) == N(a) ++ N(b)` and the gap
-//!   stays a space between ASCII letters or digits ([`normalizer`]);
+//!   stays a space (or the one character a `Replace` puts for it) between ASCII letters or
+//!   digits ([`normalizer`]);
 //! - some pre-tokenizer must split at the gap, and nothing before that split may look
-//!   across it or at where a stretch starts ([`pre_tokenizer`]);
+//!   across it or at where a stretch starts ([`step`]);
 //! - the model then works on each pre-token alone (all four kinds do), unless BPE dropout
-//!   makes it random.
+//!   makes it random. Without such a split (SentencePiece style: Metaspace without
+//!   `split`, or a `Replace` of spaces and no pre-tokenizer), BPE and Unigram still split
+//!   at the gap when no vocabulary entry runs across it ([`model`]).
 //!
 //! Anything not proven here refuses inner cuts: the prompt is then cut only before added
 //! tokens, as before. The property tests in `tests/it/inner.rs` check the equality on
@@ -43,21 +46,33 @@ pub(crate) type Refusal = &'static str;
 
 /// `Ok` if prompts of `tok` may be cut at word gaps; else why not.
 pub(crate) fn check(tok: &Tokenizer) -> Result<(), Refusal> {
-    normalizer(tok.get_normalizer())?;
-    match tok.get_pre_tokenizer() {
-        Some(pt) => pre_tokenizer(pt)?,
-        None => return Err("no pre-tokenizer: the model sees whole stretches"),
-    }
-    model(tok.get_model())?;
+    let normalized = normalizer(SPACE, tok.get_normalizer())?;
+    let gap = match tok.get_pre_tokenizer() {
+        Some(pt) => step(normalized, pt)?,
+        None => normalized,
+    };
+    model(gap, tok)?;
     let added: Vec<AddedToken> = tok.get_added_tokens_decoder().into_values().collect();
-    added_tokens(&added, tok.get_normalizer())
+    added_tokens(&added, tok.get_normalizer(), normalized)
 }
 
-fn normalizer(n: Option<&NormalizerWrapper>) -> Result<(), Refusal> {
+/// What the stages so far have made of the word gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gap {
+    /// Inside one split, the gap's space now reads as this character, still between ASCII
+    /// letters or digits.
+    Char(char),
+    /// A split starts at the gap; later stages act on each split alone.
+    Split,
+}
+
+const SPACE: Gap = Gap::Char(' ');
+
+fn normalizer(gap: Gap, n: Option<&NormalizerWrapper>) -> Result<Gap, Refusal> {
     use NormalizerWrapper as N;
     match n {
-        None => Ok(()),
-        Some(N::Sequence(seq)) => seq.as_ref().iter().try_for_each(|n| normalizer(Some(n))),
+        None => Ok(gap),
+        Some(N::Sequence(seq)) => seq.as_ref().iter().try_fold(gap, |gap, n| normalizer(gap, Some(n))),
         // Per character, and ASCII letters, digits and the space stay what they are
         // (lowercased); the Unicode forms treat an ASCII character as a boundary.
         Some(
@@ -69,60 +84,75 @@ fn normalizer(n: Option<&NormalizerWrapper>) -> Result<(), Refusal> {
             | N::StripAccents(_)
             | N::BertNormalizer(_)
             | N::Nmt(_),
-        ) => Ok(()),
+        ) if gap == SPACE => Ok(gap),
+        Some(N::Replace(r)) if gap == SPACE => space_replacement(r).map(Gap::Char),
         Some(N::Prepend(_)) => Err("Prepend normalizer: every piece would get the prefix"),
         Some(N::StripNormalizer(_)) => Err("Strip normalizer: a piece's edges would be stripped"),
         Some(_) => Err("normalizer not known to keep word gaps"),
     }
 }
 
-/// What a pre-tokenizer stage has made of the word gap so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gap {
-    /// Still a space between ASCII letters or digits, inside one split.
-    Space,
-    /// A split starts at the gap; later stages act on each split alone.
-    Split,
-}
-
-fn pre_tokenizer(pt: &PreTokenizerWrapper) -> Result<(), Refusal> {
-    match step(Gap::Space, pt)? {
-        Gap::Split => Ok(()),
-        Gap::Space => Err("no pre-tokenizer stage splits at word gaps"),
+/// The one character a `Replace` of the plain string " " puts in its place (SentencePiece
+/// style: `" "` to `"▁"`), a change per character.
+fn space_replacement(r: &tokenizers::normalizers::replace::Replace) -> Result<char, Refusal> {
+    let refusal = "Replace normalizer other than a space by one character";
+    let json = serde_json::to_value(r).map_err(|_| refusal)?;
+    let mut content = r.content.chars();
+    match (json["pattern"]["String"].as_str(), content.next(), content.next()) {
+        (Some(" "), Some(c), None) if c != ' ' && !c.is_ascii_alphanumeric() => Ok(c),
+        _ => Err(refusal),
     }
 }
 
 /// The gap after stage `pt`, or why the stage may change the tokens across a cut.
 fn step(gap: Gap, pt: &PreTokenizerWrapper) -> Result<Gap, Refusal> {
     use PreTokenizerWrapper as P;
+    if let P::Sequence(seq) = pt {
+        return seq.as_ref().iter().try_fold(gap, step);
+    }
+    if gap == Gap::Split {
+        return after_split(pt);
+    }
+    if gap != SPACE {
+        return Err("pre-tokenizer stage after the space was replaced");
+    }
     match pt {
-        P::Sequence(seq) => seq.as_ref().iter().try_fold(gap, step),
         // Split on whitespace (Bert also isolates punctuation): the gap's space goes.
         P::Whitespace(_) | P::WhitespaceSplit(_) | P::BertPreTokenizer(_) => Ok(Gap::Split),
         P::Delimiter(d) if d.delimiter == ' ' => Ok(Gap::Split),
         // Its prefix space goes before a split not starting with one; the piece after the
         // gap starts with one, the piece before starts where the whole did.
         P::ByteLevel(bl) if bl.use_regex => Ok(Gap::Split),
-        P::ByteLevel(_) => match gap {
-            Gap::Split => Ok(Gap::Split),
-            Gap::Space => Err("ByteLevel without its regex maps the gap's space before any split"),
-        },
-        P::Split(s) => split(gap, &s.pattern, s.behavior, s.invert),
-        P::Metaspace(m) => metaspace(gap, m.get_prepend_scheme(), m.get_split()),
+        P::ByteLevel(_) => Err("ByteLevel without its regex maps the gap's space before any split"),
+        P::Split(s) => split(&s.pattern, s.behavior, s.invert),
+        // The space becomes the replacement, which `split` splits before. The prepended
+        // replacement goes only to a split not already starting with one, and the piece
+        // after the gap starts with one.
+        P::Metaspace(m) if m.get_split() => Ok(Gap::Split),
+        P::Metaspace(m) => Ok(Gap::Char(m.get_replacement())),
         // Split by content only, and never inside a space between letters or digits.
         P::Digits(_) | P::Punctuation(_) => Ok(gap),
-        P::UnicodeScripts(_) | P::Delimiter(_) => match gap {
-            Gap::Split => Ok(Gap::Split),
-            Gap::Space => Err("pre-tokenizer stage not known to keep word gaps"),
-        },
+        P::UnicodeScripts(_) | P::Delimiter(_) | P::Sequence(_) => {
+            Err("pre-tokenizer stage not known to keep word gaps")
+        }
         P::FixedLength(_) => Err("FixedLength pre-tokenizer counts from each split's start"),
     }
 }
 
-fn split(gap: Gap, pattern: &SplitPattern, behavior: SplitDelimiterBehavior, invert: bool) -> Result<Gap, Refusal> {
-    if gap == Gap::Split {
-        return Ok(Gap::Split);
+/// Once a split starts at the gap, a stage acts on the split after it the same in the
+/// piece as in the whole, unless it reads the split's offset in the whole input: Metaspace
+/// `First` does, and the piece after the gap starts at offset 0.
+fn after_split(pt: &PreTokenizerWrapper) -> Result<Gap, Refusal> {
+    match pt {
+        PreTokenizerWrapper::Metaspace(m) if m.get_prepend_scheme() == PrependScheme::First => {
+            Err("Metaspace with prepend_scheme first after a split")
+        }
+        PreTokenizerWrapper::FixedLength(_) => Err("FixedLength pre-tokenizer counts from each split's start"),
+        _ => Ok(Gap::Split),
     }
+}
+
+fn split(pattern: &SplitPattern, behavior: SplitDelimiterBehavior, invert: bool) -> Result<Gap, Refusal> {
     // Merging behaviours would glue the gap's space to the text before it.
     let keeps_edges = matches!(behavior, SplitDelimiterBehavior::Isolated | SplitDelimiterBehavior::Removed);
     let known = match pattern {
@@ -136,30 +166,41 @@ fn split(gap: Gap, pattern: &SplitPattern, behavior: SplitDelimiterBehavior, inv
     }
 }
 
-/// Metaspace turns the gap's space into its replacement; with `split` it splits before it.
-/// The prepended replacement goes only to a split not already starting with one (the piece
-/// after the gap always does), and `First` reads the split's offset in the whole input,
-/// which differs between a piece and the whole once some earlier stage has split there.
-fn metaspace(gap: Gap, prepend: PrependScheme, splits: bool) -> Result<Gap, Refusal> {
-    match (gap, prepend) {
-        (Gap::Split, PrependScheme::First) => Err("Metaspace with prepend_scheme first after a split"),
-        (Gap::Split, _) => Ok(Gap::Split),
-        (Gap::Space, _) if splits => Ok(Gap::Split),
-        (Gap::Space, _) => Err("Metaspace without split: the model sees whole stretches"),
+/// Each model works on each pre-token alone. If nothing split at the gap, the model sees
+/// `…x▁y…` whole; BPE (merges happen one pair at a time, and every merge's result is in
+/// the vocabulary) and Unigram (a best path over vocabulary pieces) still split there if no
+/// vocabulary entry runs from another character into the gap's character.
+fn model(gap: Gap, tok: &Tokenizer) -> Result<(), Refusal> {
+    if let ModelWrapper::BPE(bpe) = tok.get_model() {
+        if bpe.dropout.is_some_and(|d| d > 0.0) {
+            return Err("BPE dropout is random");
+        }
     }
-}
-
-fn model(m: &ModelWrapper) -> Result<(), Refusal> {
-    match m {
-        ModelWrapper::BPE(bpe) if bpe.dropout.is_some_and(|d| d > 0.0) => Err("BPE dropout is random"),
-        _ => Ok(()),
+    let Gap::Char(c) = gap else {
+        return Ok(());
+    };
+    match tok.get_model() {
+        ModelWrapper::BPE(bpe) if bpe.continuing_subword_prefix.is_none() && bpe.end_of_word_suffix.is_none() => {}
+        ModelWrapper::Unigram(_) => {}
+        _ => return Err("no pre-tokenizer stage splits at word gaps"),
     }
+    let vocab = tok.get_vocab(false);
+    if !vocab.contains_key(c.encode_utf8(&mut [0; 4]) as &str) {
+        return Err("the gap's character is not in the vocabulary");
+    }
+    let crosses = |t: &str| t.chars().zip(t.chars().skip(1)).any(|(a, b)| a != c && b == c);
+    if vocab.keys().any(|t| crosses(t)) {
+        return Err("a vocabulary entry runs across a word gap");
+    }
+    Ok(())
 }
 
 /// No added token may cover a gap (a non-space then a space inside its pattern), take the
 /// gap's space with `rstrip`, or appear at the gap with `single_word`. Normalized tokens are
-/// matched on normalized text, so their normalized content is what is checked.
-fn added_tokens(added: &[AddedToken], n: Option<&NormalizerWrapper>) -> Result<(), Refusal> {
+/// matched on normalized text, so their normalized content is what is checked, and the
+/// space may read as what the normalizer made of it (`normalized`).
+fn added_tokens(added: &[AddedToken], n: Option<&NormalizerWrapper>, normalized: Gap) -> Result<(), Refusal> {
+    let spacy = |c: char| c.is_whitespace() || Gap::Char(c) == normalized;
     for t in added {
         let pattern = match n {
             Some(n) if t.normalized => {
@@ -170,13 +211,13 @@ fn added_tokens(added: &[AddedToken], n: Option<&NormalizerWrapper>) -> Result<(
             _ => t.content.clone(),
         };
         let chars: Vec<char> = pattern.chars().collect();
-        if chars.windows(2).any(|w| !w[0].is_whitespace() && w[1].is_whitespace()) {
+        if chars.windows(2).any(|w| !spacy(w[0]) && spacy(w[1])) {
             return Err("an added token contains a word then a space");
         }
         if t.rstrip && chars.last().is_some_and(|c| c.is_alphanumeric()) {
             return Err("an rstrip added token ends in a letter or digit");
         }
-        if t.single_word && chars.first().is_some_and(|c| c.is_whitespace()) {
+        if t.single_word && chars.first().is_some_and(|&c| spacy(c)) {
             return Err("a single_word added token starts with a space");
         }
     }

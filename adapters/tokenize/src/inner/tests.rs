@@ -7,12 +7,22 @@ const GPT2: &str = GAP_SPLITTING_REGEXES[0];
 const LLAMA3: &str = GAP_SPLITTING_REGEXES[1];
 
 fn tokenizer(normalizer: Value, pre_tokenizer: Value, added: Value, dropout: Value) -> Tokenizer {
+    tokenizer_with_vocab(normalizer, pre_tokenizer, added, dropout, json!({"a": 0, "b": 1}))
+}
+
+fn tokenizer_with_vocab(
+    normalizer: Value,
+    pre_tokenizer: Value,
+    added: Value,
+    dropout: Value,
+    vocab: Value,
+) -> Tokenizer {
     let file = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
         "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": null, "decoder": null,
         "model": {"type": "BPE", "dropout": dropout, "unk_token": null, "continuing_subword_prefix": null,
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": {"a": 0, "b": 1}, "merges": []},
+                  "ignore_merges": false, "vocab": vocab, "merges": []},
     });
     file.to_string().parse().expect("tokenizer json")
 }
@@ -58,16 +68,17 @@ fn pre_tokenizers_that_split_at_word_gaps() {
     check_pre(metaspace("always", true), Ok(()));
     check_pre(seq(&[json!({"type": "Digits", "individual_digits": true}), metaspace("first", true)]), Ok(()));
     check_pre(seq(&[json!({"type": "Whitespace"}), json!({"type": "UnicodeScripts"})]), Ok(()));
-    check_pre(
-        json!({"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": false}),
-        Ok(()),
-    );
+    check_pre(json!({"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": false}), Ok(()));
 }
 
 #[test]
 fn pre_tokenizers_not_known_to_split_at_word_gaps() {
-    check_pre(Value::Null, Err("no pre-tokenizer: the model sees whole stretches"));
-    check_pre(metaspace("first", false), Err("Metaspace without split: the model sees whole stretches"));
+    check_pre(Value::Null, Err("the gap's character is not in the vocabulary"));
+    check_pre(metaspace("first", false), Err("the gap's character is not in the vocabulary"));
+    check_pre(
+        seq(&[metaspace("first", false), byte_level(true)]),
+        Err("pre-tokenizer stage after the space was replaced"),
+    );
     check_pre(byte_level(false), Err("ByteLevel without its regex maps the gap's space before any split"));
     check_pre(
         seq(&[byte_level(false), split(LLAMA3)]),
@@ -87,7 +98,10 @@ fn pre_tokenizers_not_known_to_split_at_word_gaps() {
         Err("Metaspace with prepend_scheme first after a split"),
     );
     check_pre(json!({"type": "UnicodeScripts"}), Err("pre-tokenizer stage not known to keep word gaps"));
-    check_pre(json!({"type": "Digits", "individual_digits": false}), Err("no pre-tokenizer stage splits at word gaps"));
+    check_pre(
+        json!({"type": "Digits", "individual_digits": false}),
+        Err("the gap's character is not in the vocabulary"),
+    );
     check_pre(
         json!({"type": "FixedLength", "length": 5}),
         Err("FixedLength pre-tokenizer counts from each split's start"),
@@ -112,12 +126,7 @@ fn normalizers_models_and_added_tokens() {
         none.clone(),
         Err("Prepend normalizer: every piece would get the prefix"),
     );
-    check_rest(
-        json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}),
-        json!([]),
-        none.clone(),
-        Err("normalizer not known to keep word gaps"),
-    );
+    check_rest(json!({"type": "ByteLevel"}), json!([]), none.clone(), Err("normalizer not known to keep word gaps"));
     check_rest(none.clone(), json!([]), json!(0.1), Err("BPE dropout is random"));
     let ok_tokens = json!([
         added("<|im_start|>", false, true, false),
@@ -136,4 +145,110 @@ fn normalizers_models_and_added_tokens() {
     check_rest(none.clone(), rstrip, none.clone(), Err("an rstrip added token ends in a letter or digit"));
     let single = json!([added(" x", false, false, true)]);
     check_rest(none, single, Value::Null, Err("a single_word added token starts with a space"));
+}
+
+#[track_caller]
+fn check_whole(normalizer: Value, pre_tokenizer: Value, vocab: Value, want: Result<(), &str>) {
+    let tok = tokenizer_with_vocab(normalizer, pre_tokenizer.clone(), json!([]), Value::Null, vocab.clone());
+    assert_eq!(check(&tok), want, "{pre_tokenizer} {vocab}");
+}
+
+/// SentencePiece style: nothing splits, so the vocabulary decides.
+#[test]
+fn models_that_see_whole_stretches() {
+    let none = Value::Null;
+    let ok_vocab = json!({"a": 0, "b": 1, "▁": 2, "▁a": 3, "▁▁": 4, "ab": 5});
+    check_whole(none.clone(), metaspace("first", false), ok_vocab.clone(), Ok(()));
+    check_whole(none.clone(), metaspace("always", false), ok_vocab.clone(), Ok(()));
+    let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+    check_whole(replace.clone(), none.clone(), ok_vocab.clone(), Ok(()));
+    check_whole(
+        replace,
+        json!({"type": "Whitespace"}),
+        ok_vocab.clone(),
+        Err("pre-tokenizer stage after the space was replaced"),
+    );
+    let crossing = json!({"a": 0, "▁": 1, "a▁": 2});
+    check_whole(none.clone(), metaspace("first", false), crossing, Err("a vocabulary entry runs across a word gap"));
+    check_whole(none.clone(), none.clone(), json!({"a": 0, " ": 1, " a": 2}), Ok(()));
+    check_whole(
+        json!({"type": "Replace", "pattern": {"String": " "}, "content": "__"}),
+        none.clone(),
+        ok_vocab.clone(),
+        Err("Replace normalizer other than a space by one character"),
+    );
+    check_whole(
+        json!({"type": "Replace", "pattern": {"Regex": " +"}, "content": "▁"}),
+        none.clone(),
+        ok_vocab,
+        Err("Replace normalizer other than a space by one character"),
+    );
+    let word_level = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"a": 0, " ": 1}, "unk_token": "a"},
+    });
+    let tok: Tokenizer = word_level.to_string().parse().expect("tokenizer json");
+    assert_eq!(check(&tok), Err("no pre-tokenizer stage splits at word gaps"));
+}
+
+fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
+    tok.encode_fast(text, false).expect("encode").get_ids().to_vec()
+}
+
+/// A refused configuration, and a cut where it really changes the ids: the refusals are
+/// needed, not only cautious.
+#[track_caller]
+fn check_refusal_needed(normalizer: Value, pre_tokenizer: Value, model: Value, added: Value, want: &str) {
+    let file = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": null, "decoder": null,
+        "model": model,
+    });
+    let tok: Tokenizer = file.to_string().parse().expect("tokenizer json");
+    assert_eq!(check(&tok), Err(want));
+    let (a, b) = ("ax", " b");
+    let pieces = [ids(&tok, a), ids(&tok, b)].concat();
+    assert_ne!(ids(&tok, &format!("{a}{b}")), pieces, "{want}");
+}
+
+fn bpe(vocab: Value, merges: Value) -> Value {
+    json!({"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+           "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+           "ignore_merges": false, "vocab": vocab, "merges": merges})
+}
+
+#[test]
+fn refused_configs_do_change_ids_at_a_gap() {
+    let none = Value::Null;
+    let chars = json!({"▁": 0, "a": 1, "x": 2, "b": 3, "Ġ": 4, "x▁": 5});
+    check_refusal_needed(
+        none.clone(),
+        metaspace("first", false),
+        bpe(chars.clone(), json!([["x", "▁"]])),
+        json!([]),
+        "a vocabulary entry runs across a word gap",
+    );
+    check_refusal_needed(
+        json!({"type": "Prepend", "prepend": "▁"}),
+        json!({"type": "Whitespace"}),
+        bpe(chars.clone(), json!([])),
+        json!([]),
+        "Prepend normalizer: every piece would get the prefix",
+    );
+    check_refusal_needed(
+        none.clone(),
+        seq(&[byte_level(true), metaspace("first", true)]),
+        bpe(chars.clone(), json!([])),
+        json!([]),
+        "Metaspace with prepend_scheme first after a split",
+    );
+    check_refusal_needed(
+        none,
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true}),
+        bpe(chars, json!([])),
+        json!([{"id": 2, "content": "x", "single_word": false, "lstrip": false, "rstrip": true,
+                "normalized": false, "special": true}]),
+        "an rstrip added token ends in a letter or digit",
+    );
 }

@@ -1,6 +1,6 @@
 //! Cuts inside plain text never change the answer: for each pre-tokenizer family that
 //! allows them (word-level Whitespace, byte-level BPE with GPT-2's or Llama 3's regex,
-//! Metaspace), tokenizing through the cache equals tokenizing in one go on random text, and
+//! Metaspace, and SentencePiece-style BPE that sees whole stretches), tokenizing through the cache equals tokenizing in one go on random text, and
 //! turn N+1 of a plain-text conversation reuses turn N's pieces. Configurations not known
 //! to be safe keep cutting only before added tokens.
 
@@ -72,20 +72,39 @@ fn gpt2() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let pre = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
-        trained_bpe("gpt2", pre, true)
+        trained_bpe("gpt2", pre, true, None)
     })
 }
 
 /// SentencePiece style: Metaspace that splits, `prepend_scheme: first`, a BOS.
 fn metaspace() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| trained_bpe("metaspace", metaspace_pre(true), false, None))
+}
+
+fn metaspace_pre(split: bool) -> Value {
+    json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": split})
+}
+
+/// SentencePiece as converted for Llama 2 and Mistral: trained on words, then run with a
+/// Metaspace that does not split, so BPE sees whole stretches.
+fn sp_whole() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| trained_bpe("sp-whole", metaspace_pre(true), false, Some((Value::Null, metaspace_pre(false)))))
+}
+
+/// Gemma style: spaces replaced by the normalizer, no pre-tokenizer.
+fn sp_replace() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let pre = json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
-        trained_bpe("metaspace", pre, false)
+        let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+        trained_bpe("sp-replace", metaspace_pre(true), false, Some((replace, Value::Null)))
     })
 }
 
-fn trained_bpe(name: &str, pre_tokenizer: Value, byte_level: bool) -> PathBuf {
+/// A BPE trained with `pre_tokenizer`, then saved with `serve`'s normalizer and
+/// pre-tokenizer if given.
+fn trained_bpe(name: &str, pre_tokenizer: Value, byte_level: bool, serve: Option<(Value, Value)>) -> PathBuf {
     let skeleton = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": pre_tokenizer, "post_processor": null, "decoder": null,
@@ -108,6 +127,10 @@ fn trained_bpe(name: &str, pre_tokenizer: Value, byte_level: bool) -> PathBuf {
     tok.add_tokens(vec![AddedToken::from("<tool_call>", false)]).expect("tokens");
     let mut file: Value = serde_json::from_str(&tok.to_string(false).expect("serialize")).expect("json");
     file["post_processor"] = bos_processor(tok.token_to_id("<s>").expect("bos"));
+    if let Some((normalizer, pre_tokenizer)) = serve {
+        file["normalizer"] = normalizer;
+        file["pre_tokenizer"] = pre_tokenizer;
+    }
     write_model(name, &file)
 }
 
@@ -129,7 +152,8 @@ fn words_text(rng: &mut Lcg, n: usize) -> String {
 }
 
 fn load(dir: &PathBuf, stride: usize, min: usize) -> ModelTokenizer {
-    let cache = CacheConfig { entries_max: 64, piece_bytes_min: min, gap_stride_bytes: stride, ..CacheConfig::default() };
+    let cache =
+        CacheConfig { entries_max: 64, piece_bytes_min: min, gap_stride_bytes: stride, ..CacheConfig::default() };
     ModelTokenizer::from_dir_with(dir, TokenizerConfig { cache, ..TokenizerConfig::default() }).expect("load")
 }
 
@@ -137,7 +161,8 @@ fn load(dir: &PathBuf, stride: usize, min: usize) -> ModelTokenizer {
 fn shared() -> &'static [ModelTokenizer] {
     static TOKS: OnceLock<Vec<ModelTokenizer>> = OnceLock::new();
     TOKS.get_or_init(|| {
-        let dirs = [words(), gpt2(), metaspace(), &fixture::chatml().dir, &fixture::llama3().dir];
+        let dirs =
+            [words(), gpt2(), metaspace(), sp_whole(), sp_replace(), &fixture::chatml().dir, &fixture::llama3().dir];
         let mut v = Vec::new();
         for dir in dirs {
             for (stride, min) in [(1, 0), (5, 3), (64, 16)] {
@@ -198,7 +223,7 @@ fn delta(tok: &ModelTokenizer, text: &str) -> (u64, u64, usize) {
 #[test]
 fn next_turn_reuses_previous_text() {
     const STRIDE_BYTES: usize = 64;
-    for dir in [words(), gpt2(), metaspace(), &fixture::chatml().dir] {
+    for dir in [words(), gpt2(), metaspace(), sp_whole(), sp_replace(), &fixture::chatml().dir] {
         let tok = load(dir, STRIDE_BYTES, 16);
         let mut rng = Lcg(11);
         let mut text = String::new();
@@ -218,12 +243,12 @@ fn next_turn_reuses_previous_text() {
     }
 }
 
-/// Metaspace without `split` (the model sees whole stretches) is not known to split at
-/// gaps: plain text is one piece, still tokenized exactly.
+/// A BPE trained on whole stretches (merges across spaces) is not known to split at gaps:
+/// plain text is one piece, still tokenized exactly.
 #[test]
 fn unsupported_configs_do_not_cut_inside_text() {
     let tok = load(&fixture::inst().dir, 1, 0);
-    assert_eq!(tok.cuts_word_gaps(), Err("Metaspace without split: the model sees whole stretches"));
+    assert_eq!(tok.cuts_word_gaps(), Err("a vocabulary entry runs across a word gap"));
     let mut rng = Lcg(5);
     let mut text = String::new();
     for _ in 0..4 {
