@@ -295,7 +295,7 @@ fn with_stride(dir: &PathBuf, entries_max: usize, gap_stride_bytes: usize) -> Mo
 /// Per-request times of the conversation's turns in order, through a fresh tokenizer in
 /// each of three modes, repeated; medians over repeats, per turn, then over turns.
 fn bench_plain(dir: &PathBuf, model: &str, words: bool) -> Value {
-    const REPEATS: usize = 5;
+    const REPEATS: usize = 15;
     let probe = ModelTokenizer::from_dir(dir).expect("load");
     let turns = plain_turns(&probe, words, 2_048, 256, 8_192);
     let tokens: Vec<usize> = turns.iter().map(|t| probe.encode_uncached(t, true).expect("encode").len()).collect();
