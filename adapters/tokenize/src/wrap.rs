@@ -61,3 +61,48 @@ fn only_wraps(pp: &PostProcessorWrapper) -> bool {
         | PostProcessorWrapper::Template(_) => true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+    use tokenizers::Tokenizer;
+
+    use super::Wrap;
+
+    fn tokenizer(post_processor: Value) -> Tokenizer {
+        let file = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": post_processor,
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"[CLS]": 0, "[SEP]": 1, "a": 2, "b": 3}, "unk_token": "a"},
+        });
+        file.to_string().parse().expect("tokenizer json")
+    }
+
+    #[track_caller]
+    fn check(post_processor: Value, prefix: &[u32], suffix: &[u32]) {
+        let tok = tokenizer(post_processor);
+        let wrap = Wrap::probe(&tok).expect("a wrap");
+        assert_eq!(wrap, Wrap { prefix: prefix.to_vec(), suffix: suffix.to_vec() });
+        for text in ["", "a", "a b b a"] {
+            let plain = tok.encode_fast(text, false).expect("encode");
+            let special = tok.encode_fast(text, true).expect("encode");
+            assert_eq!(wrap.around(plain.get_ids()), special.get_ids(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn reads_what_the_post_processor_adds() {
+        check(Value::Null, &[], &[]);
+        check(json!({"type": "BertProcessing", "sep": ["[SEP]", 1], "cls": ["[CLS]", 0]}), &[0], &[1]);
+        let template = json!({
+            "type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"[SEP]": {"id": "[SEP]", "ids": [1], "tokens": ["[SEP]"]}},
+        });
+        let byte_level =
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+        check(json!({"type": "Sequence", "processors": [byte_level, template]}), &[], &[1]);
+    }
+}
