@@ -15,8 +15,8 @@
 //!   across it or at where a stretch starts ([`step`]);
 //! - the model then works on each pre-token alone (all four kinds do), unless BPE dropout
 //!   makes it random. Without such a split (SentencePiece style: Metaspace without
-//!   `split`, or a `Replace` of spaces and no pre-tokenizer), BPE and Unigram still split
-//!   at the gap when no vocabulary entry runs across it ([`model`]).
+//!   `split`, or a `Replace` of spaces and no pre-tokenizer), BPE still splits at the gap
+//!   when no vocabulary entry runs across it ([`model`]).
 //!
 //! Anything not proven here refuses inner cuts: the prompt is then cut only before added
 //! tokens, as before. The property tests in `tests/it/inner.rs` check the equality on
@@ -167,9 +167,12 @@ fn split(pattern: &SplitPattern, behavior: SplitDelimiterBehavior, invert: bool)
 }
 
 /// Each model works on each pre-token alone. If nothing split at the gap, the model sees
-/// `…x▁y…` whole; BPE (merges happen one pair at a time, and every merge's result is in
-/// the vocabulary) and Unigram (a best path over vocabulary pieces) still split there if no
-/// vocabulary entry runs from another character into the gap's character.
+/// `…x▁y…` whole; BPE still splits there if no vocabulary entry runs from another
+/// character into the gap's character: merges join two symbols at a time, by rank alone,
+/// and each result is in the vocabulary. Not with `ignore_merges` (a piece found whole in
+/// the vocabulary skips the merges the whole text goes through), nor Unigram, whose best
+/// path sums floating-point scores, so a near tie can round differently with the text
+/// before the gap added in.
 fn model(gap: Gap, tok: &Tokenizer) -> Result<(), Refusal> {
     if let ModelWrapper::BPE(bpe) = tok.get_model() {
         if bpe.dropout.is_some_and(|d| d > 0.0) {
@@ -180,8 +183,8 @@ fn model(gap: Gap, tok: &Tokenizer) -> Result<(), Refusal> {
         return Ok(());
     };
     match tok.get_model() {
-        ModelWrapper::BPE(bpe) if bpe.continuing_subword_prefix.is_none() && bpe.end_of_word_suffix.is_none() => {}
-        ModelWrapper::Unigram(_) => {}
+        ModelWrapper::BPE(bpe)
+            if !bpe.ignore_merges && bpe.continuing_subword_prefix.is_none() && bpe.end_of_word_suffix.is_none() => {}
         _ => return Err("no pre-tokenizer stage splits at word gaps"),
     }
     let vocab = tok.get_vocab(false);

@@ -190,6 +190,11 @@ fn models_that_see_whole_stretches() {
     });
     let tok: Tokenizer = word_level.to_string().parse().expect("tokenizer json");
     assert_eq!(check(&tok), Err("no pre-tokenizer stage splits at word gaps"));
+    let mut ignore_merges = word_level;
+    ignore_merges["model"] = bpe(json!({"a": 0, " ": 1}), json!([]));
+    ignore_merges["model"]["ignore_merges"] = json!(true);
+    let tok: Tokenizer = ignore_merges.to_string().parse().expect("tokenizer json");
+    assert_eq!(check(&tok), Err("no pre-tokenizer stage splits at word gaps"));
 }
 
 fn ids(tok: &Tokenizer, text: &str) -> Vec<u32> {
