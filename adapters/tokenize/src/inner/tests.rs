@@ -3,7 +3,6 @@ use tokenizers::Tokenizer;
 
 use super::{check, GAP_SPLITTING_REGEXES};
 
-const GPT2: &str = GAP_SPLITTING_REGEXES[0];
 const LLAMA3: &str = GAP_SPLITTING_REGEXES[1];
 
 fn tokenizer(normalizer: Value, pre_tokenizer: Value, added: Value, dropout: Value) -> Tokenizer {
@@ -62,8 +61,9 @@ fn pre_tokenizers_that_split_at_word_gaps() {
     check_pre(json!({"type": "BertPreTokenizer"}), Ok(()));
     check_pre(json!({"type": "CharDelimiterSplit", "delimiter": " "}), Ok(()));
     check_pre(byte_level(true), Ok(()));
-    check_pre(seq(&[split(LLAMA3), byte_level(false)]), Ok(()));
-    check_pre(seq(&[split(GPT2), byte_level(false)]), Ok(()));
+    for regex in GAP_SPLITTING_REGEXES {
+        check_pre(seq(&[split(regex), byte_level(false)]), Ok(()));
+    }
     check_pre(metaspace("first", true), Ok(()));
     check_pre(metaspace("always", true), Ok(()));
     check_pre(seq(&[json!({"type": "Digits", "individual_digits": true}), metaspace("first", true)]), Ok(()));

@@ -1,6 +1,6 @@
 //! Cuts inside plain text never change the answer: for each pre-tokenizer family that
-//! allows them (word-level Whitespace, byte-level BPE with GPT-2's or Llama 3's regex,
-//! Metaspace, and SentencePiece-style BPE that sees whole stretches), tokenizing through the cache equals tokenizing in one go on random text, and
+//! allows them (word-level Whitespace, byte-level BPE with the GPT-2, Llama 3, Qwen2, o200k
+//! and Tekken regexes, Metaspace, and SentencePiece-style BPE that sees whole stretches), tokenizing through the cache equals tokenizing in one go on random text, and
 //! turn N+1 of a plain-text conversation reuses turn N's pieces. Configurations not known
 //! to be safe keep cutting only before added tokens.
 
@@ -73,6 +73,44 @@ fn gpt2() -> &'static PathBuf {
     DIR.get_or_init(|| {
         let pre = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
         trained_bpe("gpt2", pre, true, None)
+    })
+}
+
+/// A Split with one of the regexes of the o200k family, then ByteLevel (GPT-4o, Mistral's
+/// Tekken).
+fn cased_regex(name: &str, regex: &str) -> PathBuf {
+    let pre = json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+    ]});
+    trained_bpe(name, pre, true, None)
+}
+
+fn o200k() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        cased_regex(
+            "o200k",
+            concat!(
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ),
+        )
+    })
+}
+
+fn tekken() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        cased_regex(
+            "tekken",
+            concat!(
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
+                r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*",
+                r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            ),
+        )
     })
 }
 
@@ -161,8 +199,17 @@ fn load(dir: &PathBuf, stride: usize, min: usize) -> ModelTokenizer {
 fn shared() -> &'static [ModelTokenizer] {
     static TOKS: OnceLock<Vec<ModelTokenizer>> = OnceLock::new();
     TOKS.get_or_init(|| {
-        let dirs =
-            [words(), gpt2(), metaspace(), sp_whole(), sp_replace(), &fixture::chatml().dir, &fixture::llama3().dir];
+        let dirs = [
+            words(),
+            gpt2(),
+            o200k(),
+            tekken(),
+            metaspace(),
+            sp_whole(),
+            sp_replace(),
+            &fixture::chatml().dir,
+            &fixture::llama3().dir,
+        ];
         let mut v = Vec::new();
         for dir in dirs {
             for (stride, min) in [(1, 0), (5, 3), (64, 16)] {
