@@ -1,17 +1,22 @@
-//! Measures what tokenization costs the router: a long multi-turn agentic prompt (about 8k
-//! and 32k tokens) rendered and tokenized cold, against turn N+1 of the same conversation
-//! with turn N already cached. Prints one JSON object per size.
+//! Measures what tokenization costs the router, printing one JSON object per case:
+//! - chat: a long multi-turn agentic prompt (about 8k and 32k tokens) rendered and
+//!   tokenized cold, against turn N+1 of the same conversation with turn N already cached;
+//! - plain: a conversation of growing plain-text `/v1/completions` prompts (2k to 8k
+//!   tokens, each turn's prompt extending the last), tokenized per request as the proxy
+//!   does (`encode_text(text, true)`) with the cache off, with cuts only before added
+//!   tokens (`gap_stride_bytes = 0`), and with word-gap cuts (the default).
 //!
 //! Run: `cargo run --release -p kvroute-tokenize --example tok_bench`
 //!
-//! The model folder is built here (byte-level BPE with the Qwen2 pre-tokenizer regex,
-//! trained on generated text to an 8k vocabulary, and a ChatML-with-tools template), so
-//! figures are indicative of real BPE models of that shape, not of any one model.
+//! The model folders are built here: a byte-level BPE with the Qwen2 pre-tokenizer regex,
+//! trained on generated text to an 8k vocabulary, with a ChatML-with-tools template; and an
+//! 8k-word word-level vocabulary with a Whitespace pre-tokenizer, like the fleet
+//! benchmark's workers. Figures are indicative of models of those shapes, not of any one.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kvroute_tokenize::{ChatRequest, ModelTokenizer};
+use kvroute_tokenize::{CacheConfig, ChatRequest, ModelTokenizer, TokenizerConfig};
 use serde_json::{json, Value};
 use tokenizers::models::bpe::BpeTrainerBuilder;
 use tokenizers::models::TrainerWrapper;
@@ -205,7 +210,7 @@ fn bench(dir: &PathBuf, target_tokens: usize) -> Value {
         // inside `tokenizers` carries over between the cold measurements.
         let plain = ModelTokenizer::from_dir(dir).expect("load");
         let text = plain.render_chat(&req_n).expect("render");
-        let (ids, d) = time(|| plain.encode_text(&text, false).expect("encode"));
+        let (ids, d) = time(|| plain.encode_uncached(&text, false).expect("encode"));
         encode_plain.push(d);
         tokens = ids.len();
         let tok = ModelTokenizer::from_dir(dir).expect("load");
@@ -217,7 +222,7 @@ fn bench(dir: &PathBuf, target_tokens: usize) -> Value {
         let (next_ids, d) = time(|| tok.encode_chat(&req_next).expect("encode"));
         warm.push(d);
         let text_next = tok.render_chat(&req_next).expect("render");
-        assert_eq!(next_ids, tok.encode_text(&text_next, false).expect("encode"));
+        assert_eq!(next_ids, tok.encode_uncached(&text_next, false).expect("encode"));
     }
     let cold_us = median_us(cold);
     let warm_us = median_us(warm);
@@ -234,10 +239,116 @@ fn bench(dir: &PathBuf, target_tokens: usize) -> Value {
     })
 }
 
+/// A word-level tokenizer over `w0` … `w7999`, split on whitespace.
+fn build_words_model() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvroute-tok-bench-words-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), json!(0));
+    for i in 0..WORDS_VOCAB {
+        vocab.insert(format!("w{i}"), json!(i + 1));
+    }
+    let file = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), file.to_string()).expect("tokenizer.json");
+    dir
+}
+
+const WORDS_VOCAB: usize = 8000;
+
+/// Prompts of a plain-text conversation: each extends the last by about `step_tokens`,
+/// from `first_tokens` to `last_tokens` (counted with `tok`).
+fn plain_turns(
+    tok: &ModelTokenizer,
+    words: bool,
+    first_tokens: usize,
+    step_tokens: usize,
+    last_tokens: usize,
+) -> Vec<String> {
+    let mut rng = Rng(5);
+    let mut text = String::new();
+    let mut turns = Vec::new();
+    let mut target = first_tokens;
+    while target <= last_tokens {
+        while tok.encode_uncached(&text, true).expect("encode").len() < target {
+            let chunk = if words {
+                (0..64).map(|_| format!("w{} ", rng.below(WORDS_VOCAB))).collect::<String>()
+            } else {
+                format!("{} ", rng.sentence(40))
+            };
+            text.push_str(&chunk);
+        }
+        turns.push(text.clone());
+        target += step_tokens;
+    }
+    turns
+}
+
+fn with_stride(dir: &PathBuf, entries_max: usize, gap_stride_bytes: usize) -> ModelTokenizer {
+    let cache = CacheConfig { entries_max, gap_stride_bytes, ..CacheConfig::default() };
+    ModelTokenizer::from_dir_with(dir, TokenizerConfig { cache, ..TokenizerConfig::default() }).expect("load")
+}
+
+/// Per-request times of the conversation's turns in order, through a fresh tokenizer in
+/// each of three modes, repeated; medians over repeats, per turn, then over turns.
+fn bench_plain(dir: &PathBuf, model: &str, words: bool) -> Value {
+    const REPEATS: usize = 15;
+    let probe = ModelTokenizer::from_dir(dir).expect("load");
+    let turns = plain_turns(&probe, words, 2_048, 256, 8_192);
+    let tokens: Vec<usize> = turns.iter().map(|t| probe.encode_uncached(t, true).expect("encode").len()).collect();
+    let modes: [(&str, usize, usize); 3] =
+        [("cache_off", 0, 0), ("cuts_before_added_tokens", 65_536, 0), ("word_gap_cuts", 65_536, 1024)];
+    let mut out = serde_json::Map::new();
+    out.insert("case".into(), json!("plain"));
+    out.insert("model".into(), json!(model));
+    out.insert("turns".into(), json!(turns.len()));
+    out.insert("prompt_tokens_first_last".into(), json!([tokens[0], tokens[tokens.len() - 1]]));
+    // Modes take turns request by request, so load from elsewhere on the machine hits all.
+    let mut per_turn: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); turns.len()]; modes.len()];
+    let mut reused = vec![0; modes.len()];
+    for _ in 0..REPEATS {
+        let toks: Vec<ModelTokenizer> =
+            modes.iter().map(|&(_, entries, stride)| with_stride(dir, entries, stride)).collect();
+        for (i, text) in turns.iter().enumerate() {
+            for (m, tok) in toks.iter().enumerate() {
+                let (ids, d) = time(|| tok.encode_text(text, true).expect("encode"));
+                assert_eq!(ids.len(), tokens[i]);
+                per_turn[m][i].push(d);
+            }
+        }
+        for (m, tok) in toks.iter().enumerate() {
+            reused[m] = tok.cache_stats().tokens_reused;
+        }
+    }
+    for (m, (name, _, _)) in modes.iter().enumerate() {
+        let medians: Vec<f64> = per_turn[m].iter().map(|d| median_us(d.clone())).collect();
+        let mut sorted = medians.clone();
+        sorted.sort_by(f64::total_cmp);
+        out.insert(
+            (*name).into(),
+            json!({
+                "request_median_us": sorted[sorted.len() / 2],
+                "first_turn_us": medians[0],
+                "last_turn_us": medians[medians.len() - 1],
+                "tokens_reused_per_run": reused[m],
+            }),
+        );
+    }
+    out.insert("repeats".into(), json!(REPEATS));
+    Value::Object(out)
+}
+
 fn main() {
     let dir = build_model();
     for target in [8_192, 32_768] {
         println!("{}", bench(&dir, target));
     }
+    println!("{}", bench_plain(&dir, "bpe_qwen2_regex", false));
+    let words = build_words_model();
+    println!("{}", bench_plain(&words, "word_level_whitespace", true));
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&words);
 }

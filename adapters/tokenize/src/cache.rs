@@ -25,6 +25,12 @@ pub struct CacheConfig {
     /// Pieces shorter than this are merged with the next one before caching, which keeps
     /// short markers like `<|im_end|>\n` from becoming entries of their own. Default 256.
     pub piece_bytes_min: usize,
+    /// For tokenizers where a space between ASCII letters or digits is a proven split
+    /// point, text between added tokens is also cut at the first such gap at or after every
+    /// this many bytes from the prompt's start, so a long plain-text prefix is tokenized
+    /// once. Larger strides make fewer entries but re-tokenize more of the last piece each
+    /// turn. Zero turns these cuts off. Default 1024.
+    pub gap_stride_bytes: usize,
     /// Seed of the piece hash, so outside input cannot aim collisions. Default a fixed value;
     /// set a random one per process.
     pub hash_seed: u64,
@@ -32,7 +38,13 @@ pub struct CacheConfig {
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        Self { entries_max: 65_536, bytes_max: 256 << 20, piece_bytes_min: 256, hash_seed: 0x6b76_726f_7574_6521 }
+        Self {
+            entries_max: 65_536,
+            bytes_max: 256 << 20,
+            piece_bytes_min: 256,
+            gap_stride_bytes: 1024,
+            hash_seed: 0x6b76_726f_7574_6521,
+        }
     }
 }
 

@@ -10,11 +10,13 @@
 //! ([`Dialect`]), and tokenizes the result with `add_special_tokens = false`, as vLLM does
 //! for chat requests whose template writes its own BOS.
 //!
-//! Tokenizing is the router's most expensive step, so rendered prompts are cut just before
-//! added tokens such as `<|im_start|>` (where tokenization provably splits, see
-//! `segment.rs`) and the pieces' ids are kept in a bounded LRU cache ([`CacheConfig`]): turn
-//! N+1 of a conversation tokenizes only what is new since turn N. The output is identical
-//! to tokenizing the whole text at once.
+//! Tokenizing is the router's most expensive step, so prompts are cut where tokenization
+//! provably splits: just before added tokens such as `<|im_start|>` (`segment.rs`) and, when
+//! the tokenizer's normalizer and pre-tokenizer allow it, at spaces between words every
+//! [`CacheConfig::gap_stride_bytes`] (`inner.rs`). The pieces' ids are kept in a bounded LRU
+//! cache ([`CacheConfig`]), so turn N+1 of a conversation, chat or plain text, tokenizes
+//! only what is new since turn N. The output is identical to tokenizing the whole text at
+//! once.
 //!
 //! What this crate leaves to others: it downloads nothing and never reads the network;
 //! finding the model folder, choosing the [`Dialect`] per deployment, hashing blocks
@@ -34,11 +36,13 @@ mod detect;
 mod error;
 pub mod fallback;
 mod files;
+mod inner;
 mod pyfmt;
 mod request;
 mod segment;
 mod strftime;
 mod template;
+mod wrap;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,6 +55,7 @@ pub use template::Clock;
 use cache::PieceCache;
 use segment::Cutter;
 use template::Templates;
+use wrap::Wrap;
 
 /// How a [`ModelTokenizer`] renders and caches. Every field has a default.
 #[derive(Clone)]
@@ -96,6 +101,10 @@ pub struct ModelTokenizer {
     special_tokens: Vec<(String, String)>,
     dialect: Dialect,
     cutter: Cutter,
+    /// Why prompts are not cut at word gaps, if they are not.
+    gap_refusal: Option<&'static str>,
+    /// What the post-processor adds around a sequence, if known to only wrap it.
+    wrap: Option<Wrap>,
     cache: Mutex<PieceCache>,
 }
 
@@ -106,6 +115,8 @@ impl std::fmt::Debug for ModelTokenizer {
             .field("special_tokens", &self.special_tokens)
             .field("dialect", &self.dialect)
             .field("cut_tokens", &self.cutter.tokens())
+            .field("gap_refusal", &self.gap_refusal)
+            .field("wrap", &self.wrap)
             .finish_non_exhaustive()
     }
 }
@@ -131,20 +142,36 @@ impl ModelTokenizer {
         let templates = Templates::compile(files.templates.clone(), files.templates_named, config.clock)?;
         let content_loops =
             files.templates.iter().map(|(name, source)| (name.clone(), detect::loops_over_content(source))).collect();
+        let gap_refusal = inner::check(&tokenizer).err();
+        let wrap = Wrap::probe(&tokenizer);
         Ok(Self {
             tokenizer,
             templates,
             content_loops,
             special_tokens: files.special_tokens,
             dialect: config.dialect,
-            cutter: Cutter::new(&added),
+            cutter: Cutter::new(&added, gap_refusal.is_none()),
+            gap_refusal,
+            wrap,
             cache: Mutex::new(PieceCache::new(config.cache)),
         })
     }
 
-    /// Tokenizes plain `text`, adding the tokenizer's post-processor tokens (e.g. BOS) when
-    /// `add_special_tokens` is set. Not cached. Work grows linearly with `text`.
+    /// Tokenizes plain `text` (a completions prompt), adding the tokenizer's post-processor
+    /// tokens (e.g. BOS) when `add_special_tokens` is set, reusing cached pieces as
+    /// [`encode_rendered`](Self::encode_rendered) does. The result equals
+    /// [`encode_uncached`](Self::encode_uncached)'s. Uncached when special tokens are asked
+    /// for and the post-processor is not known to only wrap the sequence.
     pub fn encode_text(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        match (&self.wrap, add_special_tokens) {
+            (_, false) => self.encode_rendered(text),
+            (Some(wrap), true) => Ok(wrap.around(&self.encode_rendered(text)?)),
+            (None, true) => self.encode_uncached(text, true),
+        }
+    }
+
+    /// Tokenizes `text` in one go, without the cache. Work grows linearly with `text`.
+    pub fn encode_uncached(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
@@ -177,17 +204,18 @@ impl ModelTokenizer {
     }
 
     /// Tokenizes an already rendered prompt without adding special tokens, reusing cached
-    /// pieces. The result equals `encode_text(text, false)`. Work is linear in `text` for
-    /// hashing and cutting, plus tokenizing the pieces not in the cache.
+    /// pieces. The result equals `encode_uncached(text, false)`. Work is linear in `text`
+    /// for hashing and cutting, plus tokenizing the pieces not in the cache.
     pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        let (piece_bytes_min, enabled) = {
+        let (piece_bytes_min, stride_bytes, enabled) = {
             let cache = self.lock_cache();
-            (cache.config().piece_bytes_min, cache.config().entries_max > 0)
+            let c = cache.config();
+            (c.piece_bytes_min, c.gap_stride_bytes, c.entries_max > 0)
         };
         if !enabled {
-            return self.encode_text(text, false);
+            return self.encode_uncached(text, false);
         }
-        let pieces = self.cutter.split(text, piece_bytes_min);
+        let pieces = self.cutter.split(text, piece_bytes_min, stride_bytes);
         let found: Vec<(u128, Option<Arc<[u32]>>)> = {
             let mut cache = self.lock_cache();
             pieces
@@ -204,7 +232,7 @@ impl ModelTokenizer {
             match hit {
                 Some(ids) => out.extend_from_slice(&ids),
                 None => {
-                    let ids: Arc<[u32]> = self.encode_text(piece, false)?.into();
+                    let ids: Arc<[u32]> = self.encode_uncached(piece, false)?.into();
                     out.extend_from_slice(&ids);
                     fresh.push((key, *piece, ids));
                 }
@@ -232,6 +260,15 @@ impl ModelTokenizer {
     /// The added tokens before which prompts are cut for caching, sorted.
     pub fn cut_tokens(&self) -> &[String] {
         self.cutter.tokens()
+    }
+
+    /// Whether prompts are also cut at spaces between words (see
+    /// [`CacheConfig::gap_stride_bytes`]); `Err` says why this tokenizer's are not.
+    pub fn cuts_word_gaps(&self) -> Result<(), &'static str> {
+        match self.gap_refusal {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
     }
 
     /// A poisoned lock only means another thread panicked mid-call; every cache operation

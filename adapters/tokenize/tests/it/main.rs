@@ -2,5 +2,6 @@
 
 mod cache;
 mod fixture;
+mod inner;
 mod load;
 mod parity;
