@@ -72,8 +72,8 @@ pub use select::{CandidateScore, KvCostOverrides};
 pub use learn::{EngineLoad, LearnConfig, LearnError, LearnStats, Learned, Observation};
 
 // ---- ids and plain values ----
-pub use time::Instant;
 pub use admission::TenantId;
+pub use time::Instant;
 pub use types::{DpRank, Draw, Overlap, Phase, RequestId, Tier, WorkerId, WorkerKey, WorkerLoad};
 
 // ---- workers ----

@@ -58,6 +58,8 @@ pub struct ProxyConfig {
     /// Distributed tracing over OpenTelemetry; absent (default), no spans are made and
     /// trace headers pass through untouched.
     pub tracing: Option<TracingConfig>,
+    /// The tenants and their API keys (default none: the gateway is open).
+    pub tenants: Vec<crate::tenants::TenantConfig>,
 }
 
 impl Default for ProxyConfig {
@@ -81,6 +83,7 @@ impl Default for ProxyConfig {
             learn: crate::learn::LearnSection::default(),
             discovery: DiscoverySection::default(),
             tracing: None,
+            tenants: Vec::new(),
         }
     }
 }
@@ -767,6 +770,8 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A `[[tenants]]` entry or one of its keys is refused.
+    Tenant(crate::tenants::TenantError),
     /// The key is set, but the server reading the file does not act on it.
     NotHonoured {
         /// The key, e.g. `retry` or `models[0].disagg_protocol`.
@@ -785,6 +790,7 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::Parse { line: None, message, .. } => write!(f, "{message}"),
             ConfigError::Invalid { key, message } => write!(f, "{key}: {message}"),
+            ConfigError::Tenant(e) => write!(f, "{e}"),
             ConfigError::NotHonoured { key, reason } => write!(f, "{key}: not honoured here ({reason}); remove it"),
         }
     }
@@ -794,6 +800,7 @@ impl std::error::Error for ConfigError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ConfigError::Read { source, .. } => Some(source),
+            ConfigError::Tenant(e) => Some(e),
             ConfigError::Parse { .. } | ConfigError::Invalid { .. } | ConfigError::NotHonoured { .. } => None,
         }
     }

@@ -5,7 +5,7 @@
 //! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
 //! scraping of the workers' metrics ([`scrape`], each server bringing its client),
 //! [`ApiError`], the OpenAI-shaped refusal both servers answer with; and [`otel`],
-//! distributed tracing for the proxy.
+//! distributed tracing for the proxy; [`tenants`], the `[[tenants]]` and their keys.
 //!
 //! Both servers start it the same way, with [`start`], and ask it the same question
 //! for every request ([`ask::question`]): a buffered body and its headers in, the pool
@@ -31,6 +31,7 @@ pub mod request;
 pub mod scrape;
 pub mod span_drops;
 mod start;
+pub mod tenants;
 pub mod tokenize;
 pub mod trust;
 

@@ -198,9 +198,12 @@ mod tests {
     use crate::live::LiveResult;
     use crate::load::LiveStats;
 
-    /// `error_lines` of one policy per `(errors by kind, sent, done)`.
+    /// One policy's figures: its name, errors by kind, requests sent and done.
+    type Policy = (&'static str, &'static [(&'static str, u64)], u64, u64);
+
+    /// The lines after the table for these policies.
     #[track_caller]
-    fn check(policies: &[(&'static str, &[(&str, u64)], u64, u64)], want: &[&str]) {
+    fn check(policies: &[Policy], want: &[&str]) {
         let results: Vec<LiveResult> = policies
             .iter()
             .map(|&(policy, kinds, sent, done)| {

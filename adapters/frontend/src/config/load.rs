@@ -119,6 +119,7 @@ impl ProxyConfig {
             self.check_worker(w)
                 .map_err(|(k, m)| ConfigError::Invalid { key: format!("workers[{i}].{k}"), message: m })?;
         }
+        crate::tenants::check(&self.tenants).map_err(ConfigError::Tenant)?;
         if let Some(r) = &self.replica {
             if let Err(kvroute_replica::ReplicaStartError::Invalid { option, message }) = r.options().validate() {
                 return invalid(format!("replica.{option}"), message);
