@@ -12,7 +12,7 @@ An image becomes (IMAGE_SIZE / PATCH_SIZE)^2 = 64 placeholder tokens
 size: the CLIP processor resizes and crops it to IMAGE_SIZE pixels square.
 
 Idempotent: `generator.json` in the output folder records GENERATOR_VERSION and the
-shapes; when it matches, nothing is written.
+shapes and the chat template; when it matches, nothing is written.
 """
 
 import argparse
@@ -207,7 +207,13 @@ def main():
     ap.add_argument("--out", required=True, help="the model folder (created)")
     args = ap.parse_args()
     out = Path(args.out)
-    stamp = {"generator_version": GENERATOR_VERSION, "seed": SEED, "text": TEXT, "vision": VISION}
+    stamp = {
+        "generator_version": GENERATOR_VERSION,
+        "seed": SEED,
+        "text": TEXT,
+        "vision": VISION,
+        "chat_template": CHAT_TEMPLATE,
+    }
     record = out / "generator.json"
     if record.exists() and json.loads(record.read_text()) == stamp:
         say(f"model present (generator {GENERATOR_VERSION})")

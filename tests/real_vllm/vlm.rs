@@ -3,8 +3,11 @@
 //! tokenizer, kvroute-media's identifier and placeholder expansion, and the core's
 //! `hash_tokens_with_media`), and vLLM's prefix-cache hits are the overlap those hashes
 //! predict: a follow-up turn with the same image hits through the image's blocks, the
-//! same text with another image diverges at the image's first block, and a
-//! `cache_salt` keeps tenants apart with images too.
+//! same text with another image diverges at the image's first block, two images in a
+//! prompt key the block they share with both, a client's `uuid` stands for the image's
+//! bytes, and a `cache_salt` keeps tenants apart with images too. vLLM's own expanded
+//! prompt (`/tokenize` with the messages) is checked against kvroute's expansion, and
+//! every stored block's published `(identifier, offset)` keys against kvroute-media's.
 //!
 //! Its own server (see `vlm_engine.rs`), not the fleet's: the generated LLaVA (CLIP
 //! 112 px, patch 14: 64 placeholder tokens per image), 32-token blocks.
@@ -163,10 +166,11 @@ impl Ctx {
             let salt_keys: Vec<String> = salt.filter(|_| b == 0).map(String::from).into_iter().collect();
             assert_eq!(s.strings, salt_keys, "{what}: block {b}'s string keys as published");
         }
-        let spans: Vec<(usize, usize)> = p.images.iter().map(|(_, o, l)| (*o, *l)).collect();
+        let spans: Vec<(&str, usize, usize)> =
+            p.images.iter().map(|(id, o, l)| (id.get(..16).unwrap_or(id), *o, *l)).collect();
         eprintln!(
-            "real_vllm: vlm {what}: {} tokens, images at {spans:?}, {} full blocks, predicted {predicted}, \
-             cached {cached} tokens; hashes {:016x?}",
+            "real_vllm: vlm {what}: {} tokens, images (identifier, offset, length) {spans:?}, \
+             {} full blocks, predicted {predicted}, cached {cached} tokens; hashes {:016x?}",
             p.tokens.len(),
             p.hashes.len(),
             p.hashes.iter().map(|h| h.seq.0).collect::<Vec<_>>()
@@ -238,6 +242,7 @@ fn start() -> Option<Ctx> {
 }
 
 const IMAGE_X: &[u8] = include_bytes!("../../adapters/media/tests/images/rgb.png");
+/// RGBA: vLLM converts it to RGB, which its identifier records.
 const IMAGE_Y: &[u8] = include_bytes!("../../adapters/media/tests/images/rgba.png");
 /// Long enough that the image starts in the second block.
 const INTRO: &str = "Here is a picture from the test suite of the router, which checks \

@@ -26,6 +26,11 @@ pub const VLM: &str = "kvroute-vlm";
 /// Tokens per KV block (a multiple of 32, as the CPU build needs; smaller than the
 /// image's 64 tokens so an image spans blocks).
 pub const VLM_BLOCK_TOKENS: u32 = 32;
+/// vLLM's flags besides the ports, the model, its events and its image limit: as
+/// `serve.sh` gives the text model, without LoRA.
+const FLAGS: &str = "-m vllm.entrypoints.openai.api_server --host 127.0.0.1 \
+    --dtype float32 --enable-prefix-caching --enforce-eager --max-model-len 1024 --max-num-seqs 4 \
+    --enable-prompt-tokens-details";
 /// Longest wait for `/health`, as for the text servers.
 const START_TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -67,19 +72,17 @@ impl VlmServer {
         let events = format!(
             r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{events_port}", "replay_endpoint": "tcp://*:{replay_port}", "topic": ""}}"#
         );
-        let mut args: Vec<String> = ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1"]
-            .map(String::from)
-            .to_vec();
-        args.extend(["--port".into(), http_port.to_string(), "--model".into(), model.display().to_string()]);
-        args.extend(
-            [
-                "--served-model-name", VLM, "--dtype", "float32", "--enable-prefix-caching",
-                "--block-size", "32", "--enforce-eager", "--max-model-len", "1024", "--max-num-seqs", "4",
-                "--enable-prompt-tokens-details", "--limit-mm-per-prompt", r#"{"image": 2}"#,
-                "--kv-events-config", &events,
-            ]
-            .map(String::from),
-        );
+        let mut args: Vec<String> = FLAGS.split_whitespace().map(String::from).collect();
+        let flags = [
+            ("--port", http_port.to_string()),
+            ("--block-size", VLM_BLOCK_TOKENS.to_string()),
+            ("--served-model-name", VLM.to_string()),
+        ];
+        for (flag, value) in flags {
+            args.extend([flag.to_string(), value]);
+        }
+        args.extend(["--model".into(), model.display().to_string(), "--kv-events-config".into(), events]);
+        args.extend(["--limit-mm-per-prompt".into(), r#"{"image": 2}"#.into()]);
         let envs = [
             ("VLLM_TARGET_DEVICE", "cpu"),
             ("VLLM_CPU_KVCACHE_SPACE", "1"),
@@ -224,7 +227,11 @@ impl EventLog {
     pub fn wait_stored(&mut self, server: &VlmServer, n: usize) {
         let t0 = Instant::now();
         while self.stored.len() < n {
-            assert!(t0.elapsed() < Duration::from_secs(20), "{} blocks stored, {n} expected, after 20 s", self.stored.len());
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{} blocks stored, {n} expected, after 20 s",
+                self.stored.len()
+            );
             std::thread::sleep(Duration::from_millis(50));
             self.poll(server);
         }
