@@ -9,8 +9,9 @@
 //! prompt (`/tokenize` with the messages) is checked against kvroute's expansion, and
 //! every stored block's published `(identifier, offset)` keys against kvroute-media's.
 //!
-//! Its own server (see `vlm_engine.rs`), not the fleet's: the generated LLaVA (CLIP
-//! 112 px, patch 14: 64 placeholder tokens per image), 32-token blocks.
+//! One server per generated model family (see `vlm_engine.rs`), not the fleet's,
+//! 32-token blocks: LLaVA (CLIP 112 px, patch 14: 64 placeholder tokens per image) and
+//! Qwen2-VL (tokens by the image's size).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -23,8 +24,46 @@ use serde_json::{json, Value};
 use crate::vlm_engine::{vlm_model, EventLog, VlmServer, VLM, VLM_BLOCK_TOKENS};
 
 const BS: usize = VLM_BLOCK_TOKENS as usize;
-const IMAGE_TOKEN: &str = "<image>";
 const HITS: &str = "vllm:prefix_cache_hits_total";
+
+/// A generated model family (`gen_vlm.py --family`) and the images its test sends.
+struct Family {
+    name: &'static str,
+    /// What the chat template renders for an image part.
+    image_text: &'static str,
+    /// The token vLLM's processor expands.
+    image_token: &'static str,
+    /// Two images of different bytes (for Qwen2-VL, of different token counts).
+    images: [&'static [u8]; 2],
+}
+
+const LLAVA: Family = Family {
+    name: "llava",
+    image_text: "<image>",
+    image_token: "<image>",
+    // RGBA: vLLM converts it to RGB, which its identifier records.
+    images: [
+        include_bytes!("../../adapters/media/tests/images/rgb.png"),
+        include_bytes!("../../adapters/media/tests/images/rgba.png"),
+    ],
+};
+
+const QWEN2_VL: Family = Family {
+    name: "qwen2_vl",
+    image_text: "<|vision_start|><|image_pad|><|vision_end|>",
+    image_token: "<|image_pad|>",
+    // 640 x 480 and 1000 x 40: 54 and 36 placeholder tokens.
+    images: [
+        include_bytes!("../../adapters/media/tests/images/rgb.jpg"),
+        include_bytes!("../../adapters/media/tests/images/wide.png"),
+    ],
+};
+
+/// Two images of the same size and other bytes, for a client's uuid.
+const SAME_SIZE: [&[u8]; 2] = [
+    include_bytes!("../../adapters/media/tests/images/alpha.webp"),
+    include_bytes!("../../adapters/media/tests/images/alpha-lossy.webp"),
+];
 
 /// One part of a message: text, or an image as a data URL with the client's `uuid`.
 #[derive(Clone)]
@@ -51,6 +90,7 @@ struct Seen {
 }
 
 struct Ctx {
+    family: &'static Family,
     server: VlmServer,
     log: EventLog,
     media: MediaConfig,
@@ -58,19 +98,19 @@ struct Ctx {
 }
 
 fn data_url(bytes: &[u8]) -> String {
-    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
+    format!("data:image/x;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
 /// The generated model's chat template (`gen_vlm.py`), rendered by hand as kvroute's
 /// tokenizer adapter renders it: `<|user|>text<image>text<|end|>...<|assistant|>`.
-fn render(turns: &Turns) -> String {
+fn render(turns: &Turns, image_text: &str) -> String {
     let mut s = String::new();
     for (role, parts) in turns {
         s.push_str(&format!("<|{role}|>"));
         for p in parts {
             s.push_str(match p {
                 Part::Text(t) => t,
-                Part::Image(..) => IMAGE_TOKEN,
+                Part::Image(..) => image_text,
             });
         }
         s.push_str("<|end|>");
@@ -110,7 +150,7 @@ impl Ctx {
 
     /// kvroute's view of a request, from the request alone.
     fn prompt(&self, turns: &Turns, salt: Option<&str>) -> Prompt {
-        let prompt = self.tokenize(&render(turns));
+        let prompt = self.tokenize(&render(turns, self.family.image_text));
         let parts: Vec<ImagePart<'_>> = turns
             .iter()
             .flat_map(|(_, ps)| ps)
@@ -169,8 +209,9 @@ impl Ctx {
         let spans: Vec<(&str, usize, usize)> =
             p.images.iter().map(|(id, o, l)| (id.get(..16).unwrap_or(id), *o, *l)).collect();
         eprintln!(
-            "real_vllm: vlm {what}: {} tokens, images (identifier, offset, length) {spans:?}, \
+            "real_vllm: {} {what}: {} tokens, images (identifier, offset, length) {spans:?}, \
              {} full blocks, predicted {predicted}, cached {cached} tokens; hashes {:016x?}",
+            self.family.name,
             p.tokens.len(),
             p.hashes.len(),
             p.hashes.iter().map(|h| h.seq.0).collect::<Vec<_>>()
@@ -213,10 +254,17 @@ fn engine_python() -> Option<PathBuf> {
     Some(PathBuf::from(python))
 }
 
+fn read_json(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// kvroute-media's settings for the model, from its `config.json` and processor config.
 fn media_config(model: &Path) -> MediaConfig {
-    let config: Value = serde_json::from_slice(&std::fs::read(model.join("config.json")).expect("config.json"))
-        .expect("config.json is JSON");
-    let rule = PlaceholderRule::from_hf_config(&config, None).expect("a LLaVA placeholder rule");
+    let config = read_json(&model.join("config.json"));
+    let processor = read_json(&model.join("processor_config.json"));
+    let rule =
+        PlaceholderRule::from_hf_config(&config, Some(&processor["image_processor"])).expect("a placeholder rule");
     MediaConfig {
         model_id: model.display().to_string(),
         algorithm: Default::default(),
@@ -226,24 +274,21 @@ fn media_config(model: &Path) -> MediaConfig {
     }
 }
 
-fn start() -> Option<Ctx> {
+fn start(family: &'static Family) -> Option<Ctx> {
     let python = engine_python()?;
     let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-vlm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    let model = vlm_model(&python);
+    let model = vlm_model(&python, family.name);
     let media = media_config(&model);
-    let server = VlmServer::start(&python, &model, &dir);
-    eprintln!("real_vllm: the VLM server's logs in {}", dir.display());
-    let mut ctx = Ctx { server, log: EventLog::new(), media, image_token_id: 0 };
-    let id = ctx.tokenize(IMAGE_TOKEN);
-    assert_eq!(id.len(), 1, "{IMAGE_TOKEN} is one token: {id:?}");
+    eprintln!("real_vllm: {}'s placeholder rule {:?}", family.name, media.rule);
+    let server = VlmServer::start(&python, &model, &dir, family.name);
+    let mut ctx = Ctx { family, server, log: EventLog::new(), media, image_token_id: 0 };
+    let id = ctx.tokenize(family.image_token);
+    assert_eq!(id.len(), 1, "{} is one token: {id:?}", family.image_token);
     ctx.image_token_id = id[0];
     Some(ctx)
 }
 
-const IMAGE_X: &[u8] = include_bytes!("../../adapters/media/tests/images/rgb.png");
-/// RGBA: vLLM converts it to RGB, which its identifier records.
-const IMAGE_Y: &[u8] = include_bytes!("../../adapters/media/tests/images/rgba.png");
 /// Long enough that the image starts in the second block.
 const INTRO: &str = "Here is a picture from the test suite of the router, which checks \
     that image requests find their cached blocks on the engine: ";
@@ -265,9 +310,19 @@ fn follow_up(url: &str) -> Turns {
 }
 
 #[test]
-fn image_blocks_hash_and_hit_as_vllm_publishes_them() {
-    let Some(mut c) = start() else { return };
-    let (x, y) = (data_url(IMAGE_X), data_url(IMAGE_Y));
+fn llava_image_blocks_hash_and_hit_as_vllm_publishes_them() {
+    check(&LLAVA);
+}
+
+#[test]
+fn qwen2_vl_image_blocks_hash_and_hit_as_vllm_publishes_them() {
+    check(&QWEN2_VL);
+}
+
+/// The whole story on one family's server; each request checked by [`Ctx::ask`].
+fn check(family: &'static Family) {
+    let Some(mut c) = start(family) else { return };
+    let (x, y) = (data_url(family.images[0]), data_url(family.images[1]));
 
     let first = c.ask("first turn", &with_image(&x), None);
     assert_eq!(first.predicted_blocks, 0, "a fresh engine holds nothing");
@@ -296,11 +351,14 @@ fn image_blocks_hash_and_hit_as_vllm_publishes_them() {
     let both = c.ask("two images", &two, None);
     assert_eq!(both.predicted_blocks, (x_off + x_len) / BS, "shared through the first image");
 
-    // A client's uuid stands for the image: the same uuid with other bytes is a hit.
-    let uuid = |url: &str| first_turn(vec![Part::Text(INTRO), Part::Image(url.into(), Some("pic-1")), Part::Text(ASK)]);
-    c.ask("uuid pic-1", &uuid(&x), None);
-    let by_uuid = c.ask("uuid pic-1, other bytes", &uuid(&y), None);
-    assert!(by_uuid.cached_tokens as usize >= x_off + x_len, "the uuid's blocks hit whatever the bytes");
+    // A client's uuid stands for the image: the same uuid with other bytes (of the
+    // same size) is a hit.
+    let uuid =
+        |img: &[u8]| first_turn(vec![Part::Text(INTRO), Part::Image(data_url(img), Some("pic-1")), Part::Text(ASK)]);
+    c.ask("uuid pic-1", &uuid(SAME_SIZE[0]), None);
+    let by_uuid = c.ask("uuid pic-1, other bytes", &uuid(SAME_SIZE[1]), None);
+    let (_, u_off, u_len) = by_uuid.prompt.images[0].clone();
+    assert!(by_uuid.cached_tokens as usize >= u_off + u_len, "the uuid's blocks hit whatever the bytes");
 
     let salted = c.ask("first turn, tenant-a", &with_image(&x), Some("tenant-a"));
     assert_eq!(salted.predicted_blocks, 0, "a salt keeps unsalted image blocks apart");

@@ -34,24 +34,26 @@ const FLAGS: &str = "-m vllm.entrypoints.openai.api_server --host 127.0.0.1 \
 /// Longest wait for `/health`, as for the text servers.
 const START_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// The generated model folder, made (or found present) by `gen_vlm.py`.
-pub fn vlm_model(python: &Path) -> PathBuf {
-    let dir = match std::env::var_os("KVROUTE_VLLM_VLM_MODEL").filter(|v| !v.is_empty()) {
+/// The generated model of `family` (`gen_vlm.py --family`), made or found present: in
+/// `KVROUTE_VLLM_VLM_DIR/<family>`, else in `vlm/<family>` beside `KVROUTE_VLLM_MODEL`.
+pub fn vlm_model(python: &Path, family: &str) -> PathBuf {
+    let root = match std::env::var_os("KVROUTE_VLLM_VLM_DIR").filter(|v| !v.is_empty()) {
         Some(d) => PathBuf::from(d),
         None => {
             let text = std::env::var_os("KVROUTE_VLLM_MODEL").expect("KVROUTE_VLLM_MODEL is set");
             PathBuf::from(text).parent().expect("the model folder has a parent").join("vlm")
         }
     };
+    let dir = root.join(family);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/real-engine/gen_vlm.py");
     let out = std::process::Command::new(python)
         .arg(&script)
-        .arg("--out")
+        .args(["--family", family, "--out"])
         .arg(&dir)
         .env("HF_HUB_OFFLINE", "1")
         .output()
         .expect("run gen_vlm.py");
-    assert!(out.status.success(), "gen_vlm.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "gen_vlm.py --family {family} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     dir
 }
 
@@ -67,7 +69,7 @@ pub struct VlmServer {
 impl VlmServer {
     /// Starts the server and the subscriber (which connects before the server binds,
     /// and ZeroMQ retries, so the first batch is not missed); waits for `/health`.
-    pub fn start(python: &Path, model: &Path, dir: &Path) -> VlmServer {
+    pub fn start(python: &Path, model: &Path, dir: &Path, name: &str) -> VlmServer {
         let (http_port, events_port, replay_port) = (free_port(), free_port(), free_port());
         let events = format!(
             r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{events_port}", "replay_endpoint": "tcp://*:{replay_port}", "topic": ""}}"#
@@ -95,12 +97,12 @@ impl VlmServer {
             ("PYTHONHASHSEED", "0"),
         ]
         .map(|(k, v)| (k, v.to_string()));
-        let log = dir.join("vllm-vlm.log");
-        let frames = dir.join("vlm-events.txt");
+        let log = dir.join(format!("vllm-{name}.log"));
+        let frames = dir.join(format!("{name}-events.txt"));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("real_vllm/zmq_frames.py");
         let sub_args = [script.display().to_string(), format!("tcp://127.0.0.1:{events_port}")];
         let sub = Proc::spawn("zmq_frames.py", python, &sub_args, &[], &frames);
-        let proc = Proc::spawn("vllm-vlm", python, &args, &envs, &log);
+        let proc = Proc::spawn(name, python, &args, &envs, &log);
         let mut s = VlmServer { http_port, log, frames, proc, _sub: sub };
         s.wait_ready();
         s
@@ -110,7 +112,7 @@ impl VlmServer {
         let t0 = Instant::now();
         loop {
             if self.get("/health").is_some_and(|r| r.status == 200) {
-                eprintln!("real_vllm: the VLM server is healthy after {:?}", t0.elapsed());
+                eprintln!("real_vllm: {} is healthy after {:?}", self.log.display(), t0.elapsed());
                 return;
             }
             let alive = self.proc.alive();
@@ -118,7 +120,7 @@ impl VlmServer {
                 let text = std::fs::read_to_string(&self.log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(40).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!("the VLM server did not start ({:?}); its log ends:\n{}", t0.elapsed(), tail.join("\n"));
+                panic!("{} did not start ({:?}); its log ends:\n{}", self.log.display(), t0.elapsed(), tail.join("\n"));
             }
             std::thread::sleep(Duration::from_millis(250));
         }
