@@ -147,10 +147,12 @@ impl VlmServer {
         crate::engine::sum_samples(&r.text(), name)
     }
 
-    /// The subscriber's lines so far (after its `ready`).
+    /// The subscriber's whole lines so far (after its `ready`): a long line reaches the
+    /// file in several writes, so a last line without its newline is left for later.
     fn frame_lines(&self) -> Vec<String> {
         let text = std::fs::read_to_string(&self.frames).unwrap_or_default();
-        text.lines().skip_while(|l| *l != "ready").skip(1).map(String::from).collect()
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        whole.lines().skip_while(|l| *l != "ready").skip(1).map(String::from).collect()
     }
 }
 
@@ -182,7 +184,12 @@ impl EventLog {
     pub fn poll(&mut self, server: &VlmServer) {
         let lines = server.frame_lines();
         for line in &lines[self.lines_read..] {
-            self.take(line);
+            // The subscriber's stderr shares the file; its lines are not frames.
+            if line.bytes().all(|b| b == b' ' || b.is_ascii_hexdigit()) {
+                self.take(line);
+            } else {
+                eprintln!("real_vllm: zmq_frames.py: {line}");
+            }
         }
         self.lines_read = lines.len();
     }
