@@ -51,3 +51,5 @@ mod restart;
 mod router;
 mod salt;
 mod streaming;
+mod vlm;
+mod vlm_engine;
