@@ -78,7 +78,7 @@ enum Cmd {
     /// reuse, a chunked-prefill scheduler, fitted prefill and decode timings. The same
     /// inputs and seed give the same report.
     #[command(after_help = replay_cmd::EXAMPLES)]
-    Replay(replay_cmd::ReplayArgs),
+    Replay(Box<replay_cmd::ReplayArgs>),
 }
 
 fn sim_worker(a: kvroute_sim_server::SimWorkerArgs) -> Result<(), String> {
