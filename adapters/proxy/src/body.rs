@@ -1,6 +1,6 @@
 //! The client's response: [`ProxyBody`], any body the proxy sends (its own answers, a
 //! worker's stream passed through or migrating, each maybe traced), and the response
-//! built from a worker's accepted answer ([`respond`]). This is the top of the body
+//! built from a worker's accepted answer (`respond`). This is the top of the body
 //! layers: the stream, migration and trace bodies below it never name it.
 
 use std::pin::Pin;

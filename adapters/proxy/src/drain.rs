@@ -5,7 +5,7 @@
 //!
 //! A draining worker stays draining: outlier ejection and readmission probes leave its
 //! health alone (see [`crate::health`]). Re-adding it through `POST /workers` makes it
-//! a new, healthy worker ([`readmit`]); a removed worker leaves nothing behind ([`forget`]).
+//! a new, healthy worker (`readmit`); a removed worker leaves nothing behind (`forget`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,11 +7,11 @@
 //!    build the router's question ([`prepare`], giving a [`Prepared`]); a trusted
 //!    preview is answered here ([`preview`]);
 //! 4. the tenant layers (authentication, limits) when they come, as `tower` layers
-//!    over the route ([`crate::route`]'s `stack`);
-//! 5. route: the core's decision and the path, aggregated or split ([`crate::route`]);
-//! 6. tries: retries, first-byte timeouts, ejection ([`crate::tries`], and the split
+//!    over the route (`route::stack`);
+//! 5. route: the core's decision and the path, aggregated or split (`route`);
+//! 6. tries: retries, first-byte timeouts, ejection (`tries`, and the split
 //!    legs' `disagg::phase`);
-//! 7. stream: idle timeout, deadline, migration ([`crate::body`]'s stream and
+//! 7. stream: idle timeout, deadline, migration (`stream`, and
 //!    [`crate::migrate`]);
 //! 8. response: headers and the body that ends the booking ([`crate::body`]), which
 //!    this layer wraps in the request's span ([`crate::trace`]).

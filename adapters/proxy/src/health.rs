@@ -7,7 +7,7 @@
 //! success readmits the worker, failure doubles the back-off up to `max_ms` and waits
 //! again. A success anywhere resets the count and the back-off. There is one probe task
 //! per ejected worker, so their number is bounded by the fleet's size. An ejection also
-//! wakes the tries still waiting for that worker's first byte (see [`crate::tries`]).
+//! wakes the tries still waiting for that worker's first byte (see the `tries` module).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -40,7 +40,8 @@ pub(crate) struct Admitted {
 /// What the route layer and the layers around it answer.
 pub(crate) type Reply = Result<Response<ProxyBody>, ApiError>;
 
-/// The route layer. Always ready: the core's admission queue is its back-pressure.
+/// The route layer. Always ready: the core's admission queue is its back-pressure. Its
+/// future is boxed, as a `tower` service's must be named: one allocation per request.
 #[derive(Clone)]
 pub(crate) struct Route {
     state: Arc<State>,
@@ -83,7 +84,10 @@ async fn forward(state: &Arc<State>, a: Admitted) -> Reply {
     }
     state.budget.deposit();
     match disagg::protocol(&p) {
-        Some(protocol) => disagg::forward(state, p, protocol, arrived, permit).await,
+        // Boxed: the split path's future is nearly three times the aggregated one's
+        // (about 25 KB against 9 KB), and Route's boxed future would be as large for
+        // every request.
+        Some(protocol) => Box::pin(disagg::forward(state, p, protocol, arrived, permit)).await,
         None => crate::aggregated::forward(state, p, arrived, permit).await,
     }
 }

@@ -41,7 +41,8 @@ use crate::upstream::Upstream;
 /// The error type of response bodies.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What a streamed answer is part of.
+/// What the response to a worker's answer needs from the path that found the worker:
+/// the pool, the request's times and, for a split request, its prefill worker.
 pub(crate) struct Respond<'a> {
     /// The pool's name.
     pub model: &'a str,

@@ -9,7 +9,7 @@
 //!
 //! The body is streamed after the handler returns, so the request span and the
 //! answering try's `upstream` span ride with it ([`Traced`]) and end when the stream
-//! ends or the client goes away. The try's span travels from [`crate::tries`] to
+//! ends or the client goes away. The try's span travels from the `tries` module to
 //! [`finish`] in the response's extensions ([`TrySpan`]), which any path building the
 //! client's response from the worker's head keeps.
 //!
