@@ -36,6 +36,7 @@ from pathlib import Path
 import analysis
 import drive
 import fleet
+import metrics
 import placement
 import stats
 import workload
@@ -52,7 +53,7 @@ KV_VARIANTS = {
     # lowered TTFT mean and p99 at every load tried; on the real fleet, within the noise.
     "kv-pls4": {"router_extra": ["prefill_load_scale = 4.0"]},
 }
-PEERS = ("sglang-router", "smg", "smg-prefix-hash")
+PEERS = tuple(fleet.PEERS)
 
 
 def parse_args():
@@ -122,7 +123,7 @@ def run_one(policy, engines, items, args, log_dir):
     else:
         started = fleet.start_kvroute(str(args.kvroute), policy, engines, log_dir)
     proc, url = started
-    before = {e.id: drive.scrape(e.url) for e in engines}
+    before = {e.id: metrics.scrape(e.url) for e in engines}
     load_before = load_avg()
     t0 = time.monotonic()
     learned = None
@@ -133,8 +134,8 @@ def run_one(policy, engines, items, args, log_dir):
     finally:
         proc.stop()
     wall_s = time.monotonic() - t0
-    deltas = {e.id: drive.delta(drive.scrape(e.url), before[e.id]) for e in engines}
-    cache, per_worker = drive.cache_stats(deltas)
+    deltas = {e.id: metrics.delta(metrics.scrape(e.url), before[e.id]) for e in engines}
+    cache, per_worker = metrics.cache_stats(deltas)
     run = {"policy": policy, "wall_s": round(wall_s, 1), "load_avg_1m": [load_before[0], load_avg()[0]]}
     run.update(drive.latency_stats(results, items))
     run["cache"] = cache
@@ -317,8 +318,8 @@ def main():
     tmp_ctx = tempfile.TemporaryDirectory(prefix="real-fleet-")
     log_dir = args.keep_logs or Path(tmp_ctx.name)
     log_dir.mkdir(parents=True, exist_ok=True)
-    skipped = {p: "not installed (benches/real_fleet/setup.sh installs it)" for p in policies if p in PEERS
-               and not os.environ.get("KVROUTE_SGLANG_ROUTER_PYTHON" if p == "sglang-router" else "KVROUTE_SMG")}  # fmt: skip
+    skipped = {p: "not installed (benches/fleet/setup.sh installs it)" for p in policies
+               if p in PEERS and not fleet.peer_installed(p)}  # fmt: skip
     policies = [p for p in policies if p not in skipped]
     report = {
         "trace": "bundled slice" if args.trace is None else trace.name,
