@@ -44,6 +44,14 @@ RATES = {
     "shared-doc": {"busy": 10.0, "saturated": 20.0},
 }
 LOADS = ("busy", "saturated")
+# What the sim and real fleets default to when a flag is not given. vLLM on CPU is about
+# a thousand times slower than the modelled GPU, so the real fleet gets short prompts,
+# 8 output tokens, 150 requests and a rate to start from (tune it with --rate).
+SIM_DEFAULTS = {"workers": 8, "blocks_per_worker": 2462, "words_per_hash_id": 128, "size_scale": 1.0,
+                "prompt_tokens_max": 32768, "output_tokens_max": 4096, "multi_turn_only": False}  # fmt: skip
+REAL_DEFAULTS = {"workers": 3, "blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
+                 "prompt_tokens_max": 768, "output_tokens_max": 8, "requests": 150, "rate": 1.0,
+                 "multi_turn_only": True}  # fmt: skip
 QUICK_REQUESTS = {"conversation": 200, "trace": 200, "agentic": 160, "shared-doc": 160}
 
 
@@ -54,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--trace", type=Path, help="a Mooncake JSONL trace (with --workload trace; conversation "
                    "defaults to the bundled slice)")  # fmt: skip
     p.add_argument("--load", choices=LOADS, default="busy")
-    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--workers", type=int, help="fleet size (default: 8 sim-workers, 3 vLLM servers)")
     p.add_argument("--rate", type=float, help="arrival-rate multiplier (overrides --load's)")
     p.add_argument("--requests", type=int, help="cap on requests (default: the whole workload)")
     p.add_argument("--quick", action="store_true", help="a small workload and 1 round: a smoke run")
@@ -67,7 +75,17 @@ def parse_args(argv=None):
                    help="sim-workers run this many times faster than the modelled GPU; arrivals are "
                    "compressed and latencies reported in model ms (default: 8 / workers, at most 1, so "
                    "that the host serves the same wall-clock rate at any fleet size)")  # fmt: skip
-    p.add_argument("--blocks-per-worker", type=int, default=2462)
+    p.add_argument("--blocks-per-worker", type=int, help="KV blocks of 64 tokens per worker (default: 2,462 "
+                   "sim, 256 real)")  # fmt: skip
+    p.add_argument("--words-per-hash-id", type=int, help="tokens a Mooncake hash id becomes (default: 128 sim, "
+                   "64 real)")  # fmt: skip
+    p.add_argument("--size-scale", type=float, help="multiplies the generated workloads' prompt and output sizes "
+                   "(default: 1 sim, 1/8 real)")  # fmt: skip
+    p.add_argument("--prompt-tokens-max", type=int, help="prompt cap (default: 32,768 sim, 768 real)")
+    p.add_argument("--output-tokens-max", type=int, help="output cap (default: 4,096 sim, 8 real)")
+    p.add_argument("--multi-turn-only", action=argparse.BooleanOptionalAction,
+                   help="a trace: keep only conversations with 2+ requests (default: off sim, on real, where a "
+                   "slice of 150 requests has few)")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
     p.add_argument("--out", type=Path, help="also write the JSON here")
@@ -75,8 +93,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.workload == "trace" and args.trace is None:
         p.error("--workload trace needs --trace PATH")
+    for k, v in (SIM_DEFAULTS if args.fleet == "sim" else REAL_DEFAULTS).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.speedup is None:
-        args.speedup = min(1.0, 8 / args.workers)
+        args.speedup = min(1.0, 8 / args.workers) if args.fleet == "sim" else 1.0
     if args.quick:
         args.requests = args.requests or QUICK_REQUESTS[args.workload]
         args.rounds = 1
@@ -95,7 +116,10 @@ def rate_of(args):
 
 
 def build_workload(args, vocab):
-    spec = workloads.Spec(kind=args.workload, seed=args.seed, requests_max=args.requests, trace=args.trace)
+    spec = workloads.Spec(kind=args.workload, seed=args.seed, requests_max=args.requests, trace=args.trace,
+                          words_per_hash_id=args.words_per_hash_id, prompt_tokens_max=args.prompt_tokens_max,
+                          output_tokens_max=args.output_tokens_max, size_scale=args.size_scale,
+                          multi_turn_only=args.multi_turn_only)  # fmt: skip
     reqs = workloads.generate(spec, vocab)
     return workloads.scaled(reqs, rate_of(args))
 
@@ -106,8 +130,8 @@ class RealFleet:
     kind = "real"
     speedup = 1.0
 
-    def __init__(self, count, gpu_blocks, log_dir):
-        self.engines = [fleet.Engine(w + 1, gpu_blocks, 4096, log_dir) for w in range(count)]
+    def __init__(self, count, gpu_blocks, max_model_len, log_dir):
+        self.engines = [fleet.Engine(w + 1, gpu_blocks, max_model_len, log_dir) for w in range(count)]
         for e in self.engines:
             e.proc.wait_http(f"{e.url}/health", 600)
         self.workers = self.engines
@@ -206,7 +230,8 @@ def main(argv=None):
                                speedup=args.speedup)  # fmt: skip
         the_fleet = simfleet.SimFleet(args.kvroute, args.workers, shape, model_dir, log_dir)
     else:
-        the_fleet = RealFleet(args.workers, args.blocks_per_worker, log_dir)
+        max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)
+        the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir)
     runs = []
     try:
         for rnd in range(args.rounds):

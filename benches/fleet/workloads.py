@@ -56,6 +56,14 @@ class Spec:
     words_per_hash_id: int = 128
     output_divisor: int = 4
     prompt_tokens_max: int = 32768
+    output_tokens_max: int = 4096
+    size_scale: float = 1.0  # multiplies the generated workloads' prompt and output sizes
+    multi_turn_only: bool = False  # a trace: keep only conversations (first two hash ids) seen twice
+
+
+def _n(rng, bounds, scale=1.0):
+    """A size drawn from `bounds` (inclusive), times `scale`, at least 1."""
+    return max(1, round(rng.randint(*bounds) * scale))
 
 
 def generate(spec: Spec, vocab: Vocab):
@@ -97,7 +105,16 @@ def mooncake(spec: Spec, vocab: Vocab):
     wherever it appears, so records that share leading hash ids share a prefix. A prompt
     is cut to input_length scaled the same way (a trace block is 512 tokens)."""
     path = spec.trace if spec.kind == "trace" else (spec.trace or BUNDLED_TRACE)
-    records = read_trace(path, spec.requests_max)
+    if spec.multi_turn_only:
+        records = read_trace(path)
+        seen = {}
+        for r in records:
+            seen[tuple(r[3][:2])] = seen.get(tuple(r[3][:2]), 0) + 1
+        records = [r for r in records if seen[tuple(r[3][:2])] > 1][: spec.requests_max]
+        if not records:
+            raise SystemExit(f"trace {path}: no conversation has two requests")
+    else:
+        records = read_trace(path, spec.requests_max)
     t0 = min(r[0] for r in records)
     per = spec.words_per_hash_id
     out = []
@@ -106,7 +123,7 @@ def mooncake(spec: Spec, vocab: Vocab):
         ids = hash_ids[: -(-n // per)]
         tokens = tuple(t for h in ids for t in vocab.block(spec.seed, ("h", h), per))[:n]
         out.append(Request(index=i, arrival_s=(ts - t0) / 1000.0, tokens=tokens,
-                           output_tokens=max(1, output_length // spec.output_divisor),
+                           output_tokens=min(max(1, output_length // spec.output_divisor), spec.output_tokens_max),
                            group=f"c{hash_ids[:2]}"))  # fmt: skip
     return out
 
@@ -126,11 +143,11 @@ AGENT_START_RATE_PER_S = 1.0  # program starts per model second, before scaling
 
 
 def agentic(spec: Spec, vocab: Vocab):
-    rng = random.Random(spec.seed)
+    rng, k = random.Random(spec.seed), spec.size_scale
     preambles = []
     for t in range(AGENT_TYPES):
-        system = vocab.draw(rng, rng.randint(*AGENT_SYSTEM_WORDS))
-        tools = vocab.draw(rng, rng.randint(*AGENT_TOOLS_WORDS))
+        system = vocab.draw(rng, _n(rng, AGENT_SYSTEM_WORDS, k))
+        tools = vocab.draw(rng, _n(rng, AGENT_TOOLS_WORDS, k))
         preambles.append(system + tools)
     out, start = [], 0.0
     limit = spec.requests_max or math.inf
@@ -139,18 +156,19 @@ def agentic(spec: Spec, vocab: Vocab):
             break
         start += rng.expovariate(AGENT_START_RATE_PER_S)
         kind = rng.randrange(AGENT_TYPES)
-        context = preambles[kind] + vocab.draw(rng, rng.randint(*AGENT_TASK_WORDS))
+        context = preambles[kind] + vocab.draw(rng, _n(rng, AGENT_TASK_WORDS, k))
         prev = None
         for _ in range(rng.randint(*AGENT_CALLS)):
             if len(out) >= limit or len(context) > spec.prompt_tokens_max:
                 break
-            answer = rng.randint(*AGENT_ANSWER_WORDS)
+            answer = _n(rng, AGENT_ANSWER_WORDS, k)
             gap = 0.0 if prev is None else min(rng.expovariate(1 / AGENT_THINK_S_MEAN), 8 * AGENT_THINK_S_MEAN)
-            req = Request(index=len(out), arrival_s=start, tokens=tuple(context), output_tokens=answer,
+            req = Request(index=len(out), arrival_s=start, tokens=tuple(context),
+                          output_tokens=min(answer, spec.output_tokens_max),
                           group=f"p{p}", session=f"agent-{kind}-{p}", after=prev, gap_s=round(gap, 4))  # fmt: skip
             out.append(req)
             prev = req.index
-            context = context + vocab.draw(rng, answer) + vocab.draw(rng, rng.randint(*AGENT_RESULT_WORDS))
+            context = context + vocab.draw(rng, answer) + vocab.draw(rng, _n(rng, AGENT_RESULT_WORDS, k))
     return out
 
 
@@ -165,18 +183,18 @@ DOC_ZIPF = 0.8
 
 
 def shared_doc(spec: Spec, vocab: Vocab):
-    rng = random.Random(spec.seed)
-    header = vocab.draw(rng, DOC_HEADER_WORDS)
-    docs = [vocab.draw(rng, rng.randint(*DOC_WORDS)) for _ in range(DOC_COUNT)]
+    rng, k = random.Random(spec.seed), spec.size_scale
+    header = vocab.draw(rng, _n(rng, (DOC_HEADER_WORDS, DOC_HEADER_WORDS), k))
+    docs = [vocab.draw(rng, _n(rng, DOC_WORDS, k)) for _ in range(DOC_COUNT)]
     weights = [1 / (k + 1) ** DOC_ZIPF for k in range(DOC_COUNT)]
     n = min(DOC_QUESTIONS, spec.requests_max or DOC_QUESTIONS)
     out, t = [], 0.0
     for i in range(n):
         t += rng.expovariate(DOC_RATE_PER_S)
         d = rng.choices(range(DOC_COUNT), weights)[0]
-        prompt = (header + docs[d] + vocab.draw(rng, rng.randint(*DOC_QUESTION_WORDS)))[: spec.prompt_tokens_max]
-        out.append(Request(index=i, arrival_s=t, tokens=tuple(prompt),
-                           output_tokens=rng.randint(*DOC_ANSWER_WORDS), group=f"d{d}"))  # fmt: skip
+        prompt = (header + docs[d] + vocab.draw(rng, _n(rng, DOC_QUESTION_WORDS, k)))[: spec.prompt_tokens_max]
+        answer = min(_n(rng, DOC_ANSWER_WORDS, k), spec.output_tokens_max)
+        out.append(Request(index=i, arrival_s=t, tokens=tuple(prompt), output_tokens=answer, group=f"d{d}"))
     return out
 
 
