@@ -19,10 +19,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "real_fleet"))
 
+import analysis  # noqa: E402  (benches/real_fleet)
 import fleet  # noqa: E402  (benches/real_fleet)
 import loadgen  # noqa: E402
 import metrics  # noqa: E402  (benches/real_fleet)
@@ -173,8 +175,11 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
            "hit_tokens": cache["hit_tokens"], "prompt_tokens": cache["queried_tokens"]}  # fmt: skip
     run.update(report.latency(records, the_fleet.speedup))
     run.update(report.throughput(records, reqs, the_fleet.speedup))
+    run["ttft_ms_by_request"] = [round(r["ttft_s"] * 1000.0 * the_fleet.speedup, 1) if r["error"] is None
+                                 and r["ttft_s"] is not None else None for r in records]  # fmt: skip
     run["worker_requests"] = report.spread([per_worker[k]["requests"] for k in sorted(per_worker, key=int)])
     run["lateness_ms"] = report.lateness(records)
+    run["losses"] = losses(reqs, records)
     errors = [r["error"] for r in records if r["error"]]
     if errors:
         run["first_errors"] = errors[:3]
@@ -182,6 +187,29 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
         f"{run['e2e_ms_mean']} errors {run['errors']} late p99 {run['lateness_ms'].get('p99')} ms "
         f"({run['wall_s']} s)")  # fmt: skip
     return run
+
+
+def run_with_retry(name, args, the_fleet, reqs, bodies, log_dir, tries=2):
+    """`run_one`, tried again once when a process did not come up (a port another
+    process took, a router slow to find its workers); then a failed run."""
+    for attempt in range(1, tries + 1):
+        try:
+            return run_one(name, args, the_fleet, reqs, bodies, log_dir)
+        except RuntimeError as e:
+            log(f"{name}: failed (try {attempt} of {tries}): {str(e)[:300]}")
+            failure = str(e)[-2000:]
+    return {"router": name, "failed": failure}
+
+
+def losses(reqs, records):
+    """Where hits were lost (benches/real_fleet's analysis.losses), in the order the
+    requests were sent: possible anywhere, on the worker chosen (kvroute names it), and
+    what the workers reported as cached."""
+    sent = {r["i"]: r["sent_s"] for r in records}
+    items = [SimpleNamespace(index=r.index, arrival_s=sent[r.index] if sent[r.index] is not None else 1e18,
+                             tokens=r.tokens, group=r.group, hash_ids=tuple(workloads.block_keys(r.tokens)))
+             for r in reqs]  # fmt: skip
+    return analysis.losses(items, records)
 
 
 def make_vocab(args, tmp: Path):
@@ -237,11 +265,7 @@ def main(argv=None):
         for rnd in range(args.rounds):
             k = rnd % len(routers)
             for name in routers[k:] + routers[:k]:
-                try:
-                    run = run_one(name, args, the_fleet, reqs, bodies, log_dir)
-                except RuntimeError as e:
-                    log(f"{name}: failed: {str(e)[:300]}")
-                    run = {"router": name, "failed": str(e)[-2000:]}
+                run = run_with_retry(name, args, the_fleet, reqs, bodies, log_dir)
                 run["round"] = rnd
                 runs.append(run)
     finally:
@@ -251,6 +275,7 @@ def main(argv=None):
     out["runs"] = runs
     out["medians"] = report.medians(runs)
     out["kv_vs_best_peer"] = report.against_best_peer(out["medians"], [r for r in routers if r in fleet.PEERS])
+    out["kv_vs_peers_paired_ttft"] = report.paired(runs, "kv", [r for r in routers if r != "kv"])
     out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(out, indent=1)
     print(text)

@@ -2,7 +2,7 @@
 each client saw. Standard library only (asyncio streams), so it runs on any python3.
 
 Requests are open-loop: each is sent at its arrival time (divided by the speedup),
-however many are outstanding; an agent's follow-up call is sent its think time after
+however many are outstanding (unless `inflight_max` caps them); an agent's follow-up call is sent its think time after
 the call before it finished. A request's lateness is how long after that moment the
 generator actually wrote it: when lateness grows, the host cannot keep up and the
 figures measure the host, not the router.
@@ -13,7 +13,6 @@ Each request is a streamed `/v1/completions` with a fixed output length (`ignore
 
 import asyncio
 import json
-import time
 from urllib.parse import urlsplit
 
 SESSION_HEADER = "x-session-id"
@@ -22,8 +21,20 @@ SESSION_HEADER = "x-session-id"
 def request_body(model, prompt_text, output_tokens):
     return json.dumps({
         "model": model, "prompt": prompt_text, "max_tokens": output_tokens, "min_tokens": output_tokens,
-        "ignore_eos": True, "temperature": 0.0, "stream": True,
+        "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
     }).encode()  # fmt: skip
+
+
+def _usage(rec, chunk):
+    """Fills `rec`'s prompt and cached tokens from a chunk holding the usage event."""
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                usage = json.loads(line[5:]).get("usage") or {}
+            except ValueError:
+                return
+            rec["prompt_tokens"] = usage.get("prompt_tokens")
+            rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
 def _head(host, port, path, body, session):
@@ -89,6 +100,8 @@ async def stream_completion(url, body, session, rec, clock):
             return
         pending = b""
         async for chunk in _body_chunks(reader, headers):
+            if b'"prompt_tokens"' in chunk:
+                _usage(rec, chunk)
             if rec["ttft_s"] is None:
                 pending += chunk
                 if b'"choices"' in pending:
@@ -106,9 +119,12 @@ async def stream_completion(url, body, session, rec, clock):
             writer.close()
 
 
-async def drive(url, requests, bodies, speedup, timeout_s=900.0):
+async def drive(url, requests, bodies, speedup, timeout_s=900.0, inflight_max=None):
     """One record per request (sorted by index): sent_s, lateness_s, worker, ttft_s,
-    e2e_s, error; times in wall seconds."""
+    e2e_s, error, and prompt_tokens and cached_tokens when the worker reported usage;
+    times in wall seconds. With `inflight_max`, a request due while that many are
+    outstanding waits for one to finish (its lateness counts the wait)."""
+    gate = asyncio.Semaphore(inflight_max) if inflight_max else None
     loop = asyncio.get_running_loop()
     clock = loop.time
     t0 = clock()
@@ -117,7 +133,7 @@ async def drive(url, requests, bodies, speedup, timeout_s=900.0):
 
     async def one(r):
         rec = {"i": r.index, "sent_s": None, "lateness_s": None, "worker": None, "ttft_s": None, "e2e_s": None,
-               "error": None}  # fmt: skip
+               "error": None, "prompt_tokens": None, "cached_tokens": None}  # fmt: skip
         records[r.index] = rec
         try:
             if r.after is None:
@@ -127,9 +143,15 @@ async def drive(url, requests, bodies, speedup, timeout_s=900.0):
             wait = due - clock()
             if wait > 0:
                 await asyncio.sleep(wait)
-            rec["sent_s"] = clock() - t0
-            rec["lateness_s"] = max(0.0, clock() - due)
-            await asyncio.wait_for(stream_completion(url, bodies[r.index], r.session, rec, clock), timeout_s)
+            if gate is not None:
+                await gate.acquire()
+            try:
+                rec["sent_s"] = clock() - t0
+                rec["lateness_s"] = max(0.0, clock() - due)
+                await asyncio.wait_for(stream_completion(url, bodies[r.index], r.session, rec, clock), timeout_s)
+            finally:
+                if gate is not None:
+                    gate.release()
         except asyncio.TimeoutError:
             rec["error"] = f"no answer in {timeout_s} s"
         finally:
@@ -139,10 +161,7 @@ async def drive(url, requests, bodies, speedup, timeout_s=900.0):
     return [records[i] for i in sorted(records)], clock() - t0
 
 
-def run(url, requests, bodies, speedup, timeout_s=900.0):
+def run(url, requests, bodies, speedup, timeout_s=900.0, inflight_max=None):
     """`drive` on a fresh event loop; returns (records, wall seconds)."""
-    return asyncio.run(drive(url, requests, bodies, speedup, timeout_s))
+    return asyncio.run(drive(url, requests, bodies, speedup, timeout_s, inflight_max))
 
-
-def wall_now():
-    return time.monotonic()

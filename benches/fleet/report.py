@@ -7,7 +7,8 @@ wall milliseconds, since it measures the host.
 
 import statistics
 
-from stats import quantile  # benches/real_fleet
+import stats  # benches/real_fleet
+from stats import quantile
 
 # figure -> True when higher is better.
 FIGURES = {
@@ -139,3 +140,12 @@ def against_best_peer(routers, peers, subject="kv"):
     known = [v for v in met.values() if v is not None]
     out["all_targets_met"] = bool(known) and all(known) if known else None
     return out
+
+
+def paired(runs, subject, others):
+    """`subject`'s TTFT mean and p99 over each of `others`', request by request within a
+    round, with a bootstrap 95% interval over rounds and requests (benches/real_fleet's
+    stats.paired_table)."""
+    views = [{"policy": r["router"], "round": r["round"], "ttft_ms_by_request": r.get("ttft_ms_by_request")}
+             for r in runs if "failed" not in r]  # fmt: skip
+    return stats.paired_table(views, subject, others)

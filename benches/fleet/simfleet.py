@@ -5,11 +5,12 @@ KV events over ZeroMQ (with a replay socket), tokenizing with the generated mode
 so every router sees real token ids and the workers' prefix-cache counters are exact.
 """
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import fleet  # benches/real_fleet: processes, ports, HTTP
+
+START_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,25 @@ class SimFleet:
         return self.shape.speedup
 
     def start(self):
-        """Fresh workers (empty caches, zeroed counters); waits until all answer /health."""
+        """Fresh workers (empty caches, zeroed counters); waits until all answer /health.
+        A worker that does not come up (another process took a port between our probe and
+        its bind) is started again on new ports, up to `START_TRIES` times."""
         self.stop()
         self.runs += 1
-        self.workers = [SimWorker(self.binary, w + 1, self.shape, self.model_dir, self.log_dir, self.runs)
-                        for w in range(self.count)]  # fmt: skip
-        deadline = time.monotonic() + 60
-        for w in self.workers:
-            w.proc.wait_http(f"{w.url}/health", max(1.0, deadline - time.monotonic()))
+        self.workers = [self._spawn(w + 1, 0) for w in range(self.count)]
+        for i in range(self.count):
+            for attempt in range(1, START_TRIES + 1):
+                try:
+                    self.workers[i].proc.wait_http(f"{self.workers[i].url}/health", 60)
+                    break
+                except RuntimeError:
+                    if attempt == START_TRIES:
+                        raise
+                    self.workers[i] = self._spawn(i + 1, attempt)
+
+    def _spawn(self, wid, attempt):
+        tag = f"{self.runs}" if attempt == 0 else f"{self.runs}-retry{attempt}"
+        return SimWorker(self.binary, wid, self.shape, self.model_dir, self.log_dir, tag)
 
     def stop(self):
         for w in self.workers:

@@ -176,6 +176,15 @@ class Figures(unittest.TestCase):
         self.assertEqual(report.against_best_peer(med, []).get("all_targets_met"), None)
 
 
+    def test_paired_ttft_compares_request_by_request(self):
+        base = [100.0 + 10 * i for i in range(40)]
+        runs = [{"router": "kv", "round": 0, "ttft_ms_by_request": [x * 0.5 for x in base]},
+                {"router": "peer", "round": 0, "ttft_ms_by_request": base}, {"router": "x", "failed": "y"}]  # fmt: skip
+        got = report.paired(runs, "kv", ["peer", "x"])
+        self.assertEqual(got["peer"]["mean"]["ratio"], 0.5)
+        self.assertNotIn("x", got)
+
+
 class LoadGenerator(unittest.TestCase):
     """A real server on 127.0.0.1 that streams chunked SSE and records what it got."""
 
@@ -219,6 +228,32 @@ class LoadGenerator(unittest.TestCase):
         self.assertGreaterEqual(follow["sent_s"], first["sent_s"] + first["e2e_s"] + 0.05 - 1e-3)
         self.assertTrue(all(r["ttft_s"] < r["e2e_s"] for r in records))
         self.assertLess(max(r["lateness_s"] for r in records), 0.5)
+
+    def test_a_cap_on_outstanding_requests_holds_the_next_one_back(self):
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            await reader.readexactly(length)
+            await asyncio.sleep(0.1)
+            ev = b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}\n\n'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(ev), ev))
+            await writer.drain()
+            writer.close()
+
+        reqs = [workloads.Request(i, 0.0, (1, 2), 1, "g") for i in range(2)]
+
+        async def go():
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            async with server:
+                return await loadgen.drive(f"http://127.0.0.1:{port}", reqs, {0: b"{}", 1: b"{}"}, 1.0,
+                                           inflight_max=1)  # fmt: skip
+
+        records, _ = asyncio.run(go())
+        a, b = records
+        self.assertGreaterEqual(b["sent_s"], a["sent_s"] + a["e2e_s"] - 1e-3)
+        self.assertGreaterEqual(b["lateness_s"], 0.09)
+        self.assertEqual((a["prompt_tokens"], a["cached_tokens"]), (2, 1))
 
     def test_a_refused_connection_is_an_error_not_a_crash(self):
         async def go():

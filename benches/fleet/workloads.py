@@ -236,22 +236,29 @@ def fingerprint(requests):
     return h.hexdigest()[:16]
 
 
+def block_keys(tokens, block_tokens=64):
+    """One key per block of `tokens` (the last one may be partial) that stands for the
+    whole prefix up to the block's end: equal keys, equal prefixes."""
+    import hashlib
+
+    keys, key = [], b""
+    for k in range(0, len(tokens), block_tokens):
+        key = hashlib.sha1(key + repr(tokens[k : k + block_tokens]).encode()).digest()
+        keys.append(key)
+    return keys
+
+
 def to_mooncake(requests, block_tokens=64):
     """The requests as Mooncake records for `kvroute replay --trace-block-tokens
     block_tokens --input-scale 1`: a block's hash id stands for the whole prefix up to
     its end, so equal prefixes share ids; an agent's call is placed at its program's
     start plus the think gaps before it (replay does not wait for the call before)."""
-    import hashlib
-
     ids, at = {}, {}
     out = []
     for r in requests:
         t = r.arrival_s if r.after is None else at[r.after] + r.gap_s
         at[r.index] = t
-        hash_ids, key = [], b""
-        for k in range(0, len(r.tokens), block_tokens):
-            key = hashlib.sha1(key + repr(r.tokens[k : k + block_tokens]).encode()).digest()
-            hash_ids.append(ids.setdefault(key, len(ids)))
+        hash_ids = [ids.setdefault(key, len(ids)) for key in block_keys(r.tokens, block_tokens)]
         out.append({"timestamp": round(t * 1000.0, 3), "input_length": len(r.tokens),
                     "output_length": r.output_tokens, "hash_ids": hash_ids})  # fmt: skip
     out.sort(key=lambda x: x["timestamp"])
