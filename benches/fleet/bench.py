@@ -277,6 +277,7 @@ def main(argv=None):
     out["kv_vs_best_peer"] = report.against_best_peer(out["medians"], [r for r in routers if r in fleet.PEERS])
     out["kv_vs_peers_paired_ttft"] = report.paired(runs, "kv", [r for r in routers if r != "kv"])
     out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    log("medians over rounds (latencies in model ms):\n" + report.table(out["medians"]))
     text = json.dumps(out, indent=1)
     print(text)
     if args.out:

@@ -149,3 +149,20 @@ def paired(runs, subject, others):
     views = [{"policy": r["router"], "round": r["round"], "ttft_ms_by_request": r.get("ttft_ms_by_request")}
              for r in runs if "failed" not in r]  # fmt: skip
     return stats.paired_table(views, subject, others)
+
+
+TABLE = (("hit_rate", "hit rate", 3), ("ttft_ms_mean", "TTFT mean", 0), ("ttft_ms_p99", "TTFT p99", 0),
+         ("e2e_ms_mean", "e2e mean", 0), ("e2e_ms_p99", "e2e p99", 0), ("throughput_rps", "req/s", 2),
+         ("worker_requests_max_over_mean", "busiest/mean", 2), ("lateness_ms_p99", "late p99 ms", 1))  # fmt: skip
+
+
+def table(routers):
+    """The medians as a Markdown table, one row per router."""
+    lines = ["| router | " + " | ".join(t for _, t, _ in TABLE) + " |", "|---|" + "---:|" * len(TABLE)]
+    for name, row in routers.items():
+        cells = []
+        for key, _, places in TABLE:
+            v = row.get(key)
+            cells.append("-" if v is None else f"{v:,.{places}f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -173,6 +173,9 @@ class Figures(unittest.TestCase):
         self.assertEqual((got["ttft_ms_mean"]["best_peer"], got["ttft_ms_mean"]["ratio"]), ("b", 1.333))
         self.assertEqual((got["e2e_ms_mean"]["best_peer"], got["e2e_ms_mean"]["ratio"]), ("a", 1.25))
         self.assertFalse(got["all_targets_met"])
+        rows = report.table(med).splitlines()
+        self.assertEqual(len(rows), 2 + 3)
+        self.assertTrue(rows[2].startswith("| kv | 0.300 | 200 | 800 | 1,000 | - | - | 1.25 |"), rows[2])
         self.assertEqual(report.against_best_peer(med, []).get("all_targets_met"), None)
 
 
