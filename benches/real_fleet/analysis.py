@@ -10,6 +10,8 @@ For every request, three numbers of cached prompt tokens:
 `same_worker - actual` is lost to eviction (the worker had it, and dropped it).
 """
 
+from fleet import PEERS
+
 BLOCK_TOKENS = 64
 
 
@@ -96,9 +98,6 @@ def ceilings(policies, ceil, placement=None):
         out["kv_hit_target"] = round(1.1 * max(peers), 4)
         out["kv_hit_target_reachable"] = 1.1 * max(peers) <= max(pooled, online or 0)
     return out
-
-
-PEERS = ("sglang-router", "smg", "smg-prefix-hash")
 
 
 def targets(policies):

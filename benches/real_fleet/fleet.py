@@ -177,7 +177,7 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
             f'url = "{e.url}"',
             f'model = "{SERVED_NAME}"',
             f"kv_blocks = {e.gpu_blocks}",
-            f"max_batched_tokens = {MAX_BATCHED_TOKENS}",
+            f"max_batched_tokens = {getattr(e, 'max_batched_tokens', MAX_BATCHED_TOKENS)}",
             f'kv_events = "tcp://127.0.0.1:{e.events_port}"',
             f'kv_events_replay = "tcp://127.0.0.1:{e.replay_port}"',
         ]
@@ -197,27 +197,57 @@ def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, 
     return proc, url
 
 
-def start_peer(name, engines, log_dir: Path):
-    """A peer router (sglang-router or smg) over the same fleet; returns (proc, url) or None."""
-    port = free_port()
+# Peer routers: name -> (program, policy). The program's path comes from the environment
+# variable that setup.sh prints; a peer whose variable is unset is not installed.
+PEERS = {
+    "sglang-router": ("sglang-router", "cache_aware"),
+    "smg": ("smg", "cache_aware"),
+    "smg-prefix-hash": ("smg", "prefix_hash"),
+    "vllm-router-kv-aware": ("vllm-router", "kv_aware"),
+    "vllm-router-cache-aware": ("vllm-router", "cache_aware"),
+}
+PEER_ENV = {
+    "sglang-router": "KVROUTE_SGLANG_ROUTER_PYTHON",
+    "smg": "KVROUTE_SMG",
+    "vllm-router": "KVROUTE_VLLM_ROUTER",
+}
+
+
+def peer_installed(name):
+    """The peer's program from the environment, or None."""
+    return os.environ.get(PEER_ENV[PEERS[name][0]]) or None
+
+
+def peer_argv(name, engines, port, block_size=64):
+    """The command line of peer router `name` over `engines` on `port`; its metrics go to
+    a port of its own, so that nothing else on the host collides with their default."""
+    program, policy = PEERS[name]
+    exe = peer_installed(name)
     urls = [e.url for e in engines]
-    env = dict(os.environ)
-    if name == "sglang-router":
-        py = os.environ.get("KVROUTE_SGLANG_ROUTER_PYTHON")
-        if not py:
-            return None
-        argv = [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-                "--policy", "cache_aware", "--worker-urls", *urls]  # fmt: skip
-    elif name in ("smg", "smg-prefix-hash"):
-        smg = os.environ.get("KVROUTE_SMG")
-        if not smg:
-            return None
-        policy = "prefix_hash" if name == "smg-prefix-hash" else "cache_aware"
-        argv = [smg, "launch", "--backend", "vllm", "--policy", policy, "--host", "127.0.0.1",
-                "--port", str(port), "--worker-urls", *urls]  # fmt: skip
-    else:
-        raise ValueError(name)
-    proc = Proc(name, argv, env, log_dir)
+    common = ["--host", "127.0.0.1", "--port", str(port), "--policy", policy,
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
+    if program == "sglang-router":
+        return [exe, "-m", "sglang_router.launch_router", *common]
+    if program == "smg":
+        return [exe, "launch", "--backend", "vllm", *common]
+    argv = [exe, *common]
+    if policy == "kv_aware":
+        # The workers' KV events; vllm-router asks each worker's /v1/completions/render
+        # for a request's token ids, so it hashes what the worker hashes.
+        for e in engines:
+            argv += ["--kv-event-source", f"{e.url}=tcp://127.0.0.1:{e.events_port}",
+                     "--kv-event-replay-source", f"{e.url}=tcp://127.0.0.1:{e.replay_port}"]  # fmt: skip
+        argv += ["--kv-event-block-size", str(block_size), "--kv-event-model", SERVED_NAME]
+    return argv
+
+
+def start_peer(name, engines, log_dir: Path, block_size=64):
+    """Peer router `name` (a key of PEERS) over the same fleet; returns (proc, url), or
+    None when it is not installed."""
+    if not peer_installed(name):
+        return None
+    port = free_port()
+    proc = Proc(name, peer_argv(name, engines, port, block_size), dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 90)
     ready_or_stop(proc, url)

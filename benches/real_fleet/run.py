@@ -1,4 +1,11 @@
-"""Real-fleet benchmark: routers in front of N real vLLM CPU servers, one invocation.
+"""Real-fleet replay study: routers in front of N real vLLM CPU servers, and how well
+`kvroute replay` predicts them.
+
+The fleet benchmark is benches/fleet/bench.py; `--fleet real` runs its workloads on these
+same servers. This script is that mode's companion for the replay's fidelity: kvroute
+variants, the replay prediction of the same slice, placement ceilings and paired TTFT.
+It shares the fleet benchmark's processes (fleet.py), counters (metrics.py), statistics
+and load generator.
 
     eval "$(benches/real_fleet/setup.sh)"
     cargo build --release --bin kvroute
@@ -21,7 +28,6 @@ an infinite cache).
 """
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -32,13 +38,18 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import analysis
-import drive
 import fleet
+import metrics
 import placement
 import stats
 import workload
+from stats import quantile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fleet"))
+import loadgen  # noqa: E402  (benches/fleet: the one load generator)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "adapters/sim/fixtures/mooncake_conversation_head.jsonl"
@@ -52,7 +63,7 @@ KV_VARIANTS = {
     # lowered TTFT mean and p99 at every load tried; on the real fleet, within the noise.
     "kv-pls4": {"router_extra": ["prefill_load_scale = 4.0"]},
 }
-PEERS = ("sglang-router", "smg", "smg-prefix-hash")
+PEERS = tuple(fleet.PEERS)
 
 
 def parse_args():
@@ -108,6 +119,45 @@ def learned_view(url):
     return {str(w["id"]): w.get("learned") for w in rows}
 
 
+def send(url, items, inflight_max):
+    """The slice through `url` at its arrival times (benches/fleet's load generator), at
+    most `inflight_max` outstanding; one record per request."""
+    reqs = [SimpleNamespace(index=it.index, arrival_s=it.arrival_s, after=None, gap_s=0.0, session=None)
+            for it in items]  # fmt: skip
+    bodies = {it.index: loadgen.request_body(fleet.SERVED_NAME, it.text, it.output_tokens) for it in items}
+    return loadgen.run(url, reqs, bodies, 1.0, timeout_s=300.0, inflight_max=inflight_max)[0]
+
+
+def latency_stats(results, items):
+    """TTFT and end-to-end latency over the run, and prompts vLLM counted differently."""
+    lengths = {it.index: len(it.tokens) for it in items}
+    ttft = [r["ttft_s"] * 1000.0 for r in results if r["ttft_s"] is not None]
+    e2e = [r["e2e_s"] * 1000.0 for r in results if r["e2e_s"] is not None and r["error"] is None]
+    return {
+        "requests": len(results),
+        "errors": sum(1 for r in results if r["error"]),
+        "prompt_length_mismatches": sum(
+            1 for r in results if r["prompt_tokens"] is not None and r["prompt_tokens"] != lengths[r["i"]]
+        ),
+        "ttft_ms_p50": quantile(ttft, 0.5),
+        "ttft_ms_p99": quantile(ttft, 0.99),
+        "ttft_ms_mean": sum(ttft) / len(ttft) if ttft else None,
+        "e2e_ms_p50": quantile(e2e, 0.5),
+        "e2e_ms_p99": quantile(e2e, 0.99),
+        "e2e_ms_mean": sum(e2e) / len(e2e) if e2e else None,
+        "ttft_ms_by_request": by_request(results, len(items)),
+    }
+
+
+def by_request(results, n):
+    """Each request's TTFT in ms by workload index (None when it failed), for paired ratios."""
+    out = [None] * n
+    for r in results:
+        if r["ttft_s"] is not None and r["error"] is None and 0 <= r["i"] < n:
+            out[r["i"]] = round(r["ttft_s"] * 1000.0, 1)
+    return out
+
+
 def run_one(policy, engines, items, args, log_dir):
     """One policy over the workload on freshly reset caches."""
     for e in engines:
@@ -122,21 +172,21 @@ def run_one(policy, engines, items, args, log_dir):
     else:
         started = fleet.start_kvroute(str(args.kvroute), policy, engines, log_dir)
     proc, url = started
-    before = {e.id: drive.scrape(e.url) for e in engines}
+    before = {e.id: metrics.scrape(e.url) for e in engines}
     load_before = load_avg()
     t0 = time.monotonic()
     learned = None
     try:
-        results = asyncio.run(drive.drive(url, items, args.inflight_max))
+        results = send(url, items, args.inflight_max)
         if policy not in PEERS:
             learned = learned_view(url)
     finally:
         proc.stop()
     wall_s = time.monotonic() - t0
-    deltas = {e.id: drive.delta(drive.scrape(e.url), before[e.id]) for e in engines}
-    cache, per_worker = drive.cache_stats(deltas)
+    deltas = {e.id: metrics.delta(metrics.scrape(e.url), before[e.id]) for e in engines}
+    cache, per_worker = metrics.cache_stats(deltas)
     run = {"policy": policy, "wall_s": round(wall_s, 1), "load_avg_1m": [load_before[0], load_avg()[0]]}
-    run.update(drive.latency_stats(results, items))
+    run.update(latency_stats(results, items))
     run["cache"] = cache
     run["workers"] = per_worker
     if learned:
@@ -317,8 +367,8 @@ def main():
     tmp_ctx = tempfile.TemporaryDirectory(prefix="real-fleet-")
     log_dir = args.keep_logs or Path(tmp_ctx.name)
     log_dir.mkdir(parents=True, exist_ok=True)
-    skipped = {p: "not installed (benches/real_fleet/setup.sh installs it)" for p in policies if p in PEERS
-               and not os.environ.get("KVROUTE_SGLANG_ROUTER_PYTHON" if p == "sglang-router" else "KVROUTE_SMG")}  # fmt: skip
+    skipped = {p: "not installed (benches/fleet/setup.sh installs it)" for p in policies
+               if p in PEERS and not fleet.peer_installed(p)}  # fmt: skip
     policies = [p for p in policies if p not in skipped]
     report = {
         "trace": "bundled slice" if args.trace is None else trace.name,
@@ -337,7 +387,7 @@ def main():
             e.proc.wait_http(f"{e.url}/health", 600)
         log(f"{len(engines)} engines up; warming up")
         for e in engines:
-            asyncio.run(drive.drive(e.url, items[:2], 2))
+            send(e.url, items[:2], 2)
         runs = []
         for rnd in range(args.rounds):
             order = policies[rnd % len(policies) :] + policies[: rnd % len(policies)]

@@ -1,0 +1,288 @@
+"""Fleet benchmark: kvroute's policies and the peer routers over one fleet, one invocation.
+
+    eval "$(benches/fleet/setup.sh)"          # peers, each in its own venv (optional)
+    cargo build --release --bin kvroute
+    python3 benches/fleet/bench.py --workload conversation --workers 8 --out fleet.json
+
+`--fleet sim` (the default) starts N `kvroute sim-worker`s with a generated word-level
+tokenizer, fresh for every router run; `--fleet real` runs the same workloads on vLLM CPU
+servers (benches/real_fleet's engines, started once, prefix caches reset between runs).
+Every round runs every router over the same seeded requests, in an order rotated per
+round; the JSON has each run, the medians per router, and `kv` against the best peer on
+each figure. Progress goes to stderr, the JSON to stdout (and --out).
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "real_fleet"))
+
+import analysis  # noqa: E402  (benches/real_fleet)
+import fleet  # noqa: E402  (benches/real_fleet)
+import loadgen  # noqa: E402
+import metrics  # noqa: E402  (benches/real_fleet)
+import report  # noqa: E402
+import simfleet  # noqa: E402
+import workloads  # noqa: E402
+import words  # noqa: E402
+
+REPO = HERE.parents[1]
+KVROUTE_DEFAULT = ("kv", "round-robin")
+# Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
+# gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
+# blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
+# its knee (queues build up) while a cache-aware router still keeps up.
+RATES = {
+    "conversation": {"busy": 12.0, "saturated": 20.0},
+    "trace": {"busy": 12.0, "saturated": 20.0},
+    "agentic": {"busy": 8.0, "saturated": 16.0},
+    "shared-doc": {"busy": 10.0, "saturated": 20.0},
+}
+LOADS = ("busy", "saturated")
+# What the sim and real fleets default to when a flag is not given. vLLM on CPU is about
+# a thousand times slower than the modelled GPU, so the real fleet gets short prompts,
+# 8 output tokens, 150 requests and a rate to start from (tune it with --rate).
+SIM_DEFAULTS = {"workers": 8, "blocks_per_worker": 2462, "words_per_hash_id": 128, "size_scale": 1.0,
+                "prompt_tokens_max": 32768, "output_tokens_max": 4096, "multi_turn_only": False}  # fmt: skip
+REAL_DEFAULTS = {"workers": 3, "blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
+                 "prompt_tokens_max": 768, "output_tokens_max": 8, "requests": 150, "rate": 1.0,
+                 "multi_turn_only": True}  # fmt: skip
+QUICK_REQUESTS = {"conversation": 200, "trace": 200, "agentic": 160, "shared-doc": 160}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fleet", choices=("sim", "real"), default="sim")
+    p.add_argument("--workload", choices=workloads.KINDS, default="conversation")
+    p.add_argument("--trace", type=Path, help="a Mooncake JSONL trace (with --workload trace; conversation "
+                   "defaults to the bundled slice)")  # fmt: skip
+    p.add_argument("--load", choices=LOADS, default="busy")
+    p.add_argument("--workers", type=int, help="fleet size (default: 8 sim-workers, 3 vLLM servers)")
+    p.add_argument("--rate", type=float, help="arrival-rate multiplier (overrides --load's)")
+    p.add_argument("--requests", type=int, help="cap on requests (default: the whole workload)")
+    p.add_argument("--quick", action="store_true", help="a small workload and 1 round: a smoke run")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--routers", default="kv,round-robin," + ",".join(fleet.PEERS),
+                   help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...) and peers "
+                   f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
+    p.add_argument("--seed", type=int, default=workloads.Spec.seed)
+    p.add_argument("--speedup", type=float,
+                   help="sim-workers run this many times faster than the modelled GPU; arrivals are "
+                   "compressed and latencies reported in model ms (default: 8 / workers, at most 1, so "
+                   "that the host serves the same wall-clock rate at any fleet size)")  # fmt: skip
+    p.add_argument("--blocks-per-worker", type=int, help="KV blocks of 64 tokens per worker (default: 2,462 "
+                   "sim, 256 real)")  # fmt: skip
+    p.add_argument("--words-per-hash-id", type=int, help="tokens a Mooncake hash id becomes (default: 128 sim, "
+                   "64 real)")  # fmt: skip
+    p.add_argument("--size-scale", type=float, help="multiplies the generated workloads' prompt and output sizes "
+                   "(default: 1 sim, 1/8 real)")  # fmt: skip
+    p.add_argument("--prompt-tokens-max", type=int, help="prompt cap (default: 32,768 sim, 768 real)")
+    p.add_argument("--output-tokens-max", type=int, help="output cap (default: 4,096 sim, 8 real)")
+    p.add_argument("--multi-turn-only", action=argparse.BooleanOptionalAction,
+                   help="a trace: keep only conversations with 2+ requests (default: off sim, on real, where a "
+                   "slice of 150 requests has few)")  # fmt: skip
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
+    p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--keep-logs", type=Path, help="directory for the processes' logs (default: temporary)")
+    args = p.parse_args(argv)
+    if args.workload == "trace" and args.trace is None:
+        p.error("--workload trace needs --trace PATH")
+    for k, v in (SIM_DEFAULTS if args.fleet == "sim" else REAL_DEFAULTS).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.speedup is None:
+        args.speedup = min(1.0, 8 / args.workers) if args.fleet == "sim" else 1.0
+    if args.quick:
+        args.requests = args.requests or QUICK_REQUESTS[args.workload]
+        args.rounds = 1
+    return args
+
+
+def log(msg):
+    print(f"[fleet {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def rate_of(args):
+    """The arrival-rate multiplier: --rate, or the workload's at the load, times workers / 8."""
+    if args.rate is not None:
+        return args.rate
+    return RATES[args.workload][args.load] * args.workers / 8
+
+
+def build_workload(args, vocab):
+    spec = workloads.Spec(kind=args.workload, seed=args.seed, requests_max=args.requests, trace=args.trace,
+                          words_per_hash_id=args.words_per_hash_id, prompt_tokens_max=args.prompt_tokens_max,
+                          output_tokens_max=args.output_tokens_max, size_scale=args.size_scale,
+                          multi_turn_only=args.multi_turn_only)  # fmt: skip
+    reqs = workloads.generate(spec, vocab)
+    return workloads.scaled(reqs, rate_of(args))
+
+
+class RealFleet:
+    """vLLM CPU servers (benches/real_fleet), started once; each run resets their caches."""
+
+    kind = "real"
+    speedup = 1.0
+
+    def __init__(self, count, gpu_blocks, max_model_len, log_dir):
+        self.engines = [fleet.Engine(w + 1, gpu_blocks, max_model_len, log_dir) for w in range(count)]
+        for e in self.engines:
+            e.proc.wait_http(f"{e.url}/health", 600)
+        self.workers = self.engines
+
+    def start(self):
+        for e in self.engines:
+            e.reset_prefix_cache()
+
+    def stop(self):
+        pass
+
+    def close(self):
+        for e in self.engines:
+            e.proc.stop()
+
+
+def start_router(name, args, workers, log_dir):
+    """(proc, url) of router `name` over `workers`."""
+    if name in fleet.PEERS:
+        return fleet.start_peer(name, workers, log_dir)
+    return fleet.start_kvroute(str(args.kvroute), name, workers, log_dir)
+
+
+def run_one(name, args, the_fleet, reqs, bodies, log_dir):
+    """One router over the workload on fresh workers: its figures."""
+    the_fleet.start()
+    proc, url = start_router(name, args, the_fleet.workers, log_dir)
+    try:
+        before = {w.id: metrics.scrape(w.url) for w in the_fleet.workers}
+        records, wall_s = loadgen.run(url, reqs, bodies, the_fleet.speedup)
+        deltas = {w.id: metrics.delta(metrics.scrape(w.url), before[w.id]) for w in the_fleet.workers}
+    finally:
+        proc.stop()
+        the_fleet.stop()
+    cache, per_worker = metrics.cache_stats(deltas)
+    run = {"router": name, "wall_s": round(wall_s, 1), "requests": len(records),
+           "errors": sum(1 for r in records if r["error"]), "hit_rate": cache["hit_rate"],
+           "hit_tokens": cache["hit_tokens"], "prompt_tokens": cache["queried_tokens"]}  # fmt: skip
+    run.update(report.latency(records, the_fleet.speedup))
+    run.update(report.throughput(records, reqs, the_fleet.speedup))
+    run["ttft_ms_by_request"] = [round(r["ttft_s"] * 1000.0 * the_fleet.speedup, 1) if r["error"] is None
+                                 and r["ttft_s"] is not None else None for r in records]  # fmt: skip
+    run["worker_requests"] = report.spread([per_worker[k]["requests"] for k in sorted(per_worker, key=int)])
+    run["lateness_ms"] = report.lateness(records)
+    run["losses"] = losses(reqs, records)
+    errors = [r["error"] for r in records if r["error"]]
+    if errors:
+        run["first_errors"] = errors[:3]
+    log(f"{name}: hit {run['hit_rate']} ttft mean {run['ttft_ms_mean']} p99 {run['ttft_ms_p99']} e2e mean "
+        f"{run['e2e_ms_mean']} errors {run['errors']} late p99 {run['lateness_ms'].get('p99')} ms "
+        f"({run['wall_s']} s)")  # fmt: skip
+    return run
+
+
+def run_with_retry(name, args, the_fleet, reqs, bodies, log_dir, tries=2):
+    """`run_one`, tried again once when a process did not come up (a port another
+    process took, a router slow to find its workers); then a failed run."""
+    for attempt in range(1, tries + 1):
+        try:
+            return run_one(name, args, the_fleet, reqs, bodies, log_dir)
+        except RuntimeError as e:
+            log(f"{name}: failed (try {attempt} of {tries}): {str(e)[:300]}")
+            failure = str(e)[-2000:]
+    return {"router": name, "failed": failure}
+
+
+def losses(reqs, records):
+    """Where hits were lost (benches/real_fleet's analysis.losses), in the order the
+    requests were sent: possible anywhere, on the worker chosen (kvroute names it), and
+    what the workers reported as cached."""
+    sent = {r["i"]: r["sent_s"] for r in records}
+    items = [SimpleNamespace(index=r.index, arrival_s=sent[r.index] if sent[r.index] is not None else 1e18,
+                             tokens=r.tokens, group=r.group, hash_ids=tuple(workloads.block_keys(r.tokens)))
+             for r in reqs]  # fmt: skip
+    return analysis.losses(items, records)
+
+
+def make_vocab(args, tmp: Path):
+    """(vocab, model dir): the generated tokenizer for sim, the real model's for real."""
+    if args.fleet == "sim":
+        model_dir = tmp / "model"
+        return words.Vocab(words.write_model_dir(model_dir)), model_dir
+    model_dir = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
+    import workload as real_workload  # benches/real_fleet; needs the `tokenizers` package
+
+    real = real_workload.Words(model_dir / "tokenizer.json")
+    return words.Vocab.from_tokens([real.tok.decode([i]) for i in real.ids]), model_dir
+
+
+def routers_of(args):
+    """(routers to run, {skipped peer: why})."""
+    names = [n.strip() for n in args.routers.split(",") if n.strip()]
+    skipped = {n: "not installed (benches/fleet/setup.sh installs it)" for n in names
+               if n in fleet.PEERS and not fleet.peer_installed(n)}  # fmt: skip
+    return [n for n in names if n not in skipped], skipped
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not args.kvroute.exists():
+        raise SystemExit(f"{args.kvroute} is missing; run `cargo build --release --bin kvroute` first")
+    routers, skipped = routers_of(args)
+    tmp_ctx = tempfile.TemporaryDirectory(prefix="kvroute-fleet-")
+    tmp = Path(tmp_ctx.name)
+    log_dir = args.keep_logs or tmp / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    vocab, model_dir = make_vocab(args, tmp)
+    reqs = build_workload(args, vocab)
+    bodies = {r.index: loadgen.request_body(fleet.SERVED_NAME, vocab.text(r.tokens), r.output_tokens) for r in reqs}
+    out = {
+        "fleet": args.fleet, "workload": args.workload, "load": args.load, "workers": args.workers,
+        "rate_multiplier": rate_of(args), "workload_summary": workloads.summary(reqs),
+        "workload_fingerprint": workloads.fingerprint(reqs), "routers": routers, "skipped": skipped,
+        "time_unit": f"model ms (wall x speedup {args.speedup if args.fleet == 'sim' else 1.0}); lateness in wall ms",
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "load_avg_start": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+    log(f"{args.workload} x{out['rate_multiplier']}: {out['workload_summary']}; routers {routers}; skipped {skipped}")
+    if args.fleet == "sim":
+        shape = simfleet.Shape(blocks_per_worker=args.blocks_per_worker, max_num_seqs=args.max_num_seqs,
+                               speedup=args.speedup)  # fmt: skip
+        the_fleet = simfleet.SimFleet(args.kvroute, args.workers, shape, model_dir, log_dir)
+    else:
+        max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)
+        the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir)
+    runs = []
+    try:
+        for rnd in range(args.rounds):
+            k = rnd % len(routers)
+            for name in routers[k:] + routers[:k]:
+                run = run_with_retry(name, args, the_fleet, reqs, bodies, log_dir)
+                run["round"] = rnd
+                runs.append(run)
+    finally:
+        the_fleet.stop()
+        if isinstance(the_fleet, RealFleet):
+            the_fleet.close()
+    out["runs"] = runs
+    out["medians"] = report.medians(runs)
+    out["kv_vs_best_peer"] = report.against_best_peer(out["medians"], [r for r in routers if r in fleet.PEERS])
+    out["kv_vs_peers_paired_ttft"] = report.paired(runs, "kv", [r for r in routers if r != "kv"])
+    out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    log("medians over rounds (latencies in model ms):\n" + report.table(out["medians"]))
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    tmp_ctx.cleanup()
+
+
+if __name__ == "__main__":
+    main()

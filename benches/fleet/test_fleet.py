@@ -1,0 +1,275 @@
+"""Checks of the fleet benchmark's pure parts: workload generation (seeded, with the
+prefix structure each workload promises), the tokenizer, the figures and the load
+generator against a real socket. Standard library only:
+
+    python3 -m unittest discover -s benches/fleet
+"""
+
+import asyncio
+import json
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "real_fleet"))
+sys.path.insert(0, str(HERE))
+
+import loadgen  # noqa: E402
+import report  # noqa: E402
+import workloads  # noqa: E402
+import words  # noqa: E402
+
+VOCAB = words.Vocab.generated()
+
+
+def gen(kind, seed=1, n=120, **kw):
+    return workloads.generate(workloads.Spec(kind=kind, seed=seed, requests_max=n, **kw), VOCAB)
+
+
+def is_prefix(a, b):
+    return len(a) <= len(b) and tuple(b[: len(a)]) == tuple(a)
+
+
+class Determinism(unittest.TestCase):
+    def check(self, kind, **kw):
+        a, b = gen(kind, seed=5, **kw), gen(kind, seed=5, **kw)
+        self.assertEqual(a, b)
+        self.assertEqual(workloads.fingerprint(a), workloads.fingerprint(b))
+        self.assertNotEqual(workloads.fingerprint(a), workloads.fingerprint(gen(kind, seed=6, **kw)))
+
+    def test_the_same_seed_makes_the_same_requests(self):
+        for kind in ("conversation", "agentic", "shared-doc"):
+            with self.subTest(kind=kind):
+                self.check(kind)
+
+    def test_a_trace_read_twice_is_the_same_workload(self):
+        self.check("trace", trace=workloads.BUNDLED_TRACE)
+
+
+class Shapes(unittest.TestCase):
+    def test_conversation_hash_ids_become_128_words_and_outputs_a_quarter(self):
+        reqs = gen("conversation", n=60)
+        recs = workloads.read_trace(workloads.BUNDLED_TRACE, 60)
+        for r, (_, input_length, output_length, hash_ids) in zip(reqs, recs):
+            self.assertEqual(len(r.tokens), min(len(hash_ids) * 128, -(-input_length // 4)))
+            self.assertEqual(r.output_tokens, max(1, output_length // 4))
+        # Records 0 and 1 share hash id 0 and nothing after it.
+        self.assertEqual(recs[0][3][0], recs[1][3][0])
+        self.assertEqual(reqs[0].tokens[:128], reqs[1].tokens[:128])
+        self.assertNotEqual(reqs[0].tokens[128:256], reqs[1].tokens[128:256])
+
+    def test_an_agent_call_extends_the_context_of_the_call_before(self):
+        reqs = gen("agentic", n=300)
+        follow = [r for r in reqs if r.after is not None]
+        self.assertGreater(len(follow), 100)
+        for r in follow:
+            prev = reqs[r.after]
+            self.assertEqual((prev.group, prev.session), (r.group, r.session))
+            self.assertTrue(is_prefix(prev.tokens, r.tokens) and len(r.tokens) > len(prev.tokens))
+            self.assertGreater(r.gap_s, 0.0)
+        # Programs of one type share the system prompt and tools (900+ words).
+        by_type = {}
+        for r in reqs:
+            if r.after is None:
+                by_type.setdefault(r.session.split("-")[1], []).append(r)
+        shared = [rs for rs in by_type.values() if len(rs) > 1]
+        self.assertTrue(shared)
+        for rs in shared:
+            self.assertEqual(rs[0].tokens[:900], rs[1].tokens[:900])
+
+    def test_questions_on_one_document_share_it(self):
+        reqs = gen("shared-doc", n=200)
+        by_doc = {}
+        for r in reqs:
+            by_doc.setdefault(r.group, []).append(r)
+        self.assertLessEqual(len(by_doc), workloads.DOC_COUNT)
+        for rs in by_doc.values():
+            for r in rs[1:]:
+                common = len(rs[0].tokens) - workloads.DOC_QUESTION_WORDS[1]
+                self.assertEqual(r.tokens[:common], rs[0].tokens[:common])
+        self.assertTrue(all(b.arrival_s > a.arrival_s for a, b in zip(reqs, reqs[1:])))
+
+    def test_scaling_the_rate_divides_arrivals_and_keeps_think_time(self):
+        reqs = gen("agentic", n=50)
+        fast = workloads.scaled(reqs, 4.0)
+        for a, b in zip(reqs, fast):
+            self.assertAlmostEqual(b.arrival_s, a.arrival_s / 4.0)
+            self.assertEqual(b.gap_s, a.gap_s)
+        with self.assertRaises(ValueError):
+            workloads.scaled(reqs, 0)
+
+    def test_a_missing_or_broken_trace_is_a_clear_error(self):
+        with self.assertRaises(SystemExit) as e:
+            gen("trace", trace=Path("no/such/trace.jsonl"))
+        self.assertIn("--trace", str(e.exception))
+        with tempfile.TemporaryDirectory() as d:
+            bad = Path(d, "bad.jsonl")
+            bad.write_text('{"timestamp": 0}\n')
+            with self.assertRaises(SystemExit) as e:
+                gen("trace", trace=bad)
+            self.assertIn("line 1", str(e.exception))
+
+    def test_the_replay_trace_gives_equal_prefixes_equal_ids(self):
+        reqs = gen("shared-doc", n=40)
+        recs = workloads.to_mooncake(reqs)
+        by_len = sorted(recs, key=lambda x: x["input_length"])
+        ids = [set(r["hash_ids"]) for r in recs]
+        self.assertTrue(any(a & b for a in ids for b in ids if a is not b))
+        self.assertEqual(by_len[0]["input_length"], min(len(r.tokens) for r in reqs))
+
+
+class Tokenizer(unittest.TestCase):
+    def test_every_word_is_one_lowercase_token(self):
+        vocab = words.vocabulary()
+        self.assertEqual(len(vocab), words.VOCAB_SIZE)
+        self.assertEqual(len(set(vocab)), len(vocab))
+        self.assertTrue(all(w.isalpha() and w.islower() for w in vocab[1:]))
+        with tempfile.TemporaryDirectory() as d:
+            words.write_model_dir(Path(d))
+            tok = json.loads(Path(d, "tokenizer.json").read_text())
+            self.assertEqual(tok["model"]["vocab"][vocab[42]], 42)
+            self.assertEqual(tok["pre_tokenizer"]["type"], "WhitespaceSplit")
+        ids = [5, 9, 5, 8000]
+        self.assertEqual(VOCAB.text(ids).split(" "), [vocab[i] for i in ids])
+
+
+def rec(i, ttft, e2e, sent=0.0, late=0.0, error=None):
+    return {"i": i, "sent_s": sent, "lateness_s": late, "worker": None, "ttft_s": ttft, "e2e_s": e2e, "error": error}
+
+
+class Figures(unittest.TestCase):
+    def test_latency_is_model_time_and_skips_failures(self):
+        recs = [rec(0, 0.01, 0.1), rec(1, 0.03, 0.3), rec(2, 9.0, 9.0, error="HTTP 500")]
+        got = report.latency(recs, speedup=10.0)
+        self.assertEqual((got["ttft_ms_mean"], got["e2e_ms_mean"]), (200.0, 2000.0))
+        self.assertEqual(got["ttft_ms_p99"], 300.0)
+
+    def test_lateness_and_throughput(self):
+        reqs = gen("shared-doc", n=4)
+        recs = [rec(i, 0.1, 1.0, sent=float(i), late=x) for i, x in enumerate((0.0, 0.002, 0.02, 0.05))]
+        late = report.lateness(recs)
+        self.assertEqual((late["max"], late["share_over_10ms"]), (50.0, 0.5))
+        got = report.throughput(recs, reqs, speedup=2.0)
+        # Sends at 0..3 s, the last finishing at 4 s: 4 requests over 8 model seconds.
+        self.assertEqual(got["throughput_rps"], 0.5)
+        self.assertEqual(got["output_tokens_per_s"], round(sum(r.output_tokens for r in reqs) / 8.0, 1))
+
+    def test_medians_over_rounds_and_kv_against_the_best_peer_per_figure(self):
+        def run(router, rnd, hit, ttft, e2e):
+            r = {"router": router, "round": rnd, "hit_rate": hit, "ttft_ms_mean": ttft, "ttft_ms_p99": ttft * 4,
+                 "e2e_ms_mean": e2e, "errors": 0, "worker_requests": report.spread([3, 5])}  # fmt: skip
+            return r
+
+        runs = [run("kv", 0, 0.2, 100, 1000), run("kv", 1, 0.4, 300, 1000), run("kv", 2, 0.3, 200, 900),
+                run("a", 0, 0.5, 400, 800), run("b", 0, 0.1, 150, 2000), {"router": "b", "failed": "x"}]  # fmt: skip
+        med = report.medians(runs)
+        self.assertEqual((med["kv"]["hit_rate"], med["kv"]["ttft_ms_mean"], med["kv"]["rounds"]), (0.3, 200, 3))
+        self.assertEqual((med["b"]["rounds"], med["b"]["failed_rounds"]), (1, 1))
+        self.assertEqual(med["kv"]["worker_requests_max_over_mean"], 1.25)
+        got = report.against_best_peer(med, ["a", "b"])
+        self.assertEqual((got["hit_rate"]["best_peer"], got["hit_rate"]["ratio"]), ("a", 0.6))
+        self.assertEqual((got["ttft_ms_mean"]["best_peer"], got["ttft_ms_mean"]["ratio"]), ("b", 1.333))
+        self.assertEqual((got["e2e_ms_mean"]["best_peer"], got["e2e_ms_mean"]["ratio"]), ("a", 1.25))
+        self.assertFalse(got["all_targets_met"])
+        rows = report.table(med).splitlines()
+        self.assertEqual(len(rows), 2 + 3)
+        self.assertTrue(rows[2].startswith("| kv | 0.300 | 200 | 800 | 1,000 | - | - | 1.25 |"), rows[2])
+        self.assertEqual(report.against_best_peer(med, []).get("all_targets_met"), None)
+
+
+    def test_paired_ttft_compares_request_by_request(self):
+        base = [100.0 + 10 * i for i in range(40)]
+        runs = [{"router": "kv", "round": 0, "ttft_ms_by_request": [x * 0.5 for x in base]},
+                {"router": "peer", "round": 0, "ttft_ms_by_request": base}, {"router": "x", "failed": "y"}]  # fmt: skip
+        got = report.paired(runs, "kv", ["peer", "x"])
+        self.assertEqual(got["peer"]["mean"]["ratio"], 0.5)
+        self.assertNotIn("x", got)
+
+
+class LoadGenerator(unittest.TestCase):
+    """A real server on 127.0.0.1 that streams chunked SSE and records what it got."""
+
+    def test_open_loop_sends_follow_ups_after_their_call_and_reads_the_stream(self):
+        seen = []
+
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            body = json.loads(await reader.readexactly(length))
+            session = [h for h in head.split(b"\r\n") if h.lower().startswith(b"x-session-id")]
+            seen.append((body["prompt"], session[0].split(b": ")[1].decode() if session else None))
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-kvroute-worker: 3\r\n"
+                         b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
+            for ev in (b'data: {"choices":[{"text":"a"}]}\n\n', b"data: [DONE]\n\n"):
+                writer.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                await writer.drain()
+                await asyncio.sleep(0.02)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        reqs = [workloads.Request(0, 0.0, (1, 2), 1, "g", session="s0"),
+                workloads.Request(1, 0.0, (1, 2, 3), 1, "g", session="s0", after=0, gap_s=0.05),
+                workloads.Request(2, 0.01, (7,), 1, "h")]  # fmt: skip
+
+        async def go():
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            bodies = {r.index: loadgen.request_body("m", VOCAB.text(r.tokens), 1) for r in reqs}
+            async with server:
+                return await loadgen.drive(f"http://127.0.0.1:{port}", reqs, bodies, speedup=1.0)
+
+        records, wall_s = asyncio.run(go())
+        self.assertEqual([r["error"] for r in records], [None] * 3)
+        self.assertEqual({r["worker"] for r in records}, {"3"})
+        self.assertEqual([p for p, _ in seen], [VOCAB.text((1, 2)), VOCAB.text((7,)), VOCAB.text((1, 2, 3))])
+        self.assertEqual(seen[0][1], "s0")
+        first, follow = records[0], records[1]
+        # The follow-up goes out its gap after the first call's stream ended.
+        self.assertGreaterEqual(follow["sent_s"], first["sent_s"] + first["e2e_s"] + 0.05 - 1e-3)
+        self.assertTrue(all(r["ttft_s"] < r["e2e_s"] for r in records))
+        self.assertLess(max(r["lateness_s"] for r in records), 0.5)
+
+    def test_a_cap_on_outstanding_requests_holds_the_next_one_back(self):
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            await reader.readexactly(length)
+            await asyncio.sleep(0.1)
+            ev = b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}\n\n'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(ev), ev))
+            await writer.drain()
+            writer.close()
+
+        reqs = [workloads.Request(i, 0.0, (1, 2), 1, "g") for i in range(2)]
+
+        async def go():
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            async with server:
+                return await loadgen.drive(f"http://127.0.0.1:{port}", reqs, {0: b"{}", 1: b"{}"}, 1.0,
+                                           inflight_max=1)  # fmt: skip
+
+        records, _ = asyncio.run(go())
+        a, b = records
+        self.assertGreaterEqual(b["sent_s"], a["sent_s"] + a["e2e_s"] - 1e-3)
+        self.assertGreaterEqual(b["lateness_s"], 0.09)
+        self.assertEqual((a["prompt_tokens"], a["cached_tokens"]), (2, 1))
+
+    def test_a_refused_connection_is_an_error_not_a_crash(self):
+        async def go():
+            server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            server.close()
+            await server.wait_closed()
+            req = workloads.Request(0, 0.0, (1,), 1, "g")
+            return await loadgen.drive(f"http://127.0.0.1:{port}", [req], {0: b"{}"}, speedup=1.0)
+
+        records, _ = asyncio.run(go())
+        self.assertIn("Error", records[0]["error"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,49 @@
+"""The engines' own counters: what every worker (vLLM, or a kvroute sim-worker, which
+serves the same names) says it did, read from its /metrics before and after a run.
+"""
+
+import re
+
+from fleet import http
+
+# vLLM's counters (tokens) and gauges that the benchmark reads from each engine.
+COUNTERS = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:request_success_total",
+    "vllm:prompt_tokens_total",
+)
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
+
+
+def scrape(engine_url):
+    """Sums of the counters in COUNTERS over all their label sets."""
+    status, text = http("GET", f"{engine_url}/metrics", timeout=10.0)
+    if status != 200:
+        raise RuntimeError(f"{engine_url}/metrics answered {status}")
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if m and m.group(1) in out:
+            out[m.group(1)] += float(m.group(3))
+    return out
+
+
+def delta(after, before):
+    return {k: after[k] - before[k] for k in COUNTERS}
+
+
+def cache_stats(per_engine):
+    """Fleet and per-worker prefix-cache hit rates from counter deltas {worker id: delta}."""
+    q = sum(d["vllm:prefix_cache_queries_total"] for d in per_engine.values())
+    h = sum(d["vllm:prefix_cache_hits_total"] for d in per_engine.values())
+    workers = {}
+    for wid, d in sorted(per_engine.items()):
+        wq = d["vllm:prefix_cache_queries_total"]
+        workers[str(wid)] = {
+            "requests": int(d["vllm:request_success_total"]),
+            "queried_tokens": int(wq),
+            "hit_tokens": int(d["vllm:prefix_cache_hits_total"]),
+            "hit_rate": round(d["vllm:prefix_cache_hits_total"] / wq, 4) if wq else None,
+        }
+    return {"hit_rate": round(h / q, 4) if q else None, "hit_tokens": int(h), "queried_tokens": int(q)}, workers
