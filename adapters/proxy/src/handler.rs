@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use kvroute_frontend::ask::{question_timed, routed_json, Asker, Question};
 use kvroute_frontend::otel::RequestTrace;
 
+use crate::auth::Caller;
 use crate::body::ProxyBody;
 use crate::disagg;
 use crate::error::ApiError;
@@ -48,6 +49,7 @@ pub async fn proxy(
     peer: SocketAddr,
     req: http::Request<Incoming>,
     endpoint: Endpoint,
+    caller: Caller,
 ) -> Response<ProxyBody> {
     let arrived = Instant::now();
     let trace = crate::trace::open(&state, req.headers(), arrived);
@@ -57,7 +59,7 @@ pub async fn proxy(
         Ok(permit) => {
             // A client trickling its body must not hold a permit past the request's time.
             let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
-            let prepared = prepare_traced(&state, peer, req, Some(endpoint), &mut model, trace.clone());
+            let prepared = prepare_traced(&state, peer, req, Some(endpoint), caller, &mut model, trace.clone());
             match tokio::time::timeout_at(deadline, prepared).await {
                 Err(_) => Err(ApiError::body_timeout()),
                 Ok(Ok(p)) if p.preview => preview(&state, p),
@@ -78,15 +80,17 @@ pub async fn proxy(
 }
 
 /// Reads, checks and hashes a request. `endpoint: None` guesses it from the body (for
-/// `/route/preview`). `model_label` becomes the pool's name once it is known.
+/// `/route/preview`). `caller` is who sent it ([`crate::auth`]): an admin tenant is
+/// trusted. `model_label` becomes the pool's name once it is known.
 pub async fn prepare(
     state: &Arc<State>,
     peer: SocketAddr,
     req: http::Request<Incoming>,
     endpoint: Option<Endpoint>,
+    caller: Caller,
     model_label: &mut String,
 ) -> Result<Prepared, ApiError> {
-    prepare_traced(state, peer, req, endpoint, model_label, None).await
+    prepare_traced(state, peer, req, endpoint, caller, model_label, None).await
 }
 
 /// [`prepare`] of a traced request: its `parse` and `tokenize` spans are recorded.
@@ -95,11 +99,12 @@ async fn prepare_traced(
     peer: SocketAddr,
     req: http::Request<Incoming>,
     endpoint: Option<Endpoint>,
+    caller: Caller,
     model_label: &mut String,
     trace: Option<RequestTrace>,
 ) -> Result<Prepared, ApiError> {
     let (parts, body) = req.into_parts();
-    let trusted = state.trust.is_trusted(peer.ip(), &parts.headers);
+    let trusted = caller.admin() || state.trust.is_trusted(peer.ip(), &parts.headers);
     let raw = read_body(body, &parts.headers, state.cfg.limits.body_bytes_max).await?;
     let cx = Asker {
         fleet: &state.fleet,

@@ -31,6 +31,7 @@
 
 pub mod admin;
 mod aggregated;
+pub mod auth;
 pub mod body;
 pub mod disagg;
 pub mod drain;
@@ -98,9 +99,11 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg, trust, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing } = front;
+    let FrontEnd { cfg, trust, tenants, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing } =
+        front;
     let state = Arc::new(State {
         trust,
+        tenants,
         client: upstream::client(&cfg.limits),
         metrics,
         concurrency: Arc::new(Semaphore::new(cfg.limits.concurrent_requests_max)),

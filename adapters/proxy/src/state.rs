@@ -20,6 +20,8 @@ pub struct State {
     pub cfg: ProxyConfig,
     /// Who is trusted.
     pub trust: Trust,
+    /// The tenants and their keys; empty when the gateway is open (see [`crate::auth`]).
+    pub tenants: Arc<kvroute_frontend::tenants::Tenants>,
     /// Pools and workers.
     pub fleet: Arc<Fleet>,
     /// Tokenizers by model.
