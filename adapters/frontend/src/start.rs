@@ -53,7 +53,7 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
         tracing::warn!("no [[tenants]] configured: the gateway is open (no authentication)");
     }
     let seed = cfg.seed.unwrap_or_else(random_seed);
-    let fleet = Arc::new(Fleet::new(cfg, seed));
+    let fleet = Arc::new(Fleet::with_tenants(cfg, seed, &tenants));
     for w in &cfg.workers {
         fleet.add_worker(w.clone()).map_err(|source| StartError::Worker { id: w.id, source })?;
     }

@@ -31,7 +31,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use kvroute_frontend::ask::{question_timed, routed_json, Asker, Question};
-use kvroute_frontend::otel::RequestTrace;
+use kvroute_frontend::otel::{KeyValue, RequestTrace};
 
 use crate::auth::Caller;
 use crate::body::ProxyBody;
@@ -53,6 +53,10 @@ pub async fn proxy(
 ) -> Response<ProxyBody> {
     let arrived = Instant::now();
     let trace = crate::trace::open(&state, req.headers(), arrived);
+    let tenant = caller.tenant().and_then(|id| state.tenants.get(id)).map(|t| t.name.as_str());
+    if let (Some(t), Some(name)) = (trace.as_ref().filter(|t| t.sampled()), tenant) {
+        t.set(KeyValue::new("kvroute.tenant", name.to_string()));
+    }
     let mut model = "unknown".to_string();
     let result = match state.concurrency.clone().try_acquire_owned() {
         Err(_) => Err(ApiError::overloaded()),
@@ -68,6 +72,9 @@ pub async fn proxy(
             }
         }
     };
+    if let Some(name) = tenant {
+        state.metrics.tenant_request(name, result.as_ref().map_or_else(|e| e.code, |_| "ok"));
+    }
     let resp = result.unwrap_or_else(|e| {
         state.metrics.request(&model, None, e.code, e.status.as_u16());
         e.into_response()
@@ -106,18 +113,23 @@ async fn prepare_traced(
     let (parts, body) = req.into_parts();
     let trusted = caller.admin() || state.trust.is_trusted(peer.ip(), &parts.headers);
     let raw = read_body(body, &parts.headers, state.cfg.limits.body_bytes_max).await?;
+    let tenant = caller.tenant().and_then(|id| state.tenants.get(id));
     let cx = Asker {
         fleet: &state.fleet,
         tokenizers: &state.tokenizers,
         metrics: &state.metrics,
         session_header: &state.session_header,
         session_id_bytes_max: state.cfg.limits.session_id_bytes_max,
+        cache_salt: tenant.and_then(|t| t.cache_salt.as_ref()),
     };
     let asked = Instant::now();
     let (q, parsed) = question_timed(&cx, trusted, &parts.headers, raw, endpoint, model_label).await?;
     crate::trace::stages(trace.as_ref(), asked, parsed);
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
-    let Question { pool, request, forward_body, preview, endpoint } = q;
+    let Question { pool, mut request, forward_body, preview, endpoint } = q;
+    if let Some(t) = tenant {
+        request.tenant = t.id;
+    }
     Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint, trace })
 }
 

@@ -37,6 +37,7 @@ pub mod disagg;
 pub mod drain;
 pub mod handler;
 pub mod health;
+mod limits;
 pub mod migrate;
 mod outliers;
 mod prepared;
@@ -103,6 +104,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         front;
     let state = Arc::new(State {
         trust,
+        limits: limits::TenantLimits::new(&tenants, tokio::time::Instant::now()),
         tenants,
         client: upstream::client(&cfg.limits),
         metrics,

@@ -61,10 +61,11 @@ impl Service<Admitted> for Route {
     }
 }
 
-/// The services between admission and the route, outermost first. Tenant
-/// authentication, then tenant limits, wrap [`Route`] here.
-pub(crate) fn stack(state: &Arc<State>) -> Route {
-    Route { state: state.clone() }
+/// The services between admission and the route, outermost first: the tenant limits
+/// ([`crate::limits`]) over [`Route`]. Authentication comes before the body is read
+/// ([`crate::auth`]), so it is not a layer here.
+pub(crate) fn stack(state: &Arc<State>) -> crate::limits::Limits<Route> {
+    crate::limits::Limits { inner: Route { state: state.clone() }, state: state.clone() }
 }
 
 /// Calls `svc` once: waits until it is ready (a limit may refuse there), then sends
