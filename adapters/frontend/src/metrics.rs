@@ -64,6 +64,13 @@ struct TenantLabels {
     outcome: &'static str,
 }
 
+/// A tenant's name and why its request was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantRejectLabels {
+    tenant: String,
+    reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RejectLabels {
     model: String,
@@ -114,7 +121,7 @@ pub struct Metrics {
     not_max_overlap: Family<ModelLabels, Counter>,
     rejections: Family<RejectLabels, Counter>,
     tenant_requests: Family<TenantLabels, Counter>,
-    tenant_rejections: Family<TenantLabels, Counter>,
+    tenant_rejections: Family<TenantRejectLabels, Counter>,
     tenant_prompt_tokens: Family<TenantLabels, Counter>,
     tenant_queue_wait: HistogramFamily<TenantLabels>,
     untrusted: Family<FieldLabels, Counter>,
@@ -503,7 +510,7 @@ impl Metrics {
 
     /// A request of tenant `tenant` refused for `reason`.
     pub fn tenant_rejected(&self, tenant: &str, reason: &'static str) {
-        self.tenant_rejections.get_or_create(&TenantLabels { tenant: tenant.into(), outcome: reason }).inc();
+        self.tenant_rejections.get_or_create(&TenantRejectLabels { tenant: tenant.into(), reason }).inc();
     }
 
     /// `tokens` prompt tokens of tenant `tenant` admitted.

@@ -71,6 +71,9 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         || (method == Method::POST && path.starts_with("/workers/"));
     if admin_only {
         if let Some(e) = auth::admin_refusal(state.trust.is_trusted(peer.ip(), req.headers()), &caller) {
+            if let Some(t) = caller.as_ref().ok().and_then(Caller::tenant).and_then(|id| state.tenants.get(id)) {
+                state.metrics.tenant_rejected(&t.name, "forbidden");
+            }
             return e.into_response();
         }
     }

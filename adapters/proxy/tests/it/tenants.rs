@@ -131,6 +131,8 @@ async fn a_closed_gateway_needs_a_tenants_key() {
     }
     let m = get(addr, "/metrics").await.text();
     assert!(!m.contains(KEY_A) && !m.contains(&sha256_hex(KEY_A)), "a key in the metrics");
+    let forbidden = sample(&m, "kvroute_tenant_rejections_total", &["tenant=\"a\"", "reason=\"forbidden\""]);
+    assert_eq!(forbidden, Some(4.0), "{m}");
 }
 
 #[tokio::test]
@@ -238,7 +240,7 @@ async fn a_tenant_over_a_limit_gets_429_and_the_others_do_not() {
     for (tenant, reason) in
         [("rate", "requests_per_second"), ("tokens", "tokens_per_minute"), ("conc", "concurrent_max")]
     {
-        let labels = [format!("tenant=\"{tenant}\""), format!("outcome=\"{reason}\"")];
+        let labels = [format!("tenant=\"{tenant}\""), format!("reason=\"{reason}\"")];
         let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         assert_eq!(sample(&m, "kvroute_tenant_rejections_total", &labels), Some(1.0), "{tenant}\n{m}");
     }
