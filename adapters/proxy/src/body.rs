@@ -34,7 +34,7 @@ pub enum ProxyBody {
     /// Another body, whose end also ends the request's spans (see [`crate::trace`]).
     Traced(Box<Traced<ProxyBody>>),
     /// Another body holding a tenant's concurrency slot until it ends or is dropped
-    /// (see [`crate::limits`]).
+    /// (see `crate::limits`).
     Held(Box<ProxyBody>, tokio::sync::OwnedSemaphorePermit),
 }
 

@@ -1,13 +1,15 @@
 //! The request layer, the top of a proxied request's stack (`POST /v1/chat/completions`,
 //! `/v1/completions`, `/v1/embeddings`). Each layer names only those below it:
 //!
-//! 1. accept: [`crate::server`] takes the connection and sends the request here;
+//! 1. accept: [`crate::server`] takes the connection, authenticates the tenant from its
+//!    head ([`crate::auth`], 401 before any body is read) and sends the request here;
 //! 2. admit: a slot of `concurrent_requests_max` ([`ApiError::overloaded`] without one);
-//! 3. parse and authenticate: read the body within the request's time, decide trust,
-//!    build the router's question ([`prepare`], giving a [`Prepared`]); a trusted
-//!    preview is answered here ([`preview`]);
-//! 4. the tenant layers (authentication, limits) when they come, as `tower` layers
-//!    over the route ([`crate::route`]'s `stack`);
+//! 3. parse: read the body within the request's time, decide trust (an admin tenant is
+//!    trusted), salt an isolated tenant's cache, build the router's question
+//!    ([`prepare`], giving a [`Prepared`]); a trusted preview is answered here
+//!    ([`preview`]);
+//! 4. tenant limits: a `tower` layer over the route ([`crate::route`]'s `stack`,
+//!    `crate::limits`), 429 past a tenant's rate, tokens or concurrency;
 //! 5. route: the core's decision and the path, aggregated or split ([`crate::route`]);
 //! 6. tries: retries, first-byte timeouts, ejection ([`crate::tries`], and the split
 //!    legs' `disagg::phase`);
