@@ -73,6 +73,7 @@ pub(crate) async fn decide(
             metrics: &shared.metrics,
             session_header: &shared.session_header,
             session_id_bytes_max: shared.cfg.proxy.limits.session_id_bytes_max,
+            cache_salt: None,
         };
         question(&cx, trusted, &asked.headers, body, endpoint(asked.path.as_deref()), &mut model).await
     };

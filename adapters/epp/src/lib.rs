@@ -112,6 +112,10 @@ pub struct EppHandle {
 /// `SERVING`; a Kubernetes watch holds it at `NOT_SERVING` until its first listing (see
 /// [`Workers::set_ready`]). Must run inside a tokio runtime.
 pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, EppError> {
+    // The picker sees no client's key: tenants it cannot authenticate would be an open door.
+    if !cfg.proxy.tenants.is_empty() {
+        return Err(EppError::TenantsUnsupported);
+    }
     let front = kvroute_frontend::start(&cfg.proxy).await.map_err(EppError::Start)?;
     let server = service::server(&cfg)?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(EppError::Bind)?;
@@ -122,7 +126,18 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
     };
     let (health, health_service) = tonic_health::server::health_reporter();
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg: _, trust, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing: _ } = front;
+    let FrontEnd {
+        cfg: _,
+        trust,
+        fleet,
+        metrics,
+        session_header,
+        dp_rank_header,
+        subs,
+        replica,
+        tracing: _,
+        tenants: _,
+    } = front;
     let shared = Arc::new(Shared {
         trust,
         metrics,
@@ -231,6 +246,8 @@ pub enum EppError {
     TlsNotBuilt,
     /// A listening socket could not be bound.
     Bind(std::io::Error),
+    /// `[[tenants]]` is configured, but the picker does not authenticate clients.
+    TenantsUnsupported,
 }
 
 impl fmt::Display for EppError {
@@ -240,6 +257,10 @@ impl fmt::Display for EppError {
             EppError::Tls(e) => write!(f, "tls: cannot serve with this certificate: {e}"),
             EppError::TlsNotBuilt => f.write_str("tls: this build has no TLS support (the `tls` feature)"),
             EppError::Bind(e) => write!(f, "cannot listen: {e}"),
+            EppError::TenantsUnsupported => f.write_str(
+                "[[tenants]] is not supported by the endpoint picker: it does not authenticate clients; \
+                 put authentication in the gateway, or serve with the proxy",
+            ),
         }
     }
 }
@@ -251,6 +272,7 @@ impl std::error::Error for EppError {
             EppError::Tls(e) => Some(e),
             EppError::TlsNotBuilt => None,
             EppError::Bind(e) => Some(e),
+            EppError::TenantsUnsupported => None,
         }
     }
 }

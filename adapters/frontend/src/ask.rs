@@ -15,6 +15,7 @@ use crate::error::ApiError;
 use crate::fleet::{Fleet, Pool};
 use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
+use crate::tenants::CacheSalt;
 use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
 
 /// Bodies larger than this are tokenized on a blocking thread, off the reactor.
@@ -33,6 +34,9 @@ pub struct Asker<'a> {
     pub session_header: &'a HeaderName,
     /// Longest session id accepted, in bytes.
     pub session_id_bytes_max: usize,
+    /// The caller's tenant's cache salt, when it is isolated: it leads the body's
+    /// `cache_salt` of a chat or completion, and seeds the block hashes.
+    pub cache_salt: Option<&'a CacheSalt>,
 }
 
 /// A request body turned into the router's question.
@@ -97,7 +101,16 @@ pub async fn question_timed(
         cx.metrics.untrusted(f);
     }
     let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
-    let forward_body = if had_kvroute { Bytes::from(json.to_string()) } else { raw };
+    let salted = match cx.cache_salt {
+        Some(salt) if endpoint != Endpoint::Embeddings => {
+            let s = salt.combine(parsed.cache_salt.as_deref());
+            json["cache_salt"] = Value::String(s.clone());
+            parsed.cache_salt = Some(s);
+            true
+        }
+        _ => false,
+    };
+    let forward_body = if had_kvroute || salted { Bytes::from(json.to_string()) } else { raw };
     cx.metrics.stage("parse", t0.elapsed());
 
     let t1 = Instant::now();

@@ -14,6 +14,7 @@ use kvroute_driver::{DriveError, Driver, DriverConfig};
 use router_core::{BlockSize, WorkerId};
 
 use crate::config::{router_config, ConfigError, DisaggProtocol, ProxyConfig, WorkerConfig};
+use crate::tenants::Tenants;
 
 /// One model's workers and router.
 pub struct Pool {
@@ -90,11 +91,19 @@ impl Fleet {
     /// Pools for every model, without workers. Needs a tokio runtime (drivers spawn their
     /// timers).
     pub fn new(cfg: &ProxyConfig, seed: u64) -> Self {
+        Self::with_tenants(cfg, seed, &Tenants::default())
+    }
+
+    /// [`Fleet::new`], with each pool's admission queue weighing `tenants`' requests.
+    pub fn with_tenants(cfg: &ProxyConfig, seed: u64, tenants: &Tenants) -> Self {
         let mut pools = BTreeMap::new();
         let mut names = BTreeMap::new();
         for (i, m) in cfg.models.iter().enumerate() {
             let pool_seed = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let router = router_config(cfg, m, pool_seed);
+            let mut router = router_config(cfg, m, pool_seed);
+            if !tenants.is_empty() {
+                tenants.apply_to_queue(&mut router.queue);
+            }
             let block_size = router.block_size;
             let driver = Driver::new(DriverConfig { router, draw_seed: pool_seed });
             pools.insert(

@@ -57,6 +57,20 @@ struct StageLabels {
     stage: &'static str,
 }
 
+/// A tenant's name (bounded by `[[tenants]]`) and what happened to its request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    tenant: String,
+    outcome: &'static str,
+}
+
+/// A tenant's name and why its request was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantRejectLabels {
+    tenant: String,
+    reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RejectLabels {
     model: String,
@@ -106,6 +120,10 @@ pub struct Metrics {
     overlap_ratio: HistogramFamily<ModelLabels>,
     not_max_overlap: Family<ModelLabels, Counter>,
     rejections: Family<RejectLabels, Counter>,
+    tenant_requests: Family<TenantLabels, Counter>,
+    tenant_rejections: Family<TenantRejectLabels, Counter>,
+    tenant_prompt_tokens: Family<TenantLabels, Counter>,
+    tenant_queue_wait: HistogramFamily<TenantLabels>,
     untrusted: Family<FieldLabels, Counter>,
     retries: Family<FallbackLabels, Counter>,
     migrations: Family<MigrationLabels, Counter>,
@@ -207,6 +225,10 @@ impl Metrics {
             overlap_ratio: Family::new_with_constructor(ratio_buckets),
             not_max_overlap: Family::default(),
             rejections: Family::default(),
+            tenant_requests: Family::default(),
+            tenant_rejections: Family::default(),
+            tenant_prompt_tokens: Family::default(),
+            tenant_queue_wait: Family::new_with_constructor(overhead_buckets),
             untrusted: Family::default(),
             retries: Family::default(),
             migrations: Family::default(),
@@ -249,6 +271,18 @@ impl Metrics {
             m.not_max_overlap.clone(),
         );
         r.register("kvroute_queue_rejections", "Requests the admission queue refused", m.rejections.clone());
+        r.register("kvroute_tenant_requests", "Requests answered per tenant, by outcome", m.tenant_requests.clone());
+        r.register(
+            "kvroute_tenant_rejections",
+            "Requests of a tenant refused, by reason (the limit, or forbidden)",
+            m.tenant_rejections.clone(),
+        );
+        r.register("kvroute_tenant_prompt_tokens", "Prompt tokens admitted per tenant", m.tenant_prompt_tokens.clone());
+        r.register(
+            "kvroute_tenant_queue_wait_seconds",
+            "Time a tenant's requests waited in the admission queue",
+            m.tenant_queue_wait.clone(),
+        );
         r.register(
             "kvroute_untrusted_fields_stripped",
             "Routing fields removed from untrusted requests",
@@ -467,6 +501,28 @@ impl Metrics {
         if not_max {
             self.not_max_overlap.get_or_create(&labels).inc();
         }
+    }
+
+    /// A request of tenant `tenant` (a configured name) answered with `outcome`.
+    pub fn tenant_request(&self, tenant: &str, outcome: &'static str) {
+        self.tenant_requests.get_or_create(&TenantLabels { tenant: tenant.into(), outcome }).inc();
+    }
+
+    /// A request of tenant `tenant` refused for `reason`.
+    pub fn tenant_rejected(&self, tenant: &str, reason: &'static str) {
+        self.tenant_rejections.get_or_create(&TenantRejectLabels { tenant: tenant.into(), reason }).inc();
+    }
+
+    /// `tokens` prompt tokens of tenant `tenant` admitted.
+    pub fn tenant_prompt_tokens(&self, tenant: &str, tokens: u32) {
+        let labels = TenantLabels { tenant: tenant.into(), outcome: "admitted" };
+        self.tenant_prompt_tokens.get_or_create(&labels).inc_by(u64::from(tokens));
+    }
+
+    /// A request of tenant `tenant` waited `d` for its decision.
+    pub fn tenant_queue_wait(&self, tenant: &str, d: Duration) {
+        let labels = TenantLabels { tenant: tenant.into(), outcome: "routed" };
+        self.tenant_queue_wait.get_or_create(&labels).observe(d.as_secs_f64());
     }
 
     /// A queue rejection.

@@ -12,6 +12,7 @@ use crate::events::{SubscribeError, Subscriptions};
 use crate::fleet::{Fleet, FleetError};
 use crate::metrics::Metrics;
 use crate::otel::{Tracing, TracingError};
+use crate::tenants::{TenantError, Tenants};
 use crate::trust::Trust;
 
 /// What a server holds once [`start`] returns: the configuration, the pools with the
@@ -22,6 +23,8 @@ pub struct FrontEnd {
     pub cfg: ProxyConfig,
     /// Who is trusted.
     pub trust: Trust,
+    /// The tenants and their keys; empty when the gateway is open.
+    pub tenants: Arc<Tenants>,
     /// Pools and workers.
     pub fleet: Arc<Fleet>,
     /// Metrics of the pools, the decisions and (with `[replica]`) the peers.
@@ -45,8 +48,12 @@ pub struct FrontEnd {
 /// and subscriptions spawn tasks).
 pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
     cfg.validate()?;
+    let tenants = Arc::new(Tenants::load(&cfg.tenants).map_err(StartError::Tenants)?);
+    if tenants.is_empty() {
+        tracing::warn!("no [[tenants]] configured: the gateway is open (no authentication)");
+    }
     let seed = cfg.seed.unwrap_or_else(random_seed);
-    let fleet = Arc::new(Fleet::new(cfg, seed));
+    let fleet = Arc::new(Fleet::with_tenants(cfg, seed, &tenants));
     for w in &cfg.workers {
         fleet.add_worker(w.clone()).map_err(|source| StartError::Worker { id: w.id, source })?;
     }
@@ -71,6 +78,7 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
     Ok(FrontEnd {
         cfg: cfg.clone(),
         trust: Trust::new(&cfg.trust),
+        tenants,
         fleet,
         metrics,
         session_header,
@@ -120,6 +128,8 @@ pub enum StartError {
     Replica(ReplicaStartError),
     /// The tracer could not start.
     Tracing(TracingError),
+    /// A tenant's keys could not be loaded.
+    Tenants(TenantError),
 }
 
 impl fmt::Display for StartError {
@@ -130,6 +140,7 @@ impl fmt::Display for StartError {
             StartError::Subscribe(e) => write!(f, "KV events: {e}"),
             StartError::Replica(e) => write!(f, "replica: {e}"),
             StartError::Tracing(e) => write!(f, "tracing: {e}"),
+            StartError::Tenants(e) => write!(f, "tenants: {e}"),
         }
     }
 }
@@ -142,6 +153,7 @@ impl std::error::Error for StartError {
             StartError::Subscribe(e) => Some(e),
             StartError::Replica(e) => Some(e),
             StartError::Tracing(e) => Some(e),
+            StartError::Tenants(e) => Some(e),
         }
     }
 }

@@ -130,6 +130,40 @@ pub struct Tenant {
     pub cache: CacheMode,
     /// Whether it may use the trusted features.
     pub admin: bool,
+    /// The salt of its prompts' cache, when `cache = "isolated"`.
+    pub cache_salt: Option<CacheSalt>,
+}
+
+/// An isolated tenant's cache salt: 32 hex digits of HMAC-SHA256, keyed by the lowest
+/// of the tenant's key hashes, of its name. Other tenants cannot compute it without that
+/// hash, so none can name it as their own `cache_salt`. Rotating the tenant's lowest key
+/// changes it, which starts the tenant's cache afresh.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CacheSalt(String);
+
+impl CacheSalt {
+    fn derive(key_hashes: &[[u8; 32]], name: &str) -> Option<Self> {
+        let lowest = key_hashes.iter().min()?;
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, lowest);
+        let tag = ring::hmac::sign(&key, [b"kvroute cache salt v1\0".as_slice(), name.as_bytes()].concat().as_slice());
+        Some(CacheSalt(tag.as_ref()[..16].iter().map(|b| format!("{b:02x}")).collect()))
+    }
+
+    /// The salt joined with a client's own `cache_salt`: the tenant's always leads, so
+    /// a client can add to it and never replace it.
+    pub fn combine(&self, client: Option<&str>) -> String {
+        match client.filter(|c| !c.is_empty()) {
+            Some(c) => format!("{}:{c}", self.0),
+            None => self.0.clone(),
+        }
+    }
+}
+
+/// The salt is not a key, but one tenant's salt would let another share its cache.
+impl fmt::Debug for CacheSalt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CacheSalt(<redacted>)")
+    }
 }
 
 /// One accepted key: its SHA-256 and the tenant it names.
@@ -176,11 +210,15 @@ impl Tenants {
             if hashes.is_empty() {
                 return Err(TenantError::NoKey { tenant: i, name: t.name.clone() });
             }
+            let salt = match t.cache {
+                CacheMode::Isolated => CacheSalt::derive(&hashes.iter().map(|h| h.0).collect::<Vec<_>>(), &t.name),
+                CacheMode::Shared => None,
+            };
             for (sha256, source) in hashes {
                 out.keys.push(KeyHash { sha256, tenant: i as u32 });
                 sources.push(source);
             }
-            out.tenants.push(tenant(i, t));
+            out.tenants.push(Tenant { cache_salt: salt, ..tenant(i, t) });
         }
         keys::refuse_repeats(&out.keys.iter().map(|k| k.sha256).collect::<Vec<_>>(), &sources)?;
         Ok(out)
@@ -285,6 +323,7 @@ fn tenant(i: usize, t: &TenantConfig) -> Tenant {
         weight: t.weight,
         cache: t.cache,
         admin: t.admin,
+        cache_salt: None,
     }
 }
 

@@ -28,6 +28,9 @@
 //!   else `-t2`) instead of in-process clients; the direct path then goes to the first
 //!   upstream only;
 //! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator);
+//! * `--auth`: also measure an in-process proxy with one tenant (path `kvroute_auth`):
+//!   every request carries its key, is limited and is cache-isolated; with `--baseline
+//!   kvroute` its ratios to the open proxy are printed;
 //! * `--otlp-sink-port P`: serve the OTLP sink on P, for traced proxies in their own
 //!   processes (see the tracing recipe below);
 //! * `--tracing 0.1,1`: also measure in-process proxies with `[tracing]` on at these
@@ -158,6 +161,8 @@ struct Target {
     name: String,
     addrs: Vec<SocketAddr>,
     pid: Option<u32>,
+    /// The `Authorization` header its requests carry (in-process load only).
+    authorization: Option<&'static str>,
 }
 
 /// One run's figures.
@@ -202,6 +207,7 @@ async fn run_inproc(
     let ext0 = target.pid.map_or(0.0, |p| cpu_seconds_of(Some(p)));
     let next = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let authorization = target.authorization;
     let uris: Arc<Vec<String>> = Arc::new(targets.iter().map(|t| format!("http://{t}/v1/chat/completions")).collect());
     let cpu0 = cpu_seconds_of(None);
     let t0 = Instant::now();
@@ -213,10 +219,13 @@ async fn run_inproc(
             let mut lat = Vec::with_capacity(4096);
             while !stop.load(Ordering::Relaxed) {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let req = http::Request::post(&uris[i % uris.len()])
+                let mut req = http::Request::post(&uris[i % uris.len()])
                     .header("content-type", "application/json")
                     .body(Full::new(bodies[i % bodies.len()].clone()))
                     .expect("request");
+                if let Some(a) = authorization {
+                    req.headers_mut().insert(http::header::AUTHORIZATION, http::HeaderValue::from_static(a));
+                }
                 let s = Instant::now();
                 let resp = client.request(req).await.expect("response");
                 assert!(resp.status().is_success(), "status {}", resp.status());
@@ -420,6 +429,10 @@ struct Args {
     /// Also measure in-process proxies tracing at these sampling ratios.
     #[arg(long, value_delimiter = ',')]
     tracing: Vec<f64>,
+    /// Also measure an in-process proxy with one tenant (path `kvroute_auth`): every
+    /// request authenticated, limited (limits too high to refuse) and cache-isolated.
+    #[arg(long)]
+    auth: bool,
     /// Serve the OTLP/HTTP sink on this port (for traced proxies in other processes).
     #[arg(long, value_name = "P")]
     otlp_sink_port: Option<u16>,
@@ -432,7 +445,7 @@ fn parse_external(v: &str) -> Result<Target, String> {
         None => (rest, None),
     };
     let addr = addr.parse().map_err(|e| format!("address {addr:?}: {e}"))?;
-    Ok(Target { name: name.into(), addrs: vec![addr], pid })
+    Ok(Target { name: name.into(), addrs: vec![addr], pid, authorization: None })
 }
 
 /// An OTLP/HTTP sink: reads each export whole and answers 200 with an empty (valid)
@@ -454,8 +467,33 @@ async fn otlp_sink(port: u16) -> SocketAddr {
     addr
 }
 
+/// The `Authorization` header of `--auth`'s tenant.
+const BENCH_AUTHORIZATION: &str = "Bearer sk-bench-0123456789abcdef";
+
+/// [`inproc_proxy`] with one tenant whose key [`BENCH_AUTHORIZATION`] carries, limits
+/// set high enough that none refuses.
+async fn auth_proxy(ups: &[SocketAddr]) -> ServeHandle {
+    let key = &BENCH_AUTHORIZATION["Bearer ".len()..];
+    let sha: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tenant = json!([{"name": "bench", "api_key_sha256": sha, "requests_per_second": 10_000_000,
+        "tokens_per_minute": 1_000_000_000_000u64, "concurrent_max": 100_000}]);
+    inproc_proxy_with(ups, None, serde_json::from_value(tenant).expect("tenant")).await
+}
+
 /// The proxy under test, in this process, in front of `ups`, tracing when `tracing`.
 async fn inproc_proxy(ups: &[SocketAddr], tracing: Option<TracingConfig>) -> ServeHandle {
+    inproc_proxy_with(ups, tracing, Vec::new()).await
+}
+
+async fn inproc_proxy_with(
+    ups: &[SocketAddr],
+    tracing: Option<TracingConfig>,
+    tenants: Vec<kvroute_frontend::tenants::TenantConfig>,
+) -> ServeHandle {
     let mut cfg = ProxyConfig {
         listen: "127.0.0.1:0".parse().expect("listen"),
         seed: Some(1),
@@ -471,6 +509,7 @@ async fn inproc_proxy(ups: &[SocketAddr], tracing: Option<TracingConfig>) -> Ser
     };
     cfg.health_check.interval_ms = 0;
     cfg.tracing = tracing;
+    cfg.tenants = tenants;
     for (i, a) in ups.iter().enumerate() {
         let w = json!({"id": i, "url": format!("http://{a}"), "model": "m"});
         cfg.workers.push(serde_json::from_value(w).expect("worker"));
@@ -527,9 +566,9 @@ async fn main() {
         std::future::pending::<()>().await;
     }
     let proxy = if args.inproc { Some(inproc_proxy(&ups, None).await) } else { None };
-    let mut targets = vec![Target { name: "direct".into(), addrs: ups.clone(), pid: None }];
+    let mut targets = vec![Target { name: "direct".into(), addrs: ups.clone(), pid: None, authorization: None }];
     if let Some(p) = &proxy {
-        targets.push(Target { name: "kvroute".into(), addrs: vec![p.local_addr()], pid: None });
+        targets.push(Target { name: "kvroute".into(), addrs: vec![p.local_addr()], pid: None, authorization: None });
     }
     let mut traced = Vec::new();
     if let Some(sink) = sink {
@@ -538,9 +577,15 @@ async fn main() {
             t.sampling_ratio = ratio;
             t.export_interval_ms = 1_000;
             let p = inproc_proxy(&ups, Some(t)).await;
-            targets.push(Target { name: format!("kvroute_trace_{ratio}"), addrs: vec![p.local_addr()], pid: None });
+            let name = format!("kvroute_trace_{ratio}");
+            targets.push(Target { name, addrs: vec![p.local_addr()], pid: None, authorization: None });
             traced.push(p);
         }
+    }
+    let authed = if args.auth { Some(auth_proxy(&ups).await) } else { None };
+    if let Some(p) = &authed {
+        let authorization = Some(BENCH_AUTHORIZATION);
+        targets.push(Target { name: "kvroute_auth".into(), addrs: vec![p.local_addr()], pid: None, authorization });
     }
     targets.extend(args.external);
     let client = client();
@@ -599,7 +644,7 @@ async fn main() {
             let _ = std::fs::remove_file(path);
         }
     }
-    for p in proxy.into_iter().chain(traced) {
+    for p in proxy.into_iter().chain(traced).chain(authed) {
         let _ = p.shutdown().await;
     }
 }

@@ -247,9 +247,10 @@ pub async fn preview(
     state: &Arc<State>,
     peer: SocketAddr,
     req: http::Request<Incoming>,
+    caller: crate::auth::Caller,
 ) -> Result<Response<ProxyBody>, ApiError> {
     let mut model = String::new();
-    let p = handler::prepare(state, peer, req, None, &mut model).await?;
+    let p = handler::prepare(state, peer, req, None, caller, &mut model).await?;
     handler::preview(state, p)
 }
 

@@ -33,6 +33,9 @@ pub enum ProxyBody {
     Migrating(Box<MigratingBody>),
     /// Another body, whose end also ends the request's spans (see [`crate::trace`]).
     Traced(Box<Traced<ProxyBody>>),
+    /// Another body holding a tenant's concurrency slot until it ends or is dropped
+    /// (see `crate::limits`).
+    Held(Box<ProxyBody>, tokio::sync::OwnedSemaphorePermit),
 }
 
 impl ProxyBody {
@@ -58,6 +61,7 @@ impl Body for ProxyBody {
             ProxyBody::Stream(s) => Pin::new(s.as_mut()).poll_frame(cx),
             ProxyBody::Migrating(m) => Pin::new(m.as_mut()).poll_frame(cx),
             ProxyBody::Traced(t) => t.poll_frame(cx),
+            ProxyBody::Held(b, _) => Pin::new(b.as_mut()).poll_frame(cx),
         }
     }
 
@@ -67,6 +71,7 @@ impl Body for ProxyBody {
             ProxyBody::Stream(s) => s.is_end_stream(),
             ProxyBody::Migrating(m) => m.is_end_stream(),
             ProxyBody::Traced(t) => t.is_end_stream(),
+            ProxyBody::Held(b, _) => b.is_end_stream(),
         }
     }
 
@@ -76,6 +81,7 @@ impl Body for ProxyBody {
             ProxyBody::Stream(s) => s.size_hint(),
             ProxyBody::Traced(t) => t.size_hint(),
             ProxyBody::Migrating(_) => SizeHint::default(),
+            ProxyBody::Held(b, _) => b.size_hint(),
         }
     }
 }

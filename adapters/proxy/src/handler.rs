@@ -1,13 +1,15 @@
 //! The request layer, the top of a proxied request's stack (`POST /v1/chat/completions`,
 //! `/v1/completions`, `/v1/embeddings`). Each layer names only those below it:
 //!
-//! 1. accept: [`crate::server`] takes the connection and sends the request here;
+//! 1. accept: [`crate::server`] takes the connection, authenticates the tenant from its
+//!    head ([`crate::auth`], 401 before any body is read) and sends the request here;
 //! 2. admit: a slot of `concurrent_requests_max` ([`ApiError::overloaded`] without one);
-//! 3. parse and authenticate: read the body within the request's time, decide trust,
-//!    build the router's question ([`prepare`], giving a [`Prepared`]); a trusted
-//!    preview is answered here ([`preview`]);
-//! 4. the tenant layers (authentication, limits) when they come, as `tower` layers
-//!    over the route (`route::stack`);
+//! 3. parse: read the body within the request's time, decide trust (an admin tenant is
+//!    trusted), salt an isolated tenant's cache, build the router's question
+//!    ([`prepare`], giving a [`Prepared`]); a trusted preview is answered here
+//!    ([`preview`]);
+//! 4. tenant limits: a `tower` layer over the route (`route::stack`, `limits`), 429
+//!    past a tenant's rate, tokens or concurrency;
 //! 5. route: the core's decision and the path, aggregated or split (`route`);
 //! 6. tries: retries, first-byte timeouts, ejection (`tries`, and the split
 //!    legs' `disagg::phase`);
@@ -31,8 +33,9 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use kvroute_frontend::ask::{question_timed, routed_json, Asker, Question};
-use kvroute_frontend::otel::RequestTrace;
+use kvroute_frontend::otel::{KeyValue, RequestTrace};
 
+use crate::auth::Caller;
 use crate::body::ProxyBody;
 use crate::disagg;
 use crate::error::ApiError;
@@ -48,24 +51,32 @@ pub async fn proxy(
     peer: SocketAddr,
     req: http::Request<Incoming>,
     endpoint: Endpoint,
+    caller: Caller,
 ) -> Response<ProxyBody> {
     let arrived = Instant::now();
     let trace = crate::trace::open(&state, req.headers(), arrived);
+    let tenant = caller.tenant().and_then(|id| state.tenants.get(id)).map(|t| t.name.as_str());
+    if let (Some(t), Some(name)) = (trace.as_ref().filter(|t| t.sampled()), tenant) {
+        t.set(KeyValue::new("kvroute.tenant", name.to_string()));
+    }
     let mut model = "unknown".to_string();
     let result = match state.concurrency.clone().try_acquire_owned() {
         Err(_) => Err(ApiError::overloaded()),
         Ok(permit) => {
             // A client trickling its body must not hold a permit past the request's time.
             let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
-            let prepared = prepare_traced(&state, peer, req, Some(endpoint), &mut model, trace.clone());
+            let prepared = prepare_traced(&state, peer, req, Some(endpoint), caller, &mut model, trace.clone());
             match tokio::time::timeout_at(deadline, prepared).await {
                 Err(_) => Err(ApiError::body_timeout()),
                 Ok(Ok(p)) if p.preview => preview(&state, p),
-                Ok(Ok(p)) => route::call(route::stack(&state), Admitted { p, arrived, permit }).await,
+                Ok(Ok(p)) => route::call(crate::limits::stack(&state), Admitted { p, arrived, permit }).await,
                 Ok(Err(e)) => Err(e),
             }
         }
     };
+    if let Some(name) = tenant {
+        state.metrics.tenant_request(name, result.as_ref().map_or_else(|e| e.code, |_| "ok"));
+    }
     let resp = result.unwrap_or_else(|e| {
         state.metrics.request(&model, None, e.code, e.status.as_u16());
         e.into_response()
@@ -78,15 +89,17 @@ pub async fn proxy(
 }
 
 /// Reads, checks and hashes a request. `endpoint: None` guesses it from the body (for
-/// `/route/preview`). `model_label` becomes the pool's name once it is known.
+/// `/route/preview`). `caller` is who sent it ([`crate::auth`]): an admin tenant is
+/// trusted. `model_label` becomes the pool's name once it is known.
 pub async fn prepare(
     state: &Arc<State>,
     peer: SocketAddr,
     req: http::Request<Incoming>,
     endpoint: Option<Endpoint>,
+    caller: Caller,
     model_label: &mut String,
 ) -> Result<Prepared, ApiError> {
-    prepare_traced(state, peer, req, endpoint, model_label, None).await
+    prepare_traced(state, peer, req, endpoint, caller, model_label, None).await
 }
 
 /// [`prepare`] of a traced request: its `parse` and `tokenize` spans are recorded.
@@ -95,24 +108,30 @@ async fn prepare_traced(
     peer: SocketAddr,
     req: http::Request<Incoming>,
     endpoint: Option<Endpoint>,
+    caller: Caller,
     model_label: &mut String,
     trace: Option<RequestTrace>,
 ) -> Result<Prepared, ApiError> {
     let (parts, body) = req.into_parts();
-    let trusted = state.trust.is_trusted(peer.ip(), &parts.headers);
+    let trusted = caller.admin() || state.trust.is_trusted(peer.ip(), &parts.headers);
     let raw = read_body(body, &parts.headers, state.cfg.limits.body_bytes_max).await?;
+    let tenant = caller.tenant().and_then(|id| state.tenants.get(id));
     let cx = Asker {
         fleet: &state.fleet,
         tokenizers: &state.tokenizers,
         metrics: &state.metrics,
         session_header: &state.session_header,
         session_id_bytes_max: state.cfg.limits.session_id_bytes_max,
+        cache_salt: tenant.and_then(|t| t.cache_salt.as_ref()),
     };
     let asked = Instant::now();
     let (q, parsed) = question_timed(&cx, trusted, &parts.headers, raw, endpoint, model_label).await?;
     crate::trace::stages(trace.as_ref(), asked, parsed);
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
-    let Question { pool, request, forward_body, preview, endpoint } = q;
+    let Question { pool, mut request, forward_body, preview, endpoint } = q;
+    if let Some(t) = tenant {
+        request.tenant = t.id;
+    }
     Ok(Prepared { pool, request, forward_body, headers: parts.headers, path_and_query, preview, endpoint, trace })
 }
 

@@ -31,14 +31,17 @@
 
 pub mod admin;
 mod aggregated;
+pub mod auth;
 pub mod body;
 pub mod disagg;
 pub mod drain;
 pub mod handler;
 pub mod health;
+mod limits;
 pub mod migrate;
 mod outliers;
 mod prepared;
+mod quota;
 pub mod retry;
 mod route;
 pub mod server;
@@ -98,9 +101,12 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg, trust, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing } = front;
+    let FrontEnd { cfg, trust, tenants, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing } =
+        front;
     let state = Arc::new(State {
         trust,
+        limits: quota::TenantLimits::new(&tenants, tokio::time::Instant::now()),
+        tenants,
         client: upstream::client(&cfg.limits),
         metrics,
         concurrency: Arc::new(Semaphore::new(cfg.limits.concurrent_requests_max)),

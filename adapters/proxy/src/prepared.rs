@@ -93,6 +93,10 @@ pub(crate) fn upstream_request_to(
     let mut headers = upstream_headers(&p.headers, state.trust.token_header(), body.len());
     // The rank header is the router's word to the engine, never the client's.
     headers.remove(&state.dp_rank_header);
+    // With tenants the key is the router's (see `crate::auth`); without, the worker's.
+    if !state.tenants.is_empty() {
+        headers.remove(http::header::AUTHORIZATION);
+    }
     if worker.dp_ranks > 1 {
         headers.insert(state.dp_rank_header.clone(), HeaderValue::from(target.rank.0));
     }

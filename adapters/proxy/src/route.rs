@@ -47,6 +47,13 @@ pub(crate) struct Route {
     state: Arc<State>,
 }
 
+impl Route {
+    /// The route over `state`'s pools.
+    pub(crate) fn new(state: Arc<State>) -> Self {
+        Route { state }
+    }
+}
+
 impl Service<Admitted> for Route {
     type Response = Response<ProxyBody>;
     type Error = ApiError;
@@ -60,12 +67,6 @@ impl Service<Admitted> for Route {
         let state = self.state.clone();
         Box::pin(async move { forward(&state, a).await })
     }
-}
-
-/// The services between admission and the route, outermost first. Tenant
-/// authentication, then tenant limits, wrap [`Route`] here.
-pub(crate) fn stack(state: &Arc<State>) -> Route {
-    Route { state: state.clone() }
 }
 
 /// Calls `svc` once: waits until it is ready (a limit may refuse there), then sends

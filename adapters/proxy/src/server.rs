@@ -27,6 +27,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::admin;
+use crate::auth::{self, Caller};
 use crate::body::ProxyBody;
 use crate::error::ApiError;
 use crate::handler;
@@ -50,18 +51,37 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (&Method::POST, "/v1/embeddings") => Some(Endpoint::Embeddings),
         _ => None,
     };
+    let caller = auth::authenticate(&state.tenants, req.headers());
     if let Some(endpoint) = proxied {
-        return handler::proxy(state, peer, req, endpoint).await;
+        return match caller {
+            Ok(caller) => handler::proxy(state, peer, req, endpoint, caller).await,
+            Err(e) => {
+                state.metrics.request("unknown", None, e.code, e.status.as_u16());
+                e.into_response()
+            }
+        };
     }
     let path = req.uri().path().to_string();
-    let admin = |state: &State| state.trust.is_trusted(peer.ip(), req.headers());
+    if let (true, Err(e)) = (path.starts_with("/v1/"), &caller) {
+        return e.clone().into_response();
+    }
+    let method = req.method();
+    let admin_only = matches!(path.as_str(), "/workers" | "/route/preview")
+        || method == Method::DELETE
+        || (method == Method::POST && path.starts_with("/workers/"));
+    if admin_only {
+        if let Some(e) = auth::admin_refusal(state.trust.is_trusted(peer.ip(), req.headers()), &caller) {
+            if let Some(t) = caller.as_ref().ok().and_then(Caller::tenant).and_then(|id| state.tenants.get(id)) {
+                state.metrics.tenant_rejected(&t.name, "forbidden");
+            }
+            return e.into_response();
+        }
+    }
     let result = match (req.method(), path.as_str()) {
         (&Method::GET, "/v1/models") => Ok(admin::models(&state).await),
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
         (&Method::GET, "/metrics") => Ok(admin::metrics(&state).await),
-        (_, "/workers" | "/route/preview") | (&Method::DELETE, _) if !admin(&state) => Err(ApiError::forbidden()),
-        (&Method::POST, p) if p.starts_with("/workers/") && !admin(&state) => Err(ApiError::forbidden()),
         (&Method::POST, p) if p.starts_with("/workers/") && p.ends_with("/drain") => {
             crate::drain::drain(&state, &p["/workers/".len()..p.len() - "/drain".len()], req.uri().query())
         }
@@ -70,7 +90,7 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         (&Method::DELETE, p) if p.starts_with("/workers/") => {
             admin::remove_worker(&state, &p["/workers/".len()..]).await
         }
-        (&Method::POST, "/route/preview") => admin::preview(&state, peer, req).await,
+        (&Method::POST, "/route/preview") => admin::preview(&state, peer, req, caller.unwrap_or(Caller::Open)).await,
         _ => Err(ApiError::no_route(&path)),
     };
     result.unwrap_or_else(ApiError::into_response)

@@ -20,6 +20,10 @@ pub struct State {
     pub cfg: ProxyConfig,
     /// Who is trusted.
     pub trust: Trust,
+    /// The tenants and their keys; empty when the gateway is open (see [`crate::auth`]).
+    pub tenants: Arc<kvroute_frontend::tenants::Tenants>,
+    /// The tenants' rate and concurrency limits.
+    pub(crate) limits: crate::quota::TenantLimits,
     /// Pools and workers.
     pub fleet: Arc<Fleet>,
     /// Tokenizers by model.

@@ -142,7 +142,7 @@ pub(crate) fn unix_now_s() -> u64 {
 async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) -> Result<Option<Booking>, ApiError> {
     let (state, pool) = (t.state, t.pool);
     let t0 = Instant::now();
-    let isl = request.isl_tokens;
+    let (isl, tenant) = (request.isl_tokens, request.tenant);
     let routed = tokio::time::timeout_at(t.deadline, pool.driver.route(request, pool.driver.draw())).await;
     let booking = match routed {
         Err(_) => return Err(ApiError::timeout()),
@@ -156,6 +156,9 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
         Ok(Ok(b)) => b,
     };
     state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
+    if let Some(tenant) = (!state.tenants.is_empty()).then(|| state.tenants.get(tenant)).flatten() {
+        state.metrics.tenant_queue_wait(&tenant.name, t0.elapsed());
+    }
     crate::trace::routed(t.p.trace.as_ref(), t0, &booking, attempt);
     let r = booking.routed();
     state.metrics.decision(&pool.name, r.overlap.raw(), r.max_overlap_blocks, r.request_blocks);

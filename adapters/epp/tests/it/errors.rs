@@ -57,3 +57,14 @@ async fn a_worker_the_router_refuses_chains_down_to_the_core() {
     // EppError, StartError, FleetError, DriveError, InputError, WorkerError.
     check(&e, 6, |s| s.is::<router_core::WorkerError>());
 }
+
+#[tokio::test]
+async fn tenants_are_refused_since_the_picker_authenticates_no_one() {
+    let mut cfg = config(&[]);
+    let t = json!([{"name": "a", "api_key_sha256": "ab".repeat(32)}]);
+    cfg.proxy.tenants = serde_json::from_value(t).unwrap();
+    let e = serve_err(cfg).await;
+    assert!(matches!(e, EppError::TenantsUnsupported), "{e:?}");
+    assert!(e.to_string().contains("does not authenticate"), "{e}");
+    check(&e, 1, |_| true);
+}

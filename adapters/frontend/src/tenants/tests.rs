@@ -225,3 +225,23 @@ fn too_many_tenants_or_keys_are_refused() {
     let toml = format!("[[tenants]]\nname = \"a\"\napi_keys_sha256 = [{}]\n", hashes.join(", "));
     check(&toml, &[], Want::Error("tenants[0]: more than 64 keys"));
 }
+
+#[test]
+fn an_isolated_tenants_salt_is_its_own_and_leads_a_clients() {
+    let load = |toml: &str| Tenants::load_with(&ProxyConfig::from_toml_str(toml).unwrap().tenants, &|_| None).unwrap();
+    let entry = |name: &str, key: &str, cache: &str| {
+        format!("[[tenants]]\nname = \"{name}\"\napi_key_sha256 = \"{}\"\ncache = \"{cache}\"\n", hex(key))
+    };
+    let salt = |t: &Tenants, i: u16| t.get(TenantId(i)).unwrap().cache_salt.clone();
+    let one = load(&[entry("a", "k1", "isolated"), entry("b", "k2", "isolated"), entry("s", "k3", "shared")].concat());
+    let again = load(&[entry("a", "k1", "isolated"), entry("b", "k9", "isolated")].concat());
+    let a = salt(&one, 0).unwrap();
+    assert_eq!(Some(a.clone()), salt(&again, 0), "the same name and key give the same salt across restarts");
+    assert_ne!(salt(&one, 1), salt(&again, 1), "another key, another salt");
+    assert_ne!(Some(a.clone()), salt(&one, 1));
+    assert_eq!(salt(&one, 2), None, "a shared tenant is unsalted");
+    let plain = a.combine(None);
+    assert_eq!(a.combine(Some("")), plain);
+    assert_eq!(a.combine(Some("x")), format!("{plain}:x"));
+    assert!(!format!("{a:?}").contains(&plain), "the salt is not printed");
+}

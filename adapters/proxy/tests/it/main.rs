@@ -30,6 +30,7 @@ mod shutdown;
 mod sims;
 mod stalls;
 mod streaming;
+mod tenants;
 mod trust;
 
 use std::net::SocketAddr;
