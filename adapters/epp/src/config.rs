@@ -55,6 +55,7 @@ pub const REFUSED_KEYS: &[RefusedKey] = &[
     RefusedKey { key: "models.disagg_same_label", reason: "the picker sends each request to one worker" },
     RefusedKey { key: "tracing", reason: "the picker forwards nothing; trace the gateway and the workers" },
     RefusedKey { key: "discovery", reason: "the picker follows an InferencePool's pods (--pool)" },
+    RefusedKey { key: "tenants", reason: "the picker sees no client's key, so it authenticates no tenant" },
 ];
 
 impl EppConfig {

@@ -65,6 +65,7 @@ const TOP_LEVEL: &[(&str, &str, bool)] = &[
     ("learn", "[learn]\ncosts = true\n", false),
     ("discovery", "[discovery.kubernetes]\nlabel_selector = \"app=vllm\"\n", true),
     ("tracing", "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n", true),
+    ("tenants", "[[tenants]]\nname = \"a\"\napi_key_sha256 = \"00000000000000000000000000000000000000000000000000000000000000aa\"\n", true),
 ];
 
 #[test]
