@@ -46,6 +46,10 @@ RATES = {
     "shared-doc": {"busy": 10.0, "saturated": 20.0},
 }
 LOADS = ("busy", "saturated")
+# The sim-workers' default speedup at each load, for 8 workers (and 8 / N of it for N):
+# on a 2-core host, 8 workers at `saturated` and full speed starve the routers and the
+# load generator of CPU (send lateness p99 0.3-1 s), so the modelled GPU runs at half speed.
+SPEEDUP_AT_LOAD = {"busy": 1.0, "saturated": 0.5}
 # What the sim and real fleets default to when a flag is not given. vLLM on CPU is about
 # a thousand times slower than the modelled GPU, so the real fleet gets short prompts,
 # 8 output tokens, 150 requests and a rate to start from (tune it with --rate).
@@ -75,8 +79,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
                    help="sim-workers run this many times faster than the modelled GPU; arrivals are "
-                   "compressed and latencies reported in model ms (default: 8 / workers, at most 1, so "
-                   "that the host serves the same wall-clock rate at any fleet size)")  # fmt: skip
+                   "compressed and latencies reported in model ms (default: 8 / workers, at most 1, halved at "
+                   "--load saturated, so that the host serves the same wall-clock rate at any fleet size)")  # fmt: skip
     p.add_argument("--blocks-per-worker", type=int, help="KV blocks of 64 tokens per worker (default: 2,462 "
                    "sim, 256 real)")  # fmt: skip
     p.add_argument("--words-per-hash-id", type=int, help="tokens a Mooncake hash id becomes (default: 128 sim, "
@@ -99,7 +103,7 @@ def parse_args(argv=None):
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.speedup is None:
-        args.speedup = min(1.0, 8 / args.workers) if args.fleet == "sim" else 1.0
+        args.speedup = min(1.0, 8 / args.workers) * SPEEDUP_AT_LOAD[args.load] if args.fleet == "sim" else 1.0
     if args.quick:
         args.requests = args.requests or QUICK_REQUESTS[args.workload]
         args.rounds = 1

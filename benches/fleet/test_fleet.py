@@ -238,7 +238,8 @@ class LoadGenerator(unittest.TestCase):
             length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
             await reader.readexactly(length)
             await asyncio.sleep(0.1)
-            ev = b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}\n\n'
+            ev = (b'data: {"choices":[{"text":"a"}],'
+                  b'"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}\n\n')
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(ev), ev))
             await writer.drain()
             writer.close()

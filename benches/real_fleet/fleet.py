@@ -224,8 +224,8 @@ def peer_argv(name, engines, port, block_size=64):
     program, policy = PEERS[name]
     exe = peer_installed(name)
     urls = [e.url for e in engines]
-    common = ["--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
+    common = ["--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--prometheus-host", "127.0.0.1",
+              "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
     if program == "sglang-router":
         return [exe, "-m", "sglang_router.launch_router", *common]
     if program == "smg":
