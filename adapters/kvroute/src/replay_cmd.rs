@@ -311,15 +311,8 @@ pub fn run_policy(
     reqs: &[SimRequest],
     progress: &ProgressBar,
 ) -> Result<RunReport, String> {
-    let engine = a.engine.apply(EngineConfig::default());
     let (workers, prefill_workers) = fleet_shape(a);
-    let roles = match prefill_workers {
-        0 => Vec::new(),
-        p => (0..workers).map(|w| if w < p { EngineRole::Prefill } else { EngineRole::Decode }).collect(),
-    };
-    let speeds = a.learn.speeds()?;
-    let rcfg =
-        ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, speeds, ..ReplayConfig::default() };
+    let rcfg = replay_config(a)?;
     let fleet = Fleet {
         workers,
         prefill_workers,
@@ -345,15 +338,25 @@ pub fn run_policy(
     Ok(run)
 }
 
+/// The simulated fleet the arguments describe: its engines, roles, speeds and event lag.
+fn replay_config(a: &ReplayArgs) -> Result<ReplayConfig, String> {
+    let engine = a.engine.apply(EngineConfig::default());
+    let (workers, prefill_workers) = fleet_shape(a);
+    let roles = match prefill_workers {
+        0 => Vec::new(),
+        p => (0..workers).map(|w| if w < p { EngineRole::Prefill } else { EngineRole::Decode }).collect(),
+    };
+    let speeds = a.learn.speeds()?;
+    Ok(ReplayConfig { workers, engine, roles, kv_event_lag_ms: a.kv_event_lag_ms, speeds, ..ReplayConfig::default() })
+}
+
 /// The text-tree routers' rule over the same fleet (aggregated only).
 fn run_text_tree(a: &ReplayArgs, reqs: &[SimRequest]) -> Result<RunReport, String> {
     let (workers, prefill_workers) = fleet_shape(a);
     if prefill_workers > 0 {
         return Err("--text-tree replays an aggregated fleet only (the peers' rule splits no request)".into());
     }
-    let engine = a.engine.apply(EngineConfig::default());
-    let speeds = a.learn.speeds()?;
-    let rcfg = ReplayConfig { workers, engine, kv_event_lag_ms: a.kv_event_lag_ms, speeds, ..ReplayConfig::default() };
+    let rcfg = replay_config(a)?;
     let mut rule = TextTreeRule::new(workers, TextTreeConfig::default());
     let t0 = WallClock::now();
     let rep = replay(&rcfg, reqs, &mut rule).map_err(|e| format!("simulator configuration: {e}"))?;
