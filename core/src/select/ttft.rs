@@ -134,7 +134,8 @@ pub struct TtftWeights {
     /// Weight of the decode time placing the request there costs: its own output's steps
     /// at the worker's KV usage with it, plus what its blocks add to the steps of the
     /// requests decoding there. Decode steps slow down as KV usage grows, so this is what
-    /// spreads decode work and keeps end-to-end latency even. Default 0 (off: see the fleet benchmark notes).
+    /// spreads decode work and keeps end-to-end latency even. Small, since it prices a
+    /// whole output against one prompt's wait. Default 0.05.
     pub decode_time_weight: f64,
     /// Output tokens expected of a request that names none, for the decode time term.
     /// Default 128.
@@ -144,6 +145,11 @@ pub struct TtftWeights {
     /// evicting from full ones, and keeps one copy of a prefix where it is unless load
     /// pays for another. Default 1.0.
     pub store_ms_per_block: f64,
+    /// Charge per leading prompt block that the best holder has and this worker lacks,
+    /// ms: moving a conversation off its cache costs its later turns their hits and
+    /// stores a second copy, which its TTFT alone does not count. A holder keeps the
+    /// request unless its wait exceeds another's by more. Default 20.
+    pub keep_ms_per_block: f64,
 }
 
 impl Default for TtftWeights {
@@ -156,12 +162,14 @@ impl Default for TtftWeights {
             decode_time_weight: DECODE_TIME_WEIGHT,
             output_tokens_default: 128,
             store_ms_per_block: STORE_MS,
+            keep_ms_per_block: KEEP_MS,
         }
     }
 }
 
-const DECODE_TIME_WEIGHT: f64 = 0.0;
+const DECODE_TIME_WEIGHT: f64 = 0.05;
 const STORE_MS: f64 = 1.0;
+const KEEP_MS: f64 = 20.0;
 
 impl TtftWeights {
     /// The decode time term: `decode_time_weight × out × (f_d(u₁) + n × (f_d(u₁) − f_d(u₀)))`
@@ -199,9 +207,11 @@ impl TtftWeights {
 ///            + out / block_size) / kv_blocks, d = requests there past their prefill
 /// store    = store_ms_per_block × min(own / block_size, max(0, cached_blocks + own /
 ///            block_size − kv_blocks)): the cached blocks its new ones would evict
+/// keep     = keep_ms_per_block × max(0, prefix_best_blocks − max(overlap_effective,
+///            inflight_prefix_blocks)): the prefix the best holder has and this one lacks
 /// cost     = cost_factor × (prefill_load_scale × P(queued + own) + decode_weight × n × step
 ///                           + others_delay_weight × others + work_weight × work + memory
-///                           + decode_weight × decode + store
+///                           + decode_weight × decode + store + keep
 ///                           + active_request_weight × active_requests)
 /// ```
 ///
@@ -246,6 +256,7 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
         0.0
     };
     let store_ms = w.store_ms_per_block * evicted_blocks(own / bs, f64::from(c.cached_blocks), kv);
+    let keep_ms = w.keep_ms_per_block * left_behind(f64::from(c.prefix_best_blocks), cached_blocks);
 
     let requests = f64::from(c.load.active_requests);
     let cost = c.cost_factor
@@ -256,6 +267,7 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
             + memory_ms
             + out_time_ms
             + store_ms
+            + keep_ms
             + cfg.active_request_weight * requests);
     let decode_blocks = if aggregated { decode_blocks } else { 0.0 };
     score(c, overlap, (queued + own) / bs, decode_blocks, cost)
@@ -272,6 +284,17 @@ pub(super) fn evicted_blocks(new: f64, cached: f64, kv: f64) -> f64 {
         over
     } else {
         new
+    }
+}
+
+/// Leading blocks the best holder has beyond `cached` (0 when this one is the best).
+#[inline(always)]
+pub(super) fn left_behind(best: f64, cached: f64) -> f64 {
+    let left = best - cached;
+    if left > 0.0 {
+        left
+    } else {
+        0.0
     }
 }
 
