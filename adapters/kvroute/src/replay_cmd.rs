@@ -210,6 +210,9 @@ pub struct ModelArgs {
     /// lacks, ms (what moving a conversation off its cache leaves behind).
     #[arg(long, value_name = "MS")]
     pub keep_ms_per_block: Option<f64>,
+    /// ttft model: most the keep term charges one placement, ms.
+    #[arg(long, value_name = "MS")]
+    pub keep_ms_max: Option<f64>,
 }
 
 /// A kv cost model name as the command line spells it.
@@ -285,6 +288,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.output_tokens_default = a.model.output_tokens_default.unwrap_or(c.ttft.output_tokens_default);
     c.ttft.store_ms_per_block = a.model.store_ms_per_block.unwrap_or(c.ttft.store_ms_per_block);
     c.ttft.keep_ms_per_block = a.model.keep_ms_per_block.unwrap_or(c.ttft.keep_ms_per_block);
+    c.ttft.keep_ms_max = a.model.keep_ms_max.unwrap_or(c.ttft.keep_ms_max);
     if a.router_knows_timing {
         let t = &a.engine.engine_timing;
         c.timing = TtftModel {

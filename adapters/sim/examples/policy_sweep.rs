@@ -107,6 +107,7 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "out" => c.ttft.output_tokens_default = x as u32,
             "store" => c.ttft.store_ms_per_block = x,
             "keep" => c.ttft.keep_ms_per_block = x,
+            "keepmax" => c.ttft.keep_ms_max = x,
             "work" => c.ttft.work_weight = x,
             "others" => c.ttft.others_delay_weight = x,
             "arw" => c.active_request_weight = x,

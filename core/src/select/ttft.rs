@@ -150,6 +150,10 @@ pub struct TtftWeights {
     /// stores a second copy, which its TTFT alone does not count. A holder keeps the
     /// request unless its wait exceeds another's by more. Default 20.
     pub keep_ms_per_block: f64,
+    /// Most the keep term charges one placement, ms: a long context left behind is
+    /// worth no more than this, so a busy holder of long agent contexts still sheds
+    /// work. Default 200.
+    pub keep_ms_max: f64,
 }
 
 impl Default for TtftWeights {
@@ -163,6 +167,7 @@ impl Default for TtftWeights {
             output_tokens_default: 128,
             store_ms_per_block: STORE_MS,
             keep_ms_per_block: KEEP_MS,
+            keep_ms_max: KEEP_MS_MAX,
         }
     }
 }
@@ -170,6 +175,7 @@ impl Default for TtftWeights {
 const DECODE_TIME_WEIGHT: f64 = 0.05;
 const STORE_MS: f64 = 1.0;
 const KEEP_MS: f64 = 20.0;
+const KEEP_MS_MAX: f64 = 200.0;
 
 impl TtftWeights {
     /// The decode time term: `decode_time_weight × out × (f_d(u₁) + n × (f_d(u₁) − f_d(u₀)))`
@@ -180,6 +186,18 @@ impl TtftWeights {
     pub(super) fn decode_time_ms(&self, out_tokens: f64, step0_ms: f64, step1_ms: f64, decoding: f64) -> f64 {
         let others = decoding * (step1_ms - step0_ms);
         self.decode_time_weight * out_tokens * (step1_ms + others)
+    }
+
+    /// The keep term: `keep_ms_per_block × left_blocks`, at most `keep_ms_max` (a NaN
+    /// product stays NaN, so `score` sees it). Shared as `decode_time_ms` is.
+    #[inline(always)]
+    pub(super) fn keep_ms(&self, left_blocks: f64) -> f64 {
+        let ms = self.keep_ms_per_block * left_blocks;
+        if ms > self.keep_ms_max {
+            self.keep_ms_max
+        } else {
+            ms
+        }
     }
 }
 
@@ -207,8 +225,9 @@ impl TtftWeights {
 ///            + out / block_size) / kv_blocks, d = requests there past their prefill
 /// store    = store_ms_per_block × min(own / block_size, max(0, cached_blocks + own /
 ///            block_size − kv_blocks)): the cached blocks its new ones would evict
-/// keep     = keep_ms_per_block × max(0, prefix_best_blocks − max(overlap_effective,
-///            inflight_prefix_blocks)): the prefix the best holder has and this one lacks
+/// keep     = min(keep_ms_max, keep_ms_per_block × max(0, prefix_best_blocks −
+///            max(overlap_effective, inflight_prefix_blocks))): the prefix the best
+///            holder has and this one lacks
 /// cost     = cost_factor × (prefill_load_scale × P(queued + own) + decode_weight × n × step
 ///                           + others_delay_weight × others + work_weight × work + memory
 ///                           + decode_weight × decode + store + keep
@@ -256,7 +275,7 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
         0.0
     };
     let store_ms = w.store_ms_per_block * evicted_blocks(own / bs, f64::from(c.cached_blocks), kv);
-    let keep_ms = w.keep_ms_per_block * left_behind(f64::from(c.prefix_best_blocks), cached_blocks);
+    let keep_ms = w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), cached_blocks));
 
     let requests = f64::from(c.load.active_requests);
     let cost = c.cost_factor

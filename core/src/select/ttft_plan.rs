@@ -279,7 +279,7 @@ impl<'a> TtftPlan<'a> {
         };
         let own_blocks = if POW2 { p.own * self.bs_recip } else { p.own / self.bs };
         let store_ms = w.store_ms_per_block * evicted_blocks(own_blocks, f64::from(c.cached_blocks), self.kv);
-        let keep_ms = w.keep_ms_per_block * left_behind(f64::from(c.prefix_best_blocks), p.cached_blocks);
+        let keep_ms = w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), p.cached_blocks));
         let requests = f64::from(c.load.active_requests);
         let cost = c.cost_factor
             * (cfg.prefill_load_scale * t.prefill_ms

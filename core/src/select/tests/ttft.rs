@@ -107,6 +107,10 @@ fn keep_term() {
     check(Pre, keep, best_of(6, 0, 0), (10.0, 0.0, 23.2 + 18.0));
     // A best below this one's own (an unset field) never pays back.
     check(Agg, keep, best_of(2, 6, 0), (4.0, 10.0, 21.28));
+    // At most keep_ms_max: 10 ms for the 6 blocks left behind, not 18.
+    let capped = cost(TtftWeights { keep_ms_per_block: 3.0, keep_ms_max: 10.0, ..base_weights() });
+    check(Agg, capped, best_of(6, 0, 0), (10.0, 10.0, 23.2 + 10.0));
+    check(Agg, capped, best_of(6, 4, 0), (6.0, 10.0, 21.92 + 6.0));
 }
 
 #[test]
@@ -336,6 +340,7 @@ proptest::proptest! {
         decode_time in proptest::sample::select(vec![0.0, 0.3, 1.0, f64::NAN]),
         store in proptest::sample::select(vec![0.0, 1.0, 7.5, f64::INFINITY]),
         keep in proptest::sample::select(vec![0.0, 20.0, 0.5, f64::INFINITY, f64::NAN]),
+        keep_max in proptest::sample::select(vec![200.0, 0.0, f64::INFINITY, f64::NAN]),
         out_default in proptest::sample::select(vec![0u32, 128, 4096]),
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
@@ -343,6 +348,7 @@ proptest::proptest! {
         cost.ttft.decode_time_weight = decode_time;
         cost.ttft.store_ms_per_block = store;
         cost.ttft.keep_ms_per_block = keep;
+        cost.ttft.keep_ms_max = keep_max;
         cost.ttft.output_tokens_default = out_default;
         cost.host_tier_weight = host_weight;
         match odd_timing {
