@@ -8,6 +8,7 @@
 //! * [`header`]: size, mode and EXIF orientation from PNG, JPEG and WebP headers;
 //! * [`tokens`]: the placeholder token count a model's processor gives an image, and
 //!   the prompt with each image's placeholder expanded;
+//! * [`ImageModel`]: a model's placeholder rule, token and text from its config files;
 //! * [`MediaConfig::resolve`] puts these together per image part, and
 //!   [`expand`] places them in the prompt as the core's [`router_core::MediaItems`].
 //!
@@ -19,11 +20,13 @@ pub mod data_url;
 pub mod digest;
 mod error;
 pub mod header;
+mod model;
 pub mod tokens;
 
 pub use digest::{identifier, Algorithm, ImageIo, ImageItem};
 pub use error::MediaError;
 pub use header::{Format, ImageHeader};
+pub use model::ImageModel;
 pub use tokens::{expand_placeholders, Placed, PlaceholderRule};
 
 use router_core::{MediaItem, MediaItems};
