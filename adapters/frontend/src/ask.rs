@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
-use router_core::{Request, Routed};
+use router_core::{MediaItems, Request, Routed};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -16,7 +16,8 @@ use crate::fleet::{Fleet, Pool};
 use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
 use crate::tenants::CacheSalt;
-use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
+use crate::media;
+use crate::tokenize::{fallback_chat, fallback_text, Tokenize, Tokenizers};
 
 /// Bodies larger than this are tokenized on a blocking thread, off the reactor.
 const TOKENIZE_INLINE_BYTES_MAX: usize = 64 << 10;
@@ -114,7 +115,7 @@ pub async fn question_timed(
     cx.metrics.stage("parse", t0.elapsed());
 
     let t1 = Instant::now();
-    let tokens = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await;
+    let (tokens, media) = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await?;
     let build = Build {
         id: pool.driver.next_request_id(),
         block_size: pool.block_size,
@@ -123,20 +124,61 @@ pub async fn question_timed(
         hints: hh.hints,
         session,
     };
-    let request = Request { cost, ..request::build(build, &tokens) };
+    let request = Request { cost, ..request::build_with_media(build, &tokens, &media) };
     cx.metrics.stage("tokenize", t1.elapsed());
     Ok((Question { pool, request, forward_body, preview: hh.preview, endpoint }, t1))
 }
 
-/// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
-async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
+/// The routing tokens and the images they hold: the model's tokenizer if it has one,
+/// else hashed bytes. A chat's images are read first (see [`crate::media`]); an image
+/// that cannot be read is the client's error.
+async fn tokens(
+    cx: &Asker<'_>,
+    model: &str,
+    prompt: &Prompt,
+    body: Value,
+    body_len: usize,
+) -> Result<(Vec<u32>, MediaItems), ApiError> {
     if let Prompt::Tokens(t) = prompt {
-        return t.clone();
+        return Ok((t.clone(), MediaItems::none()));
     }
     let Some(tok) = cx.tokenizers.get(model).cloned() else {
         cx.metrics.fallback(model, "no_tokenizer");
-        return fallback(prompt, &body);
+        return Ok((fallback(prompt, &body), MediaItems::none()));
     };
+    let images = match (tok.media(), prompt) {
+        (Some(m), Prompt::Chat) => {
+            let parts = media::image_parts(&body, m.config.limits.items_max)?;
+            let images = media::resolve(m, &parts).await?;
+            if !images.is_empty() && media::has_media_kwargs(&body) {
+                cx.metrics.fallback(model, "media_kwargs");
+                return Ok((fallback(prompt, &body), MediaItems::none()));
+            }
+            images
+        }
+        _ => Vec::new(),
+    };
+    let ids = encode(cx, model, tok.clone(), prompt, body, body_len).await;
+    let Some(m) = tok.media().filter(|_| !images.is_empty()) else { return Ok((ids, MediaItems::none())) };
+    match media::expand(m, &ids, &images) {
+        Some(expanded) => Ok(expanded),
+        None => {
+            // The rendered prompt disagrees with the images: its blocks match nothing.
+            cx.metrics.fallback(model, "media_placeholders");
+            Ok((ids, MediaItems::none()))
+        }
+    }
+}
+
+/// The tokenizer's ids for `prompt`, else (counted) the hashed bytes.
+async fn encode(
+    cx: &Asker<'_>,
+    model: &str,
+    tok: Arc<dyn Tokenize>,
+    prompt: &Prompt,
+    body: Value,
+    body_len: usize,
+) -> Vec<u32> {
     let prompt = prompt.clone();
     let run = move || {
         let out = match &prompt {
