@@ -117,7 +117,7 @@ impl Front {
         let r = self.kvroute.post("/v1/chat/completions", &headers, body);
         assert_eq!(r.status, 200, "{what} through kvroute: {}", r.text());
         assert_eq!(r.header("x-kvroute-worker"), Some(pin.as_str()), "{what}: served by the VLM server");
-        eprintln!("real_vllm: {what} through kvroute: preview overlap {predicted} of {} blocks", p.hashes.len());
+        eprintln!("real_vllm: {what}: kvroute's preview overlap {predicted} of {} blocks", p.hashes.len());
         r.json()
     }
 
