@@ -13,10 +13,10 @@ use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::fleet::{Fleet, Pool};
+use crate::media;
 use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
 use crate::tenants::CacheSalt;
-use crate::media;
 use crate::tokenize::{fallback_chat, fallback_text, Tokenize, Tokenizers};
 
 /// Bodies larger than this are tokenized on a blocking thread, off the reactor.

@@ -61,7 +61,12 @@ impl ApiError {
 
     /// 400: an allowed image URL whose fetch failed.
     pub fn image_fetch(why: impl fmt::Display) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "image_fetch_failed", format!("fetching the image failed: {why}"))
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "image_fetch_failed",
+            format!("fetching the image failed: {why}"),
+        )
     }
 
     /// 404: no pool serves the model.

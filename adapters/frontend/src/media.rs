@@ -64,7 +64,10 @@ impl MediaSection {
             return Err(("media.items_max".into(), format!("must be in 1..={}", router_core::MEDIA_ITEMS_MAX)));
         }
         if self.image_bytes_max == 0 || self.fetch_bytes_max == 0 || self.fetch_timeout_ms == 0 {
-            return Err(("media".into(), "image_bytes_max, fetch_bytes_max and fetch_timeout_ms must be above 0".into()));
+            return Err((
+                "media".into(),
+                "image_bytes_max, fetch_bytes_max and fetch_timeout_ms must be above 0".into(),
+            ));
         }
         for (i, p) in self.url_allow.iter().enumerate() {
             fetch::Prefix::parse(p).map_err(|why| (format!("media.url_allow[{i}]"), why))?;

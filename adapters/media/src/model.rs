@@ -71,7 +71,11 @@ mod tests {
         let qwen = json!({"model_type": "qwen2_vl", "image_token_id": 10,
             "vision_config": {"patch_size": 14, "spatial_merge_size": 2}});
         check(qwen, Some(json!({"min_pixels": 3136})), Ok(Some((10, "<|vision_start|><|image_pad|><|vision_end|>"))));
-        check(json!({"model_type": "llava", "vision_config": clip}), None, Err(MediaError::Config("no image token id")));
+        check(
+            json!({"model_type": "llava", "vision_config": clip}),
+            None,
+            Err(MediaError::Config("no image token id")),
+        );
         let other = json!({"model_type": "gemma3", "vision_config": {}});
         check(other, None, Err(MediaError::Config("model_type is not llava, qwen2_vl or qwen2_5_vl")));
     }

@@ -182,8 +182,10 @@ pub(super) fn through_kvroute(c: &mut Ctx) {
     assert_eq!(other_tenant.predicted_blocks, 0, "another tenant's image blocks are not shared");
 
     let front = c.front.as_ref().expect("started");
-    let img = |url: &str| json!({"model": VLM, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": url}}]}]});
+    let img = |url: &str| {
+        json!({"model": VLM, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    };
     front.refused("bad base64", &img("data:image/png;base64,@@@@"), 400, "invalid_image");
     front.refused("not an image", &img("data:image/png;base64,aGVsbG8gd29ybGQh"), 400, "invalid_image");
     front.refused("an http URL", &img("http://127.0.0.1:1/a.png"), 400, "image_url_not_allowed");

@@ -3,15 +3,15 @@
 //! the pure functions the handler and `kvroute serve` call.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST};
+use kvroute_media::data_url::is_data_url;
+use kvroute_media::{ImageModel, ImagePart, PlaceholderRule};
 use kvroute_proxy::config::{router_config, ConfigError, ProxyConfig, TrustConfig};
+use kvroute_proxy::error::ApiError;
+use kvroute_proxy::media::{expand, image_parts, ChatMedia, MediaSection};
 use kvroute_proxy::request::{self, Build, Endpoint, Prompt};
 use kvroute_proxy::tokenize::{fallback_chat, fallback_text};
 use kvroute_proxy::trust::Trust;
 use kvroute_proxy::upstream::{upstream_headers, PIN_HEADERS, PREVIEW_HEADER};
-use kvroute_media::data_url::is_data_url;
-use kvroute_media::{ImageModel, ImagePart, PlaceholderRule};
-use kvroute_proxy::error::ApiError;
-use kvroute_proxy::media::{expand, image_parts, ChatMedia, MediaSection};
 use router_core::{BlockSize, MediaItems, RequestId, RoutingHints};
 use serde_json::Value;
 
@@ -113,7 +113,8 @@ const IMAGE_TOKEN: u32 = 7;
 /// tokens plus one placeholder each into blocks hashed with their media keys, which
 /// differ from the text's from the first block an image touches.
 fn check_images(json: &Value, text: &[u32], parsed: &request::Parsed, block_size: BlockSize) {
-    let model = ImageModel { rule: PlaceholderRule::Fixed { tokens: 5 }, token_id: IMAGE_TOKEN, prompt_text: "<image>" };
+    let model =
+        ImageModel { rule: PlaceholderRule::Fixed { tokens: 5 }, token_id: IMAGE_TOKEN, prompt_text: "<image>" };
     let media = ChatMedia::new(&model, "m", &MediaSection { items_max: 4, ..MediaSection::default() });
     let parts = match image_parts(json, 4) {
         Ok(p) => p,
@@ -139,14 +140,8 @@ fn check_images(json: &Value, text: &[u32], parsed: &request::Parsed, block_size
     assert_eq!(tokens.len(), prompt.len() + 4 * images.len());
     assert_eq!(items.items().len(), images.len());
     let build = |media: &MediaItems| {
-        let b = Build {
-            id: RequestId(1),
-            block_size,
-            lora: None,
-            parsed,
-            hints: RoutingHints::default(),
-            session: None,
-        };
+        let b =
+            Build { id: RequestId(1), block_size, lora: None, parsed, hints: RoutingHints::default(), session: None };
         request::build_with_media(b, &tokens, media).blocks
     };
     let (with, without) = (build(&items), build(&MediaItems::none()));

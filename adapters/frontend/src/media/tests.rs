@@ -10,7 +10,8 @@ fn data_url(bytes: &[u8]) -> String {
 }
 
 fn llava(section: &MediaSection) -> ChatMedia {
-    let model = ImageModel { rule: kvroute_media::PlaceholderRule::Fixed { tokens: 5 }, token_id: 7, prompt_text: "<image>" };
+    let model =
+        ImageModel { rule: kvroute_media::PlaceholderRule::Fixed { tokens: 5 }, token_id: 7, prompt_text: "<image>" };
     ChatMedia::new(&model, "m", section)
 }
 
