@@ -131,7 +131,8 @@ pub async fn question_timed(
 
 /// The routing tokens and the images they hold: the model's tokenizer if it has one,
 /// else hashed bytes. A chat's images are read first (see [`crate::media`]); an image
-/// that cannot be read is the client's error.
+/// that cannot be read is the client's error. Large bodies are decoded, hashed and
+/// tokenized on a blocking thread.
 async fn tokens(
     cx: &Asker<'_>,
     model: &str,
@@ -146,61 +147,68 @@ async fn tokens(
         cx.metrics.fallback(model, "no_tokenizer");
         return Ok((fallback(prompt, &body), MediaItems::none()));
     };
-    let images = match (tok.media(), prompt) {
-        (Some(m), Prompt::Chat) => {
-            let parts = media::image_parts(&body, m.config.limits.items_max)?;
-            let images = media::resolve(m, &parts).await?;
-            if !images.is_empty() && media::has_media_kwargs(&body) {
-                cx.metrics.fallback(model, "media_kwargs");
-                return Ok((fallback(prompt, &body), MediaItems::none()));
-            }
-            images
-        }
-        _ => Vec::new(),
+    let fetched = match (tok.media(), prompt) {
+        (Some(m), Prompt::Chat) => Some(media::fetch_all(m, &body).await?),
+        _ => None,
     };
-    let ids = encode(cx, model, tok.clone(), prompt, body, body_len).await;
-    let Some(m) = tok.media().filter(|_| !images.is_empty()) else { return Ok((ids, MediaItems::none())) };
-    match media::expand(m, &ids, &images) {
-        Some(expanded) => Ok(expanded),
-        None => {
-            // The rendered prompt disagrees with the images: its blocks match nothing.
-            cx.metrics.fallback(model, "media_placeholders");
+    let prompt = prompt.clone();
+    let run = move || encode(&*tok, &prompt, &body, fetched.as_deref());
+    let encoded = if body_len > TOKENIZE_INLINE_BYTES_MAX {
+        tokio::task::spawn_blocking(run).await.unwrap_or(Ok(Encoded::Failed("tokenizer_panic", Vec::new())))
+    } else {
+        run()
+    };
+    match encoded? {
+        Encoded::Tokens(ids, media) => Ok((ids, media)),
+        Encoded::Failed(reason, ids) => {
+            cx.metrics.fallback(model, reason);
             Ok((ids, MediaItems::none()))
         }
     }
 }
 
-/// The tokenizer's ids for `prompt`, else (counted) the hashed bytes.
-async fn encode(
-    cx: &Asker<'_>,
-    model: &str,
-    tok: Arc<dyn Tokenize>,
+/// What the tokenizer made of a prompt.
+enum Encoded {
+    /// Its tokens, images expanded, and the images.
+    Tokens(Vec<u32>, MediaItems),
+    /// Why it fell back (a metrics reason), and the tokens routed on instead.
+    Failed(&'static str, Vec<u32>),
+}
+
+/// `prompt`'s tokens from `tok`: a chat's images resolved (`fetched`: the fetched bytes
+/// of its images, when the model takes images) and expanded. Work is linear in the body
+/// plus tokenizing.
+fn encode(
+    tok: &dyn Tokenize,
     prompt: &Prompt,
-    body: Value,
-    body_len: usize,
-) -> Vec<u32> {
-    let prompt = prompt.clone();
-    let run = move || {
-        let out = match &prompt {
-            Prompt::Text(t) => tok.encode_text(t),
-            _ => tok.encode_chat(&body),
-        };
-        // Boxed: the request travels back for the fallback, and Err stays small.
-        out.map_err(|e| Box::new((e, prompt, body)))
+    body: &Value,
+    fetched: Option<&[Option<Bytes>]>,
+) -> Result<Encoded, ApiError> {
+    let images = match (tok.media(), fetched) {
+        (Some(m), Some(f)) => media::resolve(m, body, f)?,
+        _ => Vec::new(),
     };
-    let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
-        match tokio::task::spawn_blocking(run).await {
-            Ok(r) => r,
-            Err(_) => return Vec::new(),
+    if !images.is_empty() && media::has_media_kwargs(body) {
+        return Ok(Encoded::Failed("media_kwargs", fallback(prompt, body)));
+    }
+    let ids = match prompt {
+        Prompt::Text(t) => tok.encode_text(t),
+        _ => tok.encode_chat(body),
+    };
+    let ids = match ids {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::debug!(error = %e, "tokenizer failed; routing on bytes");
+            return Ok(Encoded::Failed("tokenizer_error", fallback(prompt, body)));
         }
-    } else {
-        run()
     };
-    out.unwrap_or_else(|failed| {
-        let (e, prompt, body) = *failed;
-        tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
-        cx.metrics.fallback(model, "tokenizer_error");
-        fallback(&prompt, &body)
+    let Some(m) = tok.media().filter(|_| !images.is_empty()) else {
+        return Ok(Encoded::Tokens(ids, MediaItems::none()));
+    };
+    Ok(match media::expand(m, &ids, &images) {
+        Some((ids, items)) => Encoded::Tokens(ids, items),
+        // The rendered prompt disagrees with the images: its blocks would match nothing.
+        None => Encoded::Failed("media_placeholders", ids),
     })
 }
 

@@ -169,17 +169,36 @@ pub fn has_media_kwargs(body: &Value) -> bool {
     ["mm_processor_kwargs", "media_io_kwargs"].iter().any(|k| body.get(*k).is_some_and(|v| !v.is_null()))
 }
 
-/// Each image part resolved: `data:` URLs and `uuid`s as they are, allowed `http://`
-/// URLs fetched first. Any other URL, and any image that cannot be read, is refused.
-pub async fn resolve(media: &ChatMedia, parts: &[Part<'_>]) -> Result<Vec<ResolvedImage>, ApiError> {
+/// The bytes of each allowed `http://` image of the body's parts, in part order (`None`
+/// for a part that needs no fetch). Any URL that is neither `data:` nor allowed is
+/// refused here, before anything is fetched.
+pub async fn fetch_all(media: &ChatMedia, body: &Value) -> Result<Vec<Option<Bytes>>, ApiError> {
+    let parts = image_parts(body, media.config.limits.items_max)?;
+    fn remote<'a>(p: &Part<'a>) -> Option<&'a str> {
+        p.url.filter(|u| !kvroute_media::data_url::is_data_url(u))
+    }
+    if parts.iter().filter_map(remote).any(|u| !media.fetcher.allows(u)) {
+        return Err(ApiError::image_url_not_allowed());
+    }
     let mut out = Vec::with_capacity(parts.len());
-    for p in parts {
-        let fetched: Option<Bytes> = match p.url {
-            Some(url) if !kvroute_media::data_url::is_data_url(url) => Some(media.fetcher.fetch(url).await?),
-            _ => None,
-        };
-        let resolved = match fetched {
-            Some(bytes) => media.config.resolve_bytes(&bytes, p.uuid.as_deref()),
+    for p in &parts {
+        out.push(match remote(p) {
+            Some(url) => Some(media.fetcher.fetch(url).await?),
+            None => None,
+        });
+    }
+    Ok(out)
+}
+
+/// Each image part of `body` resolved: `data:` URLs and `uuid`s as they are, fetched
+/// images from `fetched` ([`fetch_all`]'s answer for the same body). An image that
+/// cannot be read is refused. Work is linear in the body and the fetched bytes.
+pub fn resolve(media: &ChatMedia, body: &Value, fetched: &[Option<Bytes>]) -> Result<Vec<ResolvedImage>, ApiError> {
+    let parts = image_parts(body, media.config.limits.items_max)?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (i, p) in parts.iter().enumerate() {
+        let resolved = match fetched.get(i).and_then(Option::as_ref) {
+            Some(bytes) => media.config.resolve_bytes(bytes, p.uuid.as_deref()),
             None => media.config.resolve(ImagePart { url: p.url, uuid: p.uuid.as_deref() }),
         };
         out.push(resolved.map_err(|e| ApiError::media(&e))?);

@@ -25,10 +25,7 @@ fn chat(parts: Value) -> Value {
 fn check(section: &MediaSection, body: Value, want: Result<Vec<u32>, (u16, &str)>) {
     let media = llava(section);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let got = rt.block_on(async {
-        let parts = image_parts(&body, media.config.limits.items_max)?;
-        resolve(&media, &parts).await
-    });
+    let got = rt.block_on(fetch_all(&media, &body)).and_then(|fetched| resolve(&media, &body, &fetched));
     match (got, want) {
         (Ok(images), Ok(tokens)) => assert_eq!(images.iter().map(|i| i.tokens).collect::<Vec<_>>(), tokens),
         (Err(e), Err((status, code))) => assert_eq!((e.status.as_u16(), e.code), (status, code), "{}", e.message),
@@ -65,9 +62,8 @@ fn image_parts_resolve_or_are_refused() {
 fn placeholders_expand_into_media_items() {
     let media = llava(&MediaSection::default());
     let png = data_url(PNG);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let body = chat(json!([{"type": "image_url", "image_url": {"url": png}}]));
-    let images = rt.block_on(resolve(&media, &image_parts(&body, 16).unwrap())).unwrap();
+    let images = resolve(&media, &body, &[None]).unwrap();
     let (tokens, items) = expand(&media, &[1, 7, 2], &images).expect("one placeholder, one image");
     assert_eq!(tokens, [1, 7, 7, 7, 7, 7, 2]);
     assert_eq!(items.items().iter().map(|i| (i.offset_tokens, i.len_tokens)).collect::<Vec<_>>(), [(1, 5)]);
