@@ -36,7 +36,8 @@ pub const TOKEN: &str = "fuzz-token";
 /// Header lines that are not a valid name and value are skipped (hyper refuses them
 /// before the handler runs). Checks: every outcome is a 400 or a parse whose forwarded
 /// body has no `kvroute` object; untrusted clients keep no pin, preview or priority;
-/// a forwarded header set carries no hop-by-hop, pin, internal or token header.
+/// a forwarded header set carries no hop-by-hop, pin, internal or token header; a
+/// chat's image parts are read as the front end reads them ([`check_images`]).
 pub fn proxy_request(data: &[u8]) {
     let (control, rest) = split_line(data);
     let (headers, body) = read_headers(rest);
