@@ -60,6 +60,9 @@ pub struct ProxyConfig {
     pub tracing: Option<TracingConfig>,
     /// The tenants and their API keys (default none: the gateway is open).
     pub tenants: Vec<crate::tenants::TenantConfig>,
+    /// Limits on the images of chat requests, and the `http://` prefixes images may be
+    /// fetched from (default none).
+    pub media: crate::media::MediaSection,
 }
 
 impl Default for ProxyConfig {
@@ -84,6 +87,7 @@ impl Default for ProxyConfig {
             discovery: DiscoverySection::default(),
             tracing: None,
             tenants: Vec::new(),
+            media: crate::media::MediaSection::default(),
         }
     }
 }
@@ -436,6 +440,11 @@ pub struct ModelConfig {
     /// the model's router predicts caches from its own decisions instead.
     #[serde(default)]
     pub tokenizer: Option<String>,
+    /// The engine's `--model` (a path or a hub id), which vLLM hashes into the
+    /// identifier of every image it is sent; default the `tokenizer` value. Only read
+    /// for a model whose folder says it takes images (`config.json`'s `vision_config`).
+    #[serde(default)]
+    pub engine_model_id: Option<String>,
     /// Disaggregated serving: how a request is split between a prefill and a decode
     /// worker, `vllm-nixl` or `sglang-bootstrap` (default none: every request runs
     /// aggregated, and prefill workers are refused).
@@ -461,6 +470,7 @@ impl Default for ModelConfig {
             mode: None,
             lora_adapters: Vec::new(),
             tokenizer: None,
+            engine_model_id: None,
             disagg_protocol: None,
             disagg_isl_min_tokens: None,
             disagg_same_label: None,

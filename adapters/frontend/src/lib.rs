@@ -2,7 +2,7 @@
 //! HTTP proxy (`kvroute-proxy`) and the gateway's endpoint picker (`kvroute-epp`):
 //! the configuration file ([`config`]), the fleet of pools, one router per model
 //! ([`fleet`]), request parsing ([`request`], [`headers`]) and [`trust`], the tokenizer
-//! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
+//! seam ([`tokenize`]), the images of chat requests ([`media`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
 //! scraping of the workers' metrics ([`scrape`], each server bringing its client),
 //! [`ApiError`], the OpenAI-shaped refusal both servers answer with; and [`otel`],
 //! distributed tracing for the proxy; [`tenants`], the `[[tenants]]` and their keys.
@@ -24,6 +24,7 @@ pub mod events;
 pub mod fleet;
 pub mod headers;
 pub mod learn;
+pub mod media;
 pub mod metrics;
 pub mod otel;
 pub mod otlp;

@@ -1,12 +1,14 @@
 //! `kvroute serve`: the routing proxy, with its tokenizers, KV-event subscriptions and,
 //! with `[discovery.kubernetes]`, the pods it follows (see [`crate::discover`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
 
+use kvroute_frontend::media::{load_image_model, ChatMedia, MediaSection};
 use kvroute_proxy::{ConfigError, ProxyConfig, Tokenize, TokenizeError, Tokenizers};
+use kvroute_tokenize::{Dialect, TokenizerConfig, VllmOptions};
 
 use crate::tok::HfTokenizer;
 
@@ -27,12 +29,35 @@ pub struct ServeArgs {
     pub sets: Vec<String>,
 }
 
-impl Tokenize for HfTokenizer {
+/// A model's tokenizer, and how its images are read when it takes them.
+struct ServeTokenizer {
+    hf: HfTokenizer,
+    media: Option<ChatMedia>,
+}
+
+impl ServeTokenizer {
+    /// The tokenizer in `dir`; for a vision-language model (its `config.json` says so),
+    /// rendering image parts as vLLM does, with identifiers keyed on `engine_model_id`.
+    fn load(dir: &Path, engine_model_id: &str, section: &MediaSection) -> Result<Self, String> {
+        let Some(images) = load_image_model(dir)? else {
+            return Ok(ServeTokenizer { hf: HfTokenizer::load(dir)?, media: None });
+        };
+        let options = VllmOptions { image_text: Some(images.prompt_text.into()), ..VllmOptions::default() };
+        let config = TokenizerConfig { dialect: Dialect::Vllm(options), ..TokenizerConfig::default() };
+        let hf = HfTokenizer::load_with(dir, config)?;
+        Ok(ServeTokenizer { hf, media: Some(ChatMedia::new(&images, engine_model_id, section)) })
+    }
+}
+
+impl Tokenize for ServeTokenizer {
     fn encode_chat(&self, body: &serde_json::Value) -> Result<Vec<u32>, TokenizeError> {
-        self.chat_tokens(body).map_err(TokenizeError::new)
+        self.hf.chat_tokens(body).map_err(TokenizeError::new)
     }
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.0.encode_text(text, true).map_err(TokenizeError::new)
+        self.hf.0.encode_text(text, true).map_err(TokenizeError::new)
+    }
+    fn media(&self) -> Option<&ChatMedia> {
+        self.media.as_ref()
     }
 }
 
@@ -75,7 +100,10 @@ pub fn load_tokenizers(cfg: &ProxyConfig) -> Result<Tokenizers, String> {
     let mut t = Tokenizers::new();
     for m in &cfg.models {
         if let Some(dir) = &m.tokenizer {
-            t.insert(m.name.clone(), Arc::new(HfTokenizer::load(&tokenizer_dir(&m.name, dir)?)?));
+            let engine_model_id = m.engine_model_id.as_deref().unwrap_or(dir);
+            let tok = ServeTokenizer::load(&tokenizer_dir(&m.name, dir)?, engine_model_id, &cfg.media)
+                .map_err(|e| format!("model {:?}: {e}", m.name))?;
+            t.insert(m.name.clone(), Arc::new(tok));
         }
     }
     // A model without a tokenizer is warned about by the proxy's log, once.

@@ -57,7 +57,7 @@ mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
 pub use kvroute_frontend::{
-    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tokenize, trust,
+    config, cost_header, error, events, fleet, learn, media, metrics, request, scrape, tokenize, trust,
 };
 
 use std::fmt;

@@ -69,6 +69,9 @@ impl ProxyConfig {
         if let Err((key, message)) = self.learn.check() {
             return invalid(key.into(), message);
         }
+        if let Err((key, message)) = self.media.check() {
+            return invalid(key, message);
+        }
         if let Err((key, message)) = self.discovery.check(self.models.iter().map(|m| m.name.as_str())) {
             return invalid(key, message);
         }
