@@ -188,6 +188,21 @@ pub async fn served_cert(addr: SocketAddr, ca_path: &Path) -> Vec<u8> {
     s.get_ref().1.peer_certificates().expect("a certificate")[0].to_vec()
 }
 
+/// `GET /health` over TLS with ALPN `h2` only: the version and status of the answer.
+pub async fn health_over_h2(addr: SocketAddr, ca_path: &Path) -> (http::Version, u16) {
+    let mut cfg = (*client_config(Some(ca_path)).unwrap()).clone();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let s = tls.connect(ServerName::try_from("127.0.0.1").unwrap(), tcp).await.expect("the handshake succeeds");
+    let io = hyper_util::rt::TokioIo::new(s);
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("https://127.0.0.1:{}/health", addr.port())).body(Full::new(Bytes::new()));
+    let resp = send.send_request(req.unwrap()).await.expect("an answer");
+    (resp.version(), resp.status().as_u16())
+}
+
 /// The DER of a PEM certificate.
 pub fn der(pem: &str) -> Vec<u8> {
     use rustls::pki_types::pem::PemObject;

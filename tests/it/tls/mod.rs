@@ -34,6 +34,10 @@ async fn a_client_gets_a_completion_over_tls() {
     assert_eq!(status, 200, "{body}");
     assert!(body["choices"][0]["text"].is_string(), "{body}");
 
+    // A client offering h2 by ALPN speaks HTTP/2.
+    let (version, status) = kit::health_over_h2(proxy.local_addr(), &ca_path).await;
+    assert_eq!((version, status), (http::Version::HTTP_2, 200));
+
     // Plaintext HTTP on the TLS port gets no HTTP answer.
     let plain = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build(hyper_util::client::legacy::connect::HttpConnector::new());

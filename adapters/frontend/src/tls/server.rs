@@ -161,3 +161,70 @@ fn certified(cert_path: &Path, cert: &[u8], key_path: &Path, key: &[u8]) -> Resu
     let key = key_of(key_path, key)?;
     CertifiedKey::from_der(chain, key, &provider()).map_err(|source| TlsError::Key { path: key_path.into(), source })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the files hold before a reload: a pair by index into the test's pairs, a
+    /// certificate with another pair's key, garbage, or no certificate file.
+    #[derive(Clone, Copy, Debug)]
+    enum Files {
+        Pair(usize),
+        Mismatched,
+        Garbage,
+        Missing,
+    }
+
+    /// Writes each step's files, reloads, and checks the outcome (`Some(true)` a new
+    /// pair, `Some(false)` unchanged, `None` an error), the pair serving after it, and
+    /// the `loaded` and `error` counts.
+    #[track_caller]
+    fn check(steps: &[(Files, Option<bool>, usize, (u64, u64))]) {
+        let pairs: Vec<_> =
+            (0..2).map(|_| rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap()).collect();
+        let dir = std::env::temp_dir().join(format!("kvroute-tls-reload-{}-{:?}", std::process::id(), steps.len()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+        let write = |files: Files| {
+            let (c, k) = match files {
+                Files::Pair(i) => (pairs[i].cert.pem(), pairs[i].signing_key.serialize_pem()),
+                Files::Mismatched => (pairs[0].cert.pem(), pairs[1].signing_key.serialize_pem()),
+                Files::Garbage => ("garbage".into(), "garbage".into()),
+                Files::Missing => {
+                    let _ = std::fs::remove_file(&cert);
+                    return;
+                }
+            };
+            std::fs::write(&cert, c).unwrap();
+            std::fs::write(&key, k).unwrap();
+        };
+        write(Files::Pair(0));
+        let tls = ServerTls::load(&TlsConfig::new(&cert, &key)).unwrap();
+        for (i, &(files, want, serving, (loaded, errors))) in steps.iter().enumerate() {
+            write(files);
+            assert_eq!(tls.reload().ok(), want, "step {i}: {files:?}");
+            let served = tls.current.0.read().unwrap().cert[0].to_vec();
+            assert_eq!(served, pairs[serving].cert.der().to_vec(), "step {i}: {files:?}");
+            assert_eq!((tls.reloads.count("loaded"), tls.reloads.count("error")), (loaded, errors), "step {i}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_changed_pair_serves_and_a_bad_one_is_counted_once() {
+        use Files::*;
+        // files, reload's outcome, pair serving, (loaded, error) counts
+        check(&[
+            (Pair(0), Some(false), 0, (0, 0)),
+            (Pair(1), Some(true), 1, (1, 0)),
+            (Pair(1), Some(false), 1, (1, 0)),
+            (Mismatched, None, 1, (1, 1)),
+            (Mismatched, Some(false), 1, (1, 1)),
+            (Garbage, None, 1, (1, 2)),
+            (Missing, None, 1, (1, 3)),
+            (Missing, Some(false), 1, (1, 3)),
+            (Pair(0), Some(true), 0, (2, 3)),
+        ]);
+    }
+}
