@@ -42,8 +42,8 @@ pub use opentelemetry::trace::{SpanKind, Status};
 pub use opentelemetry::KeyValue;
 
 use crate::config::TracingConfig;
-use crate::tls::{HttpsConnector, TlsError};
 use crate::span_drops::{Counted, Pending, SpanDrops};
+use crate::tls::{HttpsConnector, TlsError};
 
 /// The W3C trace-context headers, which the proxy owns when tracing is on. Names as
 /// constants: a `&str` name is parsed on every lookup.

@@ -49,11 +49,7 @@ pub fn https_connector(http: HttpConnector, tls: &ClientConfig) -> HttpsConnecto
     // hyper-rustls sets ALPN itself and refuses a config that has one.
     let mut tls = tls.clone();
     tls.alpn_protocols.clear();
-    hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http)
+    hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().wrap_connector(http)
 }
 
 /// The trust anchors of a PEM bundle; a bundle with none is an error.

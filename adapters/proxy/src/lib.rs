@@ -49,8 +49,8 @@ mod route;
 pub mod server;
 pub mod state;
 mod stream;
-pub mod trace;
 pub mod tls;
+pub mod trace;
 mod tries;
 // `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
 // them belongs to the change now reworking `upstream/`.
@@ -96,10 +96,11 @@ pub struct ServeHandle {
     task: JoinHandle<ShutdownReport>,
 }
 
-/// Starts the proxy: loads `[tls]`'s certificate, starts the front end ([`kvroute_frontend::start`]: checks `cfg`,
-/// builds a pool per model, registers the configured workers, subscribes to their KV
-/// events, joins the peer replicas), binds `cfg.listen` and serves until
-/// [`ServeHandle::shutdown`]. Must run inside a tokio runtime.
+/// Starts the proxy: loads `[tls]`'s certificate (and reloads it on change from then
+/// on), starts the front end ([`kvroute_frontend::start`]: checks `cfg`, builds a pool
+/// per model, registers the configured workers, subscribes to their KV events, joins
+/// the peer replicas), binds `cfg.listen` and serves until [`ServeHandle::shutdown`].
+/// Must run inside a tokio runtime.
 pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHandle, ProxyError> {
     // Before the front end starts anything (drivers, subscriptions, replicas).
     let tls = cfg.tls.as_ref().map(ServerTls::load).transpose().map_err(ProxyError::Tls)?.map(Arc::new);

@@ -1,8 +1,8 @@
 //! `[tls]`: the server's certificate, read again when its files change.
 //!
-//! Every connection's handshake asks [`Current`] for the pair serving now, so a reload
+//! Every connection's handshake asks `Current` for the pair serving now, so a reload
 //! is one swap under a lock and touches no connection already open. [`ServerTls::watch`]
-//! reads both files every `reload_interval_ms` and compares their bytes with the last
+//! reads both files every `reload_interval_ms` and compares their digests with the last
 //! ones it saw, which catches an edit in place, a rename over the file and a swapped
 //! symlink (as mounted Kubernetes secrets change) alike, whatever the mtime's grain.
 
@@ -52,11 +52,23 @@ impl ResolvesServerCert for Current {
     }
 }
 
-/// What the files held when last read.
+/// What the files held when last read: their SHA-256 digests (no second copy of the
+/// key stays in memory), or that one could not be read.
 #[derive(PartialEq, Eq)]
 enum Seen {
-    Files { cert: Vec<u8>, key: Vec<u8> },
+    Files { cert: [u8; 32], key: [u8; 32] },
     Unreadable,
+}
+
+impl Seen {
+    fn files(cert: &[u8], key: &[u8]) -> Seen {
+        let digest = |b: &[u8]| {
+            let mut out = [0u8; 32];
+            out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, b).as_ref());
+            out
+        };
+        Seen::Files { cert: digest(cert), key: digest(key) }
+    }
 }
 
 /// The server side of `[tls]`: the rustls configuration (ALPN `h2` and `http/1.1`)
@@ -87,7 +99,7 @@ impl ServerTls {
             config: Arc::new(config),
             current,
             paths: cfg.clone(),
-            seen: Mutex::new(Seen::Files { cert, key }),
+            seen: Mutex::new(Seen::files(&cert, &key)),
             reloads: TlsReloads::default(),
         })
     }
@@ -109,7 +121,7 @@ impl ServerTls {
     pub fn reload(&self) -> Result<bool, TlsError> {
         let files = read(&self.paths.cert_path).and_then(|c| Ok((c, read(&self.paths.key_path)?)));
         let seen = match &files {
-            Ok((cert, key)) => Seen::Files { cert: cert.clone(), key: key.clone() },
+            Ok((cert, key)) => Seen::files(cert, key),
             Err(_) => Seen::Unreadable,
         };
         {

@@ -436,6 +436,22 @@ mod tests {
     }
 
     #[test]
+    fn an_https_uri_speaks_tls_and_a_failed_handshake_is_a_connect_error() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (addr, accepted) = worker("hello", true).await;
+            let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10, tls());
+            let req = Request::post(format!("https://{addr}/v1/x")).body(Full::new(Bytes::new())).unwrap();
+            let e = pool.send(req).await.err().expect("a plaintext worker completes no handshake");
+            assert!(matches!(e, SendError::Tls(_)) && e.is_connect(), "{e:?}");
+            assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, and nothing pooled from it");
+            // Plain http to the same address still works: the two are pooled apart.
+            let resp = pool.send(request(addr)).await.unwrap();
+            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "hello");
+        });
+    }
+
+    #[test]
     fn the_host_header_names_the_worker() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
