@@ -188,11 +188,14 @@ mod tests {
         Missing,
     }
 
-    /// Writes each step's files, reloads, and checks the outcome (`Some(true)` a new
-    /// pair, `Some(false)` unchanged, `None` an error), the pair serving after it, and
-    /// the `loaded` and `error` counts.
+    /// One reload: the files written before it, its outcome (`Some(true)` a new pair,
+    /// `Some(false)` unchanged, `None` an error), the pair serving after it, and the
+    /// `loaded` and `error` counts.
+    type Step = (Files, Option<bool>, usize, (u64, u64));
+
+    /// Runs the steps in order from pair 0, checking each.
     #[track_caller]
-    fn check(steps: &[(Files, Option<bool>, usize, (u64, u64))]) {
+    fn check(steps: &[Step]) {
         let pairs: Vec<_> =
             (0..2).map(|_| rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap()).collect();
         let dir = std::env::temp_dir().join(format!("kvroute-tls-reload-{}-{:?}", std::process::id(), steps.len()));
