@@ -111,6 +111,26 @@ async fn a_replaced_certificate_serves_new_connections() {
     proxy.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_stalled_handshake_is_cut_at_the_head_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (ca, dir) = (Ca::new("test ca"), Dir::new("stall"));
+    let leaf = ca.leaf("kvroute");
+    let mut cfg = kit::config(&[]);
+    cfg.tls = Some(TlsConfig::new(dir.write("cert.pem", &leaf.cert), dir.write("key.pem", &leaf.key)));
+    cfg.limits.header_read_timeout_ms = 200;
+    let proxy = kit::start(cfg).await;
+    // The first bytes of a ClientHello (a handshake record's header), then nothing.
+    let mut s = tokio::net::TcpStream::connect(proxy.local_addr()).await.unwrap();
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the proxy closes the connection: {read:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(150), "not before the time-out");
+    proxy.shutdown().await;
+}
+
 /// `kvroute_tls_reloads_total{result}` in a metrics page; 0 when absent.
 fn reloads(metrics: &str, result: &str) -> u64 {
     let prefix = format!("kvroute_tls_reloads_total{{result=\"{result}\"}} ");
