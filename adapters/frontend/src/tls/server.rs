@@ -157,7 +157,11 @@ impl ServerTls {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = tick.tick() => { let _ = self.reload(); }
+                _ = tick.tick() => {
+                    // File reads block: off the runtime's threads.
+                    let me = self.clone();
+                    let _ = tokio::task::spawn_blocking(move || me.reload()).await;
+                }
                 _ = shutdown.changed() => return,
             }
             if *shutdown.borrow() {
