@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use kvroute_frontend::tls::client_config;
 use kvroute_proxy::config::{TlsConfig, TracingConfig};
 use kvroute_proxy::Tokenizers;
 use tokio::net::TcpListener;
@@ -48,12 +49,17 @@ async fn a_client_gets_a_completion_over_tls() {
 }
 
 /// A proxy whose one worker is a sim-worker behind TLS with a certificate of `worker_ca`,
-/// trusting `trusted` (`upstream_tls.ca_path`): the status and error message a client gets.
-async fn through_https_worker(worker_ca: &Ca, trusted: &Ca, dir: &Dir) -> (u16, String) {
+/// trusting `trusted` (`upstream_tls.ca_path`): the status and error message a client
+/// gets, and whether the client of probes and admin calls reads the worker's `/health`.
+async fn through_https_worker(worker_ca: &Ca, trusted: &Ca, dir: &Dir) -> (u16, String, bool) {
     let worker = kit::sim().await;
     let front = kit::tls_front(worker.http_addr(), &worker_ca.leaf("worker")).await;
     let mut cfg = kit::config(&[format!("https://127.0.0.1:{}", front.port())]);
-    cfg.upstream_tls.ca_path = Some(dir.write("trusted.pem", &trusted.pem()));
+    let ca_path = dir.write("trusted.pem", &trusted.pem());
+    cfg.upstream_tls.ca_path = Some(ca_path.clone());
+    let probes = kvroute_proxy::upstream::client(&cfg.limits, client_config(Some(&ca_path)).unwrap());
+    let health = http::Request::get(format!("https://127.0.0.1:{}/health", front.port())).body(Full::new(Bytes::new()));
+    let probed = probes.request(health.unwrap()).await.is_ok_and(|r| r.status() == 200);
     cfg.retry.retries_max = 0;
     let proxy = kit::start(cfg).await;
     // The client reaches the proxy in plaintext.
@@ -61,17 +67,17 @@ async fn through_https_worker(worker_ca: &Ca, trusted: &Ca, dir: &Dir) -> (u16, 
     let (status, body) = complete(&client, &format!("http://{}", proxy.local_addr())).await;
     proxy.shutdown().await;
     worker.shutdown().await;
-    (status, body["error"]["message"].as_str().unwrap_or("").to_string())
+    (status, body["error"]["message"].as_str().unwrap_or("").to_string(), probed)
 }
 
 #[tokio::test]
 async fn https_workers_are_verified_against_upstream_tls() {
     let (worker_ca, other_ca) = (Ca::new("worker ca"), Ca::new("other ca"));
     let dir = Dir::new("upstream");
-    let (status, message) = through_https_worker(&worker_ca, &worker_ca, &dir).await;
-    assert_eq!((status, message.as_str()), (200, ""), "the worker's CA is trusted");
-    let (status, message) = through_https_worker(&worker_ca, &other_ca, &dir).await;
-    assert!((500..600).contains(&status), "{status} {message}");
+    let (status, message, probed) = through_https_worker(&worker_ca, &worker_ca, &dir).await;
+    assert_eq!((status, message.as_str(), probed), (200, "", true), "the worker's CA is trusted");
+    let (status, message, probed) = through_https_worker(&worker_ca, &other_ca, &dir).await;
+    assert!((500..600).contains(&status) && !probed, "{status} {message}");
     assert!(message.contains("TLS handshake failed") && message.contains("certificate"), "{message}");
 }
 
