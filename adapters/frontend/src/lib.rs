@@ -5,7 +5,8 @@
 //! seam ([`tokenize`]), the images of chat requests ([`media`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
 //! scraping of the workers' metrics ([`scrape`], each server bringing its client),
 //! [`ApiError`], the OpenAI-shaped refusal both servers answer with; and [`otel`],
-//! distributed tracing for the proxy; [`tenants`], the `[[tenants]]` and their keys.
+//! distributed tracing for the proxy; [`tenants`], the `[[tenants]]` and their keys;
+//! [`tls`], rustls for `[tls]` and for `https` workers and collectors.
 //!
 //! Both servers start it the same way, with [`start`], and ask it the same question
 //! for every request ([`ask::question`]): a buffered body and its headers in, the pool
@@ -33,6 +34,7 @@ pub mod scrape;
 pub mod span_drops;
 mod start;
 pub mod tenants;
+pub mod tls;
 pub mod tokenize;
 pub mod trust;
 

@@ -24,6 +24,16 @@ pub struct ServeArgs {
     /// Routing mode, overriding `router.mode` (kv, round-robin, random, ...).
     #[arg(long)]
     pub mode: Option<String>,
+    /// Serve TLS with this PEM certificate chain, overriding `tls.cert_path` (needs
+    /// --tls-key or `tls.key_path`). The files are read again when they change, every
+    /// `tls.reload_interval_ms` (default 10,000); a pair that fails to load leaves the
+    /// old one serving. `https://` workers and OTLP collectors are verified against the
+    /// system's roots, or the PEM bundle of `upstream_tls.ca_path`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert, overriding `tls.key_path`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
     /// Any other key, e.g. --set limits.body_bytes_max=1048576 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
@@ -64,9 +74,15 @@ impl Tokenize for ServeTokenizer {
 /// Reads the file and applies the flags.
 pub fn load_config(a: &ServeArgs) -> Result<ProxyConfig, String> {
     let text = std::fs::read_to_string(&a.config).map_err(|e| format!("cannot read {}: {e}", a.config.display()))?;
-    let listen = a.listen.iter().map(|l| ("listen".to_string(), format!("{l:?}"))).collect();
+    let mut overrides: Vec<(String, String)> =
+        a.listen.iter().map(|l| ("listen".to_string(), format!("{l:?}"))).collect();
+    for (key, path) in [("tls.cert_path", &a.tls_cert), ("tls.key_path", &a.tls_key)] {
+        if let Some(p) = path {
+            overrides.push((key.into(), format!("{:?}", p.display().to_string())));
+        }
+    }
     let origin = a.config.display().to_string();
-    config_with_flags(ProxyConfig::from_toml_with_overrides, &text, &origin, listen, a.mode.as_ref(), &a.sets)
+    config_with_flags(ProxyConfig::from_toml_with_overrides, &text, &origin, overrides, a.mode.as_ref(), &a.sets)
 }
 
 /// How a subcommand turns a file and its overrides into a configuration.
@@ -140,9 +156,10 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     rt.block_on(async move {
         let handle = kvroute_proxy::serve(cfg.clone(), tokenizers).await.map_err(|e| e.to_string())?;
         eprintln!(
-            "kvroute: serving {} model(s), {} worker(s) on http://{}",
+            "kvroute: serving {} model(s), {} worker(s) on {}://{}",
             cfg.models.len(),
             cfg.workers.len(),
+            if handle.is_tls() { "https" } else { "http" },
             handle.local_addr()
         );
         let discovery = crate::discover::start(&cfg, &handle).await?;
