@@ -168,6 +168,16 @@ fn main() -> Result<(), String> {
     };
     for &speedup in &a.speedups {
         let reqs = requests(&a, speedup)?;
+        let floor = kvroute_sim::stats::Dist::of(&mut kvroute_sim::bound::ttft_lower_bounds_ms(
+            &reqs,
+            Some(u64::from(a.workers) * u64::from(a.blocks)),
+            engine.max_batched_tokens,
+            &engine.timing,
+        ));
+        println!(
+            "{{\"floor\":true,\"speedup\":{speedup},\"ttft_mean\":{:.1},\"ttft_p99\":{:.1}}}",
+            floor.mean, floor.p99
+        );
         let rep = run(&rcfg, &reqs, &mut TextTreeRule::new(a.workers, TextTreeConfig::default()))?;
         line("text-tree", speedup, &rep);
         if let Some(path) = &a.records {

@@ -135,7 +135,7 @@ pub struct TtftWeights {
     /// at the worker's KV usage with it, plus what its blocks add to the steps of the
     /// requests decoding there. Decode steps slow down as KV usage grows, so this is what
     /// spreads decode work and keeps end-to-end latency even. Small, since it prices a
-    /// whole output against one prompt's wait. Default 0.05.
+    /// whole output against one prompt's wait. Default 0.1.
     pub decode_time_weight: f64,
     /// Output tokens expected of a request that names none, for the decode time term.
     /// Default 128.
@@ -172,7 +172,7 @@ impl Default for TtftWeights {
     }
 }
 
-const DECODE_TIME_WEIGHT: f64 = 0.05;
+const DECODE_TIME_WEIGHT: f64 = 0.1;
 const STORE_MS: f64 = 1.0;
 const KEEP_MS: f64 = 20.0;
 const KEEP_MS_MAX: f64 = 200.0;
