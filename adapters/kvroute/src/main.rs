@@ -21,7 +21,7 @@ mod report;
 mod serve;
 mod tok;
 
-/// KV-cache-aware request router for LLM inference fleets (vLLM, SGLang, TensorRT-LLM).
+/// KV-cache-aware request router for LLM inference fleets (tested against vLLM).
 ///
 /// kvroute sends each request to the worker that serves it fastest, weighing which
 /// worker already holds the prompt's prefix in its KV cache, how loaded each worker is,
@@ -46,7 +46,7 @@ enum Cmd {
     /// Route requests to a fleet of OpenAI-compatible workers (the production proxy).
     ///
     /// Serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models in
-    /// front of vLLM, SGLang, TensorRT-LLM or `kvroute sim-worker` servers, choosing a
+    /// front of vLLM, other OpenAI-compatible or `kvroute sim-worker` servers, choosing a
     /// worker per request by prefix cache, load and session affinity. Workers that name a
     /// `kv_events` endpoint feed the exact prefix index over ZeroMQ; the others are
     /// predicted. Admin: GET/POST /workers, DELETE /workers/{id}, POST /route/preview,
