@@ -12,7 +12,7 @@ use crate::http;
 use crate::router::{build_binary, Kvroute};
 
 /// Warm-up requests sent to a worker before its events are declared lost.
-const FOLLOW_TRIES_MAX: u64 = 5;
+const FOLLOW_TRIES_MAX: u64 = 8;
 
 /// KV blocks of the small-cache server (worker 2), so a dozen prompts evict.
 pub const SMALL_CACHE_BLOCKS: usize = 96;
@@ -110,7 +110,7 @@ impl Fleet {
             served_by.push(served);
             assert_eq!(served, id, "a request pinned to worker {id} was served by {served}");
             let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_secs(10) && self.preview(&body).overlap(id) < 2 {
+            while t0.elapsed() < Duration::from_secs(15) && self.preview(&body).overlap(id) < 2 {
                 std::thread::sleep(Duration::from_millis(100));
             }
             if self.preview(&body).overlap(id) >= 2 {
