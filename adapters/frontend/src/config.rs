@@ -298,8 +298,10 @@ pub struct RoutingConfig {
     /// How long an idle session stays bound, in ms (default 300,000).
     pub lease_ttl_ms: u64,
     /// `hard` (default: a session never moves while its worker is available, and
-    /// re-binds when it is ejected, draining or gone) or `soft` (also re-binds when the
-    /// worker is ineligible for a request).
+    /// re-binds when it is ejected, draining or gone), `soft` (also re-binds when the
+    /// worker is ineligible for a request) or `cost` (the binding places nothing: the kv
+    /// cost weighs the session's worker, whose cache already counts, against the others,
+    /// and the session follows its latest request).
     #[serde(deserialize_with = "from_str")]
     pub affinity_mode: AffinityModeName,
     /// Requests tracked per model: booked, streaming, queued or waiting (default 65,536).
@@ -745,7 +747,8 @@ impl FromStr for AffinityModeName {
         match s {
             "hard" => Ok(AffinityModeName(AffinityMode::Hard)),
             "soft" => Ok(AffinityModeName(AffinityMode::Soft)),
-            _ => Err(format!("unknown affinity mode {s:?}; expected hard or soft")),
+            "cost" => Ok(AffinityModeName(AffinityMode::Cost)),
+            _ => Err(format!("unknown affinity mode {s:?}; expected hard, soft or cost")),
         }
     }
 }

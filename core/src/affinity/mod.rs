@@ -47,6 +47,12 @@ pub enum AffinityMode {
     /// [`Acquire::Bound`] names a worker it would not pick, releases that lease,
     /// invalidates the binding's revision and acquires again to initialize afresh.
     Soft,
+    /// The binding places nothing: the selector weighs the session's worker like any
+    /// other, whose cached prefix (and, in `kv` mode, the prefix it would leave behind)
+    /// already counts. When another worker wins, the façade releases the binding, so
+    /// the session follows its latest request. Concurrent requests of one session still
+    /// wait for the first one's placement, as in the other modes.
+    Cost,
 }
 
 /// Limits and knobs of an [`AffinityTable`].

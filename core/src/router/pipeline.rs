@@ -27,7 +27,7 @@ impl Router {
             SessionStep::Go(b) => b,
         };
         let binding = self.unless_refused(fk, binding);
-        let placed = match self.place(now, fk, binding, true) {
+        let placed = match self.place(now, fk, self.placing(fk, binding), true) {
             Err(RouteError::Pin(_)) if self.soft_binding_only(fk, binding) => {
                 // A soft binding is a preference: drop it and place the request afresh.
                 self.drop_binding(now, fk);
@@ -37,6 +37,7 @@ impl Router {
         };
         match placed {
             Placed::Routed(r) => {
+                self.follow(now, fk, binding, &r);
                 self.set_state(fk, State::Booked(r.target));
                 Ok(Decision::Routed(r))
             }
@@ -55,6 +56,7 @@ impl Router {
         // The pipeline reads the request from the flight table; a preview borrows a slot
         // there for the duration of the call and always gives it back.
         let saved = self.flights.insert(fk, Flight { req: req.clone(), draw, state: State::New, hold: Hold::None });
+        let binding = self.placing(fk, binding);
         let out = self.place(now, fk, binding, false);
         self.flights.remove(&fk);
         if let Some(prev) = saved {
@@ -116,9 +118,30 @@ impl Router {
 
     /// True when the request's only pin is a soft session binding.
     fn soft_binding_only(&self, fk: FlightKey, binding: Option<Binding>) -> bool {
-        self.cfg.affinity.mode == AffinityMode::Soft
-            && binding.is_some()
-            && self.flights.get(&fk).is_some_and(|f| pin::explicit_pin(fk.phase, &f.req.hints).is_none())
+        self.cfg.affinity.mode == AffinityMode::Soft && self.binding_only(fk, binding)
+    }
+
+    /// True when the request has a session binding and no explicit pin.
+    fn binding_only(&self, fk: FlightKey, binding: Option<Binding>) -> bool {
+        binding.is_some() && self.flights.get(&fk).is_some_and(|f| pin::explicit_pin(fk.phase, &f.req.hints).is_none())
+    }
+
+    /// The binding the request is placed by: none in [`AffinityMode::Cost`] when it is
+    /// the only pin (the selector weighs the bound worker like the others).
+    fn placing(&self, fk: FlightKey, binding: Option<Binding>) -> Option<Binding> {
+        if self.cfg.affinity.mode == AffinityMode::Cost && self.binding_only(fk, binding) {
+            return None;
+        }
+        binding
+    }
+
+    /// In [`AffinityMode::Cost`], a request placed away from its session's worker
+    /// releases the binding: the session's next request binds where it goes.
+    fn follow(&mut self, now: Instant, fk: FlightKey, binding: Option<Binding>, r: &Routed) {
+        let moved = binding.is_some_and(|b| b.worker != r.target.worker);
+        if moved && self.cfg.affinity.mode == AffinityMode::Cost && self.binding_only(fk, binding) {
+            self.drop_binding(now, fk);
+        }
     }
 
     /// Releases the flight's lease and invalidates the binding it was taken on.
@@ -337,7 +360,7 @@ impl Router {
                 continue;
             };
             let binding = self.unless_refused(fk, self.binding_of(fk));
-            let mut placed = self.place(now, fk, binding, true);
+            let mut placed = self.place(now, fk, self.placing(fk, binding), true);
             if matches!(placed, Err(RouteError::Pin(_))) && self.soft_binding_only(fk, binding) {
                 self.drop_binding(now, fk);
                 placed = self.place(now, fk, None, true);
@@ -345,6 +368,7 @@ impl Router {
             match placed {
                 Ok(Placed::AllBusy { .. }) => return,
                 Ok(Placed::Routed(r)) => {
+                    self.follow(now, fk, binding, &r);
                     self.pop_peeked();
                     self.tickets.remove(&ticket);
                     self.set_state(fk, State::Booked(r.target));

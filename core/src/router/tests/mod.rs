@@ -661,3 +661,38 @@ fn a_refusal_moves_one_request_and_keeps_the_binding_while_a_failure_moves_it() 
         check_refused(mode, DispatchFailure::Worker, false);
     }
 }
+
+/// A session's first request binds it to worker 0 (the only one then); worker 1 joins
+/// holding all 8 blocks of the session's next prompt. Where the next request goes, and
+/// where the session is bound afterwards, by affinity mode.
+fn check_binding_mode(mode: crate::affinity::AffinityMode, want_target: u64, want_bound: u64) {
+    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+    cfg.affinity.mode = mode;
+    let mut r = Router::new(cfg);
+    r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(0, WorkerRole::Aggregated))).unwrap();
+    let first = routed(r.handle_request(T0, Request { session: Some(b"s".to_vec()), ..req(1, &[1]) }, Draw(0)));
+    r.handle_dispatched(T0, first.id, first.phase).unwrap();
+    r.handle_finished(T0, first.id, first.phase).unwrap();
+    r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(1, WorkerRole::Aggregated))).unwrap();
+    let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
+    let stored = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
+    r.handle_kv_event(T0, WorkerKey::new(1, 0), stored).unwrap();
+    let next = Request { session: Some(b"s".to_vec()), ..req(2, &[1, 2, 3, 4, 5, 6, 7, 8, 9]) };
+    let d = routed(r.handle_request(T0, next, Draw(0)));
+    r.handle_dispatched(T0, d.id, d.phase).unwrap();
+    assert_eq!(d.target.worker.0, want_target, "{mode:?}: the next request");
+    // A released binding is bound again by the session's next request, where it goes.
+    let then = routed(r.handle_request(T0, Request { session: Some(b"s".to_vec()), ..req(3, &[1, 2]) }, Draw(0)));
+    r.handle_dispatched(T0, then.id, then.phase).unwrap();
+    let bound = r.affinity.peek(b"s", Phase::Aggregated).map(|b| b.worker.0);
+    assert_eq!(bound, Some(want_bound), "{mode:?}: the binding afterwards");
+    invariants(&r);
+}
+
+#[test]
+fn a_cost_binding_follows_the_cache_while_hard_and_soft_ones_stay() {
+    use crate::affinity::AffinityMode::{Cost, Hard, Soft};
+    check_binding_mode(Hard, 0, 0);
+    check_binding_mode(Soft, 0, 0);
+    check_binding_mode(Cost, 1, 1);
+}
