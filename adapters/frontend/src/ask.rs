@@ -102,7 +102,7 @@ pub async fn question_timed(
     }
     let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
     let salted = match cx.cache_salt {
-        Some(salt) if endpoint != Endpoint::Embeddings => {
+        Some(salt) if endpoint.takes_cache_salt() => {
             let s = salt.combine(parsed.cache_salt.as_deref());
             json["cache_salt"] = Value::String(s.clone());
             parsed.cache_salt = Some(s);
@@ -130,8 +130,10 @@ pub async fn question_timed(
 
 /// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
 async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
-    if let Prompt::Tokens(t) = prompt {
-        return t.clone();
+    match prompt {
+        Prompt::Tokens(t) => return t.clone(),
+        Prompt::Absent => return Vec::new(),
+        _ => {}
     }
     let Some(tok) = cx.tokenizers.get(model).cloned() else {
         cx.metrics.fallback(model, "no_tokenizer");
@@ -141,6 +143,7 @@ async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_
     let run = move || {
         let out = match &prompt {
             Prompt::Text(t) => tok.encode_text(t),
+            Prompt::ChatBody(chat) => tok.encode_chat(chat),
             _ => tok.encode_chat(&body),
         };
         // Boxed: the request travels back for the fallback, and Err stays small.
@@ -167,6 +170,8 @@ fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
         Prompt::Text(t) => fallback_text(t),
         Prompt::Tokens(t) => t.clone(),
         Prompt::Chat => fallback_chat(body),
+        Prompt::ChatBody(chat) => fallback_chat(chat),
+        Prompt::Absent => Vec::new(),
     }
 }
 

@@ -18,6 +18,16 @@ pub enum Endpoint {
     Completions,
     /// `POST /v1/embeddings`
     Embeddings,
+    /// `POST /v1/responses`: routed by its input as a chat
+    Responses,
+    /// `POST /v1/score`, `/score`: routed by its query (`queries`, `text_1`, `data_1`)
+    Score,
+    /// `POST /v1/rerank`, `/rerank`, `/v2/rerank`: routed by its `query`
+    Rerank,
+    /// `POST /tokenize`: no cache work, routed by load
+    Tokenize,
+    /// `POST /detokenize`: no cache work, routed by load
+    Detokenize,
 }
 
 impl Endpoint {
@@ -32,6 +42,12 @@ impl Endpoint {
         } else {
             None
         }
+    }
+
+    /// Whether the engine's request takes a `cache_salt`, so that an isolated tenant's
+    /// salt goes into the forwarded body. Tokenizing touches no cache.
+    pub fn takes_cache_salt(self) -> bool {
+        matches!(self, Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Score | Endpoint::Rerank)
     }
 }
 
@@ -79,6 +95,12 @@ pub enum Prompt {
     Text(String),
     /// Token ids given by the client (the first prompt of a batch).
     Tokens(Vec<u32>),
+    /// A chat built from another endpoint's body (a Responses API request): the
+    /// tokenizer gets this chat body instead of the request's.
+    ChatBody(Value),
+    /// Nothing to route on (`/tokenize`, `/detokenize`, a multimodal query): the request
+    /// routes by load alone.
+    Absent,
 }
 
 /// A parsed request body.
@@ -108,6 +130,8 @@ pub fn parse(endpoint: Endpoint, body: &mut Value) -> Result<Parsed, ApiError> {
     };
     let model = match obj.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        // vLLM's tokenizer endpoints take no model: the default model's pool serves them.
+        None | Some(Value::Null) if matches!(endpoint, Endpoint::Tokenize | Endpoint::Detokenize) => String::new(),
         _ => return Err(ApiError::bad_request("`model` must be a non-empty string")),
     };
     let prompt = match endpoint {
@@ -117,6 +141,12 @@ pub fn parse(endpoint: Endpoint, body: &mut Value) -> Result<Parsed, ApiError> {
         },
         Endpoint::Completions => prompt_field(obj, "prompt")?,
         Endpoint::Embeddings => prompt_field(obj, "input")?,
+        Endpoint::Responses => Prompt::ChatBody(
+            kvroute_tokenize::responses::responses_chat(obj).map_err(|e| ApiError::bad_request(e.to_string()))?,
+        ),
+        Endpoint::Score => score_query(obj)?,
+        Endpoint::Rerank => query_field(obj.get("query"), "query")?,
+        Endpoint::Tokenize | Endpoint::Detokenize => Prompt::Absent,
     };
     let cache_salt = match obj.get("cache_salt") {
         Some(Value::String(s)) => Some(s.clone()),
@@ -140,6 +170,30 @@ fn prompt_field(obj: &Map<String, Value>, key: &str) -> Result<Prompt, ApiError>
             Some(_) => Err(bad()),
         },
         _ => Err(bad()),
+    }
+}
+
+/// A score request's query side: `queries`, `text_1` or `data_1`, whichever it names.
+fn score_query(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let key = ["queries", "text_1", "data_1"].into_iter().find(|k| obj.contains_key(*k));
+    match key {
+        Some(k) => query_field(obj.get(k), k),
+        None => Err(ApiError::bad_request("a score request needs `queries` (or `text_1`, `data_1`)")),
+    }
+}
+
+/// A query: a string routes by its text (the first of a list); a multimodal query
+/// (an object) routes by load.
+fn query_field(v: Option<&Value>, key: &str) -> Result<Prompt, ApiError> {
+    match v {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.first() {
+            Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+            Some(Value::Object(_)) => Ok(Prompt::Absent),
+            _ => Err(ApiError::bad_request(format!("`{key}` must be a string or a list of strings"))),
+        },
+        Some(Value::Object(_)) => Ok(Prompt::Absent),
+        _ => Err(ApiError::bad_request(format!("`{key}` must be a string or a list of strings"))),
     }
 }
 

@@ -129,6 +129,10 @@ async fn prepare_traced(
     crate::trace::stages(trace.as_ref(), asked, parsed);
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
     let Question { pool, mut request, forward_body, preview, endpoint } = q;
+    // A model the tenant may not use is one it cannot see: 404, as for no model at all.
+    if tenant.is_some_and(|t| !t.may_use(&pool.name)) {
+        return Err(ApiError::model_not_found(&pool.name));
+    }
     if let Some(t) = tenant {
         request.tenant = t.id;
     }

@@ -35,10 +35,12 @@ pub mod auth;
 pub mod body;
 pub mod disagg;
 pub mod drain;
+mod endpoints;
 pub mod handler;
 pub mod health;
 mod limits;
 pub mod migrate;
+pub mod models;
 mod outliers;
 mod prepared;
 mod quota;
@@ -119,6 +121,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         replica,
         scrapes: Arc::default(),
         tracing,
+        models: models::ModelsCache::default(),
         fleet,
         tokenizers,
         cfg,

@@ -39,6 +39,7 @@ mod files;
 mod inner;
 mod pyfmt;
 mod request;
+pub mod responses;
 mod segment;
 mod strftime;
 mod template;
