@@ -47,7 +47,10 @@ impl Endpoint {
     /// Whether the engine's request takes a `cache_salt`, so that an isolated tenant's
     /// salt goes into the forwarded body. Tokenizing touches no cache.
     pub fn takes_cache_salt(self) -> bool {
-        matches!(self, Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Score | Endpoint::Rerank)
+        matches!(
+            self,
+            Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Score | Endpoint::Rerank
+        )
     }
 }
 

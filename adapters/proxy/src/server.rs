@@ -29,9 +29,9 @@ use tokio::task::JoinSet;
 use crate::admin;
 use crate::auth::{self, Caller};
 use crate::body::ProxyBody;
+use crate::endpoints;
 use crate::error::ApiError;
 use crate::handler;
-use crate::endpoints;
 use crate::state::State;
 
 /// How a shutdown went.
@@ -73,7 +73,9 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
     }
     let result = match (req.method(), path.as_str()) {
         (&Method::GET, "/v1/models") => Ok(admin::models(&state, caller.as_ref().ok()).await),
-        (&Method::GET, p) if p.starts_with("/v1/models/") => admin::model(&state, caller.as_ref().ok(), &p["/v1/models/".len()..]).await,
+        (&Method::GET, p) if p.starts_with("/v1/models/") => {
+            admin::model(&state, caller.as_ref().ok(), &p["/v1/models/".len()..]).await
+        }
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
         (&Method::GET, "/metrics") => Ok(admin::metrics(&state).await),

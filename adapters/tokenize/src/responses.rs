@@ -143,7 +143,8 @@ fn join_assistant(messages: &mut Vec<Value>, field: &str, value: Value) {
 
 /// A message item as a chat message: `type` dropped, text parts renamed.
 fn with_text_parts(obj: &Map<String, Value>) -> Value {
-    let mut m: Map<String, Value> = obj.iter().filter(|(k, _)| *k != "type" && *k != "id").map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut m: Map<String, Value> =
+        obj.iter().filter(|(k, _)| *k != "type" && *k != "id").map(|(k, v)| (k.clone(), v.clone())).collect();
     if let Some(Value::Array(parts)) = m.get_mut("content") {
         for p in parts.iter_mut() {
             if matches!(p.get("type").and_then(Value::as_str), Some("input_text" | "output_text")) {
@@ -157,7 +158,8 @@ fn with_text_parts(obj: &Map<String, Value>) -> Value {
 /// A flat Responses function tool as a chat tool; `None` for other tool types.
 fn chat_tool(tool: &Value) -> Option<Value> {
     let obj = tool.as_object().filter(|o| o.get("type") == Some(&json!("function")))?;
-    let function: Map<String, Value> = obj.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
+    let function: Map<String, Value> =
+        obj.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
     Some(json!({"type": "function", "function": function}))
 }
 
@@ -215,7 +217,10 @@ mod tests {
         check(json!({"input": 3}), Err(ResponsesError::BadInput));
         check(json!({"input": "x", "instructions": 1}), Err(ResponsesError::BadInstructions));
         check(json!({"input": ["x"]}), Err(ResponsesError::BadItem { index: 0 }));
-        check(json!({"input": [{"role": "user", "content": "a"}, {"type": "web_search"}]}), Err(ResponsesError::BadItem { index: 1 }));
+        check(
+            json!({"input": [{"role": "user", "content": "a"}, {"type": "web_search"}]}),
+            Err(ResponsesError::BadItem { index: 1 }),
+        );
         check(json!({"input": [{"type": "function_call", "name": "f"}]}), Err(ResponsesError::BadItem { index: 0 }));
     }
 
@@ -226,7 +231,10 @@ mod tests {
             {"type": "web_search"},
         ]});
         let chat = responses_chat(body.as_object().unwrap()).unwrap();
-        assert_eq!(chat["tools"], json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]));
+        assert_eq!(
+            chat["tools"],
+            json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+        );
         let empty = json!({"input": "x", "tools": []});
         assert!(responses_chat(empty.as_object().unwrap()).unwrap().get("tools").is_none());
     }
