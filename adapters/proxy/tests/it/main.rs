@@ -4,6 +4,7 @@
 
 mod admin;
 mod disagg;
+mod endpoints;
 mod failover;
 mod failures;
 mod fake;
