@@ -23,6 +23,7 @@ mod limits;
 mod metrics;
 mod migration;
 mod openai_client;
+mod openai_endpoints;
 mod otel;
 mod refusals;
 mod release;
