@@ -353,6 +353,18 @@ mod tests {
         check(Completions, json!({"model": "m", "prompt": {}}), Err("prompt"));
         check(Embeddings, json!({"model": "m", "input": "x"}), Ok(Prompt::Text("x".into())));
         check(Embeddings, json!({"model": "m"}), Err("input"));
+        let chat = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]});
+        check(Responses, json!({"model": "m", "instructions": "s", "input": "q"}), Ok(Prompt::ChatBody(chat)));
+        check(Responses, json!({"model": "m", "input": 7}), Err("input"));
+        check(Score, json!({"model": "m", "queries": "q", "documents": ["d"]}), Ok(Prompt::Text("q".into())));
+        check(Score, json!({"model": "m", "text_1": ["q1", "q2"], "text_2": ["d"]}), Ok(Prompt::Text("q1".into())));
+        check(Score, json!({"model": "m", "data_1": {"content": []}, "data_2": "d"}), Ok(Prompt::Absent));
+        check(Score, json!({"model": "m", "documents": ["d"]}), Err("queries"));
+        check(Rerank, json!({"model": "m", "query": "q", "documents": ["d"]}), Ok(Prompt::Text("q".into())));
+        check(Rerank, json!({"model": "m", "query": 3}), Err("query"));
+        check(Tokenize, json!({"prompt": "x"}), Ok(Prompt::Absent));
+        check(Detokenize, json!({"model": "m", "tokens": [1]}), Ok(Prompt::Absent));
+        check(Embeddings, json!({"input": "x"}), Err("model"));
         check(Chat, json!([1]), Err("JSON object"));
         check(Chat, json!({"model": "m", "messages": [{}], "kvroute": {"prio": 1}}), Err("kvroute"));
     }
