@@ -9,6 +9,10 @@ use serde_json::{json, Value};
 
 use crate::support::{fast_config, post, start};
 
+/// A request (path and body), the status it gets, and `(JSON pointer, value)` pairs
+/// that hold in the answer.
+type Case = (&'static str, Value, u16, Vec<(&'static str, Value)>);
+
 /// `path` with `body` answers `status`, and each `(JSON pointer, value)` of `want`
 /// holds in the answer.
 #[track_caller]
@@ -29,7 +33,7 @@ async fn ask(a: SocketAddr, path: &str, body: &Value) -> (StatusCode, Value) {
 async fn pooling_and_responses_answer_in_vllms_shapes() {
     let w = start(fast_config()).await;
     let a = w.http_addr();
-    let cases: Vec<(&str, Value, u16, Vec<(&str, Value)>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "/v1/responses",
             json!({"model": "sim-test", "input": "hello there", "instructions": "be brief", "max_output_tokens": 3}),
