@@ -31,6 +31,22 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint served at `path` (a query is ignored), whatever the method: every
+    /// inference path of vLLM, with its aliases. The proxy and the picker share it.
+    pub fn at(path: &str) -> Option<Self> {
+        Some(match path.split('?').next().unwrap_or(path) {
+            "/v1/chat/completions" => Endpoint::Chat,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/embeddings" => Endpoint::Embeddings,
+            "/v1/responses" => Endpoint::Responses,
+            "/v1/score" | "/score" => Endpoint::Score,
+            "/v1/rerank" | "/rerank" | "/v2/rerank" => Endpoint::Rerank,
+            "/tokenize" => Endpoint::Tokenize,
+            "/detokenize" => Endpoint::Detokenize,
+            _ => return None,
+        })
+    }
+
     /// The endpoint a body looks like (for `/route/preview`): `messages`, `prompt`, `input`.
     pub fn guess(body: &Value) -> Option<Self> {
         if body.get("messages").is_some() {

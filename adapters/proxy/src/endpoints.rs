@@ -28,25 +28,11 @@ use http::{Method, StatusCode};
 use crate::error::ApiError;
 use crate::request::Endpoint;
 
-/// The proxied endpoint at `path`, whatever the method.
-pub(crate) fn at(path: &str) -> Option<Endpoint> {
-    Some(match path {
-        "/v1/chat/completions" => Endpoint::Chat,
-        "/v1/completions" => Endpoint::Completions,
-        "/v1/embeddings" => Endpoint::Embeddings,
-        "/v1/responses" => Endpoint::Responses,
-        "/v1/score" | "/score" => Endpoint::Score,
-        "/v1/rerank" | "/rerank" | "/v2/rerank" => Endpoint::Rerank,
-        "/tokenize" => Endpoint::Tokenize,
-        "/detokenize" => Endpoint::Detokenize,
-        _ => return None,
-    })
-}
-
 /// The endpoint a request to `method path` is for: `Ok(None)` for a path the proxy
-/// does not forward, 405 for a forwarded path with another method than `POST`.
+/// does not forward, 405 for a forwarded path with another method than `POST`. The
+/// paths are [`Endpoint::at`]'s, which the endpoint picker shares.
 pub(crate) fn proxied(method: &Method, path: &str) -> Result<Option<Endpoint>, ApiError> {
-    match at(path) {
+    match Endpoint::at(path) {
         Some(e) if method == Method::POST => Ok(Some(e)),
         Some(_) => Err(wrong_method(path)),
         None => Ok(None),
