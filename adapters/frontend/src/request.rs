@@ -47,17 +47,28 @@ impl Endpoint {
         })
     }
 
-    /// The endpoint a body looks like (for `/route/preview`): `messages`, `prompt`, `input`.
+    /// The endpoint a body looks like (for `/route/preview`): `messages`, `prompt`;
+    /// `input` with `instructions`, `max_output_tokens` or items (objects) is a
+    /// Responses API request, else embeddings; `query` is a rerank, `queries`, `text_1`
+    /// or `data_1` a score.
     pub fn guess(body: &Value) -> Option<Self> {
-        if body.get("messages").is_some() {
-            Some(Endpoint::Chat)
-        } else if body.get("prompt").is_some() {
-            Some(Endpoint::Completions)
-        } else if body.get("input").is_some() {
-            Some(Endpoint::Embeddings)
+        let has = |k: &str| body.get(k).is_some();
+        let items = matches!(body.get("input"), Some(Value::Array(a)) if a.first().is_some_and(Value::is_object));
+        Some(if has("messages") {
+            Endpoint::Chat
+        } else if has("prompt") {
+            Endpoint::Completions
+        } else if has("input") && (items || has("instructions") || has("max_output_tokens")) {
+            Endpoint::Responses
+        } else if has("input") {
+            Endpoint::Embeddings
+        } else if has("query") {
+            Endpoint::Rerank
+        } else if has("queries") || has("text_1") || has("data_1") {
+            Endpoint::Score
         } else {
-            None
-        }
+            return None;
+        })
     }
 
     /// Whether the engine's request takes a `cache_salt`, so that an isolated tenant's
@@ -383,6 +394,24 @@ mod tests {
         check(Embeddings, json!({"input": "x"}), Err("model"));
         check(Chat, json!([1]), Err("JSON object"));
         check(Chat, json!({"model": "m", "messages": [{}], "kvroute": {"prio": 1}}), Err("kvroute"));
+    }
+
+    #[test]
+    fn a_preview_body_names_its_endpoint() {
+        use Endpoint::*;
+        for (body, want) in [
+            (json!({"messages": []}), Some(Chat)),
+            (json!({"prompt": "x"}), Some(Completions)),
+            (json!({"input": "x"}), Some(Embeddings)),
+            (json!({"input": [1, 2]}), Some(Embeddings)),
+            (json!({"input": "x", "instructions": "s"}), Some(Responses)),
+            (json!({"input": [{"role": "user", "content": "x"}]}), Some(Responses)),
+            (json!({"query": "q", "documents": []}), Some(Rerank)),
+            (json!({"text_1": "q", "text_2": "d"}), Some(Score)),
+            (json!({"model": "m"}), None),
+        ] {
+            assert_eq!(Endpoint::guess(&body), want, "{body}");
+        }
     }
 
     #[test]

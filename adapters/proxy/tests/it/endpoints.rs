@@ -18,6 +18,8 @@ use crate::*;
 pub const KEY_ALL: &str = "sk-endpoints-all-0123456789";
 /// A tenant that may use model `n` only.
 pub const KEY_N: &str = "sk-endpoints-n-0123456789";
+/// A tenant with one request in progress at most.
+const KEY_ONE: &str = "sk-endpoints-one-0123456789";
 
 fn sha256_hex(key: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, key.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect()
@@ -44,6 +46,7 @@ impl Gateway {
         cfg.tenants = serde_json::from_value(json!([
             {"name": "all", "api_key_sha256": sha256_hex(KEY_ALL)},
             {"name": "narrow", "api_key_sha256": sha256_hex(KEY_N), "models": ["n"]},
+            {"name": "one", "api_key_sha256": sha256_hex(KEY_ONE), "concurrent_max": 1},
         ]))
         .unwrap();
         let proxy = start(cfg).await;
@@ -172,6 +175,31 @@ async fn salts_go_where_vllm_takes_them_and_keys_go_nowhere() {
         assert_eq!(s.body["cache_salt"].is_string(), *salted, "{path}: {}", s.body);
         assert!(s.headers.get("authorization").is_none(), "{path}: the key reached the worker");
     }
+    g.stop().await;
+}
+
+/// The new endpoints are under the tenant's limits like the others: while one request
+/// of a `concurrent_max = 1` tenant is in progress, each gets a 429 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_is_under_the_tenants_limits() {
+    let g = Gateway::start().await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    g.n.set(Behavior::Gated { chunks: crate::fake::sse_chunks(2), gate: gate.clone() });
+    let addr = g.addr();
+    let held = tokio::spawn(async move {
+        let body = json!({"model": "n", "input": "held", "stream": true});
+        let auth = format!("Bearer {KEY_ONE}");
+        post(addr, "/v1/responses", &[("authorization", auth.as_str())], &body).await
+    });
+    eventually(10_000, "the held request reached its worker", || async { g.n.seen().len() == 1 }).await;
+    let over = [("/error/code", json!("rate_limit_exceeded"))];
+    for (path, mut body, _, _) in every_endpoint() {
+        body["model"] = json!("n");
+        let a = check(addr, &case(Method::POST, path, Some(KEY_ONE), Some(body)).is(429, &over)).await;
+        assert!(a.headers.contains_key("retry-after"), "{path}: no Retry-After");
+    }
+    gate.add_permits(2);
+    assert_eq!(within(10_000, held).await.unwrap().status, 200);
     g.stop().await;
 }
 

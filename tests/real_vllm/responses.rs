@@ -1,0 +1,52 @@
+//! The Responses API on real vLLM: kvroute renders a request's `instructions` and
+//! `input` as the chat vLLM builds from them, so it counts the prompt's tokens as vLLM
+//! does, its index holds the blocks vLLM's events announce, and a conversation resent
+//! with another turn goes where its prefix is cached and hits exactly the predicted
+//! blocks there.
+
+use serde_json::{json, Value};
+
+use crate::engine::{BLOCK_TOKENS, MODEL};
+use crate::fleet::{blocks, fleet};
+use crate::prompts::prose;
+
+/// `usage.input_tokens` and `usage.input_tokens_details.cached_tokens` of a response.
+fn usage(v: &Value) -> (u64, u64) {
+    let u = &v["usage"];
+    (
+        u["input_tokens"].as_u64().expect("usage.input_tokens"),
+        u["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+    )
+}
+
+#[test]
+fn a_responses_conversation_routes_on_the_prefix_vllm_caches() {
+    let Some(f) = fleet() else { return };
+    let first = json!({
+        "model": MODEL,
+        "instructions": prose(41, 220),
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": prose(42, 40)}]}],
+        "max_output_tokens": 4,
+        "temperature": 0,
+    });
+    let isl = f.preview(&first).isl_tokens();
+    assert!(isl > 3 * BLOCK_TOKENS as u64, "several blocks: {isl} tokens");
+    let a = f.send("/v1/responses", &first, None);
+    assert_eq!(a.body["object"], "response", "{}", a.body);
+    assert_eq!(usage(&a.body).0, isl, "kvroute tokenized the Responses request as vLLM did");
+    f.wait_overlap(&first, a.worker, blocks(isl));
+
+    let mut follow = first.clone();
+    let turns = follow["input"].as_array_mut().unwrap();
+    turns.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Noted."}]}));
+    turns.push(json!({"role": "user", "content": prose(43, 30)}));
+    let p = f.preview(&follow);
+    let predicted = p.overlap(a.worker);
+    assert_eq!(p.worker(), a.worker, "the follow-up goes where its prefix is: {}", p.0);
+    assert!(predicted >= 3, "predicted overlap {predicted} blocks: {}", p.0);
+    let b = f.send("/v1/responses", &follow, None);
+    assert_eq!(b.worker, a.worker, "served where the preview said");
+    let (input_tokens, cached) = usage(&b.body);
+    assert_eq!(input_tokens, p.isl_tokens(), "kvroute tokenized the follow-up as vLLM did");
+    assert_eq!(cached, predicted * BLOCK_TOKENS as u64, "vLLM's prefix-cache hit is the predicted overlap");
+}
