@@ -50,3 +50,24 @@ fn a_responses_conversation_routes_on_the_prefix_vllm_caches() {
     assert_eq!(input_tokens, p.isl_tokens(), "kvroute tokenized the follow-up as vLLM did");
     assert_eq!(cached, predicted * BLOCK_TOKENS as u64, "vLLM's prefix-cache hit is the predicted overlap");
 }
+
+#[test]
+fn the_openai_client_gets_whole_and_streamed_responses_through_kvroute() {
+    let Some(f) = fleet() else { return };
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("real_vllm/openai_responses.py");
+    let out = std::process::Command::new(&f.env.python)
+        .arg(&script)
+        .arg(f.router.base_url())
+        .arg(MODEL)
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "openai_responses.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let got: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let (whole, stream) = (&got["whole"], &got["stream"]);
+    assert_eq!(whole["output_tokens"], 12, "{got}");
+    assert_eq!(stream["first"], "response.created", "{got}");
+    assert_eq!(stream["last"], "response.completed", "{got}");
+    assert!(stream["deltas"].as_u64().unwrap_or(0) >= 4, "streamed in many events: {got}");
+    assert_eq!(stream["text"], stream["final_text"], "{got}");
+    assert_eq!(stream["text"], whole["text"], "greedy: the stream says what the whole answer says: {got}");
+}
