@@ -88,6 +88,9 @@ pub async fn question_timed(
     let had_kvroute = json.get("kvroute").is_some();
     let mut parsed = request::parse(endpoint, &mut json)?;
     let Some((pool, alias_lora)) = cx.fleet.resolve(&parsed.model) else {
+        if parsed.model.is_empty() {
+            return Err(ApiError::bad_request("`model` is required here: no default_model is configured"));
+        }
         return Err(ApiError::model_not_found(&parsed.model));
     };
     let pool = pool.clone();

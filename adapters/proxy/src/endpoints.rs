@@ -15,8 +15,9 @@
 //! | `/tokenize`, `/detokenize` | tokenizer | load alone: they touch no KV cache, so a prefix would only pull them to a busy worker |
 //!
 //! A multimodal query (an object instead of text) routes by load too. A body without a
-//! `model` reaches the default model's pool only for `/tokenize` and `/detokenize`,
-//! which vLLM serves without one. Migration of a broken stream applies to chat and
+//! `model` is refused (400), except for `/tokenize` and `/detokenize`, which vLLM
+//! serves without one: they reach the `default_model`'s pool, and without a default
+//! get the 400. Migration of a broken stream applies to chat and
 //! completions only, and only they take the disaggregated path.
 //!
 //! Not routed: the stored responses of `GET /v1/responses/{id}` and
