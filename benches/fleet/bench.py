@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE.parent / "real_fleet"))
 
 import analysis  # noqa: E402  (benches/real_fleet)
 import fleet  # noqa: E402  (benches/real_fleet)
+import floors  # noqa: E402
 import loadgen  # noqa: E402
 import metrics  # noqa: E402  (benches/real_fleet)
 import report  # noqa: E402
@@ -279,6 +280,10 @@ def main(argv=None):
     out["medians"] = report.medians(runs)
     out["kv_vs_best_peer"] = report.against_best_peer(out["medians"], [r for r in routers if r in fleet.PEERS])
     out["kv_vs_peers_paired_ttft"] = report.paired(runs, "kv", [r for r in routers if r != "kv"])
+    if args.fleet == "sim":
+        floor = floors.floors(reqs, shape, args.workers)
+        out["floors"] = {k: round(v, 1) for k, v in floor.items()}
+        out["targets_out_of_reach"] = floors.reach(floor, out["kv_vs_best_peer"], report.TARGETS)
     out["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     log("medians over rounds (latencies in model ms):\n" + report.table(out["medians"]))
     text = json.dumps(out, indent=1)

@@ -16,8 +16,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "real_fleet"))
 sys.path.insert(0, str(HERE))
 
+import floors  # noqa: E402
 import loadgen  # noqa: E402
 import report  # noqa: E402
+import simfleet  # noqa: E402
 import workloads  # noqa: E402
 import words  # noqa: E402
 
@@ -186,6 +188,51 @@ class Figures(unittest.TestCase):
         got = report.paired(runs, "kv", ["peer", "x"])
         self.assertEqual(got["peer"]["mean"]["ratio"], 0.5)
         self.assertNotIn("x", got)
+
+
+class Floors(unittest.TestCase):
+    SHAPE = simfleet.Shape(block_size=4, blocks_per_worker=10, max_batched_tokens=8)
+
+    def req(self, i, tokens, out=1):
+        return workloads.Request(index=i, arrival_s=float(i), tokens=tuple(tokens), output_tokens=out, group="g")
+
+    def check(self, prompts, workers, want_cached):
+        reqs = [self.req(i, p) for i, p in enumerate(prompts)]
+        got = floors.cached_tokens(reqs, self.SHAPE.block_size, workers * self.SHAPE.blocks_per_worker)
+        self.assertEqual(got, want_cached)
+
+    def test_the_cache_holds_earlier_full_blocks_never_the_whole_prompt(self):
+        a = list(range(12))
+        # The second copy of a 3-block prompt finds 2 blocks: its last token is computed.
+        self.check([a, a], 1, [0, 8])
+        # A longer prompt over it finds all 3; another prefix finds nothing.
+        self.check([a, a + [50, 51, 52, 53, 54]], 1, [0, 12])
+        self.check([a, [99] + a], 1, [0, 0])
+        # A 1-worker pool of 10 blocks: three 4-block prompts evict the first one's.
+        others = [[100 + k] * 16 for k in range(2)]
+        self.check([a + [7, 7, 7, 7]] + others + [a + [7, 7, 7, 7]], 1, [0, 0, 0, 0])
+        # Two workers pool 20 blocks: it is still there.
+        self.check([a + [7, 7, 7, 7]] + others + [a + [7, 7, 7, 7]], 2, [0, 0, 0, 12])
+
+    def test_the_floors_follow_the_reference_timing(self):
+        a = list(range(20))
+        reqs = [self.req(0, a, out=3), self.req(1, a, out=1)]
+        got = floors.floors(reqs, self.SHAPE, workers=1)
+        # 20 tokens in passes of 8: 2 x f_p(8) + f_p(4); then 16 cached leave 4: f_p(4).
+        first, second = 2 * floors.pass_ms(8) + floors.pass_ms(4), floors.pass_ms(4)
+        self.assertAlmostEqual(got["ttft_ms_mean"], (first + second) / 2)
+        # Two more tokens for the first at 5 of 10 blocks: f_d(0.5) = -6.435 + 27.005 + 5.74 = 26.31 each.
+        self.assertAlmostEqual(floors.step_ms(0.5), 26.31)
+        self.assertAlmostEqual(got["e2e_ms_mean"], (first + 2 * 26.31 + second) / 2)
+        self.assertEqual(got["ttft_ms_p99"], first)
+
+    def test_a_ratio_target_below_the_floor_is_out_of_reach(self):
+        against = {"ttft_ms_mean": {"best": 100.0}, "e2e_ms_mean": {"best": 1000.0}, "hit_rate": {"best": 0.3}}
+        got = floors.reach({"ttft_ms_mean": 85.0, "e2e_ms_mean": 900.0}, against, report.TARGETS)
+        self.assertEqual(got["ttft_ms_mean"]["floor_over_best_peer"], 0.85)
+        self.assertTrue(got["ttft_ms_mean"]["out_of_reach"])
+        self.assertFalse(got["e2e_ms_mean"]["out_of_reach"])
+        self.assertNotIn("hit_rate", got, "a >= target has no floor")
 
 
 class LoadGenerator(unittest.TestCase):

@@ -4,3 +4,4 @@
 mod core_smoke;
 mod fuzz_corpus;
 mod soak;
+mod tls;

@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::engine::{EngineEnv, Vllm, BLOCK_TOKENS};
+use crate::http;
 use crate::router::{build_binary, Kvroute};
+
+/// Warm-up requests sent to a worker before its events are declared lost.
+const FOLLOW_TRIES_MAX: u64 = 5;
 
 /// KV blocks of the small-cache server (worker 2), so a dozen prompts evict.
 pub const SMALL_CACHE_BLOCKS: usize = 96;
@@ -99,21 +103,41 @@ impl Fleet {
     #[track_caller]
     pub fn follow_events(&self, id: u64, seed: u64) {
         self.router.wait(Duration::from_secs(60), "kvroute's event streams connect", |r| r.streams_connected());
-        let mut tries = 0;
-        loop {
-            tries += 1;
+        let mut served_by = Vec::new();
+        for tries in 1..=FOLLOW_TRIES_MAX {
             let body = token_prompt(crate::engine::MODEL, &tokens(seed + tries, 130));
-            self.send("/v1/completions", &body, Some(id));
+            let served = self.send("/v1/completions", &body, Some(id)).worker;
+            served_by.push(served);
+            assert_eq!(served, id, "a request pinned to worker {id} was served by {served}");
             let t0 = Instant::now();
             while t0.elapsed() < Duration::from_secs(10) && self.preview(&body).overlap(id) < 2 {
                 std::thread::sleep(Duration::from_millis(100));
             }
             if self.preview(&body).overlap(id) >= 2 {
-                break;
+                eprintln!("real_vllm: worker {id}'s events reach the index (after {tries} request(s))");
+                return;
             }
-            assert!(tries < 5, "worker {id}'s KV events never reached kvroute's index");
         }
-        eprintln!("real_vllm: worker {id}'s events reach the index (after {tries} request(s))");
+        panic!(
+            "worker {id}'s KV events never reached kvroute's index after {FOLLOW_TRIES_MAX} requests \
+             (served by workers {served_by:?}).\nkvroute's view of the worker: {}\nkvroute's log ends:\n{}\n\
+             vLLM {id}'s log ends:\n{}",
+            self.worker_status(id),
+            self.router.log_tail(40),
+            self.engines.iter().find(|e| e.id == id).map(|e| e.log_tail(30)).unwrap_or_default()
+        );
+    }
+
+    /// Worker `id`'s entry in kvroute's `/workers` (its event streams' counters), for
+    /// failure messages.
+    fn worker_status(&self, id: u64) -> String {
+        match http::request(self.router.addr(), "GET", "/workers", &[], None, Duration::from_secs(5)) {
+            Ok(r) => serde_json::from_slice::<Value>(&r.body)
+                .ok()
+                .and_then(|v| v["workers"].as_array()?.iter().find(|w| w["id"] == id).cloned())
+                .map_or_else(|| r.text(), |w| w.to_string()),
+            Err(e) => format!("GET /workers failed: {e}"),
+        }
     }
 
     pub fn engine_mut(&mut self, id: u64) -> &mut Vllm {

@@ -125,10 +125,15 @@ impl Kvroute {
     /// Writes the config into `dir`, starts `bin serve`, and waits until it answers and
     /// every KV-event stream is connected.
     pub fn start(bin: &Path, dir: &Path, tokenizer: &Path, engines: &[Vllm]) -> Kvroute {
+        Self::start_with(bin, dir, "kvroute", |port| config(tokenizer, port, engines))
+    }
+
+    /// As [`Self::start`], with the config `config(port)` written as `<name>.toml`.
+    pub fn start_with(bin: &Path, dir: &Path, name: &str, config: impl FnOnce(u16) -> String) -> Kvroute {
         let port = free_port();
-        let cfg = dir.join("kvroute.toml");
-        std::fs::write(&cfg, config(tokenizer, port, engines)).expect("config written");
-        let log = dir.join("kvroute.log");
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(&cfg, config(port)).expect("config written");
+        let log = dir.join(format!("{name}.log"));
         let args = ["serve".to_string(), "--config".to_string(), cfg.display().to_string()];
         let envs = [("RUST_LOG", "info".to_string())];
         let proc = Proc::spawn("kvroute", bin, &args, &envs, &log);

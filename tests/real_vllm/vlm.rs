@@ -23,6 +23,8 @@ use serde_json::{json, Value};
 
 use crate::vlm_engine::{vlm_model, EventLog, VlmServer, VLM, VLM_BLOCK_TOKENS};
 
+mod route;
+
 const BS: usize = VLM_BLOCK_TOKENS as usize;
 const HITS: &str = "vllm:prefix_cache_hits_total";
 
@@ -95,6 +97,11 @@ struct Ctx {
     log: EventLog,
     media: MediaConfig,
     image_token_id: u32,
+    model: PathBuf,
+    dir: PathBuf,
+    /// kvroute in front of the server, once [`route::through_kvroute`] started it:
+    /// requests then go through it, and its preview is checked first.
+    front: Option<route::Front>,
 }
 
 fn data_url(bytes: &[u8]) -> String {
@@ -187,7 +194,10 @@ impl Ctx {
         let hit_blocks = predicted.min((p.tokens.len() - 1) / BS);
         let stored_before = self.log.stored.len();
         let hits_before = self.server.metric(HITS);
-        let r = self.server.post("/v1/chat/completions", &body);
+        let r = match &self.front {
+            None => self.server.post("/v1/chat/completions", &body),
+            Some(front) => front.chat(what, &body, &p, predicted),
+        };
         assert_eq!(r["usage"]["prompt_tokens"], p.tokens.len(), "{what}: vLLM's prompt length");
         let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
         assert_eq!(cached, (hit_blocks * BS) as u64, "{what}: vLLM's cached tokens, {predicted} blocks predicted");
@@ -282,7 +292,8 @@ fn start(family: &'static Family) -> Option<Ctx> {
     let media = media_config(&model);
     eprintln!("real_vllm: {}'s placeholder rule {:?}", family.name, media.rule);
     let server = VlmServer::start(&python, &model, &dir, family.name);
-    let mut ctx = Ctx { family, server, log: EventLog::new(), media, image_token_id: 0 };
+    let log = EventLog::new();
+    let mut ctx = Ctx { family, server, log, media, image_token_id: 0, model, dir, front: None };
     let id = ctx.tokenize(family.image_token);
     assert_eq!(id.len(), 1, "{} is one token: {id:?}", family.image_token);
     ctx.image_token_id = id[0];
@@ -366,4 +377,6 @@ fn check(family: &'static Family) {
     assert!(salted_again.cached_tokens as usize >= x_off + x_len, "the tenant's follow-up hits through the image");
     let other_tenant = c.ask("follow-up, tenant-b", &follow_up(&x), Some("tenant-b"));
     assert_eq!(other_tenant.predicted_blocks, 0, "another tenant's image blocks are not shared");
+
+    route::through_kvroute(&mut c);
 }

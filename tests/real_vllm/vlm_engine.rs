@@ -60,6 +60,9 @@ pub fn vlm_model(python: &Path, family: &str) -> PathBuf {
 /// A running VLM server and the subscriber to its events.
 pub struct VlmServer {
     pub http_port: u16,
+    /// Its KV-event PUB and replay ports (a router subscribes beside the test's own).
+    pub events_port: u16,
+    pub replay_port: u16,
     log: PathBuf,
     frames: PathBuf,
     proc: Proc,
@@ -103,7 +106,7 @@ impl VlmServer {
         let sub_args = [script.display().to_string(), format!("tcp://127.0.0.1:{events_port}")];
         let sub = Proc::spawn("zmq_frames.py", python, &sub_args, &[], &frames);
         let proc = Proc::spawn(name, python, &args, &envs, &log);
-        let mut s = VlmServer { http_port, log, frames, proc, _sub: sub };
+        let mut s = VlmServer { http_port, events_port, replay_port, log, frames, proc, _sub: sub };
         s.wait_ready();
         s
     }

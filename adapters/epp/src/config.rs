@@ -56,6 +56,8 @@ pub const REFUSED_KEYS: &[RefusedKey] = &[
     RefusedKey { key: "tracing", reason: "the picker forwards nothing; trace the gateway and the workers" },
     RefusedKey { key: "discovery", reason: "the picker follows an InferencePool's pods (--pool)" },
     RefusedKey { key: "tenants", reason: "the picker sees no client's key, so it authenticates no tenant" },
+    RefusedKey { key: "tls", reason: "the picker serves TLS as its --tls flags say" },
+    RefusedKey { key: "upstream_tls", reason: "the gateway connects to workers" },
 ];
 
 impl EppConfig {

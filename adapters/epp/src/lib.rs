@@ -137,6 +137,7 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
         replica,
         tracing: _,
         tenants: _,
+        client_tls: _,
     } = front;
     let shared = Arc::new(Shared {
         trust,

@@ -7,16 +7,17 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName};
-use router_core::{Request, Routed};
+use router_core::{MediaItems, Request, Routed};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::fleet::{Fleet, Pool};
+use crate::media;
 use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
 use crate::tenants::CacheSalt;
-use crate::tokenize::{fallback_chat, fallback_text, Tokenizers};
+use crate::tokenize::{fallback_chat, fallback_text, Tokenize, Tokenizers};
 
 /// Bodies larger than this are tokenized on a blocking thread, off the reactor.
 const TOKENIZE_INLINE_BYTES_MAX: usize = 64 << 10;
@@ -117,7 +118,7 @@ pub async fn question_timed(
     cx.metrics.stage("parse", t0.elapsed());
 
     let t1 = Instant::now();
-    let tokens = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await;
+    let (tokens, media) = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await?;
     let build = Build {
         id: pool.driver.next_request_id(),
         block_size: pool.block_size,
@@ -126,45 +127,94 @@ pub async fn question_timed(
         hints: hh.hints,
         session,
     };
-    let request = Request { cost, ..request::build(build, &tokens) };
+    let request = Request { cost, ..request::build_with_media(build, &tokens, &media) };
     cx.metrics.stage("tokenize", t1.elapsed());
     Ok((Question { pool, request, forward_body, preview: hh.preview, endpoint }, t1))
 }
 
-/// The routing tokens: the model's tokenizer if it has one, else hashed bytes.
-async fn tokens(cx: &Asker<'_>, model: &str, prompt: &Prompt, body: Value, body_len: usize) -> Vec<u32> {
+/// The routing tokens and the images they hold: the model's tokenizer if it has one,
+/// else hashed bytes. A chat's images are read first (see [`crate::media`]); an image
+/// that cannot be read is the client's error. Large bodies are decoded, hashed and
+/// tokenized on a blocking thread.
+async fn tokens(
+    cx: &Asker<'_>,
+    model: &str,
+    prompt: &Prompt,
+    body: Value,
+    body_len: usize,
+) -> Result<(Vec<u32>, MediaItems), ApiError> {
     match prompt {
-        Prompt::Tokens(t) => return t.clone(),
-        Prompt::Absent => return Vec::new(),
+        Prompt::Tokens(t) => return Ok((t.clone(), MediaItems::none())),
+        Prompt::Absent => return Ok((Vec::new(), MediaItems::none())),
         _ => {}
     }
     let Some(tok) = cx.tokenizers.get(model).cloned() else {
         cx.metrics.fallback(model, "no_tokenizer");
-        return fallback(prompt, &body);
+        return Ok((fallback(prompt, &body), MediaItems::none()));
+    };
+    let fetched = match (tok.media(), prompt) {
+        (Some(m), Prompt::Chat) => Some(media::fetch_all(m, &body).await?),
+        _ => None,
     };
     let prompt = prompt.clone();
-    let run = move || {
-        let out = match &prompt {
-            Prompt::Text(t) => tok.encode_text(t),
-            Prompt::ChatBody(chat) => tok.encode_chat(chat),
-            _ => tok.encode_chat(&body),
-        };
-        // Boxed: the request travels back for the fallback, and Err stays small.
-        out.map_err(|e| Box::new((e, prompt, body)))
-    };
-    let out = if body_len > TOKENIZE_INLINE_BYTES_MAX {
-        match tokio::task::spawn_blocking(run).await {
-            Ok(r) => r,
-            Err(_) => return Vec::new(),
-        }
+    let run = move || encode(&*tok, &prompt, &body, fetched.as_deref());
+    let encoded = if body_len > TOKENIZE_INLINE_BYTES_MAX {
+        tokio::task::spawn_blocking(run).await.unwrap_or(Ok(Encoded::Failed("tokenizer_panic", Vec::new())))
     } else {
         run()
     };
-    out.unwrap_or_else(|failed| {
-        let (e, prompt, body) = *failed;
-        tracing::debug!(model, error = %e, "tokenizer failed; routing on bytes");
-        cx.metrics.fallback(model, "tokenizer_error");
-        fallback(&prompt, &body)
+    match encoded? {
+        Encoded::Tokens(ids, media) => Ok((ids, media)),
+        Encoded::Failed(reason, ids) => {
+            cx.metrics.fallback(model, reason);
+            Ok((ids, MediaItems::none()))
+        }
+    }
+}
+
+/// What the tokenizer made of a prompt.
+enum Encoded {
+    /// Its tokens, images expanded, and the images.
+    Tokens(Vec<u32>, MediaItems),
+    /// Why it fell back (a metrics reason), and the tokens routed on instead.
+    Failed(&'static str, Vec<u32>),
+}
+
+/// `prompt`'s tokens from `tok`: a chat's images resolved (`fetched`: the fetched bytes
+/// of its images, when the model takes images) and expanded. Work is linear in the body
+/// plus tokenizing.
+fn encode(
+    tok: &dyn Tokenize,
+    prompt: &Prompt,
+    body: &Value,
+    fetched: Option<&[Option<Bytes>]>,
+) -> Result<Encoded, ApiError> {
+    let images = match (tok.media(), fetched) {
+        (Some(m), Some(f)) => media::resolve(m, body, f)?,
+        _ => Vec::new(),
+    };
+    if !images.is_empty() && media::has_media_kwargs(body) {
+        return Ok(Encoded::Failed("media_kwargs", fallback(prompt, body)));
+    }
+    let ids = match prompt {
+        Prompt::Text(t) => tok.encode_text(t),
+        Prompt::ChatBody(chat) => tok.encode_chat(chat),
+        _ => tok.encode_chat(body),
+    };
+    let ids = match ids {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::debug!(error = %e, "tokenizer failed; routing on bytes");
+            return Ok(Encoded::Failed("tokenizer_error", fallback(prompt, body)));
+        }
+    };
+    let Some(m) = tok.media().filter(|_| !images.is_empty()) else {
+        return Ok(Encoded::Tokens(ids, MediaItems::none()));
+    };
+    Ok(match media::expand(m, &ids, &images) {
+        Some((ids, items)) => Encoded::Tokens(ids, items),
+        // The rendered prompt disagrees with the images: its blocks would match nothing.
+        None => Encoded::Failed("media_placeholders", ids),
     })
 }
 

@@ -60,6 +60,13 @@ pub struct ProxyConfig {
     pub tracing: Option<TracingConfig>,
     /// The tenants and their API keys (default none: the gateway is open).
     pub tenants: Vec<crate::tenants::TenantConfig>,
+    /// Limits on the images of chat requests, and the `http://` prefixes images may be
+    /// fetched from (default none).
+    pub media: crate::media::MediaSection,
+    /// Serving clients over TLS; absent (default), plaintext HTTP.
+    pub tls: Option<TlsConfig>,
+    /// How `https` workers and collectors are verified (default: the system's roots).
+    pub upstream_tls: UpstreamTlsConfig,
 }
 
 impl Default for ProxyConfig {
@@ -84,6 +91,9 @@ impl Default for ProxyConfig {
             discovery: DiscoverySection::default(),
             tracing: None,
             tenants: Vec::new(),
+            media: crate::media::MediaSection::default(),
+            tls: None,
+            upstream_tls: UpstreamTlsConfig::default(),
         }
     }
 }
@@ -436,6 +446,11 @@ pub struct ModelConfig {
     /// the model's router predicts caches from its own decisions instead.
     #[serde(default)]
     pub tokenizer: Option<String>,
+    /// The engine's `--model` (a path or a hub id), which vLLM hashes into the
+    /// identifier of every image it is sent; default the `tokenizer` value. Only read
+    /// for a model whose folder says it takes images (`config.json`'s `vision_config`).
+    #[serde(default)]
+    pub engine_model_id: Option<String>,
     /// Disaggregated serving: how a request is split between a prefill and a decode
     /// worker, `vllm-nixl` or `sglang-bootstrap` (default none: every request runs
     /// aggregated, and prefill workers are refused).
@@ -461,6 +476,7 @@ impl Default for ModelConfig {
             mode: None,
             lora_adapters: Vec::new(),
             tokenizer: None,
+            engine_model_id: None,
             disagg_protocol: None,
             disagg_isl_min_tokens: None,
             disagg_same_label: None,
@@ -514,7 +530,8 @@ impl fmt::Display for DisaggProtocol {
 pub struct WorkerConfig {
     /// Unique id; also the value of the `x-kvroute-worker` response header.
     pub id: u64,
-    /// Base URL, `http://host:port` with an optional path prefix.
+    /// Base URL, `http://host:port` or `https://host:port` with an optional path
+    /// prefix; `https` workers are verified against `[upstream_tls]`.
     pub url: WorkerUrl,
     /// The model it serves (a `[[models]]` name).
     pub model: String,
@@ -599,9 +616,10 @@ impl WorkerConfig {
     }
 }
 
-/// A worker's base URL: plain `http`, an authority, and an optional path prefix.
+/// A worker's base URL: `http` or `https`, an authority, and an optional path prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerUrl {
+    https: bool,
     authority: String,
     prefix: String,
 }
@@ -609,13 +627,26 @@ pub struct WorkerUrl {
 impl WorkerUrl {
     /// The URI of `path_and_query` on this worker.
     pub fn join(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
-        let uri = format!("http://{}{}{}", self.authority, self.prefix, path_and_query);
+        let uri = format!("{}://{}{}{}", self.scheme(), self.authority, self.prefix, path_and_query);
         Ok(http::Uri::try_from(uri)?)
     }
 
     /// `host:port`.
     pub fn authority(&self) -> &str {
         &self.authority
+    }
+
+    /// Whether the worker is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.https
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.https {
+            "https"
+        } else {
+            "http"
+        }
     }
 }
 
@@ -624,9 +655,11 @@ impl FromStr for WorkerUrl {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let uri: http::Uri = s.parse().map_err(|e| format!("invalid worker URL {s:?}: {e}"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(format!("worker URL {s:?} must start with http:// (TLS to workers is not supported)"));
-        }
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("worker URL {s:?} must start with http:// or https://")),
+        };
         let Some(authority) = uri.authority() else {
             return Err(format!("worker URL {s:?} has no host"));
         };
@@ -634,13 +667,13 @@ impl FromStr for WorkerUrl {
             return Err(format!("worker URL {s:?} must not carry a query"));
         }
         let prefix = uri.path().trim_end_matches('/').to_string();
-        Ok(WorkerUrl { authority: authority.to_string(), prefix })
+        Ok(WorkerUrl { https, authority: authority.to_string(), prefix })
     }
 }
 
 impl fmt::Display for WorkerUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}{}", self.authority, self.prefix)
+        write!(f, "{}://{}{}", self.scheme(), self.authority, self.prefix)
     }
 }
 
@@ -810,7 +843,9 @@ mod discovery;
 mod load;
 mod otel;
 mod refuse;
+mod tls;
 pub use discovery::{annotations, DiscoverySection, KubernetesDiscovery};
 pub use load::router_config;
 pub use otel::TracingConfig;
 pub use refuse::RefusedKey;
+pub use tls::{TlsConfig, UpstreamTlsConfig};

@@ -41,6 +41,34 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request", message)
     }
 
+    /// 400 (413 for an image too large): an image part that cannot be read.
+    pub fn media(e: &kvroute_media::MediaError) -> Self {
+        match e.http_status() {
+            413 => Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "image_too_large", e.to_string()),
+            _ => Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_image", e.to_string()),
+        }
+    }
+
+    /// 400: an image URL that is neither `data:` nor under `[media] url_allow`.
+    pub fn image_url_not_allowed() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "image_url_not_allowed",
+            "image URLs must be data: URLs (or http:// URLs under the router's [media] url_allow)",
+        )
+    }
+
+    /// 400: an allowed image URL whose fetch failed.
+    pub fn image_fetch(why: impl fmt::Display) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "image_fetch_failed",
+            format!("fetching the image failed: {why}"),
+        )
+    }
+
     /// 404: no pool serves the model.
     pub fn model_not_found(model: &str) -> Self {
         Self::new(

@@ -2,10 +2,11 @@
 //! HTTP proxy (`kvroute-proxy`) and the gateway's endpoint picker (`kvroute-epp`):
 //! the configuration file ([`config`]), the fleet of pools, one router per model
 //! ([`fleet`]), request parsing ([`request`], [`headers`]) and [`trust`], the tokenizer
-//! seam ([`tokenize`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
+//! seam ([`tokenize`]), the images of chat requests ([`media`]), KV-event subscriptions ([`events`]), [`metrics`], engine-load
 //! scraping of the workers' metrics ([`scrape`], each server bringing its client),
 //! [`ApiError`], the OpenAI-shaped refusal both servers answer with; and [`otel`],
-//! distributed tracing for the proxy; [`tenants`], the `[[tenants]]` and their keys.
+//! distributed tracing for the proxy; [`tenants`], the `[[tenants]]` and their keys;
+//! [`tls`], rustls for `[tls]` and for `https` workers and collectors.
 //!
 //! Both servers start it the same way, with [`start`], and ask it the same question
 //! for every request ([`ask::question`]): a buffered body and its headers in, the pool
@@ -24,6 +25,7 @@ pub mod events;
 pub mod fleet;
 pub mod headers;
 pub mod learn;
+pub mod media;
 pub mod metrics;
 pub mod otel;
 pub mod otlp;
@@ -32,6 +34,7 @@ pub mod scrape;
 pub mod span_drops;
 mod start;
 pub mod tenants;
+pub mod tls;
 pub mod tokenize;
 pub mod trust;
 

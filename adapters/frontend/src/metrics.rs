@@ -370,6 +370,17 @@ impl Metrics {
         );
     }
 
+    /// Adds `kvroute_tls_reloads_total{result}`: certificate reloads of `[tls]` that
+    /// `loaded` or ended in an `error` (the previous certificate still serves).
+    pub fn register_tls_reloads(&mut self, reloads: crate::tls::TlsReloads) {
+        self.registry.register(
+            "kvroute_tls_reloads",
+            "Reloads of the [tls] certificate after its files changed, by result: loaded, or error (the \
+             previous certificate still serves)",
+            reloads.0,
+        );
+    }
+
     /// The Prometheus text exposition. First removes the series of workers that left.
     pub fn encode(&self) -> String {
         self.forget_departed();

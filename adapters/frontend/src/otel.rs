@@ -43,6 +43,7 @@ pub use opentelemetry::KeyValue;
 
 use crate::config::TracingConfig;
 use crate::span_drops::{Counted, Pending, SpanDrops};
+use crate::tls::{HttpsConnector, TlsError};
 
 /// The W3C trace-context headers, which the proxy owns when tracing is on. Names as
 /// constants: a `&str` name is parsed on every lookup.
@@ -64,16 +65,23 @@ pub struct Tracing {
 }
 
 impl Tracing {
-    /// Builds the exporter and the provider from `cfg` (already checked). Must run inside
-    /// a tokio runtime: exports are sent on it.
+    /// Builds the exporter and the provider from `cfg` (already checked), verifying an
+    /// `https` collector against the system's roots. Must run inside a tokio runtime:
+    /// exports are sent on it.
     pub fn start(cfg: &TracingConfig) -> Result<Tracing, TracingError> {
+        let tls = crate::tls::client_config(None).map_err(TracingError::Tls)?;
+        Self::start_with_tls(cfg, &tls)
+    }
+
+    /// As [`Tracing::start`], verifying an `https` collector with `tls`.
+    pub fn start_with_tls(cfg: &TracingConfig, tls: &rustls::ClientConfig) -> Result<Tracing, TracingError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| TracingError::NoRuntime)?;
         let ratio = Sampler::TraceIdRatioBased(cfg.sampling_ratio);
         let timeout = Duration::from_millis(cfg.export_timeout_ms);
         let url = cfg.traces_url().parse().map_err(TracingError::Endpoint)?;
         let (pending, drops) = (Pending::default(), SpanDrops::default());
         let exporter = Exporter {
-            client: export_client(),
+            client: export_client(tls),
             runtime,
             timeout,
             url,
@@ -301,16 +309,17 @@ pub fn wall(at: tokio::time::Instant) -> SystemTime {
     now.checked_sub(at.elapsed()).unwrap_or(now)
 }
 
-fn export_client() -> Client<HttpConnector, Full<Bytes>> {
+fn export_client(tls: &rustls::ClientConfig) -> Client<HttpsConnector, Full<Bytes>> {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
+    let conn = crate::tls::https_connector(conn, tls);
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(conn)
 }
 
 /// The OTLP/HTTP exporter: each batch is encoded by [`crate::otlp`] and posted as a task
 /// on the runtime that started tracing, awaited from the batch processor's thread.
 struct Exporter {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector, Full<Bytes>>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
     url: http::Uri,
@@ -378,6 +387,8 @@ pub enum TracingError {
     NoRuntime,
     /// The collector's endpoint is not a URI.
     Endpoint(http::uri::InvalidUri),
+    /// The TLS client for an `https` collector could not be built.
+    Tls(TlsError),
 }
 
 impl fmt::Display for TracingError {
@@ -385,6 +396,7 @@ impl fmt::Display for TracingError {
         match self {
             TracingError::NoRuntime => write!(f, "tracing must start inside a tokio runtime"),
             TracingError::Endpoint(e) => write!(f, "OTLP exporter: endpoint: {e}"),
+            TracingError::Tls(e) => write!(f, "OTLP exporter: {e}"),
         }
     }
 }
@@ -394,6 +406,7 @@ impl std::error::Error for TracingError {
         match self {
             TracingError::NoRuntime => None,
             TracingError::Endpoint(e) => Some(e),
+            TracingError::Tls(e) => Some(e),
         }
     }
 }

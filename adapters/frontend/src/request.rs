@@ -2,7 +2,10 @@
 //! body object and the routing headers; and building the router's `Request` from them.
 
 use http::{HeaderMap, HeaderName};
-use router_core::{hash_tokens, BlockSize, DpRank, HashSeed, Priority, Request, RequestId, RoutingHints, WorkerId};
+use router_core::{
+    hash_tokens_with_media, BlockSize, DpRank, HashSeed, MediaItems, Priority, Request, RequestId, RoutingHints,
+    WorkerId,
+};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -327,9 +330,16 @@ pub struct Build<'a> {
 /// The router's request: the prompt's block hashes salted by adapter and cache salt,
 /// the session, pins and queue placement. Linear in the tokens.
 pub fn build(b: Build<'_>, tokens: &[u32]) -> Request {
+    build_with_media(b, tokens, &MediaItems::none())
+}
+
+/// [`build`] for a prompt holding `media`'s images: each block hashed with the media
+/// keys of the images it overlaps, as the engine's events hash it. Linear in the tokens
+/// plus the items.
+pub fn build_with_media(b: Build<'_>, tokens: &[u32], media: &MediaItems) -> Request {
     let seed = HashSeed::salted(b.lora, b.parsed.cache_salt.as_deref());
     let mut blocks = Vec::new();
-    hash_tokens(tokens, b.block_size, seed, &[], &mut blocks);
+    hash_tokens_with_media(tokens, b.block_size, seed, media, &mut blocks);
     let kv = &b.parsed.kv;
     Request {
         id: b.id,

@@ -39,6 +39,8 @@ pub struct FrontEnd {
     pub replica: Option<Arc<ReplicaHandle>>,
     /// The tracer, when `[tracing]` is configured.
     pub tracing: Option<Arc<Tracing>>,
+    /// The TLS client for `https` workers, verifying against `[upstream_tls]`.
+    pub client_tls: Arc<rustls::ClientConfig>,
 }
 
 /// Checks `cfg`, seeds the process (from `cfg.seed`, else at random), builds a pool per
@@ -64,8 +66,9 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
         Some(r) => Some(Arc::new(join_replicas(r, &fleet).await?)),
         None => None,
     };
+    let client_tls = crate::tls::client_config(cfg.upstream_tls.ca_path.as_deref()).map_err(StartError::Tls)?;
     let tracing = match &cfg.tracing {
-        Some(t) => Some(Arc::new(Tracing::start(t).map_err(StartError::Tracing)?)),
+        Some(t) => Some(Arc::new(Tracing::start_with_tls(t, &client_tls).map_err(StartError::Tracing)?)),
         None => None,
     };
     let mut metrics = Metrics::new(fleet.clone());
@@ -86,6 +89,7 @@ pub async fn start(cfg: &ProxyConfig) -> Result<FrontEnd, StartError> {
         subs: tokio::sync::Mutex::new(subs),
         replica,
         tracing,
+        client_tls,
     })
 }
 
@@ -130,6 +134,8 @@ pub enum StartError {
     Tracing(TracingError),
     /// A tenant's keys could not be loaded.
     Tenants(TenantError),
+    /// `upstream_tls.ca_path` could not be loaded.
+    Tls(crate::tls::TlsError),
 }
 
 impl fmt::Display for StartError {
@@ -141,6 +147,7 @@ impl fmt::Display for StartError {
             StartError::Replica(e) => write!(f, "replica: {e}"),
             StartError::Tracing(e) => write!(f, "tracing: {e}"),
             StartError::Tenants(e) => write!(f, "tenants: {e}"),
+            StartError::Tls(e) => write!(f, "upstream_tls: {e}"),
         }
     }
 }
@@ -154,6 +161,7 @@ impl std::error::Error for StartError {
             StartError::Replica(e) => Some(e),
             StartError::Tracing(e) => Some(e),
             StartError::Tenants(e) => Some(e),
+            StartError::Tls(e) => Some(e),
         }
     }
 }

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::media::ChatMedia;
+
 pub use kvroute_tokenize::fallback::{fallback_chat, fallback_text, write_canonical};
 
 /// A model's tokenizer. Called on the proxy's threads (or a blocking thread for large
@@ -24,6 +26,12 @@ pub trait Tokenize: Send + Sync {
     fn encode_chat(&self, body: &Value) -> Result<Vec<u32>, TokenizeError>;
     /// The token ids of a plain text prompt.
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError>;
+    /// How the model's images are read, for a model that takes images; its
+    /// [`encode_chat`](Self::encode_chat) then renders one placeholder token
+    /// ([`ChatMedia::token_id`]) per image part. Default none: image parts are not read.
+    fn media(&self) -> Option<&ChatMedia> {
+        None
+    }
 }
 
 /// A tokenizer's failure, carrying the tokenizer's own error as its source; the proxy

@@ -48,6 +48,8 @@ enum Cmd {
     /// `kv_events` endpoint feed the exact prefix index over ZeroMQ; the others are
     /// predicted. Admin: GET/POST /workers, DELETE /workers/{id}, POST /route/preview,
     /// GET /metrics, /health, /ready. SIGTERM drains in-flight streams, then exits.
+    /// With `[tls]` (or --tls-cert and --tls-key) clients connect over TLS (HTTP/2 or
+    /// HTTP/1.1 by ALPN); `https://` workers and collectors are reached over TLS.
     Serve(serve::ServeArgs),
     /// Pick endpoints for a Kubernetes Gateway (Gateway API Inference Extension).
     ///

@@ -203,9 +203,16 @@ pub struct ModelArgs {
     /// ttft model: output tokens expected of a request that names none.
     #[arg(long, value_name = "TOKENS")]
     pub output_tokens_default: Option<u32>,
-    /// ttft model: charge per prompt block computed rather than found cached, ms.
+    /// ttft model: charge per cached block a placement would evict there, ms.
     #[arg(long, value_name = "MS")]
     pub store_ms_per_block: Option<f64>,
+    /// ttft model: charge per leading prompt block the best holder has and a worker
+    /// lacks, ms (what moving a conversation off its cache leaves behind).
+    #[arg(long, value_name = "MS")]
+    pub keep_ms_per_block: Option<f64>,
+    /// ttft model: most the keep term charges one placement, ms.
+    #[arg(long, value_name = "MS")]
+    pub keep_ms_max: Option<f64>,
 }
 
 /// A kv cost model name as the command line spells it.
@@ -280,6 +287,8 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.decode_time_weight = a.model.decode_time_weight.unwrap_or(c.ttft.decode_time_weight);
     c.ttft.output_tokens_default = a.model.output_tokens_default.unwrap_or(c.ttft.output_tokens_default);
     c.ttft.store_ms_per_block = a.model.store_ms_per_block.unwrap_or(c.ttft.store_ms_per_block);
+    c.ttft.keep_ms_per_block = a.model.keep_ms_per_block.unwrap_or(c.ttft.keep_ms_per_block);
+    c.ttft.keep_ms_max = a.model.keep_ms_max.unwrap_or(c.ttft.keep_ms_max);
     if a.router_knows_timing {
         let t = &a.engine.engine_timing;
         c.timing = TtftModel {

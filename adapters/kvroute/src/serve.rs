@@ -1,12 +1,14 @@
 //! `kvroute serve`: the routing proxy, with its tokenizers, KV-event subscriptions and,
 //! with `[discovery.kubernetes]`, the pods it follows (see [`crate::discover`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
 
+use kvroute_frontend::media::{load_image_model, ChatMedia, MediaSection};
 use kvroute_proxy::{ConfigError, ProxyConfig, Tokenize, TokenizeError, Tokenizers};
+use kvroute_tokenize::{Dialect, TokenizerConfig, VllmOptions};
 
 use crate::tok::HfTokenizer;
 
@@ -22,26 +24,65 @@ pub struct ServeArgs {
     /// Routing mode, overriding `router.mode` (kv, round-robin, random, ...).
     #[arg(long)]
     pub mode: Option<String>,
+    /// Serve TLS with this PEM certificate chain, overriding `tls.cert_path` (needs
+    /// --tls-key or `tls.key_path`). The files are read again when they change, every
+    /// `tls.reload_interval_ms` (default 10,000); a pair that fails to load leaves the
+    /// old one serving. `https://` workers and OTLP collectors are verified against the
+    /// system's roots, or the PEM bundle of `upstream_tls.ca_path`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert, overriding `tls.key_path`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
     /// Any other key, e.g. --set limits.body_bytes_max=1048576 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
 }
 
-impl Tokenize for HfTokenizer {
+/// A model's tokenizer, and how its images are read when it takes them.
+struct ServeTokenizer {
+    hf: HfTokenizer,
+    media: Option<ChatMedia>,
+}
+
+impl ServeTokenizer {
+    /// The tokenizer in `dir`; for a vision-language model (its `config.json` says so),
+    /// rendering image parts as vLLM does, with identifiers keyed on `engine_model_id`.
+    fn load(dir: &Path, engine_model_id: &str, section: &MediaSection) -> Result<Self, String> {
+        let Some(images) = load_image_model(dir)? else {
+            return Ok(ServeTokenizer { hf: HfTokenizer::load(dir)?, media: None });
+        };
+        let options = VllmOptions { image_text: Some(images.prompt_text.into()), ..VllmOptions::default() };
+        let config = TokenizerConfig { dialect: Dialect::Vllm(options), ..TokenizerConfig::default() };
+        let hf = HfTokenizer::load_with(dir, config)?;
+        Ok(ServeTokenizer { hf, media: Some(ChatMedia::new(&images, engine_model_id, section)) })
+    }
+}
+
+impl Tokenize for ServeTokenizer {
     fn encode_chat(&self, body: &serde_json::Value) -> Result<Vec<u32>, TokenizeError> {
-        self.chat_tokens(body).map_err(TokenizeError::new)
+        self.hf.chat_tokens(body).map_err(TokenizeError::new)
     }
     fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.0.encode_text(text, true).map_err(TokenizeError::new)
+        self.hf.0.encode_text(text, true).map_err(TokenizeError::new)
+    }
+    fn media(&self) -> Option<&ChatMedia> {
+        self.media.as_ref()
     }
 }
 
 /// Reads the file and applies the flags.
 pub fn load_config(a: &ServeArgs) -> Result<ProxyConfig, String> {
     let text = std::fs::read_to_string(&a.config).map_err(|e| format!("cannot read {}: {e}", a.config.display()))?;
-    let listen = a.listen.iter().map(|l| ("listen".to_string(), format!("{l:?}"))).collect();
+    let mut overrides: Vec<(String, String)> =
+        a.listen.iter().map(|l| ("listen".to_string(), format!("{l:?}"))).collect();
+    for (key, path) in [("tls.cert_path", &a.tls_cert), ("tls.key_path", &a.tls_key)] {
+        if let Some(p) = path {
+            overrides.push((key.into(), format!("{:?}", p.display().to_string())));
+        }
+    }
     let origin = a.config.display().to_string();
-    config_with_flags(ProxyConfig::from_toml_with_overrides, &text, &origin, listen, a.mode.as_ref(), &a.sets)
+    config_with_flags(ProxyConfig::from_toml_with_overrides, &text, &origin, overrides, a.mode.as_ref(), &a.sets)
 }
 
 /// How a subcommand turns a file and its overrides into a configuration.
@@ -75,7 +116,10 @@ pub fn load_tokenizers(cfg: &ProxyConfig) -> Result<Tokenizers, String> {
     let mut t = Tokenizers::new();
     for m in &cfg.models {
         if let Some(dir) = &m.tokenizer {
-            t.insert(m.name.clone(), Arc::new(HfTokenizer::load(&tokenizer_dir(&m.name, dir)?)?));
+            let engine_model_id = m.engine_model_id.as_deref().unwrap_or(dir);
+            let tok = ServeTokenizer::load(&tokenizer_dir(&m.name, dir)?, engine_model_id, &cfg.media)
+                .map_err(|e| format!("model {:?}: {e}", m.name))?;
+            t.insert(m.name.clone(), Arc::new(tok));
         }
     }
     // A model without a tokenizer is warned about by the proxy's log, once.
@@ -112,9 +156,10 @@ pub fn run(a: &ServeArgs) -> Result<(), String> {
     rt.block_on(async move {
         let handle = kvroute_proxy::serve(cfg.clone(), tokenizers).await.map_err(|e| e.to_string())?;
         eprintln!(
-            "kvroute: serving {} model(s), {} worker(s) on http://{}",
+            "kvroute: serving {} model(s), {} worker(s) on {}://{}",
             cfg.models.len(),
             cfg.workers.len(),
+            if handle.is_tls() { "https" } else { "http" },
             handle.local_addr()
         );
         let discovery = crate::discover::start(&cfg, &handle).await?;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvroute_sim_server::{PromptTokenizer, TokenizeError as SimTokenizeError};
-use kvroute_tokenize::{ChatRequest, ModelTokenizer};
+use kvroute_tokenize::{ChatRequest, ModelTokenizer, TokenizerConfig};
 
 /// A model's tokenizer and chat template, loaded from a local folder.
 #[derive(Clone)]
@@ -14,7 +14,12 @@ pub struct HfTokenizer(pub Arc<ModelTokenizer>);
 impl HfTokenizer {
     /// Loads `tokenizer.json` and `tokenizer_config.json` from `dir`.
     pub fn load(dir: &Path) -> Result<Self, String> {
-        ModelTokenizer::from_dir(dir)
+        Self::load_with(dir, TokenizerConfig::default())
+    }
+
+    /// [`Self::load`] with `config` (for example, a model's image text).
+    pub fn load_with(dir: &Path, config: TokenizerConfig) -> Result<Self, String> {
+        ModelTokenizer::from_dir_with(dir, config)
             .map(|t| HfTokenizer(Arc::new(t)))
             .map_err(|e| format!("cannot load tokenizer from {}: {e}", dir.display()))
     }

@@ -8,6 +8,7 @@
 //! * [`header`]: size, mode and EXIF orientation from PNG, JPEG and WebP headers;
 //! * [`tokens`]: the placeholder token count a model's processor gives an image, and
 //!   the prompt with each image's placeholder expanded;
+//! * [`ImageModel`]: a model's placeholder rule, token and text from its config files;
 //! * [`MediaConfig::resolve`] puts these together per image part, and
 //!   [`expand`] places them in the prompt as the core's [`router_core::MediaItems`].
 //!
@@ -19,11 +20,13 @@ pub mod data_url;
 pub mod digest;
 mod error;
 pub mod header;
+mod model;
 pub mod tokens;
 
 pub use digest::{identifier, Algorithm, ImageIo, ImageItem};
 pub use error::MediaError;
 pub use header::{Format, ImageHeader};
+pub use model::ImageModel;
 pub use tokens::{expand_placeholders, Placed, PlaceholderRule};
 
 use router_core::{MediaItem, MediaItems};
@@ -93,15 +96,24 @@ impl MediaConfig {
             return Ok(ResolvedImage { identifier: uuid.to_owned(), tokens, header: None });
         };
         let data = data_url::parse(url, self.limits.bytes_max)?;
-        let header = header::read(&data.bytes)?;
+        self.resolve_bytes(&data.bytes, part.uuid)
+    }
+
+    /// Resolves an image given as its encoded bytes (a `data:` URL's, or a fetched
+    /// file's) and the part's `uuid`. Work is linear in the bytes.
+    pub fn resolve_bytes(&self, bytes: &[u8], uuid: Option<&str>) -> Result<ResolvedImage, MediaError> {
+        if bytes.len() > self.limits.bytes_max {
+            return Err(MediaError::TooLarge { bytes: bytes.len(), bytes_max: self.limits.bytes_max });
+        }
+        let header = header::read(bytes)?;
         if header.pixels() > self.limits.pixels_max {
             return Err(MediaError::TooManyPixels { pixels: header.pixels(), pixels_max: self.limits.pixels_max });
         }
         let (w, h) = header.display_size();
         let tokens = self.rule.tokens(w, h)?;
-        let item = match part.uuid {
+        let item = match uuid {
             Some(uuid) => ImageItem::Uuid(uuid),
-            None => ImageItem::Bytes { bytes: &data.bytes, mode: header.mode },
+            None => ImageItem::Bytes { bytes, mode: header.mode },
         };
         let identifier = identifier(self.algorithm, &self.model_id, item, &self.io);
         Ok(ResolvedImage { identifier, tokens, header: Some(header) })

@@ -22,8 +22,10 @@
 //! `GET|POST /workers`, `DELETE /workers/{id}`, `POST /route/preview`.
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
-//! events adapter feeds [`ServeHandle::driver`]), TLS (terminate it in front), and the
-//! KV transfer between prefill and decode workers (the engines move the cache).
+//! events adapter feeds [`ServeHandle::driver`]), and the KV transfer between prefill
+//! and decode workers (the engines move the cache). With `[tls]` it serves TLS (HTTP/2
+//! or HTTP/1.1 by ALPN), its certificate read again when the files change; `https`
+//! workers are reached over TLS, verified against `[upstream_tls]` (see [`tls`]).
 //! With `[tracing]`, each request is a span with children per stage, exported over
 //! OTLP, and its W3C trace context reaches the worker (see [`trace`]). What
 //! happens before transport (configuration, pools, parsing, trust, subscriptions,
@@ -52,6 +54,7 @@ mod route;
 pub mod server;
 pub mod state;
 mod stream;
+pub mod tls;
 pub mod trace;
 mod tries;
 // `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
@@ -62,7 +65,7 @@ mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
 pub use kvroute_frontend::{
-    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tokenize, trust,
+    config, cost_header, error, events, fleet, learn, media, metrics, request, scrape, tokenize, trust,
 };
 
 use std::fmt;
@@ -70,6 +73,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvroute_driver::Driver;
+use kvroute_frontend::tls::{ServerTls, TlsError};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
@@ -97,22 +101,40 @@ pub struct ServeHandle {
     task: JoinHandle<ShutdownReport>,
 }
 
-/// Starts the proxy: starts the front end ([`kvroute_frontend::start`]: checks `cfg`,
-/// builds a pool per model, registers the configured workers, subscribes to their KV
-/// events, joins the peer replicas), binds `cfg.listen` and serves until
-/// [`ServeHandle::shutdown`]. Must run inside a tokio runtime.
+/// Starts the proxy: loads `[tls]`'s certificate (and reloads it on change from then
+/// on), starts the front end ([`kvroute_frontend::start`]: checks `cfg`, builds a pool
+/// per model, registers the configured workers, subscribes to their KV events, joins
+/// the peer replicas), binds `cfg.listen` and serves until [`ServeHandle::shutdown`].
+/// Must run inside a tokio runtime.
 pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHandle, ProxyError> {
+    // Before the front end starts anything (drivers, subscriptions, replicas).
+    let tls = cfg.tls.as_ref().map(ServerTls::load).transpose().map_err(ProxyError::Tls)?.map(Arc::new);
     let front = kvroute_frontend::start(&cfg).await.map_err(ProxyError::Start)?;
     let listener = TcpListener::bind(cfg.listen).await.map_err(ProxyError::Bind)?;
     let local_addr = listener.local_addr().map_err(ProxyError::Bind)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let FrontEnd { cfg, trust, tenants, fleet, metrics, session_header, dp_rank_header, subs, replica, tracing } =
-        front;
+    let FrontEnd {
+        cfg,
+        trust,
+        tenants,
+        fleet,
+        mut metrics,
+        session_header,
+        dp_rank_header,
+        subs,
+        replica,
+        tracing,
+        client_tls,
+    } = front;
+    if let Some(t) = &tls {
+        metrics.register_tls_reloads(t.reloads());
+        tokio::spawn(t.clone().watch(shutdown_rx.clone()));
+    }
     let state = Arc::new(State {
         trust,
         limits: quota::TenantLimits::new(&tenants, tokio::time::Instant::now()),
         tenants,
-        client: upstream::client(&cfg.limits),
+        client: upstream::client(&cfg.limits, client_tls),
         metrics,
         concurrency: Arc::new(Semaphore::new(cfg.limits.concurrent_requests_max)),
         budget: RetryBudget::new(&cfg.retry),
@@ -134,7 +156,8 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let scraper =
         scrape::Scraper { cfg: state.cfg.learn.clone(), client: state.client.clone(), stats: state.scrapes.clone() };
     tokio::spawn(scrape::scrape_loop(scraper, Arc::downgrade(&state.fleet), shutdown_rx.clone()));
-    let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx));
+    let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config()));
+    let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx, acceptor));
     Ok(ServeHandle { local_addr, state, shutdown, task })
 }
 
@@ -142,6 +165,11 @@ impl ServeHandle {
     /// The address the proxy listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Whether clients connect over TLS (`[tls]`).
+    pub fn is_tls(&self) -> bool {
+        self.state.cfg.tls.is_some()
     }
 
     /// The driver of `model`'s pool, to feed it KV events or inspect it.
@@ -212,6 +240,8 @@ pub enum ProxyError {
     Start(StartError),
     /// The listening socket could not be bound.
     Bind(std::io::Error),
+    /// `[tls]`'s certificate or key could not be loaded.
+    Tls(TlsError),
 }
 
 impl fmt::Display for ProxyError {
@@ -219,6 +249,7 @@ impl fmt::Display for ProxyError {
         match self {
             ProxyError::Start(e) => write!(f, "{e}"),
             ProxyError::Bind(e) => write!(f, "cannot listen: {e}"),
+            ProxyError::Tls(e) => write!(f, "tls: {e}"),
         }
     }
 }
@@ -228,6 +259,7 @@ impl std::error::Error for ProxyError {
         match self {
             ProxyError::Start(e) => Some(e),
             ProxyError::Bind(e) => Some(e),
+            ProxyError::Tls(e) => Some(e),
         }
     }
 }

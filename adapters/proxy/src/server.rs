@@ -1,4 +1,5 @@
-//! The listener: accepts connections (TCP_NODELAY, HTTP/1.1 or h2c) up to
+//! The listener: accepts connections (TCP_NODELAY, HTTP/1.1 or h2c, or either over TLS
+//! with `[tls]`, see [`crate::tls::accept`]) up to
 //! `connections_max`, sends each request to its endpoint, and shuts down gracefully:
 //! stop accepting, let in-flight requests finish within `shutdown_grace_s`, then cut
 //! what is left.
@@ -109,6 +110,7 @@ pub async fn accept_loop(
     listener: TcpListener,
     state: Arc<State>,
     mut shutdown: watch::Receiver<bool>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> ShutdownReport {
     let builder = builder(&state);
     let graceful = GracefulShutdown::new();
@@ -130,13 +132,16 @@ pub async fn accept_loop(
                         async move { Ok::<_, Infallible>(dispatch(st, peer, req).await) }
                     });
                     let (builder, watcher, mut stop) = (builder.clone(), graceful.watcher(), shutdown.clone());
+                    let tls = tls.clone();
                     let head_timeout = Duration::from_millis(state.cfg.limits.header_read_timeout_ms);
                     conns.spawn(async move {
                         tokio::select! {
                             sent = first_bytes(&stream, head_timeout) => if !sent { return },
                             _ = stop.changed() => return,
                         }
-                        let conn = watcher.watch(builder.serve_connection(TokioIo::new(stream), svc).into_owned());
+                        let Some((io, builder)) = crate::tls::accept(stream, tls.as_ref(), builder, head_timeout).await
+                        else { return };
+                        let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), svc).into_owned());
                         if let Err(e) = conn.await {
                             tracing::debug!(%peer, error = %e, "connection ended with an error");
                         }

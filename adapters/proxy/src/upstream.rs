@@ -1,5 +1,5 @@
-//! Talking to workers: the pooled HTTP client (TCP_NODELAY, connect timeout), header
-//! filtering in both directions, and the retry budget.
+//! Talking to workers: the pooled HTTP client (TCP_NODELAY, connect timeout; TLS to
+//! `https` workers), header filtering in both directions, and the retry budget.
 //!
 //! Proxied requests go through [`UpstreamClient::send`], whose connections are driven by
 //! the requests themselves (see [`pool`]); probes and admin calls use a plain hyper
@@ -17,6 +17,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use kvroute_frontend::tls::HttpsConnector;
 
 use crate::config::{LimitsConfig, RetryConfig};
 
@@ -27,26 +28,25 @@ pub use pool::{SendError, Upstream, IDLE_PER_WORKER_MAX};
 pub const PREFILL_WORKER_HEADER: &str = "x-kvroute-prefill-worker";
 
 /// The client every request and probe to a worker goes through: HTTP/1.1, TCP_NODELAY,
-/// the configured connect and idle timeouts.
+/// the configured connect and idle timeouts, TLS to `https` workers.
 #[derive(Clone)]
 pub struct UpstreamClient {
     pool: Arc<pool::ConnPool>,
-    plain: Client<HttpConnector, Full<Bytes>>,
+    plain: Client<HttpsConnector, Full<Bytes>>,
 }
 
-/// The client to workers.
-pub fn client(limits: &LimitsConfig) -> UpstreamClient {
+/// The client to workers; `tls` verifies the `https` ones.
+pub fn client(limits: &LimitsConfig, tls: Arc<rustls::ClientConfig>) -> UpstreamClient {
     let connect_timeout = Duration::from_millis(limits.connect_timeout_ms);
     let idle_timeout = Duration::from_millis(limits.upstream_idle_timeout_ms);
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(connect_timeout));
-    conn.enforce_http(true);
     let plain = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(idle_timeout)
         .http1_max_buf_size(limits.connection_buffer_bytes_max)
-        .build(conn);
-    let pool = pool::ConnPool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max);
+        .build(kvroute_frontend::tls::https_connector(conn, &tls));
+    let pool = pool::ConnPool::new(idle_timeout, connect_timeout, limits.connection_buffer_bytes_max, tls);
     UpstreamClient { pool, plain }
 }
 

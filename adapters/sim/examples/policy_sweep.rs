@@ -12,7 +12,8 @@
 //! A variant is `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `work`, `others`, `arw` (active_request_weight), `pls`
-//! (prefill_load_scale), `mode` (`rr`, `ll` for round-robin or least-loaded).
+//! (prefill_load_scale), `mode` (`rr`, `ll` for round-robin or least-loaded). `--seeds N`
+//! runs each variant with router seeds 0..N (its tie-breaking draws), one line each.
 
 use kvroute_sim::engine::EngineConfig;
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
@@ -31,6 +32,8 @@ struct Args {
     trace: Option<String>,
     tokens_per_id: u32,
     scale: f64,
+    seeds: u64,
+    records: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -42,6 +45,8 @@ fn parse() -> Result<Args, String> {
         trace: None,
         tokens_per_id: 128,
         scale: 0.25,
+        seeds: 1,
+        records: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -55,6 +60,8 @@ fn parse() -> Result<Args, String> {
             "--trace" => a.trace = Some(v.clone()),
             "--tokens-per-id" => a.tokens_per_id = num(v)? as u32,
             "--scale" => a.scale = num(v)?,
+            "--seeds" => a.seeds = num(v)?.max(1.0) as u64,
+            "--records" => a.records = Some(v.clone()),
             _ => return Err(format!("unknown flag {k}")),
         }
     }
@@ -99,6 +106,8 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "dtw" => c.ttft.decode_time_weight = x,
             "out" => c.ttft.output_tokens_default = x as u32,
             "store" => c.ttft.store_ms_per_block = x,
+            "keep" => c.ttft.keep_ms_per_block = x,
+            "keepmax" => c.ttft.keep_ms_max = x,
             "work" => c.ttft.work_weight = x,
             "others" => c.ttft.others_delay_weight = x,
             "arw" => c.active_request_weight = x,
@@ -123,6 +132,26 @@ fn line(name: &str, speedup: f64, r: &ReplayReport) {
     );
 }
 
+/// Appends every request of a run to `path`, one JSON line each.
+fn dump(path: &str, name: &str, speedup: f64, r: &ReplayReport) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("{path}: {e}"))?;
+    fn js<T: std::fmt::Display>(x: Option<T>) -> String {
+        x.map_or_else(|| "null".into(), |v| v.to_string())
+    }
+    for q in &r.records {
+        let ttft = q.first_token_ms.map(|t| t - q.arrival_ms);
+        let e2e = q.last_token_ms.map(|t| t - q.arrival_ms);
+        writeln!(
+            f,
+            "{{\"variant\":\"{name}\",\"speedup\":{speedup},\"id\":{},\"arrival_ms\":{},\"worker\":{},\"prompt\":{},\"cached\":{},\"output\":{},\"ttft_ms\":{},\"e2e_ms\":{}}}",
+            q.id, q.arrival_ms, js(q.worker), q.prompt_tokens, js(q.cached_tokens), q.output_tokens, js(ttft), js(e2e)
+        )
+        .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), String> {
     let a = parse()?;
     let engine = EngineConfig {
@@ -141,15 +170,23 @@ fn main() -> Result<(), String> {
         let reqs = requests(&a, speedup)?;
         let rep = run(&rcfg, &reqs, &mut TextTreeRule::new(a.workers, TextTreeConfig::default()))?;
         line("text-tree", speedup, &rep);
+        if let Some(path) = &a.records {
+            dump(path, "text-tree", speedup, &rep)?;
+        }
         for v in &a.variants {
-            let mut d = CoreDispatcher::new(config(v)?, fleet, 0, true, false);
-            let rep = run(&rcfg, &reqs, &mut d)?;
-            line(v, speedup, &rep);
-            let p = d.placements;
-            println!(
-                "{{\"variant\":\"{v}\",\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{}}}",
-                p.routed, p.with_prefix, p.moved, p.blocks_left
-            );
+            for seed in 0..a.seeds {
+                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, false);
+                let rep = run(&rcfg, &reqs, &mut d)?;
+                line(v, speedup, &rep);
+                if let Some(path) = &a.records {
+                    dump(path, v, speedup, &rep)?;
+                }
+                let p = d.placements;
+                println!(
+                    "{{\"variant\":\"{v}\",\"seed\":{seed},\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{}}}",
+                    p.routed, p.with_prefix, p.moved, p.blocks_left
+                );
+            }
         }
     }
     Ok(())

@@ -21,8 +21,10 @@
 //! What this crate leaves to others: it downloads nothing and never reads the network;
 //! finding the model folder, choosing the [`Dialect`] per deployment, hashing blocks
 //! (`router-core`) and turning errors into HTTP answers (see
-//! [`TokenizeError::is_bad_request`]) belong to the proxy. Multimodal content parts, whose
-//! placeholders are model-specific, are refused with a typed error.
+//! [`TokenizeError::is_bad_request`]) belong to the proxy. Image parts render as vLLM
+//! renders them for a model that takes images ([`VllmOptions::image_text`]), one
+//! placeholder per image, which the caller expands; other media parts, and images for
+//! a model without images, are refused with a typed error.
 //!
 //! Testing: `tests/it/parity.rs` renders and tokenizes generated model folders with this
 //! crate and with Hugging Face transformers (`tests/it/parity.py`, run with `python3`), and
@@ -50,7 +52,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use cache::{CacheConfig, CacheStats};
 pub use error::TokenizeError;
-pub use request::{ChatRequest, ContentFormat, Dialect, ToolDump, VllmOptions};
+pub use request::{is_image_part, ChatRequest, ContentFormat, Dialect, ToolDump, VllmOptions};
 pub use template::Clock;
 
 use cache::PieceCache;

@@ -85,11 +85,15 @@ pub struct VllmOptions {
     pub content_format: ContentFormat,
     /// How the engine dumps each tool for the template; default [`ToolDump::Declared`].
     pub tool_dump: ToolDump,
+    /// Whether the model takes images, and what one becomes under the "string" content
+    /// format: the model's placeholder text in vLLM (`get_placeholder_str`, `<image>` for
+    /// LLaVA). `None` (default): image parts are refused.
+    pub image_text: Option<String>,
 }
 
 impl Default for VllmOptions {
     fn default() -> Self {
-        Self { content_format: ContentFormat::Auto, tool_dump: ToolDump::default() }
+        Self { content_format: ContentFormat::Auto, tool_dump: ToolDump::default(), image_text: None }
     }
 }
 
@@ -147,7 +151,7 @@ pub(crate) fn render_context(
     }
     let (messages, tools) = match dialect {
         Dialect::Vllm(opts) => (
-            vllm_messages(&req.messages, openai_content)?,
+            vllm_messages(&req.messages, openai_content, opts.image_text.as_deref())?,
             req.tools.as_ref().map(|t| t.iter().map(|x| vllm_tool(x, opts.tool_dump)).collect()),
         ),
         Dialect::Transformers => (req.messages.clone(), req.tools.clone()),
@@ -191,11 +195,11 @@ fn transformers_messages(messages: Vec<Json>) -> Result<Vec<Json>, TokenizeError
     Ok(out)
 }
 
-fn vllm_messages(messages: &[Json], openai_content: bool) -> Result<Vec<Json>, TokenizeError> {
-    messages.iter().map(|m| vllm_message(m, openai_content)).collect()
+fn vllm_messages(messages: &[Json], openai_content: bool, image: Option<&str>) -> Result<Vec<Json>, TokenizeError> {
+    messages.iter().map(|m| vllm_message(m, openai_content, image)).collect()
 }
 
-fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeError> {
+fn vllm_message(message: &Json, openai_content: bool, image: Option<&str>) -> Result<Json, TokenizeError> {
     let Json::Object(msg) = message else {
         return Err(TokenizeError::invalid("each message must be a JSON object"));
     };
@@ -203,10 +207,13 @@ fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeEr
         Some(Json::String(r)) => r.as_str(),
         _ => return Err(TokenizeError::invalid("each message needs a string `role`")),
     };
-    let texts = content_texts(msg.get("content"))?;
+    let pieces = content_pieces(msg.get("content"), image.is_some())?;
+    // vLLM keeps a tool message's parts as a list only when one is not text.
+    let has_image = pieces.iter().any(|p| matches!(p, Piece::Image));
+    let openai = openai_content && (role != "tool" || has_image);
     let mut out = Map::new();
     out.insert("role".into(), Json::String(role.to_owned()));
-    out.insert("content".into(), content_value(&texts, openai_content && role != "tool"));
+    out.insert("content".into(), content_value(&pieces, openai, image.unwrap_or_default())?);
     match role {
         "assistant" => {
             if let Some(calls) = msg.get("tool_calls").filter(|v| !v.is_null()) {
@@ -237,11 +244,29 @@ fn vllm_message(message: &Json, openai_content: bool) -> Result<Json, TokenizeEr
     Ok(Json::Object(out))
 }
 
-/// The text of each content part, in order; parts whose text is `null` are skipped.
-fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
+/// One content part as the template sees it.
+enum Piece {
+    Text(String),
+    Image,
+}
+
+/// Whether `part` is an image part as vLLM's parser reads one: `type` `image_url`, or
+/// no `type` and an `image_url` field. A router finds a request's images with it, in the
+/// order their placeholders take in the prompt.
+pub fn is_image_part(part: &Map<String, Json>) -> bool {
+    match part.get("type") {
+        Some(Json::String(t)) => t == "image_url",
+        None => part.contains_key("image_url"),
+        Some(_) => false,
+    }
+}
+
+/// Each content part, in order; text parts whose text is `null` are skipped. Image parts
+/// are kept when `images`, else refused.
+fn content_pieces(content: Option<&Json>, images: bool) -> Result<Vec<Piece>, TokenizeError> {
     let parts = match content {
         None | Some(Json::Null) => return Ok(Vec::new()),
-        Some(Json::String(s)) => return Ok(vec![s.clone()]),
+        Some(Json::String(s)) => return Ok(vec![Piece::Text(s.clone())]),
         Some(Json::Array(parts)) => parts,
         Some(_) => return Err(TokenizeError::invalid("message content must be a string, a list of parts or null")),
     };
@@ -249,12 +274,16 @@ fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
     for part in parts {
         let obj = match part {
             Json::String(s) => {
-                texts.push(s.clone());
+                texts.push(Piece::Text(s.clone()));
                 continue;
             }
             Json::Object(o) => o,
             _ => return Err(TokenizeError::invalid("a content part must be an object")),
         };
+        if images && is_image_part(obj) {
+            texts.push(Piece::Image);
+            continue;
+        }
         let kind = match obj.get("type") {
             Some(Json::String(t)) => t.as_str(),
             Some(_) => return Err(TokenizeError::invalid("invalid content part `type`")),
@@ -268,7 +297,7 @@ fn content_texts(content: Option<&Json>) -> Result<Vec<String>, TokenizeError> {
         };
         match obj.get(field) {
             None | Some(Json::Null) => {}
-            Some(Json::String(s)) => texts.push(s.clone()),
+            Some(Json::String(s)) => texts.push(Piece::Text(s.clone())),
             Some(_) => return Err(TokenizeError::invalid("content part text must be a string")),
         }
     }
@@ -283,21 +312,51 @@ fn missing_type(part: &Map<String, Json>) -> TokenizeError {
     }
 }
 
-fn content_value(texts: &[String], openai: bool) -> Json {
+/// The message's content for the template: `{"type": "text" | "image"}` parts under the
+/// "openai" format; else one string, each image's `image_text` put before the text
+/// (unless the text holds it already), as vLLM's `_get_full_multimodal_text_prompt`
+/// does without `interleave_mm_strings`.
+fn content_value(pieces: &[Piece], openai: bool, image_text: &str) -> Result<Json, TokenizeError> {
     if openai {
-        let parts = texts
+        let parts = pieces
             .iter()
-            .map(|t| {
+            .map(|piece| {
                 let mut p = Map::new();
-                p.insert("type".into(), Json::String("text".into()));
-                p.insert("text".into(), Json::String(t.clone()));
+                match piece {
+                    Piece::Text(t) => {
+                        p.insert("type".into(), Json::String("text".into()));
+                        p.insert("text".into(), Json::String(t.clone()));
+                    }
+                    Piece::Image => {
+                        p.insert("type".into(), Json::String("image".into()));
+                    }
+                }
                 Json::Object(p)
             })
             .collect();
-        Json::Array(parts)
-    } else {
-        Json::String(texts.join("\n"))
+        return Ok(Json::Array(parts));
     }
+    let texts: Vec<&str> = pieces
+        .iter()
+        .filter_map(|p| match p {
+            Piece::Text(t) => Some(t.as_str()),
+            Piece::Image => None,
+        })
+        .collect();
+    let text = texts.join("\n");
+    let images = pieces.len() - texts.len();
+    if images == 0 {
+        return Ok(Json::String(text));
+    }
+    let written = text.matches(image_text).count();
+    let Some(missing) = images.checked_sub(written) else {
+        return Err(TokenizeError::invalid("the text holds more image placeholders than there are images"));
+    };
+    let mut out: Vec<&str> = std::iter::repeat_n(image_text, missing).collect();
+    if !text.is_empty() {
+        out.push(&text);
+    }
+    Ok(Json::String(out.join("\n")))
 }
 
 /// vLLM parses string `arguments` to JSON and drops an empty call list (`None`).

@@ -218,7 +218,7 @@ impl Router {
         // After the busy check: a pin to a worker that is only busy queues, it does not fail.
         eligible::check_pinned(&pin, verdicts).map_err(RouteError::Pin)?;
 
-        let candidates: Vec<Candidate> = verdicts
+        let mut candidates: Vec<Candidate> = verdicts
             .iter()
             .filter_map(|v| match v.verdict {
                 Verdict::Eligible { cost_factor } => {
@@ -235,6 +235,7 @@ impl Router {
                         overlap: if self.untrusted.contains(&v.key) { Overlap::default() } else { scores.get(v.key) },
                         new_decode_blocks,
                         inflight_prefix_blocks,
+                        prefix_best_blocks: 0,
                         weight: spec.map_or(1, |s| s.weight),
                         cost_factor: cost_factor * scales.factor,
                         kv_blocks,
@@ -250,6 +251,10 @@ impl Router {
                 Verdict::Excluded(_) => None,
             })
             .collect();
+        let best = candidates.iter().map(|c| c.overlap.device.max(c.inflight_prefix_blocks)).max().unwrap_or(0);
+        for c in &mut candidates {
+            c.prefix_best_blocks = best;
+        }
         let sreq = SelectRequest {
             mode: self.cfg.mode,
             phase,

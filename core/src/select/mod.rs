@@ -127,6 +127,9 @@ pub struct Candidate {
     /// Leading prompt blocks that requests already routed here hold: cached by the time
     /// this one is admitted (engines take prompts in order), announced or not.
     pub inflight_prefix_blocks: u32,
+    /// The most leading prompt blocks any candidate holds, cached or in flight: what
+    /// placing the request elsewhere leaves behind is measured against it. 0 if unknown.
+    pub prefix_best_blocks: u32,
     /// Share in [`RouterMode::Weighted`].
     pub weight: u32,
     /// Multiplies the kv cost; above 1.0 for a worker to avoid (a `PreferNoSchedule`
@@ -166,6 +169,7 @@ impl Candidate {
             overlap: Overlap::default(),
             new_decode_blocks: 0,
             inflight_prefix_blocks: 0,
+            prefix_best_blocks: 0,
             weight: 1,
             cost_factor: 1.0,
             kv_blocks: 0,

@@ -134,7 +134,8 @@ pub struct TtftWeights {
     /// Weight of the decode time placing the request there costs: its own output's steps
     /// at the worker's KV usage with it, plus what its blocks add to the steps of the
     /// requests decoding there. Decode steps slow down as KV usage grows, so this is what
-    /// spreads decode work and keeps end-to-end latency even. Default 0 (off: see the fleet benchmark notes).
+    /// spreads decode work and keeps end-to-end latency even. Small, since it prices a
+    /// whole output against one prompt's wait. Default 0.05.
     pub decode_time_weight: f64,
     /// Output tokens expected of a request that names none, for the decode time term.
     /// Default 128.
@@ -144,6 +145,15 @@ pub struct TtftWeights {
     /// evicting from full ones, and keeps one copy of a prefix where it is unless load
     /// pays for another. Default 1.0.
     pub store_ms_per_block: f64,
+    /// Charge per leading prompt block that the best holder has and this worker lacks,
+    /// ms: moving a conversation off its cache costs its later turns their hits and
+    /// stores a second copy, which its TTFT alone does not count. A holder keeps the
+    /// request unless its wait exceeds another's by more. Default 20.
+    pub keep_ms_per_block: f64,
+    /// Most the keep term charges one placement, ms: a long context left behind is
+    /// worth no more than this, so a busy holder of long agent contexts still sheds
+    /// work. Default 200.
+    pub keep_ms_max: f64,
 }
 
 impl Default for TtftWeights {
@@ -156,12 +166,16 @@ impl Default for TtftWeights {
             decode_time_weight: DECODE_TIME_WEIGHT,
             output_tokens_default: 128,
             store_ms_per_block: STORE_MS,
+            keep_ms_per_block: KEEP_MS,
+            keep_ms_max: KEEP_MS_MAX,
         }
     }
 }
 
-const DECODE_TIME_WEIGHT: f64 = 0.0;
+const DECODE_TIME_WEIGHT: f64 = 0.05;
 const STORE_MS: f64 = 1.0;
+const KEEP_MS: f64 = 20.0;
+const KEEP_MS_MAX: f64 = 200.0;
 
 impl TtftWeights {
     /// The decode time term: `decode_time_weight × out × (f_d(u₁) + n × (f_d(u₁) − f_d(u₀)))`
@@ -172,6 +186,18 @@ impl TtftWeights {
     pub(super) fn decode_time_ms(&self, out_tokens: f64, step0_ms: f64, step1_ms: f64, decoding: f64) -> f64 {
         let others = decoding * (step1_ms - step0_ms);
         self.decode_time_weight * out_tokens * (step1_ms + others)
+    }
+
+    /// The keep term: `keep_ms_per_block × left_blocks`, at most `keep_ms_max` (a NaN
+    /// product stays NaN, so `score` sees it). Shared as `decode_time_ms` is.
+    #[inline(always)]
+    pub(super) fn keep_ms(&self, left_blocks: f64) -> f64 {
+        let ms = self.keep_ms_per_block * left_blocks;
+        if ms > self.keep_ms_max {
+            self.keep_ms_max
+        } else {
+            ms
+        }
     }
 }
 
@@ -199,9 +225,12 @@ impl TtftWeights {
 ///            + out / block_size) / kv_blocks, d = requests there past their prefill
 /// store    = store_ms_per_block × min(own / block_size, max(0, cached_blocks + own /
 ///            block_size − kv_blocks)): the cached blocks its new ones would evict
+/// keep     = min(keep_ms_max, keep_ms_per_block × max(0, prefix_best_blocks −
+///            max(overlap_effective, inflight_prefix_blocks))): the prefix the best
+///            holder has and this one lacks
 /// cost     = cost_factor × (prefill_load_scale × P(queued + own) + decode_weight × n × step
 ///                           + others_delay_weight × others + work_weight × work + memory
-///                           + decode_weight × decode + store
+///                           + decode_weight × decode + store + keep
 ///                           + active_request_weight × active_requests)
 /// ```
 ///
@@ -246,6 +275,7 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
         0.0
     };
     let store_ms = w.store_ms_per_block * evicted_blocks(own / bs, f64::from(c.cached_blocks), kv);
+    let keep_ms = w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), cached_blocks));
 
     let requests = f64::from(c.load.active_requests);
     let cost = c.cost_factor
@@ -256,6 +286,7 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
             + memory_ms
             + out_time_ms
             + store_ms
+            + keep_ms
             + cfg.active_request_weight * requests);
     let decode_blocks = if aggregated { decode_blocks } else { 0.0 };
     score(c, overlap, (queued + own) / bs, decode_blocks, cost)
@@ -272,6 +303,17 @@ pub(super) fn evicted_blocks(new: f64, cached: f64, kv: f64) -> f64 {
         over
     } else {
         new
+    }
+}
+
+/// Leading blocks the best holder has beyond `cached` (0 when this one is the best).
+#[inline(always)]
+pub(super) fn left_behind(best: f64, cached: f64) -> f64 {
+    let left = best - cached;
+    if left > 0.0 {
+        left
+    } else {
+        0.0
     }
 }
 

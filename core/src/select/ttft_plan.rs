@@ -27,7 +27,7 @@
 //! model's defaults, which are rare and scored one by one.
 
 use super::cost::{overlap_effective, score};
-use super::ttft::{evicted_blocks, output_tokens, ttft_cost, TtftModel};
+use super::ttft::{evicted_blocks, left_behind, output_tokens, ttft_cost, TtftModel};
 use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
@@ -89,6 +89,7 @@ struct TtftPlan<'a> {
 #[derive(Clone, Copy, Default)]
 struct Inputs {
     overlap: f64,
+    cached_blocks: f64,
     own: f64,
     active: f64,
     step_ms: f64,
@@ -221,7 +222,7 @@ impl<'a> TtftPlan<'a> {
             0.0
         };
         let queued = self.queued_tokens::<POW2>(c, step_ms);
-        Inputs { overlap, own, active, step_ms, queued }
+        Inputs { overlap, cached_blocks, own, active, step_ms, queued }
     }
 
     /// Stage 2: the pass times.
@@ -278,6 +279,7 @@ impl<'a> TtftPlan<'a> {
         };
         let own_blocks = if POW2 { p.own * self.bs_recip } else { p.own / self.bs };
         let store_ms = w.store_ms_per_block * evicted_blocks(own_blocks, f64::from(c.cached_blocks), self.kv);
+        let keep_ms = w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), p.cached_blocks));
         let requests = f64::from(c.load.active_requests);
         let cost = c.cost_factor
             * (cfg.prefill_load_scale * t.prefill_ms
@@ -287,6 +289,7 @@ impl<'a> TtftPlan<'a> {
                 + memory_ms
                 + out_time_ms
                 + store_ms
+                + keep_ms
                 + cfg.active_request_weight * requests);
         let decode_blocks = if self.aggregated { decode_blocks } else { 0.0 };
         score(c, p.overlap, (p.queued + p.own) * self.bs_recip, decode_blocks, cost)

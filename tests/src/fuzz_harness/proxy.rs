@@ -3,12 +3,16 @@
 //! the pure functions the handler and `kvroute serve` call.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST};
+use kvroute_media::data_url::is_data_url;
+use kvroute_media::{ImageModel, ImagePart, PlaceholderRule};
 use kvroute_proxy::config::{router_config, ConfigError, ProxyConfig, TrustConfig};
+use kvroute_proxy::error::ApiError;
+use kvroute_proxy::media::{expand, image_parts, ChatMedia, MediaSection};
 use kvroute_proxy::request::{self, Build, Endpoint, Prompt};
 use kvroute_proxy::tokenize::{fallback_chat, fallback_text};
 use kvroute_proxy::trust::Trust;
 use kvroute_proxy::upstream::{upstream_headers, PIN_HEADERS, PREVIEW_HEADER};
-use router_core::{BlockSize, RequestId, RoutingHints};
+use router_core::{BlockSize, MediaItems, RequestId, RoutingHints};
 use serde_json::Value;
 
 // ---- proxy_request ----
@@ -32,7 +36,8 @@ pub const TOKEN: &str = "fuzz-token";
 /// Header lines that are not a valid name and value are skipped (hyper refuses them
 /// before the handler runs). Checks: every outcome is a 400 or a parse whose forwarded
 /// body has no `kvroute` object; untrusted clients keep no pin, preview or priority;
-/// a forwarded header set carries no hop-by-hop, pin, internal or token header.
+/// a forwarded header set carries no hop-by-hop, pin, internal or token header; a
+/// chat's image parts are read as the front end reads them ([`check_images`]).
 pub fn proxy_request(data: &[u8]) {
     let (control, rest) = split_line(data);
     let (headers, body) = read_headers(rest);
@@ -103,6 +108,57 @@ pub fn proxy_request(data: &[u8]) {
     if !trusted {
         assert_eq!((req.priority.strict, req.priority.jump_ms, &req.priority.class), (0, 0, &None));
     }
+    if parsed.prompt == Prompt::Chat {
+        check_images(&json, &tokens, &parsed, block_size);
+    }
+}
+
+/// The placeholder token of the fuzzed image model.
+const IMAGE_TOKEN: u32 = 7;
+
+/// A chat's image parts as the front end reads them for a LLaVA-like model (five
+/// tokens an image, at most four images): each resolves or is a 400/413 (an http(s)
+/// URL is never allowed by default); resolved images expand a prompt of the fallback
+/// tokens plus one placeholder each into blocks hashed with their media keys, which
+/// differ from the text's from the first block an image touches.
+fn check_images(json: &Value, text: &[u32], parsed: &request::Parsed, block_size: BlockSize) {
+    let model =
+        ImageModel { rule: PlaceholderRule::Fixed { tokens: 5 }, token_id: IMAGE_TOKEN, prompt_text: "<image>" };
+    let media = ChatMedia::new(&model, "m", &MediaSection { items_max: 4, ..MediaSection::default() });
+    let parts = match image_parts(json, 4) {
+        Ok(p) => p,
+        Err(e) => return assert_eq!(e.status, 400, "{e}"),
+    };
+    let mut images = Vec::new();
+    for p in &parts {
+        let resolved = match p.url {
+            Some(url) if !is_data_url(url) => {
+                assert!(!media.fetcher.allows(url), "nothing is fetched by default: {url}");
+                return;
+            }
+            url => media.config.resolve(ImagePart { url, uuid: p.uuid.as_deref() }),
+        };
+        match resolved {
+            Ok(img) => images.push(img),
+            Err(e) => return assert!(matches!(ApiError::media(&e).status.as_u16(), 400 | 413), "{e}"),
+        }
+    }
+    let mut prompt: Vec<u32> = text.iter().map(|&t| if t == IMAGE_TOKEN { t + 1 } else { t }).collect();
+    prompt.extend(std::iter::repeat_n(IMAGE_TOKEN, images.len()));
+    let (tokens, items) = expand(&media, &prompt, &images).expect("one placeholder per image expands");
+    assert_eq!(tokens.len(), prompt.len() + 4 * images.len());
+    assert_eq!(items.items().len(), images.len());
+    let build = |media: &MediaItems| {
+        let b =
+            Build { id: RequestId(1), block_size, lora: None, parsed, hints: RoutingHints::default(), session: None };
+        request::build_with_media(b, &tokens, media).blocks
+    };
+    let (with, without) = (build(&items), build(&MediaItems::none()));
+    assert_eq!(with.len(), tokens.len() / 4);
+    // Blocks before the first image's first block hash alike; from there they differ.
+    let first = items.items().first().map_or(with.len(), |i| i.offset_tokens as usize / 4);
+    let same = with.iter().zip(&without).take_while(|(a, b)| a == b).count();
+    assert_eq!(same, first.min(with.len()), "text blocks never equal image blocks");
 }
 
 /// The first line of `data` (without its `\n`) and the rest.

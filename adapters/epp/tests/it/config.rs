@@ -66,6 +66,9 @@ const TOP_LEVEL: &[(&str, &str, bool)] = &[
     ("discovery", "[discovery.kubernetes]\nlabel_selector = \"app=vllm\"\n", true),
     ("tracing", "[tracing]\notlp_endpoint = \"http://127.0.0.1:4318\"\n", true),
     ("tenants", "[[tenants]]\nname = \"a\"\napi_key_sha256 = \"00000000000000000000000000000000000000000000000000000000000000aa\"\n", true),
+    ("media", "[media]\nitems_max = 4\n", false),
+    ("tls", "[tls]\ncert_path = \"c.pem\"\nkey_path = \"k.pem\"\n", true),
+    ("upstream_tls", "[upstream_tls]\nca_path = \"ca.pem\"\n", true),
 ];
 
 #[test]

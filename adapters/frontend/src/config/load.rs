@@ -69,11 +69,19 @@ impl ProxyConfig {
         if let Err((key, message)) = self.learn.check() {
             return invalid(key.into(), message);
         }
+        if let Err((key, message)) = self.media.check() {
+            return invalid(key, message);
+        }
         if let Err((key, message)) = self.discovery.check(self.models.iter().map(|m| m.name.as_str())) {
             return invalid(key, message);
         }
         if let Some(Err((key, message))) = self.tracing.as_ref().map(super::TracingConfig::check) {
             return invalid(key.into(), message);
+        }
+        for checked in [self.tls.as_ref().map_or(Ok(()), TlsConfig::check), self.upstream_tls.check()] {
+            if let Err((key, message)) = checked {
+                return invalid(key.into(), message);
+            }
         }
         if !self.health_check.path.starts_with('/') {
             return invalid("health_check.path".into(), "must start with /".into());
@@ -272,7 +280,7 @@ mod tests {
         check_err("[limits]\nbody_bytes_max = \"big\"\n", Some(2), "body_bytes_max");
         check_err("[router]\nmode = \"fastest\"\n", Some(2), "mode");
         check_err("[trust]\ncidrs = [\"10.0.0.0/33\"]\n", Some(2), "cidrs");
-        check_err(&format!("{m}[[workers]]\nid = 1\nurl = \"https://x:1\"\nmodel = \"m\"\n"), Some(5), "http://");
+        check_err(&format!("{m}[[workers]]\nid = 1\nurl = \"ftp://x:1\"\nmodel = \"m\"\n"), Some(5), "https://");
         check_err(
             &format!("{m}[[workers]]\nid = 1\nurl = \"http://x:1\"\nmodel = \"other\"\n"),
             None,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 pub struct TracingConfig {
     /// The collector's OTLP/HTTP base URL, e.g. `http://127.0.0.1:4318` (required); spans
     /// are posted to `<otlp_endpoint>/v1/traces`, or to the URL itself when it already
-    /// ends in `/v1/traces`. Plain `http` only.
+    /// ends in `/v1/traces`. An `https` collector is verified against `[upstream_tls]`.
     pub otlp_endpoint: String,
     /// Share of the traces this proxy starts that are recorded, 0 to 1 (default 1.0).
     /// A request carrying a `traceparent` follows its sampled flag instead.
@@ -84,9 +84,9 @@ impl TracingConfig {
             return Err(("tracing.sampling_ratio", format!("{} is not between 0 and 1", self.sampling_ratio)));
         }
         match self.traces_url().parse::<http::Uri>() {
-            Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {}
+            Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some() => {}
             _ => {
-                let message = format!("{:?} is not an http://host:port URL", self.otlp_endpoint);
+                let message = format!("{:?} is not an http:// or https://host:port URL", self.otlp_endpoint);
                 return Err(("tracing.otlp_endpoint", message));
             }
         }
@@ -136,7 +136,8 @@ mod tests {
         check("otlp_endpoint = \"http://c:4318\"\nsampling_ratio = 1.5", Err("tracing.sampling_ratio"));
         check("otlp_endpoint = \"http://c:4318\"\nsampling_ratio = -0.1", Err("tracing.sampling_ratio"));
         check("otlp_endpoint = \"http://c:4318\"\nsampling_ratio = nan", Err("tracing.sampling_ratio"));
-        check("otlp_endpoint = \"https://c:4318\"", Err("tracing.otlp_endpoint"));
+        check("otlp_endpoint = \"https://c:4318\"", Ok(("https://c:4318/v1/traces", 1.0, "kvroute", true)));
+        check("otlp_endpoint = \"grpc://c:4317\"", Err("tracing.otlp_endpoint"));
         check("otlp_endpoint = \"c 4318\"", Err("tracing.otlp_endpoint"));
         check("otlp_endpoint = \"http://c:4318\"\nservice_name = \"\"", Err("tracing.service_name"));
         check("otlp_endpoint = \"http://c:4318\"\nexport_interval_ms = 0", Err("tracing"));

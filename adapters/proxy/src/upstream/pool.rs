@@ -8,6 +8,9 @@
 //! decodes the next one from its read buffer at once, with no hand-off to another task.
 //! It also spares each request two cross-task wake-ups.
 //!
+//! An `https` URI's connection is TLS ([`crate::tls::connect`]), pooled apart from a
+//! plain one to the same address.
+//!
 //! Idle connections are not polled. A worker that closed one is found out when it is
 //! taken (it reads as closed or not ready) or when the request on it fails before being
 //! written, which sends the request again on another connection to the same worker.
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
-use http::uri::{Authority, PathAndQuery};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
@@ -30,6 +33,9 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::tls::Io;
 
 /// Idle connections kept per worker address; more are closed when they come back.
 pub const IDLE_PER_WORKER_MAX: usize = 256;
@@ -37,7 +43,7 @@ pub const IDLE_PER_WORKER_MAX: usize = 256;
 /// Stale pooled connections tried before opening a fresh one.
 const STALE_TRIES_MAX: usize = 4;
 
-type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
+type Conn = Connection<TokioIo<Io>, Full<Bytes>>;
 
 /// A connection and its request handle.
 struct Live {
@@ -62,10 +68,17 @@ struct Idle {
     since: Instant,
 }
 
+/// Where a connection goes: a worker's address, over TLS or not.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Origin {
+    https: bool,
+    authority: Authority,
+}
+
 /// Idle connections by worker address, oldest first.
 #[derive(Default)]
 struct Idles {
-    by_worker: HashMap<Authority, Vec<Idle>>,
+    by_worker: HashMap<Origin, Vec<Idle>>,
     /// Connections put back since the last sweep.
     puts: u32,
 }
@@ -80,6 +93,8 @@ pub struct ConnPool {
     connect_timeout: Duration,
     /// hyper's read buffer cap per connection, which bounds what a slow reader holds.
     buf_bytes_max: usize,
+    /// The TLS client of `https` workers.
+    tls: TlsConnector,
 }
 
 /// Why a request to a worker failed.
@@ -95,12 +110,15 @@ pub enum SendError {
     Closed,
     /// The URI names no host to connect to.
     NoHost,
+    /// The TLS handshake with an `https` worker failed (its certificate was not
+    /// trusted, named another host, or the handshake timed out): nothing reached it.
+    Tls(std::io::Error),
 }
 
 impl SendError {
     /// Whether nothing reached the worker, so another worker may take the request.
     pub fn is_connect(&self) -> bool {
-        matches!(self, SendError::Connect(_) | SendError::NoHost)
+        matches!(self, SendError::Connect(_) | SendError::NoHost | SendError::Tls(_))
     }
 }
 
@@ -111,6 +129,7 @@ impl fmt::Display for SendError {
             SendError::Request(_) => f.write_str("the request failed"),
             SendError::Closed => f.write_str("the connection closed without an answer"),
             SendError::NoHost => f.write_str("the worker URL has no host"),
+            SendError::Tls(_) => f.write_str("the TLS handshake failed"),
         }
     }
 }
@@ -118,7 +137,7 @@ impl fmt::Display for SendError {
 impl std::error::Error for SendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            SendError::Connect(e) => Some(e),
+            SendError::Connect(e) | SendError::Tls(e) => Some(e),
             SendError::Request(e) => Some(e),
             SendError::Closed | SendError::NoHost => None,
         }
@@ -126,32 +145,39 @@ impl std::error::Error for SendError {
 }
 
 impl ConnPool {
-    /// An empty pool.
-    pub fn new(idle_timeout: Duration, connect_timeout: Duration, buf_bytes_max: usize) -> Arc<Self> {
-        Arc::new(ConnPool { idle: Mutex::new(Idles::default()), idle_timeout, connect_timeout, buf_bytes_max })
+    /// An empty pool; `tls` is the client of `https` workers.
+    pub fn new(
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+        buf_bytes_max: usize,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Arc<Self> {
+        let tls = TlsConnector::from(tls);
+        Arc::new(ConnPool { idle: Mutex::new(Idles::default()), idle_timeout, connect_timeout, buf_bytes_max, tls })
     }
 
     /// Sends `req` (an absolute URI) on a pooled or new connection to its host and waits
     /// for the response head. A request a stale connection refused goes out again.
     pub async fn send(self: &Arc<Self>, mut req: Request<Full<Bytes>>) -> Result<Response<Upstream>, SendError> {
         let Some(authority) = req.uri().authority().cloned() else { return Err(SendError::NoHost) };
+        let origin = Origin { https: req.uri().scheme() == Some(&Scheme::HTTPS), authority };
         let path = req.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
         *req.uri_mut() = Uri::from(path);
         if !req.headers().contains_key(HOST) {
-            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+            if let Ok(v) = HeaderValue::from_str(origin.authority.as_str()) {
                 req.headers_mut().insert(HOST, v);
             }
         }
         let mut tries = 0;
         loop {
-            let (live, fresh) = match self.checkout(&authority, &mut tries) {
+            let (live, fresh) = match self.checkout(&origin, &mut tries) {
                 Some(live) => (live, false),
-                None => (self.connect(&authority).await?, true),
+                None => (self.connect(&origin).await?, true),
             };
             match send_on(live, req).await {
                 Ok((resp, live)) => {
                     let pool = self.clone();
-                    return Ok(resp.map(|inner| Upstream { inner, conn: Some(Driven { live, pool, authority }) }));
+                    return Ok(resp.map(|inner| Upstream { inner, conn: Some(Driven { live, pool, origin }) }));
                 }
                 Err(Failed::Unsent(r)) if !fresh => req = *r,
                 Err(Failed::Unsent(_)) => {
@@ -164,10 +190,10 @@ impl ConnPool {
         }
     }
 
-    /// The most recently used idle connection to `authority` that is still usable.
-    fn checkout(&self, authority: &Authority, tries: &mut usize) -> Option<Live> {
+    /// The most recently used idle connection to `origin` that is still usable.
+    fn checkout(&self, origin: &Origin, tries: &mut usize) -> Option<Live> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = idle.by_worker.get_mut(authority)?;
+        let list = idle.by_worker.get_mut(origin)?;
         let now = Instant::now();
         while *tries < STALE_TRIES_MAX {
             let Idle { mut live, since } = list.pop()?;
@@ -184,24 +210,30 @@ impl ConnPool {
         None
     }
 
-    async fn connect(&self, authority: &Authority) -> Result<Live, SendError> {
-        let addr = (authority.host().trim_start_matches('[').trim_end_matches(']'), authority.port_u16().unwrap_or(80));
+    async fn connect(&self, origin: &Origin) -> Result<Live, SendError> {
+        let host = origin.authority.host().trim_start_matches('[').trim_end_matches(']');
+        let addr = (host, origin.authority.port_u16().unwrap_or(if origin.https { 443 } else { 80 }));
         let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
             Ok(Ok(tcp)) => tcp,
             Ok(Err(e)) => return Err(SendError::Connect(e)),
             Err(_) => return Err(SendError::Connect(std::io::ErrorKind::TimedOut.into())),
         };
         let _ = tcp.set_nodelay(true);
+        let io = if origin.https {
+            crate::tls::connect(&self.tls, tcp, host, self.connect_timeout).await.map_err(SendError::Tls)?
+        } else {
+            Io::Plain(tcp)
+        };
         // The handshake does no I/O for HTTP/1.
         let (send, conn) = http1::Builder::new()
             .max_buf_size(self.buf_bytes_max)
-            .handshake(TokioIo::new(tcp))
+            .handshake(TokioIo::new(io))
             .await
             .map_err(SendError::Request)?;
         Ok(Live { send, conn, done: false })
     }
 
-    fn put(&self, authority: Authority, live: Live) {
+    fn put(&self, origin: Origin, live: Live) {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         idle.puts += 1;
@@ -214,7 +246,7 @@ impl ConnPool {
                 !list.is_empty()
             });
         }
-        let list = idle.by_worker.entry(authority).or_default();
+        let list = idle.by_worker.entry(origin).or_default();
         if list.len() < IDLE_PER_WORKER_MAX {
             list.push(Idle { live, since: now });
         }
@@ -261,7 +293,7 @@ async fn send_on(mut live: Live, req: Request<Full<Bytes>>) -> Result<(Response<
 struct Driven {
     live: Live,
     pool: Arc<ConnPool>,
-    authority: Authority,
+    origin: Origin,
 }
 
 /// A worker's response body. Reading it drives its connection, which goes back to the
@@ -290,7 +322,7 @@ impl Body for Upstream {
                 if let Some(mut d) = this.conn.take() {
                     // One more turn lets the connection settle into idle.
                     if d.live.drive(cx) && !d.live.send.is_closed() {
-                        d.pool.put(d.authority, d.live);
+                        d.pool.put(d.origin, d.live);
                     }
                 }
             }
@@ -346,6 +378,14 @@ mod tests {
         (addr, accepted)
     }
 
+    /// A TLS client trusting nothing: these workers are plain.
+    fn tls() -> Arc<rustls::ClientConfig> {
+        let roots = Arc::new(rustls::RootCertStore::empty());
+        let p = Arc::new(rustls::crypto::ring::default_provider());
+        let b = rustls::ClientConfig::builder_with_provider(p).with_safe_default_protocol_versions().unwrap();
+        Arc::new(b.with_root_certificates(roots).with_no_client_auth())
+    }
+
     fn request(addr: SocketAddr) -> Request<Full<Bytes>> {
         Request::post(format!("http://{addr}/v1/x")).body(Full::new(Bytes::from_static(b"{}"))).unwrap()
     }
@@ -357,7 +397,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let (addr, accepted) = worker("hello", keep_alive).await;
-            let pool = ConnPool::new(Duration::from_millis(idle_ms), Duration::from_secs(5), 64 << 10);
+            let pool = ConnPool::new(Duration::from_millis(idle_ms), Duration::from_secs(5), 64 << 10, tls());
             for i in 0..n {
                 let resp = pool.send(request(addr)).await.unwrap_or_else(|e| panic!("request {i}: {e:?}"));
                 assert_eq!(resp.status(), 200);
@@ -388,10 +428,26 @@ mod tests {
             let sock = tokio::net::TcpSocket::new_v4().unwrap();
             sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
             let addr = sock.local_addr().unwrap();
-            let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
+            let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10, tls());
             let e = pool.send(request(addr)).await.err().expect("no worker");
             drop(sock);
             assert!(e.is_connect(), "{e:?}");
+        });
+    }
+
+    #[test]
+    fn an_https_uri_speaks_tls_and_a_failed_handshake_is_a_connect_error() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (addr, accepted) = worker("hello", true).await;
+            let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10, tls());
+            let req = Request::post(format!("https://{addr}/v1/x")).body(Full::new(Bytes::new())).unwrap();
+            let e = pool.send(req).await.err().expect("a plaintext worker completes no handshake");
+            assert!(matches!(e, SendError::Tls(_)) && e.is_connect(), "{e:?}");
+            assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection, and nothing pooled from it");
+            // Plain http to the same address still works: the two are pooled apart.
+            let resp = pool.send(request(addr)).await.unwrap();
+            assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "hello");
         });
     }
 
@@ -409,7 +465,7 @@ mod tests {
                 });
                 let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(s), svc).await;
             });
-            let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10);
+            let pool = ConnPool::new(Duration::from_secs(60), Duration::from_secs(5), 64 << 10, tls());
             let resp = pool.send(request(addr)).await.unwrap();
             let body = resp.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(body, format!("{addr} /v1/x"));

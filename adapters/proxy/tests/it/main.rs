@@ -20,6 +20,7 @@ mod fleet;
 mod leaks;
 mod learn;
 mod limits;
+mod media;
 mod metrics;
 mod migration;
 mod openai_client;

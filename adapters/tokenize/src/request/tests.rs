@@ -2,7 +2,7 @@ use super::*;
 use serde_json::json;
 
 fn vllm(tool_dump: ToolDump) -> Dialect {
-    Dialect::Vllm(VllmOptions { content_format: ContentFormat::Auto, tool_dump })
+    Dialect::Vllm(VllmOptions { content_format: ContentFormat::Auto, tool_dump, image_text: None })
 }
 
 fn request(messages: Json, tools: Json) -> ChatRequest {
@@ -225,4 +225,54 @@ fn requests_deserialize_with_engine_defaults() {
     assert!(req.add_generation_prompt);
     assert_eq!(req.tools, None);
     assert!(req.chat_template_kwargs.is_empty());
+}
+
+fn with_images(text: &str) -> Dialect {
+    Dialect::Vllm(VllmOptions { image_text: Some(text.into()), ..VllmOptions::default() })
+}
+
+#[test]
+fn image_parts_render_as_vllm_renders_them() {
+    let d = with_images("<image>");
+    let img = json!({"type": "image_url", "image_url": {"url": "data:,"}});
+    let bare = json!({"image_url": "data:,"});
+    // "openai" format: an image part in place.
+    check(
+        &d,
+        true,
+        json!([{"role": "user", "content": [{"type": "text", "text": "a"}, img, "b"]}]),
+        Json::Null,
+        json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b"}]}]),
+        Json::Null,
+    );
+    // A tool message keeps its parts when one is an image.
+    check(
+        &d,
+        true,
+        json!([{"role": "tool", "content": [bare, {"type": "text", "text": "x"}], "tool_call_id": "t"}]),
+        Json::Null,
+        json!([{"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "x"}], "tool_call_id": "t"}]),
+        Json::Null,
+    );
+    // "string" format: the images' text first, then the text; none twice.
+    check(
+        &d,
+        false,
+        json!([{"role": "user", "content": [{"type": "text", "text": "a"}, img, "b", img]}]),
+        Json::Null,
+        json!([{"role": "user", "content": "<image>\n<image>\na\nb"}]),
+        Json::Null,
+    );
+    check(
+        &d,
+        false,
+        json!([{"role": "user", "content": ["see <image> here", img, img]}, {"role": "user", "content": [img]}]),
+        Json::Null,
+        json!([{"role": "user", "content": "<image>\nsee <image> here"}, {"role": "user", "content": "<image>"}]),
+        Json::Null,
+    );
+    let too_many = request(json!([{"role": "user", "content": ["<image><image>", img]}]), Json::Null);
+    check_rejects(&d, too_many, |e| matches!(e, TokenizeError::InvalidRequest { .. }));
+    let audio = json!([{"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": "x"}}]}]);
+    check_rejects(&d, request(audio, Json::Null), |e| matches!(e, TokenizeError::UnsupportedContentPart { .. }));
 }

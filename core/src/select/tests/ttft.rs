@@ -78,9 +78,39 @@ fn default_timing_is_the_reference_engine() {
 }
 
 /// The weights the hand computations below were made with: the defaults without the
-/// decode time and store terms, which `decode_time_and_store_terms` checks alone.
+/// decode time, store and keep terms, which `decode_time_and_store_terms` and
+/// `keep_term` check alone.
 fn base_weights() -> TtftWeights {
-    TtftWeights { decode_time_weight: 0.0, store_ms_per_block: 0.0, ..TtftWeights::default() }
+    TtftWeights { decode_time_weight: 0.0, store_ms_per_block: 0.0, keep_ms_per_block: 0.0, ..TtftWeights::default() }
+}
+
+#[test]
+fn keep_term() {
+    use Phase::{Aggregated as Agg, Prefill as Pre};
+    // 3 ms per block the best holder has beyond this one. Idle alone costs 23.2; 6
+    // cached blocks leave 64 tokens, 21.28 (see `ttft_cost_matches_hand_computation`).
+    let keep = cost(TtftWeights { keep_ms_per_block: 3.0, ..base_weights() });
+    let best_of = |best, device, inflight| Candidate {
+        overlap: Overlap { device, host: 0, disk: 0 },
+        inflight_prefix_blocks: inflight,
+        prefix_best_blocks: best,
+        ..idle()
+    };
+    // The best holder itself, and a fleet where nobody holds anything: no charge.
+    check(Agg, keep, best_of(6, 6, 0), (4.0, 10.0, 21.28));
+    check(Agg, keep, best_of(0, 0, 0), (10.0, 10.0, 23.2));
+    // Holding nothing of a 6-block prefix: 18 ms; holding 4 of it: 6 ms.
+    check(Agg, keep, best_of(6, 0, 0), (10.0, 10.0, 23.2 + 18.0));
+    check(Agg, keep, best_of(6, 4, 0), (6.0, 10.0, 21.92 + 6.0));
+    // Blocks in flight there count as held; so do a prefill worker's.
+    check(Agg, keep, best_of(6, 0, 6), (4.0, 10.0, 21.28));
+    check(Pre, keep, best_of(6, 0, 0), (10.0, 0.0, 23.2 + 18.0));
+    // A best below this one's own (an unset field) never pays back.
+    check(Agg, keep, best_of(2, 6, 0), (4.0, 10.0, 21.28));
+    // At most keep_ms_max: 10 ms for the 6 blocks left behind, not 18.
+    let capped = cost(TtftWeights { keep_ms_per_block: 3.0, keep_ms_max: 10.0, ..base_weights() });
+    check(Agg, capped, best_of(6, 0, 0), (10.0, 10.0, 23.2 + 10.0));
+    check(Agg, capped, best_of(6, 4, 0), (6.0, 10.0, 21.92 + 6.0));
 }
 
 #[test]
@@ -255,6 +285,7 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
         c.prefill_done_tokens = pick(&[0, 100, 8192, 50_000]);
         c.max_batched_tokens = pick(&[0, 0, 0, 1, 100, 2048, 8192, 8193]) as u32;
         c.kv_blocks = pick(&[0, 0, 1, 1000, 16_384]) as u32;
+        c.prefix_best_blocks = pick(&[0, 0, 3, 40, 200, 5000]) as u32;
         c.cached_blocks = pick(&[0, 0, 999, 1000, 16_383, 16_384, u64::from(u32::MAX)]) as u32;
         c.cost_factor = [1.0, 1.0, 1.0, 1.5, 0.0, f64::INFINITY][pick(&[0, 1, 2, 3, 4, 5]) as usize];
         c.prefill_scale = [1.0, 1.0, 0.25, 3.0, 32.0][pick(&[0, 1, 2, 3, 4]) as usize];
@@ -308,12 +339,16 @@ proptest::proptest! {
         draw in proptest::prelude::any::<u64>(),
         decode_time in proptest::sample::select(vec![0.0, 0.3, 1.0, f64::NAN]),
         store in proptest::sample::select(vec![0.0, 1.0, 7.5, f64::INFINITY]),
+        keep in proptest::sample::select(vec![0.0, 20.0, 0.5, f64::INFINITY, f64::NAN]),
+        keep_max in proptest::sample::select(vec![200.0, 0.0, f64::INFINITY, f64::NAN]),
         out_default in proptest::sample::select(vec![0u32, 128, 4096]),
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
         cost.ttft.progress_credit = progress;
         cost.ttft.decode_time_weight = decode_time;
         cost.ttft.store_ms_per_block = store;
+        cost.ttft.keep_ms_per_block = keep;
+        cost.ttft.keep_ms_max = keep_max;
         cost.ttft.output_tokens_default = out_default;
         cost.host_tier_weight = host_weight;
         match odd_timing {
