@@ -49,6 +49,7 @@ fn a_responses_conversation_routes_on_the_prefix_vllm_caches() {
     let (input_tokens, cached) = usage(&b.body);
     assert_eq!(input_tokens, p.isl_tokens(), "kvroute tokenized the follow-up as vLLM did");
     assert_eq!(cached, predicted * BLOCK_TOKENS as u64, "vLLM's prefix-cache hit is the predicted overlap");
+    eprintln!("real_vllm: responses: {isl} then {input_tokens} input tokens, {predicted} blocks predicted and hit on worker {}", a.worker);
 }
 
 #[test]
@@ -70,4 +71,19 @@ fn the_openai_client_gets_whole_and_streamed_responses_through_kvroute() {
     assert!(stream["deltas"].as_u64().unwrap_or(0) >= 4, "streamed in many events: {got}");
     assert_eq!(stream["text"], stream["final_text"], "{got}");
     assert_eq!(stream["text"], whole["text"], "greedy: the stream says what the whole answer says: {got}");
+}
+
+/// `/tokenize` and `/detokenize` pass through to vLLM (routed by load): its count is
+/// the one kvroute's preview of the same completion prompt gives, and its tokens read
+/// back as the prompt.
+#[test]
+fn tokenize_and_detokenize_pass_through_to_vllm() {
+    let Some(f) = fleet() else { return };
+    let prompt = prose(44, 60);
+    let isl = f.preview(&json!({"model": MODEL, "prompt": prompt})).isl_tokens();
+    let t = f.send("/tokenize", &json!({"model": MODEL, "prompt": prompt}), None);
+    assert_eq!(t.body["count"], isl, "vLLM's count is kvroute's: {}", t.body);
+    let d = f.send("/detokenize", &json!({"model": MODEL, "tokens": t.body["tokens"]}), None);
+    // A special token the tokenizer adds may read back too.
+    assert!(d.body["prompt"].as_str().is_some_and(|p| p.contains(prompt.as_str())), "{}", d.body);
 }
