@@ -22,7 +22,9 @@
 //!
 //! Not routed: the stored responses of `GET /v1/responses/{id}` and
 //! `POST /v1/responses/{id}/cancel` live on the one engine that made them, which the
-//! router does not record; they get 404, as does every other unknown path.
+//! router does not record; they get 404, as does every other unknown path. A client
+//! that continues a stored conversation (`previous_response_id`) keeps it on its
+//! engine by sending its requests with one session id (the session header).
 
 use http::{Method, StatusCode};
 

@@ -261,3 +261,22 @@ async fn responses_follow_their_prefix_streamed_or_not() {
     }
     g.stop().await;
 }
+
+/// A stored conversation (`previous_response_id`) lives on the engine that answered
+/// it: requests carrying one session id stay on one worker whatever their prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_a_responses_conversation_on_its_worker() {
+    let g = Gateway::start().await;
+    let auth = format!("Bearer {KEY_ALL}");
+    let mut workers = Vec::new();
+    for i in 0..6 {
+        let headers = [("authorization", auth.as_str()), ("x-session-id", "conversation-1")];
+        let body =
+            json!({"model": MODEL, "instructions": instructions(100 + i), "input": "next", "max_output_tokens": 1});
+        let a = post(g.addr(), "/v1/responses", &headers, &body).await;
+        assert_eq!(a.status, 200, "{}", a.text());
+        workers.push(a.worker().expect("x-kvroute-worker"));
+    }
+    assert!(workers.iter().all(|w| *w == workers[0]), "one worker for the session: {workers:?}");
+    g.stop().await;
+}
