@@ -47,6 +47,7 @@ mod http;
 mod migrate;
 mod procs;
 mod prompts;
+mod responses;
 mod restart;
 mod router;
 mod salt;

@@ -127,13 +127,7 @@ pub(crate) async fn decide(
 
 /// The endpoint a `:path` names; other paths are guessed from the body.
 fn endpoint(path: Option<&str>) -> Option<Endpoint> {
-    let path = path?.split('?').next()?;
-    match path {
-        "/v1/chat/completions" => Some(Endpoint::Chat),
-        "/v1/completions" => Some(Endpoint::Completions),
-        "/v1/embeddings" => Some(Endpoint::Embeddings),
-        _ => None,
-    }
+    Endpoint::at(path?)
 }
 
 /// A request without a body (`GET /v1/models` through the gateway): a zero-token request

@@ -89,6 +89,9 @@ pub async fn question_timed(
     let had_kvroute = json.get("kvroute").is_some();
     let mut parsed = request::parse(endpoint, &mut json)?;
     let Some((pool, alias_lora)) = cx.fleet.resolve(&parsed.model) else {
+        if parsed.model.is_empty() {
+            return Err(ApiError::bad_request("`model` is required here: no default_model is configured"));
+        }
         return Err(ApiError::model_not_found(&parsed.model));
     };
     let pool = pool.clone();
@@ -103,7 +106,7 @@ pub async fn question_timed(
     }
     let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
     let salted = match cx.cache_salt {
-        Some(salt) if endpoint != Endpoint::Embeddings => {
+        Some(salt) if endpoint.takes_cache_salt() => {
             let s = salt.combine(parsed.cache_salt.as_deref());
             json["cache_salt"] = Value::String(s.clone());
             parsed.cache_salt = Some(s);
@@ -140,8 +143,10 @@ async fn tokens(
     body: Value,
     body_len: usize,
 ) -> Result<(Vec<u32>, MediaItems), ApiError> {
-    if let Prompt::Tokens(t) = prompt {
-        return Ok((t.clone(), MediaItems::none()));
+    match prompt {
+        Prompt::Tokens(t) => return Ok((t.clone(), MediaItems::none())),
+        Prompt::Absent => return Ok((Vec::new(), MediaItems::none())),
+        _ => {}
     }
     let Some(tok) = cx.tokenizers.get(model).cloned() else {
         cx.metrics.fallback(model, "no_tokenizer");
@@ -193,6 +198,7 @@ fn encode(
     }
     let ids = match prompt {
         Prompt::Text(t) => tok.encode_text(t),
+        Prompt::ChatBody(chat) => tok.encode_chat(chat),
         _ => tok.encode_chat(body),
     };
     let ids = match ids {
@@ -217,6 +223,8 @@ fn fallback(prompt: &Prompt, body: &Value) -> Vec<u32> {
         Prompt::Text(t) => fallback_text(t),
         Prompt::Tokens(t) => t.clone(),
         Prompt::Chat => fallback_chat(body),
+        Prompt::ChatBody(chat) => fallback_chat(chat),
+        Prompt::Absent => Vec::new(),
     }
 }
 

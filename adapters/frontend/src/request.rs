@@ -21,20 +21,66 @@ pub enum Endpoint {
     Completions,
     /// `POST /v1/embeddings`
     Embeddings,
+    /// `POST /v1/responses`: routed by its input as a chat
+    Responses,
+    /// `POST /v1/score`, `/score`: routed by its query (`queries`, `text_1`, `data_1`)
+    Score,
+    /// `POST /v1/rerank`, `/rerank`, `/v2/rerank`: routed by its `query`
+    Rerank,
+    /// `POST /tokenize`: no cache work, routed by load
+    Tokenize,
+    /// `POST /detokenize`: no cache work, routed by load
+    Detokenize,
 }
 
 impl Endpoint {
-    /// The endpoint a body looks like (for `/route/preview`): `messages`, `prompt`, `input`.
+    /// The endpoint served at `path` (a query is ignored), whatever the method: every
+    /// inference path of vLLM, with its aliases. The proxy and the picker share it.
+    pub fn at(path: &str) -> Option<Self> {
+        Some(match path.split('?').next().unwrap_or(path) {
+            "/v1/chat/completions" => Endpoint::Chat,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/embeddings" => Endpoint::Embeddings,
+            "/v1/responses" => Endpoint::Responses,
+            "/v1/score" | "/score" => Endpoint::Score,
+            "/v1/rerank" | "/rerank" | "/v2/rerank" => Endpoint::Rerank,
+            "/tokenize" => Endpoint::Tokenize,
+            "/detokenize" => Endpoint::Detokenize,
+            _ => return None,
+        })
+    }
+
+    /// The endpoint a body looks like (for `/route/preview`): `messages`, `prompt`;
+    /// `input` with `instructions`, `max_output_tokens` or items (objects) is a
+    /// Responses API request, else embeddings; `query` is a rerank, `queries`, `text_1`
+    /// or `data_1` a score.
     pub fn guess(body: &Value) -> Option<Self> {
-        if body.get("messages").is_some() {
-            Some(Endpoint::Chat)
-        } else if body.get("prompt").is_some() {
-            Some(Endpoint::Completions)
-        } else if body.get("input").is_some() {
-            Some(Endpoint::Embeddings)
+        let has = |k: &str| body.get(k).is_some();
+        let items = matches!(body.get("input"), Some(Value::Array(a)) if a.first().is_some_and(Value::is_object));
+        Some(if has("messages") {
+            Endpoint::Chat
+        } else if has("prompt") {
+            Endpoint::Completions
+        } else if has("input") && (items || has("instructions") || has("max_output_tokens")) {
+            Endpoint::Responses
+        } else if has("input") {
+            Endpoint::Embeddings
+        } else if has("query") {
+            Endpoint::Rerank
+        } else if has("queries") || has("text_1") || has("data_1") {
+            Endpoint::Score
         } else {
-            None
-        }
+            return None;
+        })
+    }
+
+    /// Whether the engine's request takes a `cache_salt`, so that an isolated tenant's
+    /// salt goes into the forwarded body. Tokenizing touches no cache.
+    pub fn takes_cache_salt(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Score | Endpoint::Rerank
+        )
     }
 }
 
@@ -82,6 +128,12 @@ pub enum Prompt {
     Text(String),
     /// Token ids given by the client (the first prompt of a batch).
     Tokens(Vec<u32>),
+    /// A chat built from another endpoint's body (a Responses API request): the
+    /// tokenizer gets this chat body instead of the request's.
+    ChatBody(Value),
+    /// Nothing to route on (`/tokenize`, `/detokenize`, a multimodal query): the request
+    /// routes by load alone.
+    Absent,
 }
 
 /// A parsed request body.
@@ -111,6 +163,8 @@ pub fn parse(endpoint: Endpoint, body: &mut Value) -> Result<Parsed, ApiError> {
     };
     let model = match obj.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        // vLLM's tokenizer endpoints take no model: the default model's pool serves them.
+        None | Some(Value::Null) if matches!(endpoint, Endpoint::Tokenize | Endpoint::Detokenize) => String::new(),
         _ => return Err(ApiError::bad_request("`model` must be a non-empty string")),
     };
     let prompt = match endpoint {
@@ -120,6 +174,12 @@ pub fn parse(endpoint: Endpoint, body: &mut Value) -> Result<Parsed, ApiError> {
         },
         Endpoint::Completions => prompt_field(obj, "prompt")?,
         Endpoint::Embeddings => prompt_field(obj, "input")?,
+        Endpoint::Responses => Prompt::ChatBody(
+            kvroute_tokenize::responses::responses_chat(obj).map_err(|e| ApiError::bad_request(e.to_string()))?,
+        ),
+        Endpoint::Score => score_query(obj)?,
+        Endpoint::Rerank => query_field(obj.get("query"), "query")?,
+        Endpoint::Tokenize | Endpoint::Detokenize => Prompt::Absent,
     };
     let cache_salt = match obj.get("cache_salt") {
         Some(Value::String(s)) => Some(s.clone()),
@@ -143,6 +203,30 @@ fn prompt_field(obj: &Map<String, Value>, key: &str) -> Result<Prompt, ApiError>
             Some(_) => Err(bad()),
         },
         _ => Err(bad()),
+    }
+}
+
+/// A score request's query side: `queries`, `text_1` or `data_1`, whichever it names.
+fn score_query(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let key = ["queries", "text_1", "data_1"].into_iter().find(|k| obj.contains_key(*k));
+    match key {
+        Some(k) => query_field(obj.get(k), k),
+        None => Err(ApiError::bad_request("a score request needs `queries` (or `text_1`, `data_1`)")),
+    }
+}
+
+/// A query: a string routes by its text (the first of a list); a multimodal query
+/// (an object) routes by load.
+fn query_field(v: Option<&Value>, key: &str) -> Result<Prompt, ApiError> {
+    match v {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.first() {
+            Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+            Some(Value::Object(_)) => Ok(Prompt::Absent),
+            _ => Err(ApiError::bad_request(format!("`{key}` must be a string or a list of strings"))),
+        },
+        Some(Value::Object(_)) => Ok(Prompt::Absent),
+        _ => Err(ApiError::bad_request(format!("`{key}` must be a string or a list of strings"))),
     }
 }
 
@@ -306,8 +390,38 @@ mod tests {
         check(Completions, json!({"model": "m", "prompt": {}}), Err("prompt"));
         check(Embeddings, json!({"model": "m", "input": "x"}), Ok(Prompt::Text("x".into())));
         check(Embeddings, json!({"model": "m"}), Err("input"));
+        let chat = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]});
+        check(Responses, json!({"model": "m", "instructions": "s", "input": "q"}), Ok(Prompt::ChatBody(chat)));
+        check(Responses, json!({"model": "m", "input": 7}), Err("input"));
+        check(Score, json!({"model": "m", "queries": "q", "documents": ["d"]}), Ok(Prompt::Text("q".into())));
+        check(Score, json!({"model": "m", "text_1": ["q1", "q2"], "text_2": ["d"]}), Ok(Prompt::Text("q1".into())));
+        check(Score, json!({"model": "m", "data_1": {"content": []}, "data_2": "d"}), Ok(Prompt::Absent));
+        check(Score, json!({"model": "m", "documents": ["d"]}), Err("queries"));
+        check(Rerank, json!({"model": "m", "query": "q", "documents": ["d"]}), Ok(Prompt::Text("q".into())));
+        check(Rerank, json!({"model": "m", "query": 3}), Err("query"));
+        check(Tokenize, json!({"prompt": "x"}), Ok(Prompt::Absent));
+        check(Detokenize, json!({"model": "m", "tokens": [1]}), Ok(Prompt::Absent));
+        check(Embeddings, json!({"input": "x"}), Err("model"));
         check(Chat, json!([1]), Err("JSON object"));
         check(Chat, json!({"model": "m", "messages": [{}], "kvroute": {"prio": 1}}), Err("kvroute"));
+    }
+
+    #[test]
+    fn a_preview_body_names_its_endpoint() {
+        use Endpoint::*;
+        for (body, want) in [
+            (json!({"messages": []}), Some(Chat)),
+            (json!({"prompt": "x"}), Some(Completions)),
+            (json!({"input": "x"}), Some(Embeddings)),
+            (json!({"input": [1, 2]}), Some(Embeddings)),
+            (json!({"input": "x", "instructions": "s"}), Some(Responses)),
+            (json!({"input": [{"role": "user", "content": "x"}]}), Some(Responses)),
+            (json!({"query": "q", "documents": []}), Some(Rerank)),
+            (json!({"text_1": "q", "text_2": "d"}), Some(Score)),
+            (json!({"model": "m"}), None),
+        ] {
+            assert_eq!(Endpoint::guess(&body), want, "{body}");
+        }
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub struct TenantConfig {
     /// May use the trusted features: `/workers`, `/route/preview`, pins (default false).
     #[serde(default)]
     pub admin: bool,
+    /// The models (`[[models]]` names) the tenant may use (default empty: every
+    /// model). A model allows its LoRA adapters, and the names that fall back to it.
+    #[serde(default)]
+    pub models: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -95,6 +99,7 @@ impl fmt::Debug for TenantConfig {
             .field("weight", &self.weight)
             .field("cache", &self.cache)
             .field("admin", &self.admin)
+            .field("models", &self.models)
             .finish()
     }
 }
@@ -132,6 +137,16 @@ pub struct Tenant {
     pub admin: bool,
     /// The salt of its prompts' cache, when `cache = "isolated"`.
     pub cache_salt: Option<CacheSalt>,
+    /// The models it may use; empty: every model.
+    pub models: Vec<String>,
+}
+
+impl Tenant {
+    /// Whether the tenant may use the model whose pool is `pool` (an adapter's or a
+    /// fallback name's pool is its model's). Linear in its `models`.
+    pub fn may_use(&self, pool: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == pool)
+    }
 }
 
 /// An isolated tenant's cache salt: 32 hex digits of HMAC-SHA256, keyed by the lowest
@@ -324,6 +339,7 @@ fn tenant(i: usize, t: &TenantConfig) -> Tenant {
         cache: t.cache,
         admin: t.admin,
         cache_salt: None,
+        models: t.models.clone(),
     }
 }
 

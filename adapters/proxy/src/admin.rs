@@ -1,19 +1,18 @@
 //! The proxy's own endpoints: `/v1/models`, `/health`, `/ready`, `/metrics`, and the
 //! trusted admin API (`/workers`, `/route/preview`).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use router_core::Health;
 use serde_json::{json, Value};
 
+use crate::auth::Caller;
 use crate::body::ProxyBody;
 use crate::config::WorkerConfig;
 use crate::drain::{forget, readmit};
@@ -57,42 +56,27 @@ pub async fn metrics(state: &State) -> Response<ProxyBody> {
     resp
 }
 
-/// `GET /v1/models`: the configured models and adapters, merged with what each worker's
-/// own `/v1/models` lists (asked concurrently, one second each at most).
-pub async fn models(state: &Arc<State>) -> Response<ProxyBody> {
-    let mut seen: BTreeMap<String, Value> = state
-        .fleet
-        .model_names()
-        .map(|m| (m.to_string(), json!({"id": m, "object": "model", "owned_by": "kvroute"})))
-        .collect();
-    let mut asks = tokio::task::JoinSet::new();
-    for w in state.fleet.workers() {
-        let state = state.clone();
-        asks.spawn(async move { worker_models(&state, &w).await });
-    }
-    while let Some(r) = asks.join_next().await {
-        for m in r.unwrap_or_default() {
-            if let Some(id) = m.get("id").and_then(Value::as_str) {
-                seen.entry(id.to_string()).or_insert(m);
-            }
-        }
-    }
-    json_response(StatusCode::OK, &json!({"object": "list", "data": seen.into_values().collect::<Vec<_>>()}))
+/// `GET /v1/models`: what `caller`'s tenant may use, from the cached listing
+/// ([`crate::models`]).
+pub async fn models(state: &Arc<State>, caller: Option<&Caller>) -> Response<ProxyBody> {
+    let all = state.models.all(&state.fleet, &state.client).await;
+    json_response(StatusCode::OK, &crate::models::visible(&all, &state.fleet, tenant_of(state, caller)))
 }
 
-async fn worker_models(state: &State, w: &WorkerConfig) -> Vec<Value> {
-    let Ok(uri) = w.url.join("/v1/models") else { return Vec::new() };
-    let Ok(req) = http::Request::get(uri).body(Full::new(Bytes::new())) else { return Vec::new() };
-    let fetch = async {
-        let resp = state.client.request(req).await.ok()?;
-        if !resp.status().is_success() {
-            return None;
+/// `GET /v1/models/{id}`: one entry of the listing, or 404 when it is not there or
+/// not for `caller`'s tenant.
+pub async fn model(state: &Arc<State>, caller: Option<&Caller>, id: &str) -> Result<Response<ProxyBody>, ApiError> {
+    let all = state.models.all(&state.fleet, &state.client).await;
+    match all.get(id) {
+        Some(v) if crate::models::may_see(&state.fleet, tenant_of(state, caller), id, v) => {
+            Ok(json_response(StatusCode::OK, v))
         }
-        let body = Limited::new(resp.into_body(), 1 << 20).collect().await.ok()?.to_bytes();
-        let v: Value = serde_json::from_slice(&body).ok()?;
-        v.get("data")?.as_array().cloned()
-    };
-    tokio::time::timeout(Duration::from_secs(1), fetch).await.ok().flatten().unwrap_or_default()
+        _ => Err(ApiError::model_not_found(id)),
+    }
+}
+
+fn tenant_of<'a>(state: &'a State, caller: Option<&Caller>) -> Option<&'a kvroute_frontend::tenants::Tenant> {
+    caller.and_then(Caller::tenant).and_then(|id| state.tenants.get(id))
 }
 
 /// `GET /workers`: every worker with its health, per-rank load and KV-event streams,

@@ -1,11 +1,13 @@
-//! The request layer, the top of a proxied request's stack (`POST /v1/chat/completions`,
-//! `/v1/completions`, `/v1/embeddings`). Each layer names only those below it:
+//! The request layer, the top of a proxied request's stack (every forwarded endpoint:
+//! chat, completions, responses, embeddings, score, rerank, tokenize, detokenize). Each
+//! layer names only those below it:
 //!
 //! 1. accept: [`crate::server`] takes the connection, authenticates the tenant from its
 //!    head ([`crate::auth`], 401 before any body is read) and sends the request here;
 //! 2. admit: a slot of `concurrent_requests_max` ([`ApiError::overloaded`] without one);
 //! 3. parse: read the body within the request's time, decide trust (an admin tenant is
-//!    trusted), salt an isolated tenant's cache, build the router's question
+//!    trusted), salt an isolated tenant's cache, build the router's question (a model
+//!    the tenant may not use is a 404, as if there were none)
 //!    ([`prepare`], giving a [`Prepared`]); a trusted preview is answered here
 //!    ([`preview`]);
 //! 4. tenant limits: a `tower` layer over the route (`route::stack`, `limits`), 429
@@ -45,7 +47,7 @@ use crate::state::State;
 
 pub use crate::prepared::Prepared;
 
-/// `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`.
+/// A forwarded endpoint's request (`POST`, see `endpoints.rs` for the paths).
 pub async fn proxy(
     state: Arc<State>,
     peer: SocketAddr,
@@ -129,6 +131,10 @@ async fn prepare_traced(
     crate::trace::stages(trace.as_ref(), asked, parsed);
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
     let Question { pool, mut request, forward_body, preview, endpoint } = q;
+    // A model the tenant may not use is one it cannot see: 404, as for no model at all.
+    if tenant.is_some_and(|t| !t.may_use(&pool.name)) {
+        return Err(ApiError::model_not_found(&pool.name));
+    }
     if let Some(t) = tenant {
         request.tenant = t.id;
     }

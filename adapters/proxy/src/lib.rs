@@ -14,8 +14,11 @@
 //! worker, speaking vLLM's NIXL or SGLang's bootstrap protocol, or runs it aggregated on
 //! a decode worker when remote prefill would not pay (see [`disagg`]).
 //!
-//! Endpoints: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`;
-//! `GET /v1/models`, `/health`, `/ready`, `/metrics`; and for trusted clients
+//! Endpoints: every inference endpoint vLLM serves, by `POST` (`/v1/chat/completions`,
+//! `/v1/completions`, `/v1/responses`, `/v1/embeddings`, `/v1/score`, `/v1/rerank`,
+//! `/tokenize`, `/detokenize` and their aliases; what each routes on is in
+//! `endpoints.rs`); `GET /v1/models` (cached, per tenant, see [`models`]),
+//! `/v1/models/{id}`, `/health`, `/ready`, `/metrics`; and for trusted clients
 //! `GET|POST /workers`, `DELETE /workers/{id}`, `POST /route/preview`.
 //!
 //! What it leaves to others: tokenizers (the binary registers them), KV events (the
@@ -37,10 +40,12 @@ pub mod auth;
 pub mod body;
 pub mod disagg;
 pub mod drain;
+mod endpoints;
 pub mod handler;
 pub mod health;
 mod limits;
 pub mod migrate;
+pub mod models;
 mod outliers;
 mod prepared;
 mod quota;
@@ -141,6 +146,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         replica,
         scrapes: Arc::default(),
         tracing,
+        models: models::ModelsCache::default(),
         fleet,
         tokenizers,
         cfg,

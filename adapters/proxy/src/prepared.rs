@@ -44,7 +44,8 @@ pub struct Prepared {
 pub(crate) struct BodyShape {
     /// It asks for a stream.
     pub stream: bool,
-    /// The output limit it names (`max_completion_tokens`, else `max_tokens`); `None`
+    /// The output limit it names (`max_completion_tokens` or the Responses API's
+    /// `max_output_tokens`, else `max_tokens`); `None`
     /// when it names none, or either is not a whole number.
     pub max_output_tokens: Option<u64>,
 }
@@ -56,13 +57,16 @@ pub(crate) fn body_shape(body: &[u8]) -> BodyShape {
         stream: Option<Value>,
         max_tokens: Option<Value>,
         max_completion_tokens: Option<Value>,
+        // The Responses API's name for it.
+        max_output_tokens: Option<Value>,
     }
     let limit = |v: Option<Value>| match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or(()),
     };
     let Ok(raw) = serde_json::from_slice::<Raw>(body) else { return BodyShape::default() };
-    let max_output_tokens = match (limit(raw.max_completion_tokens), limit(raw.max_tokens)) {
+    let completion = raw.max_completion_tokens.or(raw.max_output_tokens);
+    let max_output_tokens = match (limit(completion), limit(raw.max_tokens)) {
         (Ok(completion), Ok(tokens)) => completion.or(tokens),
         _ => None,
     };

@@ -30,9 +30,9 @@ use tokio::task::JoinSet;
 use crate::admin;
 use crate::auth::{self, Caller};
 use crate::body::ProxyBody;
+use crate::endpoints;
 use crate::error::ApiError;
 use crate::handler;
-use crate::request::Endpoint;
 use crate::state::State;
 
 /// How a shutdown went.
@@ -46,23 +46,17 @@ pub struct ShutdownReport {
 
 /// Sends a request to its endpoint. Never fails: errors are answers.
 pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<Incoming>) -> Response<ProxyBody> {
-    let proxied = match (req.method(), req.uri().path()) {
-        (&Method::POST, "/v1/chat/completions") => Some(Endpoint::Chat),
-        (&Method::POST, "/v1/completions") => Some(Endpoint::Completions),
-        (&Method::POST, "/v1/embeddings") => Some(Endpoint::Embeddings),
-        _ => None,
-    };
-    let caller = auth::authenticate(&state.tenants, req.headers());
-    if let Some(endpoint) = proxied {
-        return match caller {
-            Ok(caller) => handler::proxy(state, peer, req, endpoint, caller).await,
-            Err(e) => {
-                state.metrics.request("unknown", None, e.code, e.status.as_u16());
-                e.into_response()
-            }
-        };
-    }
     let path = req.uri().path().to_string();
+    let caller = match (endpoints::proxied(req.method(), &path), auth::authenticate(&state.tenants, req.headers())) {
+        (Ok(Some(endpoint)), Ok(caller)) => return handler::proxy(state, peer, req, endpoint, caller).await,
+        // A stranger learns nothing of a forwarded path, not even the method it takes.
+        (Ok(Some(_)) | Err(_), Err(e)) => {
+            state.metrics.request("unknown", None, e.code, e.status.as_u16());
+            return e.into_response();
+        }
+        (Err(e), Ok(_)) => return e.into_response(),
+        (Ok(None), caller) => caller,
+    };
     if let (true, Err(e)) = (path.starts_with("/v1/"), &caller) {
         return e.clone().into_response();
     }
@@ -79,7 +73,10 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
         }
     }
     let result = match (req.method(), path.as_str()) {
-        (&Method::GET, "/v1/models") => Ok(admin::models(&state).await),
+        (&Method::GET, "/v1/models") => Ok(admin::models(&state, caller.as_ref().ok()).await),
+        (&Method::GET, p) if p.starts_with("/v1/models/") => {
+            admin::model(&state, caller.as_ref().ok(), &p["/v1/models/".len()..]).await
+        }
         (&Method::GET, "/health") => Ok(admin::health()),
         (&Method::GET, "/ready") => Ok(admin::ready(&state)),
         (&Method::GET, "/metrics") => Ok(admin::metrics(&state).await),

@@ -52,6 +52,8 @@ pub struct State {
     pub scrapes: Arc<crate::scrape::ScrapeStats>,
     /// The tracer, when `[tracing]` is configured.
     pub tracing: Option<Arc<kvroute_frontend::otel::Tracing>>,
+    /// The `/v1/models` listing, cached.
+    pub models: crate::models::ModelsCache,
 }
 
 impl State {

@@ -1,8 +1,10 @@
 //! The HTTP surface: routing, body limits, the in-flight limit, and the generation
 //! handler that turns a parsed request into an engine submission and a response.
 //!
-//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-//! `GET /health`, `GET /metrics`; vLLM's preprocessing (`POST /v1/completions/render`,
+//! Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /v1/responses`
+//! (see the `responses` module), `GET /v1/models`, `GET /health`, `GET /metrics`; the
+//! pooling endpoints (`POST /v1/embeddings`, `/v1/score`, `/v1/rerank` and their
+//! aliases, see the `pooling` module); vLLM's preprocessing (`POST /v1/completions/render`,
 //! `POST /v1/chat/completions/render`, `POST /tokenize`, `POST /detokenize`, see the
 //! `preprocess` module); and what routers read about a worker (`GET /version`,
 //! `/server_info`, `/get_server_info`, `/kv_event_sources`, `/get_load`, see the `info`
@@ -37,6 +39,7 @@ use crate::greedy::Greedy;
 use crate::info::{self, Facts};
 use crate::metrics::{render, Metrics};
 use crate::openai::{self, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, ResponseMeta};
+use crate::pooling;
 use crate::preprocess::{self, prompt_ids};
 use crate::sse::{collect, Finish, SseBody};
 use crate::tokenizer::PromptTokenizer;
@@ -69,15 +72,26 @@ impl State {
     /// A fresh response or request id, as vLLM prefixes them.
     pub(crate) fn response_id(&self, kind: Kind) -> String {
         let n = self.next_response.fetch_add(1, Ordering::Relaxed);
-        let prefix = if kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+        let prefix = match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Completions => "cmpl",
+            Kind::Responses => "resp",
+        };
         format!("{prefix}-{:x}-{n}", self.created)
     }
 }
 
 /// Every path served, for telling a wrong method from an unknown path.
-const PATHS: [&str; 14] = [
+const PATHS: [&str; 21] = [
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/score",
+    "/score",
+    "/v1/rerank",
+    "/rerank",
+    "/v2/rerank",
     "/v1/models",
     "/health",
     "/metrics",
@@ -107,6 +121,10 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<
     let resp = match (req.method(), path.as_str()) {
         (&Method::POST, "/v1/completions") => generate(&state, Kind::Completions, req).await,
         (&Method::POST, "/v1/chat/completions") => generate(&state, Kind::Chat, req).await,
+        (&Method::POST, "/v1/responses") => generate(&state, Kind::Responses, req).await,
+        (&Method::POST, "/v1/embeddings") => answer(&state, req, pooling::embeddings).await,
+        (&Method::POST, "/v1/score" | "/score") => answer(&state, req, pooling::score).await,
+        (&Method::POST, "/v1/rerank" | "/rerank" | "/v2/rerank") => answer(&state, req, pooling::rerank).await,
         (&Method::POST, "/v1/completions/render") => {
             answer(&state, req, |s, b| preprocess::render(s, Kind::Completions, b)).await
         }

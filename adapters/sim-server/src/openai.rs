@@ -15,6 +15,8 @@ use crate::engine_task::Done;
 pub(crate) enum Kind {
     Completions,
     Chat,
+    /// The Responses API: a chat built from `instructions` and `input`.
+    Responses,
 }
 
 /// A completion prompt as given.
@@ -88,13 +90,18 @@ pub(crate) fn parse(kind: Kind, body: &[u8], limits: &ParseLimits) -> Result<(Ge
     let Some(obj) = v.as_object() else {
         return Err(ApiError::bad(None, "the request body must be a JSON object"));
     };
-    let prompt = match kind {
-        Kind::Completions => parse_prompt(obj.get("prompt"))?,
+    let (prompt, chat) = match kind {
+        Kind::Completions => (parse_prompt(obj.get("prompt"))?, None),
+        Kind::Responses => {
+            let chat = kvroute_tokenize::responses::responses_chat(obj)
+                .map_err(|e| ApiError::bad(Some("input"), e.to_string()))?;
+            (PromptInput::Chat, Some(chat))
+        }
         Kind::Chat => {
             if !matches!(obj.get("messages"), Some(Value::Array(m)) if !m.is_empty()) {
                 return Err(ApiError::bad(Some("messages"), "`messages` must be a non-empty array"));
             }
-            PromptInput::Chat
+            (PromptInput::Chat, None)
         }
     };
     let max_tokens = parse_max_tokens(obj, limits)?;
@@ -117,7 +124,8 @@ pub(crate) fn parse(kind: Kind, body: &[u8], limits: &ParseLimits) -> Result<(Ge
     let bootstrap = parse_bootstrap(obj)?;
     let return_token_ids = opt_bool(obj, "return_token_ids")?.unwrap_or(false);
     let req = GenRequest { prompt, max_tokens, stream, include_usage, return_token_ids, kv_transfer_params, bootstrap };
-    Ok((req, v))
+    // A Responses request tokenizes as the chat it amounts to.
+    Ok((req, chat.unwrap_or(v)))
 }
 
 fn parse_bootstrap(obj: &Map<String, Value>) -> Result<Bootstrap, ApiError> {
@@ -177,16 +185,14 @@ pub(crate) fn token_ids(ids: &[Value]) -> Result<Vec<u32>, ApiError> {
 }
 
 pub(crate) fn parse_max_tokens(obj: &Map<String, Value>, limits: &ParseLimits) -> Result<u32, ApiError> {
-    for key in ["max_completion_tokens", "max_tokens"] {
+    // `max_output_tokens` is the Responses API's name.
+    for key in ["max_completion_tokens", "max_output_tokens", "max_tokens"] {
         match obj.get(key) {
             None | Some(Value::Null) => continue,
             Some(v) => {
                 let n = v.as_u64().filter(|&n| n >= 1 && n <= u64::from(limits.max_tokens_max));
                 return n.map(|n| n as u32).ok_or_else(|| {
-                    ApiError::bad(
-                        Some(if key == "max_tokens" { "max_tokens" } else { "max_completion_tokens" }),
-                        format!("`{key}` must be an integer in 1..={}", limits.max_tokens_max),
-                    )
+                    ApiError::bad(Some(key), format!("`{key}` must be an integer in 1..={}", limits.max_tokens_max))
                 });
             }
         }
@@ -247,6 +253,7 @@ pub(crate) fn usage(meta: &ResponseMeta, done: &Done) -> Value {
 /// A whole non-streaming response.
 pub(crate) fn full_response(meta: &ResponseMeta, text: &str, done: &Done, kv: Option<Value>) -> Value {
     let choice = match meta.kind {
+        Kind::Responses => return crate::responses::response(meta, text, Some(done)),
         Kind::Completions => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}),
         Kind::Chat => json!({
             "index": 0,
@@ -277,7 +284,7 @@ pub(crate) fn chunk(meta: &ResponseMeta, content: Option<&str>, first: bool) -> 
         Kind::Completions => {
             json!({"index": 0, "text": content.unwrap_or(""), "logprobs": null, "finish_reason": finish})
         }
-        Kind::Chat => {
+        Kind::Chat | Kind::Responses => {
             let delta = match (first, content) {
                 (true, Some(c)) => json!({"role": "assistant", "content": c}),
                 (_, Some(c)) => json!({"content": c}),

@@ -57,7 +57,7 @@ pub(crate) fn render(state: &State, kind: Kind, body: &[u8]) -> Result<Value, Ap
     let stream = opt_bool(obj, "stream")?.unwrap_or(false);
     let prompts = match kind {
         Kind::Completions => completion_prompts(obj.get("prompt"))?,
-        Kind::Chat => {
+        Kind::Chat | Kind::Responses => {
             check_messages(obj)?;
             vec![PromptInput::Chat]
         }
@@ -84,7 +84,7 @@ pub(crate) fn render(state: &State, kind: Kind, body: &[u8]) -> Result<Value, Ap
     }
     Ok(match kind {
         Kind::Completions => Value::Array(out),
-        Kind::Chat => out.pop().unwrap_or(Value::Null),
+        Kind::Chat | Kind::Responses => out.pop().unwrap_or(Value::Null),
     })
 }
 

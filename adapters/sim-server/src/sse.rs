@@ -2,7 +2,8 @@
 //! task's progress channel, and the collector for non-streaming responses.
 //!
 //! The stream is `data: {chunk}\n\n` per token, a final chunk with `finish_reason`, an
-//! optional usage chunk, then `data: [DONE]\n\n`. Dropping the body (the client went
+//! optional usage chunk, then `data: [DONE]\n\n`; a Responses API stream is its typed
+//! events instead (see the `responses` module). Dropping the body (the client went
 //! away) drops the progress receiver; the engine task then discards that request's
 //! tokens. The in-flight guard travels with the body, so a streaming request counts
 //! against the limit until its stream ends.
@@ -21,6 +22,7 @@ use crate::engine_task::{Done, Progress};
 use crate::greedy::{word, Greedy};
 use crate::http::InFlight;
 use crate::openai::{chunk, usage_chunk, ApiError, Kind, KvSource, ResponseMeta};
+use crate::responses::Events;
 
 /// What a finished request's response needs besides its tokens.
 pub(crate) struct Finish {
@@ -47,6 +49,8 @@ pub(crate) struct SseBody {
     _guard: InFlight,
     /// A prefill's bootstrap room, done with the stream (failed if dropped before).
     room: Option<RoomGuard>,
+    /// A Responses API stream's typed events, instead of chunks.
+    events: Option<Events>,
 }
 
 impl SseBody {
@@ -57,7 +61,8 @@ impl SseBody {
         guard: InFlight,
         room: Option<RoomGuard>,
     ) -> Self {
-        SseBody { rx, finish, include_usage, emitted: 0, ended: false, _guard: guard, room }
+        let events = (finish.meta.kind == Kind::Responses).then(Events::default);
+        SseBody { rx, finish, include_usage, emitted: 0, ended: false, _guard: guard, room, events }
     }
 
     fn tokens(&mut self, n: u32) -> Bytes {
@@ -68,6 +73,11 @@ impl SseBody {
         let mut buf = BytesMut::with_capacity(n as usize * 200);
         for _ in 0..n {
             let id = self.finish.greedy.next_token();
+            if let Some(events) = &mut self.events {
+                events.delta(&mut buf, &self.finish.meta, word(id));
+                self.emitted += 1;
+                continue;
+            }
             let mut c = chunk(&self.finish.meta, Some(word(id)), self.emitted == 0);
             if self.finish.return_token_ids {
                 add_token_ids(&mut c, self.finish.meta.kind, id, self.finish.prompt_ids.take());
@@ -84,6 +94,9 @@ impl SseBody {
     }
 
     fn done(&mut self, d: &Done) -> Bytes {
+        if let Some(events) = &mut self.events {
+            return events.finish(&self.finish.meta, d);
+        }
         let mut buf = BytesMut::with_capacity(512);
         let mut last = chunk(&self.finish.meta, None, false);
         if let (Some(f), Some(o)) = (&self.finish.kv_params, last.as_object_mut()) {

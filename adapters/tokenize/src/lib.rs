@@ -41,6 +41,7 @@ mod files;
 mod inner;
 mod pyfmt;
 mod request;
+pub mod responses;
 mod segment;
 mod strftime;
 mod template;

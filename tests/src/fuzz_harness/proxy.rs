@@ -26,7 +26,7 @@ pub const TOKEN: &str = "fuzz-token";
 /// `data` as a request the way the handler reads one. The input is HTTP-like text:
 ///
 /// ```text
-/// chat|completions|embeddings|guess [trusted]
+/// chat|completions|embeddings|responses|score|rerank|tokenize|detokenize|guess [trusted]
 /// header-name: value
 /// ...
 ///
@@ -45,6 +45,11 @@ pub fn proxy_request(data: &[u8]) {
         b"chat" => Some(Endpoint::Chat),
         b"completions" => Some(Endpoint::Completions),
         b"embeddings" => Some(Endpoint::Embeddings),
+        b"responses" => Some(Endpoint::Responses),
+        b"score" => Some(Endpoint::Score),
+        b"rerank" => Some(Endpoint::Rerank),
+        b"tokenize" => Some(Endpoint::Tokenize),
+        b"detokenize" => Some(Endpoint::Detokenize),
         _ => None,
     };
     let trust = Trust::new(&TrustConfig { cidrs: vec![], token_header: None, token: Some(TOKEN.into()) });
@@ -64,7 +69,8 @@ pub fn proxy_request(data: &[u8]) {
         }
     };
     assert!(json.get("kvroute").is_none(), "the kvroute object is forwarded");
-    assert!(!parsed.model.is_empty());
+    let modelless = matches!(endpoint, Endpoint::Tokenize | Endpoint::Detokenize);
+    assert!(!parsed.model.is_empty() || modelless);
     let forwarded = json.to_string();
     let again: Value = serde_json::from_str(&forwarded).expect("the forwarded body is JSON");
     assert!(again.get("kvroute").is_none());
@@ -83,6 +89,8 @@ pub fn proxy_request(data: &[u8]) {
         }
         Prompt::Text(t) => fallback_text(t),
         Prompt::Chat => fallback_chat(&json),
+        Prompt::ChatBody(chat) => fallback_chat(chat),
+        Prompt::Absent => Vec::new(),
     };
     let block_size = BlockSize::new(4).expect("4 is a valid block size");
     let lora = parsed.kv.lora_name.clone();

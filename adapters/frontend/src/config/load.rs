@@ -119,6 +119,11 @@ impl ProxyConfig {
                 return invalid("default_model".into(), format!("{d:?} is not a configured model"));
             }
         }
+        for (i, t) in self.tenants.iter().enumerate() {
+            if let Some(m) = t.models.iter().find(|m| !self.models.iter().any(|c| &c.name == *m)) {
+                return invalid(format!("tenants[{i}].models"), format!("{m:?} is not a configured model"));
+            }
+        }
         let mut ids = BTreeSet::new();
         for (i, w) in self.workers.iter().enumerate() {
             if !ids.insert(w.id) {

@@ -245,3 +245,17 @@ fn an_isolated_tenants_salt_is_its_own_and_leads_a_clients() {
     assert_eq!(a.combine(Some("x")), format!("{plain}:x"));
     assert!(!format!("{a:?}").contains(&plain), "the salt is not printed");
 }
+
+#[test]
+fn a_tenants_models_restrict_what_it_may_use() {
+    let models = "[[models]]\nname = \"m\"\n[[models]]\nname = \"n\"\n[[models]]\nname = \"o\"\n";
+    let toml = format!("{models}{}models = [\"m\", \"n\"]\n{}", one("a", "ka"), one("b", "kb"));
+    let t = Tenants::load_with(&ProxyConfig::from_toml_str(&toml).expect("valid").tenants, &|_| None).expect("loads");
+    let (a, b) = (t.authenticate(b"ka").expect("a"), t.authenticate(b"kb").expect("b"));
+    for (pool, a_may, b_may) in [("m", true, true), ("n", true, true), ("o", false, true), ("", false, true)] {
+        assert_eq!((a.may_use(pool), b.may_use(pool)), (a_may, b_may), "{pool:?}");
+    }
+    let bad = format!("{models}{}models = \"m\"\n", one("a", "ka"));
+    assert!(ProxyConfig::from_toml_str(&bad).is_err(), "a list, not a string");
+    check(&format!("{models}{}models = [\"m\", \"mm\"]\n", one("a", "ka")), &[], Want::Error("tenants[0].models"));
+}

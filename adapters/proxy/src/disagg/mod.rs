@@ -52,7 +52,7 @@ pub use crate::upstream::PREFILL_WORKER_HEADER;
 
 /// The protocol that splits `p`, if its model is disaggregated and it generates text.
 pub fn protocol(p: &Prepared) -> Option<DisaggProtocol> {
-    p.pool.disagg.filter(|_| p.endpoint != Endpoint::Embeddings)
+    p.pool.disagg.filter(|_| matches!(p.endpoint, Endpoint::Chat | Endpoint::Completions))
 }
 
 /// Plans, counts and serves a request of a disaggregated model.

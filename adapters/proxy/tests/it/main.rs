@@ -4,6 +4,7 @@
 
 mod admin;
 mod disagg;
+mod endpoints;
 mod failover;
 mod failures;
 mod fake;
@@ -23,6 +24,7 @@ mod media;
 mod metrics;
 mod migration;
 mod openai_client;
+mod openai_endpoints;
 mod otel;
 mod refusals;
 mod release;

@@ -125,7 +125,26 @@ fn response_shapes() {
                 assert_eq!(first["choices"][0]["delta"], json!({"role": "assistant", "content": "a "}));
                 assert_eq!(last["choices"][0]["delta"], json!({}));
             }
+            Kind::Responses => unreachable!("not in this loop"),
         }
         assert_eq!(usage_chunk(&meta, &done)["choices"], json!([]));
     }
+}
+
+#[test]
+fn a_responses_answer_is_a_response_object() {
+    let done = Done { completion_tokens: 2, cached_tokens: 64, prompt_blocks: 1 };
+    let meta =
+        ResponseMeta { id: "resp_x-1".into(), created: 5, model: "m".into(), kind: Kind::Responses, prompt_tokens: 70 };
+    let full = full_response(&meta, "a b ", &done, None);
+    assert_eq!((&full["object"], &full["status"]), (&json!("response"), &json!("incomplete")));
+    assert_eq!(
+        full["output"][0]["content"][0],
+        json!({"type": "output_text", "text": "a b ", "annotations": [], "logprobs": null})
+    );
+    assert_eq!(
+        full["usage"],
+        json!({"input_tokens": 70, "input_tokens_details": {"cached_tokens": 64}, "output_tokens": 2,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 72})
+    );
 }

@@ -3,6 +3,7 @@
 
 mod api;
 mod disagg;
+mod endpoints;
 mod events;
 mod info;
 mod preprocess;
