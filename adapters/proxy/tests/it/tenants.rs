@@ -15,7 +15,7 @@ use crate::*;
 const KEY_A: &str = "sk-team-a-0123456789";
 const KEY_OPS: &str = "sk-ops-9876543210";
 
-fn sha256_hex(key: &str) -> String {
+pub(crate) fn sha256_hex(key: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, key.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
