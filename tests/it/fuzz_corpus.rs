@@ -68,6 +68,11 @@ fn media_hash_corpus_replays() {
     check("media_hash", 10);
 }
 
+#[test]
+fn tenant_auth_corpus_replays() {
+    check("tenant_auth", 10);
+}
+
 /// Every target has a corpus folder, and every corpus folder a target.
 #[test]
 fn every_target_has_a_corpus() {

@@ -49,6 +49,7 @@ pub mod state;
 mod stream;
 pub mod trace;
 mod tries;
+mod usage;
 // `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
 // them belongs to the change now reworking `upstream/`.
 #[allow(unreachable_pub)]
@@ -57,7 +58,7 @@ mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
 pub use kvroute_frontend::{
-    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tokenize, trust,
+    config, cost_header, error, events, fleet, learn, metrics, request, scrape, tenants, tokenize, trust,
 };
 
 use std::fmt;
