@@ -106,7 +106,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         front;
     let state = Arc::new(State {
         trust,
-        limits: quota::TenantLimits::new(&tenants, tokio::time::Instant::now()),
+        limits: quota::TenantLimits::new(&tenants, &metrics, tokio::time::Instant::now()),
         tenants,
         client: upstream::client(&cfg.limits),
         metrics,
