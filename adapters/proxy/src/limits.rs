@@ -54,9 +54,13 @@ where
             false => state.tenants.get(a.p.request.tenant),
         };
         let Some(tenant) = tenant else { return Box::pin(self.inner.call(a)) };
-        let shape = body_shape(&a.p.forward_body);
         let prompt = u64::from(a.p.request.isl_tokens);
-        let tokens = prompt.saturating_add(shape.max_output_tokens.unwrap_or(0));
+        // The body is read again only for a tenant whose tokens are counted.
+        let output = match tenant.tokens_per_minute {
+            Some(_) => body_shape(&a.p.forward_body).max_output_tokens.unwrap_or(0),
+            None => 0,
+        };
+        let tokens = prompt.saturating_add(output);
         match state.limits.admit(usize::from(tenant.id.0), prompt, tokens, Instant::now()) {
             Err((over, s)) => {
                 state.metrics.tenant_rejected(&tenant.name, over.label());

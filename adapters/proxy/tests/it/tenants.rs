@@ -317,3 +317,49 @@ async fn the_token_charge_is_trued_up_to_the_usage() {
     let a = answer(chat_as(addr, "key-t", 1).await).await;
     check(&a, "in debt", 429, Some("rate_limit_exceeded"));
 }
+
+/// Sends a chat with the raw `authorization` on a fresh connection; the status, or
+/// `None` when the proxy closed the connection instead.
+async fn status_with(addr: SocketAddr, authorization: &[u8]) -> Option<u16> {
+    let body = Bytes::from(chat("hello").to_string());
+    let req = http::Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", HeaderValue::from_bytes(authorization).unwrap())
+        .body(Full::new(body))
+        .unwrap();
+    let r = within(10_000, client().request(req)).await.ok()?;
+    let status = r.status().as_u16();
+    let text = within(10_000, r.into_body().collect()).await.map(|b| b.to_bytes()).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&text).contains(KEY_A), "the key is quoted");
+    Some(status)
+}
+
+/// Bad `Authorization` headers, each answered without a panic, and the proxy serving a
+/// good key after every one. Past the connection's buffer (64 KiB) hyper refuses the
+/// head itself: 431, or a closed connection.
+#[tokio::test]
+async fn bad_authorization_headers_are_refused_and_the_proxy_keeps_serving() {
+    let (_w, p) = gateway(two_tenants()).await;
+    let addr = p.local_addr();
+    let bearer = |key: &[u8]| [b"Bearer ".as_slice(), key].concat();
+    let max = kvroute_proxy::auth::AUTHORIZATION_BYTES_MAX;
+    let cases: Vec<(&str, Vec<u8>, &[Option<u16>])> = vec![
+        ("a one-byte key", bearer(b"k"), &[Some(401)]),
+        ("the key one byte short", bearer(&KEY_A.as_bytes()[1..]), &[Some(401)]),
+        ("the key one byte long", bearer(format!("{KEY_A}x").as_bytes()), &[Some(401)]),
+        ("the longest header read", bearer(&vec![b'k'; max - 7]), &[Some(401)]),
+        ("a byte past it", bearer(&vec![b'k'; max - 6]), &[Some(401)]),
+        ("not UTF-8", bearer(&[0xc3, 0x28, 0xff, 0x80]), &[Some(401)]),
+        ("the key after Latin-1", bearer(&[b"\xe9".as_slice(), KEY_A.as_bytes()].concat()), &[Some(401)]),
+        ("a tab in the key", bearer(b"sk-team\t-a"), &[Some(401)]),
+        ("60 KiB", bearer(&vec![b'k'; 60 << 10]), &[Some(401), Some(431)]),
+        ("1 MiB", bearer(&vec![b'k'; 1 << 20]), &[Some(431), None]),
+    ];
+    for (what, value, want) in cases {
+        let got = status_with(addr, &value).await;
+        assert!(want.contains(&got), "{what}: {got:?}, want one of {want:?}");
+        assert_eq!(status_with(addr, &bearer(KEY_A.as_bytes())).await, Some(200), "after {what}");
+    }
+}
