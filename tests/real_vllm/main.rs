@@ -51,5 +51,6 @@ mod restart;
 mod router;
 mod salt;
 mod streaming;
+mod tenants;
 mod vlm;
 mod vlm_engine;

@@ -126,9 +126,15 @@ impl Kvroute {
     /// every KV-event stream is connected.
     pub fn start(bin: &Path, dir: &Path, tokenizer: &Path, engines: &[Vllm]) -> Kvroute {
         let port = free_port();
-        let cfg = dir.join("kvroute.toml");
-        std::fs::write(&cfg, config(tokenizer, port, engines)).expect("config written");
-        let log = dir.join("kvroute.log");
+        Kvroute::start_with(bin, dir, "kvroute", port, &config(tokenizer, port, engines))
+    }
+
+    /// As [`start`](Self::start), with the config `text` listening on `port`, written to
+    /// `<name>.toml` and logging to `<name>.log`.
+    pub fn start_with(bin: &Path, dir: &Path, name: &str, port: u16, text: &str) -> Kvroute {
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(&cfg, text).expect("config written");
+        let log = dir.join(format!("{name}.log"));
         let args = ["serve".to_string(), "--config".to_string(), cfg.display().to_string()];
         let envs = [("RUST_LOG", "info".to_string())];
         let proc = Proc::spawn("kvroute", bin, &args, &envs, &log);
