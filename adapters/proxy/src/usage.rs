@@ -6,7 +6,10 @@
 //! The usage object comes at the end of a body (last in a completion's JSON, the last
 //! chunk of a stream before `[DONE]`), so only the last [`TAIL_BYTES`] are kept. A key
 //! quoted inside generated text is escaped (`\"completion_tokens\"`), so it never
-//! matches. Work per frame: one `memchr` pass and a copy of at most `TAIL_BYTES`.
+//! matches. Work per frame: one `memchr` pass and a copy of at most `TAIL_BYTES`
+//! (amortized: the frame's bytes, once more).
+
+use std::sync::LazyLock;
 
 use memchr::memmem;
 
@@ -34,23 +37,24 @@ pub(crate) struct Used {
 }
 
 impl UsageScan {
-    /// Reads one frame of the body.
+    /// Reads one frame of the body. The tail grows to twice [`TAIL_BYTES`] before its
+    /// front is dropped, so a stream of small frames moves each byte at most once more.
     pub(crate) fn observe(&mut self, data: &[u8]) {
-        self.events += memmem::find_iter(data, EVENT).count() as u64;
-        if data.len() >= TAIL_BYTES {
-            self.tail.clear();
-            self.tail.extend_from_slice(&data[data.len() - TAIL_BYTES..]);
-            return;
+        static EVENTS: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(EVENT));
+        self.events += EVENTS.find_iter(data).count() as u64;
+        let data = &data[data.len().saturating_sub(TAIL_BYTES)..];
+        if self.tail.len() + data.len() > 2 * TAIL_BYTES {
+            let keep = TAIL_BYTES - data.len();
+            self.tail.drain(..self.tail.len() - keep);
         }
-        let over = (self.tail.len() + data.len()).saturating_sub(TAIL_BYTES);
-        self.tail.drain(..over);
         self.tail.extend_from_slice(data);
     }
 
     /// What the bytes read so far say was used.
     pub(crate) fn used(&self) -> Used {
-        let prompt = last_number(&self.tail, PROMPT_KEY);
-        let output = last_number(&self.tail, COMPLETION_KEY).or((self.events > 0).then_some(self.events));
+        let tail = &self.tail[self.tail.len().saturating_sub(TAIL_BYTES)..];
+        let prompt = last_number(tail, PROMPT_KEY);
+        let output = last_number(tail, COMPLETION_KEY).or((self.events > 0).then_some(self.events));
         Used { prompt, output }
     }
 }
@@ -109,9 +113,16 @@ mod tests {
         for _ in 0..3 {
             s.observe(&[b' '; TAIL_BYTES / 2]);
         }
-        assert_eq!(s.tail.len(), TAIL_BYTES);
+        assert!(s.tail.len() <= 2 * TAIL_BYTES);
         assert_eq!(s.used().output, None, "the usage scrolled out");
-        s.observe(&vec![b'x'; 3 * TAIL_BYTES]);
-        assert_eq!(s.tail.len(), TAIL_BYTES);
+        s.observe(br#"{"usage":{"completion_tokens":6}}"#);
+        for n in [1, 7, TAIL_BYTES - 40, 3 * TAIL_BYTES] {
+            s.observe(&vec![b'x'; n]);
+            assert!(s.tail.len() <= 2 * TAIL_BYTES, "{n}: {}", s.tail.len());
+        }
+        assert_eq!(s.used().output, None);
+        s.observe(br#"{"usage":{"completion_tokens":7}}"#);
+        s.observe(&[b' '; TAIL_BYTES - 40]);
+        assert_eq!(s.used().output, Some(7), "within the last TAIL_BYTES");
     }
 }
