@@ -336,6 +336,10 @@ async fn status_with(addr: SocketAddr, authorization: &[u8]) -> Option<u16> {
     Some(status)
 }
 
+/// What a bad header is, its value, and the answers allowed (`None`: the connection
+/// closed).
+type BadHeader<'a> = (&'a str, Vec<u8>, &'a [Option<u16>]);
+
 /// Bad `Authorization` headers, each answered without a panic, and the proxy serving a
 /// good key after every one. Past the connection's buffer (64 KiB) hyper refuses the
 /// head itself: 431, or a closed connection.
@@ -345,7 +349,7 @@ async fn bad_authorization_headers_are_refused_and_the_proxy_keeps_serving() {
     let addr = p.local_addr();
     let bearer = |key: &[u8]| [b"Bearer ".as_slice(), key].concat();
     let max = kvroute_proxy::auth::AUTHORIZATION_BYTES_MAX;
-    let cases: Vec<(&str, Vec<u8>, &[Option<u16>])> = vec![
+    let cases: Vec<BadHeader<'_>> = vec![
         ("a one-byte key", bearer(b"k"), &[Some(401)]),
         ("the key one byte short", bearer(&KEY_A.as_bytes()[1..]), &[Some(401)]),
         ("the key one byte long", bearer(format!("{KEY_A}x").as_bytes()), &[Some(401)]),
