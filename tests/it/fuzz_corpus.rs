@@ -113,6 +113,14 @@ fn proxy_request_connection_naming_content_length() {
     regression("proxy_request", "connection_names_content_length");
 }
 
+/// `tenant_auth`'s first libFuzzer crash: a `[[tenants]]` entry with no key at all
+/// (no hash, no file, no variable). The file check let it pass and only loading the
+/// keys at start refused it; the check now refuses it too, naming the tenant.
+#[test]
+fn tenant_auth_tenant_without_a_key() {
+    regression("tenant_auth", "tenant_without_a_key");
+}
+
 /// Triage, not a check: `FUZZ_INPUT=<file> cargo test -p kvroute-tests reduce_router_ops
 /// -- --ignored --nocapture` prints a reduced operation list for a `router_ops` crash.
 #[test]

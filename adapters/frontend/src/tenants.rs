@@ -286,13 +286,17 @@ impl Tenants {
     }
 }
 
-/// Checks what the file alone can show: count, names, weights, limits, and the hashes
-/// written in it (length, hex, repeats). [`Tenants::load`] checks the same and more.
+/// Checks what the file alone can show: count, names, weights, limits, a place for
+/// every tenant's keys, and the hashes written in it (length, hex, repeats). [`Tenants::load`] checks the same and more.
 pub fn check(cfg: &[TenantConfig]) -> Result<(), TenantError> {
     check_entries(cfg)?;
     let mut hashes = Vec::new();
     let mut sources = Vec::new();
     for (i, t) in cfg.iter().enumerate() {
+        let written = t.api_key_sha256.is_some() || !t.api_keys_sha256.is_empty();
+        if !written && t.api_key_file.is_none() && t.api_key_env.is_none() {
+            return Err(TenantError::NoKey { tenant: i, name: t.name.clone() });
+        }
         for (sha256, source) in keys::written_hashes(i, t)? {
             hashes.push(sha256);
             sources.push(source);
