@@ -68,6 +68,11 @@ fn media_hash_corpus_replays() {
     check("media_hash", 10);
 }
 
+#[test]
+fn tenant_auth_corpus_replays() {
+    check("tenant_auth", 10);
+}
+
 /// Every target has a corpus folder, and every corpus folder a target.
 #[test]
 fn every_target_has_a_corpus() {
@@ -106,6 +111,14 @@ fn router_ops_settle_after_the_clock_stepped_back() {
 #[test]
 fn proxy_request_connection_naming_content_length() {
     regression("proxy_request", "connection_names_content_length");
+}
+
+/// `tenant_auth`'s first libFuzzer crash: a `[[tenants]]` entry with no key at all
+/// (no hash, no file, no variable). The file check let it pass and only loading the
+/// keys at start refused it; the check now refuses it too, naming the tenant.
+#[test]
+fn tenant_auth_tenant_without_a_key() {
+    regression("tenant_auth", "tenant_without_a_key");
 }
 
 /// Triage, not a check: `FUZZ_INPUT=<file> cargo test -p kvroute-tests reduce_router_ops

@@ -52,5 +52,6 @@ mod restart;
 mod router;
 mod salt;
 mod streaming;
+mod tenants;
 mod vlm;
 mod vlm_engine;

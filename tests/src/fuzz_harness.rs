@@ -11,6 +11,8 @@
 //!   proxy's body parser, routing-header reader, trust stripping and upstream headers.
 //! * [`config_parse`]: bytes as the proxy's TOML configuration, with overrides.
 //! * [`media_hash`]: bytes as an image part and as media items hashed over a prompt.
+//! * [`tenant_auth`]: bytes as `[[tenants]]` and `Authorization` headers, through the
+//!   key loader and the proxy's authentication.
 
 use arbitrary::{Arbitrary, Unstructured};
 use bytes::Bytes;
@@ -24,20 +26,23 @@ mod sim;
 
 mod media;
 mod proxy;
+mod tenants;
 pub use media::media_hash;
 pub use proxy::{config_parse, proxy_request};
+pub use tenants::tenant_auth;
 
 /// A target's body: any bytes in, a panic only on a bug.
 pub type Target = fn(&[u8]);
 
 /// Every target by name, as the corpus folders are named.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("kv_event_decode", kv_event_decode),
     ("router_ops", router_ops),
     ("trace_parse", trace_parse),
     ("proxy_request", proxy_request),
     ("config_parse", config_parse),
     ("media_hash", media_hash),
+    ("tenant_auth", tenant_auth),
 ];
 
 // ---- kv_event_decode ----

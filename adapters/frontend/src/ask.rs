@@ -105,8 +105,13 @@ pub async fn question_timed(
         cx.metrics.untrusted(f);
     }
     let session = request::session_id(headers, cx.session_header, cx.session_id_bytes_max)?;
+    let mut spliced = None;
     let salted = match cx.cache_salt {
         Some(salt) if endpoint.takes_cache_salt() => {
+            // A body with no salt of its own takes the tenant's in front, not re-encoded.
+            if !had_kvroute && json.get("cache_salt").is_none() {
+                spliced = salt.prepend_to(&raw);
+            }
             let s = salt.combine(parsed.cache_salt.as_deref());
             json["cache_salt"] = Value::String(s.clone());
             parsed.cache_salt = Some(s);
@@ -114,7 +119,11 @@ pub async fn question_timed(
         }
         _ => false,
     };
-    let forward_body = if had_kvroute || salted { Bytes::from(json.to_string()) } else { raw };
+    let forward_body = match spliced {
+        Some(b) => b,
+        None if had_kvroute || salted => Bytes::from(json.to_string()),
+        None => raw,
+    };
     cx.metrics.stage("parse", t0.elapsed());
 
     let t1 = Instant::now();

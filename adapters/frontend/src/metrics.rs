@@ -110,6 +110,21 @@ struct MigrationLabels {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// One tenant's series that every request of it counts into (see
+/// [`Metrics::tenant_series`]); clones share the series.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct TenantSeries {
+    /// `kvroute_tenant_requests_total{outcome="ok"}`.
+    pub ok: Counter,
+    /// `kvroute_tenant_prompt_tokens_total`.
+    pub prompt_tokens: Counter,
+    /// `kvroute_tenant_charged_tokens_total`.
+    pub charged_tokens: Counter,
+    /// `kvroute_tenant_queue_wait_seconds`.
+    pub queue_wait: Histogram,
+}
+
 /// Every metric the proxy exports.
 pub struct Metrics {
     registry: Registry,
@@ -123,6 +138,7 @@ pub struct Metrics {
     tenant_requests: Family<TenantLabels, Counter>,
     tenant_rejections: Family<TenantRejectLabels, Counter>,
     tenant_prompt_tokens: Family<TenantLabels, Counter>,
+    tenant_charged_tokens: Family<TenantLabels, Counter>,
     tenant_queue_wait: HistogramFamily<TenantLabels>,
     untrusted: Family<FieldLabels, Counter>,
     retries: Family<FallbackLabels, Counter>,
@@ -228,6 +244,7 @@ impl Metrics {
             tenant_requests: Family::default(),
             tenant_rejections: Family::default(),
             tenant_prompt_tokens: Family::default(),
+            tenant_charged_tokens: Family::default(),
             tenant_queue_wait: Family::new_with_constructor(overhead_buckets),
             untrusted: Family::default(),
             retries: Family::default(),
@@ -278,6 +295,11 @@ impl Metrics {
             m.tenant_rejections.clone(),
         );
         r.register("kvroute_tenant_prompt_tokens", "Prompt tokens admitted per tenant", m.tenant_prompt_tokens.clone());
+        r.register(
+            "kvroute_tenant_charged_tokens",
+            "Tokens charged to a tenant's tokens_per_minute, trued up to the usage at each request's end",
+            m.tenant_charged_tokens.clone(),
+        );
         r.register(
             "kvroute_tenant_queue_wait_seconds",
             "Time a tenant's requests waited in the admission queue",
@@ -514,6 +536,18 @@ impl Metrics {
         }
     }
 
+    /// Tenant `tenant`'s per-request series, to be made once (at start) and kept: a
+    /// request then counts into them without building labels.
+    pub fn tenant_series(&self, tenant: &str) -> TenantSeries {
+        let labels = |outcome| TenantLabels { tenant: tenant.into(), outcome };
+        TenantSeries {
+            ok: self.tenant_requests.get_or_create(&labels("ok")).clone(),
+            prompt_tokens: self.tenant_prompt_tokens.get_or_create(&labels("admitted")).clone(),
+            charged_tokens: self.tenant_charged_tokens.get_or_create(&labels("trued_up")).clone(),
+            queue_wait: self.tenant_queue_wait.get_or_create(&labels("routed")).clone(),
+        }
+    }
+
     /// A request of tenant `tenant` (a configured name) answered with `outcome`.
     pub fn tenant_request(&self, tenant: &str, outcome: &'static str) {
         self.tenant_requests.get_or_create(&TenantLabels { tenant: tenant.into(), outcome }).inc();
@@ -522,18 +556,6 @@ impl Metrics {
     /// A request of tenant `tenant` refused for `reason`.
     pub fn tenant_rejected(&self, tenant: &str, reason: &'static str) {
         self.tenant_rejections.get_or_create(&TenantRejectLabels { tenant: tenant.into(), reason }).inc();
-    }
-
-    /// `tokens` prompt tokens of tenant `tenant` admitted.
-    pub fn tenant_prompt_tokens(&self, tenant: &str, tokens: u32) {
-        let labels = TenantLabels { tenant: tenant.into(), outcome: "admitted" };
-        self.tenant_prompt_tokens.get_or_create(&labels).inc_by(u64::from(tokens));
-    }
-
-    /// A request of tenant `tenant` waited `d` for its decision.
-    pub fn tenant_queue_wait(&self, tenant: &str, d: Duration) {
-        let labels = TenantLabels { tenant: tenant.into(), outcome: "routed" };
-        self.tenant_queue_wait.get_or_create(&labels).observe(d.as_secs_f64());
     }
 
     /// A queue rejection.

@@ -172,6 +172,23 @@ impl CacheSalt {
             None => self.0.clone(),
         }
     }
+
+    /// `body`, a JSON object with no `cache_salt` member (the caller checked), with the
+    /// salt added as its first member: the bytes the client sent, not a re-encoding of
+    /// them, so the rest of the body is copied once and never re-serialized. `None` when
+    /// `body` does not start with `{` (after blanks). Work: one copy of the body.
+    pub fn prepend_to(&self, body: &[u8]) -> Option<bytes::Bytes> {
+        let open = body.iter().position(|b| !b.is_ascii_whitespace()).filter(|&i| body[i] == b'{')?;
+        let rest = &body[open + 1..];
+        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+        // The salt is hex digits: nothing in it needs escaping.
+        let member = format!("\"cache_salt\":\"{}\"{}", self.0, if empty { "" } else { "," });
+        let mut out = Vec::with_capacity(body.len() + member.len());
+        out.extend_from_slice(&body[..=open]);
+        out.extend_from_slice(member.as_bytes());
+        out.extend_from_slice(rest);
+        Some(out.into())
+    }
 }
 
 /// The salt is not a key, but one tenant's salt would let another share its cache.
@@ -284,13 +301,17 @@ impl Tenants {
     }
 }
 
-/// Checks what the file alone can show: count, names, weights, limits, and the hashes
-/// written in it (length, hex, repeats). [`Tenants::load`] checks the same and more.
+/// Checks what the file alone can show: count, names, weights, limits, a place for
+/// every tenant's keys, and the hashes written in it (length, hex, repeats). [`Tenants::load`] checks the same and more.
 pub fn check(cfg: &[TenantConfig]) -> Result<(), TenantError> {
     check_entries(cfg)?;
     let mut hashes = Vec::new();
     let mut sources = Vec::new();
     for (i, t) in cfg.iter().enumerate() {
+        let written = t.api_key_sha256.is_some() || !t.api_keys_sha256.is_empty();
+        if !written && t.api_key_file.is_none() && t.api_key_env.is_none() {
+            return Err(TenantError::NoKey { tenant: i, name: t.name.clone() });
+        }
         for (sha256, source) in keys::written_hashes(i, t)? {
             hashes.push(sha256);
             sources.push(source);

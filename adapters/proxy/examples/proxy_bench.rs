@@ -28,9 +28,11 @@
 //!   else `-t2`) instead of in-process clients; the direct path then goes to the first
 //!   upstream only;
 //! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator);
-//! * `--auth`: also measure an in-process proxy with one tenant (path `kvroute_auth`):
-//!   every request carries its key, is limited and is cache-isolated; with `--baseline
-//!   kvroute` its ratios to the open proxy are printed;
+//! * `--auth`: also measure in-process proxies with one tenant: `kvroute_auth`, every
+//!   request carrying its key, limited and cache-isolated; `kvroute_key`, the key only
+//!   (no limits, a shared cache); and `kvroute_open2`, a second open proxy, the control
+//!   whose ratio to `kvroute` is the noise between two identical paths. With `--baseline
+//!   kvroute` their ratios to the open proxy are printed;
 //! * `--otlp-sink-port P`: serve the OTLP sink on P, for traced proxies in their own
 //!   processes (see the tracing recipe below);
 //! * `--tracing 0.1,1`: also measure in-process proxies with `[tracing]` on at these
@@ -429,8 +431,9 @@ struct Args {
     /// Also measure in-process proxies tracing at these sampling ratios.
     #[arg(long, value_delimiter = ',')]
     tracing: Vec<f64>,
-    /// Also measure an in-process proxy with one tenant (path `kvroute_auth`): every
-    /// request authenticated, limited (limits too high to refuse) and cache-isolated.
+    /// Also measure in-process proxies with one tenant (paths `kvroute_auth`: every
+    /// request authenticated, limited (limits too high to refuse) and cache-isolated;
+    /// `kvroute_key`: authenticated only), and a second open one (`kvroute_open2`).
     #[arg(long)]
     auth: bool,
     /// Serve the OTLP/HTTP sink on this port (for traced proxies in other processes).
@@ -470,17 +473,21 @@ async fn otlp_sink(port: u16) -> SocketAddr {
 /// The `Authorization` header of `--auth`'s tenant.
 const BENCH_AUTHORIZATION: &str = "Bearer sk-bench-0123456789abcdef";
 
-/// [`inproc_proxy`] with one tenant whose key [`BENCH_AUTHORIZATION`] carries, limits
-/// set high enough that none refuses.
-async fn auth_proxy(ups: &[SocketAddr]) -> ServeHandle {
+/// [`inproc_proxy`] with one tenant whose key [`BENCH_AUTHORIZATION`] carries: with
+/// `limited`, limits set high enough that none refuses and the cache isolated; else no
+/// limits and a shared cache.
+async fn auth_proxy(ups: &[SocketAddr], limited: bool) -> ServeHandle {
     let key = &BENCH_AUTHORIZATION["Bearer ".len()..];
     let sha: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
         .as_ref()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let tenant = json!([{"name": "bench", "api_key_sha256": sha, "requests_per_second": 10_000_000,
-        "tokens_per_minute": 1_000_000_000_000u64, "concurrent_max": 100_000}]);
+    let tenant = match limited {
+        true => json!([{"name": "bench", "api_key_sha256": sha, "requests_per_second": 10_000_000,
+            "tokens_per_minute": 1_000_000_000_000u64, "concurrent_max": 100_000}]),
+        false => json!([{"name": "bench", "api_key_sha256": sha, "cache": "shared"}]),
+    };
     inproc_proxy_with(ups, None, serde_json::from_value(tenant).expect("tenant")).await
 }
 
@@ -582,10 +589,20 @@ async fn main() {
             traced.push(p);
         }
     }
-    let authed = if args.auth { Some(auth_proxy(&ups).await) } else { None };
-    if let Some(p) = &authed {
-        let authorization = Some(BENCH_AUTHORIZATION);
-        targets.push(Target { name: "kvroute_auth".into(), addrs: vec![p.local_addr()], pid: None, authorization });
+    let mut authed = Vec::new();
+    if args.auth {
+        for (name, limited, authorization) in [
+            ("kvroute_open2", None, None),
+            ("kvroute_key", Some(false), Some(BENCH_AUTHORIZATION)),
+            ("kvroute_auth", Some(true), Some(BENCH_AUTHORIZATION)),
+        ] {
+            let p = match limited {
+                None => inproc_proxy(&ups, None).await,
+                Some(limited) => auth_proxy(&ups, limited).await,
+            };
+            targets.push(Target { name: name.into(), addrs: vec![p.local_addr()], pid: None, authorization });
+            authed.push(p);
+        }
     }
     targets.extend(args.external);
     let client = client();

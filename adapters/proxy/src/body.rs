@@ -33,9 +33,9 @@ pub enum ProxyBody {
     Migrating(Box<MigratingBody>),
     /// Another body, whose end also ends the request's spans (see [`crate::trace`]).
     Traced(Box<Traced<ProxyBody>>),
-    /// Another body holding a tenant's concurrency slot until it ends or is dropped
-    /// (see `crate::limits`).
-    Held(Box<ProxyBody>, tokio::sync::OwnedSemaphorePermit),
+    /// Another body holding a tenant's concurrency slot and token charge until it ends
+    /// or is dropped, reading its usage on the way (see `crate::limits`).
+    Held(Box<ProxyBody>, crate::quota::Hold),
 }
 
 impl ProxyBody {
@@ -61,7 +61,13 @@ impl Body for ProxyBody {
             ProxyBody::Stream(s) => Pin::new(s.as_mut()).poll_frame(cx),
             ProxyBody::Migrating(m) => Pin::new(m.as_mut()).poll_frame(cx),
             ProxyBody::Traced(t) => t.poll_frame(cx),
-            ProxyBody::Held(b, _) => Pin::new(b.as_mut()).poll_frame(cx),
+            ProxyBody::Held(b, hold) => {
+                let frame = Pin::new(b.as_mut()).poll_frame(cx);
+                if let Poll::Ready(Some(Ok(f))) = &frame {
+                    hold.observe(f.data_ref().map_or(&[][..], |d| &d[..]));
+                }
+                frame
+            }
         }
     }
 

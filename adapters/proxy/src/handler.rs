@@ -76,8 +76,12 @@ pub async fn proxy(
             }
         }
     };
-    if let Some(name) = tenant {
-        state.metrics.tenant_request(name, result.as_ref().map_or_else(|e| e.code, |_| "ok"));
+    match (&result, caller.tenant().and_then(|id| state.limits.series(id)), tenant) {
+        (Ok(_), Some(s), _) => {
+            s.ok.inc();
+        }
+        (Err(e), _, Some(name)) => state.metrics.tenant_request(name, e.code),
+        _ => {}
     }
     let resp = result.unwrap_or_else(|e| {
         state.metrics.request(&model, None, e.code, e.status.as_u16());

@@ -57,6 +57,7 @@ mod stream;
 pub mod tls;
 pub mod trace;
 mod tries;
+mod usage;
 // `ConnPool` and its methods are `pub` in a module the crate does not export; narrowing
 // them belongs to the change now reworking `upstream/`.
 #[allow(unreachable_pub)]
@@ -65,7 +66,7 @@ mod workers;
 
 // The front end's modules, under the paths the proxy's code and users have always used.
 pub use kvroute_frontend::{
-    config, cost_header, error, events, fleet, learn, media, metrics, request, scrape, tokenize, trust,
+    config, cost_header, error, events, fleet, learn, media, metrics, request, scrape, tenants, tokenize, trust,
 };
 
 use std::fmt;
@@ -132,7 +133,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     }
     let state = Arc::new(State {
         trust,
-        limits: quota::TenantLimits::new(&tenants, tokio::time::Instant::now()),
+        limits: quota::TenantLimits::new(&tenants, &metrics, tokio::time::Instant::now()),
         tenants,
         client: upstream::client(&cfg.limits, client_tls),
         metrics,

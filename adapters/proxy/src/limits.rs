@@ -6,8 +6,10 @@
 //! A request is charged its prompt tokens plus its output limit
 //! (`max_completion_tokens`, else `max_tokens`) on admission; a request larger than the
 //! whole minute is charged the whole minute, so it waits for a full bucket instead of
-//! never running. The concurrency slot is held by the response body and freed when it
-//! ends or is dropped (a client gone, an error): no exit path keeps it.
+//! never running. The charge is trued up to what the response used when its body ends
+//! (`quota::Hold`); an error answer keeps the prompt's share. The concurrency slot is
+//! held by the response body and freed when it ends or is dropped (a client gone, an
+//! error): no exit path keeps it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -52,22 +54,35 @@ where
             false => state.tenants.get(a.p.request.tenant),
         };
         let Some(tenant) = tenant else { return Box::pin(self.inner.call(a)) };
-        let shape = body_shape(&a.p.forward_body);
-        let tokens = u64::from(a.p.request.isl_tokens) + shape.max_output_tokens.unwrap_or(0);
-        match state.limits.admit(usize::from(tenant.id.0), tokens, Instant::now()) {
+        let prompt = u64::from(a.p.request.isl_tokens);
+        // The body is read again only for a tenant whose tokens are counted.
+        let output = match tenant.tokens_per_minute {
+            Some(_) => body_shape(&a.p.forward_body).max_output_tokens.unwrap_or(0),
+            None => 0,
+        };
+        let tokens = prompt.saturating_add(output);
+        match state.limits.admit(usize::from(tenant.id.0), prompt, tokens, Instant::now()) {
             Err((over, s)) => {
                 state.metrics.tenant_rejected(&tenant.name, over.label());
                 let e = rate_limited(&tenant.name, over, s);
                 Box::pin(std::future::ready(Err(e)))
             }
-            Ok(slot) => {
-                state.metrics.tenant_prompt_tokens(&tenant.name, a.p.request.isl_tokens);
+            Ok(hold) => {
+                if let Some(s) = state.limits.series(tenant.id) {
+                    s.prompt_tokens.inc_by(prompt);
+                }
                 let fut = self.inner.call(a);
                 Box::pin(async move {
-                    let resp = fut.await?;
-                    Ok(match slot {
-                        Some(slot) => resp.map(|b| ProxyBody::Held(Box::new(b), slot)),
-                        None => resp,
+                    let resp = match fut.await {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            hold.failed();
+                            return Err(e);
+                        }
+                    };
+                    Ok(match hold.is_empty() {
+                        true => resp,
+                        false => resp.map(|b| ProxyBody::Held(Box::new(b), hold)),
                     })
                 })
             }

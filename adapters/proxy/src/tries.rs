@@ -156,8 +156,8 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
         Ok(Ok(b)) => b,
     };
     state.metrics.stage(if booking.waited() { "queue_wait" } else { "route" }, t0.elapsed());
-    if let Some(tenant) = (!state.tenants.is_empty()).then(|| state.tenants.get(tenant)).flatten() {
-        state.metrics.tenant_queue_wait(&tenant.name, t0.elapsed());
+    if let Some(s) = state.limits.series(tenant) {
+        s.queue_wait.observe(t0.elapsed().as_secs_f64());
     }
     crate::trace::routed(t.p.trace.as_ref(), t0, &booking, attempt);
     let r = booking.routed();

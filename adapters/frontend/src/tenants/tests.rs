@@ -259,3 +259,30 @@ fn a_tenants_models_restrict_what_it_may_use() {
     assert!(ProxyConfig::from_toml_str(&bad).is_err(), "a list, not a string");
     check(&format!("{models}{}models = [\"m\", \"mm\"]\n", one("a", "ka")), &[], Want::Error("tenants[0].models"));
 }
+
+/// `body` with the salt of `a` put in front parses to the same object plus the salt,
+/// or is left to the caller (`None`).
+#[track_caller]
+fn check_prepend(body: &str, spliced: bool) {
+    let t = Tenants::load_with(&ProxyConfig::from_toml_str(&one("a", "k")).unwrap().tenants, &|_| None).unwrap();
+    let salt = t.get(TenantId(0)).unwrap().cache_salt.clone().unwrap();
+    let got = salt.prepend_to(body.as_bytes());
+    assert_eq!(got.is_some(), spliced, "{body}");
+    let Some(got) = got else { return };
+    let mut want: serde_json::Value = serde_json::from_str(body).unwrap();
+    want["cache_salt"] = salt.combine(None).into();
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&got).unwrap(), want, "{body}");
+    assert!(got.ends_with(body.trim_start().strip_prefix('{').unwrap().as_bytes()), "the client's bytes follow");
+}
+
+#[test]
+fn the_salt_goes_in_front_of_the_clients_bytes() {
+    check_prepend(r#"{"model":"m","prompt":"x"}"#, true);
+    check_prepend(" \n\t{ \"model\" : \"m\",\n \"messages\": [] } ", true);
+    check_prepend("{}", true);
+    check_prepend("{ }", true);
+    check_prepend(r#"{"model":"m","prompt":"caf\u00e9 \"q\""}"#, true);
+    check_prepend("[1]", false);
+    check_prepend("", false);
+    check_prepend("  ", false);
+}

@@ -33,6 +33,7 @@ mod shutdown;
 mod sims;
 mod stalls;
 mod streaming;
+mod tenant_flood;
 mod tenants;
 mod trust;
 

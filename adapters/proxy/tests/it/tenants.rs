@@ -15,7 +15,7 @@ use crate::*;
 const KEY_A: &str = "sk-team-a-0123456789";
 const KEY_OPS: &str = "sk-ops-9876543210";
 
-fn sha256_hex(key: &str) -> String {
+pub(crate) fn sha256_hex(key: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, key.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -219,13 +219,15 @@ async fn a_tenant_over_a_limit_gets_429_and_the_others_do_not() {
         ("key-rate", 1, ok),
         ("key-rate", 1, limited("rate_limit_exceeded")),
         ("key-free", 1, ok),
-        ("key-tokens", 900, ok),
-        ("key-tokens", 900, limited("rate_limit_exceeded")),
         ("key-free", 900, ok),
     ] {
         check(&answer(chat_as(addr, key, max_tokens).await).await, key, status, code);
     }
+    // Streams held open: a charge is trued up only at its end.
     w.set(Behavior::GatedAfterFirst { chunks: sse_chunks(3), gate: Arc::new(Semaphore::new(0)) });
+    let held_tokens = chat_as(addr, "key-tokens", 900).await;
+    assert_eq!(held_tokens.status(), 200);
+    check(&answer(chat_as(addr, "key-tokens", 900).await).await, "tokens", 429, Some("rate_limit_exceeded"));
     let held = chat_as(addr, "key-conc", 1).await;
     assert_eq!(held.status(), 200);
     check(&answer(chat_as(addr, "key-conc", 1).await).await, "a second at once", 429, Some("rate_limit_exceeded"));
@@ -248,4 +250,120 @@ async fn a_tenant_over_a_limit_gets_429_and_the_others_do_not() {
         sample(&m, "kvroute_tenant_requests_total", &["tenant=\"free\"", "outcome=\"ok\""]).is_some_and(|n| n >= 3.0)
     );
     assert!(sample(&m, "kvroute_tenant_prompt_tokens_total", &["tenant=\"free\""]).is_some_and(|n| n > 0.0));
+}
+
+/// A stream of `tokens` chunks, then a usage chunk saying `used` completion tokens
+/// (`None`: no usage chunk).
+fn stream_with_usage(tokens: usize, used: Option<u64>) -> Behavior {
+    let mut chunks = sse_chunks(tokens);
+    if let Some(n) = used {
+        let usage =
+            format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":10,\"completion_tokens\":{n}}}}}\n\n");
+        chunks.insert(tokens, Bytes::from(usage));
+    }
+    Behavior::Stream { chunks, gap_ms: 0 }
+}
+
+/// `kvroute_tenant_charged_tokens_total` of tenant `t`.
+async fn charged(addr: SocketAddr, t: &str) -> f64 {
+    let m = get(addr, "/metrics").await.text();
+    sample(&m, "kvroute_tenant_charged_tokens_total", &[&format!("tenant=\"{t}\"")]).unwrap_or(0.0)
+}
+
+/// Sends a chat of tenant `key` asking for `max_tokens`, reads it whole, and waits until
+/// its charge is trued up (the body's end reaches the proxy after the client's).
+async fn used_up(addr: SocketAddr, key: &str, max_tokens: u32) -> f64 {
+    let before = charged(addr, "t").await;
+    let a = answer(chat_as(addr, key, max_tokens).await).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    for _ in 0..1000 {
+        let after = charged(addr, "t").await;
+        if after > before {
+            return after - before;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the charge was never trued up")
+}
+
+/// A tenant of 1,000 tokens a minute (refilled at about 17 a second): a request asking
+/// for 900 output tokens takes 900 plus its prompt on admission, and is charged what it
+/// used at its end, so the next one fits at once.
+#[tokio::test]
+async fn the_token_charge_is_trued_up_to_the_usage() {
+    let (w, p) = gateway(json!([
+        {"name": "t", "api_key_sha256": sha256_hex("key-t"), "tokens_per_minute": 1000},
+    ]))
+    .await;
+    let addr = p.local_addr();
+    // (completion tokens streamed, usage chunk, max_tokens asked, tokens charged).
+    let cases: [(usize, Option<u64>, u32, f64); 3] = [
+        (5, Some(5), 900, 15.0), // the engine's usage: its prompt (10) and completion
+        (3, None, 900, -1.0),    // no usage: the stream's 3 events and the router's prompt
+        (2, Some(2), 900, 12.0), // and again: nothing was left owing
+    ];
+    for (tokens, usage, max_tokens, want) in cases {
+        w.set(stream_with_usage(tokens, usage));
+        let got = used_up(addr, "key-t", max_tokens).await;
+        if want >= 0.0 {
+            assert_eq!(got, want, "{tokens} tokens, usage {usage:?}");
+        } else {
+            assert!(got > tokens as f64 && got < 100.0, "{tokens} tokens without usage: charged {got}");
+        }
+    }
+    // A request that used more than it reserved leaves the tenant in debt.
+    w.set(stream_with_usage(1, Some(990)));
+    assert_eq!(used_up(addr, "key-t", 1).await, 1000.0, "charged at most a minute's tokens");
+    let a = answer(chat_as(addr, "key-t", 1).await).await;
+    check(&a, "in debt", 429, Some("rate_limit_exceeded"));
+}
+
+/// Sends a chat with the raw `authorization` on a fresh connection; the status, or
+/// `None` when the proxy closed the connection instead.
+async fn status_with(addr: SocketAddr, authorization: &[u8]) -> Option<u16> {
+    let body = Bytes::from(chat("hello").to_string());
+    let req = http::Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", HeaderValue::from_bytes(authorization).unwrap())
+        .body(Full::new(body))
+        .unwrap();
+    let r = within(10_000, client().request(req)).await.ok()?;
+    let status = r.status().as_u16();
+    let text = within(10_000, r.into_body().collect()).await.map(|b| b.to_bytes()).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&text).contains(KEY_A), "the key is quoted");
+    Some(status)
+}
+
+/// What a bad header is, its value, and the answers allowed (`None`: the connection
+/// closed).
+type BadHeader<'a> = (&'a str, Vec<u8>, &'a [Option<u16>]);
+
+/// Bad `Authorization` headers, each answered without a panic, and the proxy serving a
+/// good key after every one. Past the connection's buffer (64 KiB) hyper refuses the
+/// head itself: 431, or a closed connection.
+#[tokio::test]
+async fn bad_authorization_headers_are_refused_and_the_proxy_keeps_serving() {
+    let (_w, p) = gateway(two_tenants()).await;
+    let addr = p.local_addr();
+    let bearer = |key: &[u8]| [b"Bearer ".as_slice(), key].concat();
+    let max = kvroute_proxy::auth::AUTHORIZATION_BYTES_MAX;
+    let cases: Vec<BadHeader<'_>> = vec![
+        ("a one-byte key", bearer(b"k"), &[Some(401)]),
+        ("the key one byte short", bearer(&KEY_A.as_bytes()[1..]), &[Some(401)]),
+        ("the key one byte long", bearer(format!("{KEY_A}x").as_bytes()), &[Some(401)]),
+        ("the longest header read", bearer(&vec![b'k'; max - 7]), &[Some(401)]),
+        ("a byte past it", bearer(&vec![b'k'; max - 6]), &[Some(401)]),
+        ("not UTF-8", bearer(&[0xc3, 0x28, 0xff, 0x80]), &[Some(401)]),
+        ("the key after Latin-1", bearer(&[b"\xe9".as_slice(), KEY_A.as_bytes()].concat()), &[Some(401)]),
+        ("a tab in the key", bearer(b"sk-team\t-a"), &[Some(401)]),
+        ("60 KiB", bearer(&vec![b'k'; 60 << 10]), &[Some(401), Some(431)]),
+        ("1 MiB", bearer(&vec![b'k'; 1 << 20]), &[Some(431), None]),
+    ];
+    for (what, value, want) in cases {
+        let got = status_with(addr, &value).await;
+        assert!(want.contains(&got), "{what}: {got:?}, want one of {want:?}");
+        assert_eq!(status_with(addr, &bearer(KEY_A.as_bytes())).await, Some(200), "after {what}");
+    }
 }
