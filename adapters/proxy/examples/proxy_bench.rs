@@ -30,7 +30,8 @@
 //! * `--upstreams-only`: serve the upstreams until killed (for an outside load generator);
 //! * `--auth`: also measure in-process proxies with one tenant: `kvroute_auth`, every
 //!   request carrying its key, limited and cache-isolated; `kvroute_key`, the key only
-//!   (no limits, a shared cache); and `kvroute_open2`, a second open proxy, the control
+//!   (no limits, a shared cache); `kvroute_salt`, the key and the isolation (no limits);
+//!   and `kvroute_open2`, a second open proxy, the control
 //!   whose ratio to `kvroute` is the noise between two identical paths. With `--baseline
 //!   kvroute` their ratios to the open proxy are printed;
 //! * `--otlp-sink-port P`: serve the OTLP sink on P, for traced proxies in their own
@@ -433,7 +434,8 @@ struct Args {
     tracing: Vec<f64>,
     /// Also measure in-process proxies with one tenant (paths `kvroute_auth`: every
     /// request authenticated, limited (limits too high to refuse) and cache-isolated;
-    /// `kvroute_key`: authenticated only), and a second open one (`kvroute_open2`).
+    /// `kvroute_key`: authenticated only; `kvroute_salt`: authenticated and isolated),
+    /// and a second open one (`kvroute_open2`).
     #[arg(long)]
     auth: bool,
     /// Serve the OTLP/HTTP sink on this port (for traced proxies in other processes).
@@ -474,20 +476,23 @@ async fn otlp_sink(port: u16) -> SocketAddr {
 const BENCH_AUTHORIZATION: &str = "Bearer sk-bench-0123456789abcdef";
 
 /// [`inproc_proxy`] with one tenant whose key [`BENCH_AUTHORIZATION`] carries: with
-/// `limited`, limits set high enough that none refuses and the cache isolated; else no
-/// limits and a shared cache.
-async fn auth_proxy(ups: &[SocketAddr], limited: bool) -> ServeHandle {
+/// `limited`, limits set high enough that none refuses; with `isolated`, its cache
+/// salted.
+async fn auth_proxy(ups: &[SocketAddr], limited: bool, isolated: bool) -> ServeHandle {
     let key = &BENCH_AUTHORIZATION["Bearer ".len()..];
     let sha: String = ring::digest::digest(&ring::digest::SHA256, key.as_bytes())
         .as_ref()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let tenant = match limited {
-        true => json!([{"name": "bench", "api_key_sha256": sha, "requests_per_second": 10_000_000,
-            "tokens_per_minute": 1_000_000_000_000u64, "concurrent_max": 100_000}]),
-        false => json!([{"name": "bench", "api_key_sha256": sha, "cache": "shared"}]),
-    };
+    let mut tenant = json!({"name": "bench", "api_key_sha256": sha});
+    if limited {
+        tenant["requests_per_second"] = json!(10_000_000);
+        tenant["tokens_per_minute"] = json!(1_000_000_000_000u64);
+        tenant["concurrent_max"] = json!(100_000);
+    }
+    tenant["cache"] = json!(if isolated { "isolated" } else { "shared" });
+    let tenant = json!([tenant]);
     inproc_proxy_with(ups, None, serde_json::from_value(tenant).expect("tenant")).await
 }
 
@@ -591,14 +596,15 @@ async fn main() {
     }
     let mut authed = Vec::new();
     if args.auth {
-        for (name, limited, authorization) in [
+        for (name, tenant, authorization) in [
             ("kvroute_open2", None, None),
-            ("kvroute_key", Some(false), Some(BENCH_AUTHORIZATION)),
-            ("kvroute_auth", Some(true), Some(BENCH_AUTHORIZATION)),
+            ("kvroute_key", Some((false, false)), Some(BENCH_AUTHORIZATION)),
+            ("kvroute_salt", Some((false, true)), Some(BENCH_AUTHORIZATION)),
+            ("kvroute_auth", Some((true, true)), Some(BENCH_AUTHORIZATION)),
         ] {
-            let p = match limited {
+            let p = match tenant {
                 None => inproc_proxy(&ups, None).await,
-                Some(limited) => auth_proxy(&ups, limited).await,
+                Some((limited, isolated)) => auth_proxy(&ups, limited, isolated).await,
             };
             targets.push(Target { name: name.into(), addrs: vec![p.local_addr()], pid: None, authorization });
             authed.push(p);
