@@ -134,8 +134,9 @@ pub struct TtftWeights {
     /// Weight of the decode time placing the request there costs: its own output's steps
     /// at the worker's KV usage with it, plus what its blocks add to the steps of the
     /// requests decoding there. Decode steps slow down as KV usage grows, so this is what
-    /// spreads decode work and keeps end-to-end latency even. Small, since it prices a
-    /// whole output against one prompt's wait. Default 0.1.
+    /// spreads decode work and keeps end-to-end latency even. Default 0 (off): at 0.1 it
+    /// cut agentic end-to-end time in replay, but on a saturated sim fleet it piled short
+    /// requests onto one worker and halved the conversation workload's hit rate.
     pub decode_time_weight: f64,
     /// Output tokens expected of a request that names none, for the decode time term.
     /// Default 128.
@@ -172,7 +173,7 @@ impl Default for TtftWeights {
     }
 }
 
-const DECODE_TIME_WEIGHT: f64 = 0.1;
+const DECODE_TIME_WEIGHT: f64 = 0.0;
 const STORE_MS: f64 = 1.0;
 const KEEP_MS: f64 = 20.0;
 const KEEP_MS_MAX: f64 = 200.0;
