@@ -12,14 +12,15 @@ The timing is the reference worker model the sim-workers run (`--engine-timing m
 in model milliseconds, the unit the report uses.
 """
 
+import sys
 from collections import OrderedDict
+from pathlib import Path
 
 from stats import quantile  # benches/real_fleet
 
-
-def pass_ms(tokens):
-    """One prefill pass over `tokens` tokens."""
-    return 0.0 if tokens <= 0 else 4.209989e-7 * tokens * tokens + 1.518344e-2 * tokens + 16.50142
+# The reference model's pass time lives in benches/scripts/ttft_lower_bound.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from ttft_lower_bound import pass_ms  # noqa: E402
 
 
 def prefill_ms(tokens, pass_tokens):
