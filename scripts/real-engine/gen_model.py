@@ -60,8 +60,9 @@ def say(msg):
     print(f"[gen_model] {msg}", file=sys.stderr, flush=True)
 
 
-def corpus_lines():
-    """Python's own stdlib sources, in sorted order, up to CORPUS_BYTES_MAX."""
+def corpus_lines(bytes_max=CORPUS_BYTES_MAX):
+    """Python's own stdlib sources, in sorted order, up to `bytes_max` (gen_vlm.py reads
+    less)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     total = 0
     for path in sorted(root.rglob("*.py")):
@@ -73,7 +74,7 @@ def corpus_lines():
             continue
         total += len(text)
         yield from text.splitlines()
-        if total >= CORPUS_BYTES_MAX:
+        if total >= bytes_max:
             return
 
 

@@ -24,8 +24,9 @@ import json
 import os
 import random
 import sys
-import sysconfig
 from pathlib import Path
+
+from gen_model import corpus_lines  # the same corpus, a smaller share of it
 
 # Bump whenever anything below changes what is written.
 GENERATOR_VERSION = 1
@@ -105,23 +106,6 @@ def say(msg):
     print(f"[gen_vlm] {msg}", file=sys.stderr, flush=True)
 
 
-def corpus_lines():
-    """Python's own stdlib sources, in sorted order, up to CORPUS_BYTES_MAX."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    total = 0
-    for path in sorted(root.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        total += len(text)
-        yield from text.splitlines()
-        if total >= CORPUS_BYTES_MAX:
-            return
-
-
 def make_tokenizer(family):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -135,7 +119,7 @@ def make_tokenizer(family):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    tok.train_from_iterator(corpus_lines(CORPUS_BYTES_MAX), trainer=trainer)
     extra = {"image_token": FAMILIES[family]["image_token"]}
     if family == "qwen2_vl":
         extra["video_token"] = "<|video_pad|>"
