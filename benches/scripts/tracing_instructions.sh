@@ -1,10 +1,6 @@
 #!/usr/bin/env bash
-# What tracing costs the proxy per request, in instructions: `kvroute serve` runs under
-# valgrind's callgrind while proxy_bench sends it plain requests for a fixed time, once
-# per setting (tracing off, then at each sampling ratio), and the total instruction count
-# is divided by the requests served (read from its /metrics). Instruction counts do not
-# depend on what else the machine runs, unlike CPU seconds; start-up costs about 2M
-# instructions, under 1% of a run.
+# What tracing costs the proxy per request, in instructions (see callgrind_serve.sh),
+# once per setting: tracing off, then at each sampling ratio.
 #
 # usage: benches/scripts/tracing_instructions.sh [ratios] [run_ms]
 # (defaults "0 0.1 1.0", 6000 ms at concurrency 4). Needs valgrind. Builds the release
@@ -12,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . benches/scripts/traced_serve_config.sh
+. benches/scripts/callgrind_serve.sh
 ratios=${1:-0 0.1 1.0}
 run_ms=${2:-6000}
 ups=19401
@@ -28,20 +25,7 @@ trap 'pkill -f "callgrind.*$dir" 2>/dev/null || true; rm -rf "$dir"' EXIT
 measure() {
     local cfg="$dir/$1.toml"
     traced_serve_config "$cfg" "$port" "$ups" "$1" "$sink"
-    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dir/$1.out" \
-        target/release/kvroute serve --config "$cfg" 2>"$dir/$1.log" &
-    local pid=$!
-    for _ in $(seq 1 120); do grep -q "serving" "$dir/$1.log" && break; sleep 0.5; done
-    target/release/examples/proxy_bench "$run_ms" plain --no-inproc --upstream-port "$ups" --conc 4 --repeats 1 \
-        --otlp-sink-port "$sink" --external "kvroute=127.0.0.1:$port@$pid" >/dev/null 2>&1
-    local requests
-    requests=$(curl -s "127.0.0.1:$port/metrics" | awk '/^kvroute_requests_total/ {s += $2} END {print s + 0}')
-    sleep 1.5 # the last export
-    kill -INT "$pid"
-    wait "$pid" || true
-    local ir
-    ir=$(callgrind_annotate "$dir/$1.out" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    echo "$ir $requests"
+    serve_instructions "$dir" "$1" "$cfg" "$ups" "$port" "$run_ms" --otlp-sink-port "$sink"
 }
 
 read -r ir n < <(measure off)

@@ -155,7 +155,14 @@ fn bodiless(shared: &Shared, asked: &Asked, trusted: bool, model: &mut String) -
         shared.cfg.proxy.limits.session_id_bytes_max,
     )?;
     let request = Request { id: pool.driver.next_request_id(), hints: hh.hints, session, ..Request::default() };
-    Ok(Question { pool, request, forward_body: Bytes::new(), preview: hh.preview, endpoint: Endpoint::Completions })
+    Ok(Question {
+        pool,
+        request,
+        forward_body: Bytes::new(),
+        preview: hh.preview,
+        endpoint: Endpoint::Completions,
+        shape: Default::default(),
+    })
 }
 
 /// Workers of `model` whose address is in the gateway's subset, in id order.

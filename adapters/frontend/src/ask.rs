@@ -16,6 +16,7 @@ use crate::fleet::{Fleet, Pool};
 use crate::media;
 use crate::metrics::Metrics;
 use crate::request::{self, Build, Endpoint, Prompt};
+use crate::shape::BodyShape;
 use crate::tenants::CacheSalt;
 use crate::tokenize::{fallback_chat, fallback_text, Tokenize, Tokenizers};
 
@@ -52,6 +53,8 @@ pub struct Question {
     pub preview: bool,
     /// The endpoint the request came to (or looks like).
     pub endpoint: Endpoint,
+    /// Whether it streams and its output limit, read from the same parse.
+    pub shape: BodyShape,
 }
 
 /// Checks a buffered request body with its headers, finds its pool and hashes its prompt
@@ -126,6 +129,7 @@ pub async fn question_timed(
     };
     cx.metrics.stage("parse", t0.elapsed());
 
+    let shape = BodyShape::of(&json);
     let t1 = Instant::now();
     let (tokens, media) = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await?;
     let build = Build {
@@ -138,7 +142,7 @@ pub async fn question_timed(
     };
     let request = Request { cost, ..request::build_with_media(build, &tokens, &media) };
     cx.metrics.stage("tokenize", t1.elapsed());
-    Ok((Question { pool, request, forward_body, preview: hh.preview, endpoint }, t1))
+    Ok((Question { pool, request, forward_body, preview: hh.preview, endpoint, shape }, t1))
 }
 
 /// The routing tokens and the images they hold: the model's tokenizer if it has one,

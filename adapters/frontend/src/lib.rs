@@ -31,6 +31,7 @@ pub mod otel;
 pub mod otlp;
 pub mod request;
 pub mod scrape;
+pub mod shape;
 pub mod span_drops;
 mod start;
 pub mod tenants;

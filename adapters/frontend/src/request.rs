@@ -75,12 +75,10 @@ impl Endpoint {
     }
 
     /// Whether the engine's request takes a `cache_salt`, so that an isolated tenant's
-    /// salt goes into the forwarded body. Tokenizing touches no cache.
+    /// salt goes into the forwarded body. Pooling requests (embeddings, score, rerank)
+    /// take one too: a pooling model may cache prefixes. Tokenizing touches no cache.
     pub fn takes_cache_salt(self) -> bool {
-        matches!(
-            self,
-            Endpoint::Chat | Endpoint::Completions | Endpoint::Responses | Endpoint::Score | Endpoint::Rerank
-        )
+        !matches!(self, Endpoint::Tokenize | Endpoint::Detokenize)
     }
 }
 

@@ -22,6 +22,7 @@
 //! * `--external NAME=HOST:PORT[@PID]` (repeatable): a proxy to measure too; with a PID
 //!   its process's CPU is added to its share, and reported alone as `cpu_s_per_10k_own`
 //!   (ratio `cpu_own`), free of the load generator's noise;
+//! * `--external-bearer KEY`: the externals' requests carry `Authorization: Bearer KEY`;
 //! * `--baseline NAME`: report every other path's ratios to this external one;
 //! * `--no-inproc`: skip the in-process proxy;
 //! * `--wrk`: generate the load with wrk (a separate process, `-t1` at concurrency 1,
@@ -417,6 +418,10 @@ struct Args {
     /// added to its share and reported on its own (repeatable).
     #[arg(long, value_parser = parse_external)]
     external: Vec<Target>,
+    /// The API key every `--external` proxy's requests carry (`Authorization: Bearer KEY`),
+    /// for a proxy whose tenants need one.
+    #[arg(long, value_name = "KEY")]
+    external_bearer: Option<String>,
     /// Report every other path's ratios to this one.
     #[arg(long, default_value = "sglang")]
     baseline: String,
@@ -610,7 +615,10 @@ async fn main() {
             authed.push(p);
         }
     }
-    targets.extend(args.external);
+    // Leaked once: every request clones the header from a static string.
+    let bearer: Option<&'static str> =
+        args.external_bearer.map(|k| &*Box::leak(format!("Bearer {k}").into_boxed_str()));
+    targets.extend(args.external.into_iter().map(|t| Target { authorization: bearer, ..t }));
     let client = client();
     for stream in [false, true] {
         if args.only.as_deref().is_some_and(|o| o != if stream { "stream" } else { "plain" }) {

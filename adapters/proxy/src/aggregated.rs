@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::body::{respond_first, ProxyBody};
 use crate::error::ApiError;
 use crate::migrate::Plan;
-use crate::prepared::{body_shape, Prepared};
+use crate::prepared::Prepared;
 use crate::state::State;
 use crate::stream::Respond;
 use crate::tries;
@@ -32,7 +32,7 @@ pub(crate) async fn forward(
     let pool = p.pool.clone();
     let plan = Plan::of(&p, &state.cfg.migration);
     let body = plan.as_ref().map_or_else(|| p.forward_body.clone(), |m| m.first_body());
-    let mut shape = body_shape(&p.forward_body);
+    let mut shape = p.shape;
     shape.stream |= plan.is_some();
     let mut request = p.request.clone();
     let mut tried: Vec<WorkerId> = Vec::new();

@@ -21,7 +21,6 @@ use tower_service::Service;
 
 use crate::body::ProxyBody;
 use crate::error::ApiError;
-use crate::prepared::body_shape;
 use crate::quota::rate_limited;
 use crate::route::{Admitted, Reply, Route};
 use crate::state::State;
@@ -55,11 +54,7 @@ where
         };
         let Some(tenant) = tenant else { return Box::pin(self.inner.call(a)) };
         let prompt = u64::from(a.p.request.isl_tokens);
-        // The body is read again only for a tenant whose tokens are counted.
-        let output = match tenant.tokens_per_minute {
-            Some(_) => body_shape(&a.p.forward_body).max_output_tokens.unwrap_or(0),
-            None => 0,
-        };
+        let output = a.p.shape.max_output_tokens.unwrap_or(0);
         let tokens = prompt.saturating_add(output);
         match state.limits.admit(usize::from(tenant.id.0), prompt, tokens, Instant::now()) {
             Err((over, s)) => {

@@ -1,5 +1,5 @@
 //! A request read and checked ([`Prepared`]), and what every try makes of it: the
-//! worker's request ([`upstream_request`]) and the shape of its body ([`BodyShape`]).
+//! worker's request ([`upstream_request`]) and the shape of its body ([`BodyShape`], read when it was parsed).
 //! Every layer below the handler takes a `Prepared`; this module names none of them.
 
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use http::header::HeaderValue;
 use http::HeaderMap;
 use http_body_util::Full;
 use kvroute_frontend::otel::RequestTrace;
+pub(crate) use kvroute_frontend::shape::BodyShape;
 use router_core::{Request, WorkerKey};
-use serde_json::Value;
 
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
@@ -35,42 +35,10 @@ pub struct Prepared {
     pub preview: bool,
     /// The endpoint the request came to (or looks like, for a preview).
     pub endpoint: Endpoint,
+    /// Whether it streams and its output limit (the `forward_body`'s).
+    pub shape: BodyShape,
     /// Its trace, when it is traced (see [`crate::trace`]).
     pub trace: Option<RequestTrace>,
-}
-
-/// What forwarding reads from a request body, in one pass over it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct BodyShape {
-    /// It asks for a stream.
-    pub stream: bool,
-    /// The output limit it names (`max_completion_tokens` or the Responses API's
-    /// `max_output_tokens`, else `max_tokens`); `None`
-    /// when it names none, or either is not a whole number.
-    pub max_output_tokens: Option<u64>,
-}
-
-/// Reads a request body's [`BodyShape`].
-pub(crate) fn body_shape(body: &[u8]) -> BodyShape {
-    #[derive(serde::Deserialize)]
-    struct Raw {
-        stream: Option<Value>,
-        max_tokens: Option<Value>,
-        max_completion_tokens: Option<Value>,
-        // The Responses API's name for it.
-        max_output_tokens: Option<Value>,
-    }
-    let limit = |v: Option<Value>| match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or(()),
-    };
-    let Ok(raw) = serde_json::from_slice::<Raw>(body) else { return BodyShape::default() };
-    let completion = raw.max_completion_tokens.or(raw.max_output_tokens);
-    let max_output_tokens = match (limit(completion), limit(raw.max_tokens)) {
-        (Ok(completion), Ok(tokens)) => completion.or(tokens),
-        _ => None,
-    };
-    BodyShape { stream: raw.stream == Some(Value::Bool(true)), max_output_tokens }
 }
 
 /// The request to send `body` to `target` on `worker`, with the client's headers.

@@ -53,15 +53,19 @@ impl UsageScan {
     /// What the bytes read so far say was used.
     pub(crate) fn used(&self) -> Used {
         let tail = &self.tail[self.tail.len().saturating_sub(TAIL_BYTES)..];
-        let prompt = last_number(tail, PROMPT_KEY);
-        let output = last_number(tail, COMPLETION_KEY).or((self.events > 0).then_some(self.events));
+        // Built once: building a finder costs more than searching a tail.
+        static PROMPT: LazyLock<memmem::FinderRev<'static>> = LazyLock::new(|| memmem::FinderRev::new(PROMPT_KEY));
+        static COMPLETION: LazyLock<memmem::FinderRev<'static>> =
+            LazyLock::new(|| memmem::FinderRev::new(COMPLETION_KEY));
+        let prompt = last_number(tail, &PROMPT);
+        let output = last_number(tail, &COMPLETION).or((self.events > 0).then_some(self.events));
         Used { prompt, output }
     }
 }
 
 /// The number after the last `key` in `text` (JSON whitespace allowed before it).
-fn last_number(text: &[u8], key: &[u8]) -> Option<u64> {
-    let at = memmem::rfind(text, key)? + key.len();
+fn last_number(text: &[u8], key: &memmem::FinderRev<'static>) -> Option<u64> {
+    let at = key.rfind(text)? + key.needle().len();
     let rest = &text[at..];
     let start = rest.iter().position(|b| !b.is_ascii_whitespace())?;
     let digits = rest[start..].iter().take_while(|b| b.is_ascii_digit()).count();

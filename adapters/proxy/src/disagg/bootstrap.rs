@@ -74,7 +74,7 @@ pub(super) async fn forward(
     let model = p.pool.name.as_str();
     let mut pre = phase_request(&p.request, Phase::Prefill);
     let (mut retry_pre, mut retry_dec) = (Retry::new(), Retry::new());
-    let shape = crate::prepared::body_shape(&p.forward_body);
+    let shape = p.shape;
     // The decode waits for the whole prompt's KV before its first token.
     let dec_limit = retry::try_limit(&state.cfg.retry, shape, p.request.isl_tokens);
     loop {

@@ -67,7 +67,7 @@ pub(super) async fn forward(
         None => p.forward_body.clone(),
     };
     let model = p.pool.name.as_str();
-    let shape = crate::prepared::body_shape(&body);
+    let shape = p.shape;
     // The decode pulls the whole prompt's KV before its first token.
     let limit = retry::try_limit(&state.cfg.retry, shape, p.request.isl_tokens);
     let mut retry = Retry::new();

@@ -53,7 +53,8 @@ impl Plan {
     /// The plan for a request, `None` when it is not a single streamed completion or
     /// chat, or migration is off.
     pub(crate) fn of(p: &Prepared, cfg: &MigrationConfig) -> Option<Plan> {
-        if cfg.attempts_max == 0 || !matches!(p.endpoint, Endpoint::Chat | Endpoint::Completions) {
+        // Only a stream can be continued: any other body is not parsed again.
+        if cfg.attempts_max == 0 || !p.shape.stream || !matches!(p.endpoint, Endpoint::Chat | Endpoint::Completions) {
             return None;
         }
         let Ok(Value::Object(json)) = serde_json::from_slice::<Value>(&p.forward_body) else { return None };

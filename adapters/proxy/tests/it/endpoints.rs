@@ -160,6 +160,7 @@ async fn salts_go_where_vllm_takes_them_and_keys_go_nowhere() {
     let g = Gateway::start().await;
     let bodies = [
         ("/v1/responses", json!({"model": "n", "input": "x"}), true),
+        ("/v1/embeddings", json!({"model": "n", "input": "x"}), true),
         ("/v1/score", json!({"model": "n", "queries": "q", "documents": ["d"]}), true),
         ("/v1/rerank", json!({"model": "n", "query": "q", "documents": ["d"]}), true),
         ("/tokenize", json!({"model": "n", "prompt": "x"}), false),

@@ -1,7 +1,6 @@
 use serde_json::json;
 
 use super::*;
-use crate::prepared::{body_shape, BodyShape};
 
 fn plan(endpoint: Endpoint, body: Value) -> Option<Plan> {
     let Value::Object(json) = body else { panic!("an object") };
@@ -106,28 +105,4 @@ fn a_chat_continues_on_the_completions_endpoint_without_chat_fields() {
     assert_eq!(keys, ["max_tokens", "model", "prompt", "return_token_ids", "seed", "stream", "stream_options"]);
     assert_eq!((v["prompt"].clone(), v["max_tokens"].clone()), (json!([4, 5]), json!(4)));
     assert_eq!(completions_path("/x/chat/completions"), "/x/completions");
-}
-
-#[test]
-fn only_streams_are_detected_as_streams() {
-    let is_stream = |b: &[u8]| body_shape(b).stream;
-    assert!(is_stream(br#"{"stream": true, "prompt": "x"}"#));
-    assert!(!is_stream(br#"{"stream": false}"#));
-    assert!(!is_stream(br#"{"prompt": "x"}"#));
-    assert!(!is_stream(b"not json"));
-}
-
-#[test]
-fn the_output_limit_is_max_completion_tokens_else_max_tokens() {
-    let max_output_tokens = |b: &[u8]| body_shape(b).max_output_tokens;
-    assert_eq!(max_output_tokens(br#"{"max_tokens": 7}"#), Some(7));
-    assert_eq!(max_output_tokens(br#"{"max_tokens": 7, "max_completion_tokens": 9}"#), Some(9));
-    assert_eq!(max_output_tokens(br#"{"max_tokens": null}"#), None);
-    assert_eq!(max_output_tokens(br#"{"max_tokens": -1}"#), None);
-    assert_eq!(max_output_tokens(br#"{"max_tokens": 7, "max_completion_tokens": "x"}"#), None);
-    assert_eq!(max_output_tokens(b"[1]"), None);
-    assert_eq!(
-        body_shape(br#"{"stream": true, "max_tokens": 3}"#),
-        BodyShape { stream: true, max_output_tokens: Some(3) }
-    );
 }
