@@ -19,12 +19,7 @@ settings=${1:-key salt limits all}
 run_ms=${2:-6000}
 ups=19421
 port=19432
-command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-
-cargo build --release --quiet --bin kvroute
-cargo build --release --quiet -p kvroute-proxy --example proxy_bench
-dir=$(mktemp -d)
-trap 'pkill -f "callgrind.*$dir" 2>/dev/null || true; rm -rf "$dir"' EXIT
+callgrind_prepare
 # The key reaches kvroute through its environment, never a file or an argument.
 export KVROUTE_BENCH_KEY="sk-bench-$RANDOM$RANDOM$RANDOM"
 

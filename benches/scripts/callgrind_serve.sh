@@ -5,6 +5,16 @@
 # depend on what else the machine runs, unlike CPU seconds; start-up costs about 2M
 # instructions, under 1% of a run.
 #
+# callgrind_prepare checks for valgrind, builds the release kvroute and proxy_bench, and
+# sets `dir` to a scratch directory removed (with any proxy left running) on exit.
+callgrind_prepare() {
+    command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+    cargo build --release --quiet --bin kvroute
+    cargo build --release --quiet -p kvroute-proxy --example proxy_bench
+    dir=$(mktemp -d)
+    trap 'pkill -f "callgrind.*$dir" 2>/dev/null || true; rm -rf "$dir"' EXIT
+}
+
 # serve_instructions DIR NAME CONFIG UPSTREAM_PORT LISTEN_PORT RUN_MS [proxy_bench flags...]
 # prints "INSTRUCTIONS REQUESTS". Needs the release kvroute and proxy_bench built.
 serve_instructions() {

@@ -14,12 +14,7 @@ run_ms=${2:-6000}
 ups=19401
 sink=19405
 port=19412
-command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-
-cargo build --release --quiet --bin kvroute
-cargo build --release --quiet -p kvroute-proxy --example proxy_bench
-dir=$(mktemp -d)
-trap 'pkill -f "callgrind.*$dir" 2>/dev/null || true; rm -rf "$dir"' EXIT
+callgrind_prepare
 
 # Instructions per request of one setting: `off` or a sampling ratio.
 measure() {
