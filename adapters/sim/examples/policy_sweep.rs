@@ -10,7 +10,8 @@
 //! The workload is the bundled Mooncake slice with each hash id as 128 tokens and
 //! lengths ÷ 4 (the fleet benchmark's conversation workload), or `--trace FILE`.
 //! A variant is `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
-//! weights: `dtw` (decode_time_weight), `out` (output_tokens_default), `store`
+//! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `memshare`
+//! (memory_kv_share), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `work`,
 //! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
@@ -118,6 +119,8 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
         let c = &mut cfg.cost;
         match k {
             "dtw" => c.ttft.decode_time_weight = x,
+            "dtmax" => c.ttft.decode_time_ms_max = x,
+            "memshare" => c.ttft.memory_kv_share = x,
             "out" => c.ttft.output_tokens_default = x as u32,
             "store" => c.ttft.store_ms_per_block = x,
             "keep" => c.ttft.keep_ms_per_block = x,
@@ -208,8 +211,8 @@ fn main() -> Result<(), String> {
                 }
                 let p = d.placements;
                 println!(
-                    "{{\"variant\":\"{v}\",\"seed\":{seed},\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{}}}",
-                    p.routed, p.with_prefix, p.moved, p.blocks_left
+                    "{{\"variant\":\"{v}\",\"seed\":{seed},\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{},\"moved_holder_excluded\":{}}}",
+                    p.routed, p.with_prefix, p.moved, p.blocks_left, p.moved_holder_excluded
                 );
             }
         }

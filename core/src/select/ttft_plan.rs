@@ -27,7 +27,7 @@
 //! model's defaults, which are rare and scored one by one.
 
 use super::cost::{overlap_effective, score};
-use super::ttft::{evicted_blocks, left_behind, output_tokens, ttft_cost, TtftModel};
+use super::ttft::{evicted_blocks, left_behind, output_tokens, ttft_cost, DecodeParts, TtftModel};
 use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
@@ -81,6 +81,8 @@ struct TtftPlan<'a> {
     /// The request's expected output in tokens and blocks, for the decode time term.
     out_tokens: f64,
     out_blocks: f64,
+    /// `f_d(1) − f_d(0)`, for the decode time term.
+    span_ms: f64,
     /// The request's weights, copied so the loop reads them without going through `req`.
     cfg: KvCostConfig,
 }
@@ -126,6 +128,7 @@ impl<'a> TtftPlan<'a> {
         let kv_blocks = m.kv_blocks_default.max(1);
         let batch = f64::from(batch_tokens);
         let bs = req.block_size.tokens();
+        let out_tokens = output_tokens(req, &req.cost.ttft);
         Some(TtftPlan {
             req,
             batch_tokens,
@@ -143,8 +146,9 @@ impl<'a> TtftPlan<'a> {
             isl: f64::from(req.isl_tokens),
             aggregated: req.phase == Phase::Aggregated,
             expected_blocks: f64::from(req.expected_output_blocks),
-            out_tokens: output_tokens(req, &req.cost.ttft),
-            out_blocks: output_tokens(req, &req.cost.ttft) / f64::from(bs),
+            out_tokens,
+            out_blocks: out_tokens / f64::from(bs),
+            span_ms: m.decode_step_ms(1.0) - m.decode_step_ms(0.0),
             cfg: req.cost,
         })
     }
@@ -259,21 +263,24 @@ impl<'a> TtftPlan<'a> {
         let work_ms = t.prefill_ms - t.queued_ms;
         let decode_blocks = p.active + f64::from(c.new_decode_blocks) + self.expected_blocks;
         let memory_ms = if self.aggregated {
-            let short = decode_blocks - self.kv;
+            let short = decode_blocks - w.memory_kv_share * self.kv;
             w.memory_ms_per_block * if short > 0.0 { short } else { 0.0 }
         } else {
             0.0
         };
         let out_time_ms = if self.aggregated {
             let m = &cfg.timing;
-            let used = p.active + f64::from(c.new_decode_blocks) + self.out_blocks;
-            let (u0, u1) = if POW2 {
-                (p.active * self.kv_recip, used * self.kv_recip)
-            } else {
-                (p.active / self.kv, used / self.kv)
+            let added = f64::from(c.new_decode_blocks) + self.out_blocks;
+            let used = p.active + added;
+            let d = DecodeParts {
+                requests: f64::from(c.load.active_requests),
+                step_ms: decode_step_ms(m, if POW2 { used * self.kv_recip } else { used / self.kv }),
+                span_ms: self.span_ms,
+                added_share: if POW2 { added * self.kv_recip } else { added / self.kv },
+                decode_weight: c.decode_weight,
+                work_ms,
             };
-            let decoding = f64::from(c.load.active_requests.saturating_sub(c.prefill_requests));
-            w.decode_time_ms(self.out_tokens, decode_step_ms(m, u0), decode_step_ms(m, u1), decoding) * c.decode_weight
+            w.decode_time_ms(self.out_tokens, d, self.req.decode_time_floor_ms)
         } else {
             0.0
         };
