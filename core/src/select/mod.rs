@@ -203,8 +203,9 @@ pub struct SelectRequest {
     pub direct: Option<WorkerKey>,
     /// The least decode time term (see [`TtftWeights::decode_time_weight`]) any candidate
     /// has before its cap, ms: [`TtftWeights::decode_time_ms_max`] counts from it.
-    /// [`Selector::select`] sets it in kv mode; [`kv_cost`] reads it as given (0 makes
-    /// the cap absolute).
+    /// [`Selector::select`] works it out from the candidates in kv mode, whatever this
+    /// says; [`kv_cost`], which sees one candidate, reads it as given (0 makes the cap
+    /// absolute).
     pub decode_time_floor_ms: f64,
 }
 
@@ -401,10 +402,7 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 /// in key order.
 fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     match req.cost.model {
-        KvCostModel::Ttft => {
-            let req = SelectRequest { decode_time_floor_ms: ttft::decode_time_floor_ms(req, cands), ..*req };
-            ttft_plan::ttft_scores(&req, cands)
-        }
+        KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands),
         KvCostModel::Blocks => {
             // No running state in the scoring loop: see `TtftPlan::score_all`.
             let scores: Vec<_> = cands.iter().map(|c| blocks_cost(req, c)).collect();

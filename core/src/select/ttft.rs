@@ -195,11 +195,24 @@ const KEEP_MS: f64 = 20.0;
 const KEEP_MS_MAX: f64 = 200.0;
 
 impl TtftWeights {
-    /// The decode time term (see [`ttft_cost`]'s `decode`) from its parts. Shared by
-    /// `ttft_cost` and the batch evaluator, which must agree bit for bit.
+    /// The decode time term (see [`ttft_cost`]'s `decode`) from its parts: the uncapped
+    /// term, then its cap. Shared by `ttft_cost` and the batch evaluator, which must
+    /// agree bit for bit.
     #[inline(always)]
     pub(super) fn decode_time_ms(&self, out_tokens: f64, d: DecodeParts, floor_ms: f64) -> f64 {
-        let ms = self.decode_time_uncapped_ms(out_tokens, d);
+        self.capped_decode_time_ms(self.decode_time_uncapped_ms(out_tokens, d), floor_ms)
+    }
+
+    #[inline(always)]
+    pub(super) fn decode_time_uncapped_ms(&self, out_tokens: f64, d: DecodeParts) -> f64 {
+        let slowed = d.requests * d.span_ms * d.added_share;
+        let steps = out_tokens * (d.step_ms + slowed) * d.decode_weight;
+        self.decode_time_weight * (steps + d.requests * d.work_ms)
+    }
+
+    /// `ms`, at most `floor_ms + decode_time_ms_max` (NaN stays NaN).
+    #[inline(always)]
+    pub(super) fn capped_decode_time_ms(&self, ms: f64, floor_ms: f64) -> f64 {
         let max = floor_ms + self.decode_time_ms_max;
         if ms > max {
             max
@@ -208,11 +221,11 @@ impl TtftWeights {
         }
     }
 
+    /// Whether selection works out a floor for the decode time term's cap: in the
+    /// aggregated phase, with the term on and a finite cap.
     #[inline(always)]
-    fn decode_time_uncapped_ms(&self, out_tokens: f64, d: DecodeParts) -> f64 {
-        let slowed = d.requests * d.span_ms * d.added_share;
-        let steps = out_tokens * (d.step_ms + slowed) * d.decode_weight;
-        self.decode_time_weight * (steps + d.requests * d.work_ms)
+    pub(super) fn decode_time_floored(&self, phase: Phase) -> bool {
+        phase == Phase::Aggregated && self.decode_time_weight != 0.0 && self.decode_time_ms_max.is_finite()
     }
 
     /// The keep term: `keep_ms_per_block × left_blocks`, at most `keep_ms_max` (a NaN
@@ -358,28 +371,39 @@ fn ttft_parts(req: &SelectRequest, c: &Candidate) -> Parts {
 
 /// The least decode time term any of `cands` has for `req` before its cap, ms (see
 /// [`SelectRequest::decode_time_floor_ms`]); 0 when the term is off or has no finite cap,
-/// or no candidate has a number. Linear in the candidates.
+/// or no candidate has a number. The batch evaluator works out the same floor on its
+/// own; this is the reference it is checked against. Linear in the candidates.
+#[cfg(test)]
 pub(crate) fn decode_time_floor_ms(req: &SelectRequest, cands: &[Candidate]) -> f64 {
-    let w = &req.cost.ttft;
-    if req.phase != Phase::Aggregated || w.decode_time_weight == 0.0 || !w.decode_time_ms_max.is_finite() {
+    if !req.cost.ttft.decode_time_floored(req.phase) {
         return 0.0;
     }
-    let (m, out) = (&req.cost.timing, output_tokens(req, w));
     let mut floor = f64::INFINITY;
     for c in cands {
-        let kv = kv_blocks(m, c);
-        let work_ms = ttft_parts(req, c).work_ms;
-        let ms = w.decode_time_uncapped_ms(out, decode_parts(m, req, c, kv, work_ms));
+        let ms = decode_time_uncapped_ms(req, c);
         if ms < floor {
             floor = ms;
         }
     }
-    // `+ 0.0` makes a −0.0 floor +0.0, whatever the candidates' order.
-    if floor.is_finite() {
-        floor + 0.0
+    finite_floor(floor)
+}
+
+/// The least of the candidates' uncapped decode time terms as the cap's floor: `+ 0.0`
+/// makes a −0.0 minimum +0.0 (whatever the candidates' order), and none finite is 0.
+#[inline(always)]
+pub(super) fn finite_floor(least_ms: f64) -> f64 {
+    if least_ms.is_finite() {
+        least_ms + 0.0
     } else {
         0.0
     }
+}
+
+/// `c`'s decode time term for `req` before its cap (aggregated phase only).
+pub(super) fn decode_time_uncapped_ms(req: &SelectRequest, c: &Candidate) -> f64 {
+    let (m, w) = (&req.cost.timing, &req.cost.ttft);
+    let work_ms = ttft_parts(req, c).work_ms;
+    w.decode_time_uncapped_ms(output_tokens(req, w), decode_parts(m, req, c, kv_blocks(m, c), work_ms))
 }
 
 /// What the decode time term weighs on one candidate (see [`ttft_cost`]'s `decode`).
