@@ -46,7 +46,8 @@ def traces(kind, load, seeds, vocab, out_dir):
     paths = []
     for i, seed in enumerate(seeds):
         reqs = one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab)
-        recs = workloads.to_mooncake(workloads.scaled(reqs, RATES[kind][load]), 64)
+        reqs = workloads.scaled(reqs, RATES[kind][load])
+        recs = with_sessions(reqs, workloads.to_mooncake(reqs, 64))
         if kind == "conversation" and i > 0:
             rng = random.Random(seed)
             recs = [dict(r, timestamp=round(r["timestamp"] * (1 + rng.uniform(-0.02, 0.02)), 3)) for r in recs]
@@ -57,10 +58,23 @@ def traces(kind, load, seeds, vocab, out_dir):
     return paths
 
 
-def sweep(binary, path, variants, router_seeds):
+def with_sessions(reqs, recs):
+    """`recs` (to_mooncake of `reqs`) with each request's session id, if it has one.
+    to_mooncake sorts its records by time, stably; the same sort of the requests pairs
+    them up."""
+    at, keys = {}, []
+    for r in reqs:
+        t = r.arrival_s if r.after is None else at[r.after] + r.gap_s
+        at[r.index] = t
+        keys.append(round(t * 1000.0, 3))
+    order = sorted(range(len(reqs)), key=lambda i: keys[i])
+    return [dict(rec, session_id=reqs[i].session) if reqs[i].session else rec for i, rec in zip(order, recs)]
+
+
+def sweep(binary, path, variants, router_seeds, sessions):
     """policy_sweep's run lines for one trace."""
     argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1", "--speedups", "1",
-            "--variants", variants, "--seeds", str(router_seeds)]  # fmt: skip
+            "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in map(json.loads, out.splitlines()) if "hits" in d]
 
@@ -87,6 +101,8 @@ def main():
     p.add_argument("--loads", default="busy,saturated")
     p.add_argument("--seeds", type=int, default=3, help="workload seeds (conversation: arrival jitters)")
     p.add_argument("--router-seeds", type=int, default=2)
+    p.add_argument("--sessions", action="store_true",
+                   help="send agent programs' session ids (kvroute binds them hard unless a variant says aff=cost)")
     p.add_argument("--bin", default=str(HERE.parents[1] / "target/release/examples/policy_sweep"))
     p.add_argument("--out", help="write the report as JSON here too")
     args = p.parse_args()
@@ -97,7 +113,7 @@ def main():
         for kind in args.workloads.split(","):
             for load in args.loads.split(","):
                 runs = [d for path in traces(kind, load, seeds, vocab, tmp)
-                        for d in sweep(args.bin, path, args.variants, args.router_seeds)]  # fmt: skip
+                        for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions)]  # fmt: skip
                 report[f"{kind}/{load}"] = medians(runs)
     met = {}
     print(f"{'workload/load':24}{'variant':36}" + "".join(f"{f:>20}" for f in FIGURES) + f"{'busiest':>9}")

@@ -20,6 +20,8 @@
 //! while another is not), as the fleet benchmark runs it: without it, a saturated
 //! conversation replay kept 0.197 hits where the fleet measured 0.172. `--seeds N`
 //! runs each variant with router seeds 0..N (its tie-breaking draws), one line each.
+//! `--sessions 1` sends the trace's `session_id`s as the session header (hard affinity
+//! unless a variant says `aff=soft` or `aff=cost`); the text-tree rule ignores them.
 //! `--engine-speedup X` runs the workers X times faster than the timing model the router
 //! predicts with (the fleet benchmark's sim-workers run at 0.5 when saturated); pass
 //! `--speedups` times X to keep the load, and latencies are then in the workers' time.
@@ -29,7 +31,7 @@ use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
-use router_core::{BlockSize, RouterConfig, RouterMode};
+use router_core::{AffinityMode, BlockSize, RouterConfig, RouterMode};
 
 const BUNDLED: &str = include_str!("../fixtures/mooncake_conversation_head.jsonl");
 
@@ -44,6 +46,7 @@ struct Args {
     seeds: u64,
     records: Option<String>,
     engine_speedup: f64,
+    sessions: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -58,6 +61,7 @@ fn parse() -> Result<Args, String> {
         seeds: 1,
         records: None,
         engine_speedup: 1.0,
+        sessions: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -74,6 +78,7 @@ fn parse() -> Result<Args, String> {
             "--seeds" => a.seeds = num(v)?.max(1.0) as u64,
             "--records" => a.records = Some(v.clone()),
             "--engine-speedup" => a.engine_speedup = num(v)?,
+            "--sessions" => a.sessions = num(v)? != 0.0,
             _ => return Err(format!("unknown flag {k}")),
         }
     }
@@ -108,6 +113,15 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
                 "rr" => RouterMode::RoundRobin,
                 "ll" => RouterMode::LeastLoaded,
                 _ => return Err(format!("mode {v}")),
+            };
+            continue;
+        }
+        if k == "aff" {
+            cfg.affinity.mode = match v {
+                "hard" => AffinityMode::Hard,
+                "soft" => AffinityMode::Soft,
+                "cost" => AffinityMode::Cost,
+                _ => return Err(format!("aff {v}")),
             };
             continue;
         }
@@ -203,7 +217,7 @@ fn main() -> Result<(), String> {
         }
         for v in &a.variants {
             for seed in 0..a.seeds {
-                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, false);
+                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
                 let rep = run(&rcfg, &reqs, &mut d)?;
                 line(v, speedup, &rep);
                 if let Some(path) = &a.records {
