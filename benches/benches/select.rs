@@ -56,6 +56,7 @@ fn request(mode: RouterMode, temperature: f64) -> SelectRequest {
         block_size: BlockSize::DEFAULT,
         expected_output_blocks: 8,
         direct: None,
+        decode_time_floor_ms: 0.0,
     }
 }
 

@@ -37,7 +37,8 @@ def step_ms(usage):
 
 def cached_tokens(requests, block_size, capacity_blocks):
     """Per request, the leading prompt tokens an LRU pool of `capacity_blocks` blocks
-    (fed every earlier request's full blocks) holds; never the whole prompt."""
+    (fed every earlier request's full blocks, evicting a prefix's tail before its root)
+    holds; never the whole prompt."""
     cache, out = OrderedDict(), []
     for r in requests:
         chain = [tuple(r.tokens[: (k + 1) * block_size]) for k in range(len(r.tokens) // block_size)]
@@ -47,7 +48,9 @@ def cached_tokens(requests, block_size, capacity_blocks):
                 break
             hit += 1
         out.append(hit * block_size)
-        for key in chain:
+        # Refreshed tail first, so a prefix's root is the most recent and evicted last,
+        # as the reference script's bound does (a root serves every later branch).
+        for key in reversed(chain):
             cache[key] = True
             cache.move_to_end(key)
         while len(cache) > capacity_blocks:

@@ -208,9 +208,10 @@ class Floors(unittest.TestCase):
         # A longer prompt over it finds all 3; another prefix finds nothing.
         self.check([a, a + [50, 51, 52, 53, 54]], 1, [0, 12])
         self.check([a, [99] + a], 1, [0, 0])
-        # A 1-worker pool of 10 blocks: three 4-block prompts evict the first one's.
+        # A 1-worker pool of 10 blocks: three 4-block prompts evict the first one's last
+        # two blocks (the tail goes first); its first two are still there.
         others = [[100 + k] * 16 for k in range(2)]
-        self.check([a + [7, 7, 7, 7]] + others + [a + [7, 7, 7, 7]], 1, [0, 0, 0, 0])
+        self.check([a + [7, 7, 7, 7]] + others + [a + [7, 7, 7, 7]], 1, [0, 0, 0, 8])
         # Two workers pool 20 blocks: it is still there.
         self.check([a + [7, 7, 7, 7]] + others + [a + [7, 7, 7, 7]], 2, [0, 0, 0, 12])
 

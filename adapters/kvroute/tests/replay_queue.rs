@@ -1,5 +1,6 @@
-//! `kvroute replay` with the router holding requests back (`--busy-prefill-batches`) and
-//! ordering its queue (`--queue-order`), as `serve` does with the same knobs.
+//! `kvroute replay` with the router holding requests back (`--busy-prefill-batches`,
+//! `--busy-kv-share`) and ordering its queue (`--queue-order`), as `serve` does with the
+//! same knobs.
 
 use std::process::{Command, Output};
 
@@ -54,4 +55,20 @@ fn a_bad_queue_order_is_refused_by_name() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid value 'lifo' for '--queue-order") && err.contains("wspt"), "{err}");
+}
+
+#[test]
+fn a_bad_kv_share_is_refused() {
+    for bad in ["NaN", "inf", "-0.5", "lots"] {
+        let out = kvroute(&[&BASE[..], &[&format!("--busy-kv-share={bad}")[..]]].concat());
+        assert!(!out.status.success(), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("share of KV blocks"), "{bad}");
+    }
+}
+
+#[test]
+fn a_kv_share_bound_passes_full_workers_over_and_zero_is_off() {
+    assert_eq!(check(&[]), check(&["--busy-kv-share", "0"]));
+    let bounded = check(&["--busy-kv-share", "0.1"]);
+    assert_ne!(check(&[])["ttft_ms"], bounded["ttft_ms"], "full workers are passed over");
 }

@@ -10,17 +10,28 @@
 //! The workload is the bundled Mooncake slice with each hash id as 128 tokens and
 //! lengths ÷ 4 (the fleet benchmark's conversation workload), or `--trace FILE`.
 //! A variant is `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
-//! weights: `dtw` (decode_time_weight), `out` (output_tokens_default), `store`
-//! (store_ms_per_block), `work`, `others`, `arw` (active_request_weight), `pls`
-//! (prefill_load_scale), `mode` (`rr`, `ll` for round-robin or least-loaded). `--seeds N`
+//! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `memshare`
+//! (memory_kv_share), `out` (output_tokens_default), `store`
+//! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `work`,
+//! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
+//! `ll` for round-robin or least-loaded), `frac` (the eligibility's
+//! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
+//! eligibility (a worker whose booked decode blocks pass 0.95 of its KV is passed over
+//! while another is not), as the fleet benchmark runs it: without it, a saturated
+//! conversation replay kept 0.197 hits where the fleet measured 0.172. `--seeds N`
 //! runs each variant with router seeds 0..N (its tie-breaking draws), one line each.
+//! `--sessions 1` sends the trace's `session_id`s as the session header (hard affinity
+//! unless a variant says `aff=soft` or `aff=cost`); the text-tree rule ignores them.
+//! `--engine-speedup X` runs the workers X times faster than the timing model the router
+//! predicts with (the fleet benchmark's sim-workers run at 0.5 when saturated); pass
+//! `--speedups` times X to keep the load, and latencies are then in the workers' time.
 
 use kvroute_sim::engine::EngineConfig;
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
-use router_core::{BlockSize, RouterConfig, RouterMode};
+use router_core::{AffinityMode, BlockSize, RouterConfig, RouterMode};
 
 const BUNDLED: &str = include_str!("../fixtures/mooncake_conversation_head.jsonl");
 
@@ -34,6 +45,8 @@ struct Args {
     scale: f64,
     seeds: u64,
     records: Option<String>,
+    engine_speedup: f64,
+    sessions: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -47,6 +60,8 @@ fn parse() -> Result<Args, String> {
         scale: 0.25,
         seeds: 1,
         records: None,
+        engine_speedup: 1.0,
+        sessions: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -62,6 +77,8 @@ fn parse() -> Result<Args, String> {
             "--scale" => a.scale = num(v)?,
             "--seeds" => a.seeds = num(v)?.max(1.0) as u64,
             "--records" => a.records = Some(v.clone()),
+            "--engine-speedup" => a.engine_speedup = num(v)?,
+            "--sessions" => a.sessions = num(v)? != 0.0,
             _ => return Err(format!("unknown flag {k}")),
         }
     }
@@ -86,7 +103,6 @@ fn requests(a: &Args, speedup: f64) -> Result<Vec<SimRequest>, String> {
 
 fn config(variant: &str) -> Result<RouterConfig, String> {
     let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
-    cfg.eligibility.decode_blocks_frac_of_kv = None;
     if variant == "kv" {
         return Ok(cfg);
     }
@@ -100,10 +116,25 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             };
             continue;
         }
+        if k == "aff" {
+            cfg.affinity.mode = match v {
+                "hard" => AffinityMode::Hard,
+                "soft" => AffinityMode::Soft,
+                "cost" => AffinityMode::Cost,
+                _ => return Err(format!("aff {v}")),
+            };
+            continue;
+        }
         let x: f64 = v.parse().map_err(|e| format!("{kv}: {e}"))?;
+        if k == "frac" {
+            cfg.eligibility.decode_blocks_frac_of_kv = (x > 0.0).then_some(x);
+            continue;
+        }
         let c = &mut cfg.cost;
         match k {
             "dtw" => c.ttft.decode_time_weight = x,
+            "dtmax" => c.ttft.decode_time_ms_max = x,
+            "memshare" => c.ttft.memory_kv_share = x,
             "out" => c.ttft.output_tokens_default = x as u32,
             "store" => c.ttft.store_ms_per_block = x,
             "keep" => c.ttft.keep_ms_per_block = x,
@@ -157,6 +188,7 @@ fn main() -> Result<(), String> {
     let engine = EngineConfig {
         blocks_per_worker: a.blocks,
         block_size: BlockSize::DEFAULT.tokens(),
+        speedup: a.engine_speedup,
         ..EngineConfig::default()
     };
     let rcfg = ReplayConfig { workers: a.workers, engine: engine.clone(), ..ReplayConfig::default() };
@@ -185,7 +217,7 @@ fn main() -> Result<(), String> {
         }
         for v in &a.variants {
             for seed in 0..a.seeds {
-                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, false);
+                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
                 let rep = run(&rcfg, &reqs, &mut d)?;
                 line(v, speedup, &rep);
                 if let Some(path) = &a.records {
@@ -193,8 +225,8 @@ fn main() -> Result<(), String> {
                 }
                 let p = d.placements;
                 println!(
-                    "{{\"variant\":\"{v}\",\"seed\":{seed},\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{}}}",
-                    p.routed, p.with_prefix, p.moved, p.blocks_left
+                    "{{\"variant\":\"{v}\",\"seed\":{seed},\"routed\":{},\"with_prefix\":{},\"moved\":{},\"blocks_left\":{},\"moved_holder_excluded\":{}}}",
+                    p.routed, p.with_prefix, p.moved, p.blocks_left, p.moved_holder_excluded
                 );
             }
         }

@@ -46,6 +46,8 @@ pub struct Placements {
     pub moved: u64,
     /// Prompt blocks the best holders had cached beyond the chosen workers'.
     pub blocks_left: u64,
+    /// Of the moved requests, those whose best holder was not eligible (overloaded).
+    pub moved_holder_excluded: u64,
 }
 
 /// The simulated fleet the dispatcher routes over.
@@ -166,6 +168,9 @@ impl CoreDispatcher {
                 p.with_prefix += u64::from(best > 0);
                 p.moved += u64::from(got < best);
                 p.blocks_left += best.saturating_sub(got);
+                let holder_out =
+                    r.explanation.iter().any(|e| e.excluded.is_some() && u64::from(e.overlap.device) > got);
+                p.moved_holder_excluded += u64::from(got < best && holder_out);
                 if let Some(o) = &mut self.observing {
                     o.dispatched(now, r, self.router.config().block_size);
                 }

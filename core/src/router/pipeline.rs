@@ -289,6 +289,7 @@ impl Router {
                 PinResolution::Exact(k) => Some(k),
                 _ => None,
             },
+            decode_time_floor_ms: 0.0, // The selector works it out.
         };
         let selection = self.selector.select(&sreq, &candidates, &mut draw, commit);
         let explanation = explain(verdicts, scores, selection.as_ref().map(|s| &s.scores[..]).unwrap_or(&[]));

@@ -201,6 +201,12 @@ pub struct SelectRequest {
     pub expected_output_blocks: u32,
     /// The worker named by the request; used only in [`RouterMode::Direct`].
     pub direct: Option<WorkerKey>,
+    /// The least decode time term (see [`TtftWeights::decode_time_weight`]) any candidate
+    /// has before its cap, ms: [`TtftWeights::decode_time_ms_max`] counts from it.
+    /// [`Selector::select`] works it out from the candidates in kv mode, whatever this
+    /// says; [`kv_cost`], which sees one candidate, reads it as given (0 makes the cap
+    /// absolute).
+    pub decode_time_floor_ms: f64,
 }
 
 impl Default for SelectRequest {
@@ -214,6 +220,7 @@ impl Default for SelectRequest {
             block_size: BlockSize::DEFAULT,
             expected_output_blocks: 0,
             direct: None,
+            decode_time_floor_ms: 0.0,
         }
     }
 }

@@ -116,6 +116,7 @@ impl TtftModel {
 /// Weights of the terms `ttft_cost` adds to the predicted wait. The defaults minimise
 /// the total wait of the fleet, not just this request's.
 #[derive(Clone, Copy, PartialEq, Debug)]
+#[non_exhaustive]
 pub struct TtftWeights {
     /// Share of the prefill a busy worker is predicted to have computed since its backlog
     /// began (see [`Candidate::prefill_busy_ms`]) that is taken off its queued tokens:
@@ -128,16 +129,27 @@ pub struct TtftWeights {
     /// time): the wait that work passes on to later requests, which is what keeps a busy
     /// fleet on its cached prefixes. Default 1.0.
     pub work_weight: f64,
-    /// Wait charged per KV block the worker would be short of to hold this request next
-    /// to the ones it runs (an engine admits nothing it has no room for), ms. Default 10.
+    /// Wait charged per KV block the worker would hold beyond `memory_kv_share` of its
+    /// capacity with this request next to the ones it runs (an engine admits nothing it
+    /// has no room for), ms. Default 10.
     pub memory_ms_per_block: f64,
-    /// Weight of the decode time placing the request there costs: its own output's steps
-    /// at the worker's KV usage with it, plus what its blocks add to the steps of the
-    /// requests decoding there. Decode steps slow down as KV usage grows, so this is what
-    /// spreads decode work and keeps end-to-end latency even. Default 0 (off): at 0.1 it
-    /// cut agentic end-to-end time in replay, but on a saturated sim fleet it piled short
-    /// requests onto one worker and halved the conversation workload's hit rate.
+    /// Share of a worker's KV blocks above which the memory term charges. Default 0.9:
+    /// below the share at which eligibility passes a worker over (`kvroute serve`'s
+    /// `decode_blocks_frac_of_kv`, 0.95), so the cost turns work away before the worker
+    /// is excluded and the next turns of the conversations it holds must move. At 1.0 a
+    /// saturated conversation replay lost 4% of its hits that way (0.185 against 0.193).
+    pub memory_kv_share: f64,
+    /// Weight of the decode time placing the request there costs (see `ttft_cost`'s
+    /// `decode`): its own output's steps at the worker's KV usage with it, what its
+    /// blocks add to the steps of every request there, and the pass time its prompt adds,
+    /// which every request there waits out. This is what spreads decode work and keeps
+    /// end-to-end latency even. Default 0.1.
     pub decode_time_weight: f64,
+    /// Most the decode time term charges beyond the least any candidate has for the
+    /// request ([`SelectRequest::decode_time_floor_ms`]), ms: it may move a request off
+    /// its cache, but not by more than this, so a cheap-looking worker cannot pull in
+    /// every request and a long context is not moved for decode time alone. Default 600.
+    pub decode_time_ms_max: f64,
     /// Output tokens expected of a request that names none, for the decode time term.
     /// Default 128.
     pub output_tokens_default: u32,
@@ -164,7 +176,9 @@ impl Default for TtftWeights {
             others_delay_weight: 1.0,
             work_weight: 1.0,
             memory_ms_per_block: 10.0,
+            memory_kv_share: MEMORY_KV_SHARE,
             decode_time_weight: DECODE_TIME_WEIGHT,
+            decode_time_ms_max: DECODE_TIME_MS_MAX,
             output_tokens_default: 128,
             store_ms_per_block: STORE_MS,
             keep_ms_per_block: KEEP_MS,
@@ -173,20 +187,45 @@ impl Default for TtftWeights {
     }
 }
 
-const DECODE_TIME_WEIGHT: f64 = 0.0;
+const MEMORY_KV_SHARE: f64 = 0.9;
+const DECODE_TIME_WEIGHT: f64 = 0.1;
+const DECODE_TIME_MS_MAX: f64 = 600.0;
 const STORE_MS: f64 = 1.0;
 const KEEP_MS: f64 = 20.0;
 const KEEP_MS_MAX: f64 = 200.0;
 
 impl TtftWeights {
-    /// The decode time term: `decode_time_weight × out × (f_d(u₁) + n × (f_d(u₁) − f_d(u₀)))`
-    /// where `out` is the request's expected output in tokens, `u₀` the worker's KV usage
-    /// and `u₁` its usage with the request's blocks, and `n` the requests decoding there.
-    /// Shared by `ttft_cost` and the batch evaluator, which must agree bit for bit.
+    /// The decode time term (see [`ttft_cost`]'s `decode`) from its parts: the uncapped
+    /// term, then its cap. Shared by `ttft_cost` and the batch evaluator, which must
+    /// agree bit for bit.
     #[inline(always)]
-    pub(super) fn decode_time_ms(&self, out_tokens: f64, step0_ms: f64, step1_ms: f64, decoding: f64) -> f64 {
-        let others = decoding * (step1_ms - step0_ms);
-        self.decode_time_weight * out_tokens * (step1_ms + others)
+    pub(super) fn decode_time_ms(&self, out_tokens: f64, d: DecodeParts, floor_ms: f64) -> f64 {
+        self.capped_decode_time_ms(self.decode_time_uncapped_ms(out_tokens, d), floor_ms)
+    }
+
+    #[inline(always)]
+    pub(super) fn decode_time_uncapped_ms(&self, out_tokens: f64, d: DecodeParts) -> f64 {
+        let slowed = d.requests * d.span_ms * d.added_share;
+        let steps = out_tokens * (d.step_ms + slowed) * d.decode_weight;
+        self.decode_time_weight * (steps + d.requests * d.work_ms)
+    }
+
+    /// `ms`, at most `floor_ms + decode_time_ms_max` (NaN stays NaN).
+    #[inline(always)]
+    pub(super) fn capped_decode_time_ms(&self, ms: f64, floor_ms: f64) -> f64 {
+        let max = floor_ms + self.decode_time_ms_max;
+        if ms > max {
+            max
+        } else {
+            ms
+        }
+    }
+
+    /// Whether selection works out a floor for the decode time term's cap: in the
+    /// aggregated phase, with the term on and a finite cap.
+    #[inline(always)]
+    pub(super) fn decode_time_floored(&self, phase: Phase) -> bool {
+        phase == Phase::Aggregated && self.decode_time_weight != 0.0 && self.decode_time_ms_max.is_finite()
     }
 
     /// The keep term: `keep_ms_per_block × left_blocks`, at most `keep_ms_max` (a NaN
@@ -219,11 +258,17 @@ impl TtftWeights {
 ///            backlog fits one pass, else 1) wait for this one's tokens there
 /// work     = P(queued + own) − P(queued)
 /// memory   = memory_ms_per_block × max(0, active_decode_blocks + new_decode_blocks
-///                                        + expected_output_blocks − kv_blocks)
+///                                        + expected_output_blocks − memory_kv_share × kv_blocks)
 /// out      = expected_output_blocks × block_size, or output_tokens_default if 0
-/// decode   = decode_time_weight × out × (f_d(u₁) + d × (f_d(u₁) − f_d(u₀))), u₀ =
-///            active_decode_blocks / kv_blocks, u₁ = (active_decode_blocks + new_decode_blocks
-///            + out / block_size) / kv_blocks, d = requests there past their prefill
+/// added    = new_decode_blocks + out / block_size: the blocks it would hold there
+/// m        = active_requests: every request there, queued ones too (they decode soon)
+/// decode   = min(decode_time_weight × (decode_weight × out × (f_d(u₁) + m × (f_d(1) − f_d(0))
+///                 × added / kv_blocks) + m × work),
+///                decode_time_floor_ms + decode_time_ms_max)
+///            u₁ = (active_decode_blocks + added) / kv_blocks: its own steps; what its blocks
+///            add to the m others' steps, at the fit's mean slope (the local slope of the
+///            concave fit flattens near a full cache, where adding blocks then looked
+///            free); and the prefill passes it adds, which the m others wait out
 /// store    = store_ms_per_block × min(own / block_size, max(0, cached_blocks + own /
 ///            block_size − kv_blocks)): the cached blocks its new ones would evict
 /// keep     = min(keep_ms_max, keep_ms_per_block × max(0, prefix_best_blocks −
@@ -231,7 +276,7 @@ impl TtftWeights {
 ///            holder has and this one lacks
 /// cost     = cost_factor × (prefill_load_scale × P(queued + own) + decode_weight × n × step
 ///                           + others_delay_weight × others + work_weight × work + memory
-///                           + decode_weight × decode + store + keep
+///                           + decode + store + keep
 ///                           + active_request_weight × active_requests)
 /// ```
 ///
@@ -245,6 +290,41 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     if req.phase == Phase::Decode {
         return blocks_cost(req, c);
     }
+    let (cfg, p) = (&req.cost, ttft_parts(req, c));
+    let w = &cfg.ttft;
+    let requests = f64::from(c.load.active_requests);
+    let cost = c.cost_factor
+        * (cfg.prefill_load_scale * p.prefill_ms
+            + p.steps_ms
+            + w.others_delay_weight * p.others_ms
+            + w.work_weight * p.work_ms
+            + p.memory_ms
+            + p.decode_time_ms
+            + p.store_ms
+            + p.keep_ms
+            + cfg.active_request_weight * requests);
+    let bs = f64::from(req.block_size.tokens());
+    score(c, p.overlap, (p.queued + p.own) / bs, p.decode_blocks, cost)
+}
+
+/// [`ttft_cost`]'s terms before they are weighed and summed (not for [`Phase::Decode`]).
+struct Parts {
+    overlap: f64,
+    queued: f64,
+    own: f64,
+    prefill_ms: f64,
+    steps_ms: f64,
+    others_ms: f64,
+    work_ms: f64,
+    memory_ms: f64,
+    decode_time_ms: f64,
+    store_ms: f64,
+    keep_ms: f64,
+    /// Reported decode blocks: 0 for a prefill worker.
+    decode_blocks: f64,
+}
+
+fn ttft_parts(req: &SelectRequest, c: &Candidate) -> Parts {
     let cfg = &req.cost;
     let (m, w) = (&cfg.timing, &cfg.ttft);
     let bs = f64::from(req.block_size.tokens());
@@ -255,42 +335,112 @@ pub(crate) fn ttft_cost(req: &SelectRequest, c: &Candidate) -> CandidateScore {
     let own = if isl > 0.0 { (isl - cached).max(1.0) } else { 0.0 };
     let aggregated = req.phase == Phase::Aggregated;
     let batch = if c.max_batched_tokens == 0 { m.max_batched_tokens_default } else { c.max_batched_tokens };
-    let kv = f64::from(if c.kv_blocks == 0 { m.kv_blocks_default } else { c.kv_blocks }.max(1));
+    let kv = kv_blocks(m, c);
     let active = c.load.active_decode_blocks as f64;
     let decoding = aggregated && c.load.active_requests > c.prefill_requests;
     let step_ms = if decoding { m.decode_step_ms(active / kv) } else { 0.0 };
 
     let queued = queued_tokens(m, w, c, batch, step_ms);
     let (prefill_ms, passes) = m.chunked_prefill_ms(queued + own, batch);
-    let decode_ms = passes.max(1.0) * step_ms * c.decode_weight;
+    let steps_ms = passes.max(1.0) * step_ms * c.decode_weight;
     let others_ms = others_delay(m, c, queued, own, batch);
     let work_ms = prefill_ms - m.chunked_prefill_ms(queued, batch).0;
     let decode_blocks = active + f64::from(c.new_decode_blocks) + f64::from(req.expected_output_blocks);
-    let memory_ms = if aggregated { w.memory_ms_per_block * (decode_blocks - kv).max(0.0) } else { 0.0 };
-    let out_time_ms = if aggregated {
-        let out = output_tokens(req, w);
-        let step1_ms = m.decode_step_ms((active + f64::from(c.new_decode_blocks) + out / bs) / kv);
-        let decoding = f64::from(c.load.active_requests.saturating_sub(c.prefill_requests));
-        w.decode_time_ms(out, m.decode_step_ms(active / kv), step1_ms, decoding) * c.decode_weight
+    let memory_ms =
+        if aggregated { w.memory_ms_per_block * (decode_blocks - w.memory_kv_share * kv).max(0.0) } else { 0.0 };
+    let decode_time_ms = if aggregated {
+        w.decode_time_ms(output_tokens(req, w), decode_parts(m, req, c, kv, work_ms), req.decode_time_floor_ms)
     } else {
         0.0
     };
-    let store_ms = w.store_ms_per_block * evicted_blocks(own / bs, f64::from(c.cached_blocks), kv);
-    let keep_ms = w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), cached_blocks));
+    Parts {
+        overlap,
+        queued,
+        own,
+        prefill_ms,
+        steps_ms,
+        others_ms,
+        work_ms,
+        memory_ms,
+        decode_time_ms,
+        store_ms: w.store_ms_per_block * evicted_blocks(own / bs, f64::from(c.cached_blocks), kv),
+        keep_ms: w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), cached_blocks)),
+        decode_blocks: if aggregated { decode_blocks } else { 0.0 },
+    }
+}
 
-    let requests = f64::from(c.load.active_requests);
-    let cost = c.cost_factor
-        * (cfg.prefill_load_scale * prefill_ms
-            + decode_ms
-            + w.others_delay_weight * others_ms
-            + w.work_weight * work_ms
-            + memory_ms
-            + out_time_ms
-            + store_ms
-            + keep_ms
-            + cfg.active_request_weight * requests);
-    let decode_blocks = if aggregated { decode_blocks } else { 0.0 };
-    score(c, overlap, (queued + own) / bs, decode_blocks, cost)
+/// The least decode time term any of `cands` has for `req` before its cap, ms (see
+/// [`SelectRequest::decode_time_floor_ms`]); 0 when the term is off or has no finite cap,
+/// or no candidate has a number. The batch evaluator works out the same floor on its
+/// own; this is the reference it is checked against. Linear in the candidates.
+#[cfg(test)]
+pub(crate) fn decode_time_floor_ms(req: &SelectRequest, cands: &[Candidate]) -> f64 {
+    if !req.cost.ttft.decode_time_floored(req.phase) {
+        return 0.0;
+    }
+    let mut floor = f64::INFINITY;
+    for c in cands {
+        let ms = decode_time_uncapped_ms(req, c);
+        if ms < floor {
+            floor = ms;
+        }
+    }
+    finite_floor(floor)
+}
+
+/// The least of the candidates' uncapped decode time terms as the cap's floor: `+ 0.0`
+/// makes a −0.0 minimum +0.0 (whatever the candidates' order), and none finite is 0.
+#[inline(always)]
+pub(super) fn finite_floor(least_ms: f64) -> f64 {
+    if least_ms.is_finite() {
+        least_ms + 0.0
+    } else {
+        0.0
+    }
+}
+
+/// `c`'s decode time term for `req` before its cap (aggregated phase only).
+pub(super) fn decode_time_uncapped_ms(req: &SelectRequest, c: &Candidate) -> f64 {
+    let (m, w) = (&req.cost.timing, &req.cost.ttft);
+    let work_ms = ttft_parts(req, c).work_ms;
+    w.decode_time_uncapped_ms(output_tokens(req, w), decode_parts(m, req, c, kv_blocks(m, c), work_ms))
+}
+
+/// What the decode time term weighs on one candidate (see [`ttft_cost`]'s `decode`).
+#[derive(Clone, Copy)]
+pub(super) struct DecodeParts {
+    /// `m`: requests on the worker, decoding or queued.
+    pub(super) requests: f64,
+    /// `f_d(u₁)`, ms.
+    pub(super) step_ms: f64,
+    /// `f_d(1) − f_d(0)`, ms.
+    pub(super) span_ms: f64,
+    /// `added / kv_blocks`.
+    pub(super) added_share: f64,
+    /// The candidate's decode weight.
+    pub(super) decode_weight: f64,
+    /// `work`, ms.
+    pub(super) work_ms: f64,
+}
+
+/// [`DecodeParts`] of `c` for `req`, its KV capacity `kv` resolved.
+fn decode_parts(m: &TtftModel, req: &SelectRequest, c: &Candidate, kv: f64, work_ms: f64) -> DecodeParts {
+    let bs = f64::from(req.block_size.tokens());
+    let added = f64::from(c.new_decode_blocks) + output_tokens(req, &req.cost.ttft) / bs;
+    let active = c.load.active_decode_blocks as f64;
+    DecodeParts {
+        requests: f64::from(c.load.active_requests),
+        step_ms: m.decode_step_ms((active + added) / kv),
+        span_ms: m.decode_step_ms(1.0) - m.decode_step_ms(0.0),
+        added_share: added / kv,
+        decode_weight: c.decode_weight,
+        work_ms,
+    }
+}
+
+/// `c`'s KV capacity in blocks: its own, or the model's default when it reports 0.
+fn kv_blocks(m: &TtftModel, c: &Candidate) -> f64 {
+    f64::from(if c.kv_blocks == 0 { m.kv_blocks_default } else { c.kv_blocks }.max(1))
 }
 
 /// Cached blocks that storing `new` more would evict from a cache of `kv` blocks

@@ -22,12 +22,21 @@
 //!   cannot be NaN, and the backlog's split, which the reference computes twice, is
 //!   computed once.
 //!
+//! The decode time term's cap counts from the least uncapped term of any candidate
+//! ([`SelectRequest::decode_time_floor_ms`]), which the plan works out itself: it keeps
+//! every candidate's terms, takes that least, then caps and sums in the reference's
+//! order (about a third more time per decision than without the cap, against two and a
+//! half times when the floor came from the reference formula).
+//!
 //! What it leaves to [`ttft_cost`]: the decode phase (the blocks formula scores it) and
 //! any candidate reporting its own pass budget or KV capacity different from the
 //! model's defaults, which are rare and scored one by one.
 
 use super::cost::{overlap_effective, score};
-use super::ttft::{evicted_blocks, left_behind, output_tokens, ttft_cost, TtftModel};
+use super::ttft::{
+    decode_time_uncapped_ms, evicted_blocks, finite_floor, left_behind, output_tokens, ttft_cost, DecodeParts,
+    TtftModel,
+};
 use super::KvCostConfig;
 use super::{tally, Candidate, CandidateScore, Cheapest, SelectRequest};
 use crate::types::Phase;
@@ -81,6 +90,8 @@ struct TtftPlan<'a> {
     /// The request's expected output in tokens and blocks, for the decode time term.
     out_tokens: f64,
     out_blocks: f64,
+    /// `f_d(1) − f_d(0)`, for the decode time term.
+    span_ms: f64,
     /// The request's weights, copied so the loop reads them without going through `req`.
     cfg: KvCostConfig,
 }
@@ -105,6 +116,21 @@ struct Times {
     queued_ms: f64,
 }
 
+/// Stage 3's results for one candidate: its cost but for the decode time term's cap.
+#[derive(Clone, Copy)]
+struct Partial {
+    /// The terms before the decode time term, summed in the reference's order.
+    head_ms: f64,
+    /// The decode time term before its cap.
+    decode_ms: f64,
+    store_ms: f64,
+    keep_ms: f64,
+    requests_ms: f64,
+    overlap: f64,
+    prefill_blocks: f64,
+    decode_blocks: f64,
+}
+
 /// `2^-k` for `d = 2^k`, else 0.
 fn pow2_recip(d: u32) -> f64 {
     if d.is_power_of_two() {
@@ -126,6 +152,7 @@ impl<'a> TtftPlan<'a> {
         let kv_blocks = m.kv_blocks_default.max(1);
         let batch = f64::from(batch_tokens);
         let bs = req.block_size.tokens();
+        let out_tokens = output_tokens(req, &req.cost.ttft);
         Some(TtftPlan {
             req,
             batch_tokens,
@@ -143,8 +170,9 @@ impl<'a> TtftPlan<'a> {
             isl: f64::from(req.isl_tokens),
             aggregated: req.phase == Phase::Aggregated,
             expected_blocks: f64::from(req.expected_output_blocks),
-            out_tokens: output_tokens(req, &req.cost.ttft),
-            out_blocks: output_tokens(req, &req.cost.ttft) / f64::from(bs),
+            out_tokens,
+            out_blocks: out_tokens / f64::from(bs),
+            span_ms: m.decode_step_ms(1.0) - m.decode_step_ms(0.0),
             cfg: req.cost,
         })
     }
@@ -160,24 +188,59 @@ impl<'a> TtftPlan<'a> {
     /// in some stack layouts (likely where those stores 4K-alias the candidates' loads)
     /// decisions ran a third to half slower, depending only on where the stack started.
     fn score_all<const POW2: bool>(&self, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
+        if self.cfg.ttft.decode_time_floored(self.req.phase) {
+            return self.score_all_floored::<POW2>(cands);
+        }
+        let floor_ms = 0.0;
         let mut out: Vec<_> = cands
             .iter()
             .map(|c| {
                 let p = self.inputs::<POW2>(c);
                 let t = self.times::<POW2>(c, &p);
-                self.finish::<POW2>(c, &p, &t)
+                self.complete(c, &self.partial::<POW2>(c, &p, &t), floor_ms)
             })
             .collect();
         let (min, in_order, odd) = tally(&out, cands, |c| !self.is_default::<POW2>(c));
         if !odd {
             return (out, min, in_order);
         }
+        let req = SelectRequest { decode_time_floor_ms: floor_ms, ..*self.req };
         for (s, c) in out.iter_mut().zip(cands) {
             if !self.is_default::<POW2>(c) {
-                *s = reference(self.req, c);
+                *s = reference(&req, c);
             }
         }
         let min = Cheapest::of(&out);
+        (out, min, in_order)
+    }
+
+    /// [`TtftPlan::score_all`] when the decode time term's cap counts from the least
+    /// term any candidate has: every candidate's uncapped cost first, then that least
+    /// (the reference's for a candidate with its own budget or capacity), then the caps.
+    fn score_all_floored<const POW2: bool>(&self, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
+        let parts: Vec<Partial> = cands
+            .iter()
+            .map(|c| {
+                let p = self.inputs::<POW2>(c);
+                let t = self.times::<POW2>(c, &p);
+                self.partial::<POW2>(c, &p, &t)
+            })
+            .collect();
+        let mut least = f64::INFINITY;
+        for (q, c) in parts.iter().zip(cands) {
+            let ms = if self.is_default::<POW2>(c) { q.decode_ms } else { decode_time_uncapped_ms(self.req, c) };
+            if ms < least {
+                least = ms;
+            }
+        }
+        let floor_ms = finite_floor(least);
+        let req = SelectRequest { decode_time_floor_ms: floor_ms, ..*self.req };
+        let out: Vec<_> = parts
+            .iter()
+            .zip(cands)
+            .map(|(q, c)| if self.is_default::<POW2>(c) { self.complete(c, q, floor_ms) } else { reference(&req, c) })
+            .collect();
+        let (min, in_order, _) = tally(&out, cands, |_| false);
         (out, min, in_order)
     }
 
@@ -250,30 +313,33 @@ impl<'a> TtftPlan<'a> {
         Times { prefill_ms, passes, others_ms, queued_ms }
     }
 
-    /// Stage 3: the cost and the score.
+    /// Stage 3: the cost's terms, the decode time term not yet capped.
     #[inline(always)]
-    fn finish<const POW2: bool>(&self, c: &Candidate, p: &Inputs, t: &Times) -> CandidateScore {
+    fn partial<const POW2: bool>(&self, c: &Candidate, p: &Inputs, t: &Times) -> Partial {
         let cfg = &self.cfg;
         let w = &cfg.ttft;
         let decode_ms = if t.passes > 1.0 { t.passes } else { 1.0 } * p.step_ms * c.decode_weight;
         let work_ms = t.prefill_ms - t.queued_ms;
         let decode_blocks = p.active + f64::from(c.new_decode_blocks) + self.expected_blocks;
         let memory_ms = if self.aggregated {
-            let short = decode_blocks - self.kv;
+            let short = decode_blocks - w.memory_kv_share * self.kv;
             w.memory_ms_per_block * if short > 0.0 { short } else { 0.0 }
         } else {
             0.0
         };
         let out_time_ms = if self.aggregated {
             let m = &cfg.timing;
-            let used = p.active + f64::from(c.new_decode_blocks) + self.out_blocks;
-            let (u0, u1) = if POW2 {
-                (p.active * self.kv_recip, used * self.kv_recip)
-            } else {
-                (p.active / self.kv, used / self.kv)
+            let added = f64::from(c.new_decode_blocks) + self.out_blocks;
+            let used = p.active + added;
+            let d = DecodeParts {
+                requests: f64::from(c.load.active_requests),
+                step_ms: decode_step_ms(m, if POW2 { used * self.kv_recip } else { used / self.kv }),
+                span_ms: self.span_ms,
+                added_share: if POW2 { added * self.kv_recip } else { added / self.kv },
+                decode_weight: c.decode_weight,
+                work_ms,
             };
-            let decoding = f64::from(c.load.active_requests.saturating_sub(c.prefill_requests));
-            w.decode_time_ms(self.out_tokens, decode_step_ms(m, u0), decode_step_ms(m, u1), decoding) * c.decode_weight
+            w.decode_time_uncapped_ms(self.out_tokens, d)
         } else {
             0.0
         };
@@ -281,18 +347,30 @@ impl<'a> TtftPlan<'a> {
         let store_ms = w.store_ms_per_block * evicted_blocks(own_blocks, f64::from(c.cached_blocks), self.kv);
         let keep_ms = w.keep_ms(left_behind(f64::from(c.prefix_best_blocks), p.cached_blocks));
         let requests = f64::from(c.load.active_requests);
-        let cost = c.cost_factor
-            * (cfg.prefill_load_scale * t.prefill_ms
+        Partial {
+            head_ms: cfg.prefill_load_scale * t.prefill_ms
                 + decode_ms
                 + w.others_delay_weight * t.others_ms
                 + w.work_weight * work_ms
-                + memory_ms
-                + out_time_ms
-                + store_ms
-                + keep_ms
-                + cfg.active_request_weight * requests);
-        let decode_blocks = if self.aggregated { decode_blocks } else { 0.0 };
-        score(c, p.overlap, (p.queued + p.own) * self.bs_recip, decode_blocks, cost)
+                + memory_ms,
+            decode_ms: out_time_ms,
+            store_ms,
+            keep_ms,
+            requests_ms: cfg.active_request_weight * requests,
+            overlap: p.overlap,
+            prefill_blocks: (p.queued + p.own) * self.bs_recip,
+            decode_blocks: if self.aggregated { decode_blocks } else { 0.0 },
+        }
+    }
+
+    /// Stage 4: the decode time term capped at `floor_ms` plus its most, the cost and the
+    /// score. The sum runs in the reference's order.
+    #[inline(always)]
+    fn complete(&self, c: &Candidate, q: &Partial, floor_ms: f64) -> CandidateScore {
+        // Only the aggregated phase has the term, and so its cap.
+        let decode_ms = if self.aggregated { self.cfg.ttft.capped_decode_time_ms(q.decode_ms, floor_ms) } else { 0.0 };
+        let cost = c.cost_factor * (q.head_ms + decode_ms + q.store_ms + q.keep_ms + q.requests_ms);
+        score(c, q.overlap, q.prefill_blocks, q.decode_blocks, cost)
     }
 
     /// The reference's `queued_tokens`: booked prompt tokens less the progress credit.

@@ -81,7 +81,13 @@ fn default_timing_is_the_reference_engine() {
 /// decode time, store and keep terms, which `decode_time_and_store_terms` and
 /// `keep_term` check alone.
 fn base_weights() -> TtftWeights {
-    TtftWeights { decode_time_weight: 0.0, store_ms_per_block: 0.0, keep_ms_per_block: 0.0, ..TtftWeights::default() }
+    TtftWeights {
+        decode_time_weight: 0.0,
+        memory_kv_share: 1.0,
+        store_ms_per_block: 0.0,
+        keep_ms_per_block: 0.0,
+        ..TtftWeights::default()
+    }
 }
 
 #[test]
@@ -113,19 +119,35 @@ fn keep_term() {
     check(Agg, capped, best_of(6, 4, 0), (6.0, 10.0, 21.92 + 6.0));
 }
 
+/// The decode time term at weight 0.5 for 100 output tokens, uncapped.
+fn decode_weights() -> KvCostConfig {
+    cost(TtftWeights {
+        decode_time_weight: 0.5,
+        decode_time_ms_max: f64::INFINITY,
+        output_tokens_default: 100,
+        ..base_weights()
+    })
+}
+
 #[test]
 fn decode_time_and_store_terms() {
     use Phase::{Aggregated as Agg, Prefill as Pre};
     // Idle alone costs 23.2 (see below); 160 tokens = 10 uncached blocks, 10 new blocks.
-    let decode = cost(TtftWeights { decode_time_weight: 0.5, output_tokens_default: 100, ..base_weights() });
+    let decode = decode_weights();
     // 100 output tokens, KV 0 → (10 + 100/16 = 16.25) blocks of 100: f_d = 5 + 1.625 =
-    // 6.625 a step, nobody else decoding: 0.5 × 100 × 6.625 = 331.25.
+    // 6.625 a step, nobody else there: 0.5 × 100 × 6.625 = 331.25.
     check(Agg, decode, idle(), (10.0, 10.0, 23.2 + 331.25));
-    // 3 requests, 2 prefilling: 1 decodes. KV 20 → 36.25 blocks: f_d 7 → 8.625;
-    // 0.5 × 100 × (8.625 + 1 × 1.625) = 512.5 on top of the busy worker's 84.2.
-    check(Agg, decode, worker(1900, 20, 3, 2), (128.75, 30.0, 84.2 + 512.5));
+    // 3 requests there (2 of them prefilling: they decode beside it soon). KV 20 → 36.25
+    // blocks: f_d 8.625; its 16.25 blocks slow each of the 3 by f_d(1) − f_d(0) = 10 ×
+    // 0.1625 = 1.625 a step; its prompt adds 11.6 ms of passes (its work) that the 3
+    // wait out: 0.5 × (100 × (8.625 + 3 × 1.625) + 3 × 11.6) = 692.4 on top of 84.2.
+    check(Agg, decode, worker(1900, 20, 3, 2), (128.75, 30.0, 84.2 + 692.4));
     // A prefill worker decodes nothing.
     check(Pre, decode, worker(1900, 20, 3, 2), (128.75, 0.0, 63.2));
+    // Capped at decode_time_ms_max above the floor (0 here, as no selector set one).
+    let capped = |max| cost(TtftWeights { decode_time_ms_max: max, ..decode.ttft });
+    check(Agg, capped(600.0), worker(1900, 20, 3, 2), (128.75, 30.0, 84.2 + 600.0));
+    check(Agg, capped(600.0), idle(), (10.0, 10.0, 23.2 + 331.25));
     // The store term: 2 ms per evicted block. 10 new blocks into a 100-block cache.
     let store = cost(TtftWeights { store_ms_per_block: 2.0, ..base_weights() });
     let holding = |n| Candidate { cached_blocks: n, ..idle() };
@@ -136,6 +158,51 @@ fn decode_time_and_store_terms() {
     // Full, or over (its count can run ahead of its capacity): all 10, 20 ms.
     check(Agg, store, holding(100), (10.0, 10.0, 43.2));
     check(Agg, store, holding(5000), (10.0, 10.0, 43.2));
+}
+
+#[test]
+fn a_queued_backlog_is_decode_load() {
+    use Phase::Aggregated as Agg;
+    let decode = decode_weights();
+    // 20 requests queued, none decoding yet, 900 prompt tokens and 40 blocks booked.
+    // Wait: 900 + 160 in 2 passes, 20 + 10.6; the backlog's last pass (900) fills up,
+    // delaying its 20 requests by 1 each; work 30.6 − 19 = 11.6: 62.2. Decode: KV 40 →
+    // 56.25 blocks, f_d 10.625; the 20 queued decode beside it soon, slowed 1.625 a step
+    // each, and wait out its 11.6 ms of prefill: 0.5 × (100 × (10.625 + 20 × 1.625) +
+    // 20 × 11.6) = 2272.25. Counting only requests past their prefill, this worker was
+    // charged 531.25 and looked cheaper than the one below, which has 2 decoding.
+    check(Agg, decode, worker(900, 40, 20, 20), (66.25, 50.0, 62.2 + 2272.25));
+    // 2 decoding, nothing queued: P(160) 11.6 + a 9 ms step + work 11.6 = 32.2; decode
+    // 0.5 × (100 × (10.625 + 2 × 1.625) + 2 × 11.6) = 705.35.
+    check(Agg, decode, worker(0, 40, 2, 0), (10.0, 50.0, 32.2 + 705.35));
+}
+
+#[test]
+fn memory_term_starts_at_its_kv_share() {
+    use Phase::Aggregated as Agg;
+    // 95 + 10 blocks on a 100-block worker costs 87.7 with the memory term from a full
+    // cache (5 blocks short, 50 ms); from 0.9 of it, 15 blocks are over: 100 ms more.
+    let share = |s| cost(TtftWeights { memory_kv_share: s, ..base_weights() });
+    check(Agg, share(1.0), worker(0, 95, 2, 0), (10.0, 105.0, 87.7));
+    check(Agg, share(0.9), worker(0, 95, 2, 0), (10.0, 105.0, 187.7));
+    // Below the share: nothing.
+    check(Agg, share(0.9), worker(0, 70, 2, 0), (10.0, 80.0, 35.2));
+}
+
+#[test]
+fn the_decode_time_cap_counts_from_the_cheapest_candidate() {
+    // Idle: 23.2 + 331.25; busy: 84.2 + 692.4 (see `decode_time_and_store_terms`). With a
+    // 100 ms cap, the busy one pays at most 100 more than the idle one's 331.25.
+    let mut cost = decode_weights();
+    cost.ttft.decode_time_ms_max = 100.0;
+    let r =
+        SelectRequest { cost, isl_tokens: 160, block_size: BlockSize::new(16).unwrap(), ..SelectRequest::default() };
+    let cands = [idle(), Candidate { key: WorkerKey::new(2, 0), ..worker(1900, 20, 3, 2) }];
+    let s = Selector::new().select(&r, &cands, &mut Draw(0), true).unwrap();
+    let costs: Vec<f64> = s.scores.iter().map(|s| s.cost).collect();
+    let want = [23.2 + 331.25, 84.2 + 431.25];
+    assert!(costs.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-9), "{costs:?}, want {want:?}");
+    assert_eq!(super::super::ttft::decode_time_floor_ms(&r, &cands), 331.25);
 }
 
 #[test]
@@ -298,6 +365,11 @@ fn random_fleet(seed: u64, n: usize) -> Vec<Candidate> {
 /// The decision spelled out with the reference formula: `kv_cost` per candidate, then
 /// the cheapest by the generic `pick_min` (ties by draw) or a sample.
 fn reference_selection(req: &SelectRequest, cands: &[Candidate], draw: u64) -> Selection {
+    let floor = match req.cost.model {
+        KvCostModel::Ttft => super::super::ttft::decode_time_floor_ms(req, cands),
+        KvCostModel::Blocks => 0.0,
+    };
+    let req = &SelectRequest { decode_time_floor_ms: floor, ..*req };
     let scores: Vec<CandidateScore> = cands.iter().map(|c| kv_cost(req, c)).collect();
     let d = &mut Draw(draw);
     let i = if req.cost.temperature > 0.0 {
@@ -342,6 +414,8 @@ proptest::proptest! {
         keep in proptest::sample::select(vec![0.0, 20.0, 0.5, f64::INFINITY, f64::NAN]),
         keep_max in proptest::sample::select(vec![200.0, 0.0, f64::INFINITY, f64::NAN]),
         out_default in proptest::sample::select(vec![0u32, 128, 4096]),
+        decode_max in proptest::sample::select(vec![600.0, 0.0, 35.5, f64::INFINITY, f64::NAN, -1.0]),
+        memory_share in proptest::sample::select(vec![0.9, 1.0, 0.0, f64::NAN]),
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
         cost.ttft.progress_credit = progress;
@@ -350,6 +424,8 @@ proptest::proptest! {
         cost.ttft.keep_ms_per_block = keep;
         cost.ttft.keep_ms_max = keep_max;
         cost.ttft.output_tokens_default = out_default;
+        cost.ttft.decode_time_ms_max = decode_max;
+        cost.ttft.memory_kv_share = memory_share;
         cost.host_tier_weight = host_weight;
         match odd_timing {
             1 => cost.timing.decode_ms_min = f64::NAN,

@@ -1,0 +1,136 @@
+"""The fleet benchmark's workloads in replay: kv cost variants against the text-tree rule.
+
+Each workload is made as `bench.py` makes it (same seed, same rate per load) and turned
+into a Mooncake trace (`workloads.to_mooncake`, 64-token blocks), which `policy_sweep`
+(adapters/sim/examples) replays through kvroute's core and the text-tree routers' rule
+("longest match unless the load imbalance passes a threshold") on 8 simulated workers.
+Replay runs in model time, so its figures do not depend on how busy the host is.
+
+    cargo build --release -p kvroute-sim --example policy_sweep
+    python3 benches/fleet/replay_sweep.py --variants 'kv;dtw=0' --seeds 3
+
+Conversation is one trace (the bundled slice); its seeds beyond the first scale each
+arrival time by a factor drawn from 1 ± 0.02, since its outcome turns on the order of
+near-simultaneous arrivals. The other workloads are generated from each seed. Each trace
+runs with router seeds 0..--router-seeds (its tie-breaking draws). The report is, per
+workload and load, the median of each figure over those runs, and its ratio to the
+text-tree rule's median: hits (>= 1 meets #27's target), TTFT mean and p99 (<= 0.8) and
+end-to-end mean (<= 0.95).
+"""
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "real_fleet"))
+sys.path.insert(0, str(HERE))
+
+import workloads  # noqa: E402
+import words  # noqa: E402
+from bench import RATES  # noqa: E402
+
+FIGURES = ("hits", "ttft_mean", "ttft_p99", "e2e_mean")
+TARGETS = {"hits": (1.0, ">="), "ttft_mean": (0.8, "<="), "ttft_p99": (0.8, "<="), "e2e_mean": (0.95, "<=")}
+PEER = "text-tree"
+
+
+def traces(kind, load, seeds, vocab, out_dir):
+    """Writes the workload's trace per seed; returns their paths."""
+    one = workloads.generate(workloads.Spec(kind=kind), vocab) if kind == "conversation" else None
+    paths = []
+    for i, seed in enumerate(seeds):
+        reqs = one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab)
+        reqs = workloads.scaled(reqs, RATES[kind][load])
+        recs = with_sessions(reqs, workloads.to_mooncake(reqs, 64))
+        if kind == "conversation" and i > 0:
+            rng = random.Random(seed)
+            recs = [dict(r, timestamp=round(r["timestamp"] * (1 + rng.uniform(-0.02, 0.02)), 3)) for r in recs]
+            recs.sort(key=lambda r: r["timestamp"])
+        path = Path(out_dir) / f"{kind}-{load}-{seed}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        paths.append(path)
+    return paths
+
+
+def with_sessions(reqs, recs):
+    """`recs` (to_mooncake of `reqs`) with each request's session id, if it has one.
+    to_mooncake sorts its records by time, stably; the same sort of the requests pairs
+    them up."""
+    at, keys = {}, []
+    for r in reqs:
+        t = r.arrival_s if r.after is None else at[r.after] + r.gap_s
+        at[r.index] = t
+        keys.append(round(t * 1000.0, 3))
+    order = sorted(range(len(reqs)), key=lambda i: keys[i])
+    return [dict(rec, session_id=reqs[i].session) if reqs[i].session else rec for i, rec in zip(order, recs)]
+
+
+def sweep(binary, path, variants, router_seeds, sessions):
+    """policy_sweep's run lines for one trace."""
+    argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1", "--speedups", "1",
+            "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return [d for d in map(json.loads, out.splitlines()) if "hits" in d]
+
+
+def medians(runs):
+    """Per variant, the median of each figure and of the busiest worker over the mean."""
+    by = {}
+    for d in runs:
+        pw = d["per_worker"]
+        d = dict(d, busiest=max(pw) * len(pw) / max(sum(pw), 1))
+        by.setdefault(d["variant"], []).append(d)
+    return {v: {k: statistics.median(d[k] for d in ds) for k in FIGURES + ("busiest",)} for v, ds in by.items()}
+
+
+def meets(ratio, fig):
+    bound, op = TARGETS[fig]
+    return ratio >= bound if op == ">=" else ratio <= bound
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", default="kv", help="policy_sweep's --variants (';'-separated)")
+    p.add_argument("--workloads", default="conversation,agentic,shared-doc")
+    p.add_argument("--loads", default="busy,saturated")
+    p.add_argument("--seeds", type=int, default=3, help="workload seeds (conversation: arrival jitters)")
+    p.add_argument("--router-seeds", type=int, default=2)
+    p.add_argument("--sessions", action="store_true",
+                   help="send agent programs' session ids (kvroute binds them hard unless a variant says aff=cost)")
+    p.add_argument("--bin", default=str(HERE.parents[1] / "target/release/examples/policy_sweep"))
+    p.add_argument("--out", help="write the report as JSON here too")
+    args = p.parse_args()
+    vocab = words.Vocab.generated()
+    seeds = [workloads.Spec().seed] + list(range(1, args.seeds))
+    report = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.workloads.split(","):
+            for load in args.loads.split(","):
+                runs = [d for path in traces(kind, load, seeds, vocab, tmp)
+                        for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions)]  # fmt: skip
+                report[f"{kind}/{load}"] = medians(runs)
+    met = {}
+    print(f"{'workload/load':24}{'variant':36}" + "".join(f"{f:>20}" for f in FIGURES) + f"{'busiest':>9}")
+    for wl, by in report.items():
+        peer = by[PEER]
+        for v, m in by.items():
+            cells = []
+            for f in FIGURES:
+                r = m[f] / peer[f] if peer[f] else float("nan")
+                ok = meets(r, f)
+                met[v] = met.get(v, 0) + (ok and v != PEER)
+                cells.append(f"{m[f]:.4g} ({r:.2f}{'' if ok else '*'})")
+            print(f"{wl:24}{v[:35]:36}" + "".join(f"{c:>20}" for c in cells) + f"{m['busiest']:9.2f}")
+    print("targets met (of %d; * marks a miss):" % (4 * len(report)), json.dumps({v: n for v, n in met.items() if v != PEER}))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
