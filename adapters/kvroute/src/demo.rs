@@ -160,7 +160,7 @@ fn offline(d: &DemoArgs) -> Result<(), String> {
         temperature: None,
         model: Default::default(),
         busy_prefill_batches: None,
-        busy_kv_share: None,
+        busy_kv_share: 0.0,
         queue_order: QueueOrderName(QueueOrder::Fcfs),
         seed: 0,
         json: d.json,

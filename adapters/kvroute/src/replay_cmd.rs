@@ -117,12 +117,12 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "BATCHES", value_parser = batches)]
     pub busy_prefill_batches: Option<f64>,
     /// Pass over a worker whose booked decode blocks exceed this share of its KV while
-    /// another is not (serve's `decode_blocks_frac_of_kv`, 0.95 there). Off by default
-    /// (and at 0). A saturated fleet run with serve's default is predicted only with it:
-    /// on the fleet benchmark's saturated conversation run kv measured 0.172 hits; replay
-    /// gave 0.197 without it and 0.186 with 0.95.
-    #[arg(long, value_name = "SHARE", value_parser = kv_share)]
-    pub busy_kv_share: Option<f64>,
+    /// another is not: serve's `decode_blocks_frac_of_kv`, and its default (0 turns it
+    /// off). A saturated fleet run is predicted only with it: on the fleet benchmark's
+    /// saturated conversation run kv measured 0.172 hits; replay gave 0.197 without it
+    /// and 0.186 with 0.95.
+    #[arg(long, value_name = "SHARE", value_parser = kv_share, default_value_t = kvroute_frontend::config::RoutingConfig::default().decode_blocks_frac_of_kv)]
+    pub busy_kv_share: f64,
     /// The router queue's order when requests are held: fcfs or wspt (short uncached
     /// prompts first).
     #[arg(long, value_name = "ORDER", default_value = "fcfs")]
@@ -329,7 +329,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     // Replay engines queue internally, as real ones do: the router holds requests back
     // only when --busy-prefill-batches asks it to.
     cfg.eligibility.prefill_tokens_frac_of_batch = a.busy_prefill_batches.filter(|b| *b > 0.0);
-    cfg.eligibility.decode_blocks_frac_of_kv = a.busy_kv_share.filter(|f| *f > 0.0);
+    cfg.eligibility.decode_blocks_frac_of_kv = (a.busy_kv_share > 0.0).then_some(a.busy_kv_share);
     cfg.queue.order = a.queue_order.0;
     cfg.approx.blocks_max_per_worker = a.engine.blocks_per_worker;
     cfg.disagg.isl_min_tokens = a.disagg_isl_min_tokens;
