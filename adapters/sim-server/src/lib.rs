@@ -73,7 +73,7 @@ use std::sync::Arc;
 pub use args::{EngineArgs, RoleArg, SimWorkerArgs, SIM_WORKER_AFTER_HELP};
 pub use faults::Faults;
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
-pub use media::SimMedia;
+pub use media::{HasherArg, ImagePlan, MediaArgs, SimMedia};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};
 pub use tokenizer::{fallback_chat, fallback_decode, fallback_text, FallbackTokenizer, PromptTokenizer, TokenizeError};
 
@@ -202,6 +202,8 @@ pub enum SimServerError {
     },
     /// `--tokenizer` was given but the caller supplied no tokenizer for it.
     TokenizerMissing(std::path::PathBuf),
+    /// The image settings are incomplete or disagree with the tokenizer.
+    Media(String),
     /// Waiting for a shutdown signal failed.
     Signal(std::io::Error),
 }
@@ -219,6 +221,7 @@ impl fmt::Display for SimServerError {
             SimServerError::TokenizerMissing(dir) => {
                 write!(f, "--tokenizer {} given but no tokenizer was loaded for it", dir.display())
             }
+            SimServerError::Media(why) => write!(f, "images: {why}"),
             SimServerError::Signal(e) => write!(f, "cannot wait for a shutdown signal: {e}"),
         }
     }

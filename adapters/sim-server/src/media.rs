@@ -23,6 +23,10 @@ use serde_json::Value;
 
 use crate::openai::ApiError;
 
+mod flags;
+
+pub use flags::{HasherArg, ImagePlan, MediaArgs};
+
 /// Longest prompt, in tokens, that images may expand to (the engine's own prompt
 /// limit is checked after).
 const EXPANDED_TOKENS_MAX: usize = 1 << 24;
