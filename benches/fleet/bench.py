@@ -46,7 +46,7 @@ RATES = {
     "trace": {"busy": 12.0, "saturated": 20.0},
     "agentic": {"busy": 8.0, "saturated": 16.0},
     "shared-doc": {"busy": 10.0, "saturated": 20.0},
-    "multimodal": {"busy": 4.0, "saturated": 8.0},
+    "multimodal": {"busy": 8.0, "saturated": 32.0},
 }
 LOADS = ("busy", "saturated")
 # The sim-workers' default speedup at each load, for 8 workers (and 8 / N of it for N):

@@ -31,7 +31,7 @@ VISION_CONFIG = {"image_size": 336, "patch_size": 14}
 IMAGE_TOKENS = (336 // 14) ** 2
 MM_ITEMS_MAX = 4  # images a request may carry, for kvroute's [media] and the workers
 
-MM_CONVERSATIONS = 160
+MM_CONVERSATIONS = 300
 MM_SYSTEMS = 4
 MM_SYSTEM_WORDS = (150, 600)
 MM_IMAGES = (1, 2)
