@@ -24,7 +24,7 @@ pub struct MediaArgs {
     pub mm_model_id: Option<String>,
     /// The digest of image identifiers (vLLM's --mm-hasher-algorithm; kvroute's proxy
     /// computes blake3 identifiers).
-    #[arg(long, value_enum, default_value_t = HasherArg::Blake3)]
+    #[arg(long, value_enum, value_name = "NAME", default_value_t = HasherArg::Blake3)]
     pub mm_hasher_algorithm: HasherArg,
     /// The text one image becomes in the templated prompt; it must be one token of the
     /// tokenizer. Default: the model's (`<image>` for LLaVA) when the tokenizer
