@@ -31,10 +31,13 @@ fn img(url: &str) -> Value {
     json!({"type": "image_url", "image_url": {"url": url}})
 }
 
+/// Per block, its `(identifier, offset)` keys.
+type Keys = Vec<Vec<(String, i64)>>;
+
 /// What [`place`] makes of `ids` and `body`: the expanded ids and, per block of 4
-/// tokens, its `(identifier, offset)` keys; or the error's status.
+/// tokens, its keys; or the error's status.
 #[track_caller]
-fn check(limits: Limits, ids: &[u32], body: Value, want: Result<(Vec<u32>, Vec<Vec<(String, i64)>>), u16>) {
+fn check(limits: Limits, ids: &[u32], body: Value, want: Result<(Vec<u32>, Keys), u16>) {
     let got = place(&llava(limits), ids.to_vec(), &body).map(|(ids, media)| {
         let blocks = (0..ids.len() as u64 / 4).map(|b| {
             let mut keys = Vec::new();
