@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use hyper::StatusCode;
 use kvroute_media::{ImagePart, MediaConfig, MediaError, ResolvedImage};
+use kvroute_tokenize::images::{ImagePartError, ImagePartRef};
 use router_core::{MediaItems, MediaKey};
 use serde_json::Value;
 
@@ -82,7 +83,8 @@ pub(crate) fn place(
     if parts.is_empty() {
         return Ok((ids, None));
     }
-    let images = parts.iter().map(|p| media.config.resolve(p.as_part())).collect::<Result<Vec<_>, _>>();
+    let resolve = |p: &ImagePartRef<'_>| media.config.resolve(ImagePart { url: p.url, uuid: p.uuid.as_deref() });
+    let images = parts.iter().map(resolve).collect::<Result<Vec<_>, _>>();
     let images = images.map_err(|e| media_error(&e))?;
     let expanded =
         kvroute_media::expand(&ids, media.token_id, &images, EXPANDED_TOKENS_MAX).map_err(|e| media_error(&e))?;
@@ -96,45 +98,15 @@ fn names(images: &[ResolvedImage], items: &MediaItems) -> Vec<(MediaKey, Arc<str
     images.iter().zip(items.items()).map(|(img, it)| (it.key, Arc::from(img.identifier.as_str()))).collect()
 }
 
-/// One image part: `image_url.url` (or `image_url` as a string) and the part's `uuid`.
-struct Part<'a> {
-    url: Option<&'a str>,
-    uuid: Option<String>,
-}
-
-impl Part<'_> {
-    fn as_part(&self) -> ImagePart<'_> {
-        ImagePart { url: self.url, uuid: self.uuid.as_deref() }
-    }
-}
-
-/// The image parts of a chat body in prompt order (the order of vLLM's items),
-/// refusing more than `items_max` and parts that name no image.
-fn image_parts(body: &Value, items_max: usize) -> Result<Vec<Part<'_>>, ApiError> {
-    let messages = body.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-    let parts = messages.iter().filter_map(|m| m.get("content")?.as_array()).flatten();
-    let mut out = Vec::new();
-    for part in parts.filter_map(Value::as_object).filter(|p| kvroute_tokenize::is_image_part(p)) {
-        if out.len() == items_max {
-            return Err(media_error(&MediaError::TooManyItems { items: out.len() + 1, items_max }));
+/// The image parts of a chat body in prompt order (the order of vLLM's items), as the
+/// router reads them, refusing more than `items_max` and parts that name no image.
+fn image_parts(body: &Value, items_max: usize) -> Result<Vec<ImagePartRef<'_>>, ApiError> {
+    kvroute_tokenize::images::image_parts(body, items_max).map_err(|e| match e {
+        ImagePartError::TooMany { items_max } => {
+            media_error(&MediaError::TooManyItems { items: items_max + 1, items_max })
         }
-        let url = match part.get("image_url") {
-            Some(Value::String(u)) => Some(u.as_str()),
-            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str),
-            _ => None,
-        };
-        let uuid = match part.get("uuid") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
-            Some(_) => return Err(ApiError::bad(Some("messages"), "an image part's `uuid` must be a string")),
-        };
-        if url.is_none() && uuid.is_none() {
-            return Err(ApiError::bad(Some("messages"), "an image part needs `image_url.url` or a `uuid`"));
-        }
-        out.push(Part { url, uuid });
-    }
-    Ok(out)
+        e => ApiError::bad(Some("messages"), e.to_string()),
+    })
 }
 
 /// 413 for an image over the limits, else 400, with the reason.
