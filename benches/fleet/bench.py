@@ -29,6 +29,7 @@ import fleet  # noqa: E402  (benches/real_fleet)
 import floors  # noqa: E402
 import loadgen  # noqa: E402
 import metrics  # noqa: E402  (benches/real_fleet)
+import multimodal  # noqa: E402
 import report  # noqa: E402
 import simfleet  # noqa: E402
 import workloads  # noqa: E402
@@ -45,6 +46,7 @@ RATES = {
     "trace": {"busy": 12.0, "saturated": 20.0},
     "agentic": {"busy": 8.0, "saturated": 16.0},
     "shared-doc": {"busy": 10.0, "saturated": 20.0},
+    "multimodal": {"busy": 8.0, "saturated": 32.0},
 }
 LOADS = ("busy", "saturated")
 # The sim-workers' default speedup at each load, for 8 workers (and 8 / N of it for N):
@@ -59,7 +61,7 @@ SIM_DEFAULTS = {"workers": 8, "blocks_per_worker": 2462, "words_per_hash_id": 12
 REAL_DEFAULTS = {"workers": 3, "blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
                  "prompt_tokens_max": 768, "output_tokens_max": 8, "requests": 150, "rate": 1.0,
                  "multi_turn_only": True}  # fmt: skip
-QUICK_REQUESTS = {"conversation": 200, "trace": 200, "agentic": 160, "shared-doc": 160}
+QUICK_REQUESTS = {"conversation": 200, "trace": 200, "agentic": 160, "shared-doc": 160, "multimodal": 160}
 
 
 def parse_args(argv=None):
@@ -100,6 +102,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.workload == "trace" and args.trace is None:
         p.error("--workload trace needs --trace PATH")
+    if args.workload == "multimodal" and args.fleet != "sim":
+        p.error("--workload multimodal runs on --fleet sim (the generated vision-language model)")
     for k, v in (SIM_DEFAULTS if args.fleet == "sim" else REAL_DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -156,10 +160,12 @@ class RealFleet:
 
 
 def start_router(name, args, workers, log_dir):
-    """(proc, url) of router `name` over `workers`."""
+    """(proc, url) of router `name` over `workers`; for images, kvroute's `[media]`
+    allows what the workers take."""
     if name in fleet.PEERS:
         return fleet.start_peer(name, workers, log_dir)
-    return fleet.start_kvroute(str(args.kvroute), name, workers, log_dir)
+    sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if args.workload == "multimodal" else ()
+    return fleet.start_kvroute(str(args.kvroute), name, workers, log_dir, sections=sections)
 
 
 def run_one(name, args, the_fleet, reqs, bodies, log_dir):
@@ -220,12 +226,21 @@ def make_vocab(args, tmp: Path):
     """(vocab, model dir): the generated tokenizer for sim, the real model's for real."""
     if args.fleet == "sim":
         model_dir = tmp / "model"
-        return words.Vocab(words.write_model_dir(model_dir)), model_dir
+        write = multimodal.write_model_dir if args.workload == "multimodal" else words.write_model_dir
+        return words.Vocab(write(model_dir)), model_dir
     model_dir = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
     import workload as real_workload  # benches/real_fleet; needs the `tokenizers` package
 
     real = real_workload.Words(model_dir / "tokenizer.json")
     return words.Vocab.from_tokens([real.tok.decode([i]) for i in real.ids]), model_dir
+
+
+def body_of(r, vocab, seed):
+    """A request's body: a completion of its words, or, for a chat, `(path, body)`."""
+    if r.chat is None:
+        return loadgen.request_body(fleet.SERVED_NAME, vocab.text(r.tokens), r.output_tokens)
+    msgs = multimodal.messages(r.chat, vocab, seed)
+    return "/v1/chat/completions", multimodal.chat_body(fleet.SERVED_NAME, msgs, r.output_tokens)
 
 
 def routers_of(args):
@@ -247,7 +262,7 @@ def main(argv=None):
     log_dir.mkdir(parents=True, exist_ok=True)
     vocab, model_dir = make_vocab(args, tmp)
     reqs = build_workload(args, vocab)
-    bodies = {r.index: loadgen.request_body(fleet.SERVED_NAME, vocab.text(r.tokens), r.output_tokens) for r in reqs}
+    bodies = {r.index: body_of(r, vocab, args.seed) for r in reqs}
     out = {
         "fleet": args.fleet, "workload": args.workload, "load": args.load, "workers": args.workers,
         "rate_multiplier": rate_of(args), "workload_summary": workloads.summary(reqs),
@@ -258,8 +273,9 @@ def main(argv=None):
     }  # fmt: skip
     log(f"{args.workload} x{out['rate_multiplier']}: {out['workload_summary']}; routers {routers}; skipped {skipped}")
     if args.fleet == "sim":
+        mm_items_max = multimodal.MM_ITEMS_MAX if args.workload == "multimodal" else None
         shape = simfleet.Shape(blocks_per_worker=args.blocks_per_worker, max_num_seqs=args.max_num_seqs,
-                               speedup=args.speedup)  # fmt: skip
+                               speedup=args.speedup, mm_items_max=mm_items_max)  # fmt: skip
         the_fleet = simfleet.SimFleet(args.kvroute, args.workers, shape, model_dir, log_dir)
     else:
         max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)

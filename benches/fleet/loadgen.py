@@ -8,7 +8,9 @@ generator actually wrote it: when lateness grows, the host cannot keep up and th
 figures measure the host, not the router.
 
 Each request is a streamed `/v1/completions` with a fixed output length (`ignore_eos`,
-`min_tokens`); TTFT is the time to the first streamed choice.
+`min_tokens`), or, when its body is given as `(path, body)`, a POST to that path (the
+multimodal workload's `/v1/chat/completions`); TTFT is the time to the first streamed
+choice.
 """
 
 import asyncio
@@ -16,6 +18,7 @@ import json
 from urllib.parse import urlsplit
 
 SESSION_HEADER = "x-session-id"
+COMPLETIONS_PATH = "/v1/completions"
 
 
 def request_body(model, prompt_text, output_tokens):
@@ -83,14 +86,14 @@ async def _body_chunks(reader, headers):
             yield data
 
 
-async def stream_completion(url, body, session, rec, clock):
+async def stream_completion(url, body, session, rec, clock, path=COMPLETIONS_PATH):
     """Posts one streamed completion; fills `rec` with worker, ttft_s, e2e_s or error."""
     u = urlsplit(url)
     writer = None
     sent = clock()
     try:
         reader, writer = await asyncio.open_connection(u.hostname, u.port)
-        writer.write(_head(u.hostname, u.port, "/v1/completions", body, session) + body)
+        writer.write(_head(u.hostname, u.port, path, body, session) + body)
         await writer.drain()
         status, headers = await _read_head(reader)
         rec["worker"] = headers.get("x-kvroute-worker")
@@ -122,8 +125,9 @@ async def stream_completion(url, body, session, rec, clock):
 async def drive(url, requests, bodies, speedup, timeout_s=900.0, inflight_max=None):
     """One record per request (sorted by index): sent_s, lateness_s, worker, ttft_s,
     e2e_s, error, and prompt_tokens and cached_tokens when the worker reported usage;
-    times in wall seconds. With `inflight_max`, a request due while that many are
-    outstanding waits for one to finish (its lateness counts the wait)."""
+    times in wall seconds. A body is bytes (a completion) or `(path, bytes)`. With
+    `inflight_max`, a request due while that many are outstanding waits for one to
+    finish (its lateness counts the wait)."""
     gate = asyncio.Semaphore(inflight_max) if inflight_max else None
     loop = asyncio.get_running_loop()
     clock = loop.time
@@ -148,7 +152,9 @@ async def drive(url, requests, bodies, speedup, timeout_s=900.0, inflight_max=No
             try:
                 rec["sent_s"] = clock() - t0
                 rec["lateness_s"] = max(0.0, clock() - due)
-                await asyncio.wait_for(stream_completion(url, bodies[r.index], r.session, rec, clock), timeout_s)
+                body = bodies[r.index]
+                path, body = body if isinstance(body, tuple) else (COMPLETIONS_PATH, body)
+                await asyncio.wait_for(stream_completion(url, body, r.session, rec, clock, path), timeout_s)
             finally:
                 if gate is not None:
                     gate.release()

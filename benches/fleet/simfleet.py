@@ -23,6 +23,7 @@ class Shape:
     max_num_seqs: int = 256
     speedup: float = 10.0
     engine_timing: str = "mocker"
+    mm_items_max: int = None  # images per request, for a model folder that takes images
 
 
 class SimWorker:
@@ -40,6 +41,10 @@ class SimWorker:
                 "--block-size", str(shape.block_size), "--blocks-per-worker", str(shape.blocks_per_worker),
                 "--max-batched-tokens", str(shape.max_batched_tokens), "--max-num-seqs", str(shape.max_num_seqs),
                 "--speedup", str(shape.speedup), "--engine-timing", shape.engine_timing]  # fmt: skip
+        if shape.mm_items_max is not None:
+            # vLLM keys image identifiers on its --model argument; kvroute's default
+            # engine_model_id is the same folder (the model's `tokenizer`).
+            argv += ["--mm-model-id", self.model, "--mm-items-max", str(shape.mm_items_max)]
         self.proc = fleet.Proc(f"sim-{tag}-{wid}", argv, None, log_dir)
 
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(HERE))
 
 import floors  # noqa: E402
 import loadgen  # noqa: E402
+import multimodal  # noqa: E402
 import report  # noqa: E402
 import simfleet  # noqa: E402
 import workloads  # noqa: E402
@@ -120,6 +121,86 @@ class Shapes(unittest.TestCase):
         ids = [set(r["hash_ids"]) for r in recs]
         self.assertTrue(any(a & b for a in ids for b in ids if a is not b))
         self.assertEqual(by_len[0]["input_length"], min(len(r.tokens) for r in reqs))
+
+
+def png_facts(data):
+    """(width, height, pixel bytes) of a PNG, every chunk's CRC checked."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    at, chunks = 8, {}
+    while at < len(data):
+        (n,) = struct.unpack(">I", data[at : at + 4])
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + n]
+        assert struct.unpack(">I", data[at + 8 + n : at + 12 + n])[0] == zlib.crc32(kind + body), kind
+        chunks[kind] = chunks.get(kind, b"") + body
+        at += 12 + n
+    w, h, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, colour) == (8, 2)
+    return w, h, zlib.decompress(chunks[b"IDAT"])
+
+
+class Multimodal(unittest.TestCase):
+    def test_the_same_seed_makes_the_same_conversations_and_images(self):
+        a, b = gen("multimodal", seed=5, n=200), gen("multimodal", seed=5, n=200)
+        self.assertEqual(a, b)
+        self.assertNotEqual(workloads.fingerprint(a), workloads.fingerprint(gen("multimodal", seed=6, n=200)))
+        self.assertEqual(multimodal.image(5, 3), multimodal.image(5, 3))
+        self.assertNotEqual(multimodal.image(5, 3), multimodal.image(6, 3))
+
+    def test_images_are_valid_pngs_of_seeded_sizes(self):
+        for i in range(6):
+            w, h, pixels = png_facts(multimodal.image(1, i))
+            self.assertTrue(all(lo <= x <= hi for x, (lo, hi) in ((w, multimodal.MM_IMAGE_SIDE_PX),
+                                                                  (h, multimodal.MM_IMAGE_SIDE_PX))))  # fmt: skip
+            self.assertEqual(len(pixels), h * (1 + 3 * w))
+
+    def test_every_turn_resends_its_conversations_images_and_grows_the_history(self):
+        reqs = gen("multimodal", n=400)
+        follow = [r for r in reqs if r.after is not None]
+        self.assertGreater(len(follow), 200)
+        for r in follow:
+            prev = reqs[r.after]
+            self.assertEqual(prev.group, r.group)
+            self.assertEqual(r.chat[: len(prev.chat)], prev.chat, "the history is resent as it was")
+            self.assertEqual(r.chat[1][2], prev.chat[1][2], "with the same images")
+            self.assertTrue(is_prefix(prev.tokens, r.tokens) and len(r.tokens) > len(prev.tokens))
+        images = {}
+        for r in reqs:
+            images.setdefault(r.group, set()).update(i for _, _, ims in r.chat for i in ims)
+        counts = [len(ims) for ims in images.values()]
+        self.assertEqual((min(counts), max(counts)), multimodal.MM_IMAGES)
+        seen = [i for ims in images.values() for i in ims]
+        self.assertEqual(len(seen), len(set(seen)), "no image is in two conversations")
+        pngs = {multimodal.image(1, i) for i in seen}
+        self.assertEqual(len(pngs), len(seen), "different images are different bytes")
+
+    def test_tokens_are_the_prompt_the_workers_hold(self):
+        r = gen("multimodal", n=3)[1]
+        msgs = multimodal.messages(r.chat, VOCAB, 1)
+        parts = msgs[1]["content"]
+        self.assertEqual([p["type"] for p in parts[:-1]], ["image_url"] * len(r.chat[1][2]))
+        self.assertTrue(parts[0]["image_url"]["url"].startswith("data:image/png;base64,"))
+        words_sent = sum(len((m["content"] if isinstance(m["content"], str) else m["content"][-1]["text"]).split())
+                         for m in msgs)  # fmt: skip
+        images = len(r.chat[1][2])
+        # One role word per message, the words, each image's placeholders, "assistant".
+        self.assertEqual(len(r.tokens), len(msgs) + words_sent + images * multimodal.IMAGE_TOKENS + 1)
+        self.assertEqual(r.tokens.count(-1), multimodal.IMAGE_TOKENS)
+        body = json.loads(multimodal.chat_body("m", msgs, 7))
+        self.assertEqual((body["max_tokens"], body["stream"], len(body["messages"])), (7, True, len(msgs)))
+
+    def test_the_model_folder_is_a_llava_with_an_image_word(self):
+        with tempfile.TemporaryDirectory() as d:
+            text_words = multimodal.write_model_dir(Path(d))
+            tok = json.loads(Path(d, "tokenizer.json").read_text())
+            config = json.loads(Path(d, "config.json").read_text())
+        self.assertEqual(tok["model"]["vocab"][multimodal.IMAGE_WORD], len(text_words))
+        self.assertEqual((config["model_type"], config["image_token_index"]), ("llava", len(text_words)))
+        self.assertNotIn(multimodal.IMAGE_WORD, text_words, "prompts never draw the image word")
+        side, patch = config["vision_config"]["image_size"], config["vision_config"]["patch_size"]
+        self.assertEqual((side // patch) ** 2, multimodal.IMAGE_TOKENS)
 
 
 class Tokenizer(unittest.TestCase):
@@ -306,6 +387,32 @@ class LoadGenerator(unittest.TestCase):
         self.assertGreaterEqual(b["sent_s"], a["sent_s"] + a["e2e_s"] - 1e-3)
         self.assertGreaterEqual(b["lateness_s"], 0.09)
         self.assertEqual((a["prompt_tokens"], a["cached_tokens"]), (2, 1))
+
+    def test_a_body_with_its_path_goes_to_that_path(self):
+        paths = []
+
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            paths.append(head.split(b" ")[1].decode())
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            await reader.readexactly(length)
+            ev = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(ev), ev))
+            await writer.drain()
+            writer.close()
+
+        reqs = [workloads.Request(i, 0.01 * i, (1,), 1, "g") for i in range(2)]
+
+        async def go():
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            bodies = {0: b"{}", 1: ("/v1/chat/completions", b"{}")}
+            async with server:
+                return await loadgen.drive(f"http://127.0.0.1:{port}", reqs, bodies, 1.0)
+
+        records, _ = asyncio.run(go())
+        self.assertEqual([r["error"] for r in records], [None, None])
+        self.assertEqual(paths, ["/v1/completions", "/v1/chat/completions"])
 
     def test_a_refused_connection_is_an_error_not_a_crash(self):
         async def go():

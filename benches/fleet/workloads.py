@@ -14,6 +14,8 @@ calls whose context grows with each tool result.
     result to its context. Programs carry an id, sent as the session header.
   - `shared-doc`: a few long documents, each asked many short questions (popularity
     Zipf-distributed), arrivals Poisson.
+  - `multimodal`: chats about one or two images that resend them on every turn (see
+    `multimodal.py`); sent as chat completions.
 
 `scaled(requests, rate)` multiplies the arrival rate (program starts, for agents).
 """
@@ -28,7 +30,7 @@ from words import Vocab
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED_TRACE = REPO / "adapters/sim/fixtures/mooncake_conversation_head.jsonl"
-KINDS = ("conversation", "agentic", "shared-doc", "trace")
+KINDS = ("conversation", "agentic", "shared-doc", "trace", "multimodal")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Request:
     session: str = None  # sent as the session header when set
     after: int = None  # index of the call this one follows (agent programs)
     gap_s: float = 0.0  # model seconds between `after` finishing and this one's send
+    chat: tuple = None  # a chat's messages as (role, word ids, image ids); sent as a chat completion
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,10 @@ def generate(spec: Spec, vocab: Vocab):
         return agentic(spec, vocab)
     if spec.kind == "shared-doc":
         return shared_doc(spec, vocab)
+    if spec.kind == "multimodal":
+        import multimodal
+
+        return multimodal.generate(spec, vocab, Request)
     raise ValueError(f"unknown workload {spec.kind!r}; one of {', '.join(KINDS)}")
 
 

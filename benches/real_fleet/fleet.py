@@ -150,9 +150,10 @@ def ready_or_stop(proc, url):
 LEARN_SECTION = ["[learn]", "costs = true", "engine_load = true", "scrape_interval_ms = 500"]
 
 
-def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=()):
+def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=(), sections=()):
     """A `kvroute serve` TOML for one policy over the fleet; `learn` turns on `[learn]`,
-    `router_extra` are more `[router]` lines."""
+    `router_extra` are more `[router]` lines, `sections` more lines at the end (whole
+    tables, such as `[media]`)."""
     lines = [
         f'listen = "127.0.0.1:{port}"',
         "seed = 7",
@@ -181,15 +182,16 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
             f'kv_events = "tcp://127.0.0.1:{e.events_port}"',
             f'kv_events_replay = "tcp://127.0.0.1:{e.replay_port}"',
         ]
+    lines += sections
     return "\n".join(lines) + "\n"
 
 
-def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, router_extra=()):
+def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, router_extra=(), sections=()):
     """`kvroute serve` with `mode` (see `kvroute_config` for the rest); returns (proc, base url)."""
     port = free_port()
     name = name or f"kvroute-{mode}"
     cfg = log_dir / f"{name}.toml"
-    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port, learn, router_extra))
+    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port, learn, router_extra, sections))
     proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 60)

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvroute_media::{ImageModel, ImagePart, Limits, MediaConfig, MediaError, ResolvedImage};
+use kvroute_tokenize::images::ImagePartError;
 use router_core::MediaItems;
 use serde::Deserialize;
 use serde_json::Value;
@@ -24,6 +25,8 @@ use crate::error::ApiError;
 mod fetch;
 
 pub use fetch::Fetcher;
+/// One image part of a chat: its URL and the client's `uuid`.
+pub use kvroute_tokenize::images::ImagePartRef as Part;
 
 /// Longest prompt, in tokens, that images may expand to.
 const EXPANDED_TOKENS_MAX: usize = 1 << 22;
@@ -124,43 +127,15 @@ pub fn load_image_model(dir: &Path) -> Result<Option<ImageModel>, String> {
     ImageModel::from_hf_config(&config, pre.as_ref()).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-/// One image part of a chat: its URL and the client's `uuid`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Part<'a> {
-    /// `image_url.url` (or `image_url` as a string).
-    pub url: Option<&'a str>,
-    /// The part's `uuid`, as vLLM reads it (`str(uuid)` of a string or an integer).
-    pub uuid: Option<String>,
-}
-
 /// The image parts of a chat body, in prompt order (the order of vLLM's items),
 /// refusing more than `items_max`. Work is linear in the body.
 pub fn image_parts(body: &Value, items_max: usize) -> Result<Vec<Part<'_>>, ApiError> {
-    let mut out = Vec::new();
-    let messages = body.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-    let parts = messages.iter().filter_map(|m| m.get("content")?.as_array()).flatten();
-    for part in parts.filter_map(Value::as_object).filter(|p| kvroute_tokenize::is_image_part(p)) {
-        if out.len() == items_max {
-            let e = MediaError::TooManyItems { items: out.len() + 1, items_max };
-            return Err(ApiError::media(&e));
+    kvroute_tokenize::images::image_parts(body, items_max).map_err(|e| match e {
+        ImagePartError::TooMany { items_max } => {
+            ApiError::media(&MediaError::TooManyItems { items: items_max + 1, items_max })
         }
-        let url = match part.get("image_url") {
-            Some(Value::String(u)) => Some(u.as_str()),
-            Some(Value::Object(o)) => o.get("url").and_then(Value::as_str),
-            _ => None,
-        };
-        let uuid = match part.get("uuid") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
-            Some(_) => return Err(ApiError::bad_request("an image part's `uuid` must be a string")),
-        };
-        if url.is_none() && uuid.is_none() {
-            return Err(ApiError::bad_request("an image part needs `image_url.url` or a `uuid`"));
-        }
-        out.push(Part { url, uuid });
-    }
-    Ok(out)
+        e => ApiError::bad_request(e.to_string()),
+    })
 }
 
 /// Whether the body sets what changes vLLM's identifiers in ways not followed here

@@ -87,12 +87,15 @@ enum Cmd {
 }
 
 fn sim_worker(a: kvroute_sim_server::SimWorkerArgs) -> Result<(), String> {
-    let tokenizer = match &a.tokenizer {
-        Some(dir) => Some(std::sync::Arc::new(tok::HfTokenizer::load(dir)?)
-            as std::sync::Arc<dyn kvroute_sim_server::PromptTokenizer>),
-        None => None,
+    let (tokenizer, media) = match &a.tokenizer {
+        Some(dir) => {
+            let (t, m) = tok::sim_worker_tokenizer(dir, &a.media)?;
+            (Some(std::sync::Arc::new(t) as std::sync::Arc<dyn kvroute_sim_server::PromptTokenizer>), m)
+        }
+        None => (None, None),
     };
-    let cfg = a.into_config(tokenizer).map_err(|e| e.to_string())?;
+    let mut cfg = a.into_config(tokenizer).map_err(|e| e.to_string())?;
+    cfg.media = media;
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
     rt.block_on(async move {
         let w = kvroute_sim_server::spawn(cfg).await.map_err(|e| e.to_string())?;

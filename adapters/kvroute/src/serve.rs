@@ -8,7 +8,6 @@ use clap::Args;
 
 use kvroute_frontend::media::{load_image_model, ChatMedia, MediaSection};
 use kvroute_proxy::{ConfigError, ProxyConfig, Tokenize, TokenizeError, Tokenizers};
-use kvroute_tokenize::{Dialect, TokenizerConfig, VllmOptions};
 
 use crate::tok::HfTokenizer;
 
@@ -52,9 +51,7 @@ impl ServeTokenizer {
         let Some(images) = load_image_model(dir)? else {
             return Ok(ServeTokenizer { hf: HfTokenizer::load(dir)?, media: None });
         };
-        let options = VllmOptions { image_text: Some(images.prompt_text.into()), ..VllmOptions::default() };
-        let config = TokenizerConfig { dialect: Dialect::Vllm(options), ..TokenizerConfig::default() };
-        let hf = HfTokenizer::load_with(dir, config)?;
+        let hf = HfTokenizer::load_for_images(dir, Some(images.prompt_text))?;
         Ok(ServeTokenizer { hf, media: Some(ChatMedia::new(&images, engine_model_id, section)) })
     }
 }

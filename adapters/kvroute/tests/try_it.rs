@@ -358,3 +358,137 @@ fn serve_logs_a_failing_workers_ejection() {
     let line = p.wait_line("worker ejected");
     assert!(line.contains("WARN") && line.contains("worker=7"), "a warning naming the worker: {line}");
 }
+
+/// A LLaVA-style model folder: a word-level tokenizer whose `<image>` word is the
+/// placeholder, a chat template, and a `config.json` whose vision tower makes every image
+/// `IMAGE_TOKENS` tokens. `kvroute serve` and `kvroute sim-worker` both read it.
+fn llava_folder() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("try-it-llava-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("model folder");
+    let words =
+        ["[UNK]", "<image>", "the", "cached", "part", "of", "a", "long", "shared", "prompt.", "what", "is", "it?"];
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    });
+    let template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}\
+                    {% if add_generation_prompt %}assistant {% endif %}";
+    let config = json!({"model_type": "llava", "image_token_index": 1,
+        "vision_config": {"image_size": 14 * 8, "patch_size": 14}});
+    for (name, v) in [
+        ("tokenizer.json", tokenizer),
+        ("tokenizer_config.json", json!({"chat_template": template, "unk_token": "[UNK]"})),
+        ("config.json", config),
+    ] {
+        std::fs::write(dir.join(name), v.to_string()).expect("write the model folder");
+    }
+    dir
+}
+
+/// Tokens per image in [`llava_folder`] (8 × 8 patches) and the block size of the image test.
+const IMAGE_TOKENS: u64 = 64;
+const IMAGE_BLOCK: u64 = 16;
+
+fn image_url(png: &[u8]) -> String {
+    use base64::Engine as _;
+    format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(png))
+}
+
+/// A chat about the image at `url` whose system prompt starts with `prefix`; the
+/// follow-up turn adds an answer and a question.
+fn image_chat(prefix: &str, url: &str, follow_up: bool) -> Value {
+    let system = format!("{prefix} {}", "the cached part of a long shared prompt. ".repeat(8));
+    let mut msgs = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                           {"type": "text", "text": "what is it?"}]}),
+    ];
+    if follow_up {
+        msgs.push(json!({"role": "assistant", "content": "a long shared prompt."}));
+        msgs.push(json!({"role": "user", "content": "what is the cached part of it?"}));
+    }
+    json!({"model": MODEL, "messages": msgs, "max_tokens": 2})
+}
+
+/// A preview's device overlap on worker `id`.
+fn overlap_on(v: &Value, id: u64) -> u64 {
+    let rows = v["explanation"].as_array().cloned().unwrap_or_default();
+    rows.iter().find(|r| r["worker"] == id).and_then(|r| r["overlap"]["device"].as_u64()).unwrap_or(0)
+}
+
+#[test]
+fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
+    let dir = llava_folder();
+    let dir = dir.to_str().expect("utf-8 path");
+    let bs = IMAGE_BLOCK.to_string();
+    let (w1, url1, ev1) = sim_worker(&["--tokenizer", dir, "--block-size", &bs]);
+    let (w2, url2, ev2) = sim_worker(&["--tokenizer", dir, "--block-size", &bs]);
+    let mut config = fleet_config(&[(url1.clone(), ev1), (url2, ev2)]);
+    config = config.replace("approximate = false\n", &format!("approximate = false\nblock_size = {IMAGE_BLOCK}\n"));
+    config = config.replace(&format!("name = \"{MODEL}\"\n"), &format!("name = \"{MODEL}\"\ntokenizer = \"{dir}\"\n"));
+    config.push_str("[media]\nitems_max = 4\n");
+    let (proxy, addr) = serve("images", &config);
+    let (x, y) = (
+        image_url(include_bytes!("../../media/tests/images/rgb.png")),
+        image_url(include_bytes!("../../media/tests/images/gray.png")),
+    );
+
+    // The first turn goes straight to worker 1: only its KV events can tell the router.
+    // A fresh prefix per attempt covers batches lost before the subscription settled.
+    let (first, follow_up) = (0..10)
+        .find_map(|attempt| {
+            let prefix = format!("attempt {attempt}:");
+            let first = image_chat(&prefix, &x, false);
+            straight_to(1, &url1)("/v1/chat/completions", &first);
+            let follow_up = image_chat(&prefix, &x, true);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if overlap_on(&http(addr, "POST", "/route/preview", Some(&follow_up)).json(), 1) > 0 {
+                    return Some((first.clone(), follow_up));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        })
+        .expect("worker 1's image blocks reach the index");
+    let rendered = http(url1.parse().expect("address"), "POST", "/v1/chat/completions/render", Some(&first)).json();
+    let ids: Vec<u64> = rendered["token_ids"].as_array().expect("token ids").iter().filter_map(Value::as_u64).collect();
+    let image_at = ids.iter().position(|&t| t == 1).expect("the image's placeholders") as u64;
+    assert_eq!(ids.iter().filter(|&&t| t == 1).count() as u64, IMAGE_TOKENS, "the placeholder expanded");
+    let first_blocks = ids.len() as u64 / IMAGE_BLOCK;
+    assert!(
+        first_blocks > image_at / IMAGE_BLOCK + 1,
+        "the first turn's full blocks hold the image's: {first_blocks} blocks, image at {image_at} of {}",
+        ids.len()
+    );
+
+    // The same image: every first-turn block, on worker 1, where the follow-up goes.
+    let eventually_all = Instant::now() + STEP_TIMEOUT;
+    let v = loop {
+        let v = http(addr, "POST", "/route/preview", Some(&follow_up)).json();
+        if overlap_on(&v, 1) == first_blocks || Instant::now() > eventually_all {
+            break v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!((v["worker"].as_u64(), overlap_on(&v, 1)), (Some(1), first_blocks), "{v}");
+    // Another image: the blocks before the image, and not one more.
+    let other = http(addr, "POST", "/route/preview", Some(&image_chat_like(&follow_up, &y))).json();
+    assert_eq!(overlap_on(&other, 1), image_at / IMAGE_BLOCK, "another image diverges at the image: {other}");
+    // Served through the router: worker 1, whose own hits are the overlap predicted.
+    let served = http(addr, "POST", "/v1/chat/completions", Some(&follow_up));
+    assert_eq!((served.status, served.header("x-kvroute-worker")), (200, Some("1")), "{}", served.body);
+    let cached = served.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert_eq!(cached, Some(first_blocks * IMAGE_BLOCK), "{}", served.body);
+    drop((w1, w2, proxy));
+}
+
+/// `body` with its image replaced by the one at `url`.
+fn image_chat_like(body: &Value, url: &str) -> Value {
+    let mut b = body.clone();
+    b["messages"][1]["content"][0]["image_url"]["url"] = json!(url);
+    b
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use kvroute_sim::engine::{EngineConfig, EngineRole, EngineTiming, KvTransfer};
 
-use crate::{PromptTokenizer, SimServerConfig, SimServerError};
+use crate::{MediaArgs, PromptTokenizer, SimServerConfig, SimServerError};
 
 /// Run one simulated GPU worker as an OpenAI-compatible server that publishes its KV
 /// cache events over ZeroMQ, like a vLLM worker started with `--kv-events-config`.
@@ -56,9 +56,14 @@ pub struct SimWorkerArgs {
     /// Model name served on /v1/models and echoed in responses.
     #[arg(long, default_value = "kvroute-sim")]
     pub model: String,
-    /// Hugging Face tokenizer directory, for token ids that match a real model.
+    /// Hugging Face tokenizer directory, for token ids that match a real model. When its
+    /// config.json describes a vision-language model (LLaVA, Qwen2-VL), chat image parts
+    /// are read as vLLM reads them (see "Images" below).
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
+    /// Images, for a vision-language model.
+    #[command(flatten)]
+    pub media: MediaArgs,
     /// Aggregated serves whole requests; prefill stops after the first token and returns
     /// kv_transfer_params; decode takes requests carrying kv_transfer_params and models
     /// the KV transfer before decoding.
@@ -98,13 +103,25 @@ What routers ask a vLLM server besides generation, in vLLM's shapes:
 The ids render and /tokenize return are the ids the worker hashes into the KV blocks its
 events announce, so a router that tokenizes through them sees the worker's own prefixes.
 
+Images: with a --tokenizer folder whose config.json has a vision_config (or with
+--image-token and --image-tokens), a chat's image_url parts (data: URLs, or a uuid) are
+read as vLLM reads them: each image's identifier is vLLM's digest of the client's bytes
+and --mm-model-id, its placeholder becomes --image-tokens (or the model's count) tokens,
+and its blocks hash with it, so the same image hits the cache and another image misses
+from the first block it touches. BlockStored events carry vLLM's extra_keys, one
+[identifier, offset] pair per image a block holds. A router in front (kvroute serve, with
+the same folder as the model's `tokenizer` and `engine_model_id` = --mm-model-id) then
+matches them. A bad image gets 400, one over the size limit 413.
+
 Examples:
   kvroute sim-worker --port 8001 --events-port 5557
   kvroute sim-worker --port 8002 --events-port 5558 --replay-port 5568 --speedup 10
   kvroute sim-worker --port 8003 --events-port 5559 --role prefill
   kvroute sim-worker --port 8004 --events-port 5560 --role prefill --bootstrap-port 8998
   curl -s localhost:8001/v1/completions -d '{\"prompt\":\"hello\",\"max_tokens\":8}'
-  curl -s localhost:8001/v1/completions/render -d '{\"prompt\":\"hello\"}'";
+  curl -s localhost:8001/v1/completions/render -d '{\"prompt\":\"hello\"}'
+  kvroute sim-worker --port 8005 --events-port 5561 --tokenizer ./llava-tokenizer \
+      --mm-model-id llava-hf/llava-1.5-7b-hf";
 
 /// The simulated engine's shape, as `kvroute sim-worker` and `kvroute replay` both take
 /// it. The defaults are [`EngineConfig::default`]'s, so they live in one place.
@@ -183,12 +200,18 @@ impl From<RoleArg> for EngineRole {
 impl SimWorkerArgs {
     /// The server configuration these flags describe. `tokenizer` is the tokenizer the
     /// caller loaded from `--tokenizer`; it is required when that flag is set (this crate
-    /// does not read tokenizer files) and used even without the flag if given.
+    /// does not read tokenizer files) and used even without the flag if given. Images
+    /// are the caller's too (it reads the model's files): see [`MediaArgs::plan`].
     pub fn into_config(self, tokenizer: Option<Arc<dyn PromptTokenizer>>) -> Result<SimServerConfig, SimServerError> {
         let defaults = SimServerConfig::default();
         let tokenizer = match (tokenizer, self.tokenizer) {
             (Some(t), _) => t,
             (None, Some(dir)) => return Err(SimServerError::TokenizerMissing(dir)),
+            (None, None) if self.media.any_image_flag() => {
+                return Err(SimServerError::Media(
+                    "images need a --tokenizer whose vocabulary has the image token".into(),
+                ))
+            }
             (None, None) => defaults.tokenizer.clone(),
         };
         Ok(SimServerConfig {

@@ -23,6 +23,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvroute_sim::engine::{Engine, EngineOutput, EngineRequest, EngineRole, KvEvent, RejectReason};
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::ledger::{generated_token_id, Ledger, Registered};
+use crate::media::PromptMedia;
 use crate::metrics::Metrics;
 use crate::publisher::Batch;
 use crate::wire::WireEvent;
@@ -42,6 +44,8 @@ const STEPS_PER_WAKE_MAX: u32 = 100_000;
 /// A request for the engine task.
 pub(crate) struct Submit {
     pub(crate) tokens: Vec<u32>,
+    /// The images `tokens` holds, placed.
+    pub(crate) media: Option<Arc<PromptMedia>>,
     pub(crate) output_len: u32,
     /// Decode role only: the prompt's KV comes from a prefill worker (wait for the
     /// modelled transfer, then decode; the first token is already sampled).
@@ -192,7 +196,11 @@ impl EngineTask {
     }
 
     fn submit(&mut self, now: f64, id: u64, s: Submit) {
-        let prompt = match Prompt::from_tokens(&s.tokens, self.bs, HashSeed::DEFAULT) {
+        let prompt = match &s.media {
+            Some(m) => Prompt::from_tokens_with_media(&s.tokens, self.bs, HashSeed::DEFAULT, &m.items),
+            None => Prompt::from_tokens(&s.tokens, self.bs, HashSeed::DEFAULT),
+        };
+        let prompt = match prompt {
             Ok(p) => p,
             Err(e) => {
                 let _ = s.accepted.send(Err(SubmitError::Prompt(e)));
@@ -211,7 +219,8 @@ impl EngineTask {
         let target = if self.role == EngineRole::Prefill { 1 } else { output_len };
         let out_base = self.next_out_base;
         self.next_out_base = self.next_out_base.wrapping_add(target);
-        let reg = self.ledger.register(&s.tokens, (0..target - 1).map(|k| generated_token_id(out_base, k)));
+        let generated = (0..target - 1).map(|k| generated_token_id(out_base, k));
+        let reg = self.ledger.register(&s.tokens, s.media.as_ref(), generated);
         self.metrics.prompt_tokens.inc_by(u64::from(prompt_len));
         let response_tokens = if self.role == EngineRole::Prefill { 1 } else { output_len };
         self.active.insert(
@@ -345,14 +354,17 @@ impl EngineTask {
             KvEvent::Stored { parent, blocks } => {
                 let mut token_ids = Vec::with_capacity(blocks.len() * self.bs.tokens() as usize);
                 let mut block_hashes = Vec::with_capacity(blocks.len());
+                let mut extra_keys = Vec::with_capacity(blocks.len());
+                let mut keys = Vec::new();
                 for b in blocks {
-                    if !self.ledger.tokens_of(b.seq, &mut token_ids) {
+                    if !self.ledger.block_of(b.seq, &mut token_ids, &mut keys) {
                         // Only the exact prefix of the chain is published.
                         self.metrics.events_missing_tokens.inc();
                         tracing::warn!(hash = b.seq.0, "stored block with unknown tokens; truncating the event");
                         break;
                     }
                     block_hashes.push(b.seq.0);
+                    extra_keys.push(std::mem::take(&mut keys));
                 }
                 if !block_hashes.is_empty() {
                     events.push(WireEvent::BlockStored {
@@ -360,6 +372,7 @@ impl EngineTask {
                         parent_block_hash: parent.map(|p| p.0),
                         token_ids,
                         block_size: self.bs.tokens(),
+                        extra_keys,
                     });
                 }
             }

@@ -37,10 +37,11 @@ use crate::engine_task::{Submit, SubmitError};
 use crate::faults::Faults;
 use crate::greedy::Greedy;
 use crate::info::{self, Facts};
+use crate::media::SimMedia;
 use crate::metrics::{render, Metrics};
 use crate::openai::{self, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, ResponseMeta};
 use crate::pooling;
-use crate::preprocess::{self, prompt_ids};
+use crate::preprocess::{self, engine_prompt};
 use crate::sse::{collect, Finish, SseBody};
 use crate::tokenizer::PromptTokenizer;
 
@@ -55,6 +56,8 @@ pub(crate) struct State {
     pub(crate) body_bytes_max: usize,
     pub(crate) requests_in_flight_max: usize,
     pub(crate) tokenizer: Arc<dyn PromptTokenizer>,
+    /// How the model reads images; `None`: image parts are refused by the tokenizer.
+    pub(crate) media: Option<SimMedia>,
     pub(crate) submit_tx: mpsc::Sender<Submit>,
     pub(crate) metrics: Metrics,
     pub(crate) registry: Registry,
@@ -218,7 +221,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         })?),
         _ => None,
     };
-    let tokens = prompt_ids(state, &parsed.prompt, &json_body)?;
+    let (tokens, media) = engine_prompt(state, &parsed.prompt, &json_body)?;
     let prompt_tokens = tokens.len() as u32;
     let greedy = Greedy::after(&tokens);
     let prompt_ids = parsed.return_token_ids.then(|| tokens.clone());
@@ -234,7 +237,8 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
                 .is_some_and(|p| p.get("do_remote_prefill") != Some(&Value::Bool(false))));
     let (progress, rx) = mpsc::unbounded_channel();
     let (accepted_tx, accepted_rx) = oneshot::channel();
-    let submit = Submit { tokens, output_len: parsed.max_tokens, remote_prefill, progress, accepted: accepted_tx };
+    let submit =
+        Submit { tokens, media, output_len: parsed.max_tokens, remote_prefill, progress, accepted: accepted_tx };
     let unavailable = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "the worker is shutting down");
     state.submit_tx.send(submit).await.map_err(|_| unavailable())?;
     accepted_rx.await.map_err(|_| unavailable())?.map_err(submit_error)?;

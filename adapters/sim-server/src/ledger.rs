@@ -1,5 +1,5 @@
-//! The token ledger: which tokens each block hash covers, so `BlockStored` events can
-//! carry `token_ids`.
+//! The token ledger: which tokens (and images) each block hash covers, so `BlockStored`
+//! events can carry `token_ids` and the images' `extra_keys`.
 //!
 //! The engine's KV events name blocks by hash only. Every block an engine can store
 //! belongs to a running request, so the engine task registers each request's whole token
@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvroute_sim::prompt::OUTPUT_TOKEN_ID_BASE;
-use router_core::{hash_tokens, BlockHash, BlockSize, HashSeed, SeqHash};
+use router_core::{hash_tokens, hash_tokens_with_media, BlockHash, BlockSize, HashSeed, SeqHash};
+
+use crate::media::{BlockMediaKey, PromptMedia};
 
 /// Id the engine gives a request's `k`-th generated token when the request's output
 /// range starts at `out_base` (the engine counts output ranges up from 0 per engine, in
@@ -29,6 +31,7 @@ pub(crate) struct Registered {
 
 struct Entry {
     tokens: Arc<[u32]>,
+    media: Option<Arc<PromptMedia>>,
     block: u32,
     refs: u32,
 }
@@ -43,17 +46,31 @@ impl Ledger {
         Ledger { bs, map: HashMap::new() }
     }
 
-    /// Registers a request's full-block hashes over `prompt` followed by `generated`
-    /// tokens (the most the engine will ever hold for it). Linear in the tokens.
-    pub(crate) fn register(&mut self, prompt: &[u32], generated: impl Iterator<Item = u32>) -> Registered {
+    /// Registers a request's full-block hashes over `prompt` (holding `media`'s images)
+    /// followed by `generated` tokens (the most the engine will ever hold for it).
+    /// Linear in the tokens plus the items.
+    pub(crate) fn register(
+        &mut self,
+        prompt: &[u32],
+        media: Option<&Arc<PromptMedia>>,
+        generated: impl Iterator<Item = u32>,
+    ) -> Registered {
         let mut all = Vec::with_capacity(prompt.len());
         all.extend_from_slice(prompt);
         all.extend(generated);
         let tokens: Arc<[u32]> = all.into();
         let mut blocks = Vec::new();
-        hash_tokens(&tokens, self.bs, HashSeed::DEFAULT, &[], &mut blocks);
+        match media {
+            Some(m) => hash_tokens_with_media(&tokens, self.bs, HashSeed::DEFAULT, &m.items, &mut blocks),
+            None => hash_tokens(&tokens, self.bs, HashSeed::DEFAULT, &[], &mut blocks),
+        }
         for (i, b) in blocks.iter().enumerate() {
-            let e = self.map.entry(b.seq).or_insert_with(|| Entry { tokens: tokens.clone(), block: i as u32, refs: 0 });
+            let e = self.map.entry(b.seq).or_insert_with(|| Entry {
+                tokens: tokens.clone(),
+                media: media.cloned(),
+                block: i as u32,
+                refs: 0,
+            });
             e.refs += 1;
         }
         Registered { blocks }
@@ -71,20 +88,23 @@ impl Ledger {
         }
     }
 
-    /// Appends the tokens of block `hash` to `out`; false if no running request has it.
-    pub(crate) fn tokens_of(&self, hash: SeqHash, out: &mut Vec<u32>) -> bool {
+    /// Appends the tokens of block `hash` to `out` and sets `keys` to the images it
+    /// holds; false if no running request has it.
+    pub(crate) fn block_of(&self, hash: SeqHash, out: &mut Vec<u32>, keys: &mut Vec<BlockMediaKey>) -> bool {
+        keys.clear();
         let Some(e) = self.map.get(&hash) else {
             return false;
         };
         let bs = self.bs.tokens() as usize;
         let start = e.block as usize * bs;
-        match e.tokens.get(start..start + bs) {
-            Some(t) => {
-                out.extend_from_slice(t);
-                true
-            }
-            None => false,
+        let Some(t) = e.tokens.get(start..start + bs) else {
+            return false;
+        };
+        out.extend_from_slice(t);
+        if let Some(m) = &e.media {
+            m.block_keys(start as u64, (start + bs) as u64, keys);
         }
+        true
     }
 
     /// Distinct block hashes registered (for tests).
@@ -110,16 +130,17 @@ mod tests {
     fn shared_prefixes_are_counted_and_released() {
         let bs = BlockSize::new(4).expect("valid");
         let mut l = Ledger::new(bs);
-        let a = l.register(&[1, 2, 3, 4, 5, 6, 7, 8, 9], std::iter::empty());
-        let b = l.register(&[1, 2, 3, 4, 0, 0], [generated_token_id(0, 0), generated_token_id(0, 1)].into_iter());
+        let a = l.register(&[1, 2, 3, 4, 5, 6, 7, 8, 9], None, std::iter::empty());
+        let b = l.register(&[1, 2, 3, 4, 0, 0], None, [generated_token_id(0, 0), generated_token_id(0, 1)].into_iter());
         assert_eq!((a.block_count(), b.block_count(), l.len()), (2, 2, 3));
-        let mut out = Vec::new();
-        assert!(l.tokens_of(b.blocks[1].seq, &mut out));
+        let (mut out, mut keys) = (Vec::new(), Vec::new());
+        assert!(l.block_of(b.blocks[1].seq, &mut out, &mut keys));
+        assert!(keys.is_empty(), "text holds no images");
         assert_eq!(out, vec![0, 0, OUTPUT_TOKEN_ID_BASE, OUTPUT_TOKEN_ID_BASE | 1]);
         l.release(&a);
         out.clear();
-        assert!(l.tokens_of(a.blocks[0].seq, &mut out), "b still holds the shared block");
-        assert!(!l.tokens_of(a.blocks[1].seq, &mut out));
+        assert!(l.block_of(a.blocks[0].seq, &mut out, &mut keys), "b still holds the shared block");
+        assert!(!l.block_of(a.blocks[1].seq, &mut out, &mut keys));
         l.release(&b);
         assert_eq!(l.len(), 0);
     }

@@ -29,6 +29,9 @@
 //!   anchored to the wall clock, so lateness never accumulates.
 //! - Per-token times between the first token and the finish are inferred from observed
 //!   pass ends (see the engine task's docs); the first token and the finish are exact.
+//! - A chat's images (for a vision-language model, [`SimMedia`]) are identified,
+//!   expanded into placeholder tokens and hashed into their blocks as vLLM does, and
+//!   stored blocks announce them in `extra_keys`; the vision encoder costs nothing.
 //! - Every prompt hashes with the unsalted seed: LoRA adapters and `cache_salt` are
 //!   ignored. No logprobs, stop sequences, or `n > 1`; output is always `max_tokens`
 //!   long (`finish_reason: "length"`).
@@ -51,6 +54,7 @@ mod greedy;
 mod http;
 mod info;
 mod ledger;
+mod media;
 mod metrics;
 mod openai;
 mod pooling;
@@ -69,6 +73,7 @@ use std::sync::Arc;
 pub use args::{EngineArgs, RoleArg, SimWorkerArgs, SIM_WORKER_AFTER_HELP};
 pub use faults::Faults;
 pub use kvroute_sim::engine::{ConfigError, EngineConfig, EngineRole, KvTransfer};
+pub use media::{HasherArg, ImagePlan, MediaArgs, SimMedia};
 pub use server::{run, spawn, SimServerHandle, SPEEDUP_MAX};
 pub use tokenizer::{fallback_chat, fallback_decode, fallback_text, FallbackTokenizer, PromptTokenizer, TokenizeError};
 
@@ -120,6 +125,9 @@ pub struct SimServerConfig {
     pub bootstrap_timeout_ms: u64,
     /// Turns prompts into token ids for prefix hashing; [`FallbackTokenizer`].
     pub tokenizer: Arc<dyn PromptTokenizer>,
+    /// How the model reads images, for a vision-language model whose tokenizer renders
+    /// one [`SimMedia::token_id`] per image; `None` (the tokenizer refuses images).
+    pub media: Option<SimMedia>,
     /// Faults to inject, for tests; none by default. Keep a clone to change them while
     /// the worker runs.
     pub faults: Faults,
@@ -148,6 +156,7 @@ impl Default for SimServerConfig {
             bootstrap_rooms_max: 65_536,
             bootstrap_timeout_ms: 30_000,
             tokenizer: Arc::new(FallbackTokenizer),
+            media: None,
             faults: Faults::default(),
         }
     }
@@ -165,6 +174,7 @@ impl fmt::Debug for SimServerConfig {
             .field("engine", &self.engine)
             .field("dp_rank", &self.dp_rank)
             .field("bootstrap_port", &self.bootstrap_port)
+            .field("media", &self.media)
             .finish_non_exhaustive()
     }
 }
@@ -192,6 +202,8 @@ pub enum SimServerError {
     },
     /// `--tokenizer` was given but the caller supplied no tokenizer for it.
     TokenizerMissing(std::path::PathBuf),
+    /// The image settings are incomplete or disagree with the tokenizer.
+    Media(String),
     /// Waiting for a shutdown signal failed.
     Signal(std::io::Error),
 }
@@ -209,6 +221,7 @@ impl fmt::Display for SimServerError {
             SimServerError::TokenizerMissing(dir) => {
                 write!(f, "--tokenizer {} given but no tokenizer was loaded for it", dir.display())
             }
+            SimServerError::Media(why) => write!(f, "images: {why}"),
             SimServerError::Signal(e) => write!(f, "cannot wait for a shutdown signal: {e}"),
         }
     }

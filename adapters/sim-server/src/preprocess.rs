@@ -20,10 +20,13 @@
 //!   `{"count", "max_model_len", "tokens", "token_strs"}`.
 //! - `POST /detokenize`: `{"tokens": [...]}`; answers `{"prompt": "..."}`.
 
+use std::sync::Arc;
+
 use hyper::StatusCode;
 use serde_json::{json, Map, Value};
 
 use crate::http::State;
+use crate::media::{self, PromptMedia};
 use crate::openai::{opt_bool, parse_max_tokens, token_ids, ApiError, Kind, PromptInput};
 use crate::tokenizer::TokenizeError;
 
@@ -34,18 +37,32 @@ pub(crate) const RENDER_PROMPTS_MAX: usize = 1024;
 const PROMPT_ID_END: u32 = 1 << 31;
 
 /// The token ids the worker hashes and prefills for `prompt`; `body` is the whole
-/// request, which a chat template reads. Refuses what tokenizes to nothing.
+/// request, which a chat template reads. A chat's images are expanded into their
+/// placeholder tokens (see [`crate::media`]). Refuses what tokenizes to nothing.
 pub(crate) fn prompt_ids(state: &State, prompt: &PromptInput, body: &Value) -> Result<Vec<u32>, ApiError> {
+    engine_prompt(state, prompt, body).map(|(ids, _)| ids)
+}
+
+/// [`prompt_ids`] and the images placed in them.
+pub(crate) fn engine_prompt(
+    state: &State,
+    prompt: &PromptInput,
+    body: &Value,
+) -> Result<(Vec<u32>, Option<Arc<PromptMedia>>), ApiError> {
     let ids = match prompt {
         PromptInput::Text(t) => state.tokenizer.encode_text(t),
         PromptInput::Tokens(t) => Ok(t.clone()),
         PromptInput::Chat => state.tokenizer.encode_chat(body),
     }
     .map_err(tokenize_error)?;
+    let (ids, media) = match (&state.media, prompt) {
+        (Some(m), PromptInput::Chat) => media::place(m, ids, body)?,
+        _ => (ids, None),
+    };
     if ids.is_empty() {
         return Err(ApiError::bad(Some("prompt"), "the prompt tokenizes to nothing"));
     }
-    Ok(ids)
+    Ok((ids, media))
 }
 
 /// `/v1/completions/render` (an array) or `/v1/chat/completions/render` (one object).

@@ -160,6 +160,7 @@ pub async fn spawn(cfg: SimServerConfig) -> Result<SimServerHandle, SimServerErr
         body_bytes_max: cfg.body_bytes_max,
         requests_in_flight_max: cfg.requests_in_flight_max,
         tokenizer: cfg.tokenizer.clone(),
+        media: cfg.media.clone(),
         submit_tx,
         registry: metrics.registry(),
         metrics: metrics.clone(),

@@ -11,6 +11,10 @@
 //! * `{"type": "BlockStored", "block_hashes": [u64…], "parent_block_hash": u64|nil,
 //!   "token_ids": [u32…], "block_size": int, "lora_id": nil, "medium": "GPU",
 //!   "lora_name": nil}`: `token_ids` is the concatenation of the stored blocks' tokens;
+//!   when a stored block holds an image's tokens the map also has `"extra_keys"`, one
+//!   entry per block, `nil` or a list of `[identifier: str, offset: int]` pairs (vLLM's
+//!   `to_event_extra_keys` of `_gen_mm_extra_hash_keys`), the offset being where the
+//!   image starts relative to the block's first token;
 //! * `{"type": "BlockRemoved", "block_hashes": [u64…], "medium": "GPU"}`;
 //! * `{"type": "AllBlocksCleared"}`.
 //!
@@ -28,6 +32,7 @@
 //! lora_id]`); and replay replies carried no topic frame (`[identity, "", seq, payload]`).
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use rmp::encode::{self, ByteBuf, ValueWriteError};
 
@@ -50,6 +55,9 @@ pub enum WireEvent {
         token_ids: Vec<u32>,
         /// Tokens per block.
         block_size: u32,
+        /// Per block, the images it holds as `(identifier, offset)`; all empty (or no
+        /// entries) for blocks of text, and then the field is not written.
+        extra_keys: Vec<Vec<(Arc<str>, i64)>>,
     },
     /// Blocks evicted.
     BlockRemoved {
@@ -81,8 +89,9 @@ pub fn encode_batch(ts: f64, events: &[WireEvent], data_parallel_rank: Option<u3
 
 fn encode_event(b: &mut ByteBuf, e: &WireEvent) {
     match e {
-        WireEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
-            ok(encode::write_map_len(b, 8));
+        WireEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, extra_keys } => {
+            let media = extra_keys.iter().any(|k| !k.is_empty());
+            ok(encode::write_map_len(b, if media { 9 } else { 8 }));
             str(b, "type");
             str(b, "BlockStored");
             str(b, "block_hashes");
@@ -104,6 +113,10 @@ fn encode_event(b: &mut ByteBuf, e: &WireEvent) {
             str(b, MEDIUM_GPU);
             str(b, "lora_name");
             ok_infallible(encode::write_nil(b));
+            if media {
+                str(b, "extra_keys");
+                extra(b, extra_keys);
+            }
         }
         WireEvent::BlockRemoved { block_hashes } => {
             ok(encode::write_map_len(b, 3));
@@ -118,6 +131,31 @@ fn encode_event(b: &mut ByteBuf, e: &WireEvent) {
             ok(encode::write_map_len(b, 1));
             str(b, "type");
             str(b, "AllBlocksCleared");
+        }
+    }
+}
+
+/// One entry per block: nil, or the block's `[identifier, offset]` pairs.
+fn extra(b: &mut ByteBuf, blocks: &[Vec<(Arc<str>, i64)>]) {
+    ok(encode::write_array_len(b, len_u32(blocks.len())));
+    for keys in blocks {
+        if keys.is_empty() {
+            ok_infallible(encode::write_nil(b));
+            continue;
+        }
+        ok(encode::write_array_len(b, len_u32(keys.len())));
+        for (id, offset) in keys {
+            ok(encode::write_array_len(b, 2));
+            str(b, id);
+            // msgspec writes a non-negative int in the unsigned forms.
+            match u64::try_from(*offset) {
+                Ok(u) => {
+                    ok(encode::write_uint(b, u));
+                }
+                Err(_) => {
+                    ok(encode::write_sint(b, *offset));
+                }
+            }
         }
     }
 }
@@ -196,6 +234,7 @@ mod tests {
                 parent_block_hash: Some(1 << 63),
                 token_ids: vec![1, 2, 3, 4],
                 block_size: 2,
+                extra_keys: vec![],
             },
             vec![
                 ("type", Value::from("BlockStored")),
@@ -214,6 +253,7 @@ mod tests {
                 parent_block_hash: None,
                 token_ids: vec![],
                 block_size: 64,
+                extra_keys: vec![vec![]],
             },
             vec![
                 ("type", Value::from("BlockStored")),
@@ -235,6 +275,35 @@ mod tests {
             ],
         );
         check_event(WireEvent::AllBlocksCleared, vec![("type", Value::from("AllBlocksCleared"))]);
+    }
+
+    #[test]
+    fn image_blocks_carry_vllms_extra_keys() {
+        let id: Arc<str> = Arc::from("ab12");
+        let pair = |off: i64| Value::Array(vec![Value::from("ab12"), Value::from(off)]);
+        check_event(
+            WireEvent::BlockStored {
+                block_hashes: vec![1, 2, 3],
+                parent_block_hash: None,
+                token_ids: vec![7; 6],
+                block_size: 2,
+                extra_keys: vec![vec![], vec![(id.clone(), 1)], vec![(id, -1)]],
+            },
+            vec![
+                ("type", Value::from("BlockStored")),
+                ("block_hashes", Value::Array((1..=3u64).map(Value::from).collect())),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", Value::Array(vec![Value::from(7u32); 6])),
+                ("block_size", Value::from(2u32)),
+                ("lora_id", Value::Nil),
+                ("medium", Value::from("GPU")),
+                ("lora_name", Value::Nil),
+                (
+                    "extra_keys",
+                    Value::Array(vec![Value::Nil, Value::Array(vec![pair(1)]), Value::Array(vec![pair(-1)])]),
+                ),
+            ],
+        );
     }
 
     #[test]

@@ -8,12 +8,14 @@
 //!
 //! Hashing here is a faster route to exactly router-core's [`hash_tokens`](router_core::hash_tokens) (its chain
 //! step is reused; the local hash is the same `xxh3_64_with_seed` over the same bytes,
-//! written into a reused buffer), checked against it by the tests.
+//! written into a reused buffer), checked against it by the tests. A prompt holding
+//! images ([`Prompt::from_tokens_with_media`]) hashes through router-core's
+//! [`hash_tokens_with_media`] itself, the call the router makes for the same request.
 
 use std::fmt;
 use std::sync::Arc;
 
-use router_core::{chain, BlockHash, BlockSize, HashSeed, LocalHash, SeqHash};
+use router_core::{chain, hash_tokens_with_media, BlockHash, BlockSize, HashSeed, LocalHash, MediaItems, SeqHash};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// First token id of the range reserved for generated tokens. Prompt token ids must be
@@ -74,6 +76,9 @@ impl std::error::Error for PromptError {}
 pub struct Prompt {
     blocks: Arc<[BlockHash]>,
     tail: Arc<[u32]>,
+    /// Media keys of the block the tail starts (an image may end inside it), which
+    /// decoding fills; empty without media.
+    tail_extra_keys: Arc<[u64]>,
     block_size: BlockSize,
     seed: HashSeed,
 }
@@ -81,12 +86,7 @@ pub struct Prompt {
 impl Prompt {
     /// Hashes `tokens` at `block_size`. Work is linear in the prompt length.
     pub fn from_tokens(tokens: &[u32], block_size: BlockSize, seed: HashSeed) -> Result<Self, PromptError> {
-        if tokens.len() as u64 > u64::from(PROMPT_TOKENS_MAX) {
-            return Err(PromptError::TooLong { tokens: tokens.len() as u64 });
-        }
-        if let Some((index, &id)) = tokens.iter().enumerate().find(|(_, &t)| t >= OUTPUT_TOKEN_ID_BASE) {
-            return Err(PromptError::ReservedTokenId { index, id });
-        }
+        Self::check_tokens(tokens)?;
         let bs = block_size.tokens() as usize;
         let mut blocks = Vec::with_capacity(tokens.len() / bs);
         let mut bytes = Vec::with_capacity(bs * 4);
@@ -96,7 +96,40 @@ impl Prompt {
             prev = Some(push_chained(&mut blocks, prev, local));
         }
         let full = blocks.len() * bs;
-        Ok(Prompt { blocks: blocks.into(), tail: tokens[full..].into(), block_size, seed })
+        Ok(Prompt { blocks: blocks.into(), tail: tokens[full..].into(), tail_extra_keys: empty(), block_size, seed })
+    }
+
+    /// Hashes `tokens` holding `media`'s placeholder tokens: each block with the keys of
+    /// the items it overlaps, as vLLM does (router-core's [`hash_tokens_with_media`]).
+    /// `media` must have been built for these tokens. Work is linear in the prompt
+    /// length plus the items.
+    pub fn from_tokens_with_media(
+        tokens: &[u32],
+        block_size: BlockSize,
+        seed: HashSeed,
+        media: &MediaItems,
+    ) -> Result<Self, PromptError> {
+        if media.is_empty() {
+            return Self::from_tokens(tokens, block_size, seed);
+        }
+        Self::check_tokens(tokens)?;
+        let mut blocks = Vec::with_capacity(block_size.full_blocks(tokens.len()));
+        hash_tokens_with_media(tokens, block_size, seed, media, &mut blocks);
+        let full = (blocks.len() * block_size.tokens() as usize) as u64;
+        let mut tail_keys = Vec::new();
+        media.block_extra_keys(full, full + u64::from(block_size.tokens()), &mut tail_keys);
+        let tail = tokens[full as usize..].into();
+        Ok(Prompt { blocks: blocks.into(), tail, tail_extra_keys: tail_keys.into(), block_size, seed })
+    }
+
+    fn check_tokens(tokens: &[u32]) -> Result<(), PromptError> {
+        if tokens.len() as u64 > u64::from(PROMPT_TOKENS_MAX) {
+            return Err(PromptError::TooLong { tokens: tokens.len() as u64 });
+        }
+        match tokens.iter().enumerate().find(|(_, &t)| t >= OUTPUT_TOKEN_ID_BASE) {
+            Some((index, &id)) => Err(PromptError::ReservedTokenId { index, id }),
+            None => Ok(()),
+        }
     }
 
     /// Expands a trace's hash ids (each id becomes `trace_block_tokens` copies of token
@@ -165,7 +198,7 @@ impl Prompt {
             let start = full_blocks * bs as usize;
             (start..start + tail_len).map(|pos| hash_ids[pos / trace_block_tokens as usize]).collect()
         };
-        Ok(Prompt { blocks: blocks.into(), tail: tail.into(), block_size, seed })
+        Ok(Prompt { blocks: blocks.into(), tail: tail.into(), tail_extra_keys: empty(), block_size, seed })
     }
 
     /// Full-block hashes, in order; share this `Arc` with the router.
@@ -176,6 +209,12 @@ impl Prompt {
     /// Token ids of the trailing partial block (shorter than one block).
     pub fn tail(&self) -> &[u32] {
         &self.tail
+    }
+
+    /// The extra keys of the block that starts with the tail: the media keys of an image
+    /// that ends inside it (empty when none does).
+    pub fn tail_extra_keys(&self) -> &[u64] {
+        &self.tail_extra_keys
     }
 
     /// The block size the hashes were computed at.
@@ -193,6 +232,10 @@ impl Prompt {
         // Both terms are bounded by PROMPT_TOKENS_MAX at construction.
         (self.blocks.len() * self.block_size.tokens() as usize + self.tail.len()) as u32
     }
+}
+
+fn empty() -> Arc<[u64]> {
+    Arc::from(Vec::new())
 }
 
 /// router-core's local hash (`xxh3_64_with_seed` of the tokens as little-endian u32),
@@ -269,6 +312,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A prompt of `len` tokens with images at `items` (offset, length) hashes as
+    /// router-core does, and the block its tail starts carries the keys that the same
+    /// tokens followed by generated ones get from router-core.
+    #[track_caller]
+    fn check_media(len: u32, items: &[(u32, u32)]) {
+        use router_core::{hash_tokens_with_media, local_hash, MediaItem};
+        let bs = BlockSize::new(4).unwrap();
+        let tokens: Vec<u32> = (100..100 + len).collect();
+        let list = items.iter().enumerate().map(|(i, &(off, n))| MediaItem::new(&[i as u8], off, n)).collect();
+        let media = MediaItems::new(list, tokens.len(), 8).unwrap();
+        let p = Prompt::from_tokens_with_media(&tokens, bs, HashSeed::DEFAULT, &media).unwrap();
+        let mut want = Vec::new();
+        hash_tokens_with_media(&tokens, bs, HashSeed::DEFAULT, &media, &mut want);
+        assert_eq!(&p.blocks()[..], &want[..]);
+        let mut filled = tokens.clone();
+        filled.resize(want.len() * 4 + 4, OUTPUT_TOKEN_ID_BASE);
+        let mut longer = Vec::new();
+        hash_tokens_with_media(&filled, bs, HashSeed::DEFAULT, &media, &mut longer);
+        let next = &filled[want.len() * 4..];
+        assert_eq!(local_hash(next, p.tail_extra_keys(), HashSeed::DEFAULT), longer[want.len()].local);
+        let plain = Prompt::from_tokens(&tokens, bs, HashSeed::DEFAULT).unwrap();
+        assert_ne!(p.blocks()[items[0].0 as usize / 4], plain.blocks()[items[0].0 as usize / 4], "an image block");
+    }
+
+    #[test]
+    fn media_hashes_as_router_core_does() {
+        check_media(10, &[(2, 3)]);
+        check_media(11, &[(1, 2), (6, 4)]);
+        check_media(12, &[(0, 12)]);
+        assert!(Prompt::from_tokens(&[1; 9], BlockSize::new(4).unwrap(), HashSeed::DEFAULT)
+            .unwrap()
+            .tail_extra_keys()
+            .is_empty());
     }
 
     #[test]

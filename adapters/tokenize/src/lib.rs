@@ -38,6 +38,7 @@ mod detect;
 mod error;
 pub mod fallback;
 mod files;
+pub mod images;
 mod inner;
 mod pyfmt;
 mod request;

@@ -21,6 +21,7 @@ mod leaks;
 mod learn;
 mod limits;
 mod media;
+mod media_fleet;
 mod metrics;
 mod migration;
 mod openai_client;

@@ -26,15 +26,16 @@ use tokio::net::TcpListener;
 
 use crate::{config, post, Fake, MODEL};
 
-const PNG: &[u8] = include_bytes!("../../../media/tests/images/rgb.png");
-const OTHER_PNG: &[u8] = include_bytes!("../../../media/tests/images/gray.png");
+pub(crate) const PNG: &[u8] = include_bytes!("../../../media/tests/images/rgb.png");
+pub(crate) const OTHER_PNG: &[u8] = include_bytes!("../../../media/tests/images/gray.png");
 /// The placeholder token, and the tokens one image becomes.
-const IMAGE: u32 = 7;
-const IMAGE_TOKENS: u32 = 20;
+pub(crate) const IMAGE: u32 = 7;
+pub(crate) const IMAGE_TOKENS: u32 = 20;
 const BLOCK: usize = 16;
 
-/// Text as fallback tokens, each image part as [`IMAGE`].
-struct ImageTokenizer(ChatMedia);
+/// Text as fallback tokens, each image part as [`IMAGE`]; for the proxy and, with the
+/// same rendering, for sim-workers (`media_fleet`).
+pub(crate) struct ImageTokenizer(pub(crate) ChatMedia);
 
 impl Tokenize for ImageTokenizer {
     fn encode_chat(&self, body: &Value) -> Result<Vec<u32>, TokenizeError> {
@@ -73,7 +74,7 @@ async fn start(mut cfg: ProxyConfig, section: MediaSection) -> ServeHandle {
     serve(cfg, t).await.expect("proxy starts")
 }
 
-fn data_url(bytes: &[u8]) -> String {
+pub(crate) fn data_url(bytes: &[u8]) -> String {
     format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
@@ -81,7 +82,7 @@ fn data_url(bytes: &[u8]) -> String {
 const INTRO: &str = "Here is the picture the whole conversation is about, look at it: ";
 const ASK: &str = "What colours does it have, from the top left to the bottom right?";
 
-fn image_chat(url: &str, follow_up: bool) -> Value {
+pub(crate) fn image_chat(url: &str, follow_up: bool) -> Value {
     let mut messages = vec![json!({"role": "user", "content": [
         {"type": "text", "text": INTRO},
         {"type": "image_url", "image_url": {"url": url}},

@@ -19,10 +19,10 @@ const BS: usize = 4;
 
 /// One published message: `[topic, seq, payload]`.
 #[derive(Clone, Debug, PartialEq)]
-struct Frames {
+pub(crate) struct Frames {
     topic: Bytes,
     seq: u64,
-    payload: Bytes,
+    pub(crate) payload: Bytes,
 }
 
 fn frames(m: ZmqMessage) -> Frames {
@@ -54,7 +54,7 @@ async fn warm_up(w: &SimServerHandle, sub: &mut SubSocket) -> Frames {
 
 /// Asks the replay socket for every batch from `start`; returns them and checks the
 /// end marker.
-async fn replay(w: &SimServerHandle, start: u64) -> Vec<Frames> {
+pub(crate) async fn replay(w: &SimServerHandle, start: u64) -> Vec<Frames> {
     let mut dealer = DealerSocket::new();
     bounded(dealer.connect(&w.replay_endpoint().expect("replay enabled"))).await.expect("DEALER connects");
     let req = ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())]).expect("frames");
@@ -73,18 +73,18 @@ async fn replay(w: &SimServerHandle, start: u64) -> Vec<Frames> {
     }
 }
 
-fn decode(payload: &[u8]) -> Value {
+pub(crate) fn decode(payload: &[u8]) -> Value {
     let mut rd = payload;
     let v = rmpv::decode::read_value(&mut rd).expect("payload is msgpack");
     assert!(rd.is_empty(), "one value per payload");
     v
 }
 
-fn field<'a>(event: &'a [(Value, Value)], key: &str) -> &'a Value {
+pub(crate) fn field<'a>(event: &'a [(Value, Value)], key: &str) -> &'a Value {
     &event.iter().find(|(k, _)| k.as_str() == Some(key)).unwrap_or_else(|| panic!("no {key} in {event:?}")).1
 }
 
-fn u64s(v: &Value) -> Vec<u64> {
+pub(crate) fn u64s(v: &Value) -> Vec<u64> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("unsigned int")).collect()
 }
 

@@ -5,6 +5,7 @@ mod api;
 mod disagg;
 mod endpoints;
 mod events;
+mod images;
 mod info;
 mod preprocess;
 mod support;

@@ -72,7 +72,9 @@ impl Req {
             for (k, slot) in buf[..bs as usize].iter_mut().enumerate() {
                 *slot = self.token_at(start + k as u64);
             }
-            let local = local_hash(&buf[..bs as usize], &[], self.prompt.seed());
+            // Only the block holding the prompt's tail can overlap an image.
+            let extra = if i == pb { self.prompt.tail_extra_keys() } else { &[] };
+            let local = local_hash(&buf[..bs as usize], extra, self.prompt.seed());
             let seq = if i == 0 { SeqHash(local.0) } else { chain(self.block_hash(i - 1).seq, local) };
             self.gen_hashes.push(BlockHash { seq, local });
         }
