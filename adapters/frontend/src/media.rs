@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use kvroute_media::{ImageModel, ImagePart, Limits, MediaConfig, MediaError, ResolvedImage};
+use kvroute_media::{Algorithm, ImageModel, ImagePart, Limits, MediaConfig, MediaError, ResolvedImage};
 use kvroute_tokenize::images::ImagePartError;
 use router_core::MediaItems;
 use serde::Deserialize;
@@ -46,6 +46,9 @@ pub struct MediaSection {
     pub fetch_bytes_max: usize,
     /// Time one fetch may take, in ms (default 5,000); slower gets 400.
     pub fetch_timeout_ms: u64,
+    /// The engines' `--mm-hasher-algorithm`: `blake3` (default, vLLM's), `sha256` or
+    /// `sha512`. An image's identifier is its digest, so it must match the engines'.
+    pub hasher_algorithm: String,
 }
 
 impl Default for MediaSection {
@@ -56,6 +59,7 @@ impl Default for MediaSection {
             url_allow: Vec::new(),
             fetch_bytes_max: 20 << 20,
             fetch_timeout_ms: 5_000,
+            hasher_algorithm: "blake3".into(),
         }
     }
 }
@@ -71,6 +75,10 @@ impl MediaSection {
                 "media".into(),
                 "image_bytes_max, fetch_bytes_max and fetch_timeout_ms must be above 0".into(),
             ));
+        }
+        if Algorithm::from_name(&self.hasher_algorithm).is_none() {
+            let why = format!("{:?} is not one of blake3, sha256, sha512", self.hasher_algorithm);
+            return Err(("media.hasher_algorithm".into(), why));
         }
         for (i, p) in self.url_allow.iter().enumerate() {
             fetch::Prefix::parse(p).map_err(|why| (format!("media.url_allow[{i}]"), why))?;
@@ -97,7 +105,8 @@ impl ChatMedia {
         let limits = Limits { bytes_max: section.image_bytes_max, items_max: section.items_max, ..Limits::default() };
         let config = MediaConfig {
             model_id: engine_model_id.to_owned(),
-            algorithm: Default::default(),
+            // `check` refused any other name.
+            algorithm: Algorithm::from_name(&section.hasher_algorithm).unwrap_or_default(),
             io: Default::default(),
             rule: model.rule,
             limits,

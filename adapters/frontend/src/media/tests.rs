@@ -97,3 +97,16 @@ fn allow_list_prefixes() {
     assert_eq!(bad.check().unwrap_err().0, "media.url_allow[0]");
     assert!(MediaSection { items_max: 0, ..MediaSection::default() }.check().is_err());
 }
+
+#[test]
+fn the_identifier_is_the_configured_digest() {
+    let body = chat(json!([{"type": "image_url", "image_url": {"url": data_url(PNG)}}]));
+    let id = |name: &str| {
+        let section = MediaSection { hasher_algorithm: name.into(), ..MediaSection::default() };
+        section.check().map(|()| resolve(&llava(&section), &body, &[]).unwrap()[0].identifier.clone())
+    };
+    let (blake3, sha256, sha512) = (id("blake3").unwrap(), id("sha256").unwrap(), id("sha512").unwrap());
+    assert_eq!(blake3, id(&MediaSection::default().hasher_algorithm).unwrap());
+    assert!(blake3 != sha256 && sha256 != sha512, "{blake3} {sha256} {sha512}");
+    assert_eq!(id("md5").unwrap_err().0, "media.hasher_algorithm");
+}
