@@ -37,6 +37,9 @@ import words  # noqa: E402
 
 REPO = HERE.parents[1]
 KVROUTE_DEFAULT = ("kv", "round-robin")
+# kvroute settings that are not a mode: `kv` with sessions placed by the cost alone
+# (`affinity_mode = "cost"`: a session header binds nothing, the session follows).
+KV_VARIANTS = {"kv-aff-cost": ("kv", ['affinity_mode = "cost"'])}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
 # blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
@@ -77,7 +80,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="a small workload and 1 round: a smoke run")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--routers", default="kv,round-robin," + ",".join(fleet.PEERS),
-                   help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...) and peers "
+                   help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...), kv-aff-cost "
+                        "(kv, sessions placed by the cost alone) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
@@ -165,7 +169,9 @@ def start_router(name, args, workers, log_dir):
     if name in fleet.PEERS:
         return fleet.start_peer(name, workers, log_dir)
     sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if args.workload == "multimodal" else ()
-    return fleet.start_kvroute(str(args.kvroute), name, workers, log_dir, sections=sections)
+    mode, extra = KV_VARIANTS.get(name, (name, []))
+    return fleet.start_kvroute(str(args.kvroute), mode, workers, log_dir, name=f"kvroute-{name}",
+                               router_extra=extra, sections=sections)
 
 
 def run_one(name, args, the_fleet, reqs, bodies, log_dir):
