@@ -220,6 +220,18 @@ pub fn json_response<B: From<Bytes>>(status: StatusCode, v: &Value) -> Response<
     resp
 }
 
+/// An error and its causes, for messages.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

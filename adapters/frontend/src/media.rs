@@ -10,7 +10,7 @@
 //! not name. Bad images are 400 (413 when too large), never a fallback: the engine
 //! would refuse them too.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -39,9 +39,13 @@ pub struct MediaSection {
     pub items_max: usize,
     /// Largest image, decoded, in bytes (default 20 MiB); larger gets 413.
     pub image_bytes_max: usize,
-    /// `http://` URL prefixes, each naming its host and ending in a path with a `/`, that
-    /// image parts may point to (default none: only `data:` URLs and `uuid`s).
+    /// `http://` or `https://` URL prefixes, each naming its host and ending in a path
+    /// with a `/`, that image parts may point to (default none: only `data:` URLs and
+    /// `uuid`s).
     pub url_allow: Vec<String>,
+    /// A PEM bundle of the roots that `https` image hosts are verified against (default
+    /// the system's).
+    pub ca_path: Option<PathBuf>,
     /// Largest fetched image, in bytes (default 20 MiB); larger gets 413.
     pub fetch_bytes_max: usize,
     /// Time one fetch may take, in ms (default 5,000); slower gets 400.
@@ -57,6 +61,7 @@ impl Default for MediaSection {
             items_max: 16,
             image_bytes_max: 20 << 20,
             url_allow: Vec::new(),
+            ca_path: None,
             fetch_bytes_max: 20 << 20,
             fetch_timeout_ms: 5_000,
             hasher_algorithm: "blake3".into(),
@@ -79,6 +84,9 @@ impl MediaSection {
         if Algorithm::from_name(&self.hasher_algorithm).is_none() {
             let why = format!("{:?} is not one of blake3, sha256, sha512", self.hasher_algorithm);
             return Err(("media.hasher_algorithm".into(), why));
+        }
+        if let Some(p) = &self.ca_path {
+            crate::tls::client_config(Some(p)).map_err(|e| ("media.ca_path".to_string(), e.to_string()))?;
         }
         for (i, p) in self.url_allow.iter().enumerate() {
             fetch::Prefix::parse(p).map_err(|why| (format!("media.url_allow[{i}]"), why))?;

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::HeaderMap;
 use http_body_util::Full;
+pub(crate) use kvroute_frontend::error::error_chain;
 use kvroute_frontend::otel::RequestTrace;
 pub(crate) use kvroute_frontend::shape::BodyShape;
 use router_core::{Request, WorkerKey};
@@ -78,16 +79,4 @@ pub(crate) fn upstream_request_to(
     let mut req = http::Request::post(uri).body(Full::new(body)).map_err(|e| ApiError::upstream(e.to_string()))?;
     *req.headers_mut() = headers;
     Ok(req)
-}
-
-/// An error and its causes, for messages.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

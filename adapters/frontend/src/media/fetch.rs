@@ -1,6 +1,7 @@
-//! Fetching an image the operator allowed: `http://` only, under a prefix of
-//! `[media] url_allow` (same host and port, path under the prefix's), one GET with no
-//! redirect followed, bounded in bytes and time. Nothing else is ever fetched.
+//! Fetching an image the operator allowed: under a prefix of `[media] url_allow` (same
+//! scheme, `http` or `https`, same host and port, path under the prefix's), one GET with
+//! no redirect followed, bounded in bytes and time. Nothing else is ever fetched. An
+//! `https` host is verified against `[media] ca_path`, else the system's roots.
 
 use std::time::Duration;
 
@@ -13,21 +14,25 @@ use kvroute_media::MediaError;
 
 use super::MediaSection;
 use crate::error::ApiError;
+use crate::tls::{client_config, https_connector, HttpsConnector};
 
-/// One allowed prefix: an authority and a path prefix ending in `/`.
+/// One allowed prefix: a scheme, an authority and a path prefix ending in `/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Prefix {
+    https: bool,
     authority: String,
     path: String,
 }
 
 impl Prefix {
-    /// `http://host[:port]/path/`; anything else says why not.
+    /// `http(s)://host[:port]/path/`; anything else says why not.
     pub(super) fn parse(s: &str) -> Result<Self, String> {
         let uri: Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(format!("{s:?}: only http:// prefixes can be fetched"));
-        }
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("{s:?}: only http:// and https:// prefixes can be fetched")),
+        };
         let authority = uri.authority().ok_or_else(|| format!("{s:?} names no host"))?;
         if authority.as_str().contains('@') {
             return Err(format!("{s:?}: user info is not allowed"));
@@ -36,12 +41,12 @@ impl Prefix {
         if !path.ends_with('/') || uri.query().is_some() || !s.ends_with('/') {
             return Err(format!("{s:?} must end its path with '/' (and have no query)"));
         }
-        Ok(Prefix { authority: authority.as_str().to_ascii_lowercase(), path: path.to_owned() })
+        Ok(Prefix { https, authority: authority.as_str().to_ascii_lowercase(), path: path.to_owned() })
     }
 
     fn allows(&self, uri: &Uri) -> bool {
         let authority = uri.authority().map(|a| a.as_str().to_ascii_lowercase());
-        uri.scheme_str() == Some("http")
+        uri.scheme_str() == Some(if self.https { "https" } else { "http" })
             && authority.as_deref() == Some(self.authority.as_str())
             && uri.path().starts_with(&self.path)
             && !uri.path().split('/').any(|seg| seg == "..")
@@ -54,7 +59,9 @@ pub struct Fetcher {
     allow: Vec<Prefix>,
     bytes_max: usize,
     timeout: Duration,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    /// The client, or why TLS could not be set up (the configuration check refuses
+    /// that, so a fetcher without one is never serving).
+    client: Result<Client<HttpsConnector, Empty<Bytes>>, String>,
 }
 
 impl Fetcher {
@@ -63,11 +70,14 @@ impl Fetcher {
     pub fn new(section: &MediaSection) -> Self {
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(Duration::from_millis(section.fetch_timeout_ms)));
+        let client = client_config(section.ca_path.as_deref())
+            .map_err(|e| e.to_string())
+            .map(|tls| Client::builder(hyper_util::rt::TokioExecutor::new()).build(https_connector(conn, &tls)));
         Fetcher {
             allow: section.url_allow.iter().filter_map(|p| Prefix::parse(p).ok()).collect(),
             bytes_max: section.fetch_bytes_max,
             timeout: Duration::from_millis(section.fetch_timeout_ms),
-            client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(conn),
+            client,
         }
     }
 
@@ -90,7 +100,8 @@ impl Fetcher {
     }
 
     async fn get(&self, uri: Uri) -> Result<Bytes, ApiError> {
-        let resp = self.client.get(uri).await.map_err(|e| ApiError::image_fetch(e.to_string()))?;
+        let client = self.client.as_ref().map_err(|e| ApiError::image_fetch(e.clone()))?;
+        let resp = client.get(uri).await.map_err(|e| ApiError::image_fetch(crate::error::error_chain(&e)))?;
         if resp.status() != StatusCode::OK {
             return Err(ApiError::image_fetch(format!("status {}", resp.status())));
         }

@@ -74,13 +74,15 @@ fn placeholders_expand_into_media_items() {
 
 #[test]
 fn allow_list_prefixes() {
-    for bad in ["https://a/", "http://a", "http://a/x", "http://u@a/", "http://a/?q=1", "ftp://a/", "a/"] {
+    for bad in ["http://a", "https://a/x", "http://u@a/", "http://a/?q=1", "ftp://a/", "file:///a/", "a/"] {
         assert!(fetch::Prefix::parse(bad).is_err(), "{bad}");
     }
-    let section = MediaSection { url_allow: vec!["http://img.local:8000/pub/".into()], ..MediaSection::default() };
+    let url_allow = vec!["http://img.local:8000/pub/".into(), "https://cdn.local/s/".into()];
+    let section = MediaSection { url_allow, ..MediaSection::default() };
     assert_eq!(section.check(), Ok(()));
     let f = Fetcher::new(&section);
-    for ok in ["http://img.local:8000/pub/a.png", "http://IMG.local:8000/pub/x/y.jpg?v=2"] {
+    for ok in ["http://img.local:8000/pub/a.png", "http://IMG.local:8000/pub/x/y.jpg?v=2", "https://cdn.local/s/a.png"]
+    {
         assert!(f.allows(ok), "{ok}");
     }
     for no in [
@@ -90,12 +92,16 @@ fn allow_list_prefixes() {
         "http://img.local:8000@evil/pub/a.png",
         "https://img.local:8000/pub/a.png",
         "http://img.local:8000/pub/../admin",
+        "http://cdn.local/s/a.png",
+        "https://cdn.local:8443/s/a.png",
     ] {
         assert!(!f.allows(no), "{no}");
     }
     let bad = MediaSection { url_allow: vec!["http://a".into()], ..MediaSection::default() };
     assert_eq!(bad.check().unwrap_err().0, "media.url_allow[0]");
     assert!(MediaSection { items_max: 0, ..MediaSection::default() }.check().is_err());
+    let no_ca = MediaSection { ca_path: Some("no/such/ca.pem".into()), ..MediaSection::default() };
+    assert_eq!(no_ca.check().unwrap_err().0, "media.ca_path");
 }
 
 #[test]

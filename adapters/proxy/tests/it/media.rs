@@ -169,6 +169,24 @@ async fn bad_images_are_client_errors() {
 /// An image server: `/pub/a.png` (the PNG), `/pub/big.png` (too large), `/pub/moved`
 /// (a redirect to the PNG), anything else 404.
 async fn image_server() -> SocketAddr {
+    serve_images(None).await
+}
+
+/// [`image_server`] over TLS, with a certificate for 127.0.0.1: its address and the
+/// certificate's PEM.
+async fn tls_image_server() -> (SocketAddr, String) {
+    let c = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(c.signing_key.serialize_der()).unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![c.cert.der().clone()], key)
+        .unwrap();
+    (serve_images(Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))).await, c.cert.pem())
+}
+
+async fn serve_images(tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -184,7 +202,16 @@ async fn image_server() -> SocketAddr {
                 Ok::<_, Infallible>(resp.body(Full::new(body)).unwrap())
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            tokio::spawn(async move { builder.serve_connection(TokioIo::new(stream), svc).await });
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                match tls {
+                    None => builder.serve_connection(TokioIo::new(stream), svc).await,
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(s) => builder.serve_connection(TokioIo::new(s), svc).await,
+                        Err(e) => Err(e.into()),
+                    },
+                }
+            });
         }
     });
     addr
@@ -213,4 +240,33 @@ async fn allowed_http_images_are_fetched_and_hash_as_their_bytes() {
     check_refused(addr, &fake, &url("/pub/missing.png"), 400, "image_fetch_failed").await;
     check_refused(addr, &fake, &url("/pub/moved"), 400, "image_fetch_failed").await;
     check_refused(addr, &fake, &url("/private/a.png"), 400, "image_url_not_allowed").await;
+}
+
+/// An allowed `https` image is fetched from a host verified against `[media] ca_path`,
+/// and hashes as the same bytes sent inline; a host that the roots do not vouch for is
+/// a fetch failure, never a fetch.
+#[tokio::test]
+async fn allowed_https_images_are_fetched_from_verified_hosts() {
+    let (images, cert_pem) = tls_image_server().await;
+    let ca = std::env::temp_dir().join(format!("kvroute-media-ca-{}-{}.pem", std::process::id(), images.port()));
+    std::fs::write(&ca, cert_pem).unwrap();
+    let fake = Fake::start(&[MODEL]).await;
+    let url_allow = vec![format!("https://{images}/pub/")];
+    let section = MediaSection { url_allow: url_allow.clone(), ca_path: Some(ca.clone()), ..MediaSection::default() };
+    assert_eq!(section.check(), Ok(()));
+    let p = start(config(&[(1, fake.addr)]), section).await;
+    let addr = p.local_addr();
+    let first = image_chat(&data_url(PNG), false);
+    let (_, _, first_blocks, _) = preview(addr, &first, 1).await;
+    let served = post(addr, "/v1/chat/completions", &[("x-worker-id", "1")], &first).await;
+    assert_eq!(served.status, 200, "{}", served.text());
+    let fetched = image_chat(&format!("https://{images}/pub/a.png"), true);
+    let (_, overlap, ..) = preview(addr, &fetched, 1).await;
+    assert_eq!(overlap, first_blocks, "the fetched image's bytes hash as the data URL's");
+    check_refused(addr, &fake, &image_chat(&format!("http://{images}/pub/a.png"), false), 400, "image_url_not_allowed")
+        .await;
+    // The system's roots do not vouch for the test's certificate.
+    let untrusted = start(config(&[(1, fake.addr)]), MediaSection { url_allow, ..MediaSection::default() }).await;
+    check_refused(untrusted.local_addr(), &fake, &fetched, 400, "image_fetch_failed").await;
+    let _ = std::fs::remove_file(ca);
 }
