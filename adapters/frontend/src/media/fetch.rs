@@ -3,6 +3,8 @@
 //! no redirect followed, bounded in bytes and time. Nothing else is ever fetched. An
 //! `https` host is verified against `[media] ca_path`, else the system's roots.
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,26 +61,33 @@ pub struct Fetcher {
     allow: Vec<Prefix>,
     bytes_max: usize,
     timeout: Duration,
-    /// The client, or why TLS could not be set up (the configuration check refuses
-    /// that, so a fetcher without one is never serving).
-    client: Result<Client<HttpsConnector, Empty<Bytes>>, String>,
+    ca_path: Option<PathBuf>,
+    /// The client, made at the first fetch (most routers never fetch), or why TLS could
+    /// not be set up (the configuration check refuses that, so it never happens serving).
+    client: OnceLock<Result<Client<HttpsConnector, Empty<Bytes>>, String>>,
 }
 
 impl Fetcher {
     /// A fetcher for `section`'s prefixes and limits; prefixes that do not parse (which
     /// the configuration check refuses) allow nothing.
     pub fn new(section: &MediaSection) -> Self {
-        let mut conn = HttpConnector::new();
-        conn.set_connect_timeout(Some(Duration::from_millis(section.fetch_timeout_ms)));
-        let client = client_config(section.ca_path.as_deref())
-            .map_err(|e| e.to_string())
-            .map(|tls| Client::builder(hyper_util::rt::TokioExecutor::new()).build(https_connector(conn, &tls)));
         Fetcher {
             allow: section.url_allow.iter().filter_map(|p| Prefix::parse(p).ok()).collect(),
             bytes_max: section.fetch_bytes_max,
             timeout: Duration::from_millis(section.fetch_timeout_ms),
-            client,
+            ca_path: section.ca_path.clone(),
+            client: OnceLock::new(),
         }
+    }
+
+    fn client(&self) -> Result<&Client<HttpsConnector, Empty<Bytes>>, ApiError> {
+        let made = self.client.get_or_init(|| {
+            let mut conn = HttpConnector::new();
+            conn.set_connect_timeout(Some(self.timeout));
+            let tls = client_config(self.ca_path.as_deref()).map_err(|e| e.to_string())?;
+            Ok(Client::builder(hyper_util::rt::TokioExecutor::new()).build(https_connector(conn, &tls)))
+        });
+        made.as_ref().map_err(|e| ApiError::image_fetch(e.clone()))
     }
 
     /// Whether `url` may be fetched.
@@ -100,8 +109,7 @@ impl Fetcher {
     }
 
     async fn get(&self, uri: Uri) -> Result<Bytes, ApiError> {
-        let client = self.client.as_ref().map_err(|e| ApiError::image_fetch(e.clone()))?;
-        let resp = client.get(uri).await.map_err(|e| ApiError::image_fetch(crate::error::error_chain(&e)))?;
+        let resp = self.client()?.get(uri).await.map_err(|e| ApiError::image_fetch(crate::error::error_chain(&e)))?;
         if resp.status() != StatusCode::OK {
             return Err(ApiError::image_fetch(format!("status {}", resp.status())));
         }
