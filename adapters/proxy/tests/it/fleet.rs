@@ -10,6 +10,18 @@ use serde_json::json;
 
 use super::*;
 
+/// The configs of `workers`, ids from `first_id`, each with its KV event streams.
+pub(super) fn sim_worker_configs(workers: &[SimServerHandle], first_id: usize) -> Vec<WorkerConfig> {
+    let config = |(i, w): (usize, &SimServerHandle)| {
+        serde_json::from_value(json!({
+            "id": first_id + i, "url": w.base_url(), "model": MODEL,
+            "kv_events": w.events_endpoint(), "kv_events_replay": w.replay_endpoint(),
+        }))
+        .unwrap()
+    };
+    workers.iter().enumerate().map(config).collect()
+}
+
 async fn sim_worker() -> SimServerHandle {
     let cfg = SimServerConfig {
         model: MODEL.into(),
@@ -32,17 +44,7 @@ async fn kv_events_from_sim_workers_steer_routing() {
     cfg.router.mode = RouterMode::Kv;
     // No predictions: only the workers' own events can tell the router where blocks are.
     cfg.router.approximate = false;
-    cfg.workers = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            serde_json::from_value(json!({
-                "id": i, "url": w.base_url(), "model": MODEL,
-                "kv_events": w.events_endpoint(), "kv_events_replay": w.replay_endpoint(),
-            }))
-            .unwrap()
-        })
-        .collect();
+    cfg.workers = sim_worker_configs(&workers, 0);
     let proxy = start(cfg.clone()).await;
     let driver = proxy.driver(MODEL).expect("the model's driver");
     for id in 0..3 {

@@ -217,6 +217,20 @@ async fn serve_images(tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
     addr
 }
 
+/// The PNG sent inline goes to worker 1; the follow-up naming it by `url` then
+/// previews every block of the first turn there, since the fetched bytes hash as the
+/// inline ones. Returns that follow-up.
+async fn check_fetched_hashes_as_inline(addr: SocketAddr, url: &str) -> Value {
+    let first = image_chat(&data_url(PNG), false);
+    let (_, _, first_blocks, _) = preview(addr, &first, 1).await;
+    let served = post(addr, "/v1/chat/completions", &[("x-worker-id", "1")], &first).await;
+    assert_eq!(served.status, 200, "{}", served.text());
+    let fetched = image_chat(url, true);
+    let (_, overlap, ..) = preview(addr, &fetched, 1).await;
+    assert_eq!(overlap, first_blocks, "the fetched image's bytes hash as the data URL's");
+    fetched
+}
+
 #[tokio::test]
 async fn allowed_http_images_are_fetched_and_hash_as_their_bytes() {
     let images = image_server().await;
@@ -228,13 +242,7 @@ async fn allowed_http_images_are_fetched_and_hash_as_their_bytes() {
     };
     let p = start(config(&[(1, fake.addr)]), section).await;
     let addr = p.local_addr();
-    let first = image_chat(&data_url(PNG), false);
-    let (_, _, first_blocks, _) = preview(addr, &first, 1).await;
-    let served = post(addr, "/v1/chat/completions", &[("x-worker-id", "1")], &first).await;
-    assert_eq!(served.status, 200, "{}", served.text());
-    let fetched = image_chat(&format!("http://{images}/pub/a.png"), true);
-    let (_, overlap, ..) = preview(addr, &fetched, 1).await;
-    assert_eq!(overlap, first_blocks, "the fetched image's bytes hash as the data URL's");
+    check_fetched_hashes_as_inline(addr, &format!("http://{images}/pub/a.png")).await;
     let url = |path: &str| image_chat(&format!("http://{images}{path}"), false);
     check_refused(addr, &fake, &url("/pub/big.png"), 413, "image_too_large").await;
     check_refused(addr, &fake, &url("/pub/missing.png"), 400, "image_fetch_failed").await;
@@ -256,13 +264,7 @@ async fn allowed_https_images_are_fetched_from_verified_hosts() {
     assert_eq!(section.check(), Ok(()));
     let p = start(config(&[(1, fake.addr)]), section).await;
     let addr = p.local_addr();
-    let first = image_chat(&data_url(PNG), false);
-    let (_, _, first_blocks, _) = preview(addr, &first, 1).await;
-    let served = post(addr, "/v1/chat/completions", &[("x-worker-id", "1")], &first).await;
-    assert_eq!(served.status, 200, "{}", served.text());
-    let fetched = image_chat(&format!("https://{images}/pub/a.png"), true);
-    let (_, overlap, ..) = preview(addr, &fetched, 1).await;
-    assert_eq!(overlap, first_blocks, "the fetched image's bytes hash as the data URL's");
+    let fetched = check_fetched_hashes_as_inline(addr, &format!("https://{images}/pub/a.png")).await;
     check_refused(addr, &fake, &image_chat(&format!("http://{images}/pub/a.png"), false), 400, "image_url_not_allowed")
         .await;
     // The system's roots do not vouch for the test's certificate.

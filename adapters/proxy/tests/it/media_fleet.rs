@@ -19,7 +19,7 @@ use kvroute_proxy::media::{ChatMedia, MediaSection};
 use kvroute_proxy::tokenize::Tokenize;
 use kvroute_proxy::{serve, ServeHandle, Tokenizers};
 use kvroute_sim_server::{EngineConfig, PromptTokenizer, SimMedia, SimServerConfig, SimServerHandle};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::media::{data_url, image_chat, ImageTokenizer, IMAGE, IMAGE_TOKENS, OTHER_PNG, PNG};
 use super::*;
@@ -67,17 +67,7 @@ async fn proxy(workers: &[SimServerHandle]) -> ServeHandle {
     cfg.router.mode = router_core::RouterMode::Kv;
     // No predictions: only the workers' events tell the router where images are.
     cfg.router.approximate = false;
-    cfg.workers = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            serde_json::from_value(json!({
-                "id": i + 1, "url": w.base_url(), "model": MODEL,
-                "kv_events": w.events_endpoint(), "kv_events_replay": w.replay_endpoint(),
-            }))
-            .unwrap()
-        })
-        .collect();
+    cfg.workers = super::fleet::sim_worker_configs(workers, 1);
     let mut t = Tokenizers::new();
     t.insert(MODEL, Arc::new(ImageTokenizer(chat_media())));
     serve(cfg, t).await.expect("proxy starts")
