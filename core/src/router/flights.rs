@@ -31,6 +31,9 @@ pub(super) enum Hold {
     Init(InitToken),
     /// A lease, and the binding revision it was taken on.
     Lease(LeaseId, u64),
+    /// A preview's borrowed slot, which holds nothing: true when the session it asks
+    /// about has no binding yet, so the preview places as its first request would.
+    Preview(bool),
 }
 
 /// Where a flight is in its life.
@@ -96,7 +99,7 @@ impl Router {
             State::New => {}
         }
         match f.hold {
-            Hold::None => {}
+            Hold::None | Hold::Preview(_) => {}
             Hold::Init(token) => {
                 // A held token is live: only this flight's commit or abort ends it.
                 let aborted = self.affinity.abort(token);

@@ -55,7 +55,8 @@ impl Router {
         let fk = FlightKey::new(req.id, phase);
         // The pipeline reads the request from the flight table; a preview borrows a slot
         // there for the duration of the call and always gives it back.
-        let saved = self.flights.insert(fk, Flight { req: req.clone(), draw, state: State::New, hold: Hold::None });
+        let hold = Hold::Preview(req.session.is_some() && binding.is_none());
+        let saved = self.flights.insert(fk, Flight { req: req.clone(), draw, state: State::New, hold });
         let binding = self.placing(fk, binding);
         let out = self.place(now, fk, binding, false);
         self.flights.remove(&fk);
@@ -198,6 +199,13 @@ impl Router {
         let req = &flight.req;
         let mut draw = flight.draw;
         let phase = fk.phase;
+        // The first request of a session places every later one (a preview of it too).
+        let starts_session = req.session.is_some()
+            && match flight.hold {
+                Hold::Init(_) => true,
+                Hold::Preview(unbound) => unbound,
+                Hold::None | Hold::Lease(..) => false,
+            };
         let affinity = binding.map(|b| AffinityPin { worker: b.worker, rank: b.rank });
         let direct = self.cfg.mode == RouterMode::Direct;
         let pin =
@@ -278,10 +286,14 @@ impl Router {
         for c in &mut candidates {
             c.prefix_best_blocks = best;
         }
+        let mut cost = self.cfg.cost.with(&req.cost);
+        if starts_session {
+            cost.ttft = cost.ttft.session_start();
+        }
         let sreq = SelectRequest {
             mode: self.cfg.mode,
             phase,
-            cost: self.cfg.cost.with(&req.cost),
+            cost,
             isl_tokens: req.isl_tokens,
             block_size: self.cfg.block_size,
             expected_output_blocks: expected_blocks(req.expected_output_tokens, bs),

@@ -2,6 +2,7 @@
 //! the global invariants after every step.
 
 mod contract;
+mod session_start;
 
 use alloc::vec;
 use alloc::vec::Vec;

@@ -1,0 +1,70 @@
+//! A session's first request places every later one, so it weighs decode load more and a
+//! shared prompt's holder less than a request that binds nothing.
+
+use alloc::vec::Vec;
+
+use super::*;
+use crate::hash::{BlockHash, LocalHash};
+
+const SHARED_BLOCKS: u64 = 32;
+
+/// Two workers: worker 0 holds a 32-block shared prompt and decodes `busy` requests
+/// pinned there (16 blocks each, 128 output tokens); worker 1 is empty.
+fn fleet(busy: u64) -> Router {
+    let mut r = router(RouterMode::Kv, 2);
+    let blocks: Vec<BlockHash> =
+        (1..=SHARED_BLOCKS).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
+    let stored = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
+    r.handle_kv_event(T0, WorkerKey::new(0, 0), stored).unwrap();
+    for i in 0..busy {
+        let own: Vec<u64> = (0..16).map(|b| 10_000 + i * 100 + b).collect();
+        let mut q = req(1_000 + i, &own);
+        q.hints.decode_worker_id = Some(WorkerId(0));
+        q.expected_output_tokens = Some(128);
+        let d = routed(r.handle_request(T0, q, Draw(0)));
+        r.handle_dispatched(T0, d.id, d.phase).unwrap();
+        r.handle_prefill_done(T0, d.id, d.phase).unwrap();
+    }
+    r
+}
+
+/// The shared prompt plus two blocks of its own, in `session` if one is given.
+fn asking(id: u64, session: Option<&[u8]>) -> Request {
+    let blocks: Vec<u64> = (1..=SHARED_BLOCKS + 2).collect();
+    Request { session: session.map(<[u8]>::to_vec), expected_output_tokens: Some(128), ..req(id, &blocks) }
+}
+
+/// With `busy` requests decoding on the prompt's holder, where a request in a new
+/// session goes (the preview agrees), and where one that binds nothing goes.
+fn check(busy: u64, want_new_session: u64, want_no_session: u64) {
+    let mut r = fleet(busy);
+    let look = |q: Request| Request { preview: true, ..q };
+    let preview = routed(r.handle_request(T0, look(asking(1, Some(b"new"))), Draw(0)));
+    let plain = routed(r.handle_request(T0, look(asking(2, None)), Draw(0)));
+    let started = routed(r.handle_request(T0, asking(1, Some(b"new")), Draw(0)));
+    let got = (preview.target.worker.0, started.target.worker.0, plain.target.worker.0);
+    assert_eq!(got, (want_new_session, want_new_session, want_no_session), "{busy} busy: (preview, new session, none)");
+    invariants(&r);
+}
+
+#[test]
+fn a_new_session_weighs_the_decode_it_brings_over_a_shared_prompt() {
+    // Idle holder: the prompt's cache wins either way.
+    check(0, 0, 0);
+    check(5, 0, 0);
+    // A holder decoding a few more: a session's later requests would decode there too,
+    // so it starts on the empty worker; a one-off request still takes the cache.
+    check(6, 1, 0);
+    check(40, 1, 0);
+}
+
+#[test]
+fn a_bound_session_stays_where_its_start_put_it() {
+    let mut r = fleet(6);
+    let first = routed(r.handle_request(T0, asking(1, Some(b"s")), Draw(0)));
+    r.handle_dispatched(T0, first.id, first.phase).unwrap();
+    r.handle_finished(T0, first.id, first.phase).unwrap();
+    let next = routed(r.handle_request(T0, asking(2, Some(b"s")), Draw(0)));
+    assert_eq!((first.target.worker.0, next.target.worker.0), (1, 1));
+    invariants(&r);
+}
