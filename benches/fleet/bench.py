@@ -182,6 +182,7 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
         before = {w.id: metrics.scrape(w.url) for w in the_fleet.workers}
         records, wall_s = loadgen.run(url, reqs, bodies, the_fleet.speedup)
         deltas = {w.id: metrics.delta(metrics.scrape(w.url), before[w.id]) for w in the_fleet.workers}
+        overhead = None if name in fleet.PEERS else metrics.overhead_us(url)
     finally:
         proc.stop()
         the_fleet.stop()
@@ -195,6 +196,8 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
                                  and r["ttft_s"] is not None else None for r in records]  # fmt: skip
     run["worker_requests"] = report.spread([per_worker[k]["requests"] for k in sorted(per_worker, key=int)])
     run["lateness_ms"] = report.lateness(records)
+    if overhead is not None:
+        run["router_overhead_us"] = overhead
     run["losses"] = losses(reqs, records)
     errors = [r["error"] for r in records if r["error"]]
     if errors:

@@ -29,6 +29,35 @@ def scrape(engine_url):
     return out
 
 
+OVERHEAD = "kvroute_routing_overhead_microseconds"
+
+
+def overhead_us(router_url):
+    """kvroute's own time per request before forwarding, by stage (parse, tokenize,
+    route, queue_wait): each stage's mean in microseconds over the requests it timed."""
+    status, text = http("GET", f"{router_url}/metrics", timeout=10.0)
+    if status != 200:
+        raise RuntimeError(f"{router_url}/metrics answered {status}")
+    return overhead_from(text)
+
+
+def overhead_from(text):
+    """`overhead_us` of a Prometheus text exposition."""
+    sums, counts = {}, {}
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if not m or not m.group(1).startswith(OVERHEAD):
+            continue
+        stage = re.search(r'stage="([^"]*)"', m.group(2) or "")
+        if stage is None:
+            continue
+        if m.group(1) == OVERHEAD + "_sum":
+            sums[stage.group(1)] = sums.get(stage.group(1), 0.0) + float(m.group(3))
+        elif m.group(1) == OVERHEAD + "_count":
+            counts[stage.group(1)] = counts.get(stage.group(1), 0.0) + float(m.group(3))
+    return {k: round(sums.get(k, 0.0) / n, 1) for k, n in sorted(counts.items()) if n}
+
+
 def delta(after, before):
     return {k: after[k] - before[k] for k in COUNTERS}
 

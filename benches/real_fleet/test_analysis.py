@@ -9,6 +9,7 @@ import unittest
 from types import SimpleNamespace
 
 import analysis
+import metrics
 import placement
 import stats
 
@@ -121,6 +122,22 @@ class Ceilings(unittest.TestCase):
         self.check(peer_hit=0.23, pooled=0.24, online=0.26, reachable=True)
         self.check(peer_hit=0.23, pooled=0.24, online=0.25, reachable=False)
         self.check(peer_hit=0.20, pooled=0.24, online=0.21, reachable=True)
+
+
+class RouterOverhead(unittest.TestCase):
+    def test_each_stage_is_its_sum_over_its_count_and_other_series_are_ignored(self):
+        text = "\n".join([
+            "# TYPE kvroute_routing_overhead_microseconds histogram",
+            'kvroute_routing_overhead_microseconds_bucket{stage="tokenize",le="100.0"} 3',
+            'kvroute_routing_overhead_microseconds_sum{stage="tokenize"} 5000.0',
+            'kvroute_routing_overhead_microseconds_count{stage="tokenize"} 4',
+            'kvroute_routing_overhead_microseconds_sum{stage="route"} 90.0',
+            'kvroute_routing_overhead_microseconds_count{stage="route"} 3',
+            'kvroute_routing_overhead_microseconds_sum{stage="queue_wait"} 0.0',
+            'kvroute_routing_overhead_microseconds_count{stage="queue_wait"} 0',
+            'kvroute_ttft_seconds_sum{model="m"} 7.0',
+        ])
+        self.assertEqual(metrics.overhead_from(text), {"route": 30.0, "tokenize": 1250.0})
 
 
 if __name__ == "__main__":

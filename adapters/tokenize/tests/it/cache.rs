@@ -116,3 +116,23 @@ fn next_turn_reuses_previous_pieces() {
         messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
     }
 }
+
+/// A tokenizer file that pads batches: loading drops its padding, so the pieces of a
+/// prompt, encoded as one batch, are never padded to the longest.
+#[test]
+fn a_padding_tokenizer_gets_unpadded_pieces() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tokenize-fixture-chatml-padded");
+    std::fs::create_dir_all(&dir).expect("create dir");
+    for f in ["tokenizer_config.json", "tokenizer.json"] {
+        std::fs::copy(fixture::chatml().dir.join(f), dir.join(f)).expect("copy fixture");
+    }
+    let path = dir.join("tokenizer.json");
+    let mut tj: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+    tj["padding"] = json!({"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": null,
+                           "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"});
+    std::fs::write(&path, tj.to_string()).expect("write");
+    let tok = tokenizer(&Model { dir }, 64, 0);
+    let text = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n";
+    check_same_ids(&tok, text);
+    assert!(tok.cache_stats().entries >= 3, "the text was cut into pieces");
+}
