@@ -40,13 +40,14 @@ TARGETS = {"hits": (1.0, ">="), "ttft_mean": (0.8, "<="), "ttft_p99": (0.8, "<="
 PEER = "text-tree"
 
 
-def traces(kind, load, seeds, vocab, out_dir):
-    """Writes the workload's trace per seed; returns their paths."""
+def traces(kind, load, seeds, vocab, out_dir, workers=8):
+    """Writes the workload's trace per seed, at the fleet benchmark's rate for `workers`;
+    returns their paths."""
     one = workloads.generate(workloads.Spec(kind=kind), vocab) if kind == "conversation" else None
     paths = []
     for i, seed in enumerate(seeds):
         reqs = one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab)
-        reqs = workloads.scaled(reqs, RATES[kind][load])
+        reqs = workloads.scaled(reqs, RATES[kind][load] * workers / 8)
         recs = with_sessions(reqs, workloads.to_mooncake(reqs, 64))
         if kind == "conversation" and i > 0:
             rng = random.Random(seed)
@@ -71,9 +72,10 @@ def with_sessions(reqs, recs):
     return [dict(rec, session_id=reqs[i].session) if reqs[i].session else rec for i, rec in zip(order, recs)]
 
 
-def sweep(binary, path, variants, router_seeds, sessions):
+def sweep(binary, path, variants, router_seeds, sessions, workers=8):
     """policy_sweep's run lines for one trace."""
     argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1", "--speedups", "1",
+            "--workers", str(workers),
             "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in map(json.loads, out.splitlines()) if "hits" in d]
@@ -101,6 +103,8 @@ def main():
     p.add_argument("--loads", default="busy,saturated")
     p.add_argument("--seeds", type=int, default=3, help="workload seeds (conversation: arrival jitters)")
     p.add_argument("--router-seeds", type=int, default=2)
+    p.add_argument("--workers", type=int, default=8, help="fleet size; the arrival rate scales with it, as "
+                   "in bench.py")  # fmt: skip
     p.add_argument("--sessions", action="store_true",
                    help="send agent programs' session ids (kvroute binds them hard unless a variant says aff=cost)")
     p.add_argument("--bin", default=str(HERE.parents[1] / "target/release/examples/policy_sweep"))
@@ -112,8 +116,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.workloads.split(","):
             for load in args.loads.split(","):
-                runs = [d for path in traces(kind, load, seeds, vocab, tmp)
-                        for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions)]  # fmt: skip
+                runs = [d for path in traces(kind, load, seeds, vocab, tmp, args.workers)
+                        for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions,
+                                       args.workers)]  # fmt: skip
                 report[f"{kind}/{load}"] = medians(runs)
     met = {}
     print(f"{'workload/load':24}{'variant':36}" + "".join(f"{f:>20}" for f in FIGURES) + f"{'busiest':>9}")
