@@ -11,7 +11,8 @@
 //! lengths ÷ 4 (the fleet benchmark's conversation workload), or `--trace FILE`.
 //! A variant is `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
-//! (session_decode_time_weight, at a session's first request), `memshare`
+//! (session_decode_time_weight, at a session's first request), `sret`
+//! (session_return_ms), `memshare`
 //! (memory_kv_share), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `work`,
 //! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
@@ -136,6 +137,7 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "dtw" => c.ttft.decode_time_weight = x,
             "dtmax" => c.ttft.decode_time_ms_max = x,
             "sdtw" => c.ttft.session_decode_time_weight = x,
+            "sret" => c.ttft.session_return_ms = x as u64,
             "memshare" => c.ttft.memory_kv_share = x,
             "out" => c.ttft.output_tokens_default = x as u32,
             "store" => c.ttft.store_ms_per_block = x,

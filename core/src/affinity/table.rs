@@ -326,6 +326,30 @@ impl AffinityTable {
         }
     }
 
+    /// Counts, per worker, the bindings of `phase` whose last lease was released within
+    /// `window_ms` before `now`: sessions between requests, likely to send the next one
+    /// soon. `out` is cleared first. Visits only those bindings (the idle set is ordered
+    /// by deadline, and a release sets the deadline `lease_ttl_ms` after it).
+    pub fn returning(&self, now: Instant, phase: Phase, window_ms: u64, out: &mut Vec<(WorkerId, u32)>) {
+        out.clear();
+        let since_us =
+            now.as_micros().saturating_add(self.cfg.lease_ttl_ms.saturating_sub(window_ms).saturating_mul(1000));
+        for &(_, _, idx) in self.idle.range((Instant::from_micros(since_us), 0, 0)..) {
+            let Some(Entry { phase: p, state: State::Bound { binding, .. }, .. }) =
+                self.slots.get(idx as usize).and_then(|s| s.entry.as_ref())
+            else {
+                continue;
+            };
+            if *p != phase {
+                continue;
+            }
+            match out.iter_mut().find(|(w, _)| *w == binding.worker) {
+                Some((_, n)) => *n += 1,
+                None => out.push((binding.worker, 1)),
+            }
+        }
+    }
+
     /// When `handle_timeout` next has work: the soonest idle deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.idle.first().map(|&(deadline, _, _)| deadline)

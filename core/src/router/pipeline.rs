@@ -282,6 +282,9 @@ impl Router {
                 Verdict::Excluded(_) => None,
             })
             .collect();
+        if starts_session {
+            self.count_returning(now, phase, &mut candidates);
+        }
         let best = candidates.iter().map(|c| c.overlap.device.max(c.inflight_prefix_blocks)).max().unwrap_or(0);
         for c in &mut candidates {
             c.prefix_best_blocks = best;
@@ -331,6 +334,22 @@ impl Router {
             explanation,
             preview: !commit,
         }))
+    }
+
+    /// Adds to each candidate's requests the sessions bound there whose last request
+    /// ended within `session_return_ms`: for a session's start, they are requests due.
+    fn count_returning(&self, now: Instant, phase: Phase, candidates: &mut [Candidate]) {
+        let window_ms = self.cfg.cost.ttft.session_return_ms;
+        if window_ms == 0 {
+            return;
+        }
+        let mut returning = Vec::new();
+        self.affinity.returning(now, phase, window_ms, &mut returning);
+        for c in candidates {
+            if let Some(&(_, n)) = returning.iter().find(|(w, _)| *w == c.key.worker) {
+                c.load.active_requests = c.load.active_requests.saturating_add(n);
+            }
+        }
     }
 
     fn enqueue(&mut self, now: Instant, fk: FlightKey, cached_tokens: u32) -> Result<Decision, RouteError> {

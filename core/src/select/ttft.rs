@@ -174,6 +174,12 @@ pub struct TtftWeights {
     /// the busiest worker at 2.2× the mean and end-to-end time 11% above 1.0's (742 ms
     /// against 665); on 8 workers 1.0 costs under 2%.
     pub session_decode_time_weight: f64,
+    /// How recently a session's last request must have ended for a placement that starts
+    /// a session to count it as a request on its worker, ms: a session between calls (an
+    /// agent program waiting on a tool) will send its next one there, and a start that
+    /// sees only the requests in flight piles new sessions onto workers whose sessions
+    /// happen to be between calls. 0 counts none. Default 10,000.
+    pub session_return_ms: u64,
 }
 
 impl Default for TtftWeights {
@@ -191,6 +197,7 @@ impl Default for TtftWeights {
             keep_ms_per_block: KEEP_MS,
             keep_ms_max: KEEP_MS_MAX,
             session_decode_time_weight: SESSION_DECODE_TIME_WEIGHT,
+            session_return_ms: SESSION_RETURN_MS,
         }
     }
 }
@@ -202,6 +209,7 @@ const STORE_MS: f64 = 1.0;
 const KEEP_MS: f64 = 20.0;
 const KEEP_MS_MAX: f64 = 200.0;
 const SESSION_DECODE_TIME_WEIGHT: f64 = 1.0;
+const SESSION_RETURN_MS: u64 = 10_000;
 
 impl TtftWeights {
     /// The weights for a placement that binds a new session, whose later requests

@@ -58,6 +58,8 @@ enum Step<'a> {
     Next(Option<u64>),
     /// `poll_output` must return exactly these, then `None`.
     Out(&'a [Output<'a>]),
+    /// `returning(now, phase, window_ms)` must count these (worker, sessions), by worker.
+    Returning(Phase, u64, &'a [(u64, u32)]),
     /// `len()` and `live_leases()`.
     Len(usize, usize),
     /// evictions, expirations, refusals.
@@ -121,6 +123,13 @@ fn check<'a>(cfg: AffinityConfig, steps: &[Step<'a>]) {
                 assert_eq!(t.poll_timeout(), ms.map(Instant::from_millis), "{}", at())
             }
             Step::Out(want) => drain(&mut t, &n, want, &at()),
+            Step::Returning(phase, window_ms, want) => {
+                let mut got = Vec::new();
+                t.returning(now, phase, window_ms, &mut got);
+                let mut got: Vec<(u64, u32)> = got.into_iter().map(|(w, k)| (w.0, k)).collect();
+                got.sort_unstable();
+                assert_eq!(got, want, "{}", at())
+            }
             Step::Len(len, leases) => {
                 assert_eq!((t.len(), t.live_leases()), (len, leases), "{}", at());
                 assert_eq!(t.is_empty(), len == 0, "{}", at());
@@ -613,4 +622,41 @@ fn errors_display() {
     for (e, want) in cases {
         assert_eq!(alloc::format!("{e}"), want);
     }
+}
+
+#[test]
+fn returning_counts_recent_idle_bindings_by_worker_and_phase() {
+    check(
+        cfg(8),
+        &[
+            Acq("a", A, Init("a")),
+            Commit("a", 1, "la"),
+            Acq("b", A, Init("b")),
+            Commit("b", 1, "lb"),
+            Acq("c", A, Init("c")),
+            Commit("c", 2, "lc"),
+            Acq("d", D, Init("d")),
+            Commit("d", 1, "ld"),
+            // Sessions with a request in flight are not between requests.
+            Returning(A, 500, &[]),
+            At(100),
+            Release("la", None),
+            Release("ld", None),
+            At(300),
+            Release("lb", None),
+            Release("lc", None),
+            Returning(A, 500, &[(1, 2), (2, 1)]),
+            Returning(D, 500, &[(1, 1)]),
+            // 450 ms on, "a" ended 350 ms ago and the others 150 ms ago.
+            At(450),
+            Returning(A, 300, &[(1, 1), (2, 1)]),
+            Returning(A, 0, &[]),
+            // A window past the TTL counts every idle binding.
+            Returning(A, 5 * TTL_MS, &[(1, 2), (2, 1)]),
+            // A session back in flight leaves the count.
+            Acq("b", A, Bound("lb2", 1)),
+            Returning(A, 500, &[(1, 1), (2, 1)]),
+            Release("lb2", None),
+        ],
+    );
 }

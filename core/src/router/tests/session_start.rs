@@ -68,3 +68,29 @@ fn a_bound_session_stays_where_its_start_put_it() {
     assert_eq!((first.target.worker.0, next.target.worker.0), (1, 1));
     invariants(&r);
 }
+
+/// The prompt's holder (worker 0) runs nothing, but `sessions` sessions bound there
+/// ended their last requests at T0. Where a new session starts `after_ms` later.
+fn start_after(sessions: u64, after_ms: u64) -> u64 {
+    let mut r = fleet(0);
+    for i in 0..sessions {
+        let id = alloc::format!("bound-{i}").into_bytes();
+        let mut q = Request { session: Some(id), expected_output_tokens: Some(128), ..req(500 + i, &[900 + i]) };
+        q.hints.decode_worker_id = Some(WorkerId(0));
+        let d = routed(r.handle_request(T0, q, Draw(0)));
+        r.handle_dispatched(T0, d.id, d.phase).unwrap();
+        r.handle_finished(T0, d.id, d.phase).unwrap();
+    }
+    let d = routed(r.handle_request(T0.add_ms(after_ms), asking(1, Some(b"new")), Draw(0)));
+    invariants(&r);
+    d.target.worker.0
+}
+
+#[test]
+fn a_start_counts_the_sessions_due_back_on_each_worker() {
+    // (sessions bound to the idle holder, ms since their last requests ended, where a
+    // new session starts): sessions between calls will send their next call there.
+    for (sessions, after_ms, want) in [(0, 1_000, 0), (2, 1_000, 0), (3, 1_000, 1), (7, 1_000, 1), (7, 11_000, 0)] {
+        assert_eq!(start_after(sessions, after_ms), want, "{sessions} sessions, {after_ms} ms after");
+    }
+}
