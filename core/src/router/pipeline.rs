@@ -200,12 +200,7 @@ impl Router {
         let mut draw = flight.draw;
         let phase = fk.phase;
         // The first request of a session places every later one (a preview of it too).
-        let starts_session = req.session.is_some()
-            && match flight.hold {
-                Hold::Init(_) => true,
-                Hold::Preview(unbound) => unbound,
-                Hold::None | Hold::Lease(..) => false,
-            };
+        let starts_session = matches!(flight.hold, Hold::Init(_) | Hold::Preview(true));
         let affinity = binding.map(|b| AffinityPin { worker: b.worker, rank: b.rank });
         let direct = self.cfg.mode == RouterMode::Direct;
         let pin =
