@@ -41,6 +41,14 @@ fn session_req(id: u64, session: &[u8]) -> Request {
     Request { session: Some(session.to_vec()), ..req(id, &[1]) }
 }
 
+/// Worker `worker` (rank 0) reports storing blocks `seqs`, each block's local hash
+/// equal to its sequence hash.
+fn store(r: &mut Router, worker: u64, seqs: core::ops::RangeInclusive<u64>) {
+    let blocks: Vec<BlockHash> = seqs.map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
+    let event = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
+    r.handle_kv_event(T0, WorkerKey::new(worker, 0), event).unwrap();
+}
+
 #[track_caller]
 fn routed(d: Result<Decision, RouteError>) -> Routed {
     match d {
@@ -112,13 +120,7 @@ fn preview_changes_nothing() {
 #[test]
 fn kv_mode_follows_the_cache() {
     let mut r = router(RouterMode::Kv, 4);
-    let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
-    r.handle_kv_event(
-        T0,
-        WorkerKey::new(2, 0),
-        IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device },
-    )
-    .unwrap();
+    store(&mut r, 2, 1..=8);
     let d = routed(r.handle_request(T0, req(1, &[1, 2, 3, 4, 5, 6, 7, 8, 9]), Draw(0)));
     assert_eq!(d.target, WorkerKey::new(2, 0));
     assert_eq!(d.overlap.device, 8);
@@ -250,9 +252,8 @@ fn duplicate_and_unknown_ids_are_typed() {
 #[test]
 fn untrusted_overlap_earns_no_credit() {
     let mut r = router(RouterMode::Kv, 2);
-    let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
+    store(&mut r, 1, 1..=8);
     let hot = WorkerKey::new(1, 0);
-    r.handle_kv_event(T0, hot, IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device }).unwrap();
     let q = |id| {
         let mut q = req(id, &[1, 2, 3, 4, 5, 6, 7, 8]);
         q.preview = true;
@@ -460,11 +461,6 @@ fn check_request_tokens(
     for w in 0..3 {
         r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
     }
-    let store = |r: &mut Router, w: u64, range: core::ops::RangeInclusive<u64>| {
-        let blocks: Vec<BlockHash> = range.map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
-        let event = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
-        r.handle_kv_event(T0, WorkerKey::new(w, 0), event).unwrap();
-    };
     store(&mut r, 2, 1..=4);
     store(&mut r, 1, 900..=903);
     let mut pinned = req(1, &[10, 11, 12, 13, 14, 15, 16, 17]);
@@ -675,9 +671,7 @@ fn check_binding_mode(mode: crate::affinity::AffinityMode, want_target: u64, wan
     r.handle_dispatched(T0, first.id, first.phase).unwrap();
     r.handle_finished(T0, first.id, first.phase).unwrap();
     r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(1, WorkerRole::Aggregated))).unwrap();
-    let blocks: Vec<BlockHash> = (1..=8).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
-    let stored = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
-    r.handle_kv_event(T0, WorkerKey::new(1, 0), stored).unwrap();
+    store(&mut r, 1, 1..=8);
     let next = Request { session: Some(b"s".to_vec()), ..req(2, &[1, 2, 3, 4, 5, 6, 7, 8, 9]) };
     let d = routed(r.handle_request(T0, next, Draw(0)));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();

@@ -4,7 +4,6 @@
 use alloc::vec::Vec;
 
 use super::*;
-use crate::hash::{BlockHash, LocalHash};
 
 const SHARED_BLOCKS: u64 = 32;
 
@@ -12,10 +11,7 @@ const SHARED_BLOCKS: u64 = 32;
 /// pinned there (16 blocks each, 128 output tokens); worker 1 is empty.
 fn fleet(busy: u64) -> Router {
     let mut r = router(RouterMode::Kv, 2);
-    let blocks: Vec<BlockHash> =
-        (1..=SHARED_BLOCKS).map(|i| BlockHash { seq: SeqHash(i), local: LocalHash(i) }).collect();
-    let stored = IndexEvent::Stored { parent: None, blocks: &blocks, tier: Tier::Device };
-    r.handle_kv_event(T0, WorkerKey::new(0, 0), stored).unwrap();
+    store(&mut r, 0, 1..=SHARED_BLOCKS);
     for i in 0..busy {
         let own: Vec<u64> = (0..16).map(|b| 10_000 + i * 100 + b).collect();
         let mut q = req(1_000 + i, &own);
