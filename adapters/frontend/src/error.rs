@@ -202,9 +202,15 @@ impl ApiError {
         if let Some(s) = self.retry_after_s {
             resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
         }
+        resp.extensions_mut().insert(ErrorCode(self.code));
         resp
     }
 }
+
+/// The `code` of an [`ApiError`] answer, kept in its response's extensions (never sent)
+/// so the server can tell a refusal given before the body was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
 
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

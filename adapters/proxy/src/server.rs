@@ -46,6 +46,41 @@ pub struct ShutdownReport {
 
 /// Sends a request to its endpoint. Never fails: errors are answers.
 pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<Incoming>) -> Response<ProxyBody> {
+    let unread = body_pending(&req);
+    let mut resp = route(state, peer, req).await;
+    if unread && is_early_refusal(&resp) {
+        close_after(&mut resp);
+    }
+    resp
+}
+
+/// Whether `req` is HTTP/1 and has body bytes still to come.
+pub(crate) fn body_pending<B: hyper::body::Body>(req: &http::Request<B>) -> bool {
+    req.version() <= http::Version::HTTP_11 && !req.body().is_end_stream()
+}
+
+/// Whether `resp` refuses its request before reading the body: a bad key, an admin
+/// endpoint, an unknown path, a declared size past the limit, the concurrency cap or a
+/// body too slow to arrive.
+fn is_early_refusal<B>(resp: &Response<B>) -> bool {
+    use kvroute_frontend::error::ErrorCode;
+    matches!(
+        resp.extensions().get::<ErrorCode>(),
+        Some(ErrorCode(
+            "invalid_api_key" | "forbidden" | "not_found" | "body_too_large" | "overloaded" | "body_timeout"
+        ))
+    )
+}
+
+/// Says `connection: close` on an HTTP/1 answer given before its body was read. Hyper
+/// closes such a connection when it cannot drain the body at once, but may have written
+/// the head first; a client told nothing reuses the connection and sees it drop.
+pub(crate) fn close_after<B>(resp: &mut Response<B>) {
+    resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+}
+
+/// [`dispatch`] before the connection's fate is settled.
+async fn route(state: Arc<State>, peer: SocketAddr, req: http::Request<Incoming>) -> Response<ProxyBody> {
     let path = req.uri().path().to_string();
     let caller = match (endpoints::proxied(req.method(), &path), auth::authenticate(&state.tenants, req.headers())) {
         (Ok(Some(endpoint)), Ok(caller)) => return handler::proxy(state, peer, req, endpoint, caller).await,

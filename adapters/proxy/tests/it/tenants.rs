@@ -367,3 +367,55 @@ async fn bad_authorization_headers_are_refused_and_the_proxy_keeps_serving() {
         assert_eq!(status_with(addr, &bearer(KEY_A.as_bytes())).await, Some(200), "after {what}");
     }
 }
+
+/// Sends a POST to `path` with `authorization`, declaring a `declared`-byte body but
+/// sending only `body`, and returns the answer's head (status line and headers, lowercase).
+async fn head_of(addr: SocketAddr, path: &str, authorization: &str, declared: usize, body: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: {authorization}\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
+    );
+    s.write_all(&[head.as_bytes(), body].concat()).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+        match within(10_000, s.read(&mut buf)).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).to_ascii_lowercase()
+}
+
+/// A request (what, path, `Authorization`, declared body size, body sent), the status
+/// it gets, and whether the answer says `connection: close`.
+type Unread<'a> = (&'a str, &'a str, &'a str, usize, Vec<u8>, &'a str, bool);
+
+/// An answer given before the request's body is read says `connection: close`: hyper
+/// closes such a connection, and a client told nothing reuses it and sees it drop
+/// (the `openai` client's "Server disconnected without sending a response"). Answers
+/// after the body is read keep the connection.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_tells_the_client_to_reconnect() {
+    let (_w, p) = gateway(two_tenants()).await;
+    let addr = p.local_addr();
+    let good = format!("Bearer {KEY_A}");
+    let stranger = "Bearer sk-stranger";
+    let chat_body = chat("hello").to_string().into_bytes();
+    let chat_path = "/v1/chat/completions";
+    let cases: Vec<Unread<'_>> = vec![
+        ("a stranger's chat", chat_path, stranger, 100, vec![], "401", true),
+        ("a stranger's unknown path", "/v1/nothing-here", stranger, 100, vec![], "401", true),
+        ("a body past the limit", chat_path, &good, 9 << 20, vec![], "413", true),
+        ("a tenant's unknown path", "/v1/nothing-here", &good, 100, vec![], "404", true),
+        ("a tenant at an admin endpoint", "/route/preview", &good, 100, vec![], "403", true),
+        ("a body that is not JSON", chat_path, &good, 9, b"{not json".to_vec(), "400", false),
+        ("a served chat", chat_path, &good, chat_body.len(), chat_body.clone(), "200", false),
+    ];
+    for (what, path, authorization, declared, body, status, closes) in cases {
+        let head = head_of(addr, path, authorization, declared, &body).await;
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{what}: {head}");
+        assert_eq!(head.contains("\r\nconnection: close\r\n"), closes, "{what}: {head}");
+    }
+}
