@@ -453,7 +453,12 @@ fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
             }
             None
         })
-        .expect("worker 1's image blocks reach the index");
+        .unwrap_or_else(|| {
+            // What the router knows of its workers' event streams, to tell a lost
+            // subscription from a hashing mismatch.
+            let workers = http(addr, "GET", "/workers", None).body;
+            panic!("worker 1's image blocks never reached the index; GET /workers: {workers}")
+        });
     let rendered = http(url1.parse().expect("address"), "POST", "/v1/chat/completions/render", Some(&first)).json();
     let ids: Vec<u64> = rendered["token_ids"].as_array().expect("token ids").iter().filter_map(Value::as_u64).collect();
     let image_at = ids.iter().position(|&t| t == 1).expect("the image's placeholders") as u64;
