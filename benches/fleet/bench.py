@@ -180,7 +180,9 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
     proc, url = start_router(name, args, the_fleet.workers, log_dir)
     try:
         before = {w.id: metrics.scrape(w.url) for w in the_fleet.workers}
+        cpu_before = proc.cpu_s()
         records, wall_s = loadgen.run(url, reqs, bodies, the_fleet.speedup)
+        cpu_after = proc.cpu_s()
         deltas = {w.id: metrics.delta(metrics.scrape(w.url), before[w.id]) for w in the_fleet.workers}
         overhead = None if name in fleet.PEERS else metrics.overhead_us(url)
     finally:
@@ -198,6 +200,9 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
     run["lateness_ms"] = report.lateness(records)
     if overhead is not None:
         run["router_overhead_us"] = overhead
+    if cpu_before is not None and cpu_after is not None:
+        # On a small host the router's CPU is the workers' loss: they share the cores.
+        run["router_cpu_s"] = round(cpu_after - cpu_before, 2)
     run["losses"] = losses(reqs, records)
     errors = [r["error"] for r in records if r["error"]]
     if errors:

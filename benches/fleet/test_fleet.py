@@ -19,6 +19,7 @@ sys.path.insert(0, str(HERE))
 import floors  # noqa: E402
 import loadgen  # noqa: E402
 import multimodal  # noqa: E402
+import overhead  # noqa: E402
 import report  # noqa: E402
 import simfleet  # noqa: E402
 import workloads  # noqa: E402
@@ -269,6 +270,38 @@ class Figures(unittest.TestCase):
         got = report.paired(runs, "kv", ["peer", "x"])
         self.assertEqual(got["peer"]["mean"]["ratio"], 0.5)
         self.assertNotIn("x", got)
+
+
+class Overhead(unittest.TestCase):
+    def test_each_router_is_its_medians_less_the_workers_own(self):
+        seen = {overhead.DIRECT: {100: [(2.0, 3.0), (1.0, 9.0), (3.0, 4.0)]},
+                "kv": {100: [(2.5, 3.5), (9.0, 9.0), (2.0, 4.0)]}}
+        got = overhead.summarize(seen)
+        self.assertEqual(got[overhead.DIRECT]["100"], {"ttft_ms_p50": 2.0, "e2e_ms_p50": 4.0})
+        self.assertEqual(got["kv"]["100"], {"ttft_ms_p50": 2.5, "e2e_ms_p50": 4.0, "added_ttft_ms": 0.5,
+                                            "added_e2e_ms": 0.0})  # fmt: skip
+
+    def test_a_routers_cpu_counts_its_group_children_too(self):
+        import fleet
+        import time
+
+        # A parent that sleeps while its child spins 0.3 s of CPU.
+        spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(30)"
+        argv = [sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {spin!r}]); time.sleep(30)"]
+        with tempfile.TemporaryDirectory() as tmp:
+            p = fleet.Proc("spin", argv, None, Path(tmp))
+            try:
+                deadline = time.monotonic() + 20
+                while (p.cpu_s() or 0) < 0.3 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertGreaterEqual(p.cpu_s(), 0.3)
+                self.assertLess(p.cpu_s(), 5.0)
+            finally:
+                p.stop()
+
+    def test_a_missing_kvroute_binary_is_a_clear_error(self):
+        with self.assertRaises(SystemExit):
+            overhead.parse_args(["--kvroute", "/nonexistent/kvroute"])
 
 
 class Floors(unittest.TestCase):

@@ -61,6 +61,25 @@ class Proc:
         tail = self.log_path.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{self.name} did not come up at {url}; log tail:\n{tail}")
 
+    def cpu_s(self):
+        """CPU seconds (user + system) used so far by the processes of its group (it and
+        whatever it spawned), or None where /proc cannot tell."""
+        ticks, tick_s = 0, 1.0 / os.sysconf("SC_CLK_TCK")
+        try:
+            pids = [d for d in os.listdir("/proc") if d.isdigit()]
+        except OSError:
+            return None
+        for pid in pids:
+            try:
+                # Fields after the command's closing parenthesis: state is [0], pgrp [2],
+                # utime [11], stime [12].
+                rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(rest[2]) == self.p.pid:
+                ticks += int(rest[11]) + int(rest[12])
+        return round(ticks * tick_s, 2)
+
     def stop(self):
         if self.p.poll() is None:
             try:
