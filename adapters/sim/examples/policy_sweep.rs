@@ -14,7 +14,8 @@
 //! (session_decode_time_weight, at a session's first request), `sret`
 //! (session_return_ms), `memshare`
 //! (memory_kv_share), `out` (output_tokens_default), `store`
-//! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `work`,
+//! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `keepshare`
+//! (keep_share_min), `keepholders` (keep_holders_max), `work`,
 //! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
@@ -143,6 +144,8 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "store" => c.ttft.store_ms_per_block = x,
             "keep" => c.ttft.keep_ms_per_block = x,
             "keepmax" => c.ttft.keep_ms_max = x,
+            "keepshare" => c.ttft.keep_share_min = x,
+            "keepholders" => c.ttft.keep_holders_max = x as u32,
             "work" => c.ttft.work_weight = x,
             "others" => c.ttft.others_delay_weight = x,
             "arw" => c.active_request_weight = x,

@@ -280,14 +280,18 @@ impl Router {
         if starts_session {
             self.count_returning(now, phase, &mut candidates);
         }
-        let best = candidates.iter().map(|c| c.overlap.device.max(c.inflight_prefix_blocks)).max().unwrap_or(0);
+        let held = |c: &Candidate| c.overlap.device.max(c.inflight_prefix_blocks);
+        let best = candidates.iter().map(held).max().unwrap_or(0);
+        let holders = candidates.iter().filter(|c| held(c) == best).count();
         for c in &mut candidates {
             c.prefix_best_blocks = best;
         }
         let mut cost = self.cfg.cost.with(&req.cost);
-        if starts_session {
-            cost.ttft = cost.ttft.session_start();
-        }
+        cost.ttft = if starts_session {
+            cost.ttft.session_start()
+        } else {
+            cost.ttft.for_holding(best, holders, req.blocks.len())
+        };
         let sreq = SelectRequest {
             mode: self.cfg.mode,
             phase,

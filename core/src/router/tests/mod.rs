@@ -3,6 +3,7 @@
 
 mod contract;
 mod session_start;
+mod shared_prefix;
 
 use alloc::vec;
 use alloc::vec::Vec;
