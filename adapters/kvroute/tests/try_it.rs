@@ -438,6 +438,7 @@ fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
 
     // The first turn goes straight to worker 1: only its KV events can tell the router.
     // A fresh prefix per attempt covers batches lost before the subscription settled.
+    let mut last_preview = String::new();
     let (first, follow_up) = (0..10)
         .find_map(|attempt| {
             let prefix = format!("attempt {attempt}:");
@@ -446,18 +447,20 @@ fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
             let follow_up = image_chat(&prefix, &x, true);
             let deadline = Instant::now() + Duration::from_secs(2);
             while Instant::now() < deadline {
-                if overlap_on(&http(addr, "POST", "/route/preview", Some(&follow_up)).json(), 1) > 0 {
+                let preview = http(addr, "POST", "/route/preview", Some(&follow_up));
+                if overlap_on(&preview.json(), 1) > 0 {
                     return Some((first.clone(), follow_up));
                 }
+                last_preview = format!("{} {}", preview.status, preview.body);
                 std::thread::sleep(Duration::from_millis(20));
             }
             None
         })
         .unwrap_or_else(|| {
-            // What the router knows of its workers' event streams, to tell a lost
-            // subscription from a hashing mismatch.
+            // What the router knows of its workers' event streams and the last preview,
+            // to tell a lost subscription from a refused preview or a hashing mismatch.
             let workers = http(addr, "GET", "/workers", None).body;
-            panic!("worker 1's image blocks never reached the index; GET /workers: {workers}")
+            panic!("worker 1's image blocks never reached the index; last preview: {last_preview}; GET /workers: {workers}")
         });
     let rendered = http(url1.parse().expect("address"), "POST", "/v1/chat/completions/render", Some(&first)).json();
     let ids: Vec<u64> = rendered["token_ids"].as_array().expect("token ids").iter().filter_map(Value::as_u64).collect();
