@@ -210,7 +210,7 @@ impl Default for TtftWeights {
             keep_ms_per_block: KEEP_MS,
             keep_ms_max: KEEP_MS_MAX,
             keep_share_min: KEEP_SHARE_MIN,
-            keep_holders_max: 1,
+            keep_holders_max: KEEP_HOLDERS_MAX,
             session_decode_time_weight: SESSION_DECODE_TIME_WEIGHT,
             session_return_ms: SESSION_RETURN_MS,
         }
@@ -224,6 +224,7 @@ const STORE_MS: f64 = 1.0;
 const KEEP_MS: f64 = 20.0;
 const KEEP_MS_MAX: f64 = 200.0;
 const KEEP_SHARE_MIN: f64 = 0.5;
+const KEEP_HOLDERS_MAX: u32 = 1;
 const SESSION_DECODE_TIME_WEIGHT: f64 = 1.0;
 const SESSION_RETURN_MS: u64 = 10_000;
 
