@@ -55,7 +55,7 @@ pub async fn dispatch(state: Arc<State>, peer: SocketAddr, req: http::Request<In
 }
 
 /// Whether `req` is HTTP/1 and has body bytes still to come.
-pub(crate) fn body_pending<B: hyper::body::Body>(req: &http::Request<B>) -> bool {
+fn body_pending<B: hyper::body::Body>(req: &http::Request<B>) -> bool {
     req.version() <= http::Version::HTTP_11 && !req.body().is_end_stream()
 }
 
@@ -75,7 +75,7 @@ fn is_early_refusal<B>(resp: &Response<B>) -> bool {
 /// Says `connection: close` on an HTTP/1 answer given before its body was read. Hyper
 /// closes such a connection when it cannot drain the body at once, but may have written
 /// the head first; a client told nothing reuses the connection and sees it drop.
-pub(crate) fn close_after<B>(resp: &mut Response<B>) {
+fn close_after<B>(resp: &mut Response<B>) {
     resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
 }
 
