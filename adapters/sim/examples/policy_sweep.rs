@@ -15,7 +15,8 @@
 //! (session_return_ms), `memshare`
 //! (memory_kv_share), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `keepshare`
-//! (keep_share_min), `keepholders` (keep_holders_max), `work`,
+//! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
+//! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `work`,
 //! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
@@ -129,6 +130,14 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             continue;
         }
         let x: f64 = v.parse().map_err(|e| format!("{kv}: {e}"))?;
+        if k == "endblocks" {
+            cfg.prompt_end_blocks = x as usize;
+            continue;
+        }
+        if k == "ends" {
+            cfg.prompt_ends_max = x as usize;
+            continue;
+        }
         if k == "frac" {
             cfg.eligibility.decode_blocks_frac_of_kv = (x > 0.0).then_some(x);
             continue;
@@ -146,6 +155,7 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "keepmax" => c.ttft.keep_ms_max = x,
             "keepshare" => c.ttft.keep_share_min = x,
             "keepholders" => c.ttft.keep_holders_max = x as u32,
+            "keepend" => c.ttft.keep_needs_prompt_end = x != 0.0,
             "work" => c.ttft.work_weight = x,
             "others" => c.ttft.others_delay_weight = x,
             "arw" => c.active_request_weight = x,

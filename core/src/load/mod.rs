@@ -26,7 +26,7 @@
 //! counted no-op that returns [`LoadError::UnknownRequest`], never a panic.
 
 mod fleet;
-mod hasher;
+pub(crate) mod hasher;
 mod remote;
 
 pub(crate) use fleet::FleetLoad;

@@ -290,7 +290,9 @@ impl Router {
         cost.ttft = if starts_session {
             cost.ttft.session_start()
         } else {
-            cost.ttft.for_holding(best, holders, req.blocks.len())
+            let prefix = req.blocks.get(..best as usize).unwrap_or(&req.blocks);
+            let continued = || !self.prompt_ends.enabled() || self.prompt_ends.any_in(prefix);
+            cost.ttft.for_holding(best, holders, req.blocks.len(), continued)
         };
         let sreq = SelectRequest {
             mode: self.cfg.mode,
@@ -320,6 +322,7 @@ impl Router {
             if let Err(_e) = self.load.add(now, fk.id, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
+            self.prompt_ends.record(&req.blocks, self.cfg.prompt_end_blocks);
             self.publish_added(fk, target, prefill_tokens, out_blocks);
         }
         let req = &self.flights[&fk].req;

@@ -167,19 +167,31 @@ pub struct TtftWeights {
     /// worth no more than this, so a busy holder of long agent contexts still sheds
     /// work. Default 200.
     pub keep_ms_max: f64,
-    /// Share of a request's blocks below which its best holders' prefix is read as
-    /// shared text (a system prompt, a document's header) when more than
-    /// `keep_holders_max` workers hold it: the keep term is then dropped, since it is
-    /// not this conversation's context, and charging every other worker for lacking it
+    /// Share of a request's blocks below which its best holders' prefix may be read as
+    /// shared text (a system prompt, a document's header): when more than
+    /// `keep_holders_max` workers hold it, or (with `keep_needs_prompt_end`) no earlier
+    /// prompt ended inside it. The keep term is then dropped, since that prefix is not
+    /// this conversation's context, and charging every other worker for lacking it
     /// piles new conversations onto the holders. A conversation's own context has one
-    /// holder and keeps the term, however long its new turn. 0 keeps the term always.
-    /// Default 0.5: in replay of the fleet benchmark's multimodal workload (four shared
-    /// system prompts) on 32 workers it took end-to-end time from 1,484 to 1,167 ms at
-    /// the busy load, and moved conversation, shared-document and agentic by under 1.5%.
+    /// holder and its last prompt ended there, so it keeps the term, however long its
+    /// new turn. 0 keeps the term always. Default 0.5: in replay of the fleet
+    /// benchmark's multimodal workload (four shared system prompts) on 32 workers it
+    /// took end-to-end time from 1,484 to 1,167 ms at the busy load, and moved
+    /// conversation, shared-document and agentic by under 1.5%.
     pub keep_share_min: f64,
     /// Most workers that may hold a short best prefix (see `keep_share_min`) with the
     /// keep term still charged. Default 1.
     pub keep_holders_max: u32,
+    /// Read a short best prefix on `keep_holders_max` or fewer workers as shared text
+    /// too unless an earlier prompt ended inside it (the router remembers where, see
+    /// [`RouterConfig::prompt_ends_max`](crate::RouterConfig::prompt_ends_max)): a
+    /// system prompt's first holder is its only holder until another worker copies it,
+    /// and the keep term gathered every new conversation that opens with it there.
+    /// Default true: in replay of the multimodal workload on 32 workers it took
+    /// end-to-end time from 1,167 to 1,118 ms and TTFT p99 from 61.4 to 57.0 ms at the
+    /// busy load (1,247 to 1,218 and 76.6 to 64.6 saturated); conversation, agentic and
+    /// shared-document came out the same.
+    pub keep_needs_prompt_end: bool,
     /// `decode_time_weight` for a placement that starts a session (see
     /// [`TtftWeights::session_start`]): the session's later requests decode where this
     /// one goes, so its decode time counts in full, not as one request's share. Default
@@ -211,6 +223,7 @@ impl Default for TtftWeights {
             keep_ms_max: KEEP_MS_MAX,
             keep_share_min: KEEP_SHARE_MIN,
             keep_holders_max: KEEP_HOLDERS_MAX,
+            keep_needs_prompt_end: true,
             session_decode_time_weight: SESSION_DECODE_TIME_WEIGHT,
             session_return_ms: SESSION_RETURN_MS,
         }
@@ -242,10 +255,18 @@ impl TtftWeights {
 
     /// The weights for a request of `blocks` blocks whose best prefix, `best_blocks`
     /// long, is held by `holders` workers: without the keep term when that prefix is
-    /// short and widely held (see `keep_share_min`).
-    pub fn for_holding(self, best_blocks: u32, holders: usize, blocks: usize) -> Self {
+    /// short and shared text (see `keep_share_min`). `continued` says whether an earlier
+    /// prompt ended within the prefix; it is asked only when the answer matters.
+    pub fn for_holding(
+        self,
+        best_blocks: u32,
+        holders: usize,
+        blocks: usize,
+        continued: impl FnOnce() -> bool,
+    ) -> Self {
         let short = f64::from(best_blocks) < self.keep_share_min * blocks as f64;
-        if short && holders > self.keep_holders_max as usize {
+        let shared = || holders > self.keep_holders_max as usize || (self.keep_needs_prompt_end && !continued());
+        if short && shared() {
             TtftWeights { keep_ms_max: 0.0, ..self }
         } else {
             self
