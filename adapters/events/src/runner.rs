@@ -69,6 +69,7 @@ type SinkFn<S> = Box<dyn FnOnce(&mut S) + Send>;
 enum Control<S> {
     Add(EndpointConfig, oneshot::Sender<Result<(), IngestError>>),
     Remove(WorkerKey, oneshot::Sender<Result<(), IngestError>>),
+    Resubscribe(WorkerKey, oneshot::Sender<Result<(), IngestError>>),
     Status(WorkerKey, oneshot::Sender<Option<StreamStatus>>),
     Silent(BTreeMap<WorkerKey, u64>, oneshot::Sender<Vec<SilentStream>>),
     Notices(oneshot::Sender<Vec<Notice>>),
@@ -141,6 +142,14 @@ impl<S: Send + 'static> IngestHandle<S> {
     /// Closes a subscription and purges the worker's entries (a worker left).
     pub async fn remove_endpoint(&self, key: WorkerKey) -> Result<(), IngestError> {
         self.ask(|tx| Control::Remove(key, tx), Err(IngestError::Stopped)).await
+    }
+
+    /// Drops a stream's subscription and opens a new one, keeping everything the stream
+    /// has delivered: for a subscription that stays connected but delivers nothing (see
+    /// [`Self::silent_streams`]). A publisher that lost the subscription, or a
+    /// connection a middlebox dropped without a word, then hears it anew.
+    pub async fn resubscribe(&self, key: WorkerKey) -> Result<(), IngestError> {
+        self.ask(|tx| Control::Resubscribe(key, tx), Err(IngestError::Stopped)).await
     }
 
     /// A stream's status.
@@ -237,6 +246,9 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
                 self.endpoints.remove(&key);
                 let _ = tx.send(self.core.remove_stream(key, &mut self.sink));
             }
+            Control::Resubscribe(key, tx) => {
+                let _ = tx.send(self.resubscribe(key));
+            }
             Control::Status(key, tx) => {
                 let _ = tx.send(self.core.status(key));
             }
@@ -259,16 +271,30 @@ impl<C: Connector, S: EventSink + Send + 'static> Owner<C, S> {
         self.core.add_stream(now, stream)?;
         let gen = self.next_gen;
         self.next_gen += 1;
-        let sub = tokio::spawn(tasks::subscribe(
-            self.connector.clone(),
-            key,
-            gen,
-            ep.clone(),
-            self.in_tx.clone(),
-            (self.cfg.reconnect_backoff_min_ms, self.cfg.reconnect_backoff_max_ms),
-        ));
+        let sub = self.subscribe(key, gen, &ep);
         self.endpoints.insert(key, Endpoint { cfg: ep, gen, sub, replay: None });
         Ok(())
+    }
+
+    fn subscribe(&self, key: WorkerKey, gen: u64, ep: &EndpointConfig) -> JoinHandle<()> {
+        let backoff = (self.cfg.reconnect_backoff_min_ms, self.cfg.reconnect_backoff_max_ms);
+        tokio::spawn(tasks::subscribe(self.connector.clone(), key, gen, ep.clone(), self.in_tx.clone(), backoff))
+    }
+
+    /// The same generation: what the old subscription already queued still counts.
+    fn resubscribe(&mut self, key: WorkerKey) -> Result<(), IngestError> {
+        let Some(ep) = self.endpoints.get(&key) else {
+            return Err(IngestError::UnknownStream(key));
+        };
+        ep.sub.abort();
+        let sub = self.subscribe(key, ep.gen, &ep.cfg);
+        if let Some(ep) = self.endpoints.get_mut(&key) {
+            ep.sub = sub;
+        }
+        let now = self.now();
+        // Down, then up when the new one connects: a stream with a replay endpoint
+        // asks for what it missed meanwhile.
+        self.core.handle_connection(now, key, false, &mut self.sink)
     }
 
     fn input(&mut self, input: Input) {

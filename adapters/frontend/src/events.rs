@@ -100,6 +100,8 @@ impl Subscriptions {
 
     /// Reports streams that stayed silent while their worker served requests: a silent
     /// stream is the most common misconfiguration (wrong port, events not enabled).
+    /// Each is resubscribed once per silence, in case the subscription itself was lost
+    /// (a connection dropped without a word, a publisher that forgot it).
     pub async fn check_silent(&mut self, metrics: &Metrics) {
         let served = metrics.served_totals();
         for (model, runner) in &self.by_model {
@@ -121,9 +123,11 @@ impl Subscriptions {
                         rank = s.key.rank.0,
                         silent_ms = s.silent_ms,
                         requests = s.requests,
-                        "KV-event stream silent while the worker serves requests; check its kv_events endpoint"
+                        "KV-event stream silent while the worker serves requests; resubscribing; \
+                         check its kv_events endpoint if it stays silent"
                     );
                     metrics.silent_stream(model, s.key.worker.0);
+                    let _ = runner.ingest.resubscribe(s.key).await;
                 }
             }
             self.reported

@@ -145,3 +145,28 @@ async fn removal_purges_and_failed_replay_resets() {
     assert!(h.with_sink(|s| s.blocks(KEY)).await.expect("sink").is_empty());
     assert!(tx.send(msg(5, &mut engine)).await.is_err(), "the subscription was closed");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_resubscribed_stream_keeps_what_it_was_told() {
+    let fake = Fake::default();
+    let first = fake.queue(true).expect("ok");
+    let second = fake.queue(true).expect("ok");
+    let h = start(&fake).await;
+    let mut engine = Engine::new(7, 4);
+    first.send(msg(0, &mut engine)).await.expect("send");
+    settle().await;
+    // The first subscription stays open but delivers nothing more: replace it.
+    h.resubscribe(KEY).await.expect("resubscribe");
+    settle().await;
+    assert!(first.is_closed(), "the old subscription was dropped");
+    second.send(msg(1, &mut engine)).await.expect("send");
+    settle().await;
+    let st = h.status(KEY).await.expect("stream");
+    assert_eq!((st.connected, st.last_seq, st.seq.gaps), (true, Some(1), 0), "{st:?}");
+    assert_eq!(h.with_sink(|s| s.blocks(KEY)).await.expect("sink"), engine.expected(), "both batches count");
+    assert_eq!(fake.attempts.lock().expect("lock").len(), 2, "one new subscription");
+    let other = WorkerKey::new(9, 0);
+    assert!(
+        matches!(h.resubscribe(other).await, Err(kvroute_events::ingest::IngestError::UnknownStream(k)) if k == other)
+    );
+}
