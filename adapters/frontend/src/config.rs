@@ -306,6 +306,10 @@ pub struct RoutingConfig {
     pub affinity_mode: AffinityModeName,
     /// Requests tracked per model: booked, streaming, queued or waiting (default 65,536).
     pub requests_max: usize,
+    /// Prompt-end blocks remembered per model, to tell a conversation's next turn from a
+    /// new one that shares only a system prompt (default 16,384; 0 remembers none and
+    /// reads every short prefix on one worker as a conversation's).
+    pub prompt_ends_max: usize,
     /// A booking older than this is dropped as if finished, in ms (default 900,000);
     /// keep it above `limits.request_timeout_ms`.
     pub request_age_max_ms: u64,
@@ -345,6 +349,7 @@ impl Default for RoutingConfig {
             lease_ttl_ms: 300_000,
             affinity_mode: AffinityModeName(AffinityMode::Hard),
             requests_max: 65_536,
+            prompt_ends_max: 16_384,
             request_age_max_ms: 900_000,
             prefill_tokens_max: 0,
             prefill_tokens_frac_of_batch: 4.0,

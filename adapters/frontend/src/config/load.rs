@@ -210,6 +210,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
         // engine's KV events never match.
         request_tokens: if model.tokenizer.is_some() { RequestTokens::Engine } else { RequestTokens::Estimated },
         requests_max: r.requests_max,
+        prompt_ends_max: r.prompt_ends_max,
         ..RouterConfig::default()
     };
     rc.cost.overlap_credit = r.overlap_credit;
