@@ -291,8 +291,7 @@ impl Router {
             cost.ttft.session_start()
         } else {
             let prefix = req.blocks.get(..best as usize).unwrap_or(&req.blocks);
-            let continued = || !self.prompt_ends.enabled() || self.prompt_ends.any_in(prefix);
-            cost.ttft.for_holding(best, holders, req.blocks.len(), continued)
+            cost.ttft.for_holding(best, holders, req.blocks.len(), || self.prompt_ends.continued(prefix))
         };
         let sreq = SelectRequest {
             mode: self.cfg.mode,

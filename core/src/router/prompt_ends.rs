@@ -1,5 +1,5 @@
-//! Where recent prompts ended: the last full block of each routed request, kept for the
-//! most recent `prompt_ends_max` of them.
+//! Where recent prompts ended: the last `prompt_end_blocks` full blocks of each routed
+//! request, the most recent `prompt_ends_max` such blocks kept.
 //!
 //! A request whose cached prefix covers one of these blocks continues an earlier
 //! prompt (a conversation's next turn, a retry); a prefix that covers none is text
@@ -47,15 +47,11 @@ impl PromptEnds {
         self.order.push_back(h);
     }
 
-    /// Whether an earlier prompt ended within `prefix`. From the end, where a
-    /// conversation's last prompt ended.
-    pub(super) fn any_in(&self, prefix: &[SeqHash]) -> bool {
-        !self.ends.is_empty() && prefix.iter().rev().any(|h| self.ends.contains(h))
-    }
-
-    /// Whether the record is kept at all (`prompt_ends_max` above 0).
-    pub(super) fn enabled(&self) -> bool {
-        self.max > 0
+    /// Whether `prefix` continues an earlier prompt: one ended within it (looked for from
+    /// the end, where a conversation's last prompt ended), or no record is kept
+    /// (`prompt_ends_max` 0), which reads every prefix as a conversation's.
+    pub(super) fn continued(&self, prefix: &[SeqHash]) -> bool {
+        self.max == 0 || prefix.iter().rev().any(|h| self.ends.contains(h))
     }
 
     #[cfg(test)]
@@ -76,7 +72,7 @@ mod tests {
     }
 
     /// Records `prompts` (each a list of block hashes) with `tail` and a bound of `max`,
-    /// then asks whether a prompt ended within each of `asks`.
+    /// then asks whether each of `asks` continues one.
     #[track_caller]
     fn check(max: usize, tail: usize, prompts: &[&[u64]], asks: &[(&[u64], bool)], len: usize) {
         let mut e = PromptEnds::new(max, 7);
@@ -84,7 +80,7 @@ mod tests {
             e.record(&hashes(p), tail);
         }
         for (prefix, want) in asks {
-            assert_eq!(e.any_in(&hashes(prefix)), *want, "{prefix:?} after {prompts:?}, tail {tail}, max {max}");
+            assert_eq!(e.continued(&hashes(prefix)), *want, "{prefix:?} after {prompts:?}, tail {tail}, max {max}");
         }
         assert_eq!(e.len(), len, "entries kept");
         assert!(e.len() <= max);
@@ -102,8 +98,8 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_end_is_forgotten_first_and_none_is_kept_at_zero() {
+    fn the_oldest_end_is_forgotten_first_and_at_zero_every_prefix_continues() {
         check(2, 1, &[&[1], &[2], &[3]], &[(&[1], false), (&[2], true), (&[3], true)], 2);
-        check(0, 2, &[&[1, 2]], &[(&[1, 2], false)], 0);
+        check(0, 2, &[&[1, 2]], &[(&[1, 2], true), (&[3], true)], 0);
     }
 }
