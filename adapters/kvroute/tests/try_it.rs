@@ -438,8 +438,7 @@ fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
     // subscribed yet. The attempts after the first must still tell it.
     straight_to(1, &url1)("/v1/chat/completions", &image_chat(&fresh_words(0), &x, false));
     let (proxy, addr) = serve("images", &config);
-    let (first, follow_up) = first_turn_indexed(addr, &url1, &x)
-        .unwrap_or_else(|why| panic!("{why}; worker 1's event counters: {}", event_counters(&url1)));
+    let (first, follow_up) = first_turn_indexed(addr, &url1, &x);
     let rendered = http(url1.parse().expect("address"), "POST", "/v1/chat/completions/render", Some(&first)).json();
     let ids: Vec<u64> = rendered["token_ids"].as_array().expect("token ids").iter().filter_map(Value::as_u64).collect();
     let image_at = ids.iter().position(|&t| t == 1).expect("the image's placeholders") as u64;
@@ -475,8 +474,8 @@ fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
 /// Sends an image chat's first turn straight to worker 1 (only its KV events can tell
 /// the router) until a preview of its follow-up overlaps there; a fresh prefix per
 /// attempt covers batches lost before the subscription settled. Returns the first turn
-/// and the follow-up, or what the router knew when it gave up.
-fn first_turn_indexed(addr: SocketAddr, url1: &str, image: &str) -> Result<(Value, Value), String> {
+/// and the follow-up.
+fn first_turn_indexed(addr: SocketAddr, url1: &str, image: &str) -> (Value, Value) {
     let mut last_preview = String::new();
     for attempt in 0..10 {
         let prefix = fresh_words(attempt);
@@ -487,18 +486,20 @@ fn first_turn_indexed(addr: SocketAddr, url1: &str, image: &str) -> Result<(Valu
         while Instant::now() < deadline {
             let preview = http(addr, "POST", "/route/preview", Some(&follow_up));
             if overlap_on(&preview.json(), 1) > 0 {
-                return Ok((first, follow_up));
+                return (first, follow_up);
             }
             last_preview = format!("{} {}", preview.status, preview.body);
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    // The streams' state and the last preview tell a lost subscription from a refused
-    // preview or a hashing mismatch.
+    // The streams' state, the last preview and the worker's own counters tell a lost
+    // batch from a refused preview or a hashing mismatch.
     let workers = http(addr, "GET", "/workers", None).body;
-    Err(format!(
-        "worker 1's image blocks never reached the index; last preview: {last_preview}; GET /workers: {workers}"
-    ))
+    panic!(
+        "worker 1's image blocks never reached the index; last preview: {last_preview}; GET /workers: {workers}; \
+         worker 1's event counters: {}",
+        event_counters(url1)
+    )
 }
 
 /// Three words of [`llava_folder`]'s vocabulary, different for each `n` below 343: a
