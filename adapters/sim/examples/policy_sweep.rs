@@ -16,7 +16,8 @@
 //! (memory_kv_share), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `keepshare`
 //! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
-//! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `work`,
+//! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
+//! (prompt_end_blocks), `work`,
 //! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
