@@ -31,6 +31,7 @@
 //! has sent nothing when its worker breaks, and is retried whole (see [`crate::retry`]).
 
 mod body;
+mod lift;
 mod plan;
 mod sse;
 

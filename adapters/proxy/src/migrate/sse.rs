@@ -35,6 +35,9 @@ pub(crate) struct Stream {
     identity: Option<[Value; 3]>,
     /// The first try's prompt.
     pub(crate) prompt_ids: Option<Vec<u32>>,
+    /// Prompt ids lifted out of the chunk being read (see `lift.rs`), whose own array
+    /// was left empty.
+    lifted: Option<Vec<u32>>,
     /// Every token generated so far, across tries.
     pub(crate) generated: Vec<u32>,
     /// Breaks continued so far.
@@ -151,7 +154,20 @@ impl Stream {
                 || memchr::memmem::find(data, b"\"finish_reason\": \"").is_some();
             return put_event(out, event);
         }
-        match serde_json::from_slice::<Value>(data) {
+        // Ids the client did not ask for are removed anyway, so they need no Value.
+        let lifted = if self.client_ids { None } else { super::lift::prompt_ids(data) };
+        let parsed = match &lifted {
+            Some((rest, _)) => serde_json::from_slice::<Value>(rest),
+            None => serde_json::from_slice::<Value>(data),
+        };
+        self.lifted = lifted.map(|(_, ids)| ids);
+        self.parsed(parsed, event, out);
+        self.lifted = None;
+    }
+
+    /// Writes the event whose chunk parsed to `parsed`.
+    fn parsed(&mut self, parsed: serde_json::Result<Value>, event: &[u8], out: &mut BytesMut) {
+        match parsed {
             Ok(Value::Object(mut chunk)) if !chunk.contains_key("error") => {
                 let first = self.identity.is_none();
                 let changed = self.chunk(&mut chunk);
@@ -264,7 +280,9 @@ impl Stream {
 
     fn take_prompt(&mut self, prompt: Option<Value>) {
         if self.prompt_ids.is_none() && self.seams == 0 {
-            self.prompt_ids = prompt.as_ref().and_then(ids_of);
+            let emptied = prompt.as_ref().and_then(Value::as_array).is_some_and(Vec::is_empty);
+            let lifted = self.lifted.take().filter(|_| emptied);
+            self.prompt_ids = lifted.or_else(|| prompt.as_ref().and_then(ids_of));
         }
     }
 }
@@ -394,6 +412,26 @@ mod tests {
         let first = r#"data: {"id":"a","created":1,"model":"m","choices":[{"index":0,"text":"x","prompt_token_ids":[1],"prompt_text":"p","token_ids":[7]}]}"#;
         let out = text(&s.feed_bytes(format!("{first}\n\n").as_bytes()));
         assert!(!out.contains("prompt_text") && !out.contains("token_ids"), "{out}");
+    }
+
+    #[test]
+    fn a_long_prompt_reads_the_same_lifted_or_parsed_whole() {
+        let ids: Vec<u32> = (0..6000).map(|i| i * 7 % 8192).collect();
+        let one = format!(
+            r#"{{"id":"a","created":1,"model":"m","choices":[{{"index":0,"text":"x","prompt_token_ids":{ids:?},"token_ids":[7]}}]}}"#
+        );
+        // Two choices name the key twice, so nothing is lifted and the chunk is parsed whole.
+        let two = format!(
+            r#"{{"id":"a","created":1,"model":"m","choices":[{{"index":0,"text":"x","prompt_token_ids":{ids:?},"token_ids":[7]}},{{"index":1,"text":"y","prompt_token_ids":{ids:?}}}]}}"#
+        );
+        for (chunk, lifts) in [(one, true), (two, false)] {
+            assert_eq!(super::super::lift::prompt_ids(chunk.as_bytes()).is_some(), lifts);
+            let mut s = Stream::new(false, false);
+            let out = text(&s.feed_bytes(format!("data: {chunk}\n\n").as_bytes()));
+            assert!(!out.contains("token_ids") && out.contains(r#""text":"x""#), "{out}");
+            assert_eq!(s.prompt_ids.as_deref(), Some(&ids[..]));
+            assert_eq!(s.generated, vec![7]);
+        }
     }
 
     /// The usage after a seam, for a continuation whose usage is `usage`, after a first

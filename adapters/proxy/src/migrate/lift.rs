@@ -1,0 +1,135 @@
+//! Lifts a chunk's `prompt_token_ids` array out of its bytes before the chunk is parsed.
+//!
+//! A worker's first chunk carries the whole prompt's ids, and it is on the path to the
+//! client's first token: parsing thousands of ids into `serde_json::Value`s cost about
+//! as much as the rest of the request's routing. Here they are read straight into `u32`s
+//! and the array left empty, so the parse that follows sees a short chunk. Anything
+//! unexpected gives `None`, and the caller parses the chunk whole as before.
+
+const KEY: &[u8] = b"\"prompt_token_ids\"";
+
+/// The chunk `data` with its one `"prompt_token_ids"` array emptied (`[]`), and the ids
+/// that array held. `None` when the key is absent or appears more than once, or when
+/// its value is not an array of integers that fit `u32`.
+pub(crate) fn prompt_ids(data: &[u8]) -> Option<(Vec<u8>, Vec<u32>)> {
+    let mut found = memchr::memmem::find_iter(data, KEY);
+    let at = found.next()?;
+    if found.next().is_some() || escaped(data, at) {
+        return None;
+    }
+    let mut i = skip_ws(data, at + KEY.len());
+    if data.get(i) != Some(&b':') {
+        return None;
+    }
+    i = skip_ws(data, i + 1);
+    if data.get(i) != Some(&b'[') {
+        return None;
+    }
+    let open = i;
+    let (ids, close) = ids_until_close(data, open + 1)?;
+    let mut rest = Vec::with_capacity(data.len() - (close - open) + 1);
+    rest.extend_from_slice(&data[..=open]);
+    rest.extend_from_slice(&data[close..]);
+    Some((rest, ids))
+}
+
+/// The integers of an array whose first element starts at or after `i`, and where its
+/// `]` is.
+fn ids_until_close(data: &[u8], mut i: usize) -> Option<(Vec<u32>, usize)> {
+    let mut ids = Vec::new();
+    i = skip_ws(data, i);
+    if data.get(i) == Some(&b']') {
+        return Some((ids, i));
+    }
+    loop {
+        let (id, end) = integer(data, i)?;
+        ids.push(id);
+        i = skip_ws(data, end);
+        match data.get(i)? {
+            b',' => i = skip_ws(data, i + 1),
+            b']' => return Some((ids, i)),
+            _ => return None,
+        }
+    }
+}
+
+/// A JSON integer (no sign, fraction or exponent, no leading zero) at `i` that fits
+/// `u32`, and where it ends.
+fn integer(data: &[u8], i: usize) -> Option<(u32, usize)> {
+    let digits = data[i.min(data.len())..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > 10 || (digits > 1 && data[i] == b'0') {
+        return None;
+    }
+    let mut value: u64 = 0;
+    for &d in &data[i..i + digits] {
+        value = value * 10 + u64::from(d - b'0');
+    }
+    Some((u32::try_from(value).ok()?, i + digits))
+}
+
+/// Whether the quote at `at` is escaped: an odd run of backslashes before it, so it sits
+/// inside a string rather than opening a key.
+fn escaped(data: &[u8], at: usize) -> bool {
+    data[..at].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
+}
+
+fn skip_ws(data: &[u8], i: usize) -> usize {
+    i + data.get(i..).map_or(0, |rest| rest.iter().take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')).count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `data` lifts to `want`: the chunk left and the ids, or `None`.
+    fn check(data: &str, want: Option<(&str, &[u32])>) {
+        let got = prompt_ids(data.as_bytes());
+        let got = got.as_ref().map(|(rest, ids)| (std::str::from_utf8(rest).unwrap(), ids.as_slice()));
+        assert_eq!(got, want, "lifting {data}");
+    }
+
+    #[test]
+    fn ids_are_lifted_wherever_the_key_is() {
+        check(
+            r#"{"id":"a","choices":[{"text":"","prompt_token_ids":[1,2,30],"token_ids":[7]}]}"#,
+            Some((r#"{"id":"a","choices":[{"text":"","prompt_token_ids":[],"token_ids":[7]}]}"#, &[1, 2, 30])),
+        );
+        check(r#"{"prompt_token_ids" : [ 4 , 5 ] }"#, Some((r#"{"prompt_token_ids" : [] }"#, &[4, 5])));
+        check(r#"{"prompt_token_ids":[]}"#, Some((r#"{"prompt_token_ids":[]}"#, &[])));
+        check(r#"{"prompt_token_ids":[4294967295]}"#, Some((r#"{"prompt_token_ids":[]}"#, &[u32::MAX])));
+        check(r#"{"prompt_token_ids":[0]}"#, Some((r#"{"prompt_token_ids":[]}"#, &[0])));
+    }
+
+    #[test]
+    fn anything_unexpected_is_left_to_the_full_parse() {
+        for data in [
+            r#"{"text":"x"}"#,
+            r#"{"prompt_token_ids":null}"#,
+            r#"{"prompt_token_ids":[1,2}"#,
+            r#"{"prompt_token_ids":[1,2"#,
+            r#"{"prompt_token_ids":[1,,2]}"#,
+            r#"{"prompt_token_ids":[1,]}"#,
+            r#"{"prompt_token_ids":[-1]}"#,
+            r#"{"prompt_token_ids":[1.5]}"#,
+            r#"{"prompt_token_ids":[1e3]}"#,
+            r#"{"prompt_token_ids":[01]}"#,
+            r#"{"prompt_token_ids":[4294967296]}"#,
+            r#"{"prompt_token_ids":[99999999999999999999]}"#,
+            r#"{"prompt_token_ids":["1"]}"#,
+            r#"{"prompt_token_ids"}"#,
+            r#"{"prompt_token_ids":"#,
+            r#"{"choices":[{"prompt_token_ids":[1]},{"prompt_token_ids":[1]}]}"#,
+            // In a string: the quotes are escaped, so it is text, not a key.
+            r#"{"text":"say \"prompt_token_ids\": [1]"}"#,
+            // A key that only ends with the name, after an escaped quote.
+            r#"{"x\"prompt_token_ids":[1]}"#,
+        ] {
+            check(data, None);
+        }
+    }
+
+    #[test]
+    fn an_escaped_backslash_before_the_key_does_not_hide_it() {
+        check(r#"{"text":"a\\","prompt_token_ids":[3]}"#, Some((r#"{"text":"a\\","prompt_token_ids":[]}"#, &[3])));
+    }
+}
