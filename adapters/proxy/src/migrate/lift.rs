@@ -12,25 +12,51 @@ const KEY: &[u8] = b"\"prompt_token_ids\"";
 /// that array held. `None` when the key is absent or appears more than once, or when
 /// its value is not an array of integers that fit `u32`.
 pub(crate) fn prompt_ids(data: &[u8]) -> Option<(Vec<u8>, Vec<u32>)> {
-    let mut found = memchr::memmem::find_iter(data, KEY);
-    let at = found.next()?;
-    if found.next().is_some() || escaped(data, at) {
-        return None;
-    }
-    let mut i = skip_ws(data, at + KEY.len());
-    if data.get(i) != Some(&b':') {
-        return None;
-    }
-    i = skip_ws(data, i + 1);
-    if data.get(i) != Some(&b'[') {
-        return None;
-    }
-    let open = i;
+    let (_, open) = only_array(data, KEY)?;
     let (ids, close) = ids_until_close(data, open + 1)?;
     let mut rest = Vec::with_capacity(data.len() - (close - open) + 1);
     rest.extend_from_slice(&data[..=open]);
     rest.extend_from_slice(&data[close..]);
     Some((rest, ids))
+}
+
+/// A token's chunk without its one `"token_ids"` member (and no `prompt_token_ids`), and
+/// the ids it held: the common chunk of a stream, which then needs no parse at all.
+/// `None` as [`prompt_ids`] gives it, or when the key names more than one choice's ids.
+pub(crate) fn token_ids(data: &[u8]) -> Option<(Vec<u8>, Vec<u32>)> {
+    if memchr::memmem::find(data, KEY).is_some() {
+        return None;
+    }
+    let (at, open) = only_array(data, b"\"token_ids\"")?;
+    let (ids, close) = ids_until_close(data, open + 1)?;
+    let before = data[..at].trim_ascii_end();
+    let after = &data[close + 1..];
+    let (cut_from, cut_to) = match (before.last(), after.trim_ascii_start().first()) {
+        (Some(b','), _) => (before.len() - 1, close + 1),
+        (Some(b'{'), Some(b',')) => (at, data.len() - after.trim_ascii_start().len() + 1),
+        (Some(b'{'), Some(b'}')) => (at, close + 1),
+        _ => return None,
+    };
+    let mut rest = Vec::with_capacity(data.len() - (cut_to - cut_from));
+    rest.extend_from_slice(&data[..cut_from]);
+    rest.extend_from_slice(&data[cut_to..]);
+    Some((rest, ids))
+}
+
+/// Where `key` (quoted) is, and where its array value opens, if it occurs once in `data`
+/// as a key.
+fn only_array(data: &[u8], key: &[u8]) -> Option<(usize, usize)> {
+    let mut found = memchr::memmem::find_iter(data, key);
+    let at = found.next()?;
+    if found.next().is_some() || escaped(data, at) {
+        return None;
+    }
+    let mut i = skip_ws(data, at + key.len());
+    if data.get(i) != Some(&b':') {
+        return None;
+    }
+    i = skip_ws(data, i + 1);
+    (data.get(i) == Some(&b'[')).then_some((at, i))
 }
 
 /// The integers of an array whose first element starts at or after `i`, and where its
@@ -125,6 +151,42 @@ mod tests {
             r#"{"x\"prompt_token_ids":[1]}"#,
         ] {
             check(data, None);
+        }
+    }
+
+    /// `data` loses its token ids as `want` says: the chunk left and the ids, or `None`.
+    fn check_token(data: &str, want: Option<(&str, &[u32])>) {
+        let got = token_ids(data.as_bytes());
+        let got = got.as_ref().map(|(rest, ids)| (std::str::from_utf8(rest).unwrap(), ids.as_slice()));
+        assert_eq!(got, want, "stripping {data}");
+    }
+
+    #[test]
+    fn a_tokens_ids_leave_with_their_comma() {
+        check_token(
+            r#"{"id":"a","choices":[{"index":0,"text":"x","token_ids":[7]}]}"#,
+            Some((r#"{"id":"a","choices":[{"index":0,"text":"x"}]}"#, &[7])),
+        );
+        check_token(
+            r#"{"choices":[{"token_ids":[7, 8] ,"text":"x"}]}"#,
+            Some((r#"{"choices":[{"text":"x"}]}"#, &[7, 8])),
+        );
+        check_token(r#"{"choices":[{ "token_ids":[] }]}"#, Some((r#"{"choices":[{  }]}"#, &[])));
+        check_token(r#"{"choices":[{"text":"x" , "token_ids":[1]}]}"#, Some((r#"{"choices":[{"text":"x" }]}"#, &[1])));
+    }
+
+    #[test]
+    fn a_chunk_the_token_path_cannot_read_is_parsed_whole() {
+        for data in [
+            r#"{"choices":[{"text":"x"}]}"#,
+            r#"{"choices":[{"token_ids":[1]},{"token_ids":[2]}]}"#,
+            r#"{"choices":[{"prompt_token_ids":[1],"token_ids":[2]}]}"#,
+            r#"{"choices":[{"token_ids":null}]}"#,
+            r#"{"choices":[{"token_ids":[1.0]}]}"#,
+            r#"["token_ids":[1]]"#,
+            r#"{"text":"a "token_ids":[1]"}"#,
+        ] {
+            check_token(data, None);
         }
     }
 

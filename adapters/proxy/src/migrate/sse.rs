@@ -6,8 +6,9 @@
 //!
 //! A worker whose first chunk carries no `prompt_token_ids` cannot be continued: from
 //! then on its bytes pass through as they come, unsplit and unparsed ([`Stream::passthrough`]).
-//! Otherwise only chunks that name token ids, and every chunk after a seam, are parsed;
-//! the others go out byte for byte.
+//! Otherwise only the first chunk and every chunk after a seam are parsed, and a token's
+//! chunk only if its ids cannot be cut out of its bytes (`lift.rs`); the others go out
+//! byte for byte.
 //!
 //! No I/O: bytes in, bytes out. Work is linear in the bytes fed.
 
@@ -150,9 +151,17 @@ impl Stream {
         // Most chunks need no parse: no seam yet, no token ids in them, identity known.
         let plain = self.seams == 0 && self.identity.is_some() && memchr::memmem::find(data, b"token_ids").is_none();
         if plain {
-            self.finished |= memchr::memmem::find(data, b"\"finish_reason\":\"").is_some()
-                || memchr::memmem::find(data, b"\"finish_reason\": \"").is_some();
+            self.finished |= finish_reason_set(data);
             return put_event(out, event);
+        }
+        if self.seams == 0 && self.identity.is_some() && !self.client_ids {
+            if let Some((rest, ids)) = super::lift::token_ids(data) {
+                self.generated.extend(ids);
+                self.finished |= finish_reason_set(&rest);
+                let mut line = b"data: ".to_vec();
+                line.extend_from_slice(&rest);
+                return put_event(out, &line);
+            }
         }
         // Ids the client did not ask for are removed anyway, so they need no Value.
         let lifted = if self.client_ids { None } else { super::lift::prompt_ids(data) };
@@ -302,6 +311,12 @@ impl Stream {
             json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": usage});
         Some(Bytes::from(format!("data: {chunk}\n\n")))
     }
+}
+
+/// Whether a chunk names a `finish_reason` (a string; `null` while it goes on).
+fn finish_reason_set(data: &[u8]) -> bool {
+    memchr::memmem::find(data, b"\"finish_reason\":\"").is_some()
+        || memchr::memmem::find(data, b"\"finish_reason\": \"").is_some()
 }
 
 /// Whether `data` holds `key` (a quoted name and its colon) with a value other than null.
