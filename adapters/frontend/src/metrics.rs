@@ -13,6 +13,7 @@
 //! are removed at the first scrape after it leaves the fleet ([`workers`]).
 
 mod ingest;
+mod tokenizer_cache;
 mod workers;
 
 pub use ingest::IngestRow;
@@ -390,6 +391,12 @@ impl Metrics {
              spans already waiting or exporting), export_failed (refused or no answer in time)",
             drops.0,
         );
+    }
+
+    /// Adds the prefix-cache counters of every tokenizer in `tokenizers` that keeps one
+    /// (`kvroute_tokenizer_cache_*`, by model), read at each scrape.
+    pub fn register_tokenizers(&mut self, tokenizers: crate::tokenize::Tokenizers) {
+        self.registry.register_collector(Box::new(tokenizer_cache::TokenizerCacheCollector(tokenizers)));
     }
 
     /// Adds `kvroute_tls_reloads_total{result}`: certificate reloads of `[tls]` that

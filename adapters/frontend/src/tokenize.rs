@@ -32,6 +32,10 @@ pub trait Tokenize: Send + Sync {
     fn media(&self) -> Option<&ChatMedia> {
         None
     }
+    /// The counters of the tokenizer's prefix cache, for one that keeps one. Default none.
+    fn cache_stats(&self) -> Option<kvroute_tokenize::CacheStats> {
+        None
+    }
 }
 
 /// A tokenizer's failure, carrying the tokenizer's own error as its source; the proxy
@@ -78,6 +82,11 @@ impl Tokenizers {
     /// `model`'s tokenizer, if registered.
     pub fn get(&self, model: &str) -> Option<&Arc<dyn Tokenize>> {
         self.by_model.get(model)
+    }
+
+    /// Every registered model and its tokenizer, by model name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Arc<dyn Tokenize>)> {
+        self.by_model.iter().map(|(m, t)| (m.as_str(), t))
     }
 }
 

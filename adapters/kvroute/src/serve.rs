@@ -66,6 +66,9 @@ impl Tokenize for ServeTokenizer {
     fn media(&self) -> Option<&ChatMedia> {
         self.media.as_ref()
     }
+    fn cache_stats(&self) -> Option<kvroute_tokenize::CacheStats> {
+        Some(self.hf.0.cache_stats())
+    }
 }
 
 /// Reads the file and applies the flags.

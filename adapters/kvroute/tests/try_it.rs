@@ -468,6 +468,12 @@ fn image_chats_route_to_the_sim_worker_that_holds_the_image() {
     assert_eq!((served.status, served.header("x-kvroute-worker")), (200, Some("1")), "{}", served.body);
     let cached = served.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
     assert_eq!(cached, Some(first_blocks * IMAGE_BLOCK), "{}", served.body);
+    // The follow-up was tokenized more than once, its pieces from the prefix cache after
+    // the first time.
+    let metrics = http(addr, "GET", "/metrics", None).body;
+    let hits = format!("kvroute_tokenizer_cache_pieces_total{{model=\"{MODEL}\",result=\"hit\"}} ");
+    let hit: u64 = metrics.lines().find_map(|l| l.strip_prefix(&hits)?.parse().ok()).unwrap_or(0);
+    assert!(hit > 0, "the tokenizer's prefix cache served pieces: {metrics}");
     drop((w1, w2, proxy));
 }
 

@@ -127,6 +127,7 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
         tracing,
         client_tls,
     } = front;
+    metrics.register_tokenizers(tokenizers.clone());
     if let Some(t) = &tls {
         metrics.register_tls_reloads(t.reloads());
         tokio::spawn(t.clone().watch(shutdown_rx.clone()));
