@@ -13,6 +13,8 @@ use crate::tokenize::Tokenizers;
 
 /// Reads one gauge's value from a cache's counters.
 type Get = fn(&CacheStats) -> usize;
+/// Splits one counter of a cache by a label's two values.
+type Split = fn(&CacheStats) -> [(&'static str, u64); 2];
 
 #[derive(Debug)]
 pub(super) struct TokenizerCacheCollector(pub(super) Tokenizers);
@@ -24,28 +26,26 @@ impl Collector for TokenizerCacheCollector {
         if stats.is_empty() {
             return Ok(());
         }
-        let pieces = |s: &CacheStats| [("hit", s.hits), ("miss", s.misses)];
-        let tokens = |s: &CacheStats| [("reused", s.tokens_reused), ("encoded", s.tokens_encoded)];
-        let mut m = enc.encode_descriptor(
-            "kvroute_tokenizer_cache_pieces",
-            "Prompt pieces looked up in the tokenizer's prefix cache, by result",
-            None,
-            MetricType::Counter,
-        )?;
-        for (model, s) in &stats {
-            for (result, n) in pieces(s) {
-                ConstCounter::new(n).encode(m.encode_family(&[("model", model.as_str()), ("result", result)])?)?;
-            }
-        }
-        let mut m = enc.encode_descriptor(
-            "kvroute_tokenizer_cache_tokens",
-            "Prompt tokens taken from the tokenizer's prefix cache (reused) or computed (encoded)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (model, s) in &stats {
-            for (source, n) in tokens(s) {
-                ConstCounter::new(n).encode(m.encode_family(&[("model", model.as_str()), ("source", source)])?)?;
+        let split: [(&str, &str, &str, Split); 2] = [
+            (
+                "kvroute_tokenizer_cache_pieces",
+                "Prompt pieces looked up in the tokenizer's prefix cache, by result",
+                "result",
+                |s| [("hit", s.hits), ("miss", s.misses)],
+            ),
+            (
+                "kvroute_tokenizer_cache_tokens",
+                "Prompt tokens taken from the tokenizer's prefix cache (reused) or computed (encoded)",
+                "source",
+                |s| [("reused", s.tokens_reused), ("encoded", s.tokens_encoded)],
+            ),
+        ];
+        for (name, help, label, parts) in split {
+            let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (model, s) in &stats {
+                for (value, n) in parts(s) {
+                    ConstCounter::new(n).encode(m.encode_family(&[("model", model.as_str()), (label, value)])?)?;
+                }
             }
         }
         let mut m = enc.encode_descriptor(
