@@ -13,7 +13,7 @@ const KEY: &[u8] = b"\"prompt_token_ids\"";
 /// its value is not an array of integers that fit `u32`.
 pub(crate) fn prompt_ids(data: &[u8]) -> Option<(Vec<u8>, Vec<u32>)> {
     let (_, open) = only_array(data, KEY)?;
-    let (ids, close) = ids_until_close(data, open + 1)?;
+    let (ids, close) = ids_until_close(data, open)?;
     let mut rest = Vec::with_capacity(data.len() - (close - open) + 1);
     rest.extend_from_slice(&data[..=open]);
     rest.extend_from_slice(&data[close..]);
@@ -28,7 +28,7 @@ pub(crate) fn token_ids(data: &[u8]) -> Option<(Vec<u8>, Vec<u32>)> {
         return None;
     }
     let (at, open) = only_array(data, b"\"token_ids\"")?;
-    let (ids, close) = ids_until_close(data, open + 1)?;
+    let (ids, close) = ids_until_close(data, open)?;
     let before = data[..at].trim_ascii_end();
     let after = &data[close + 1..];
     let (cut_from, cut_to) = match (before.last(), after.trim_ascii_start().first()) {
@@ -59,38 +59,12 @@ fn only_array(data: &[u8], key: &[u8]) -> Option<(usize, usize)> {
     (data.get(i) == Some(&b'[')).then_some((at, i))
 }
 
-/// The integers of an array whose first element starts at or after `i`, and where its
-/// `]` is.
-fn ids_until_close(data: &[u8], mut i: usize) -> Option<(Vec<u32>, usize)> {
-    let mut ids = Vec::new();
-    i = skip_ws(data, i);
-    if data.get(i) == Some(&b']') {
-        return Some((ids, i));
-    }
-    loop {
-        let (id, end) = integer(data, i)?;
-        ids.push(id);
-        i = skip_ws(data, end);
-        match data.get(i)? {
-            b',' => i = skip_ws(data, i + 1),
-            b']' => return Some((ids, i)),
-            _ => return None,
-        }
-    }
-}
-
-/// A JSON integer (no sign, fraction or exponent, no leading zero) at `i` that fits
-/// `u32`, and where it ends.
-fn integer(data: &[u8], i: usize) -> Option<(u32, usize)> {
-    let digits = data[i.min(data.len())..].iter().take_while(|b| b.is_ascii_digit()).count();
-    if digits == 0 || digits > 10 || (digits > 1 && data[i] == b'0') {
-        return None;
-    }
-    let mut value: u64 = 0;
-    for &d in &data[i..i + digits] {
-        value = value * 10 + u64::from(d - b'0');
-    }
-    Some((u32::try_from(value).ok()?, i + digits))
+/// The `u32`s of the array that opens at `open`, read by serde_json straight into
+/// integers (no `Value`s), and where its `]` is.
+fn ids_until_close(data: &[u8], open: usize) -> Option<(Vec<u32>, usize)> {
+    let mut arrays = serde_json::Deserializer::from_slice(&data[open..]).into_iter::<Vec<u32>>();
+    let ids = arrays.next()?.ok()?;
+    Some((ids, open + arrays.byte_offset() - 1))
 }
 
 /// Whether the quote at `at` is escaped: an odd run of backslashes before it, so it sits
