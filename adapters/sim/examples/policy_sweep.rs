@@ -9,7 +9,9 @@
 //!
 //! The workload is the bundled Mooncake slice with each hash id as 128 tokens and
 //! lengths ÷ 4 (the fleet benchmark's conversation workload), or `--trace FILE`.
-//! A variant is `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
+//! A variant is `oracle` or `oracle-e2e` (the clairvoyant greedy references of
+//! `kvroute_sim::lookahead`, sending each request where its first or last token comes
+//! soonest), `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
 //! (session_decode_time_weight, at a session's first request), `sret`
 //! (session_return_ms), `memshare`
@@ -32,6 +34,7 @@
 //! `--speedups` times X to keep the load, and latencies are then in the workers' time.
 
 use kvroute_sim::engine::EngineConfig;
+use kvroute_sim::lookahead::{Goal, Lookahead};
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
@@ -167,6 +170,18 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
     Ok(cfg)
 }
 
+/// Passes a lookahead copy may run before it gives up on a worker.
+const LOOKAHEAD_PASSES_MAX: u32 = 100_000;
+
+/// The clairvoyant references (`kvroute_sim::lookahead`): deterministic, so one run each.
+fn lookahead_goal(variant: &str) -> Option<Goal> {
+    match variant {
+        "oracle" => Some(Goal::FirstToken),
+        "oracle-e2e" => Some(Goal::LastToken),
+        _ => None,
+    }
+}
+
 fn run<D: Dispatcher>(cfg: &ReplayConfig, reqs: &[SimRequest], d: &mut D) -> Result<ReplayReport, String> {
     replay(cfg, reqs, d).map_err(|e| e.to_string())
 }
@@ -234,6 +249,16 @@ fn main() -> Result<(), String> {
             dump(path, "text-tree", speedup, &rep)?;
         }
         for v in &a.variants {
+            if let Some(goal) = lookahead_goal(v) {
+                let mut d = Lookahead::new(goal, LOOKAHEAD_PASSES_MAX);
+                let rep = run(&rcfg, &reqs, &mut d)?;
+                line(v, speedup, &rep);
+                if let Some(path) = &a.records {
+                    dump(path, v, speedup, &rep)?;
+                }
+                println!("{{\"variant\":\"{v}\",\"unresolved\":{}}}", d.unresolved);
+                continue;
+            }
             for seed in 0..a.seeds {
                 let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
                 let rep = run(&rcfg, &reqs, &mut d)?;

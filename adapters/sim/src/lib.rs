@@ -17,6 +17,7 @@
 pub mod bound;
 pub mod ceiling;
 pub mod engine;
+pub mod lookahead;
 pub mod peer;
 pub mod prompt;
 pub mod replay;

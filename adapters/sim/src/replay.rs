@@ -62,6 +62,13 @@ pub trait Dispatcher {
     /// A request arrived at `now_ms`: where should it go?
     fn on_arrival(&mut self, now_ms: f64, req: &SimRequest) -> Dispatch;
 
+    /// The replay's call at an arrival, with every engine as it stands at `now_ms`. Only
+    /// reference dispatchers that see what no router can (see [`crate::lookahead`])
+    /// override it; the default asks [`Dispatcher::on_arrival`].
+    fn on_arrival_seeing(&mut self, now_ms: f64, req: &SimRequest, _engines: &[Engine]) -> Dispatch {
+        self.on_arrival(now_ms, req)
+    }
+
     /// A worker's KV event, delivered `kv_event_lag_ms` after it happened.
     fn on_kv_event(&mut self, _now_ms: f64, _worker: u32, _event_id: u64, _event: &KvEvent) {}
 
@@ -383,7 +390,7 @@ impl<D: Dispatcher> Loop<'_, D> {
                 let i = self.arrivals[next_arrival];
                 next_arrival += 1;
                 now = now.max(self.reqs[i].arrival_ms);
-                let decision = self.d.on_arrival(now, &self.reqs[i]);
+                let decision = self.d.on_arrival_seeing(now, &self.reqs[i], &self.engines);
                 self.dispatch(now, i, decision);
                 self.drain_dispatcher(now);
                 continue;

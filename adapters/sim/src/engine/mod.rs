@@ -272,7 +272,9 @@ pub struct EngineStats {
     pub stalls: u64,
 }
 
-/// One simulated worker. See the module docs for the calling order.
+/// One simulated worker. See the module docs for the calling order. A clone runs on
+/// independently (what-if studies such as [`crate::lookahead`]).
+#[derive(Clone)]
 pub struct Engine {
     cfg: EngineConfig,
     worker_index: u32,

@@ -57,6 +57,7 @@ pub(crate) struct Slot {
 }
 
 /// The block pool. Capacity counts resident (active + inactive) and private blocks.
+#[derive(Clone)]
 pub(crate) struct Pool {
     capacity: u32,
     slots: Vec<Slot>,

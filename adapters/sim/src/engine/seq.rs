@@ -12,6 +12,7 @@ use super::pool::{Pool, NIL};
 use super::{EngineOutput, KvEvent};
 use crate::prompt::{Prompt, OUTPUT_TOKEN_ID_BASE};
 
+#[derive(Clone)]
 pub(crate) struct Req {
     pub(crate) id: u64,
     pub(crate) prompt: Prompt,
