@@ -8,6 +8,7 @@ Replay runs in model time, so its figures do not depend on how busy the host is.
 
     cargo build --release -p kvroute-sim --example policy_sweep
     python3 benches/fleet/replay_sweep.py --variants 'kv;dtw=0' --seeds 3
+    python3 benches/fleet/replay_sweep.py --variants 'kv;oracle' --sessions --regret
 
 Conversation is one trace (the bundled slice); its seeds beyond the first scale each
 arrival time by a factor drawn from 1 ± 0.02, since its outcome turns on the order of
@@ -16,6 +17,11 @@ runs with router seeds 0..--router-seeds (its tie-breaking draws). The report is
 workload and load, the median of each figure over those runs, and its ratio to the
 text-tree rule's median: hits (>= 1 meets #27's target), TTFT mean and p99 (<= 0.8) and
 end-to-end mean (<= 0.95).
+
+The variant `oracle` is a clairvoyant reference, not a policy: it sends each request to
+the worker where a copy of that worker's engine, run forward with the request added,
+gives the first token soonest. `--regret` scores every kv choice the same way on kv's own
+run: how much faster the best worker at that moment would have been.
 """
 
 import argparse
@@ -72,13 +78,34 @@ def with_sessions(reqs, recs):
     return [dict(rec, session_id=reqs[i].session) if reqs[i].session else rec for i, rec in zip(order, recs)]
 
 
-def sweep(binary, path, variants, router_seeds, sessions, workers=8):
-    """policy_sweep's run lines for one trace."""
+def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None):
+    """policy_sweep's run lines for one trace; with `regret` (a path), each kv run's
+    per-request choices against the best worker then are appended there."""
     argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1", "--speedups", "1",
             "--workers", str(workers),
             "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
+    if regret:
+        argv += ["--regret", str(regret)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [d for d in map(json.loads, out.splitlines()) if "hits" in d]
+
+
+def regret_summary(path):
+    """Per variant, over every request in `path` (policy_sweep's --regret lines): the mean
+    TTFT of its choices and of the best worker at each arrival, the mean regret as a share
+    of the former, and how many choices were not the best (by more than 1 ms)."""
+    by = {}
+    for c in map(json.loads, Path(path).read_text().splitlines()):
+        if c["chosen_ms"] is not None:
+            by.setdefault(c["variant"], []).append(c)
+    out = {}
+    for v, cs in by.items():
+        chosen = statistics.fmean(c["chosen_ms"] for c in cs)
+        best = statistics.fmean(c["best_ms"] for c in cs)
+        out[v] = {"requests": len(cs), "chosen_ttft_ms": round(chosen, 2), "best_ttft_ms": round(best, 2),
+                  "regret_share": round((chosen - best) / chosen, 4) if chosen else None,
+                  "not_best_share": round(sum(c["chosen_ms"] > c["best_ms"] + 1.0 for c in cs) / len(cs), 4)}  # fmt: skip
+    return out
 
 
 def medians(runs):
@@ -108,18 +135,25 @@ def main():
     p.add_argument("--sessions", action="store_true",
                    help="send agent programs' session ids (kvroute binds them hard unless a variant says aff=cost)")
     p.add_argument("--bin", default=str(HERE.parents[1] / "target/release/examples/policy_sweep"))
+    p.add_argument("--regret", action="store_true",
+                   help="also score every kv choice against the worker where the request's first token "
+                   "would have come soonest, given the fleet's state at its arrival (slower: 1 + workers "
+                   "engine copies run per request)")  # fmt: skip
     p.add_argument("--out", help="write the report as JSON here too")
     args = p.parse_args()
     vocab = words.Vocab.generated()
     seeds = [workloads.Spec().seed] + list(range(1, args.seeds))
-    report = {}
+    report, regrets = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.workloads.split(","):
             for load in args.loads.split(","):
+                reg = Path(tmp) / f"regret-{kind}-{load}.jsonl" if args.regret else None
                 runs = [d for path in traces(kind, load, seeds, vocab, tmp, args.workers)
                         for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions,
-                                       args.workers)]  # fmt: skip
+                                       args.workers, reg)]  # fmt: skip
                 report[f"{kind}/{load}"] = medians(runs)
+                if reg:
+                    regrets[f"{kind}/{load}"] = regret_summary(reg)
     met = {}
     print(f"{'workload/load':24}{'variant':36}" + "".join(f"{f:>20}" for f in FIGURES) + f"{'busiest':>9}")
     for wl, by in report.items():
@@ -133,6 +167,14 @@ def main():
                 cells.append(f"{m[f]:.4g} ({r:.2f}{'' if ok else '*'})")
             print(f"{wl:24}{v[:35]:36}" + "".join(f"{c:>20}" for c in cells) + f"{m['busiest']:9.2f}")
     print("targets met (of %d; * marks a miss):" % (4 * len(report)), json.dumps({v: n for v, n in met.items() if v != PEER}))
+    if regrets:
+        print("per-request regret (TTFT of each choice against the best worker at its arrival, all requests):")
+        print(f"{'workload/load':24}{'variant':36}{'chosen ms':>10}{'best ms':>10}{'regret':>8}{'not best':>9}")
+        for wl, by in regrets.items():
+            for v, r in by.items():
+                print(f"{wl:24}{v[:35]:36}{r['chosen_ttft_ms']:10.1f}{r['best_ttft_ms']:10.1f}"
+                      f"{r['regret_share']:8.1%}{r['not_best_share']:9.1%}")  # fmt: skip
+        report = {"figures": report, "regret": regrets}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
 

@@ -20,6 +20,7 @@ import floors  # noqa: E402
 import loadgen  # noqa: E402
 import multimodal  # noqa: E402
 import overhead  # noqa: E402
+import replay_sweep  # noqa: E402
 import report  # noqa: E402
 import simfleet  # noqa: E402
 import workloads  # noqa: E402
@@ -348,6 +349,26 @@ class Floors(unittest.TestCase):
         self.assertTrue(got["ttft_ms_mean"]["out_of_reach"])
         self.assertFalse(got["e2e_ms_mean"]["out_of_reach"])
         self.assertNotIn("hit_rate", got, "a >= target has no floor")
+
+
+class Regret(unittest.TestCase):
+    def check(self, choices, want):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "regret.jsonl"
+            path.write_text("".join(json.dumps(dict(variant="kv", seed=0, id=i, **c)) + "\n" for i, c in enumerate(choices)))
+            self.assertEqual(replay_sweep.regret_summary(path)["kv"], want)
+
+    def test_regret_is_the_mean_gap_over_the_mean_choice(self):
+        # 40 and 60 ms chosen where 40 and 50 were best: means 50 and 45, so 5 ms of 50
+        # is 10%; one choice of two was not the best. A queued request (no time) is left out.
+        best, slower, queued = (dict(chosen_ms=40.0, best_ms=40.0), dict(chosen_ms=60.0, best_ms=50.0),
+                                dict(chosen_ms=None, best_ms=30.0))  # fmt: skip
+        self.check([best, slower, queued], {"requests": 2, "chosen_ttft_ms": 50.0, "best_ttft_ms": 45.0,
+                                            "regret_share": 0.1, "not_best_share": 0.5})  # fmt: skip
+        # Within 1 ms counts as the best.
+        self.check([dict(chosen_ms=40.5, best_ms=40.0)], {"requests": 1, "chosen_ttft_ms": 40.5,
+                                                           "best_ttft_ms": 40.0, "regret_share": 0.0123,
+                                                           "not_best_share": 0.0})  # fmt: skip
 
 
 class LoadGenerator(unittest.TestCase):

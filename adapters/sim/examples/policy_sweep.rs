@@ -27,6 +27,9 @@
 //! while another is not), as the fleet benchmark runs it: without it, a saturated
 //! conversation replay kept 0.197 hits where the fleet measured 0.172. `--seeds N`
 //! runs each variant with router seeds 0..N (its tie-breaking draws), one line each.
+//! `--regret FILE` appends, for every request of each kv run, the worker it chose and the
+//! worker where its first token would have come soonest given the fleet's state then
+//! (`kvroute_sim::lookahead::Regret`), with both times.
 //! `--sessions 1` sends the trace's `session_id`s as the session header (hard affinity
 //! unless a variant says `aff=soft` or `aff=cost`); the text-tree rule ignores them.
 //! `--engine-speedup X` runs the workers X times faster than the timing model the router
@@ -34,7 +37,7 @@
 //! `--speedups` times X to keep the load, and latencies are then in the workers' time.
 
 use kvroute_sim::engine::EngineConfig;
-use kvroute_sim::lookahead::{Goal, Lookahead};
+use kvroute_sim::lookahead::{Choice, Goal, Lookahead, Regret};
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
@@ -53,6 +56,7 @@ struct Args {
     scale: f64,
     seeds: u64,
     records: Option<String>,
+    regret: Option<String>,
     engine_speedup: f64,
     sessions: bool,
 }
@@ -68,6 +72,7 @@ fn parse() -> Result<Args, String> {
         scale: 0.25,
         seeds: 1,
         records: None,
+        regret: None,
         engine_speedup: 1.0,
         sessions: false,
     };
@@ -85,6 +90,7 @@ fn parse() -> Result<Args, String> {
             "--scale" => a.scale = num(v)?,
             "--seeds" => a.seeds = num(v)?.max(1.0) as u64,
             "--records" => a.records = Some(v.clone()),
+            "--regret" => a.regret = Some(v.clone()),
             "--engine-speedup" => a.engine_speedup = num(v)?,
             "--sessions" => a.sessions = num(v)? != 0.0,
             _ => return Err(format!("unknown flag {k}")),
@@ -216,6 +222,27 @@ fn dump(path: &str, name: &str, speedup: f64, r: &ReplayReport) -> Result<(), St
     Ok(())
 }
 
+/// Appends each arrival's choice against the lookahead's best worker to `path`.
+fn dump_regret(path: &str, name: &str, seed: u64, choices: &[Choice]) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| format!("{path}: {e}"))?;
+    for c in choices {
+        let (w, ms) = (c.chosen.map_or(-1, i64::from), c.chosen_ms.unwrap_or(f64::NAN));
+        writeln!(
+            f,
+            "{{\"variant\":\"{name}\",\"seed\":{seed},\"id\":{},\"chosen\":{w},\"chosen_ms\":{},\"best\":{},\"best_ms\":{},\"chosen_cached\":{},\"best_cached\":{}}}",
+            c.id,
+            if ms.is_finite() { ms.to_string() } else { "null".into() },
+            c.best,
+            c.best_ms,
+            c.chosen_cached,
+            c.best_cached
+        )
+        .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), String> {
     let a = parse()?;
     let engine = EngineConfig {
@@ -260,8 +287,17 @@ fn main() -> Result<(), String> {
                 continue;
             }
             for seed in 0..a.seeds {
-                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
-                let rep = run(&rcfg, &reqs, &mut d)?;
+                let d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
+                let mut d = Regret::new(d, Goal::FirstToken, LOOKAHEAD_PASSES_MAX);
+                let rep = match &a.regret {
+                    Some(path) => {
+                        let rep = run(&rcfg, &reqs, &mut d)?;
+                        dump_regret(path, v, seed, &d.choices)?;
+                        rep
+                    }
+                    None => run(&rcfg, &reqs, &mut d.inner)?,
+                };
+                let d = d.inner;
                 line(v, speedup, &rep);
                 if let Some(path) = &a.records {
                     dump(path, v, speedup, &rep)?;
