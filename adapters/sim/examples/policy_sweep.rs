@@ -11,7 +11,8 @@
 //! lengths ÷ 4 (the fleet benchmark's conversation workload), or `--trace FILE`.
 //! A variant is `oracle` or `oracle-e2e` (the clairvoyant greedy references of
 //! `kvroute_sim::lookahead`, sending each request where its first or last token comes
-//! soonest), `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
+//! soonest), `partition` (each shared document or opening on one worker, balanced with
+//! the whole trace in hand), `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
 //! (session_decode_time_weight, at a session's first request), `sret`
 //! (session_return_ms), `memshare`
@@ -176,6 +177,45 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
     Ok(cfg)
 }
 
+/// A clairvoyant partition (`partition`): requests are grouped by their prompt's ninth
+/// block (a shared document, or a conversation's opening), and the groups, heaviest first
+/// by their output tokens over the whole trace, go to the worker with the least so far.
+/// Every group lives on one worker, so nothing is computed twice that a single copy
+/// would hold: what the best balance of whole groups gives.
+struct Partition {
+    of: std::collections::HashMap<u64, u32>,
+}
+
+impl Partition {
+    fn new(reqs: &[SimRequest], workers: u32) -> Self {
+        let mut weight = std::collections::HashMap::<u64, u64>::new();
+        for r in reqs {
+            *weight.entry(Self::key(r)).or_default() += u64::from(r.output_len);
+        }
+        let mut groups: Vec<(u64, u64)> = weight.into_iter().collect();
+        groups.sort_by_key(|&(k, w)| (std::cmp::Reverse(w), k));
+        let mut load = vec![0u64; workers.max(1) as usize];
+        let mut of = std::collections::HashMap::new();
+        for (k, w) in groups {
+            let (i, _) = load.iter().enumerate().min_by_key(|&(i, l)| (*l, i)).expect("a worker");
+            load[i] += w;
+            of.insert(k, i as u32);
+        }
+        Partition { of }
+    }
+
+    fn key(r: &SimRequest) -> u64 {
+        let b = r.prompt.blocks();
+        b.get(8).or(b.last()).map_or(0, |h| h.seq.0)
+    }
+}
+
+impl Dispatcher for Partition {
+    fn on_arrival(&mut self, _now_ms: f64, req: &SimRequest) -> kvroute_sim::Dispatch {
+        kvroute_sim::Dispatch::To(self.of.get(&Self::key(req)).copied().unwrap_or(0))
+    }
+}
+
 /// Passes a lookahead copy may run before it gives up on a worker.
 const LOOKAHEAD_PASSES_MAX: u32 = 100_000;
 
@@ -276,6 +316,11 @@ fn main() -> Result<(), String> {
             dump(path, "text-tree", speedup, &rep)?;
         }
         for v in &a.variants {
+            if v == "partition" {
+                let rep = run(&rcfg, &reqs, &mut Partition::new(&reqs, a.workers))?;
+                line(v, speedup, &rep);
+                continue;
+            }
             if let Some(goal) = lookahead_goal(v) {
                 let mut d = Lookahead::new(goal, LOOKAHEAD_PASSES_MAX);
                 let rep = run(&rcfg, &reqs, &mut d)?;
