@@ -273,6 +273,7 @@ def routers_of(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    fleet.stop_on_sigterm()
     if not args.kvroute.exists():
         raise SystemExit(f"{args.kvroute} is missing; run `cargo build --release --bin kvroute` first")
     routers, skipped = routers_of(args)

@@ -90,6 +90,7 @@ def summarize(seen):
 
 def main(argv=None):
     args = parse_args(argv)
+    fleet.stop_on_sigterm()
     routers = [r for r in args.routers.split(",") if r]
     sizes = [int(s) for s in args.sizes.split(",") if s]
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,6 +7,8 @@ generator against a real socket. Standard library only:
 
 import asyncio
 import json
+import signal
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -369,6 +371,22 @@ class Regret(unittest.TestCase):
         self.check([dict(chosen_ms=40.5, best_ms=40.0)], {"requests": 1, "chosen_ttft_ms": 40.5,
                                                            "best_ttft_ms": 40.0, "regret_share": 0.0123,
                                                            "not_best_share": 0.0})  # fmt: skip
+
+
+class Signals(unittest.TestCase):
+    def test_sigterm_unwinds_so_the_servers_are_stopped(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            marker = Path(tmp) / "stopped"
+            code = (f"import sys, time; sys.path.insert(0, {str(HERE.parent / 'real_fleet')!r}); import fleet\n"
+                    "fleet.stop_on_sigterm()\n"
+                    "try:\n    print('ready', flush=True); time.sleep(30)\n"
+                    f"finally:\n    open({str(marker)!r}, 'w').write('stopped')\n")  # fmt: skip
+            p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            self.assertEqual(p.stdout.readline().strip(), "ready")
+            p.send_signal(signal.SIGTERM)
+            self.assertEqual(p.wait(timeout=10), 128 + signal.SIGTERM)
+            p.stdout.close()
+            self.assertTrue(marker.exists(), "the finally block did not run")
 
 
 class LoadGenerator(unittest.TestCase):

@@ -19,6 +19,16 @@ SERVED_NAME = "kvroute-bench"
 MAX_BATCHED_TOKENS = 2048
 
 
+def stop_on_sigterm():
+    """Makes SIGTERM unwind like Ctrl-C, so the `finally` blocks that stop the workers and
+    routers run: a benchmark killed by its caller leaves no server behind."""
+
+    def raise_exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, raise_exit)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -353,6 +353,7 @@ def build_items(args):
 
 def main():
     args = parse_args()
+    fleet.stop_on_sigterm()
     if not args.kvroute.exists():
         raise SystemExit(f"{args.kvroute} is missing; run `cargo build --release --bin kvroute` first")
     if args.replay_only:
