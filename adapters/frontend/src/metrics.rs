@@ -143,6 +143,7 @@ pub struct Metrics {
     tenant_queue_wait: HistogramFamily<TenantLabels>,
     untrusted: Family<FieldLabels, Counter>,
     retries: Family<FallbackLabels, Counter>,
+    first_byte_waits_extended: Family<ModelLabels, Counter>,
     migrations: Family<MigrationLabels, Counter>,
     failures: Family<FailureLabels, Counter>,
     ejections: Family<FailureLabels, Counter>,
@@ -249,6 +250,7 @@ impl Metrics {
             tenant_queue_wait: Family::new_with_constructor(overhead_buckets),
             untrusted: Family::default(),
             retries: Family::default(),
+            first_byte_waits_extended: Family::default(),
             migrations: Family::default(),
             failures: Family::default(),
             ejections: Family::default(),
@@ -315,6 +317,11 @@ impl Metrics {
             "kvroute_retries",
             "Tries re-sent to another worker before the first byte, by reason",
             m.retries.clone(),
+        );
+        r.register(
+            "kvroute_first_byte_waits_extended",
+            "First-byte timeouts on a worker that served others meanwhile (busy, not wedged): the try waited on instead of being retried",
+            m.first_byte_waits_extended.clone(),
         );
         r.register(
             "kvroute_migrations",
@@ -578,6 +585,12 @@ impl Metrics {
     /// A retry: `connect`, `reset`, `status_5xx`, `status_429`, `first_byte_timeout`, `ejected`.
     pub fn retry(&self, model: &str, reason: &'static str) {
         self.retries.get_or_create(&FallbackLabels { model: model.into(), reason }).inc();
+    }
+
+    /// A try outlived its first-byte timeout on a worker that was serving others, and
+    /// waits another period there.
+    pub fn first_byte_wait_extended(&self, model: &str) {
+        self.first_byte_waits_extended.get_or_create(&ModelLabels { model: model.into() }).inc();
     }
 
     /// A migration attempt (`reason`: `stream_broken`, `idle_timeout`) and its `outcome`

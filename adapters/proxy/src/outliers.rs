@@ -7,11 +7,14 @@ use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::EjectionConfig;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Tracked {
+    /// When the worker last sent a first byte or finished a stream.
+    progress_at: Option<Instant>,
     consecutive: u32,
     ejected: bool,
     /// Drained by an operator: ejection and readmission leave its health alone.
@@ -79,6 +82,17 @@ impl Outliers {
                 t.backoff_ms = 0;
             }
         });
+    }
+
+    /// The worker sent a try its first byte, or finished a stream: it is serving.
+    pub(crate) fn progress(&self, id: u64) {
+        self.with(id, |t, _| t.progress_at = Some(Instant::now()));
+    }
+
+    /// Whether the worker made [`Outliers::progress`] after `since`: a worker that is
+    /// busy, not wedged.
+    pub(crate) fn progressed_since(&self, id: u64, since: Instant) -> bool {
+        self.with(id, |t, _| t.progress_at.is_some_and(|at| at > since))
     }
 
     /// The probe failed: the next back-off, doubled up to the cap.

@@ -4,6 +4,8 @@
 //! worker. What reaches the caller is a worker's answer that may go to the client, or an
 //! error for the client.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +16,7 @@ use http_body_util::BodyExt;
 use kvroute_driver::{Booking, DispatchFailure, DriveError};
 use router_core::Request;
 use router_core::WorkerId;
+use tokio::time::error::Elapsed;
 use tokio::time::Instant;
 
 use crate::error::ApiError;
@@ -167,6 +170,39 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
     Ok(Some(booking))
 }
 
+/// Waits for `answer` until `limit` after the wait began (or the request's deadline),
+/// and returns it with the instant the wait ended at. A worker that served others while
+/// this try waited is busy, not wedged: the try waits another period where it is rather
+/// than count a failure against a healthy worker and send its prompt to be computed
+/// again elsewhere. Under a fleet-wide overload, retries would only add work and
+/// ejections take capacity away. `None`: with `on_ejection`, the worker was ejected first.
+async fn first_byte<F: Future>(
+    t: &Tries<'_>,
+    w: u64,
+    limit: Option<Duration>,
+    mut answer: Pin<&mut F>,
+    on_ejection: bool,
+) -> Option<(Result<F::Output, Elapsed>, Instant)> {
+    let state = t.state;
+    let by = |from: Instant| limit.and_then(|d| from.checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
+    let mut waited_from = Instant::now();
+    loop {
+        let until = by(waited_from);
+        let sent = tokio::select! {
+            // An answer that is ready says more than the ejection it may have caused.
+            biased;
+            sent = tokio::time::timeout_at(until, answer.as_mut()) => sent,
+            () = state.outliers.ejected(w), if on_ejection => return None,
+        };
+        if sent.is_err() && until < t.deadline && state.outliers.progressed_since(w, waited_from) {
+            state.metrics.first_byte_wait_extended(&t.pool.name);
+            waited_from = Instant::now();
+            continue;
+        }
+        return Some((sent, until));
+    }
+}
+
 /// Sends one try of a prompt of `isl_tokens` and waits for its head and, for a stream,
 /// its first frame, within the try's first-byte timeout (for a non-streaming try, its
 /// answer timeout). With `on_ejection`, the wait ends when the worker is ejected, which
@@ -190,9 +226,8 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
     };
     let span = crate::trace::try_span(t.p.trace.as_ref(), "upstream", worker_id.0, &mut up);
     let limit = retry::try_limit(&state.cfg.retry, t.shape, uncached_tokens(t.pool, &booking, isl_tokens));
-    let first_byte_by = limit.and_then(|d| Instant::now().checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
     booking.sending();
-    let answer = tokio::time::timeout_at(first_byte_by, async {
+    let answer = std::pin::pin!(async {
         let mut resp = state.client.send(up).await?;
         let first = if t.shape.stream && resp.status().is_success() {
             match resp.body_mut().frame().await {
@@ -206,18 +241,13 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
         Ok((resp, first))
     });
     let w = worker_id.0;
-    let sent = tokio::select! {
-        // An answer that is ready says more than the ejection it may have caused.
-        biased;
-        sent = answer => sent,
-        () = state.outliers.ejected(w), if on_ejection => {
-            if let Some(s) = &span {
-                s.fail("the worker was ejected before its first byte".into());
-            }
-            give_up(state, booking, w, RetryReason::Ejected);
-            let e = ApiError::upstream(format!("worker {w} was ejected before it sent a byte"));
-            return Err(Failed::Retry(RetryReason::Ejected, None, e));
+    let Some((sent, first_byte_by)) = first_byte(t, w, limit, answer, on_ejection).await else {
+        if let Some(s) = &span {
+            s.fail("the worker was ejected before its first byte".into());
         }
+        give_up(state, booking, w, RetryReason::Ejected);
+        let e = ApiError::upstream(format!("worker {w} was ejected before it sent a byte"));
+        return Err(Failed::Retry(RetryReason::Ejected, None, e));
     };
     if let Some(s) = &span {
         crate::trace::try_answered(s, crate::trace::head_of(&sent, |(r, _)| r.status().as_u16()));
@@ -248,7 +278,10 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
             Err(Failed::Retry(reason, None, ApiError::upstream(msg)))
         }
         Ok(Ok((resp, first))) => match retry::for_status(resp.status()) {
-            None => Ok(Answered { booking, resp, first }),
+            None => {
+                state.outliers.progress(w);
+                Ok(Answered { booking, resp, first })
+            }
             Some(reason) => {
                 let e = status_error(w, resp.status());
                 Err(Failed::Retry(reason, Some(Box::new(Answered { booking, resp, first })), e))

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use http::Method;
+use kvroute_sim_server::EngineConfig;
 use tokio::time::Instant;
 
 use crate::fault_common::{health_of, outlier};
@@ -134,6 +135,42 @@ async fn r4_a_wedged_worker_is_found_by_the_first_byte_timeout_and_ejected() {
     assert_eq!(health_of(addr, 1).await, "ejected");
     assert_eq!(outlier(addr, 1).await["ejections"], 1);
     eprintln!("10 requests with a wedged worker took {:.0} ms", ms(t0.elapsed()));
+    eventually(5_000, "released", || released(addr)).await;
+    sims.stop().await;
+}
+
+/// A worker that is only busy is not wedged. One worker runs one request at a time, so
+/// a burst queues there and most first bytes come after the first-byte timeout, while the
+/// worker keeps serving the ones ahead. Every request is served where it is: no retry,
+/// no failure counted, no ejection (which once took out every healthy worker of a fleet
+/// overloaded as a whole, and failed nearly all its requests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r5_a_busy_worker_past_the_first_byte_timeout_is_waited_for_not_ejected() {
+    let engine = EngineConfig { speedup: 1.0, block_size: 16, max_num_seqs: 1, ..EngineConfig::default() };
+    let sims = Sims::start_with(1, engine).await;
+    let mut cfg = sims.config();
+    cfg.retry.first_byte_timeout_base_ms = 150;
+    cfg.retry.first_byte_timeout_per_token_us = 0;
+    cfg.ejection.consecutive_failures = 2;
+    let p = proxy(cfg).await;
+    let addr = p.local_addr();
+    let t0 = Instant::now();
+    let burst: Vec<_> = (0..6)
+        .map(|i| {
+            tokio::spawn(async move { stream_all(addr, "/v1/completions", &completion(&format!("b{i}"), 12)).await })
+        })
+        .collect();
+    for (i, h) in burst.into_iter().enumerate() {
+        let r = h.await.expect("the client task");
+        assert!(r.done && r.error.is_none(), "request {i}: {r:?}");
+    }
+    let m = get(addr, "/metrics").await.text();
+    let extended = counted(&m, "kvroute_first_byte_waits_extended_total", &[]);
+    assert!(extended >= 1.0, "the burst outlived the first-byte timeout only if some wait was extended: {m}");
+    assert_eq!(counted(&m, RETRIES, &["reason=\"first_byte_timeout\""]), 0.0, "{m}");
+    assert_eq!(health_of(addr, 1).await, "healthy");
+    assert_eq!(outlier(addr, 1).await["ejections"], 0);
+    eprintln!("a burst of 6 on a one-at-a-time worker took {:.0} ms, {extended} waits extended", ms(t0.elapsed()));
     eventually(5_000, "released", || released(addr)).await;
     sims.stop().await;
 }

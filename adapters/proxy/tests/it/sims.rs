@@ -22,12 +22,17 @@ pub struct Sims {
 
 impl Sims {
     pub async fn start(n: usize) -> Sims {
+        Sims::start_with(n, EngineConfig { speedup: 1000.0, block_size: 16, ..EngineConfig::default() }).await
+    }
+
+    /// `n` workers running `engine`.
+    pub async fn start_with(n: usize, engine: EngineConfig) -> Sims {
         let (mut workers, mut faults) = (Vec::new(), Vec::new());
         for _ in 0..n {
             let f = Faults::default();
             let cfg = SimServerConfig {
                 model: MODEL.into(),
-                engine: EngineConfig { speedup: 1000.0, block_size: 16, ..EngineConfig::default() },
+                engine: engine.clone(),
                 faults: f.clone(),
                 shutdown_grace_ms: 100,
                 ..SimServerConfig::default()
