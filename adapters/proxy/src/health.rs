@@ -33,7 +33,7 @@ pub fn failure(state: &Arc<State>, worker: u64, kind: &'static str) {
             None => {}
         }
         state.metrics.ejected(&w.model, worker);
-        tracing::warn!(worker, backoff_ms, "worker ejected after consecutive failures");
+        tracing::warn!(worker, backoff_ms, last_failure = kind, "worker ejected after consecutive failures");
         tokio::spawn(probe_loop(state.clone(), worker, backoff_ms));
     }
 }
