@@ -177,7 +177,7 @@ def start_router(name, args, workers, log_dir):
     sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if args.workload == "multimodal" else ()
     mode, extra = KV_VARIANTS.get(name, (name, []))
     return fleet.start_kvroute(str(args.kvroute), mode, workers, log_dir, name=f"kvroute-{name}",
-                               router_extra=extra, sections=sections)
+                               router_extra=extra, sections=sections, cpu_engines=args.fleet == "real")
 
 
 def run_one(name, args, the_fleet, reqs, bodies, log_dir):

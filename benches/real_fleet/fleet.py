@@ -179,10 +179,19 @@ def ready_or_stop(proc, url):
 LEARN_SECTION = ["[learn]", "costs = true", "engine_load = true", "scrape_interval_ms = 500"]
 
 
-def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=(), sections=()):
+# `[retry]` for vLLM on CPU. It computes about a hundred prompt tokens a second, a
+# thousand times slower than the GPUs kvroute's first-byte timeout is sized for (15 s plus
+# 1 ms per uncached token). Past the timeout a try on a busy worker waits on if the worker
+# served anyone meanwhile, but one pass of a full 2,048-token batch here can take longer
+# than 30 s, and a worker in such a pass serves no one: the try would count as a wedge.
+# Two minutes covers a pass even at 20 tokens a second.
+CPU_ENGINE_SECTION = ["[retry]", "first_byte_timeout_base_ms = 120000"]
+
+
+def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=(), sections=(), cpu_engines=False):
     """A `kvroute serve` TOML for one policy over the fleet; `learn` turns on `[learn]`,
     `router_extra` are more `[router]` lines, `sections` more lines at the end (whole
-    tables, such as `[media]`)."""
+    tables, such as `[media]`), `cpu_engines` the timeouts of vLLM on CPU."""
     lines = [
         f'listen = "127.0.0.1:{port}"',
         "seed = 7",
@@ -200,6 +209,8 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
     ]
     if learn:
         lines += LEARN_SECTION
+    if cpu_engines:
+        lines += CPU_ENGINE_SECTION
     for e in engines:
         lines += [
             "[[workers]]",
@@ -215,12 +226,13 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
     return "\n".join(lines) + "\n"
 
 
-def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, router_extra=(), sections=()):
+def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, router_extra=(), sections=(),
+                  cpu_engines=True):  # fmt: skip
     """`kvroute serve` with `mode` (see `kvroute_config` for the rest); returns (proc, base url)."""
     port = free_port()
     name = name or f"kvroute-{mode}"
     cfg = log_dir / f"{name}.toml"
-    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port, learn, router_extra, sections))
+    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port, learn, router_extra, sections, cpu_engines))
     proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 60)

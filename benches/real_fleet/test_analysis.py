@@ -9,6 +9,7 @@ import unittest
 from types import SimpleNamespace
 
 import analysis
+import fleet
 import metrics
 import placement
 import stats
@@ -142,3 +143,18 @@ class RouterOverhead(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class KvrouteConfig(unittest.TestCase):
+    ENGINE = SimpleNamespace(id=1, url="http://127.0.0.1:1", gpu_blocks=256, events_port=2, replay_port=3)
+
+    def check(self, cpu_engines, want_retry):
+        text = fleet.kvroute_config("kv", [self.ENGINE], "/model", 4, cpu_engines=cpu_engines)
+        tables = [line for line in text.splitlines() if line.startswith("[")]
+        self.assertEqual("[retry]" in tables, want_retry, text)
+        if want_retry:
+            self.assertIn("first_byte_timeout_base_ms = 120000", text)
+
+    def test_cpu_engines_get_a_first_byte_timeout_sized_for_them(self):
+        self.check(cpu_engines=True, want_retry=True)
+        self.check(cpu_engines=False, want_retry=False)
