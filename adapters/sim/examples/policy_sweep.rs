@@ -332,17 +332,17 @@ fn main() -> Result<(), String> {
                 continue;
             }
             for seed in 0..a.seeds {
-                let d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
-                let mut d = Regret::new(d, Goal::FirstToken, LOOKAHEAD_PASSES_MAX);
+                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
                 let rep = match &a.regret {
                     Some(path) => {
-                        let rep = run(&rcfg, &reqs, &mut d)?;
-                        dump_regret(path, v, seed, &d.choices)?;
+                        let mut r = Regret::new(d, Goal::FirstToken, LOOKAHEAD_PASSES_MAX);
+                        let rep = run(&rcfg, &reqs, &mut r)?;
+                        dump_regret(path, v, seed, &r.choices)?;
+                        d = r.inner;
                         rep
                     }
-                    None => run(&rcfg, &reqs, &mut d.inner)?,
+                    None => run(&rcfg, &reqs, &mut d)?,
                 };
-                let d = d.inner;
                 line(v, speedup, &rep);
                 if let Some(path) = &a.records {
                     dump(path, v, speedup, &rep)?;

@@ -10,8 +10,6 @@
 //! router whose figures sit near it has little left to gain from a better per-request
 //! estimate.
 
-use std::cmp::Ordering;
-
 use crate::engine::{Engine, EngineOutput, EngineRequest, EngineRole, KvEvent};
 use crate::replay::{Dispatch, Dispatcher, SimRequest, WorkerLoadSample};
 
@@ -39,13 +37,9 @@ impl Lookahead {
         Lookahead { goal, passes_max, unresolved: 0 }
     }
 
-    /// When `req`, submitted at `now_ms` to a copy of `engine`, reaches the goal; `None`
-    /// if the engine refuses it or the copy runs out of passes first.
-    pub fn time_on(&self, engine: &Engine, now_ms: f64, req: &SimRequest) -> Option<f64> {
-        self.outcome_on(engine, now_ms, req).map(|o| o.at_ms)
-    }
-
-    /// [`Lookahead::time_on`], with the prompt tokens the copy served from its cache.
+    /// When `req`, submitted at `now_ms` to a copy of `engine`, reaches the goal, and the
+    /// prompt tokens the copy served from its cache; `None` if the engine refuses it or
+    /// the copy runs out of passes first.
     pub fn outcome_on(&self, engine: &Engine, now_ms: f64, req: &SimRequest) -> Option<Outcome> {
         let mut e = engine.clone();
         let r =
@@ -70,6 +64,30 @@ impl Lookahead {
         }
         None
     }
+
+    /// Every worker's [`Lookahead::outcome_on`] for `req` at `now_ms` (`None` for a worker
+    /// that is not aggregated), and the best worker: the soonest, ties (idle workers,
+    /// nothing cached) to the lightest decode load, then the lowest index, so the choice
+    /// is deterministic.
+    pub fn outcomes(
+        &self,
+        engines: &[Engine],
+        now_ms: f64,
+        req: &SimRequest,
+    ) -> (Vec<Option<Outcome>>, Option<(usize, Outcome)>) {
+        let outs: Vec<Option<Outcome>> = engines
+            .iter()
+            .map(|e| (e.config().role == EngineRole::Aggregated).then(|| self.outcome_on(e, now_ms, req)).flatten())
+            .collect();
+        let best = outs
+            .iter()
+            .zip(engines)
+            .enumerate()
+            .filter_map(|(w, (o, e))| Some(((*o)?, e.active_blocks(), w)))
+            .min_by(|a, b| a.0.at_ms.total_cmp(&b.0.at_ms).then((a.1, a.2).cmp(&(b.1, b.2))))
+            .map(|(o, _, w)| (w, o));
+        (outs, best)
+    }
 }
 
 /// Where a lookahead copy got to.
@@ -89,16 +107,8 @@ impl Dispatcher for Lookahead {
     }
 
     fn on_arrival_seeing(&mut self, now_ms: f64, req: &SimRequest, engines: &[Engine]) -> Dispatch {
-        // Ties (idle workers, nothing cached) go to the lightest decode load, then the
-        // lowest index, so the choice is deterministic.
-        let best = engines
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.config().role == EngineRole::Aggregated)
-            .filter_map(|(w, e)| Some((self.time_on(e, now_ms, req)?, e.active_blocks(), w)))
-            .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(Ordering::Equal).then((a.1, a.2).cmp(&(b.1, b.2))));
-        match best {
-            Some((_, _, w)) => Dispatch::To(w as u32),
+        match self.outcomes(engines, now_ms, req).1 {
+            Some((w, _)) => Dispatch::To(w as u32),
             None => {
                 self.unresolved += 1;
                 Dispatch::To(0)
@@ -152,13 +162,8 @@ impl<D: Dispatcher> Dispatcher for Regret<D> {
 
     fn on_arrival_seeing(&mut self, now_ms: f64, req: &SimRequest, engines: &[Engine]) -> Dispatch {
         let d = self.inner.on_arrival_seeing(now_ms, req, engines);
-        let outs: Vec<Option<Outcome>> = engines.iter().map(|e| self.look.outcome_on(e, now_ms, req)).collect();
-        let best = outs
-            .iter()
-            .enumerate()
-            .filter_map(|(w, o)| Some((o.as_ref()?, w)))
-            .min_by(|a, b| a.0.at_ms.total_cmp(&b.0.at_ms));
-        if let Some((b, best)) = best {
+        let (outs, best) = self.look.outcomes(engines, now_ms, req);
+        if let Some((best, b)) = best {
             let chosen = match d {
                 Dispatch::To(w) => Some(w),
                 _ => None,
