@@ -41,7 +41,6 @@ pub fn failure(state: &Arc<State>, worker: u64, kind: &'static str) {
 /// A request to `worker` succeeded.
 pub fn success(state: &State, worker: u64) {
     state.outliers.success(worker);
-    state.outliers.progress(worker);
 }
 
 /// Waits out the back-off, probes once, and readmits or backs off further.

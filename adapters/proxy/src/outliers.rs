@@ -75,8 +75,10 @@ impl Outliers {
         })
     }
 
+    /// A request succeeded: the worker made [`Outliers::progress`] too.
     pub(crate) fn success(&self, id: u64) {
         self.with(id, |t, _| {
+            t.progress_at = Some(Instant::now());
             if !t.ejected {
                 t.consecutive = 0;
                 t.backoff_ms = 0;
