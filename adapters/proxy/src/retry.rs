@@ -23,7 +23,8 @@
 //!   seconds. It counts against the worker, like a 5xx, so a wedged worker is ejected
 //!   after `ejection.consecutive_failures` tries instead of after the health checks.
 //!   A worker that sent another try its first byte (or finished a stream) while this
-//!   one waited is busy, not wedged: the try waits another period there instead.
+//!   one waited is busy, not wedged: the try waits another period there instead. The
+//!   prefill and decode legs of a disaggregated request wait the same way.
 //! * A non-streaming try sends its first byte only when the whole answer is done, so it
 //!   gets the first-byte timeout plus `answer_timeout_per_output_token_ms` for each output
 //!   token it asks for. One that names no limit could run as long as the engine allows:

@@ -170,21 +170,28 @@ async fn route(t: &Tries<'_>, request: Request, retrying: bool, attempt: u32) ->
     Ok(Some(booking))
 }
 
-/// Waits for `answer` until `limit` after the wait began (or the request's deadline),
-/// and returns it with the instant the wait ended at. A worker that served others while
-/// this try waited is busy, not wedged: the try waits another period where it is rather
-/// than count a failure against a healthy worker and send its prompt to be computed
-/// again elsewhere. Under a fleet-wide overload, retries would only add work and
-/// ejections take capacity away. `None`: with `on_ejection`, the worker was ejected first.
-async fn first_byte<F: Future>(
-    t: &Tries<'_>,
+/// A deadline no request reaches, for a [`wait_first_byte`] whose caller bounds it in
+/// time: the caller's bound then answers at the request's deadline, as a timeout.
+pub(crate) fn bounded_by_caller() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
+}
+
+/// Waits for `answer` until `limit` after the wait began (or `deadline`), and returns it
+/// with the instant the wait ended at. A worker that served others while this try waited
+/// is busy, not wedged: the try waits another period where it is rather than count a
+/// failure against a healthy worker and send its prompt to be computed again elsewhere.
+/// Under a fleet-wide overload, retries would only add work and ejections take capacity
+/// away. `None`: with `on_ejection`, the worker was ejected first. Every phase of a
+/// request (whole, prefill, decode) waits for its first byte this way.
+pub(crate) async fn wait_first_byte<F: Future>(
+    state: &State,
+    pool: &str,
     w: u64,
-    limit: Option<Duration>,
+    (limit, deadline): (Option<Duration>, Instant),
     mut answer: Pin<&mut F>,
     on_ejection: bool,
 ) -> Option<(Result<F::Output, Elapsed>, Instant)> {
-    let state = t.state;
-    let by = |from: Instant| limit.and_then(|d| from.checked_add(d)).map_or(t.deadline, |at| at.min(t.deadline));
+    let by = |from: Instant| limit.and_then(|d| from.checked_add(d)).map_or(deadline, |at| at.min(deadline));
     let mut waited_from = Instant::now();
     loop {
         let until = by(waited_from);
@@ -194,8 +201,8 @@ async fn first_byte<F: Future>(
             sent = tokio::time::timeout_at(until, answer.as_mut()) => sent,
             () = state.outliers.ejected(w), if on_ejection => return None,
         };
-        if sent.is_err() && until < t.deadline && state.outliers.progressed_since(w, waited_from) {
-            state.metrics.first_byte_wait_extended(&t.pool.name);
+        if sent.is_err() && until < deadline && state.outliers.progressed_since(w, waited_from) {
+            state.metrics.first_byte_wait_extended(pool);
             waited_from = Instant::now();
             continue;
         }
@@ -241,7 +248,9 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
         Ok((resp, first))
     });
     let w = worker_id.0;
-    let Some((sent, first_byte_by)) = first_byte(t, w, limit, answer, on_ejection).await else {
+    let Some((sent, first_byte_by)) =
+        wait_first_byte(state, &t.pool.name, w, (limit, t.deadline), answer, on_ejection).await
+    else {
         if let Some(s) = &span {
             s.fail("the worker was ejected before its first byte".into());
         }

@@ -90,12 +90,13 @@ pub(super) async fn forward(
         let pre_limit = prefill_limit(state, &p.pool, &pre_booking, p.request.isl_tokens);
         let prefill = run_prefill(state, &p, &pre_worker, pre_booking, up_pre, pre_limit);
         let decode = async {
-            let sent = state.client.send(up_dec);
+            let sent = std::pin::pin!(state.client.send(up_dec));
             // The decode's first byte waits for the prefill: a stalled prefill is blamed
             // by its own timeout, which comes first.
-            let sent = match dec_limit {
-                Some(limit) => tokio::time::timeout(pre_limit + limit, sent).await,
-                None => Ok(sent.await),
+            let (limit, by) = (dec_limit.map(|l| pre_limit + l), tries::bounded_by_caller());
+            let Some((sent, _)) = tries::wait_first_byte(state, model, dec_worker.id, (limit, by), sent, false).await
+            else {
+                return Err((RetryReason::Ejected, "ejected before its first byte".into()));
             };
             if let Some(s) = &dec_span {
                 crate::trace::try_answered(s, crate::trace::head_of(&sent, |r| r.status().as_u16()));

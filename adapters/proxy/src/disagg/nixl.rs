@@ -75,8 +75,12 @@ pub(super) async fn forward(
         let (booking, worker) = book(state, &p.pool, &mut req, &mut retry, deadline).await?;
         let mut up = upstream_request(state, &worker, booking.target(), &p, body.clone())?;
         let span = crate::trace::try_span(p.trace.as_ref(), "decode", worker.id, &mut up);
-        let by = limit.and_then(|l| Instant::now().checked_add(l)).map_or(deadline, |t| t.min(deadline));
-        let sent = tokio::time::timeout_at(by, state.client.send(up)).await;
+        let send = std::pin::pin!(state.client.send(up));
+        // Not watching for ejection, the wait always ends with an answer or a timeout.
+        let Some((sent, by)) = tries::wait_first_byte(state, model, worker.id, (limit, deadline), send, false).await
+        else {
+            return Err(ApiError::upstream(format!("decode worker {} was ejected before it sent a byte", worker.id)));
+        };
         if let Some(s) = &span {
             crate::trace::try_answered(s, crate::trace::head_of(&sent, |r| r.status().as_u16()));
         }

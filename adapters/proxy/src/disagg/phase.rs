@@ -222,8 +222,9 @@ pub(super) fn retryable_answer(state: &State, resp: &Response<Upstream>) -> Opti
 
 /// Sends the prefill request of `p` and reads its whole answer, ending the prefill
 /// booking: finished when the prefill ran or the worker refused the request, failed
-/// when the worker failed or sent no head within `limit`. The caller bounds it in time;
-/// dropping it releases the booking and closes the connection (and ends its span).
+/// when the worker failed or sent no head within `limit` (extended while the worker
+/// serves others, see [`tries::wait_first_byte`]). The caller bounds it in time; dropping
+/// it releases the booking and closes the connection (and ends its span).
 pub(super) async fn run_prefill(
     state: &Arc<State>,
     p: &Prepared,
@@ -243,7 +244,13 @@ pub(super) async fn run_prefill(
         PrefillEnd::Failed { err, cause, reason, after }
     };
     booking.sending();
-    let resp = match tokio::time::timeout(limit, state.client.send(up)).await {
+    let send = std::pin::pin!(state.client.send(up));
+    let sent = tries::wait_first_byte(state, model, id, (Some(limit), tries::bounded_by_caller()), send, false).await;
+    let Some((sent, _)) = sent else {
+        let msg = "ejected before its first byte".to_string();
+        return fail(booking, "ejected", msg, RetryReason::Ejected, None);
+    };
+    let resp = match sent {
         Ok(Ok(r)) => {
             if let Some(s) = &span {
                 crate::trace::try_answered(s, Ok(r.status().as_u16()));

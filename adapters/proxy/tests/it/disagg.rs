@@ -9,6 +9,7 @@ use kvroute_proxy::config::DisaggProtocol;
 use kvroute_sim_server::{EngineConfig, EngineRole, SimServerConfig, SimServerHandle};
 use serde_json::{json, Value};
 
+use crate::sims::counted;
 use crate::*;
 
 const BOTH: [DisaggProtocol; 2] = [DisaggProtocol::VllmNixl, DisaggProtocol::SglangBootstrap];
@@ -28,6 +29,9 @@ const DECODE_ID0: u64 = 11;
 enum W {
     /// A simulated worker of the slot's role.
     Sim,
+    /// A simulated worker of the slot's role that computes one request at a time, at a
+    /// quarter of the modelled speed.
+    Serial,
     /// An address nothing listens on.
     Dead,
     /// A scripted upstream.
@@ -58,9 +62,14 @@ impl Fleet {
 }
 
 async fn sim(role: EngineRole, speedup: f64) -> SimServerHandle {
+    sim_with(EngineConfig { speedup, block_size: 16, role, ..EngineConfig::default() }).await
+}
+
+async fn sim_with(engine: EngineConfig) -> SimServerHandle {
+    let role = engine.role;
     let cfg = SimServerConfig {
         model: MODEL.into(),
-        engine: EngineConfig { speedup, block_size: 16, role, ..EngineConfig::default() },
+        engine,
         bootstrap_port: (role == EngineRole::Prefill).then_some(0),
         ..SimServerConfig::default()
     };
@@ -85,8 +94,21 @@ async fn fleet(
         for (i, w) in slots.into_iter().enumerate() {
             let id = id0 + i as u64;
             let (url, bootstrap_port) = match w {
-                W::Sim => {
-                    let s = sim(if role == "prefill" { EngineRole::Prefill } else { EngineRole::Decode }, 1000.0).await;
+                W::Sim | W::Serial => {
+                    let role = if role == "prefill" { EngineRole::Prefill } else { EngineRole::Decode };
+                    let s = match w {
+                        W::Serial => {
+                            let e = EngineConfig {
+                                speedup: 0.25,
+                                block_size: 16,
+                                max_num_seqs: 1,
+                                role,
+                                ..Default::default()
+                            };
+                            sim_with(e).await
+                        }
+                        _ => sim(role, 1000.0).await,
+                    };
                     let out = (s.base_url(), s.bootstrap_port());
                     sims.push((id, s));
                     out
@@ -429,6 +451,35 @@ async fn a_5xx_429_or_silent_worker_on_either_leg_is_retried_by_the_retry_rules(
         check_leg_retried(protocol, true, Behavior::Status(429), "status_429").await;
         check_leg_retried(protocol, true, Behavior::Stall { ms: 5_000 }, "first_byte_timeout").await;
         check_leg_retried(protocol, false, Behavior::Stall { ms: 5_000 }, "first_byte_timeout").await;
+    }
+}
+
+/// A prefill worker with a queue of prompts (computed one at a time, slowly) is busy,
+/// not wedged: a prefill waiting past its first-byte timeout while the worker answers
+/// others waits on, with no retry and no failure counted against the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_prefill_worker_past_its_first_byte_timeout_is_waited_for() {
+    for protocol in BOTH {
+        let f = fleet(protocol, vec![W::Serial], sims(1), |c| {
+            c.retry.first_byte_timeout_base_ms = 150;
+            c.retry.first_byte_timeout_per_token_us = 0;
+            c.ejection.consecutive_failures = 2;
+        })
+        .await;
+        let addr = f.addr();
+        let burst: Vec<_> = (0..6)
+            .map(|i| tokio::spawn(async move { post(addr, "/v1/completions", &[], &completion(LONG, false, i)).await }))
+            .collect();
+        for h in burst {
+            check_split(&h.await.expect("the client task"), false, &[1], &[11]);
+        }
+        let m = get(addr, "/metrics").await.text();
+        let extended = counted(&m, "kvroute_first_byte_waits_extended_total", &[]);
+        assert!(extended >= 1.0, "{protocol}: the burst outlived the timeout only if a wait was extended\n{m}");
+        assert_eq!(counted(&m, "kvroute_retries_total", &["reason=\"first_byte_timeout\""]), 0.0, "{protocol}\n{m}");
+        assert_eq!(counted(&m, "kvroute_upstream_failures_total", &[]), 0.0, "{protocol}\n{m}");
+        eventually(10_000, "released", || released(addr)).await;
+        f.shutdown().await;
     }
 }
 
