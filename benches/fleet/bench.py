@@ -63,11 +63,13 @@ LOADS = ("busy", "saturated")
 SPEEDUP_AT_LOAD = {"busy": 1.0, "saturated": 0.5}
 # What the sim and real fleets default to when a flag is not given. vLLM on CPU is about
 # a thousand times slower than the modelled GPU, so the real fleet gets short prompts,
-# 8 output tokens, 150 requests and a rate to start from (tune it with --rate).
+# 8 output tokens, 100 requests and a rate to start from (tune it with --rate): on a
+# 2-core host three CPU servers compute about 300 prompt tokens a second, and 768-token
+# prompts at rate 1.0 offered 2.6 times that, so every router measured queueing.
 SIM_DEFAULTS = {"workers": 8, "blocks_per_worker": 2462, "words_per_hash_id": 128, "size_scale": 1.0,
                 "prompt_tokens_max": 32768, "output_tokens_max": 4096, "multi_turn_only": False}  # fmt: skip
 REAL_DEFAULTS = {"workers": 3, "blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
-                 "prompt_tokens_max": 768, "output_tokens_max": 8, "requests": 150, "rate": 1.0,
+                 "prompt_tokens_max": 384, "output_tokens_max": 8, "requests": 100, "rate": 0.5,
                  "multi_turn_only": True}  # fmt: skip
 QUICK_REQUESTS = {"conversation": 200, "trace": 200, "agentic": 160, "shared-doc": 160, "multimodal": 160}
 
@@ -100,7 +102,7 @@ def parse_args(argv=None):
                    "64 real)")  # fmt: skip
     p.add_argument("--size-scale", type=float, help="multiplies the generated workloads' prompt and output sizes "
                    "(default: 1 sim, 1/8 real)")  # fmt: skip
-    p.add_argument("--prompt-tokens-max", type=int, help="prompt cap (default: 32,768 sim, 768 real)")
+    p.add_argument("--prompt-tokens-max", type=int, help="prompt cap (default: 32,768 sim, 384 real)")
     p.add_argument("--output-tokens-max", type=int, help="output cap (default: 4,096 sim, 8 real)")
     p.add_argument("--multi-turn-only", action=argparse.BooleanOptionalAction,
                    help="a trace: keep only conversations with 2+ requests (default: off sim, on real, where a "
