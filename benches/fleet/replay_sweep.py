@@ -86,7 +86,8 @@ def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None
             "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
     if regret:
         argv += ["--regret", str(regret)]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    # stderr passes through: a long variant (`search`) reports its progress there.
+    out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True).stdout
     return [d for d in map(json.loads, out.splitlines()) if "hits" in d]
 
 

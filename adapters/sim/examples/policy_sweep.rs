@@ -12,7 +12,10 @@
 //! A variant is `oracle` or `oracle-e2e` (the clairvoyant greedy references of
 //! `kvroute_sim::lookahead`, sending each request where its first or last token comes
 //! soonest), `partition` (each shared document or opening on one worker, balanced with
-//! the whole trace in hand), `kv` (the defaults) or comma-separated `key=value` overrides of the ttft
+//! the whole trace in hand), `search[-e2e][=MOVES]` (`kvroute_sim::search`: kv's
+//! choices improved offline for TTFT mean, or end-to-end mean with `-e2e`, replaying the
+//! whole trace per move, with hits and the other mean held to kv's own), `kv`
+//! (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
 //! (session_decode_time_weight, at a session's first request), `sret`
 //! (session_return_ms), `memshare`
@@ -42,6 +45,7 @@ use kvroute_sim::lookahead::{Choice, Goal, Lookahead, Regret};
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
+use kvroute_sim::search::{Assigned, SearchConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
 use router_core::{AffinityMode, BlockSize, RouterConfig, RouterMode};
 
@@ -228,6 +232,56 @@ fn lookahead_goal(variant: &str) -> Option<Goal> {
     }
 }
 
+/// The offline search (`search[-e2e][=MOVES]`, default 1,000 moves): from kv's choices
+/// (router seed 0), it keeps moves that lower the TTFT (or end-to-end) mean while the
+/// hit rate and the other mean stay at least as good as kv's own: the headroom a rule
+/// that gives up nothing kv has could find.
+fn search(
+    a: &Args,
+    rcfg: &ReplayConfig,
+    fleet: Fleet,
+    reqs: &[SimRequest],
+    moves: &str,
+    speedup: f64,
+) -> Result<(), String> {
+    let (goal, moves) = match moves.strip_prefix("-e2e") {
+        Some(rest) => (Goal::LastToken, rest),
+        None => (Goal::FirstToken, moves),
+    };
+    let moves_max = match moves.strip_prefix('=') {
+        Some(n) => n.parse().map_err(|e| format!("search={n}: {e}"))?,
+        None if moves.is_empty() => 1_000,
+        None => return Err(format!("search{moves}: expected search[-e2e][=MOVES]")),
+    };
+    let mut d = CoreDispatcher::new(config("kv")?, fleet, 0, true, a.sessions);
+    let kv = run(rcfg, reqs, &mut d)?;
+    let start: Vec<u32> = kv.records.iter().map(|r| r.worker.unwrap_or(0)).collect();
+    let k = &kv.summary;
+    let s = SearchConfig {
+        hits_min: k.prefix_reuse_ratio,
+        ttft_mean_max_ms: k.ttft_ms.mean,
+        e2e_mean_max_ms: k.e2e_ms.mean,
+        ..SearchConfig::unlimited(goal, moves_max)
+    };
+    let progress = |tried: u32, kept: u32, best: &kvroute_sim::Summary| {
+        if tried.is_multiple_of(50) {
+            eprintln!(
+                "search: {tried}/{moves_max} moves, {kept} kept; ttft mean {:.1}, e2e mean {:.1}, hits {:.4}",
+                best.ttft_ms.mean, best.e2e_ms.mean, best.prefix_reuse_ratio
+            );
+        }
+    };
+    let found = kvroute_sim::search::search(rcfg, reqs, start, &s, progress).map_err(|e| e.to_string())?;
+    let best = run(rcfg, reqs, &mut Assigned::new(reqs, &found.assignment))?;
+    let name = if goal == Goal::FirstToken { "search" } else { "search-e2e" };
+    line(name, speedup, &best);
+    println!(
+        "{{\"variant\":\"{name}\",\"tried\":{},\"kept\":{},\"limited\":{},\"start_ttft_mean\":{:.1},\"start_hits\":{:.4},\"start_e2e_mean\":{:.1}}}",
+        found.tried, found.kept, found.limited, found.start.ttft_ms.mean, found.start.prefix_reuse_ratio, found.start.e2e_ms.mean
+    );
+    Ok(())
+}
+
 fn run<D: Dispatcher>(cfg: &ReplayConfig, reqs: &[SimRequest], d: &mut D) -> Result<ReplayReport, String> {
     replay(cfg, reqs, d).map_err(|e| e.to_string())
 }
@@ -316,6 +370,10 @@ fn main() -> Result<(), String> {
             dump(path, "text-tree", speedup, &rep)?;
         }
         for v in &a.variants {
+            if let Some(moves) = v.strip_prefix("search") {
+                search(&a, &rcfg, fleet, &reqs, moves, speedup)?;
+                continue;
+            }
             if v == "partition" {
                 let rep = run(&rcfg, &reqs, &mut Partition::new(&reqs, a.workers))?;
                 line(v, speedup, &rep);

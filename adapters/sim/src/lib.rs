@@ -23,6 +23,7 @@ pub mod prompt;
 pub mod replay;
 pub mod rng;
 pub mod router;
+pub mod search;
 pub mod stats;
 pub mod synth;
 #[cfg(test)]

@@ -1,0 +1,291 @@
+//! An offline reference, never a policy kvroute serves with: one fixed worker for every
+//! request of a trace, improved by local search over whole-trace replays.
+//!
+//! It sees the whole trace, later arrivals included, and judges each candidate
+//! assignment by replaying all of it. From a start (a router's own choices), it moves
+//! one request, or a request and every later one of its group that sat on the same
+//! worker (a conversation moving at that turn), to another worker. It keeps a move when
+//! the trace's mean for its goal (TTFT or end-to-end time) falls while the hit rate and
+//! both means stay within limits. The slow requests are tried most, since they weigh most
+//! in the mean.
+//!
+//! What it finds is a local optimum, not the optimum, but it is an assignment that
+//! exists: a figure it reaches, some rule could reach. A figure it cannot reach after
+//! many moves from a router's choices, with the future in hand, is evidence (not proof)
+//! that no online rule reaches it either.
+
+use std::collections::HashMap;
+
+use crate::engine::ConfigError;
+use crate::lookahead::Goal;
+use crate::replay::{replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
+use crate::rng::SplitMix64;
+use crate::stats::Summary;
+
+/// Sends each request to the worker an assignment gives it (worker 0 if it names none).
+#[derive(Debug)]
+pub struct Assigned {
+    to: HashMap<u64, u32>,
+}
+
+impl Assigned {
+    /// `workers[i]` is request `reqs[i]`'s worker.
+    pub fn new(reqs: &[SimRequest], workers: &[u32]) -> Self {
+        Assigned { to: reqs.iter().zip(workers).map(|(r, &w)| (r.id, w)).collect() }
+    }
+}
+
+impl Dispatcher for Assigned {
+    fn on_arrival(&mut self, _now_ms: f64, req: &SimRequest) -> Dispatch {
+        Dispatch::To(self.to.get(&req.id).copied().unwrap_or(0))
+    }
+}
+
+/// The limits and budget of [`search`].
+#[derive(Clone, Copy, Debug)]
+pub struct SearchConfig {
+    /// Moves tried (one replay each).
+    pub moves_max: u32,
+    /// Seed of the move draws.
+    pub seed: u64,
+    /// The mean it lowers: TTFT's ([`Goal::FirstToken`]) or end-to-end time's.
+    pub goal: Goal,
+    /// Least prefix reuse ratio a kept assignment may have.
+    pub hits_min: f64,
+    /// Most TTFT mean a kept assignment may have, ms.
+    pub ttft_mean_max_ms: f64,
+    /// Most end-to-end mean a kept assignment may have, ms.
+    pub e2e_mean_max_ms: f64,
+}
+
+impl SearchConfig {
+    /// A search for `goal` with no limits, `moves_max` moves from seed 0.
+    pub fn unlimited(goal: Goal, moves_max: u32) -> Self {
+        let inf = f64::INFINITY;
+        SearchConfig { moves_max, seed: 0, goal, hits_min: 0.0, ttft_mean_max_ms: inf, e2e_mean_max_ms: inf }
+    }
+}
+
+/// What [`search`] found.
+#[derive(Clone, Debug)]
+pub struct SearchReport {
+    /// The start's figures.
+    pub start: Summary,
+    /// The best kept assignment's figures.
+    pub best: Summary,
+    /// The best kept assignment, by request index.
+    pub assignment: Vec<u32>,
+    /// Moves tried.
+    pub tried: u32,
+    /// Moves kept.
+    pub kept: u32,
+    /// Moves that lowered the goal's mean but broke a limit (or left a request unserved).
+    pub limited: u32,
+}
+
+/// Improves `start` (one worker per request of `reqs`, by index) for `s.goal` within
+/// `s`'s limits (see the module docs). `reqs` is in arrival order. An assignment that
+/// leaves a request unserved is never kept. `progress` hears after every move: moves
+/// tried, moves kept, and the best figures so far.
+pub fn search(
+    cfg: &ReplayConfig,
+    reqs: &[SimRequest],
+    start: Vec<u32>,
+    s: &SearchConfig,
+    mut progress: impl FnMut(u32, u32, &Summary),
+) -> Result<SearchReport, ConfigError> {
+    let first = run(cfg, reqs, &start)?;
+    let groups = groups(reqs);
+    let mut rng = SplitMix64::new(s.seed);
+    let (mut best, mut at) = (first.clone(), start);
+    let (mut tried, mut kept, mut limited) = (0, 0, 0);
+    while tried < s.moves_max {
+        let Some(next) = propose(&at, &best, &groups, (cfg.workers, s.goal), &mut rng) else { break };
+        let rep = run(cfg, reqs, &next)?;
+        tried += 1;
+        match judge(&rep, &best, s) {
+            Judged::Better => (best, at, kept) = (rep, next, kept + 1),
+            Judged::Limited => limited += 1,
+            Judged::Worse => {}
+        }
+        progress(tried, kept, &best.summary);
+    }
+    Ok(SearchReport { start: first.summary, best: best.summary, assignment: at, tried, kept, limited })
+}
+
+fn run(cfg: &ReplayConfig, reqs: &[SimRequest], workers: &[u32]) -> Result<ReplayReport, ConfigError> {
+    replay(cfg, reqs, &mut Assigned::new(reqs, workers))
+}
+
+/// A move's verdict.
+enum Judged {
+    /// The goal's mean fell and every limit holds: kept.
+    Better,
+    /// The goal's mean fell but a limit broke.
+    Limited,
+    /// The goal's mean did not fall.
+    Worse,
+}
+
+fn judge(rep: &ReplayReport, best: &ReplayReport, s: &SearchConfig) -> Judged {
+    let (n, b) = (&rep.summary, &best.summary);
+    let mean = |x: &Summary| match s.goal {
+        Goal::FirstToken => x.ttft_ms.mean,
+        Goal::LastToken => x.e2e_ms.mean,
+    };
+    if mean(n) >= mean(b) {
+        return Judged::Worse;
+    }
+    let within = n.completed == rep.records.len() as u64
+        && n.prefix_reuse_ratio >= s.hits_min
+        && n.ttft_ms.mean <= s.ttft_mean_max_ms
+        && n.e2e_ms.mean <= s.e2e_mean_max_ms;
+    if within {
+        Judged::Better
+    } else {
+        Judged::Limited
+    }
+}
+
+/// Per request, the index of the next request of its group (`usize::MAX` for none).
+/// A group is a session, or else the requests whose prompts share their ninth block (a
+/// shared document or a conversation's opening), as `policy_sweep`'s partition keys them.
+fn groups(reqs: &[SimRequest]) -> Vec<usize> {
+    let mut next = vec![usize::MAX; reqs.len()];
+    let mut last: HashMap<(Option<&str>, u64), usize> = HashMap::new();
+    for (i, r) in reqs.iter().enumerate() {
+        let b = r.prompt.blocks();
+        let block = b.get(8).or(b.last()).map_or(0, |h| h.seq.0);
+        let key = match &r.session_id {
+            Some(s) => (Some(&**s), 0),
+            None => (None, block),
+        };
+        if let Some(j) = last.insert(key, i) {
+            next[j] = i;
+        }
+    }
+    next
+}
+
+/// A neighbour of `at`: a request drawn by its time to `goal` in `rep` moves to another
+/// worker, alone or (half the time) with the later requests of its group on its old
+/// worker. `None` when there is nothing to move.
+fn propose(
+    at: &[u32],
+    rep: &ReplayReport,
+    next: &[usize],
+    (workers, goal): (u32, Goal),
+    rng: &mut SplitMix64,
+) -> Option<Vec<u32>> {
+    if workers < 2 || at.is_empty() {
+        return None;
+    }
+    let i = draw_by_time(rep, goal, rng);
+    let (from, shift) = (at[i], 1 + rng.below(u64::from(workers) - 1) as u32);
+    let to = (from + shift) % workers;
+    let mut out = at.to_vec();
+    out[i] = to;
+    let mut j = i;
+    while rng.below(2) == 0 && next[j] != usize::MAX {
+        j = next[j];
+        if out[j] == from {
+            out[j] = to;
+        }
+    }
+    Some(out)
+}
+
+/// A request index with chance proportional to its time to `goal` (uniform if none has
+/// one).
+fn draw_by_time(rep: &ReplayReport, goal: Goal, rng: &mut SplitMix64) -> usize {
+    let time = |r: &crate::stats::RequestRecord| {
+        let at = match goal {
+            Goal::FirstToken => r.first_token_ms,
+            Goal::LastToken => r.last_token_ms,
+        };
+        at.map_or(0.0, |t| (t - r.arrival_ms).max(0.0))
+    };
+    let w: Vec<f64> = rep.records.iter().map(time).collect();
+    let total: f64 = w.iter().sum();
+    if total <= 0.0 || !total.is_finite() {
+        return rng.below(w.len() as u64) as usize;
+    }
+    let mut x = rng.unit() * total;
+    for (i, wi) in w.iter().enumerate() {
+        if x < *wi {
+            return i;
+        }
+        x -= wi;
+    }
+    w.len() - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::test_requests::request;
+
+    /// Request `id` at `at_ms`: 512 tokens per hash id in 64-token blocks, `output` tokens.
+    fn req(id: u64, at_ms: f64, hash_ids: &[u32], output: u32) -> SimRequest {
+        let len = 512 * hash_ids.len() as u32;
+        SimRequest { arrival_ms: at_ms, output_len: output, ..request(id, hash_ids, len, 64) }
+    }
+
+    fn cfg(workers: u32) -> ReplayConfig {
+        let engine = EngineConfig { blocks_per_worker: 64, ..EngineConfig::default() };
+        ReplayConfig { workers, engine, ..ReplayConfig::default() }
+    }
+
+    /// Searches from `start` with loose limits, and checks the assignment it ends on and
+    /// that its TTFT mean is no worse than the start's (lower when `improves`).
+    fn check(reqs: &[SimRequest], start: &[u32], want: &[u32], improves: bool) {
+        let s = SearchConfig { seed: 7, ..SearchConfig::unlimited(Goal::FirstToken, 200) };
+        let rep = search(&cfg(2), reqs, start.to_vec(), &s, |_, _, _| {}).expect("config");
+        assert_eq!(rep.assignment, want, "seed {}", s.seed);
+        assert_eq!(rep.best.ttft_ms.mean < rep.start.ttft_ms.mean, improves, "{rep:?}");
+        assert!(rep.best.ttft_ms.mean <= rep.start.ttft_ms.mean);
+        let again = run(&cfg(2), reqs, &rep.assignment).expect("config");
+        assert_eq!(again.summary.ttft_ms.mean, rep.best.ttft_ms.mean, "the report replays");
+    }
+
+    #[test]
+    fn two_prompts_piled_on_one_worker_are_spread() {
+        let reqs = [req(1, 0.0, &[1, 2, 3, 4], 50), req(2, 1.0, &[5, 6, 7, 8], 50)];
+        check(&reqs, &[0, 0], &[0, 1], true);
+    }
+
+    #[test]
+    fn a_repeat_stays_with_its_cached_prefix() {
+        // The repeat arrives after the first finished: its holder is idle and caches the
+        // prompt, so no move lowers its TTFT.
+        let reqs = [req(1, 0.0, &[1, 2, 3, 4], 4), req(2, 5_000.0, &[1, 2, 3, 4], 4)];
+        check(&reqs, &[1, 1], &[1, 1], false);
+    }
+
+    #[test]
+    fn a_limit_on_hits_keeps_a_move_that_would_lose_them() {
+        // Spreading the repeat would lower TTFT only by recomputing the shared prompt;
+        // with hits held at the start's, it stays.
+        let reqs = [req(1, 0.0, &[1, 2, 3, 4], 400), req(2, 30.0, &[1, 2, 3, 4, 5], 4)];
+        let free = SearchConfig { seed: 3, ..SearchConfig::unlimited(Goal::FirstToken, 100) };
+        let loose = search(&cfg(2), &reqs, vec![0, 0], &free, |_, _, _| {}).expect("config");
+        assert!(loose.best.ttft_ms.mean < loose.start.ttft_ms.mean, "{loose:?}");
+        assert!(loose.best.prefix_reuse_ratio < loose.start.prefix_reuse_ratio, "{loose:?}");
+        let held = SearchConfig { hits_min: loose.start.prefix_reuse_ratio, ..free };
+        let got = search(&cfg(2), &reqs, vec![0, 0], &held, |_, _, _| {}).expect("config");
+        assert_eq!(got.assignment, [0, 0], "seed {}", held.seed);
+        assert_eq!(got.kept, 0);
+        assert!(got.limited >= 1, "the move that lowers TTFT was found and refused: {got:?}");
+    }
+
+    #[test]
+    fn groups_chain_a_session_or_a_shared_opening_in_arrival_order() {
+        let mut reqs =
+            vec![req(0, 0.0, &[1, 2, 3], 4), req(1, 1.0, &[9, 8], 4), req(2, 2.0, &[1, 2, 4], 4), req(3, 3.0, &[5], 4)];
+        for i in [1, 3] {
+            reqs[i].session_id = Some("a".into());
+        }
+        assert_eq!(groups(&reqs), [2, 3, usize::MAX, usize::MAX]);
+    }
+}
