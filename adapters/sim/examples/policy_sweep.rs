@@ -12,9 +12,10 @@
 //! A variant is `oracle` or `oracle-e2e` (the clairvoyant greedy references of
 //! `kvroute_sim::lookahead`, sending each request where its first or last token comes
 //! soonest), `partition` (each shared document or opening on one worker, balanced with
-//! the whole trace in hand), `search[-e2e][=MOVES]` (`kvroute_sim::search`: kv's
+//! the whole trace in hand), `search[-e2e][-free][=MOVES]` (`kvroute_sim::search`: kv's
 //! choices improved offline for TTFT mean, or end-to-end mean with `-e2e`, replaying the
-//! whole trace per move, with hits and the other mean held to kv's own), `kv`
+//! whole trace per move, with hits and the other mean held to kv's own unless `-free`),
+//! `kv`
 //! (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
 //! (session_decode_time_weight, at a session's first request), `sret`
@@ -232,10 +233,11 @@ fn lookahead_goal(variant: &str) -> Option<Goal> {
     }
 }
 
-/// The offline search (`search[-e2e][=MOVES]`, default 1,000 moves): from kv's choices
-/// (router seed 0), it keeps moves that lower the TTFT (or end-to-end) mean while the
-/// hit rate and the other mean stay at least as good as kv's own: the headroom a rule
-/// that gives up nothing kv has could find.
+/// The offline search (`search[-e2e][-free][=MOVES]`, default 1,000 moves): from kv's
+/// choices (router seed 0), it keeps moves that lower the TTFT (or end-to-end) mean while
+/// the hit rate and the other mean stay at least as good as kv's own: the headroom a rule
+/// that gives up nothing kv has could find. `-free` drops those limits: how low the mean
+/// goes at any cost.
 fn search(
     a: &Args,
     rcfg: &ReplayConfig,
@@ -248,20 +250,27 @@ fn search(
         Some(rest) => (Goal::LastToken, rest),
         None => (Goal::FirstToken, moves),
     };
+    let (free, moves) = match moves.strip_prefix("-free") {
+        Some(rest) => (true, rest),
+        None => (false, moves),
+    };
     let moves_max = match moves.strip_prefix('=') {
         Some(n) => n.parse().map_err(|e| format!("search={n}: {e}"))?,
         None if moves.is_empty() => 1_000,
-        None => return Err(format!("search{moves}: expected search[-e2e][=MOVES]")),
+        None => return Err(format!("search{moves}: expected search[-e2e][-free][=MOVES]")),
     };
     let mut d = CoreDispatcher::new(config("kv")?, fleet, 0, true, a.sessions);
     let kv = run(rcfg, reqs, &mut d)?;
     let start: Vec<u32> = kv.records.iter().map(|r| r.worker.unwrap_or(0)).collect();
     let k = &kv.summary;
-    let s = SearchConfig {
-        hits_min: k.prefix_reuse_ratio,
-        ttft_mean_max_ms: k.ttft_ms.mean,
-        e2e_mean_max_ms: k.e2e_ms.mean,
-        ..SearchConfig::unlimited(goal, moves_max)
+    let s = match free {
+        true => SearchConfig::unlimited(goal, moves_max),
+        false => SearchConfig {
+            hits_min: k.prefix_reuse_ratio,
+            ttft_mean_max_ms: k.ttft_ms.mean,
+            e2e_mean_max_ms: k.e2e_ms.mean,
+            ..SearchConfig::unlimited(goal, moves_max)
+        },
     };
     let progress = |tried: u32, kept: u32, best: &kvroute_sim::Summary| {
         if tried.is_multiple_of(50) {
@@ -273,7 +282,9 @@ fn search(
     };
     let found = kvroute_sim::search::search(rcfg, reqs, start, &s, progress).map_err(|e| e.to_string())?;
     let best = run(rcfg, reqs, &mut Assigned::new(reqs, &found.assignment))?;
-    let name = if goal == Goal::FirstToken { "search" } else { "search-e2e" };
+    let name =
+        format!("search{}{}", if goal == Goal::FirstToken { "" } else { "-e2e" }, if free { "-free" } else { "" });
+    let name = name.as_str();
     line(name, speedup, &best);
     println!(
         "{{\"variant\":\"{name}\",\"tried\":{},\"kept\":{},\"limited\":{},\"start_ttft_mean\":{:.1},\"start_hits\":{:.4},\"start_e2e_mean\":{:.1}}}",

@@ -4,7 +4,10 @@
 //! It sees the whole trace, later arrivals included, and judges each candidate
 //! assignment by replaying all of it. From a start (a router's own choices), it moves
 //! one request, or a request and every later one of its group that sat on the same
-//! worker (a conversation moving at that turn), to another worker. It keeps a move when
+//! worker (a conversation moving at that turn), to another worker: half the time to the
+//! worker where the request's goal would have come soonest given the fleet's state at its
+//! arrival (the [`crate::lookahead`] hint, recomputed after each kept move), otherwise to
+//! a random one. It keeps a move when
 //! the trace's mean for its goal (TTFT or end-to-end time) falls while the hit rate and
 //! both means stay within limits. The slow requests are tried most, since they weigh most
 //! in the mean.
@@ -17,7 +20,7 @@
 use std::collections::HashMap;
 
 use crate::engine::ConfigError;
-use crate::lookahead::Goal;
+use crate::lookahead::{Goal, Regret};
 use crate::replay::{replay, Dispatch, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use crate::rng::SplitMix64;
 use crate::stats::Summary;
@@ -95,16 +98,20 @@ pub fn search(
     mut progress: impl FnMut(u32, u32, &Summary),
 ) -> Result<SearchReport, ConfigError> {
     let first = run(cfg, reqs, &start)?;
-    let groups = groups(reqs);
+    let hinted = hints(cfg, reqs, &start, s.goal)?;
+    let mut n = Neighbours { next: groups(reqs), hints: hinted, workers: cfg.workers, goal: s.goal };
     let mut rng = SplitMix64::new(s.seed);
     let (mut best, mut at) = (first.clone(), start);
     let (mut tried, mut kept, mut limited) = (0, 0, 0);
     while tried < s.moves_max {
-        let Some(next) = propose(&at, &best, &groups, (cfg.workers, s.goal), &mut rng) else { break };
+        let Some(next) = propose(&at, &best, &n, &mut rng) else { break };
         let rep = run(cfg, reqs, &next)?;
         tried += 1;
         match judge(&rep, &best, s) {
-            Judged::Better => (best, at, kept) = (rep, next, kept + 1),
+            Judged::Better => {
+                n.hints = hints(cfg, reqs, &next, s.goal)?;
+                (best, at, kept) = (rep, next, kept + 1);
+            }
             Judged::Limited => limited += 1,
             Judged::Worse => {}
         }
@@ -167,27 +174,56 @@ fn groups(reqs: &[SimRequest]) -> Vec<usize> {
     next
 }
 
-/// A neighbour of `at`: a request drawn by its time to `goal` in `rep` moves to another
-/// worker, alone or (half the time) with the later requests of its group on its old
-/// worker. `None` when there is nothing to move.
-fn propose(
-    at: &[u32],
-    rep: &ReplayReport,
-    next: &[usize],
-    (workers, goal): (u32, Goal),
-    rng: &mut SplitMix64,
-) -> Option<Vec<u32>> {
-    if workers < 2 || at.is_empty() {
+/// What moves are drawn from: each request's next request of its group, and where the
+/// lookahead says each request would have reached the goal soonest under the current
+/// assignment, with the time that would have saved.
+struct Neighbours {
+    next: Vec<usize>,
+    hints: Vec<(u32, f64)>,
+    workers: u32,
+    goal: Goal,
+}
+
+/// Passes a hint's engine copy may run before it gives up on a worker.
+const HINT_PASSES_MAX: u32 = 100_000;
+
+/// Per request (by index), the lookahead's best worker under assignment `at` and the
+/// goal's time that worker would have saved (0 where the choice was the best).
+fn hints(cfg: &ReplayConfig, reqs: &[SimRequest], at: &[u32], goal: Goal) -> Result<Vec<(u32, f64)>, ConfigError> {
+    let mut r = Regret::new(Assigned::new(reqs, at), goal, HINT_PASSES_MAX);
+    replay(cfg, reqs, &mut r)?;
+    let index: HashMap<u64, usize> = reqs.iter().enumerate().map(|(i, q)| (q.id, i)).collect();
+    let mut out: Vec<(u32, f64)> = at.iter().map(|&w| (w, 0.0)).collect();
+    for c in &r.choices {
+        if let (Some(&i), Some(ms)) = (index.get(&c.id), c.chosen_ms) {
+            out[i] = (c.best, (ms - c.best_ms).max(0.0));
+        }
+    }
+    Ok(out)
+}
+
+/// A neighbour of `at`. Half the time, a request drawn by what its hint would save moves
+/// to the hinted worker; otherwise one drawn by its time to the goal in `rep` moves to a
+/// random other worker. Half the time again the later requests of its group on its old
+/// worker follow it. `None` when there is nothing to move.
+fn propose(at: &[u32], rep: &ReplayReport, n: &Neighbours, rng: &mut SplitMix64) -> Option<Vec<u32>> {
+    if n.workers < 2 || at.is_empty() {
         return None;
     }
-    let i = draw_by_time(rep, goal, rng);
-    let (from, shift) = (at[i], 1 + rng.below(u64::from(workers) - 1) as u32);
-    let to = (from + shift) % workers;
+    let hinted = if rng.below(2) == 0 { draw(n.hints.iter().map(|h| h.1), rng) } else { None };
+    let (i, to) = match hinted {
+        Some(i) if n.hints[i].0 != at[i] => (i, n.hints[i].0),
+        _ => {
+            let i = draw(rep.records.iter().map(|r| time_to(r, n.goal)), rng).unwrap_or(0);
+            (i, (at[i] + 1 + rng.below(u64::from(n.workers) - 1) as u32) % n.workers)
+        }
+    };
+    let from = at[i];
     let mut out = at.to_vec();
     out[i] = to;
     let mut j = i;
-    while rng.below(2) == 0 && next[j] != usize::MAX {
-        j = next[j];
+    while rng.below(2) == 0 && n.next[j] != usize::MAX {
+        j = n.next[j];
         if out[j] == from {
             out[j] = to;
         }
@@ -195,29 +231,32 @@ fn propose(
     Some(out)
 }
 
-/// A request index with chance proportional to its time to `goal` (uniform if none has
-/// one).
-fn draw_by_time(rep: &ReplayReport, goal: Goal, rng: &mut SplitMix64) -> usize {
-    let time = |r: &crate::stats::RequestRecord| {
-        let at = match goal {
-            Goal::FirstToken => r.first_token_ms,
-            Goal::LastToken => r.last_token_ms,
-        };
-        at.map_or(0.0, |t| (t - r.arrival_ms).max(0.0))
+/// A request's time from arrival to `goal`, ms (0 if it never got there).
+fn time_to(r: &crate::stats::RequestRecord, goal: Goal) -> f64 {
+    let at = match goal {
+        Goal::FirstToken => r.first_token_ms,
+        Goal::LastToken => r.last_token_ms,
     };
-    let w: Vec<f64> = rep.records.iter().map(time).collect();
+    at.map_or(0.0, |t| (t - r.arrival_ms).max(0.0))
+}
+
+/// An index drawn with chance proportional to its weight; `None` if no weight is
+/// positive and finite.
+fn draw(weights: impl Iterator<Item = f64>, rng: &mut SplitMix64) -> Option<usize> {
+    let w: Vec<f64> = weights.map(|x| if x.is_finite() { x.max(0.0) } else { 0.0 }).collect();
     let total: f64 = w.iter().sum();
-    if total <= 0.0 || !total.is_finite() {
-        return rng.below(w.len() as u64) as usize;
+    if total <= 0.0 {
+        return None;
     }
     let mut x = rng.unit() * total;
+    let last = w.iter().rposition(|&wi| wi > 0.0)?;
     for (i, wi) in w.iter().enumerate() {
         if x < *wi {
-            return i;
+            return Some(i);
         }
         x -= wi;
     }
-    w.len() - 1
+    Some(last)
 }
 
 #[cfg(test)]
@@ -287,5 +326,18 @@ mod tests {
             reqs[i].session_id = Some("a".into());
         }
         assert_eq!(groups(&reqs), [2, 3, usize::MAX, usize::MAX]);
+    }
+
+    #[test]
+    fn draws_follow_the_weights_and_skip_the_weightless() {
+        let mut rng = SplitMix64::new(1);
+        for (weights, want) in [(vec![0.0, 0.0, 3.0], Some(2)), (vec![0.0, f64::NAN], None), (vec![], None)] {
+            assert_eq!(draw(weights.into_iter(), &mut rng), want);
+        }
+        let mut seen = [0u32; 2];
+        for _ in 0..1_000 {
+            seen[draw([1.0, 3.0].into_iter(), &mut rng).expect("a weight")] += 1;
+        }
+        assert!((650..850).contains(&seen[1]), "3 in 4 draws on the heavier: {seen:?}");
     }
 }
