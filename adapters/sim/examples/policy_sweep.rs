@@ -210,8 +210,7 @@ impl Partition {
     }
 
     fn key(r: &SimRequest) -> u64 {
-        let b = r.prompt.blocks();
-        b.get(8).or(b.last()).map_or(0, |h| h.seq.0)
+        kvroute_sim::search::opening_key(r)
     }
 }
 

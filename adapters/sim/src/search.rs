@@ -154,18 +154,23 @@ fn judge(rep: &ReplayReport, best: &ReplayReport, s: &SearchConfig) -> Judged {
     }
 }
 
+/// The hash of a prompt's ninth block (its last, if shorter; 0 if empty): requests that
+/// share it share a document or a conversation's opening. `policy_sweep`'s partition
+/// keys its groups by it too.
+pub fn opening_key(r: &SimRequest) -> u64 {
+    let b = r.prompt.blocks();
+    b.get(8).or(b.last()).map_or(0, |h| h.seq.0)
+}
+
 /// Per request, the index of the next request of its group (`usize::MAX` for none).
-/// A group is a session, or else the requests whose prompts share their ninth block (a
-/// shared document or a conversation's opening), as `policy_sweep`'s partition keys them.
+/// A group is a session, or else the requests with the same [`opening_key`].
 fn groups(reqs: &[SimRequest]) -> Vec<usize> {
     let mut next = vec![usize::MAX; reqs.len()];
     let mut last: HashMap<(Option<&str>, u64), usize> = HashMap::new();
     for (i, r) in reqs.iter().enumerate() {
-        let b = r.prompt.blocks();
-        let block = b.get(8).or(b.last()).map_or(0, |h| h.seq.0);
         let key = match &r.session_id {
             Some(s) => (Some(&**s), 0),
-            None => (None, block),
+            None => (None, opening_key(r)),
         };
         if let Some(j) = last.insert(key, i) {
             next[j] = i;
@@ -233,11 +238,11 @@ fn propose(at: &[u32], rep: &ReplayReport, n: &Neighbours, rng: &mut SplitMix64)
 
 /// A request's time from arrival to `goal`, ms (0 if it never got there).
 fn time_to(r: &crate::stats::RequestRecord, goal: Goal) -> f64 {
-    let at = match goal {
-        Goal::FirstToken => r.first_token_ms,
-        Goal::LastToken => r.last_token_ms,
+    let ms = match goal {
+        Goal::FirstToken => r.ttft_ms(),
+        Goal::LastToken => r.e2e_ms(),
     };
-    at.map_or(0.0, |t| (t - r.arrival_ms).max(0.0))
+    ms.map_or(0.0, |t| t.max(0.0))
 }
 
 /// An index drawn with chance proportional to its weight; `None` if no weight is
