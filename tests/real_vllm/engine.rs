@@ -43,12 +43,14 @@ pub struct Vllm {
     /// The log's length when the current process started.
     log_from: usize,
     proc: Option<Proc>,
+    /// Whether it has answered `/health` once, so others may know its ports.
+    served: bool,
 }
 
-/// Starts in a row that may find a port taken before one is given up. The ports are
-/// released ones in the ephemeral range: while a killed server is down, any outgoing
-/// connection on the machine (kvroute's health checks to that very server among them)
-/// can hold one as its source port for a moment.
+/// Starts in a row that may find a port taken before one is given up. The ports lie
+/// below the ephemeral range (see [`free_port`]), so only a program that binds them by
+/// number can take one. A first start then takes fresh ports; a restart must keep its
+/// own, which kvroute already knows.
 const PORT_TAKEN_STARTS_MAX: u32 = 4;
 
 impl Vllm {
@@ -64,6 +66,7 @@ impl Vllm {
             log: dir.join(format!("vllm-{id}.log")),
             log_from: 0,
             proc: None,
+            served: false,
         };
         v.spawn();
         v
@@ -103,6 +106,7 @@ impl Vllm {
         loop {
             if let Ok(r) = http::request(self.addr(), "GET", "/health", &[], None, Duration::from_secs(2)) {
                 if r.status == 200 {
+                    self.served = true;
                     return t0.elapsed();
                 }
             }
@@ -110,6 +114,9 @@ impl Vllm {
             if !alive && starts < PORT_TAKEN_STARTS_MAX && self.port_was_taken() {
                 starts += 1;
                 eprintln!("real_vllm: vLLM server {} found a port taken; starting it again", self.id);
+                if !self.served {
+                    (self.http_port, self.events_port, self.replay_port) = (free_port(), free_port(), free_port());
+                }
                 std::thread::sleep(Duration::from_secs(1));
                 self.spawn();
                 continue;

@@ -59,7 +59,40 @@ impl Drop for Proc {
     }
 }
 
-/// A free loopback TCP port (bound, read, released; a race is possible but rare).
+/// Lowest port [`free_port`] hands out.
+const PORT_MIN: u16 = 20_000;
+
+/// A free TCP port below the kernel's ephemeral range, so that no `bind(0)` and no
+/// outgoing connection can take it between this check and the server's own bind: two
+/// vLLM servers starting at once pick their internal ports by `bind(0)`, and once took
+/// one of the other's chosen ports on every retry. Falls back to `bind(0)` when the
+/// ephemeral range leaves no room below it.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let top = ephemeral_low().unwrap_or(32_768);
+    if top <= PORT_MIN + 1_000 {
+        return bind_any();
+    }
+    let span = u32::from(top - PORT_MIN);
+    // The pid spreads concurrent test binaries apart; the counter walks on from there.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = PORT_MIN + ((start + n) % span) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    bind_any()
+}
+
+/// The first port of the kernel's ephemeral range, if it says.
+fn ephemeral_low() -> Option<u16> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+fn bind_any() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("addr").port()
 }
