@@ -102,7 +102,12 @@ pub(super) async fn forward(
                 crate::trace::try_answered(s, crate::trace::head_of(&sent, |r| r.status().as_u16()));
             }
             match sent {
-                Ok(Ok(resp)) => Ok(resp),
+                Ok(Ok(resp)) => {
+                    if resp.status().is_success() {
+                        state.outliers.progress(dec_worker.id);
+                    }
+                    Ok(resp)
+                }
                 Ok(Err(e)) if e.is_connect() => Err((RetryReason::Connect, error_chain(&e))),
                 Ok(Err(e)) => Err((RetryReason::Reset, error_chain(&e))),
                 Err(_) => Err((RetryReason::FirstByteTimeout, "no byte within its first-byte timeout".into())),

@@ -101,7 +101,10 @@ pub(super) async fn forward(
                     continue;
                 }
                 _ => {
-                    // No retry left: the worker's answer goes to the client as it is.
+                    // No retry left, or none needed: the answer goes to the client as it is.
+                    if resp.status().is_success() {
+                        state.outliers.progress(worker.id);
+                    }
                     crate::trace::ride_along(&mut resp, span);
                     let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };
                     return Ok(respond(state, resp, booking, ctx, permit));

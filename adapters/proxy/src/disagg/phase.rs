@@ -255,6 +255,9 @@ pub(super) async fn run_prefill(
             if let Some(s) = &span {
                 crate::trace::try_answered(s, Ok(r.status().as_u16()));
             }
+            if r.status().is_success() {
+                state.outliers.progress(id);
+            }
             r
         }
         Ok(Err(e)) if e.is_connect() => return fail(booking, "connect", error_chain(&e), RetryReason::Connect, None),
