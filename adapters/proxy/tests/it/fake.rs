@@ -280,6 +280,14 @@ impl Fake {
                 for c in chunks {
                     let _ = tx.send(Ok(c)).await;
                 }
+                // hyper drops what it has not flushed when a body fails, and it flushes
+                // only once the body is pending: so the error waits until hyper has taken
+                // the last chunk and found nothing after it. Sent at once, it could land
+                // in the same poll and lose the chunks (seen as a 502 on a loaded host).
+                if let Ok(permit) = tx.reserve().await {
+                    drop(permit);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 let _ = tx.send(Err("worker died".to_string())).await;
             }),
         }

@@ -160,8 +160,9 @@ pub fn read(events: &[(String, Instant)]) -> Read {
 /// The whole stream of `body` at `path`, read through the proxy.
 pub async fn stream_all(addr: SocketAddr, path: &str, body: &Value) -> Read {
     let mut ev = Events::open(addr, path, &[], body).await;
-    assert_eq!(ev.status, 200);
-    read(&ev.rest().await)
+    let events = ev.rest().await;
+    assert_eq!(ev.status, 200, "{path}: {events:?} {}", ev.buf);
+    read(&events)
 }
 
 /// `POST` with no body.
