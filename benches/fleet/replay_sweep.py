@@ -42,6 +42,9 @@ import words  # noqa: E402
 from bench import RATES  # noqa: E402
 
 FIGURES = ("hits", "ttft_mean", "ttft_p99", "e2e_mean")
+# Shown beside the targets' figures, without a target: the tail and the throughput (output
+# tokens per model second, first arrival to last token), which imbalance costs first.
+EXTRAS = ("e2e_p99", "out_tps", "busiest")
 TARGETS = {"hits": (1.0, ">="), "ttft_mean": (0.8, "<="), "ttft_p99": (0.8, "<="), "e2e_mean": (0.95, "<=")}
 PEER = "text-tree"
 
@@ -110,13 +113,14 @@ def regret_summary(path):
 
 
 def medians(runs):
-    """Per variant, the median of each figure and of the busiest worker over the mean."""
+    """Per variant, the median of each figure, of the tail and throughput (`EXTRAS`), and
+    of the busiest worker over the mean."""
     by = {}
     for d in runs:
         pw = d["per_worker"]
         d = dict(d, busiest=max(pw) * len(pw) / max(sum(pw), 1))
         by.setdefault(d["variant"], []).append(d)
-    return {v: {k: statistics.median(d[k] for d in ds) for k in FIGURES + ("busiest",)} for v, ds in by.items()}
+    return {v: {k: statistics.median(d[k] for d in ds) for k in FIGURES + EXTRAS} for v, ds in by.items()}
 
 
 def meets(ratio, fig):
@@ -156,7 +160,8 @@ def main():
                 if reg:
                     regrets[f"{kind}/{load}"] = regret_summary(reg)
     met = {}
-    print(f"{'workload/load':24}{'variant':36}" + "".join(f"{f:>20}" for f in FIGURES) + f"{'busiest':>9}")
+    print(f"{'workload/load':24}{'variant':36}" + "".join(f"{f:>20}" for f in FIGURES)
+          + f"{'e2e_p99':>16}{'out_tps':>16}{'busiest':>9}")  # fmt: skip
     for wl, by in report.items():
         peer = by[PEER]
         for v, m in by.items():
@@ -166,7 +171,9 @@ def main():
                 ok = meets(r, f)
                 met[v] = met.get(v, 0) + (ok and v != PEER)
                 cells.append(f"{m[f]:.4g} ({r:.2f}{'' if ok else '*'})")
-            print(f"{wl:24}{v[:35]:36}" + "".join(f"{c:>20}" for c in cells) + f"{m['busiest']:9.2f}")
+            extra = [f"{m[f]:.5g} ({m[f] / peer[f] if peer[f] else float('nan'):.2f})" for f in ("e2e_p99", "out_tps")]
+            print(f"{wl:24}{v[:35]:36}" + "".join(f"{c:>20}" for c in cells)
+                  + "".join(f"{c:>16}" for c in extra) + f"{m['busiest']:9.2f}")  # fmt: skip
     print("targets met (of %d; * marks a miss):" % (4 * len(report)), json.dumps({v: n for v, n in met.items() if v != PEER}))
     if regrets:
         print("per-request regret (TTFT of each choice against the best worker at its arrival, all requests):")

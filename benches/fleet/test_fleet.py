@@ -353,6 +353,17 @@ class Floors(unittest.TestCase):
         self.assertNotIn("hit_rate", got, "a >= target has no floor")
 
 
+class ReplayMedians(unittest.TestCase):
+    def test_each_figure_and_the_tail_is_a_median_over_runs(self):
+        run = lambda v, e2e_p99, out_tps, pw: dict(variant=v, hits=0.5, ttft_mean=10.0, ttft_p99=20.0,
+                                                   e2e_mean=100.0, e2e_p99=e2e_p99, out_tps=out_tps, per_worker=pw)  # fmt: skip
+        runs = [run("kv", 300.0, 50.0, [3, 1]), run("kv", 500.0, 70.0, [2, 2]), run("kv", 400.0, 60.0, [4, 0])]
+        got = replay_sweep.medians(runs)["kv"]
+        # Busiest over the mean per run: 1.5, 1.0 and 2.0.
+        self.assertEqual((got["e2e_p99"], got["out_tps"], got["busiest"]), (400.0, 60.0, 1.5))
+        self.assertEqual(got["hits"], 0.5)
+
+
 class Regret(unittest.TestCase):
     def check(self, choices, want):
         with tempfile.TemporaryDirectory() as tmp:

@@ -301,8 +301,8 @@ fn line(name: &str, speedup: f64, r: &ReplayReport) {
     let counts: Vec<u64> = r.workers.iter().map(|w| w.requests).collect();
     println!(
         "{{\"variant\":\"{name}\",\"speedup\":{speedup},\"hits\":{:.4},\"ttft_mean\":{:.1},\"ttft_p99\":{:.1},\
-         \"e2e_mean\":{:.1},\"e2e_p99\":{:.1},\"per_worker\":{counts:?}}}",
-        s.prefix_reuse_ratio, s.ttft_ms.mean, s.ttft_ms.p99, s.e2e_ms.mean, s.e2e_ms.p99
+         \"e2e_mean\":{:.1},\"e2e_p99\":{:.1},\"out_tps\":{:.1},\"per_worker\":{counts:?}}}",
+        s.prefix_reuse_ratio, s.ttft_ms.mean, s.ttft_ms.p99, s.e2e_ms.mean, s.e2e_ms.p99, s.output_tokens_per_s
     );
 }
 
