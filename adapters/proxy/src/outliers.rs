@@ -91,6 +91,14 @@ impl Outliers {
         self.with(id, |t, _| t.progress_at = Some(Instant::now()));
     }
 
+    /// A disaggregated leg's head arrived: a success is [`Outliers::progress`], an error
+    /// status is not (it may be retried, and a worker failing fast is not serving).
+    pub(crate) fn head(&self, id: u64, status: http::StatusCode) {
+        if status.is_success() {
+            self.progress(id);
+        }
+    }
+
     /// Whether the worker made [`Outliers::progress`] after `since`: a worker that is
     /// busy, not wedged.
     pub(crate) fn progressed_since(&self, id: u64, since: Instant) -> bool {
@@ -183,6 +191,17 @@ mod tests {
         o.success(7);
         assert_eq!(o.failure(7), None);
         assert_eq!(o.failure(7), Some(1));
+    }
+
+    #[test]
+    fn only_a_successful_head_is_progress() {
+        let o = Outliers::new(EjectionConfig { consecutive_failures: 2, base_ms: 1, max_ms: 1 });
+        // A moment before, so that a clock that has not ticked since still counts.
+        let since = Instant::now() - Duration::from_millis(1);
+        o.head(1, http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!o.progressed_since(1, since));
+        o.head(1, http::StatusCode::OK);
+        assert!(o.progressed_since(1, since));
     }
 
     #[tokio::test]

@@ -103,9 +103,7 @@ pub(super) async fn forward(
             }
             match sent {
                 Ok(Ok(resp)) => {
-                    if resp.status().is_success() {
-                        state.outliers.progress(dec_worker.id);
-                    }
+                    state.outliers.head(dec_worker.id, resp.status());
                     Ok(resp)
                 }
                 Ok(Err(e)) if e.is_connect() => Err((RetryReason::Connect, error_chain(&e))),

@@ -102,9 +102,7 @@ pub(super) async fn forward(
                 }
                 _ => {
                     // No retry left, or none needed: the answer goes to the client as it is.
-                    if resp.status().is_success() {
-                        state.outliers.progress(worker.id);
-                    }
+                    state.outliers.head(worker.id, resp.status());
                     crate::trace::ride_along(&mut resp, span);
                     let ctx = Respond { model, arrived, deadline, prefill_worker: Some(prefill_worker.id) };
                     return Ok(respond(state, resp, booking, ctx, permit));

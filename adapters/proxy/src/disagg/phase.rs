@@ -255,9 +255,7 @@ pub(super) async fn run_prefill(
             if let Some(s) = &span {
                 crate::trace::try_answered(s, Ok(r.status().as_u16()));
             }
-            if r.status().is_success() {
-                state.outliers.progress(id);
-            }
+            state.outliers.head(id, r.status());
             r
         }
         Ok(Err(e)) if e.is_connect() => return fail(booking, "connect", error_chain(&e), RetryReason::Connect, None),
