@@ -40,10 +40,13 @@ KVROUTE_DEFAULT = ("kv", "round-robin")
 # kvroute settings that are not a mode: `kv` with sessions placed by the cost alone
 # (`affinity_mode = "cost"`: a session header binds nothing, the session follows), and
 # `kv` remembering no prompt ends (`prompt_ends_max = 0`: a short prefix on one worker is
-# read as a conversation's, as before the record existed).
+# read as a conversation's, as before the record existed), and `kv` charging 5 ms per
+# request a worker runs (`active_request_weight = 5`, the setting for document Q&A in
+# the README's "Tuning for one workload").
 KV_VARIANTS = {
     "kv-aff-cost": ("kv", ['affinity_mode = "cost"']),
     "kv-no-ends": ("kv", ["prompt_ends_max = 0"]),
+    "kv-arw5": ("kv", ["active_request_weight = 5"]),
 }
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
@@ -88,8 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--routers", default="kv,round-robin," + ",".join(fleet.PEERS),
                    help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...), kv-aff-cost "
-                        "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends) "
-                        "and peers "
+                        "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends), "
+                        "kv-arw5 (kv charging 5 ms per running request) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
