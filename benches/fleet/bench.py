@@ -42,11 +42,13 @@ KVROUTE_DEFAULT = ("kv", "round-robin")
 # `kv` remembering no prompt ends (`prompt_ends_max = 0`: a short prefix on one worker is
 # read as a conversation's, as before the record existed), and `kv` charging 5 ms per
 # request a worker runs (`active_request_weight = 5`, the setting for document Q&A in
-# the README's "Tuning for one workload").
+# the README's "Tuning for one workload"), and `kv` charging 20 ms per request a worker
+# runs beyond 3 times the mean (`excess_ms_per_request = 20`, the same section).
 KV_VARIANTS = {
     "kv-aff-cost": ("kv", ['affinity_mode = "cost"']),
     "kv-no-ends": ("kv", ["prompt_ends_max = 0"]),
     "kv-arw5": ("kv", ["active_request_weight = 5"]),
+    "kv-excess": ("kv", ["excess_ms_per_request = 20"]),
 }
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
@@ -92,7 +94,8 @@ def parse_args(argv=None):
     p.add_argument("--routers", default="kv,round-robin," + ",".join(fleet.PEERS),
                    help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...), kv-aff-cost "
                         "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends), "
-                        "kv-arw5 (kv charging 5 ms per running request) and peers "
+                        "kv-arw5 (kv charging 5 ms per running request), kv-excess (kv charging 20 ms "
+                        "per request beyond 3 times the mean) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,

@@ -327,6 +327,13 @@ pub struct RoutingConfig {
     pub prefill_load_scale: f64,
     /// Cost per running request (default 0.0).
     pub active_request_weight: f64,
+    /// Cost per request a worker runs beyond `excess_over_mean` times the workers' mean,
+    /// in ms (default 0.0: off). 20 spreads a hot document's questions on a large fleet
+    /// and moves nothing while load is even (the fleet benchmark's README has figures).
+    pub excess_ms_per_request: f64,
+    /// Multiple of the workers' mean of running requests past which
+    /// `excess_ms_per_request` charges (default 3.0).
+    pub excess_over_mean: f64,
     /// Sampling temperature of the kv cost; 0 picks the cheapest (default 0.0).
     pub temperature: f64,
     /// The engines' timing the kv cost predicts with: `gpu` (default; vLLM on a GPU, the
@@ -357,6 +364,8 @@ impl Default for RoutingConfig {
             overlap_credit: 1.0,
             prefill_load_scale: 1.0,
             active_request_weight: 0.0,
+            excess_ms_per_request: 0.0,
+            excess_over_mean: 3.0,
             temperature: 0.0,
             engine_timing: EngineTimingName::Gpu,
         }

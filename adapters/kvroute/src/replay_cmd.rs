@@ -215,6 +215,14 @@ pub struct ModelArgs {
     /// ttft model: most the decode time term charges above the least any worker has, ms.
     #[arg(long, value_name = "MS")]
     pub decode_time_ms_max: Option<f64>,
+    /// ttft model: charge per request a worker runs beyond --excess-over-mean times the
+    /// workers' mean, ms (0, the default, is off).
+    #[arg(long, value_name = "MS")]
+    pub excess_ms_per_request: Option<f64>,
+    /// ttft model: multiple of the workers' mean of running requests past which
+    /// --excess-ms-per-request charges.
+    #[arg(long, value_name = "X")]
+    pub excess_over_mean: Option<f64>,
     /// ttft model: output tokens expected of a request that names none.
     #[arg(long, value_name = "TOKENS")]
     pub output_tokens_default: Option<u32>,
@@ -309,6 +317,8 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.memory_kv_share = a.model.memory_kv_share.unwrap_or(c.ttft.memory_kv_share);
     c.ttft.decode_time_weight = a.model.decode_time_weight.unwrap_or(c.ttft.decode_time_weight);
     c.ttft.decode_time_ms_max = a.model.decode_time_ms_max.unwrap_or(c.ttft.decode_time_ms_max);
+    c.ttft.excess_ms_per_request = a.model.excess_ms_per_request.unwrap_or(c.ttft.excess_ms_per_request);
+    c.ttft.excess_over_mean = a.model.excess_over_mean.unwrap_or(c.ttft.excess_over_mean);
     c.ttft.output_tokens_default = a.model.output_tokens_default.unwrap_or(c.ttft.output_tokens_default);
     c.ttft.store_ms_per_block = a.model.store_ms_per_block.unwrap_or(c.ttft.store_ms_per_block);
     c.ttft.keep_ms_per_block = a.model.keep_ms_per_block.unwrap_or(c.ttft.keep_ms_per_block);

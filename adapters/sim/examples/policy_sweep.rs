@@ -25,7 +25,8 @@
 //! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
 //! (prompt_end_blocks), `work`,
-//! `others`, `arw` (active_request_weight), `pls` (prefill_load_scale), `mode` (`rr`,
+//! `others`, `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
+//! (excess_over_mean), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
 //! eligibility (a worker whose booked decode blocks pass 0.95 of its KV is passed over
@@ -176,6 +177,8 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "others" => c.ttft.others_delay_weight = x,
             "arw" => c.active_request_weight = x,
             "pls" => c.prefill_load_scale = x,
+            "xs" => c.ttft.excess_ms_per_request = x,
+            "xm" => c.ttft.excess_over_mean = x,
             _ => return Err(format!("unknown weight {k}")),
         }
     }

@@ -15,6 +15,7 @@
 //! number of candidates (plus the sort when unsorted).
 
 mod cost;
+mod excess;
 mod ttft;
 mod ttft_plan;
 
@@ -401,6 +402,15 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 /// which gives the same scores), the cheapest of them, and whether the candidates are
 /// in key order.
 fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
+    let (mut scores, min, in_order) = kv_scores_plain(req, cands);
+    if excess::charge(req, cands, &mut scores) {
+        let min = Cheapest::of(&scores);
+        return (scores, min, in_order);
+    }
+    (scores, min, in_order)
+}
+
+fn kv_scores_plain(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands),
         KvCostModel::Blocks => {

@@ -216,6 +216,8 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.overlap_credit = r.overlap_credit;
     rc.cost.prefill_load_scale = r.prefill_load_scale;
     rc.cost.active_request_weight = r.active_request_weight;
+    rc.cost.ttft.excess_ms_per_request = r.excess_ms_per_request;
+    rc.cost.ttft.excess_over_mean = r.excess_over_mean;
     rc.cost.temperature = r.temperature;
     rc.cost.timing = r.engine_timing.model();
     rc.learn = cfg.learn.core();
