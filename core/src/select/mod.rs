@@ -410,6 +410,7 @@ fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, 
     (scores, min, in_order)
 }
 
+/// [`kv_scores`] before the excess charge: each candidate scored on its own.
 fn kv_scores_plain(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands),
