@@ -403,10 +403,7 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 /// in key order.
 fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     let (mut scores, min, in_order) = kv_scores_plain(req, cands);
-    if excess::charge(req, cands, &mut scores) {
-        let min = Cheapest::of(&scores);
-        return (scores, min, in_order);
-    }
+    let min = if excess::charge(req, cands, &mut scores) { Cheapest::of(&scores) } else { min };
     (scores, min, in_order)
 }
 
