@@ -37,16 +37,15 @@ import words  # noqa: E402
 
 REPO = HERE.parents[1]
 KVROUTE_DEFAULT = ("kv", "round-robin")
-# kvroute settings that are not a mode: `kv` with sessions placed by the cost alone
-# (`affinity_mode = "cost"`: a session header binds nothing, the session follows), and
-# `kv` remembering no prompt ends (`prompt_ends_max = 0`: a short prefix on one worker is
-# read as a conversation's, as before the record existed), and `kv` charging 5 ms per
-# request a worker runs (`active_request_weight = 5`, the setting for document Q&A in
-# the README's "Tuning for one workload"), and `kv` charging 20 ms per request a worker
-# runs beyond 3 times the mean (`excess_ms_per_request = 20`, the same section).
+# kvroute settings that are not a mode: `kv` with one more `[router]` line.
 KV_VARIANTS = {
+    # Sessions placed by the cost alone: a session header binds nothing, the session follows.
     "kv-aff-cost": ("kv", ['affinity_mode = "cost"']),
+    # No prompt ends remembered: a short prefix on one worker reads as a conversation's,
+    # as before the record existed.
     "kv-no-ends": ("kv", ["prompt_ends_max = 0"]),
+    # 5 ms per request a worker runs, and 20 ms per request beyond 3 times the mean: the
+    # settings for document Q&A in the README's "Tuning for one workload".
     "kv-arw5": ("kv", ["active_request_weight = 5"]),
     "kv-excess": ("kv", ["excess_ms_per_request = 20"]),
 }
