@@ -10,7 +10,9 @@ Replay runs in model time, so its figures do not depend on how busy the host is.
     python3 benches/fleet/replay_sweep.py --variants 'kv;dtw=0' --seeds 3
     python3 benches/fleet/replay_sweep.py --variants 'kv;oracle' --sessions --regret
 
-Conversation is one trace (the bundled slice); its seeds beyond the first scale each
+An agent's next call and a chat's next turn are sent their think time after the call
+before finishes, as the load generator sends them (the trace's `delay`), so replay sees
+the fleet's closed loop. Conversation is one trace (the bundled slice); its seeds beyond the first scale each
 arrival time by a factor drawn from 1 ± 0.02, since its outcome turns on the order of
 near-simultaneous arrivals. The other workloads are generated from each seed. Each trace
 runs with router seeds 0..--router-seeds (its tie-breaking draws). The report is, per
@@ -51,13 +53,15 @@ PEER = "text-tree"
 
 def traces(kind, load, seeds, vocab, out_dir, workers=8):
     """Writes the workload's trace per seed, at the fleet benchmark's rate for `workers`;
-    returns their paths."""
+    returns their paths, and whether its requests carry a session header (a chat's turns
+    carry a `session_id` that only chains them, as the fleet sends no header for them)."""
     one = workloads.generate(workloads.Spec(kind=kind), vocab) if kind == "conversation" else None
-    paths = []
+    paths, headers = [], False
     for i, seed in enumerate(seeds):
         reqs = one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab)
+        headers = headers or any(r.session for r in reqs)
         reqs = workloads.scaled(reqs, RATES[kind][load] * workers / 8)
-        recs = with_sessions(reqs, workloads.to_mooncake(reqs, 64))
+        recs = workloads.to_mooncake(reqs, 64)
         if kind == "conversation" and i > 0:
             rng = random.Random(seed)
             recs = [dict(r, timestamp=round(r["timestamp"] * (1 + rng.uniform(-0.02, 0.02)), 3)) for r in recs]
@@ -65,20 +69,7 @@ def traces(kind, load, seeds, vocab, out_dir, workers=8):
         path = Path(out_dir) / f"{kind}-{load}-{seed}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in recs))
         paths.append(path)
-    return paths
-
-
-def with_sessions(reqs, recs):
-    """`recs` (to_mooncake of `reqs`) with each request's session id, if it has one.
-    to_mooncake sorts its records by time, stably; the same sort of the requests pairs
-    them up."""
-    at, keys = {}, []
-    for r in reqs:
-        t = r.arrival_s if r.after is None else at[r.after] + r.gap_s
-        at[r.index] = t
-        keys.append(round(t * 1000.0, 3))
-    order = sorted(range(len(reqs)), key=lambda i: keys[i])
-    return [dict(rec, session_id=reqs[i].session) if reqs[i].session else rec for i, rec in zip(order, recs)]
+    return paths, headers
 
 
 def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None):
@@ -154,8 +145,9 @@ def main():
         for kind in args.workloads.split(","):
             for load in args.loads.split(","):
                 reg = Path(tmp) / f"regret-{kind}-{load}.jsonl" if args.regret else None
-                runs = [d for path in traces(kind, load, seeds, vocab, tmp, args.workers)
-                        for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions,
+                paths, headers = traces(kind, load, seeds, vocab, tmp, args.workers)
+                runs = [d for path in paths
+                        for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions and headers,
                                        args.workers, reg)]  # fmt: skip
                 report[f"{kind}/{load}"] = medians(runs)
                 if reg:

@@ -127,6 +127,30 @@ class Shapes(unittest.TestCase):
         self.assertEqual(by_len[0]["input_length"], min(len(r.tokens) for r in reqs))
 
 
+    def test_the_replay_trace_sends_a_follow_up_its_delay_after_the_call_before(self):
+        for kind in ("agentic", "multimodal"):
+            reqs = gen(kind, n=60)
+            recs = workloads.to_mooncake(reqs)
+            follows = [r for r in reqs if r.after is not None]
+            self.assertTrue(follows, kind)
+            # Each delayed record's session has a record before it: the call it follows.
+            last, chained = {}, 0
+            for rec in recs:
+                sid = rec.get("session_id")
+                if "delay" in rec:
+                    self.assertIn(sid, last, (kind, rec))
+                    self.assertGreaterEqual(rec["delay"], 0.0)
+                    chained += 1
+                if sid is not None:
+                    last[sid] = rec
+            self.assertEqual(chained, len(follows), kind)
+            self.assertEqual(sorted(rec["delay"] for rec in recs if "delay" in rec),
+                             sorted(round(r.gap_s * 1000.0, 3) for r in follows))  # fmt: skip
+        # Only the agent programs' ids are the fleet's session headers.
+        self.assertTrue(all(r.session for r in gen("agentic", n=20)))
+        self.assertFalse(any(r.session for r in gen("multimodal", n=20)))
+
+
 def png_facts(data):
     """(width, height, pixel bytes) of a PNG, every chunk's CRC checked."""
     import struct

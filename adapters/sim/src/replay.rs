@@ -4,7 +4,8 @@
 //! One thread, one time-ordered queue, no clock. At equal times the order is fixed:
 //! KV event deliveries, dispatcher timeouts, arrivals and KV handoffs, then engine
 //! pass boundaries (so every request arriving at `t` joins the pass starting at `t`);
-//! remaining ties go by insertion order. The same inputs therefore give the same
+//! remaining ties go by insertion order. A request that [`Follow`]s another arrives
+//! when that one ends (finished or refused) plus its delay, not at its `arrival_ms`. The same inputs therefore give the same
 //! report, byte for byte. The routing policy is left to the `Dispatcher`.
 
 use std::cmp::{Ordering, Reverse};
@@ -32,6 +33,18 @@ pub struct SimRequest {
     pub session_id: Option<Arc<str>>,
     /// Caller priority, if known.
     pub priority: Option<i64>,
+    /// The request this one waits for, if any: it arrives then, not at `arrival_ms`.
+    pub follows: Option<Follow>,
+}
+
+/// A request sent only after an earlier one finished: a conversation's next turn, or an
+/// agent's next call, from a client that waits for each answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Follow {
+    /// Id of the request waited for.
+    pub after: u64,
+    /// Wait after it finishes (or is refused), virtual ms.
+    pub delay_ms: f64,
 }
 
 /// A dispatcher's answer for one request.
@@ -203,7 +216,12 @@ pub struct ReplayReport {
 enum Kind {
     KvDeliver(u32),
     Timeout,
-    Handoff { req: usize, decode: u32 },
+    Handoff {
+        req: usize,
+        decode: u32,
+    },
+    /// A request that [`Follow`]s another arrives.
+    Arrive(usize),
     Wake(u32),
 }
 
@@ -212,7 +230,7 @@ impl Kind {
         match self {
             Kind::KvDeliver(_) => 0,
             Kind::Timeout => 1,
-            Kind::Handoff { .. } => RANK_ARRIVAL,
+            Kind::Handoff { .. } | Kind::Arrive(_) => RANK_ARRIVAL,
             Kind::Wake(_) => 3,
         }
     }
@@ -273,6 +291,8 @@ struct Loop<'a, D: Dispatcher> {
     heap: BinaryHeap<Reverse<Entry>>,
     seq: u64,
     arrivals: Vec<usize>,
+    /// Per request, the requests that follow it.
+    followers: HashMap<usize, Vec<usize>>,
     wake_at: Vec<Option<f64>>,
     kv_queues: Vec<VecDeque<(f64, u64, KvEvent)>>,
     timeout_at: Option<f64>,
@@ -306,6 +326,7 @@ pub fn replay<D: Dispatcher>(
         engines.push(Engine::new(ec, w)?);
     }
     let n = cfg.workers as usize;
+    let index: HashMap<u64, usize> = reqs.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
     let mut lp = Loop {
         cfg,
         reqs,
@@ -313,11 +334,12 @@ pub fn replay<D: Dispatcher>(
         engines,
         heap: BinaryHeap::with_capacity(16 * n + 16),
         seq: 0,
-        arrivals: sorted_arrivals(reqs),
+        arrivals: sorted_arrivals(reqs, &index),
+        followers: followers(reqs, &index),
         wake_at: vec![None; n],
         kv_queues: (0..n).map(|_| VecDeque::new()).collect(),
         timeout_at: None,
-        index: reqs.iter().enumerate().map(|(i, r)| (r.id, i)).collect(),
+        index,
         legs: vec![None; reqs.len()],
         records: reqs
             .iter()
@@ -356,11 +378,27 @@ pub fn replay<D: Dispatcher>(
     })
 }
 
-/// Request indices by arrival time, ties by input order.
-fn sorted_arrivals(reqs: &[SimRequest]) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..reqs.len()).collect();
+/// The index of the request `r` waits for, if it names one that is in the replay.
+fn leader(r: &SimRequest, index: &HashMap<u64, usize>) -> Option<usize> {
+    r.follows.and_then(|f| index.get(&f.after).copied())
+}
+
+/// Indices of the requests that arrive on time, by arrival time, ties by input order.
+fn sorted_arrivals(reqs: &[SimRequest], index: &HashMap<u64, usize>) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..reqs.len()).filter(|&i| leader(&reqs[i], index).is_none()).collect();
     v.sort_by(|&a, &b| reqs[a].arrival_ms.total_cmp(&reqs[b].arrival_ms).then(a.cmp(&b)));
     v
+}
+
+/// Per request, the ones that wait for it, in input order.
+fn followers(reqs: &[SimRequest], index: &HashMap<u64, usize>) -> HashMap<usize, Vec<usize>> {
+    let mut m: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, r) in reqs.iter().enumerate() {
+        if let Some(l) = leader(r, index) {
+            m.entry(l).or_default().push(i);
+        }
+    }
+    m
 }
 
 impl<D: Dispatcher> Loop<'_, D> {
@@ -408,6 +446,11 @@ impl<D: Dispatcher> Loop<'_, D> {
                     }
                 }
                 Kind::Handoff { req, decode } => self.submit(now, req, decode, Leg::Decode),
+                Kind::Arrive(i) => {
+                    self.records[i].arrival_ms = now;
+                    let decision = self.d.on_arrival_seeing(now, &self.reqs[i], &self.engines);
+                    self.dispatch(now, i, decision);
+                }
                 Kind::Wake(w) => {
                     if self.wake_at[w as usize] == Some(e.t) {
                         self.wake_at[w as usize] = None;
@@ -460,11 +503,24 @@ impl<D: Dispatcher> Loop<'_, D> {
                 self.submit(now, i, prefill, Leg::Prefill { decode })
             }
             Dispatch::Queued => self.queued += 1,
-            Dispatch::Reject => self.records[i].rejected = true,
+            Dispatch::Reject => self.refuse(now, i),
             _ => {
                 self.invalid += 1;
-                self.records[i].rejected = true;
+                self.refuse(now, i);
             }
+        }
+    }
+
+    fn refuse(&mut self, now: f64, i: usize) {
+        self.records[i].rejected = true;
+        self.release_followers(now, i);
+    }
+
+    /// Request `i` ended at `at_ms`: those waiting for it arrive after their delays.
+    fn release_followers(&mut self, at_ms: f64, i: usize) {
+        for j in self.followers.remove(&i).unwrap_or_default() {
+            let delay = self.reqs[j].follows.map_or(0.0, |f| f.delay_ms.max(0.0));
+            self.push(at_ms + delay, Kind::Arrive(j));
         }
     }
 
@@ -485,7 +541,7 @@ impl<D: Dispatcher> Loop<'_, D> {
                 self.reschedule(w);
             }
             Err(_) => {
-                self.records[i].rejected = true;
+                self.refuse(now, i);
                 // The dispatcher counted it against `w`; tell it the request left.
                 self.d.on_finished(now, w, r_id);
             }
@@ -563,6 +619,7 @@ impl<D: Dispatcher> Loop<'_, D> {
                     _ => {
                         rec.last_token_ms = Some(at_ms);
                         rec.completed = true;
+                        self.release_followers(at_ms, i);
                     }
                 }
                 self.d.on_finished(at_ms, w, id);

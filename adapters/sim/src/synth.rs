@@ -141,6 +141,7 @@ pub fn generate(cfg: &SynthConfig) -> Vec<TraceRecord> {
                 content: PromptContent::Tokens(Arc::from(prompt.as_slice())),
                 session_id: Some(sid.clone()),
                 priority: None,
+                delay_ms: None,
             });
             if turn + 1 < turns {
                 // The answer becomes part of the next prompt.

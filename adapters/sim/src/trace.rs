@@ -3,10 +3,14 @@
 //!
 //! One JSON object per line: `timestamp` (ms), `input_length`, `output_length`,
 //! `hash_ids` (one id per 512-token block; each id becomes 512 copies of token id `id`,
-//! truncated to `input_length`), and optional `session_id` (string or integer) and
-//! `priority` (integer). Unknown fields are ignored. Bad input never panics. Opening
-//! files is left to the caller.
+//! truncated to `input_length`), and optional `session_id` (string or integer),
+//! `priority` (integer) and `delay` (ms). A record with a `delay` whose session has an
+//! earlier record is a later turn: it is sent `delay` ms after that record finishes, as
+//! a client that waits for each answer does (aiperf's multi-turn traces), and its
+//! `timestamp` only orders the trace. Unknown fields are ignored. Bad input never
+//! panics. Opening files is left to the caller.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::BufRead;
 use std::sync::Arc;
@@ -15,7 +19,7 @@ use router_core::{BlockSize, HashSeed};
 use serde::Deserialize;
 
 use crate::prompt::{Prompt, OUTPUT_TOKEN_ID_BASE, PROMPT_TOKENS_MAX};
-use crate::replay::SimRequest;
+use crate::replay::{Follow, SimRequest};
 
 /// Limits on one trace, all inclusive.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +66,8 @@ pub struct TraceRecord {
     pub session_id: Option<String>,
     /// Caller priority, if given.
     pub priority: Option<i64>,
+    /// Wait after the session's previous record finishes, ms, if given.
+    pub delay_ms: Option<f64>,
 }
 
 /// How a record describes its prompt.
@@ -104,6 +110,8 @@ pub enum TraceErrorKind {
     Schema(String),
     /// `timestamp` is negative or not finite.
     BadTimestamp,
+    /// `delay` is negative or not finite.
+    BadDelay,
     /// `input_length` is 0.
     EmptyPrompt,
     /// `input_length` is above `input_tokens_max`.
@@ -160,6 +168,7 @@ impl fmt::Display for TraceErrorKind {
             Syntax(e) => write!(f, "invalid JSON: {e}"),
             Schema(e) => write!(f, "bad record: {e}"),
             BadTimestamp => f.write_str("timestamp must be a finite number >= 0"),
+            BadDelay => f.write_str("delay must be a finite number of ms >= 0"),
             EmptyPrompt => f.write_str("input_length is 0"),
             InputTooLong { tokens, max } => write!(f, "input_length {tokens} above {max}"),
             OutputTooLong { tokens, max } => write!(f, "output_length {tokens} above {max}"),
@@ -205,6 +214,8 @@ struct RawLine {
     session_id: Option<RawSession>,
     #[serde(default)]
     priority: Option<i64>,
+    #[serde(default)]
+    delay: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -225,6 +236,9 @@ pub fn parse_line(line: &str, limits: &TraceLimits) -> Result<TraceRecord, Trace
     })?;
     if !(raw.timestamp.is_finite() && raw.timestamp >= 0.0) {
         return Err(TraceErrorKind::BadTimestamp);
+    }
+    if raw.delay.is_some_and(|d| !(d.is_finite() && d >= 0.0)) {
+        return Err(TraceErrorKind::BadDelay);
     }
     if raw.input_length == 0 {
         return Err(TraceErrorKind::EmptyPrompt);
@@ -263,6 +277,7 @@ pub fn parse_line(line: &str, limits: &TraceLimits) -> Result<TraceRecord, Trace
         content: PromptContent::HashIds(raw.hash_ids.into_iter().map(|id| id as u32).collect()),
         session_id,
         priority: raw.priority,
+        delay_ms: raw.delay,
     })
 }
 
@@ -364,7 +379,7 @@ fn scaled(n: u32, k: f64) -> u32 {
 }
 
 /// Hashes every record once into a [`SimRequest`] (id = record index), sorted stably by
-/// arrival. Errors name the 1-based record index. Linear in the total prompt tokens.
+/// `timestamp`; a later turn with a `delay` [`Follow`]s its session's record before. Errors name the 1-based record index. Linear in the total prompt tokens.
 pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<SimRequest>, TraceError> {
     let bs = BlockSize::new(opts.block_size)
         .map_err(|e| TraceError { line: 0, kind: TraceErrorKind::Prompt(e.to_string()) })?;
@@ -372,6 +387,7 @@ pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<Si
     let take = opts.requests_max.unwrap_or(usize::MAX).min(records.len());
     let mut scratch = Vec::new();
     let mut out = Vec::with_capacity(take);
+    let mut last_of_session: HashMap<&str, u64> = HashMap::new();
     for (i, rec) in records[..take].iter().enumerate() {
         let prompt = match &rec.content {
             PromptContent::HashIds(ids) => {
@@ -388,10 +404,19 @@ pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<Si
             output_len: scaled(rec.output_length, opts.output_scale),
             session_id: rec.session_id.as_deref().map(Arc::from),
             priority: rec.priority,
+            follows: follows(rec, i as u64, &mut last_of_session, speedup),
         });
     }
     out.sort_by(|a, b| a.arrival_ms.total_cmp(&b.arrival_ms));
     Ok(out)
+}
+
+/// The record `rec` (id `id`) follows: its session's previous record, when it has a
+/// `delay` and its session an earlier record (delays scale with arrivals).
+fn follows<'a>(rec: &'a TraceRecord, id: u64, last: &mut HashMap<&'a str, u64>, speedup: f64) -> Option<Follow> {
+    let session = rec.session_id.as_deref()?;
+    let before = last.insert(session, id);
+    Some(Follow { after: before?, delay_ms: rec.delay_ms? / speedup })
 }
 
 #[cfg(test)]

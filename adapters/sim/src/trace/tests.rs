@@ -22,7 +22,7 @@ fn good_lines() {
     let text = format!(
         "{GOOD}\r\n\n{}\n{}\n",
         r#"{"timestamp": 12.5, "input_length": 512, "output_length": 0, "hash_ids": [9], "session_id": "abc", "priority": -3, "extra": {"x": 1}}"#,
-        r#"{"timestamp": 3000, "input_length": 1, "output_length": 1, "hash_ids": [2147483647, 5], "session_id": 42}"#,
+        r#"{"timestamp": 3000, "input_length": 1, "output_length": 1, "hash_ids": [2147483647, 5], "session_id": 42, "delay": 12.5}"#,
     );
     for recs in [
         parse_str(&text, &TraceLimits::default()).unwrap(),
@@ -36,6 +36,7 @@ fn good_lines() {
         assert_eq!(recs[1].priority, Some(-3));
         assert_eq!(recs[2].session_id.as_deref(), Some("42"));
         assert_eq!(recs[2].priority, None);
+        assert_eq!((recs[1].delay_ms, recs[2].delay_ms), (None, Some(12.5)));
     }
 }
 
@@ -62,6 +63,12 @@ fn bad_lines_name_their_kind_and_line() {
         }),
         (r#"[1, 2]"#, &d, |k| matches!(k, K::Schema(_))),
         (r#"{"timestamp": -5, "input_length": 1, "output_length": 1, "hash_ids": [1]}"#, &d, |k| *k == K::BadTimestamp),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "delay": -1}"#, &d, |k| {
+            *k == K::BadDelay
+        }),
+        (r#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1], "delay": "5"}"#, &d, |k| {
+            matches!(k, K::Schema(_))
+        }),
         (r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}"#, &d, |k| *k == K::EmptyPrompt),
         (r#"{"timestamp": 0, "input_length": 101, "output_length": 1, "hash_ids": [1]}"#, &short_io, |k| {
             *k == K::InputTooLong { tokens: 101, max: 100 }
@@ -128,6 +135,20 @@ fn load_options_scale_take_and_sort() {
     assert_eq!(reqs[0].prompt.blocks()[..8], reqs[1].prompt.blocks()[..8]);
     let bad = LoadOptions { block_size: 3, ..LoadOptions::default() };
     assert!(matches!(to_requests(&recs, &bad).unwrap_err().kind, TraceErrorKind::Prompt(_)));
+}
+
+#[test]
+fn a_delayed_turn_follows_its_sessions_record_before() {
+    let line = |t: u32, s: &str, d: &str| {
+        format!(r#"{{"timestamp": {t}, "input_length": 5, "output_length": 5, "hash_ids": [1]{s}{d}}}"#)
+    };
+    let (a, b, d) = (r#", "session_id": "a""#, r#", "session_id": 7"#, r#", "delay": 40"#);
+    // Record 3 is b's first (nothing to follow); records 2 and 4 follow their sessions'.
+    let text = [line(0, a, ""), line(1, "", d), line(2, a, d), line(3, b, d), line(4, b, d), line(5, a, "")].join("\n");
+    let recs = parse_str(&text, &TraceLimits::default()).unwrap();
+    let reqs = to_requests(&recs, &LoadOptions { speedup: 2.0, ..LoadOptions::default() }).unwrap();
+    let got: Vec<Option<(u64, f64)>> = reqs.iter().map(|r| r.follows.map(|f| (f.after, f.delay_ms))).collect();
+    assert_eq!(got, vec![None, None, Some((0, 20.0)), None, Some((3, 20.0)), None]);
 }
 
 #[test]

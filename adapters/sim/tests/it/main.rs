@@ -2,6 +2,7 @@
 
 mod common;
 mod engine_behaviour;
+mod follow_ups;
 mod replay_loop;
 mod scenarios;
 mod seeded;
