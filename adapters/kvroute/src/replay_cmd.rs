@@ -42,7 +42,9 @@ pub const EXAMPLES: &str = "Examples:
 /// reuse, chunked-prefill scheduler, fitted prefill and decode timings).
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
-    /// Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
+    /// Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids;
+    /// optional session_id, priority, and delay: a later turn of a session with a delay is
+    /// sent that many ms after the session's turn before finishes).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["synthetic", "bundled"])]
     pub trace: Option<PathBuf>,
     /// Use the built-in synthetic workload (shared-prefix groups, multi-turn sessions).
