@@ -5,9 +5,10 @@
 //! Sessions start as a Poisson process (or an on/off bursty one). A session belongs to
 //! one of `groups` groups and its first prompt is the group's system prompt plus a fresh
 //! question. Each later turn extends the previous prompt with the previous answer and a
-//! new question, and arrives after an estimated response time plus an exponential think
-//! time (open loop: the generator does not see the simulated responses). Token ids are
-//! below 2^31 and never reused across groups, questions or answers.
+//! new question, and is sent an exponential think time after the turn before finishes
+//! (its `delay`, so replay waits for the answer as a chat client does); its timestamp,
+//! which orders the trace, adds an estimated response time instead. Token ids are below
+//! 2^31 and never reused across groups, questions or answers.
 
 use std::sync::Arc;
 
@@ -55,7 +56,8 @@ pub struct SynthConfig {
     pub turns_per_session_max: u32,
     /// Mean think time between an answer and the next question, ms; 2,000.
     pub think_time_ms: f64,
-    /// Assumed generation time per answer token, for spacing turns, ms; 10.
+    /// Assumed generation time per answer token, for the later turns' timestamps (which
+    /// order the trace; they are sent on their `delay`), ms; 10.
     pub response_ms_per_token: f64,
     /// A session stops growing past this prompt length, tokens; 32,768.
     pub prompt_tokens_max: u32,
@@ -125,6 +127,7 @@ pub fn generate(cfg: &SynthConfig) -> Vec<TraceRecord> {
         session += 1;
         let mut prompt = system[g].clone();
         let mut t = start;
+        let mut delay_ms = None;
         for turn in 0..turns {
             ids.take(around(&mut rng, cfg.question_tokens), &mut prompt);
             if prompt.len() as u64 > u64::from(cfg.prompt_tokens_max) || prompt.is_empty() {
@@ -141,12 +144,14 @@ pub fn generate(cfg: &SynthConfig) -> Vec<TraceRecord> {
                 content: PromptContent::Tokens(Arc::from(prompt.as_slice())),
                 session_id: Some(sid.clone()),
                 priority: None,
-                delay_ms: None,
+                delay_ms,
             });
             if turn + 1 < turns {
                 // The answer becomes part of the next prompt.
                 ids.take(output, &mut prompt);
-                t += f64::from(output) * cfg.response_ms_per_token + rng.exp(cfg.think_time_ms);
+                let think = rng.exp(cfg.think_time_ms);
+                t += f64::from(output) * cfg.response_ms_per_token + think;
+                delay_ms = Some(think);
             }
         }
     }
@@ -227,8 +232,14 @@ mod tests {
                 let prev = tokens(r);
                 assert_eq!(&tokens(next)[..prev.len()], prev, "turn must extend its predecessor");
                 assert!(next.input_length >= r.input_length + r.output_length);
+                // Sent its think time after this turn ends; its timestamp adds a guess at
+                // the answer's time on top.
+                let think = next.delay_ms.expect("a later turn waits for the turn before");
+                assert!(think >= 0.0 && next.timestamp_ms >= (r.timestamp_ms + think).floor());
                 checked += 1;
             }
+            let first = recs[..i].iter().all(|x| x.session_id != r.session_id);
+            assert_eq!(r.delay_ms.is_none(), first, "only a session's first turn has no delay: {r:?}");
         }
         assert!(checked > 50);
     }
