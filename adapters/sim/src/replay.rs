@@ -5,8 +5,9 @@
 //! KV event deliveries, dispatcher timeouts, arrivals and KV handoffs, then engine
 //! pass boundaries (so every request arriving at `t` joins the pass starting at `t`);
 //! remaining ties go by insertion order. A request that [`Follow`]s another arrives
-//! when that one ends (finished or refused) plus its delay, not at its `arrival_ms`. The same inputs therefore give the same
-//! report, byte for byte. The routing policy is left to the `Dispatcher`.
+//! when that one ends (finished or refused) plus its delay, not at its `arrival_ms`.
+//! The same inputs therefore give the same report, byte for byte. The routing policy
+//! is left to the `Dispatcher`.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
