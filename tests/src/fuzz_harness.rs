@@ -332,6 +332,25 @@ impl From<&FuzzOp> for sim::ops::Op {
 
 // ---- trace_parse ----
 
+/// Replays a small parsed trace on two workers (later turns waiting on their `delay`):
+/// every request ends, or stays unfinished only behind one that did not.
+fn replay_small(records: &[kvroute_sim::trace::TraceRecord]) {
+    use kvroute_sim::replay::{replay, ReplayConfig, RoundRobin};
+    use kvroute_sim::trace::{to_requests, LoadOptions};
+    let tokens: u64 = records.iter().map(|r| u64::from(r.input_length) + u64::from(r.output_length)).sum();
+    if records.len() > 32 || tokens > 200_000 {
+        return;
+    }
+    let Ok(reqs) = to_requests(records, &LoadOptions::default()) else { return };
+    let cfg = ReplayConfig { workers: 2, steps_max: 1_000_000, ..ReplayConfig::default() };
+    let report = replay(&cfg, &reqs, &mut RoundRobin::new(2)).expect("a valid fleet");
+    let s = &report.summary;
+    assert_eq!(s.completed + s.rejected + s.unfinished, reqs.len() as u64, "{s:?}");
+    for r in &report.records {
+        assert!(!r.arrival_ms.is_nan(), "{r:?}");
+    }
+}
+
 /// Parses `data` as a trace, whole through the reader and line by line, with the
 /// default limits. Errors are typed; a line number is always within the input.
 pub fn trace_parse(data: &[u8]) {
@@ -339,7 +358,10 @@ pub fn trace_parse(data: &[u8]) {
     let limits = TraceLimits::default();
     let lines = data.iter().filter(|&&b| b == b'\n').count() + 1;
     match read_trace(data, &limits) {
-        Ok(records) => assert!(records.len() <= lines),
+        Ok(records) => {
+            assert!(records.len() <= lines);
+            replay_small(&records);
+        }
         Err(e) => assert!(e.line >= 1 && e.line <= lines + 1, "error on line {} of {lines}", e.line),
     }
     if let Ok(text) = std::str::from_utf8(data) {
