@@ -258,11 +258,12 @@ def block_keys(tokens, block_tokens=64):
 def to_mooncake(requests, block_tokens=64):
     """The requests as Mooncake records for `kvroute replay --trace-block-tokens
     block_tokens --input-scale 1`: a block's hash id stands for the whole prefix up to
-    its end, so equal prefixes share ids. A call that follows another (an agent's next
-    call, a chat's next turn) carries its chain's `session_id` (the session header when
-    it has one, else its group) and its think gap as `delay`, so replay sends it that
-    long after the call before finishes, as the load generator does; its `timestamp`
-    (its program's start plus the gaps before it) only orders the trace."""
+    its end, so equal prefixes share ids. A request with a session header carries it as
+    `session_id`. A call that follows another (an agent's next call, a chat's next turn)
+    carries its chain's `session_id` (the header, else its group) and its think gap as
+    `delay`, so replay sends it that long after the call before finishes, as the load
+    generator does; its `timestamp` (its program's start plus the gaps before it) only
+    orders the trace."""
     ids, at = {}, {}
     heads = {r.after for r in requests if r.after is not None}
     out = []
@@ -272,7 +273,7 @@ def to_mooncake(requests, block_tokens=64):
         hash_ids = [ids.setdefault(key, len(ids)) for key in block_keys(r.tokens, block_tokens)]
         rec = {"timestamp": round(t * 1000.0, 3), "input_length": len(r.tokens),
                "output_length": r.output_tokens, "hash_ids": hash_ids}  # fmt: skip
-        if r.after is not None or r.index in heads:
+        if r.session or r.after is not None or r.index in heads:
             rec["session_id"] = r.session or r.group
         if r.after is not None:
             rec["delay"] = round(r.gap_s * 1000.0, 3)
