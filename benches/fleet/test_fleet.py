@@ -146,8 +146,12 @@ class Shapes(unittest.TestCase):
             self.assertEqual(chained, len(follows), kind)
             self.assertEqual(sorted(rec["delay"] for rec in recs if "delay" in rec),
                              sorted(round(r.gap_s * 1000.0, 3) for r in follows))  # fmt: skip
-        # Only the agent programs' ids are the fleet's session headers.
-        self.assertTrue(all(r.session for r in gen("agentic", n=20)))
+        # Only the agent programs' ids are the fleet's session headers, and every call
+        # of a program carries its id into the trace.
+        agents = gen("agentic", n=20)
+        self.assertTrue(all(r.session for r in agents))
+        self.assertEqual(sorted(rec["session_id"] for rec in workloads.to_mooncake(agents)),
+                         sorted(r.session for r in agents))  # fmt: skip
         self.assertFalse(any(r.session for r in gen("multimodal", n=20)))
 
 
