@@ -176,21 +176,22 @@ class RealFleet:
             e.proc.stop()
 
 
-def start_router(name, args, workers, log_dir):
-    """(proc, url) of router `name` over `workers`; for images, kvroute's `[media]`
-    allows what the workers take."""
+def start_router(name, kvroute, workers, log_dir, workload="conversation", real=False):
+    """(proc, url) of router `name` over `workers` (kvroute's binary at `kvroute`); for
+    images, kvroute's `[media]` allows what the workers take; `real` sizes its timeouts
+    for vLLM on CPU."""
     if name in fleet.PEERS:
         return fleet.start_peer(name, workers, log_dir)
-    sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if args.workload == "multimodal" else ()
+    sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if workload == "multimodal" else ()
     mode, extra = KV_VARIANTS.get(name, (name, []))
-    return fleet.start_kvroute(str(args.kvroute), mode, workers, log_dir, name=f"kvroute-{name}",
-                               router_extra=extra, sections=sections, cpu_engines=args.fleet == "real")
+    return fleet.start_kvroute(str(kvroute), mode, workers, log_dir, name=f"kvroute-{name}",
+                               router_extra=extra, sections=sections, cpu_engines=real)
 
 
 def run_one(name, args, the_fleet, reqs, bodies, log_dir):
     """One router over the workload on fresh workers: its figures."""
     the_fleet.start()
-    proc, url = start_router(name, args, the_fleet.workers, log_dir)
+    proc, url = start_router(name, args.kvroute, the_fleet.workers, log_dir, args.workload, args.fleet == "real")
     try:
         before = {w.id: metrics.scrape(w.url) for w in the_fleet.workers}
         cpu_before = proc.cpu_s()

@@ -102,8 +102,7 @@ def main(argv=None):
         procs, targets = [], {DIRECT: the_fleet.workers[0].url}
         try:
             for name in routers:
-                started = bench.start_router(name, argparse.Namespace(workload="conversation", kvroute=args.kvroute),
-                                             the_fleet.workers, tmp)  # fmt: skip
+                started = bench.start_router(name, args.kvroute, the_fleet.workers, tmp)
                 if started is None:
                     print(f"overhead: {name} is not installed; skipped", file=sys.stderr)
                     continue

@@ -334,6 +334,23 @@ class Overhead(unittest.TestCase):
         with self.assertRaises(SystemExit):
             overhead.parse_args(["--kvroute", "/nonexistent/kvroute"])
 
+    def test_a_router_starts_from_what_each_caller_gives(self):
+        # overhead.py passes only the binary; bench.py the workload and fleet too. Each
+        # must reach `kvroute serve`'s config (once, overhead.py crashed on a field only
+        # bench.py's arguments had).
+        import bench
+        from unittest import mock
+
+        seen = []
+        with mock.patch.object(bench.fleet, "start_kvroute", lambda *a, **kw: seen.append((a, kw)) or ("p", "u")):
+            self.assertEqual(bench.start_router("kv", "bin/kvroute", ["w"], Path("logs")), ("p", "u"))
+            bench.start_router("kv-excess", "bin/kvroute", ["w"], Path("logs"), "multimodal", True)
+        (a0, kw0), (a1, kw1) = seen
+        self.assertEqual((a0[:2], kw0["sections"], kw0["cpu_engines"], kw0["router_extra"]),
+                         (("bin/kvroute", "kv"), (), False, []))  # fmt: skip
+        self.assertEqual((a1[1], kw1["cpu_engines"], kw1["router_extra"]), ("kv", True, ["excess_ms_per_request = 20"]))
+        self.assertIn("[media]", kw1["sections"])
+
 
 class Floors(unittest.TestCase):
     SHAPE = simfleet.Shape(block_size=4, blocks_per_worker=10, max_batched_tokens=8)
