@@ -332,8 +332,9 @@ impl From<&FuzzOp> for sim::ops::Op {
 
 // ---- trace_parse ----
 
-/// Replays a small parsed trace on two workers (later turns waiting on their `delay`):
-/// every request ends, or stays unfinished only behind one that did not.
+/// Replays a small parsed trace on two workers (later turns waiting on their `delay`).
+/// Round robin holds nothing back, so unless the step bound cut the replay short every
+/// request ends: each later turn is released by the one before it.
 fn replay_small(records: &[kvroute_sim::trace::TraceRecord]) {
     use kvroute_sim::replay::{replay, ReplayConfig, RoundRobin};
     use kvroute_sim::trace::{to_requests, LoadOptions};
@@ -345,7 +346,7 @@ fn replay_small(records: &[kvroute_sim::trace::TraceRecord]) {
     let cfg = ReplayConfig { workers: 2, steps_max: 1_000_000, ..ReplayConfig::default() };
     let report = replay(&cfg, &reqs, &mut RoundRobin::new(2)).expect("a valid fleet");
     let s = &report.summary;
-    assert_eq!(s.completed + s.rejected + s.unfinished, reqs.len() as u64, "{s:?}");
+    assert!(report.truncated || s.unfinished == 0, "{s:?}");
     for r in &report.records {
         assert!(!r.arrival_ms.is_nan(), "{r:?}");
     }
