@@ -379,7 +379,8 @@ fn scaled(n: u32, k: f64) -> u32 {
 }
 
 /// Hashes every record once into a [`SimRequest`] (id = record index), sorted stably by
-/// `timestamp`; a later turn with a `delay` [`Follow`]s its session's record before. Errors name the 1-based record index. Linear in the total prompt tokens.
+/// `timestamp`; a later turn with a `delay` [`Follow`]s its session's record before.
+/// Errors name the 1-based record index. Linear in the total prompt tokens.
 pub fn to_requests(records: &[TraceRecord], opts: &LoadOptions) -> Result<Vec<SimRequest>, TraceError> {
     let bs = BlockSize::new(opts.block_size)
         .map_err(|e| TraceError { line: 0, kind: TraceErrorKind::Prompt(e.to_string()) })?;
