@@ -240,14 +240,26 @@ def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, 
     return proc, url
 
 
-# Peer routers: name -> (program, policy). The program's path comes from the environment
-# variable that setup.sh prints; a peer whose variable is unset is not installed.
+# SMG 1.13 places a request that matches no worker's tree by the engines' load, which
+# it polls from their /metrics every 10 s by default, and it vetoes a worker for a poll
+# or more once that load passes its overload bar. On conversation, a 10 s old load sent
+# bursts of new conversations to one worker (34 and 49 waiting requests on two of eight
+# at the first poll); the spill and veto then moved their turns off their caches. With
+# a 1 s poll its figures there match sglang-router's. Turning the spill gate and the
+# veto off instead (`--balance-rel-threshold 1000000
+# --disable-worker-overload-protection`) raised its hits but made the piles worse.
+SMG_POLL_1S = ("--load-monitor-interval", "1")
+
+# Peer routers: name -> (program, policy, extra flags). The program's path comes from the
+# environment variable that setup.sh prints; a peer whose variable is unset is not
+# installed.
 PEERS = {
-    "sglang-router": ("sglang-router", "cache_aware"),
-    "smg": ("smg", "cache_aware"),
-    "smg-prefix-hash": ("smg", "prefix_hash"),
-    "vllm-router-kv-aware": ("vllm-router", "kv_aware"),
-    "vllm-router-cache-aware": ("vllm-router", "cache_aware"),
+    "sglang-router": ("sglang-router", "cache_aware", ()),
+    "smg": ("smg", "cache_aware", ()),
+    "smg-poll-1s": ("smg", "cache_aware", SMG_POLL_1S),
+    "smg-prefix-hash": ("smg", "prefix_hash", ()),
+    "vllm-router-kv-aware": ("vllm-router", "kv_aware", ()),
+    "vllm-router-cache-aware": ("vllm-router", "cache_aware", ()),
 }
 PEER_ENV = {
     "sglang-router": "KVROUTE_SGLANG_ROUTER_PYTHON",
@@ -264,11 +276,11 @@ def peer_installed(name):
 def peer_argv(name, engines, port, block_size=64):
     """The command line of peer router `name` over `engines` on `port`; its metrics go to
     a port of its own, so that nothing else on the host collides with their default."""
-    program, policy = PEERS[name]
+    program, policy, extra = PEERS[name]
     exe = peer_installed(name)
     urls = [e.url for e in engines]
     common = ["--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--prometheus-host", "127.0.0.1",
-              "--prometheus-port", str(free_port()), "--worker-urls", *urls]  # fmt: skip
+              "--prometheus-port", str(free_port()), *extra, "--worker-urls", *urls]  # fmt: skip
     if program == "sglang-router":
         return [exe, "-m", "sglang_router.launch_router", *common]
     if program == "smg":

@@ -6,6 +6,7 @@ library only, so it needs neither vLLM nor the benchmark's venv.
 
 import random
 import unittest
+import unittest.mock
 from types import SimpleNamespace
 
 import analysis
@@ -158,3 +159,29 @@ class KvrouteConfig(unittest.TestCase):
     def test_cpu_engines_get_a_first_byte_timeout_sized_for_them(self):
         self.check(cpu_engines=True, want_retry=True)
         self.check(cpu_engines=False, want_retry=False)
+
+
+class PeerArgv(unittest.TestCase):
+    """Each peer's command line: its policy, its own flags, then every worker."""
+
+    ENGINES = [SimpleNamespace(url=f"http://127.0.0.1:{p}", events_port=p + 1, replay_port=p + 2) for p in (9000, 9100)]
+    PROGRAMS = {"KVROUTE_SGLANG_ROUTER_PYTHON": "python", "KVROUTE_SMG": "smg", "KVROUTE_VLLM_ROUTER": "vllm-router"}
+
+    def check(self, name, policy, flags):
+        with unittest.mock.patch.dict("os.environ", self.PROGRAMS):
+            argv = fleet.peer_argv(name, self.ENGINES, 4242)
+        self.assertEqual(argv[argv.index("--policy") + 1], policy, argv)
+        urls = argv.index("--worker-urls")
+        self.assertEqual(argv[urls + 1:urls + 3], [e.url for e in self.ENGINES], argv)
+        for flag, value in flags:
+            at = argv.index(flag)
+            self.assertLess(at, urls, argv)
+            self.assertEqual(argv[at + 1], value, argv)
+        if not flags:
+            self.assertNotIn("--load-monitor-interval", argv)
+
+    def test_each_peer_runs_its_policy_with_its_own_flags(self):
+        self.check("smg", "cache_aware", [])
+        self.check("smg-poll-1s", "cache_aware", [("--load-monitor-interval", "1")])
+        self.check("sglang-router", "cache_aware", [])
+        self.check("vllm-router-kv-aware", "kv_aware", [])
