@@ -207,6 +207,7 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
            "errors": sum(1 for r in records if r["error"]), "hit_rate": cache["hit_rate"],
            "hit_tokens": cache["hit_tokens"], "prompt_tokens": cache["queried_tokens"]}  # fmt: skip
     run.update(report.latency(records, the_fleet.speedup))
+    run.update(metrics.worker_latency(deltas, the_fleet.speedup))
     run.update(report.throughput(records, reqs, the_fleet.speedup))
     run["ttft_ms_by_request"] = [round(r["ttft_s"] * 1000.0 * the_fleet.speedup, 1) if r["error"] is None
                                  and r["ttft_s"] is not None else None for r in records]  # fmt: skip
@@ -221,7 +222,8 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
     errors = [r["error"] for r in records if r["error"]]
     if errors:
         run["first_errors"] = errors[:3]
-    log(f"{name}: hit {run['hit_rate']} ttft mean {run['ttft_ms_mean']} p99 {run['ttft_ms_p99']} e2e mean "
+    log(f"{name}: hit {run['hit_rate']} ttft mean {run['ttft_ms_mean']} (at the workers "
+        f"{run.get('worker_ttft_ms_mean')}) p99 {run['ttft_ms_p99']} e2e mean "
         f"{run['e2e_ms_mean']} errors {run['errors']} late p99 {run['lateness_ms'].get('p99')} ms "
         f"({run['wall_s']} s)")  # fmt: skip
     return run

@@ -274,7 +274,8 @@ class Figures(unittest.TestCase):
     def test_medians_over_rounds_and_kv_against_the_best_peer_per_figure(self):
         def run(router, rnd, hit, ttft, e2e):
             r = {"router": router, "round": rnd, "hit_rate": hit, "ttft_ms_mean": ttft, "ttft_ms_p99": ttft * 4,
-                 "e2e_ms_mean": e2e, "errors": 0, "worker_requests": report.spread([3, 5])}  # fmt: skip
+                 "worker_ttft_ms_mean": ttft * 0.9, "e2e_ms_mean": e2e, "errors": 0,
+                 "worker_requests": report.spread([3, 5])}  # fmt: skip
             return r
 
         runs = [run("kv", 0, 0.2, 100, 1000), run("kv", 1, 0.4, 300, 1000), run("kv", 2, 0.3, 200, 900),
@@ -287,10 +288,11 @@ class Figures(unittest.TestCase):
         self.assertEqual((got["hit_rate"]["best_peer"], got["hit_rate"]["ratio"]), ("a", 0.6))
         self.assertEqual((got["ttft_ms_mean"]["best_peer"], got["ttft_ms_mean"]["ratio"]), ("b", 1.333))
         self.assertEqual((got["e2e_ms_mean"]["best_peer"], got["e2e_ms_mean"]["ratio"]), ("a", 1.25))
+        self.assertEqual((got["worker_ttft_ms_mean"]["best_peer"], got["worker_ttft_ms_mean"]["ratio"]), ("b", 1.333))
         self.assertFalse(got["all_targets_met"])
         rows = report.table(med).splitlines()
         self.assertEqual(len(rows), 2 + 3)
-        self.assertTrue(rows[2].startswith("| kv | 0.300 | 200 | 800 | 1,000 | - | - | 1.25 |"), rows[2])
+        self.assertTrue(rows[2].startswith("| kv | 0.300 | 200 | 800 | 180 | 1,000 | - | - | 1.25 |"), rows[2])
         self.assertEqual(report.against_best_peer(med, []).get("all_targets_met"), None)
 
 

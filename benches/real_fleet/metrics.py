@@ -6,12 +6,19 @@ import re
 
 from fleet import http
 
-# vLLM's counters (tokens) and gauges that the benchmark reads from each engine.
+# vLLM's counters (tokens), and the sums and counts of its latency histograms, that the
+# benchmark reads from each engine.
+TTFT_S = "vllm:time_to_first_token_seconds"
+E2E_S = "vllm:e2e_request_latency_seconds"
 COUNTERS = (
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
     "vllm:request_success_total",
     "vllm:prompt_tokens_total",
+    TTFT_S + "_sum",
+    TTFT_S + "_count",
+    E2E_S + "_sum",
+    E2E_S + "_count",
 )
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 
@@ -76,3 +83,16 @@ def cache_stats(per_engine):
             "hit_rate": round(d["vllm:prefix_cache_hits_total"] / wq, 4) if wq else None,
         }
     return {"hit_rate": round(h / q, 4) if q else None, "hit_tokens": int(h), "queried_tokens": int(q)}, workers
+
+
+def worker_latency(per_engine, speedup):
+    """The workers' own TTFT and end-to-end means in model ms (their histograms time a
+    request from its arrival at the worker): with the client's figures, what the
+    router, the network and the client add. Empty when the workers time nothing."""
+    out = {}
+    for name, metric in (("worker_ttft_ms_mean", TTFT_S), ("worker_e2e_ms_mean", E2E_S)):
+        total = sum(d[metric + "_sum"] for d in per_engine.values())
+        count = sum(d[metric + "_count"] for d in per_engine.values())
+        if count:
+            out[name] = round(total / count * 1000.0 * speedup, 1)
+    return out

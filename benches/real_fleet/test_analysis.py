@@ -142,6 +142,22 @@ class RouterOverhead(unittest.TestCase):
         self.assertEqual(metrics.overhead_from(text), {"route": 30.0, "tokenize": 1250.0})
 
 
+class WorkerLatency(unittest.TestCase):
+    def check(self, per_engine, speedup, want):
+        deltas = {w: {**dict.fromkeys(metrics.COUNTERS, 0.0), **d} for w, d in per_engine.items()}
+        self.assertEqual(metrics.worker_latency(deltas, speedup), want)
+
+    def test_the_workers_means_pool_their_sums_and_counts_in_model_ms(self):
+        ttft, e2e = metrics.TTFT_S, metrics.E2E_S
+        one = {ttft + "_sum": 0.3, ttft + "_count": 2, e2e + "_sum": 4.0, e2e + "_count": 2}
+        two = {ttft + "_sum": 0.1, ttft + "_count": 2, e2e + "_sum": 2.0, e2e + "_count": 2}
+        self.check({1: one, 2: two}, 1.0, {"worker_ttft_ms_mean": 100.0, "worker_e2e_ms_mean": 1500.0})
+        self.check({1: one, 2: two}, 0.25, {"worker_ttft_ms_mean": 25.0, "worker_e2e_ms_mean": 375.0})
+        self.check({1: one}, 1.0, {"worker_ttft_ms_mean": 150.0, "worker_e2e_ms_mean": 2000.0})
+        # Workers that time nothing (an older sim-worker) give no figure, not a zero.
+        self.check({1: {}, 2: {}}, 1.0, {})
+
+
 if __name__ == "__main__":
     unittest.main()
 

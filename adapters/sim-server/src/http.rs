@@ -42,7 +42,7 @@ use crate::metrics::{render, Metrics};
 use crate::openai::{self, full_response, ApiError, Bootstrap, Kind, KvSource, ParseLimits, ResponseMeta};
 use crate::pooling;
 use crate::preprocess::{self, engine_prompt};
-use crate::sse::{collect, Finish, SseBody};
+use crate::sse::{collect, Clock, Finish, SseBody};
 use crate::tokenizer::PromptTokenizer;
 
 pub(crate) type Body = BoxBody<Bytes, Infallible>;
@@ -207,6 +207,7 @@ async fn generate(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Res
 }
 
 async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let clock = Clock::start(&state.metrics);
     let guard = admit(state)?;
     let body = read_body(state, req).await?;
     let (parsed, json_body) = openai::parse(kind, &body, &state.limits)?;
@@ -263,6 +264,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
             return_token_ids: parsed.return_token_ids,
             stall_after_tokens: state.faults.stall_after_tokens(),
             kv_params,
+            clock,
         };
         let body = SseBody::new(rx, finish, parsed.include_usage, guard, room);
         let mut resp = Response::new(body.boxed());
@@ -271,7 +273,7 @@ async fn generate_inner(state: &Arc<State>, kind: Kind, req: Request<Incoming>) 
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(resp);
     }
-    let (text, done) = collect(rx, greedy).await.ok_or_else(unavailable)?;
+    let (text, done) = collect(rx, greedy, clock).await.ok_or_else(unavailable)?;
     drop(guard);
     if let Some(room) = room {
         room.done();

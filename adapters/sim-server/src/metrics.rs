@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicU64;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Every metric the worker exports; cheap to clone (each field is an `Arc`).
@@ -30,6 +31,25 @@ pub(crate) struct Metrics {
     pub(crate) event_batches: Counter,
     pub(crate) event_batches_dropped: Counter,
     pub(crate) events_missing_tokens: Counter,
+    /// Wall seconds from a generation request's arrival to its first token.
+    pub(crate) ttft: Latency,
+    /// Wall seconds from a generation request's arrival to its last token.
+    pub(crate) e2e: Latency,
+}
+
+/// A latency histogram in seconds, with vLLM's buckets for its request latencies, so
+/// the same queries read a simulated worker and a real one.
+#[derive(Clone)]
+pub(crate) struct Latency(pub(crate) Histogram);
+
+impl Default for Latency {
+    fn default() -> Self {
+        const BUCKETS_S: [f64; 19] = [
+            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+            80.0,
+        ];
+        Latency(Histogram::new(BUCKETS_S))
+    }
 }
 
 impl Metrics {
@@ -71,6 +91,16 @@ impl Metrics {
             "kvroute_sim:kv_events_missing_tokens",
             "BlockStored events whose token ids were unknown (sent without those blocks)",
             self.events_missing_tokens.clone(),
+        );
+        r.register(
+            "vllm:time_to_first_token_seconds",
+            "Wall seconds from a request's arrival to its first token",
+            self.ttft.0.clone(),
+        );
+        r.register(
+            "vllm:e2e_request_latency_seconds",
+            "Wall seconds from a request's arrival to its last token",
+            self.e2e.0.clone(),
         );
         r
     }

@@ -11,6 +11,7 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::body::{Body, Frame};
@@ -21,8 +22,37 @@ use crate::bootstrap::RoomGuard;
 use crate::engine_task::{Done, Progress};
 use crate::greedy::{word, Greedy};
 use crate::http::InFlight;
+use crate::metrics::{Latency, Metrics};
 use crate::openai::{chunk, usage_chunk, ApiError, Kind, KvSource, ResponseMeta};
 use crate::responses::Events;
+
+/// A request's arrival, from which its first and last tokens are timed into the
+/// worker's latency histograms, as vLLM times them: a router or a benchmark then tells
+/// the worker's own latency from what the path to the client adds.
+pub(crate) struct Clock {
+    arrived: Instant,
+    ttft: Latency,
+    e2e: Latency,
+    first_seen: bool,
+}
+
+impl Clock {
+    pub(crate) fn start(m: &Metrics) -> Self {
+        Clock { arrived: Instant::now(), ttft: m.ttft.clone(), e2e: m.e2e.clone(), first_seen: false }
+    }
+
+    fn first_token(&mut self) {
+        if !self.first_seen {
+            self.first_seen = true;
+            self.ttft.0.observe(self.arrived.elapsed().as_secs_f64());
+        }
+    }
+
+    fn last_token(&mut self) {
+        self.first_token();
+        self.e2e.0.observe(self.arrived.elapsed().as_secs_f64());
+    }
+}
 
 /// What a finished request's response needs besides its tokens.
 pub(crate) struct Finish {
@@ -37,6 +67,7 @@ pub(crate) struct Finish {
     pub(crate) stall_after_tokens: Option<u32>,
     /// Prefill role: where a decode worker would pull the KV from.
     pub(crate) kv_params: Option<KvSource>,
+    pub(crate) clock: Clock,
 }
 
 /// The SSE body of one streaming response.
@@ -70,6 +101,9 @@ impl SseBody {
             Some(stall) => n.min(stall.saturating_sub(self.emitted)),
             None => n,
         };
+        if n > 0 {
+            self.finish.clock.first_token();
+        }
         let mut buf = BytesMut::with_capacity(n as usize * 200);
         for _ in 0..n {
             let id = self.finish.greedy.next_token();
@@ -101,6 +135,7 @@ impl SseBody {
     }
 
     fn done(&mut self, d: &Done) -> Bytes {
+        self.finish.clock.last_token();
         if let Some(events) = &mut self.events {
             return events.finish(&self.finish.meta, d);
         }
@@ -205,16 +240,26 @@ impl Body for SseBody {
 
 /// Waits for a request to finish and returns its text and figures; `None` if the
 /// engine task stopped first.
-pub(crate) async fn collect(mut rx: mpsc::UnboundedReceiver<Progress>, mut greedy: Greedy) -> Option<(String, Done)> {
+pub(crate) async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Progress>,
+    mut greedy: Greedy,
+    mut clock: Clock,
+) -> Option<(String, Done)> {
     let mut text = String::new();
     while let Some(p) = rx.recv().await {
         match p {
             Progress::Tokens(n) => {
+                if n > 0 {
+                    clock.first_token();
+                }
                 for _ in 0..n {
                     text.push_str(word(greedy.next_token()));
                 }
             }
-            Progress::Done(d) => return Some((text, d)),
+            Progress::Done(d) => {
+                clock.last_token();
+                return Some((text, d));
+            }
         }
     }
     None

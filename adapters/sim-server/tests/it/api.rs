@@ -293,6 +293,32 @@ async fn tokens_arrive_on_the_models_clock() {
 }
 
 #[tokio::test]
+async fn first_and_last_tokens_are_timed_as_vllm_times_them() {
+    use kvroute_sim::engine::{decode_ms, prefill_ms};
+    let mut cfg = fast_config();
+    cfg.engine.speedup = 1.0;
+    let w = start(cfg).await;
+    let a = w.http_addr();
+    let events = stream_arrivals(a, "/v1/completions", r#"{"prompt":"abcdefgh","max_tokens":10,"stream":true}"#).await;
+    let seen = |i: usize| events[i].0.as_secs_f64();
+    let m = metrics(&get(a, "/metrics").await);
+    let (ttft, e2e) = (m["vllm:time_to_first_token_seconds_sum"], m["vllm:e2e_request_latency_seconds_sum"]);
+    // The worker's clock starts after the client's and stops before the client reads.
+    assert!(prefill_ms(8) / 1000.0 <= ttft && ttft <= seen(0), "ttft {ttft} s, client {} s", seen(0));
+    let last_ms = prefill_ms(8) + 9.0 * decode_ms(0, 4096);
+    assert!(last_ms / 1000.0 <= e2e && e2e <= seen(10), "e2e {e2e} s, client {} s", seen(10));
+    // A full response and a refused request: one more of each timing, none for the refusal.
+    let _ = post(a, "/v1/completions", r#"{"prompt":"hgfedcba","max_tokens":3}"#).await;
+    let _ = post(a, "/v1/completions", "{").await;
+    let m = metrics(&get(a, "/metrics").await);
+    for name in ["vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count"] {
+        assert_eq!(m[name], 2.0, "{name}");
+    }
+    assert!(m["vllm:e2e_request_latency_seconds_sum"] >= e2e + (prefill_ms(8) + 2.0 * decode_ms(0, 4096)) / 1000.0);
+    w.shutdown().await;
+}
+
+#[tokio::test]
 async fn the_in_flight_limit_refuses_with_503() {
     let mut cfg = fast_config();
     cfg.engine.speedup = 1.0;
