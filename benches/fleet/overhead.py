@@ -2,7 +2,9 @@
 and end to end, against going straight to the worker, per prompt size.
 
 One fast sim-worker (model time ÷ --speedup, so the engine's share is small) serves the
-same prompt over and over, so every request after the first is a full cache hit. Each
+same prompt over and over, so every request after the first is a full cache hit; with
+--fresh every request has a prompt no earlier one had, so the router's tokenizer cache
+and the worker's prefix cache miss, as they do for a new conversation's text. Each
 router in turn stands in front of it; requests go one at a time, in rounds that visit
 every router (and the worker itself) in turn, so the host's noise falls on all of them
 alike. The report is JSON: per router and prompt size, the median wall TTFT and e2e in
@@ -43,6 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--requests", type=int, default=40, help="per router and size (after one warm-up)")
     p.add_argument("--output-tokens", type=int, default=4)
     p.add_argument("--speedup", type=float, default=20.0, help="the sim-worker's speedup")
+    p.add_argument("--fresh", action="store_true", help="a new prompt for every request, not one repeated")
     p.add_argument("--kvroute", type=Path, default=workloads.REPO / "target/release/kvroute")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
@@ -60,16 +63,29 @@ def one(url, body):
     return rec["ttft_s"] * 1000.0, rec["e2e_s"] * 1000.0
 
 
-def measure(targets, bodies, requests):
-    """{name: {size: [(ttft, e2e), ...]}}: rounds that visit every target per size."""
-    seen = {name: {size: [] for size in bodies} for name in targets}
-    for size, body in bodies.items():
+def measure(targets, sizes, body_for, requests):
+    """{name: {size: [(ttft, e2e), ...]}}: rounds that visit every target per size;
+    `body_for(size)` gives each request's body."""
+    seen = {name: {size: [] for size in sizes} for name in targets}
+    for size in sizes:
         for url in targets.values():
-            one(url, body)  # warm: the prompt is cached and connections are open
+            one(url, body_for(size))  # warm: connections are open (and a repeated prompt cached)
         for _ in range(requests):
             for name, url in targets.items():
-                seen[name][size].append(one(url, body))
+                seen[name][size].append(one(url, body_for(size)))
     return seen
+
+
+def bodies(vocab, output_tokens, fresh, seed=1):
+    """`body_for(size)`: one prompt per size, repeated, or (`fresh`) a new one each call."""
+    rng, fixed = random.Random(seed), {}
+
+    def body_for(size):
+        if fresh or size not in fixed:
+            fixed[size] = loadgen.request_body(fleet.SERVED_NAME, vocab.text(vocab.draw(rng, size)), output_tokens)
+        return fixed[size]
+
+    return body_for
 
 
 def summarize(seen):
@@ -108,11 +124,9 @@ def main(argv=None):
                     continue
                 procs.append(started[0])
                 targets[name] = started[1]
-            rng = random.Random(1)
-            bodies = {s: loadgen.request_body(fleet.SERVED_NAME, vocab.text(vocab.draw(rng, s)), args.output_tokens)
-                      for s in sizes}  # fmt: skip
-            report = {"speedup": args.speedup, "requests": args.requests, "unit": "wall ms",
-                      "routers": summarize(measure(targets, bodies, args.requests))}  # fmt: skip
+            body_for = bodies(vocab, args.output_tokens, args.fresh)
+            report = {"speedup": args.speedup, "requests": args.requests, "fresh": args.fresh, "unit": "wall ms",
+                      "routers": summarize(measure(targets, sizes, body_for, args.requests))}  # fmt: skip
         finally:
             for p in procs:
                 p.stop()

@@ -314,6 +314,16 @@ class Overhead(unittest.TestCase):
         self.assertEqual(got["kv"]["100"], {"ttft_ms_p50": 2.5, "e2e_ms_p50": 4.0, "added_ttft_ms": 0.5,
                                             "added_e2e_ms": 0.0})  # fmt: skip
 
+    def test_a_fresh_run_sends_a_new_prompt_of_the_size_every_time(self):
+        def prompts(fresh):
+            body_for = overhead.bodies(VOCAB, 1, fresh)
+            return [json.loads(body_for(size))["prompt"] for size in (50, 50, 50, 80)]
+
+        for fresh, distinct in ((False, 2), (True, 4)):
+            got = prompts(fresh)
+            self.assertEqual(len(set(got)), distinct, fresh)
+            self.assertEqual([len(p.split(" ")) for p in got], [50, 50, 50, 80])
+
     def test_a_routers_cpu_counts_its_group_children_too(self):
         import fleet
         import time
