@@ -199,6 +199,7 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
         cpu_after = proc.cpu_s()
         deltas = {w.id: metrics.delta(metrics.scrape(w.url), before[w.id]) for w in the_fleet.workers}
         overhead = None if name in fleet.PEERS else metrics.overhead_us(url)
+        view = None if name in fleet.PEERS else metrics.router_view(url)
     finally:
         proc.stop()
         the_fleet.stop()
@@ -215,6 +216,9 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
     run["lateness_ms"] = report.lateness(records)
     if overhead is not None:
         run["router_overhead_us"] = overhead
+    if view is not None:
+        # Beside hit_rate: how far the workers' caches fell short of what kvroute expected.
+        run["router_view"] = view
     if cpu_before is not None and cpu_after is not None:
         # On a small host the router's CPU is the workers' loss: they share the cores.
         run["router_cpu_s"] = round(cpu_after - cpu_before, 2)

@@ -65,6 +65,51 @@ def overhead_from(text):
     return {k: round(sums.get(k, 0.0) / n, 1) for k, n in sorted(counts.items()) if n}
 
 
+# kvroute's own view of a run: what it expected cached where it sent each prompt, and how
+# its KV-event streams fared (a gap, a reset or a dropped event leaves its index behind
+# the workers' caches).
+EXPECTED = ("kvroute_cached_tokens_sum", "kvroute_prompt_tokens_sum")
+STREAMS = {
+    "kvroute_kv_events_total": "events",
+    "kvroute_kv_event_gaps_total": "gaps",
+    "kvroute_kv_event_stream_resets_total": "resets",
+    "kvroute_kv_event_replays_total": "replays",
+}
+
+
+def router_view(router_url):
+    """`router_view_from` kvroute's /metrics."""
+    status, text = http("GET", f"{router_url}/metrics", timeout=10.0)
+    if status != 200:
+        raise RuntimeError(f"{router_url}/metrics answered {status}")
+    return router_view_from(text)
+
+
+def router_view_from(text):
+    """`expected_hit_rate` (the prompt tokens kvroute expected cached on the workers it
+    chose, over all prompt tokens), and its KV-event stream counts summed over workers,
+    by result where the family has one (`events_applied`, `gaps`, ...)."""
+    sums = {}
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if not m:
+            continue
+        name, labels = m.group(1), m.group(2) or ""
+        if name in EXPECTED:
+            key = name
+        elif name in STREAMS:
+            result = re.search(r'result="([^"]*)"', labels)
+            key = STREAMS[name] + (f"_{result.group(1)}" if result else "")
+        else:
+            continue
+        sums[key] = sums.get(key, 0.0) + float(m.group(3))
+    cached, prompt = (sums.pop(k, 0.0) for k in EXPECTED)
+    out = {k: int(v) for k, v in sorted(sums.items())}
+    if prompt:
+        out["expected_hit_rate"] = round(cached / prompt, 4)
+    return out
+
+
 def delta(after, before):
     return {k: after[k] - before[k] for k in COUNTERS}
 

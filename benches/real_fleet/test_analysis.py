@@ -142,6 +142,25 @@ class RouterOverhead(unittest.TestCase):
         self.assertEqual(metrics.overhead_from(text), {"route": 30.0, "tokenize": 1250.0})
 
 
+class RouterView(unittest.TestCase):
+    def test_expected_hits_and_stream_counts_sum_over_workers_and_results(self):
+        text = "\n".join([
+            'kvroute_cached_tokens_sum{model="m",worker="1"} 30.0',
+            'kvroute_cached_tokens_sum{model="m",worker="2"} 10.0',
+            'kvroute_prompt_tokens_sum{model="m",worker="1"} 100.0',
+            'kvroute_prompt_tokens_sum{model="m",worker="2"} 100.0',
+            'kvroute_prompt_tokens_count{model="m",worker="2"} 4',
+            'kvroute_kv_events_total{model="m",worker="1",rank="0",result="applied"} 7',
+            'kvroute_kv_events_total{model="m",worker="2",rank="0",result="applied"} 5',
+            'kvroute_kv_events_total{model="m",worker="2",rank="0",result="dropped"} 1',
+            'kvroute_kv_event_gaps_total{model="m",worker="1",rank="0"} 2',
+            'kvroute_requests_total{model="m"} 9',
+        ])
+        self.assertEqual(metrics.router_view_from(text), {"events_applied": 12, "events_dropped": 1, "gaps": 2,
+                                                          "expected_hit_rate": 0.2})  # fmt: skip
+        self.assertEqual(metrics.router_view_from("kvroute_requests_total 3"), {})
+
+
 class WorkerLatency(unittest.TestCase):
     def check(self, per_engine, speedup, want):
         deltas = {w: {**dict.fromkeys(metrics.COUNTERS, 0.0), **d} for w, d in per_engine.items()}

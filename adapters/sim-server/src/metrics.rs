@@ -2,7 +2,8 @@
 //! router that scrapes vLLM workers reads a simulated worker unchanged.
 //!
 //! The engine task sets the gauges after every pass boundary; handlers and the
-//! publisher bump the counters. Encoding is the OpenMetrics text format.
+//! publisher bump the counters, and each generation's response times its first and
+//! last token into the latency histograms. Encoding is the OpenMetrics text format.
 
 use std::sync::atomic::AtomicU64;
 
