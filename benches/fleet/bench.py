@@ -198,8 +198,7 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
         records, wall_s = loadgen.run(url, reqs, bodies, the_fleet.speedup)
         cpu_after = proc.cpu_s()
         deltas = {w.id: metrics.delta(metrics.scrape(w.url), before[w.id]) for w in the_fleet.workers}
-        overhead = None if name in fleet.PEERS else metrics.overhead_us(url)
-        view = None if name in fleet.PEERS else metrics.router_view(url)
+        own = None if name in fleet.PEERS else metrics.page(url)
     finally:
         proc.stop()
         the_fleet.stop()
@@ -214,11 +213,10 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
                                  and r["ttft_s"] is not None else None for r in records]  # fmt: skip
     run["worker_requests"] = report.spread([per_worker[k]["requests"] for k in sorted(per_worker, key=int)])
     run["lateness_ms"] = report.lateness(records)
-    if overhead is not None:
-        run["router_overhead_us"] = overhead
-    if view is not None:
+    if own is not None:
+        run["router_overhead_us"] = metrics.overhead_from(own)
         # Beside hit_rate: how far the workers' caches fell short of what kvroute expected.
-        run["router_view"] = view
+        run["router_view"] = metrics.router_view_from(own)
     if cpu_before is not None and cpu_after is not None:
         # On a small host the router's CPU is the workers' loss: they share the cores.
         run["router_cpu_s"] = round(cpu_after - cpu_before, 2)

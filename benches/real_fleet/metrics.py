@@ -23,11 +23,17 @@ COUNTERS = (
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 
 
+def page(url):
+    """The /metrics text of a worker or router at `url`."""
+    status, text = http("GET", f"{url}/metrics", timeout=10.0)
+    if status != 200:
+        raise RuntimeError(f"{url}/metrics answered {status}")
+    return text
+
+
 def scrape(engine_url):
     """Sums of the counters in COUNTERS over all their label sets."""
-    status, text = http("GET", f"{engine_url}/metrics", timeout=10.0)
-    if status != 200:
-        raise RuntimeError(f"{engine_url}/metrics answered {status}")
+    text = page(engine_url)
     out = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
         m = SAMPLE.match(line)
@@ -39,17 +45,10 @@ def scrape(engine_url):
 OVERHEAD = "kvroute_routing_overhead_microseconds"
 
 
-def overhead_us(router_url):
-    """kvroute's own time per request before forwarding, by stage (parse, tokenize,
-    route, queue_wait): each stage's mean in microseconds over the requests it timed."""
-    status, text = http("GET", f"{router_url}/metrics", timeout=10.0)
-    if status != 200:
-        raise RuntimeError(f"{router_url}/metrics answered {status}")
-    return overhead_from(text)
-
-
 def overhead_from(text):
-    """`overhead_us` of a Prometheus text exposition."""
+    """kvroute's own time per request before forwarding, by stage (parse, tokenize,
+    route, queue_wait), from its /metrics text: each stage's mean in microseconds over
+    the requests it timed."""
     sums, counts = {}, {}
     for line in text.splitlines():
         m = SAMPLE.match(line)
@@ -77,16 +76,8 @@ STREAMS = {
 }
 
 
-def router_view(router_url):
-    """`router_view_from` kvroute's /metrics."""
-    status, text = http("GET", f"{router_url}/metrics", timeout=10.0)
-    if status != 200:
-        raise RuntimeError(f"{router_url}/metrics answered {status}")
-    return router_view_from(text)
-
-
 def router_view_from(text):
-    """`expected_hit_rate` (the prompt tokens kvroute expected cached on the workers it
+    """From kvroute's /metrics text: `expected_hit_rate` (the prompt tokens kvroute expected cached on the workers it
     chose, over all prompt tokens), and its KV-event stream counts summed over workers,
     by result where the family has one (`events_applied`, `gaps`, ...)."""
     sums = {}
