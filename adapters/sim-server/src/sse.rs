@@ -41,6 +41,13 @@ impl Clock {
         Clock { arrived: Instant::now(), ttft: m.ttft.clone(), e2e: m.e2e.clone(), first_seen: false }
     }
 
+    /// `n` tokens leave: the first of them, if any, is the request's first.
+    fn tokens(&mut self, n: u32) {
+        if n > 0 {
+            self.first_token();
+        }
+    }
+
     fn first_token(&mut self) {
         if !self.first_seen {
             self.first_seen = true;
@@ -101,9 +108,7 @@ impl SseBody {
             Some(stall) => n.min(stall.saturating_sub(self.emitted)),
             None => n,
         };
-        if n > 0 {
-            self.finish.clock.first_token();
-        }
+        self.finish.clock.tokens(n);
         let mut buf = BytesMut::with_capacity(n as usize * 200);
         for _ in 0..n {
             let id = self.finish.greedy.next_token();
@@ -249,9 +254,7 @@ pub(crate) async fn collect(
     while let Some(p) = rx.recv().await {
         match p {
             Progress::Tokens(n) => {
-                if n > 0 {
-                    clock.first_token();
-                }
+                clock.tokens(n);
                 for _ in 0..n {
                     text.push_str(word(greedy.next_token()));
                 }
