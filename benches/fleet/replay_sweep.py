@@ -14,11 +14,11 @@ An agent's next call and a chat's next turn are sent their think time after the 
 before finishes, as the load generator sends them (the trace's `delay`), so replay sees
 the fleet's closed loop. Conversation is one trace (the bundled slice); its seeds beyond
 the first scale each arrival time by a factor drawn from 1 ± 0.02, since its outcome
-turns on the order of near-simultaneous arrivals. The other workloads are generated from each seed. Each trace
-runs with router seeds 0..--router-seeds (its tie-breaking draws). The report is, per
-workload and load, the median of each figure over those runs, and its ratio to the
-text-tree rule's median: hits (>= 1 meets #27's target), TTFT mean and p99 (<= 0.8) and
-end-to-end mean (<= 0.95).
+turns on the order of near-simultaneous arrivals. The other workloads are generated
+from each seed. Each trace runs with router seeds 0..--router-seeds (its tie-breaking
+draws). The report is, per workload and load, the median of each figure over those
+runs, and its ratio to the text-tree rule's median: hits (>= 1 meets #27's target), TTFT
+mean and p99 (<= 0.8) and end-to-end mean (<= 0.95).
 
 The variant `oracle` is a clairvoyant reference, not a policy: it sends each request to
 the worker where a copy of that worker's engine, run forward with the request added,

@@ -245,8 +245,8 @@ def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, 
 # or more once that load passes its overload bar. On conversation, a 10 s old load sent
 # bursts of new conversations to one worker (34 and 49 waiting requests on two of eight
 # at the first poll); the spill and veto then moved their turns off their caches. With
-# a 1 s poll its figures there match sglang-router's. Turning the spill gate and the
-# veto off instead (`--balance-rel-threshold 1000000
+# a 1 s poll its figures there match sglang-router's when busy; saturated, the veto
+# still costs it a third of its hits. Turning the spill gate and the veto off instead (`--balance-rel-threshold 1000000
 # --disable-worker-overload-protection`) raised its hits but made the piles worse.
 SMG_POLL_1S = ("--load-monitor-interval", "1")
 
