@@ -188,10 +188,12 @@ LEARN_SECTION = ["[learn]", "costs = true", "engine_load = true", "scrape_interv
 CPU_ENGINE_SECTION = ["[retry]", "first_byte_timeout_base_ms = 120000"]
 
 
-def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=(), sections=(), cpu_engines=False):
+def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=(), sections=(), cpu_engines=False,
+                   model_extra=()):  # fmt: skip
     """A `kvroute serve` TOML for one policy over the fleet; `learn` turns on `[learn]`,
-    `router_extra` are more `[router]` lines, `sections` more lines at the end (whole
-    tables, such as `[media]`), `cpu_engines` the timeouts of vLLM on CPU."""
+    `router_extra` are more `[router]` lines, `model_extra` more lines of the model's
+    table, `sections` more lines at the end (whole tables, such as `[media]`),
+    `cpu_engines` the timeouts of vLLM on CPU."""
     lines = [
         f'listen = "127.0.0.1:{port}"',
         "seed = 7",
@@ -206,6 +208,7 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
         "[[models]]",
         f'name = "{SERVED_NAME}"',
         f'tokenizer = "{tokenizer_dir}"',
+        *model_extra,
     ]
     if learn:
         lines += LEARN_SECTION
@@ -227,12 +230,13 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
 
 
 def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, router_extra=(), sections=(),
-                  cpu_engines=True):  # fmt: skip
+                  cpu_engines=True, model_extra=()):  # fmt: skip
     """`kvroute serve` with `mode` (see `kvroute_config` for the rest); returns (proc, base url)."""
     port = free_port()
     name = name or f"kvroute-{mode}"
     cfg = log_dir / f"{name}.toml"
-    cfg.write_text(kvroute_config(mode, engines, engines[0].model, port, learn, router_extra, sections, cpu_engines))
+    text = kvroute_config(mode, engines, engines[0].model, port, learn, router_extra, sections, cpu_engines, model_extra)
+    cfg.write_text(text)
     proc = Proc(name, [binary, "serve", "--config", str(cfg)], dict(os.environ), log_dir)
     url = f"http://127.0.0.1:{port}"
     proc.wait_http(f"{url}/health", 60)

@@ -44,6 +44,7 @@ mod cache;
 mod engine;
 mod fleet;
 mod http;
+mod ids;
 mod migrate;
 mod procs;
 mod prompts;

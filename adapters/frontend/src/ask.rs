@@ -130,8 +130,18 @@ pub async fn question_timed(
     cx.metrics.stage("parse", t0.elapsed());
 
     let shape = BodyShape::of(&json);
+    let as_ids = pool.forward_token_ids && pool.disagg.is_none() && lora.is_none() && sends_ids(endpoint, &json);
+    let json = Arc::new(json);
     let t1 = Instant::now();
-    let (tokens, media) = tokens(cx, &pool.name, &parsed.prompt, json, forward_body.len()).await?;
+    let Tokens { ids: tokens, media, from_model } =
+        tokens(cx, &pool.name, &parsed.prompt, json.clone(), forward_body.len()).await?;
+    let forward_body = match as_ids && from_model {
+        true => {
+            cx.metrics.sent_as_ids(&pool.name);
+            ids_body(json, &tokens)
+        }
+        false => forward_body,
+    };
     let build = Build {
         id: pool.driver.next_request_id(),
         block_size: pool.block_size,
@@ -153,17 +163,18 @@ async fn tokens(
     cx: &Asker<'_>,
     model: &str,
     prompt: &Prompt,
-    body: Value,
+    body: Arc<Value>,
     body_len: usize,
-) -> Result<(Vec<u32>, MediaItems), ApiError> {
+) -> Result<Tokens, ApiError> {
+    let given = |ids: Vec<u32>| Tokens { ids, media: MediaItems::none(), from_model: false };
     match prompt {
-        Prompt::Tokens(t) => return Ok((t.clone(), MediaItems::none())),
-        Prompt::Absent => return Ok((Vec::new(), MediaItems::none())),
+        Prompt::Tokens(t) => return Ok(given(t.clone())),
+        Prompt::Absent => return Ok(given(Vec::new())),
         _ => {}
     }
     let Some(tok) = cx.tokenizers.get(model).cloned() else {
         cx.metrics.fallback(model, "no_tokenizer");
-        return Ok((fallback(prompt, &body), MediaItems::none()));
+        return Ok(given(fallback(prompt, &body)));
     };
     let fetched = match (tok.media(), prompt) {
         (Some(m), Prompt::Chat) => Some(media::fetch_all(m, &body).await?),
@@ -177,12 +188,42 @@ async fn tokens(
         run()
     };
     match encoded? {
-        Encoded::Tokens(ids, media) => Ok((ids, media)),
+        Encoded::Tokens(ids, media) => Ok(Tokens { ids, media, from_model: true }),
         Encoded::Failed(reason, ids) => {
             cx.metrics.fallback(model, reason);
-            Ok((ids, MediaItems::none()))
+            Ok(given(ids))
         }
     }
+}
+
+/// A prompt's routing tokens.
+struct Tokens {
+    /// The ids, images expanded.
+    ids: Vec<u32>,
+    /// The images they hold.
+    media: MediaItems,
+    /// Whether the model's tokenizer made them (not the client, nor the byte fallback).
+    from_model: bool,
+}
+
+/// Whether a body's prompt may reach the worker as its token ids (when its pool asks for
+/// it, and it names no adapter, whose tokenizer may differ): one completion's non-empty
+/// text. A body that echoes the prompt keeps its text, as does one whose ids would
+/// differ from the router's (`add_special_tokens`) or that sends `prompt_embeds`.
+fn sends_ids(endpoint: Endpoint, json: &Value) -> bool {
+    let falsy = |k: &str| json.get(k).is_none_or(|v| v.is_null() || v == &Value::Bool(false));
+    endpoint == Endpoint::Completions
+        && json.get("prompt").and_then(Value::as_str).is_some_and(|p| !p.is_empty())
+        && falsy("echo")
+        && ["add_special_tokens", "prompt_embeds"].iter().all(|k| json.get(*k).is_none())
+}
+
+/// `json` with its `prompt` replaced by `ids`, serialized.
+fn ids_body(json: Arc<Value>, ids: &[u32]) -> Bytes {
+    // The blocking tokenizer has returned its clone by now: this does not copy the body.
+    let mut json = Arc::try_unwrap(json).unwrap_or_else(|shared| (*shared).clone());
+    json["prompt"] = Value::Array(ids.iter().map(|&t| Value::from(t)).collect());
+    Bytes::from(json.to_string())
 }
 
 /// What the tokenizer made of a prompt.
@@ -271,4 +312,47 @@ pub fn routed_json(model: &str, isl_tokens: u32, r: &Routed) -> Value {
         "isl_tokens": isl_tokens,
         "explanation": rows,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(endpoint: Endpoint, body: Value, want: bool) {
+        assert_eq!(sends_ids(endpoint, &body), want, "{endpoint:?} {body}");
+    }
+
+    /// A completion of "hello" with `extra`'s keys.
+    fn completion(extra: Value) -> Value {
+        let mut b = json!({"model": "m", "prompt": "hello", "max_tokens": 4});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    }
+
+    #[test]
+    fn only_one_completions_text_that_is_not_echoed_is_sent_as_ids() {
+        use Endpoint::*;
+        check(Completions, completion(json!({})), true);
+        check(Completions, completion(json!({"echo": false, "stream": true, "logprobs": 2})), true);
+        check(Completions, completion(json!({"echo": null})), true);
+        check(Completions, completion(json!({"echo": true})), false);
+        check(Completions, completion(json!({"echo": 1})), false);
+        check(Completions, completion(json!({"add_special_tokens": true})), false);
+        check(Completions, completion(json!({"prompt_embeds": "AAAA"})), false);
+        check(Completions, completion(json!({"prompt": ""})), false);
+        check(Completions, completion(json!({"prompt": ["a", "b"]})), false);
+        check(Completions, completion(json!({"prompt": [1, 2]})), false);
+        check(Chat, json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]}), false);
+        check(Embeddings, json!({"model": "m", "input": "hello"}), false);
+        check(Tokenize, json!({"model": "m", "prompt": "hello"}), false);
+    }
+
+    #[test]
+    fn the_ids_replace_the_prompt_and_nothing_else() {
+        let body = json!({"model": "m", "prompt": "hello world", "max_tokens": 3, "cache_salt": "s", "stream": true});
+        let sent = ids_body(Arc::new(body.clone()), &[5, 0, u32::MAX]);
+        let mut want = body;
+        want["prompt"] = json!([5, 0, u32::MAX]);
+        assert_eq!(serde_json::from_slice::<Value>(&sent).unwrap(), want);
+    }
 }

@@ -481,6 +481,13 @@ pub struct ModelConfig {
     /// (default none: any decode worker). A prefill worker without it constrains nothing.
     #[serde(default)]
     pub disagg_same_label: Option<String>,
+    /// Sends a single-string `/v1/completions` prompt to the worker as the token ids
+    /// kvroute already made of it, so the engine does not tokenize it again (default
+    /// false). Set it only when `tokenizer` holds the engine's own tokenizer files: the
+    /// ids become the model's input. Needs `tokenizer`; an adapter's requests, `echo`,
+    /// and a body that sets `add_special_tokens` or `prompt_embeds` keep their text.
+    #[serde(default)]
+    pub forward_token_ids: bool,
 }
 
 impl Default for ModelConfig {
@@ -496,6 +503,7 @@ impl Default for ModelConfig {
             disagg_protocol: None,
             disagg_isl_min_tokens: None,
             disagg_same_label: None,
+            forward_token_ids: false,
         }
     }
 }

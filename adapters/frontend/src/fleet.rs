@@ -32,6 +32,9 @@ pub struct Pool {
     /// Whether the model has a `tokenizer`: without one, prompts hash on the byte
     /// fallback, which a real engine's KV events never match.
     pub tokenizer: bool,
+    /// Whether a completion's text prompt is sent on as its token ids
+    /// (`ModelConfig::forward_token_ids`).
+    pub forward_token_ids: bool,
     /// Set once the missing-tokenizer warning was logged for this model.
     tokenizer_warned: AtomicBool,
 }
@@ -115,6 +118,7 @@ impl Fleet {
                     disagg: m.disagg_protocol,
                     disagg_same_label: m.disagg_same_label.clone(),
                     tokenizer: m.tokenizer.is_some(),
+                    forward_token_ids: m.forward_token_ids,
                     tokenizer_warned: AtomicBool::new(false),
                 }),
             );

@@ -148,6 +148,7 @@ pub struct Metrics {
     failures: Family<FailureLabels, Counter>,
     ejections: Family<FailureLabels, Counter>,
     fallbacks: Family<FallbackLabels, Counter>,
+    sent_as_ids: Family<ModelLabels, Counter>,
     silent_streams: Family<WorkerLabels, Counter>,
     e2e: HistogramFamily<WorkerLabels>,
     prompt_tokens: HistogramFamily<WorkerLabels>,
@@ -255,6 +256,7 @@ impl Metrics {
             failures: Family::default(),
             ejections: Family::default(),
             fallbacks: Family::default(),
+            sent_as_ids: Family::default(),
             silent_streams: Family::default(),
             e2e: Family::new_with_constructor(e2e_buckets),
             prompt_tokens: Family::new_with_constructor(token_buckets),
@@ -334,6 +336,11 @@ impl Metrics {
             "kvroute_tokenizer_fallbacks",
             "Requests routed on hashed bytes instead of token ids",
             m.fallbacks.clone(),
+        );
+        r.register(
+            "kvroute_prompts_sent_as_token_ids",
+            "Completion prompts forwarded as kvroute's token ids in place of their text",
+            m.sent_as_ids.clone(),
         );
         r.register(
             "kvroute_kv_event_streams_silent",
@@ -641,6 +648,11 @@ impl Metrics {
     /// A request routed on hashed bytes: `no_tokenizer` or `tokenizer_error`.
     pub fn fallback(&self, model: &str, reason: &'static str) {
         self.fallbacks.get_or_create(&FallbackLabels { model: model.into(), reason }).inc();
+    }
+
+    /// A completion whose text prompt was forwarded as its token ids.
+    pub fn sent_as_ids(&self, model: &str) {
+        self.sent_as_ids.get_or_create(&ModelLabels { model: model.into() }).inc();
     }
 }
 

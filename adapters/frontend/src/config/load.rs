@@ -102,6 +102,9 @@ impl ProxyConfig {
             if m.disagg_protocol.is_none() && m.disagg_isl_min_tokens.is_some() {
                 return invalid(format!("models[{i}].disagg_isl_min_tokens"), "needs disagg_protocol".into());
             }
+            if m.forward_token_ids && m.tokenizer.is_none() {
+                return invalid(format!("models[{i}].forward_token_ids"), "needs tokenizer".into());
+            }
             if m.disagg_protocol.is_none() && m.disagg_same_label.is_some() {
                 return invalid(format!("models[{i}].disagg_same_label"), "needs disagg_protocol".into());
             }
@@ -297,6 +300,7 @@ mod tests {
         check_err("[router]\nblock_size = 0\n", None, "router.block_size");
         check_err("[limits]\nconnection_buffer_bytes_max = 100\n", None, "connection_buffer_bytes_max");
         check_err("[limits]\nconnections_max = 0\n", None, "connections_max");
+        check_err("[[models]]\nname = \"m\"\nforward_token_ids = true\n", None, "models[0].forward_token_ids");
     }
 
     #[test]

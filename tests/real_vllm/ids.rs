@@ -1,0 +1,85 @@
+//! `forward_token_ids`: kvroute sends a completion's text prompt to vLLM as the token
+//! ids it made of it, and vLLM answers as it answers the text (the same greedy tokens,
+//! the same prompt length, the same stream). A prompt that must stay text stays text.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::engine::{LORA, MODEL};
+use crate::fleet::{fleet, Fleet};
+use crate::http;
+use crate::prompts::prose;
+use crate::router::{build_binary, config, Kvroute};
+
+const COUNTER: &str = "kvroute_prompts_sent_as_token_ids_total";
+
+/// A second kvroute over the fleet's engines, with `forward_token_ids` on.
+fn start(f: &Fleet) -> Kvroute {
+    let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-ids-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    Kvroute::start_with(&build_binary(), &dir, "kvroute-ids", |port| {
+        let adapters = format!("lora_adapters = [\"{LORA}\"]\n");
+        let text = config(&f.env.model, port, &f.engines);
+        assert!(text.contains(&adapters), "the model's section is where the key goes: {text}");
+        text.replacen(&adapters, &format!("{adapters}forward_token_ids = true\n"), 1)
+    })
+}
+
+/// The greedy text of a body, whole or streamed, and its usage's prompt tokens.
+fn answer(r: &http::Response, stream: bool) -> (String, Value) {
+    assert_eq!(r.status, 200, "{}", r.text());
+    if !stream {
+        let v = r.json();
+        return (v["choices"][0]["text"].as_str().expect("text").to_string(), v["usage"]["prompt_tokens"].clone());
+    }
+    let chunks: Vec<Value> = r
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("a JSON chunk"))
+        .collect();
+    let text = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    let usage = chunks.iter().rev().find_map(|c| c.get("usage").filter(|u| !u.is_null())).cloned();
+    (text, usage.map_or(Value::Null, |u| u["prompt_tokens"].clone()))
+}
+
+fn sent_as_ids(g: &Kvroute) -> f64 {
+    let r = http::request(g.addr(), "GET", "/metrics", &[], None, Duration::from_secs(5)).expect("metrics");
+    let line = format!("{COUNTER}{{model=\"{MODEL}\"}} ");
+    r.text().lines().find_map(|l| l.strip_prefix(&line)?.parse().ok()).unwrap_or(0.0)
+}
+
+/// Sends `body` to worker 1 straight and through `g` (pinned there): the answers must
+/// agree, and `g` counts it as sent as ids exactly when `as_ids`.
+#[track_caller]
+fn check(f: &Fleet, g: &Kvroute, what: &str, body: Value, as_ids: bool) {
+    let stream = body["stream"] == true;
+    let direct = http::request(f.engines[0].addr(), "POST", "/v1/completions", &[], Some(&body), Duration::from_secs(120))
+        .expect("straight to vLLM");
+    let before = sent_as_ids(g);
+    let through = g.post("/v1/completions", &[("x-worker-id", "1")], &body);
+    assert_eq!(through.header("x-kvroute-worker"), Some("1"), "{what}: pinned");
+    assert_eq!(answer(&through, stream), answer(&direct, stream), "{what}: vLLM answers the ids as the text");
+    assert_eq!(sent_as_ids(g) - before, f64::from(u8::from(as_ids)), "{what}: sent as ids");
+}
+
+#[test]
+fn text_prompts_sent_as_token_ids_are_answered_as_their_text_is() {
+    let Some(f) = fleet() else { return };
+    let g = start(&f);
+    let prompt = format!("Notes on routing.\n{}\n", prose(40, 150));
+    let body = |extra: Value| {
+        let mut b = json!({"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0});
+        b.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        b
+    };
+    check(&f, &g, "whole", body(json!({})), true);
+    check(&f, &g, "streamed", body(json!({"stream": true, "stream_options": {"include_usage": true}})), true);
+    let odd = "Tabs\tand  doubled spaces, naïve café, 数字 12345 — and a trailing newline\n";
+    check(&f, &g, "unicode and spacing", json!({"model": MODEL, "prompt": odd, "max_tokens": 8, "temperature": 0}), true);
+    // Echo returns the prompt as text, which only the text gives back exactly.
+    check(&f, &g, "echo", body(json!({"echo": true})), false);
+    check(&f, &g, "without special tokens", body(json!({"add_special_tokens": false})), false);
+}
