@@ -48,11 +48,10 @@ KV_VARIANTS = {
     # settings for document Q&A in the README's "Tuning for one workload".
     "kv-arw5": ("kv", ["active_request_weight = 5"]),
     "kv-excess": ("kv", ["excess_ms_per_request = 20"]),
-    # The prompt forwarded as text (below), for comparison.
-    "kv-text": ("kv", []),
+    # kv sending a completion's prompt on as the token ids it made of it (below).
+    "kv-ids": ("kv", []),
 }
-# kvroute's tokenizer is the workers' own folder, so every kvroute run but `kv-text`
-# sends a completion's prompt on as the token ids it made of it.
+# The model lines of `kv-ids`: kvroute's tokenizer is the workers' own folder, so it may.
 FORWARD_IDS = ["forward_token_ids = true"]
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
@@ -99,8 +98,8 @@ def parse_args(argv=None):
                    help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...), kv-aff-cost "
                         "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends), "
                         "kv-arw5 (kv charging 5 ms per running request), kv-excess (kv charging 20 ms "
-                        "per request beyond 3 times the mean), kv-text (kv forwarding prompts as text, not "
-                        "its token ids) and peers "
+                        "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
+                        "its token ids, not their text) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
@@ -192,7 +191,7 @@ def start_router(name, kvroute, workers, log_dir, workload="conversation", real=
     mode, extra = KV_VARIANTS.get(name, (name, []))
     return fleet.start_kvroute(str(kvroute), mode, workers, log_dir, name=f"kvroute-{name}", router_extra=extra,
                                sections=sections, cpu_engines=real,
-                               model_extra=[] if name == "kv-text" else FORWARD_IDS)  # fmt: skip
+                               model_extra=FORWARD_IDS if name == "kv-ids" else [])  # fmt: skip
 
 
 def run_one(name, args, the_fleet, reqs, bodies, log_dir):

@@ -357,14 +357,14 @@ class Overhead(unittest.TestCase):
         with mock.patch.object(bench.fleet, "start_kvroute", lambda *a, **kw: seen.append((a, kw)) or ("p", "u")):
             self.assertEqual(bench.start_router("kv", "bin/kvroute", ["w"], Path("logs")), ("p", "u"))
             bench.start_router("kv-excess", "bin/kvroute", ["w"], Path("logs"), "multimodal", True)
-            bench.start_router("kv-text", "bin/kvroute", ["w"], Path("logs"))
+            bench.start_router("kv-ids", "bin/kvroute", ["w"], Path("logs"))
         (a0, kw0), (a1, kw1), (a2, kw2) = seen
         self.assertEqual((a0[:2], kw0["sections"], kw0["cpu_engines"], kw0["router_extra"]),
                          (("bin/kvroute", "kv"), (), False, []))  # fmt: skip
         self.assertEqual((a1[1], kw1["cpu_engines"], kw1["router_extra"]), ("kv", True, ["excess_ms_per_request = 20"]))
         self.assertIn("[media]", kw1["sections"])
-        # Prompts go on as token ids except in the variant that keeps their text.
-        self.assertEqual([kw["model_extra"] for kw in (kw0, kw1, kw2)], [["forward_token_ids = true"]] * 2 + [[]])
+        # Prompts go on as token ids only in the variant that asks for it.
+        self.assertEqual([kw["model_extra"] for kw in (kw0, kw1, kw2)], [[], [], ["forward_token_ids = true"]])
         self.assertEqual(a2[1], "kv")
 
 
