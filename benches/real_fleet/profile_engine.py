@@ -13,6 +13,12 @@ Measures, each the median of `--repeats` tries (the host is shared, so medians):
     running at once.
 Then fits prefill_ms(t) = a t^2 + b t + c (a, b, c >= 0, relative error) to the uncached points and
 prints one JSON object: the raw medians and the fitted coefficients, in milliseconds.
+
+`--tokenizing` measures instead what tokenizing a prompt costs the server, which
+`forward_token_ids` saves it: the time to the first token of one cached text prompt
+sent as text and as the ids vLLM's own `/tokenize` gives for it, alternately (which goes
+first alternates too), `--repeats` pairs per size. It prints each size's medians and
+the median of the pairs' differences.
 Standard library only.
 """
 
@@ -39,6 +45,9 @@ def parse_args():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=20261201)
+    p.add_argument("--tokenizing", action="store_true",
+                   help="only measure a cached prompt sent as text against its token ids")
+    p.add_argument("--sizes", default="1000,4000", help="--tokenizing's prompt sizes, in words")
     return p.parse_args()
 
 
@@ -49,8 +58,21 @@ class Client:
         u = urlparse(url)
         self.host, self.port, self.model = u.hostname, u.port, model
 
+    def tokenize(self, text):
+        """vLLM's token ids of `text`, as a completion's prompt gets them."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        conn.request("POST", "/tokenize", json.dumps({"model": self.model, "prompt": text}),
+                     {"content-type": "application/json"})  # fmt: skip
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"/tokenize: HTTP {resp.status}: {body[:300]!r}")
+        return json.loads(body)["tokens"]
+
     def complete(self, tokens, max_tokens):
-        """(ttft_ms, [ms between tokens], cached_tokens) of one streamed completion."""
+        """(ttft_ms, [ms between tokens], cached_tokens) of one streamed completion;
+        `tokens` is a prompt of ids or of text."""
         body = json.dumps({
             "model": self.model, "prompt": tokens, "max_tokens": max_tokens, "min_tokens": max_tokens,
             "ignore_eos": True, "temperature": 0.0, "stream": True,
@@ -140,6 +162,32 @@ def decode(client, prompts, repeats, concurrency, tokens):
     return got
 
 
+WORDS = ("router", "cache", "block", "prefix", "worker", "engine", "token", "request", "stream", "event",
+         "queue", "load", "session", "batch", "model", "index", "latency", "decode", "prefill", "replica")
+
+
+def paired(text_ms, ids_ms):
+    """Medians of the two series and of their pairs' differences (text less ids), ms."""
+    diffs = [t - i for t, i in zip(text_ms, ids_ms)]
+    return {"text_ms": med(text_ms), "ids_ms": med(ids_ms), "saved_ms": med(diffs), "pairs": len(diffs)}
+
+
+def tokenizing(client, rng, repeats, sizes):
+    out = {}
+    for n in sizes:
+        text = " ".join(rng.choice(WORDS) for _ in range(n))
+        ids = client.tokenize(text)
+        client.complete(text, 1)  # cached from here on, bar the last token
+        text_ms, ids_ms = [], []
+        for r in range(repeats):
+            order = ((text, text_ms), (ids, ids_ms)) if r % 2 == 0 else ((ids, ids_ms), (text, text_ms))
+            for prompt, times in order:
+                times.append(client.complete(prompt, 1)[0])
+        out[n] = {"prompt_tokens": len(ids), **paired(text_ms, ids_ms)}
+        log(f"{n} words as text and as ids: {out[n]}")
+    return out
+
+
 def solve(m):
     """Solves the square system m (rows of coefficients then the right-hand side)."""
     n = len(m)
@@ -186,6 +234,11 @@ def main():
     client, prompts = Client(args.url, args.model), Prompts(args.seed)
     for _ in range(3):  # wake the engine up
         client.complete(prompts.fresh(64), 2)
+    if args.tokenizing:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        got = tokenizing(client, random.Random(args.seed), args.repeats, sizes)
+        print(json.dumps({"url": args.url, "repeats": args.repeats, "tokenizing": got}, indent=1))
+        return
     pre = prefill(client, prompts, args.repeats)
     cac = cached(client, prompts, args.repeats)
     dec1 = decode(client, prompts, args.repeats, 1, args.decode_tokens)

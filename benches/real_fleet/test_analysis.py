@@ -195,6 +195,21 @@ class KvrouteConfig(unittest.TestCase):
         self.check(cpu_engines=True, want_retry=True)
         self.check(cpu_engines=False, want_retry=False)
 
+    def test_model_lines_land_in_the_models_table(self):
+        text = fleet.kvroute_config("kv", [self.ENGINE], "/model", 4, model_extra=["forward_token_ids = true"])
+        model_table = text.split("[[models]]")[1].split("[[workers]]")[0]
+        self.assertIn("forward_token_ids = true", model_table)
+        self.assertNotIn("forward_token_ids", text.replace(model_table, ""))
+
+
+class TokenizingCost(unittest.TestCase):
+    def test_the_saving_is_the_median_of_the_pairs_not_the_difference_of_medians(self):
+        import profile_engine
+
+        # Medians 20 and 12 differ by 8; the pairs' differences are 1, 1 and 18.
+        got = profile_engine.paired([20.0, 30.0, 10.0], [19.0, 12.0, 9.0])
+        self.assertEqual(got, {"text_ms": 20.0, "ids_ms": 12.0, "saved_ms": 1.0, "pairs": 3})
+
 
 class PeerArgv(unittest.TestCase):
     """Each peer's command line: its policy, its own flags, then every worker."""
