@@ -56,8 +56,9 @@ fn sent_as_ids(g: &Kvroute) -> f64 {
 #[track_caller]
 fn check(f: &Fleet, g: &Kvroute, what: &str, body: Value, as_ids: bool) {
     let stream = body["stream"] == true;
-    let direct = http::request(f.engines[0].addr(), "POST", "/v1/completions", &[], Some(&body), Duration::from_secs(120))
-        .expect("straight to vLLM");
+    let direct =
+        http::request(f.engines[0].addr(), "POST", "/v1/completions", &[], Some(&body), Duration::from_secs(120))
+            .expect("straight to vLLM");
     let before = sent_as_ids(g);
     let through = g.post("/v1/completions", &[("x-worker-id", "1")], &body);
     assert_eq!(through.header("x-kvroute-worker"), Some("1"), "{what}: pinned");
@@ -78,7 +79,13 @@ fn text_prompts_sent_as_token_ids_are_answered_as_their_text_is() {
     check(&f, &g, "whole", body(json!({})), true);
     check(&f, &g, "streamed", body(json!({"stream": true, "stream_options": {"include_usage": true}})), true);
     let odd = "Tabs\tand  doubled spaces, naïve café, 数字 12345 — and a trailing newline\n";
-    check(&f, &g, "unicode and spacing", json!({"model": MODEL, "prompt": odd, "max_tokens": 8, "temperature": 0}), true);
+    check(
+        &f,
+        &g,
+        "unicode and spacing",
+        json!({"model": MODEL, "prompt": odd, "max_tokens": 8, "temperature": 0}),
+        true,
+    );
     // Echo returns the prompt as text, which only the text gives back exactly.
     check(&f, &g, "echo", body(json!({"echo": true})), false);
     check(&f, &g, "without special tokens", body(json!({"add_special_tokens": false})), false);

@@ -138,7 +138,7 @@ pub async fn question_timed(
     let forward_body = match as_ids && from_model {
         true => {
             cx.metrics.sent_as_ids(&pool.name);
-            ids_body(json, &tokens)
+            ids_body(&json, &tokens)
         }
         false => forward_body,
     };
@@ -218,12 +218,30 @@ fn sends_ids(endpoint: Endpoint, json: &Value) -> bool {
         && ["add_special_tokens", "prompt_embeds"].iter().all(|k| json.get(*k).is_none())
 }
 
-/// `json` with its `prompt` replaced by `ids`, serialized.
-fn ids_body(json: Arc<Value>, ids: &[u32]) -> Bytes {
-    // The blocking tokenizer has returned its clone by now: this does not copy the body.
-    let mut json = Arc::try_unwrap(json).unwrap_or_else(|shared| (*shared).clone());
-    json["prompt"] = Value::Array(ids.iter().map(|&t| Value::from(t)).collect());
-    Bytes::from(json.to_string())
+/// `json` (an object) with its `prompt` replaced by `ids`, serialized. Written member by
+/// member, so the ids never become a tree of values.
+fn ids_body(json: &Value, ids: &[u32]) -> Bytes {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(ids.len() * 6 + 256);
+    out.push('{');
+    for (i, (k, v)) in json.as_object().into_iter().flatten().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&Value::from(k.as_str()).to_string());
+        out.push(':');
+        if k == "prompt" {
+            out.push('[');
+            for (j, id) in ids.iter().enumerate() {
+                let _ = write!(out, "{}{id}", if j > 0 { "," } else { "" });
+            }
+            out.push(']');
+        } else {
+            out.push_str(&v.to_string());
+        }
+    }
+    out.push('}');
+    Bytes::from(out)
 }
 
 /// What the tokenizer made of a prompt.
@@ -349,8 +367,9 @@ mod tests {
 
     #[test]
     fn the_ids_replace_the_prompt_and_nothing_else() {
-        let body = json!({"model": "m", "prompt": "hello world", "max_tokens": 3, "cache_salt": "s", "stream": true});
-        let sent = ids_body(Arc::new(body.clone()), &[5, 0, u32::MAX]);
+        let body = json!({"model": "m", "prompt": "hello world", "max_tokens": 3, "cache_salt": "s", "stream": true,
+            "stop": ["\n", "\"end\""], "stream_options": {"include_usage": true}, "we\"ird key": null});
+        let sent = ids_body(&body, &[5, 0, u32::MAX]);
         let mut want = body;
         want["prompt"] = json!([5, 0, u32::MAX]);
         assert_eq!(serde_json::from_slice::<Value>(&sent).unwrap(), want);
