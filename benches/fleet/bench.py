@@ -48,11 +48,11 @@ KV_VARIANTS = {
     # settings for document Q&A in the README's "Tuning for one workload".
     "kv-arw5": ("kv", ["active_request_weight = 5"]),
     "kv-excess": ("kv", ["excess_ms_per_request = 20"]),
-    # kv sending a completion's prompt on as the token ids it made of it (below).
+    # kv sending a completion's prompt on as the token ids it made of it (its model line
+    # below): its tokenizer is the workers' own folder, so it may.
     "kv-ids": ("kv", []),
 }
-# The model lines of `kv-ids`: kvroute's tokenizer is the workers' own folder, so it may.
-FORWARD_IDS = ["forward_token_ids = true"]
+KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
 # blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
@@ -191,7 +191,7 @@ def start_router(name, kvroute, workers, log_dir, workload="conversation", real=
     mode, extra = KV_VARIANTS.get(name, (name, []))
     return fleet.start_kvroute(str(kvroute), mode, workers, log_dir, name=f"kvroute-{name}", router_extra=extra,
                                sections=sections, cpu_engines=real,
-                               model_extra=FORWARD_IDS if name == "kv-ids" else [])  # fmt: skip
+                               model_extra=KV_MODEL_LINES.get(name, []))  # fmt: skip
 
 
 def run_one(name, args, the_fleet, reqs, bodies, log_dir):
