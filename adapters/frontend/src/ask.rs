@@ -47,7 +47,8 @@ pub struct Question {
     pub pool: Arc<Pool>,
     /// The router's question.
     pub request: Request,
-    /// The body to forward (the `kvroute` object removed).
+    /// The body to forward: the `kvroute` object removed, and a completion's text prompt
+    /// replaced by its token ids when the pool sends them (`forward_token_ids`).
     pub forward_body: Bytes,
     /// Whether the trusted preview flag was set.
     pub preview: bool,
@@ -135,7 +136,8 @@ pub async fn question_timed(
     let t1 = Instant::now();
     let Tokens { ids: tokens, media, from_model } =
         tokens(cx, &pool.name, &parsed.prompt, json.clone(), forward_body.len()).await?;
-    let forward_body = match as_ids && from_model {
+    // A preview forwards nothing.
+    let forward_body = match as_ids && from_model && !hh.preview {
         true => {
             cx.metrics.sent_as_ids(&pool.name);
             ids_body(&json, &tokens)
