@@ -250,8 +250,9 @@ def start_kvroute(binary, mode, engines, log_dir: Path, name=None, learn=False, 
 # bursts of new conversations to one worker (34 and 49 waiting requests on two of eight
 # at the first poll); the spill and veto then moved their turns off their caches. With
 # a 1 s poll its figures there match sglang-router's when busy; saturated, the veto
-# still costs it a third of its hits. Turning the spill gate and the veto off instead (`--balance-rel-threshold 1000000
-# --disable-worker-overload-protection`) raised its hits but made the piles worse.
+# still costs it a third of its hits. Turning the spill gate and the veto off instead
+# (`--balance-rel-threshold 1000000 --disable-worker-overload-protection`) raised its
+# hits but made the piles worse.
 SMG_POLL_1S = ("--load-monitor-interval", "1")
 
 # Peer routers: name -> (program, policy, extra flags). The program's path comes from the

@@ -77,9 +77,10 @@ STREAMS = {
 
 
 def router_view_from(text):
-    """From kvroute's /metrics text: `expected_hit_rate` (the prompt tokens kvroute expected cached on the workers it
-    chose, over all prompt tokens), and its KV-event stream counts summed over workers,
-    by result where the family has one (`events_applied`, `gaps`, ...)."""
+    """From kvroute's /metrics text: `expected_hit_rate` (the prompt tokens kvroute
+    expected cached on the workers it chose, over all prompt tokens), and its KV-event
+    stream counts summed over workers, by result where the family has one
+    (`events_applied`, `gaps`, ...)."""
     sums = {}
     for line in text.splitlines():
         m = SAMPLE.match(line)

@@ -131,7 +131,7 @@ pub async fn question_timed(
     cx.metrics.stage("parse", t0.elapsed());
 
     let shape = BodyShape::of(&json);
-    let as_ids = pool.forward_token_ids && pool.disagg.is_none() && lora.is_none() && sends_ids(endpoint, &json);
+    let as_ids = pool.forward_token_ids && lora.is_none() && sends_ids(endpoint, &json);
     let json = Arc::new(json);
     let t1 = Instant::now();
     let Tokens { ids: tokens, media, from_model } =
@@ -223,26 +223,27 @@ fn sends_ids(endpoint: Endpoint, json: &Value) -> bool {
 /// `json` (an object) with its `prompt` replaced by `ids`, serialized. Written member by
 /// member, so the ids never become a tree of values.
 fn ids_body(json: &Value, ids: &[u32]) -> Bytes {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(ids.len() * 6 + 256);
-    out.push('{');
+    use std::io::Write;
+    let mut out = Vec::with_capacity(ids.len() * 6 + 256);
+    out.push(b'{');
     for (i, (k, v)) in json.as_object().into_iter().flatten().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push_str(&Value::from(k.as_str()).to_string());
-        out.push(':');
+        // Writing to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, k);
+        out.push(b':');
         if k == "prompt" {
-            out.push('[');
+            out.push(b'[');
             for (j, id) in ids.iter().enumerate() {
                 let _ = write!(out, "{}{id}", if j > 0 { "," } else { "" });
             }
-            out.push(']');
+            out.push(b']');
         } else {
-            out.push_str(&v.to_string());
+            let _ = serde_json::to_writer(&mut out, v);
         }
     }
-    out.push('}');
+    out.push(b'}');
     Bytes::from(out)
 }
 

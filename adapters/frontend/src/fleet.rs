@@ -33,7 +33,7 @@ pub struct Pool {
     /// fallback, which a real engine's KV events never match.
     pub tokenizer: bool,
     /// Whether a completion's text prompt is sent on as its token ids
-    /// (`ModelConfig::forward_token_ids`).
+    /// (`ModelConfig::forward_token_ids`); never for a split model.
     pub forward_token_ids: bool,
     /// Set once the missing-tokenizer warning was logged for this model.
     tokenizer_warned: AtomicBool,
@@ -118,7 +118,7 @@ impl Fleet {
                     disagg: m.disagg_protocol,
                     disagg_same_label: m.disagg_same_label.clone(),
                     tokenizer: m.tokenizer.is_some(),
-                    forward_token_ids: m.forward_token_ids,
+                    forward_token_ids: m.forward_token_ids && m.disagg_protocol.is_none(),
                     tokenizer_warned: AtomicBool::new(false),
                 }),
             );
