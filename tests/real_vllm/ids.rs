@@ -14,16 +14,29 @@ use crate::router::{build_binary, config, Kvroute};
 
 const COUNTER: &str = "kvroute_prompts_sent_as_token_ids_total";
 
-/// A second kvroute over the fleet's engines, with `forward_token_ids` on.
+/// A second kvroute over the fleet's engines, with `forward_token_ids` on, once every
+/// engine's tokenizer check is in. Each must agree: vLLM's `/tokenize` gives kvroute's ids
+/// for the probe text, so kvroute sends ids to it.
 fn start(f: &Fleet) -> Kvroute {
     let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-ids-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
-    Kvroute::start_with(&build_binary(), &dir, "kvroute-ids", |port| {
+    let g = Kvroute::start_with(&build_binary(), &dir, "kvroute-ids", |port| {
         let adapters = format!("lora_adapters = [\"{LORA}\"]\n");
         let text = config(&f.env.model, port, &f.engines);
         assert!(text.contains(&adapters), "the model's section is where the key goes: {text}");
         text.replacen(&adapters, &format!("{adapters}forward_token_ids = true\n"), 1)
-    })
+    });
+    let checked = |g: &Kvroute| {
+        let v = g.tokenizer_checks();
+        v.len() == f.engines.len() && v.iter().all(|c| c == "agrees" || c == "differs")
+    };
+    g.wait(Duration::from_secs(60), "every engine's tokenizer is checked", checked);
+    assert!(
+        g.tokenizer_checks().iter().all(|c| c == "agrees"),
+        "vLLM tokenizes as kvroute: {:?}",
+        g.tokenizer_checks()
+    );
+    g
 }
 
 /// The greedy text of a body, whole or streamed, and its usage's prompt tokens.

@@ -182,6 +182,15 @@ impl Kvroute {
         self.try_post(path, headers, body).unwrap_or_else(|e| panic!("POST {path} to kvroute: {e}"))
     }
 
+    /// Every worker's `tokenizer_check` from `/workers` (`null` before its first check).
+    pub fn tokenizer_checks(&self) -> Vec<Value> {
+        let Ok(r) = http::request(self.addr(), "GET", "/workers", &[], None, Duration::from_secs(2)) else {
+            return Vec::new();
+        };
+        let listed: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        listed["workers"].as_array().into_iter().flatten().map(|w| w["tokenizer_check"].clone()).collect()
+    }
+
     /// Whether every KV-event stream `/workers` lists is connected (and there is one).
     pub fn streams_connected(&self) -> bool {
         let Ok(r) = http::request(self.addr(), "GET", "/workers", &[], None, Duration::from_secs(2)) else {

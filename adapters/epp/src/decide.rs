@@ -159,6 +159,8 @@ fn bodiless(shared: &Shared, asked: &Asked, trusted: bool, model: &mut String) -
         pool,
         request,
         forward_body: Bytes::new(),
+        json: Default::default(),
+        ids: None,
         preview: hh.preview,
         endpoint: Endpoint::Completions,
         shape: Default::default(),

@@ -167,6 +167,17 @@ pub async fn serve(cfg: EppConfig, tokenizers: Tokenizers) -> Result<EppHandle, 
         stats: shared.scrapes.clone(),
     };
     tokio::spawn(scrape_loop(scraper, Arc::downgrade(&shared.fleet), shutdown_rx.clone()));
+    // The picker forwards text only; the checks warn of a worker whose events cannot match.
+    let probes = kvroute_frontend::agree::probes(&shared.tokenizers);
+    let fleet = Arc::downgrade(&shared.fleet);
+    let checks = kvroute_frontend::agree::check_loop(
+        scrape::MetricsClient::new(),
+        shared.cfg.proxy.learn.clone(),
+        probes,
+        fleet,
+        shutdown_rx.clone(),
+    );
+    tokio::spawn(checks);
     let task = tokio::spawn(service::run(server, listener, shared.clone(), health_service, shutdown_rx));
     Ok(EppHandle { local_addr, shared, shutdown, task })
 }

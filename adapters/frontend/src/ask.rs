@@ -47,9 +47,15 @@ pub struct Question {
     pub pool: Arc<Pool>,
     /// The router's question.
     pub request: Request,
-    /// The body to forward: the `kvroute` object removed, and a completion's text prompt
-    /// replaced by its token ids when the pool sends them (`forward_token_ids`).
+    /// The body to forward: the `kvroute` object removed.
     pub forward_body: Bytes,
+    /// The forward body, parsed.
+    pub json: Arc<Value>,
+    /// The prompt's token ids, when its pool sends a prompt as ids (`forward_token_ids`)
+    /// and this one may go so: one completion's text, which the model's tokenizer
+    /// encoded. Only a worker that tokenizes as the router does is sent them
+    /// ([`ids_body`], [`crate::fleet::Fleet::sends_ids_to`]).
+    pub ids: Option<Arc<[u32]>>,
     /// Whether the trusted preview flag was set.
     pub preview: bool,
     /// The endpoint the request came to (or looks like).
@@ -137,13 +143,7 @@ pub async fn question_timed(
     let Tokens { ids: tokens, media, from_model } =
         tokens(cx, &pool.name, &parsed.prompt, json.clone(), forward_body.len()).await?;
     // A preview forwards nothing.
-    let forward_body = match as_ids && from_model && !hh.preview {
-        true => {
-            cx.metrics.sent_as_ids(&pool.name);
-            ids_body(&json, &tokens)
-        }
-        false => forward_body,
-    };
+    let ids = (as_ids && from_model && !hh.preview).then(|| Arc::from(tokens.as_slice()));
     let build = Build {
         id: pool.driver.next_request_id(),
         block_size: pool.block_size,
@@ -154,7 +154,7 @@ pub async fn question_timed(
     };
     let request = Request { cost, ..request::build_with_media(build, &tokens, &media) };
     cx.metrics.stage("tokenize", t1.elapsed());
-    Ok((Question { pool, request, forward_body, preview: hh.preview, endpoint, shape }, t1))
+    Ok((Question { pool, request, forward_body, json, ids, preview: hh.preview, endpoint, shape }, t1))
 }
 
 /// The routing tokens and the images they hold: the model's tokenizer if it has one,
@@ -222,7 +222,7 @@ fn sends_ids(endpoint: Endpoint, json: &Value) -> bool {
 
 /// `json` (an object) with its `prompt` replaced by `ids`, serialized. Written member by
 /// member, so the ids never become a tree of values.
-fn ids_body(json: &Value, ids: &[u32]) -> Bytes {
+pub fn ids_body(json: &Value, ids: &[u32]) -> Bytes {
     use std::io::Write;
     let mut out = Vec::with_capacity(ids.len() * 6 + 256);
     out.push(b'{');

@@ -13,6 +13,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use kvroute_driver::{DriveError, Driver, DriverConfig};
 use router_core::{BlockSize, WorkerId};
 
+use crate::agree::Verdicts;
 use crate::config::{router_config, ConfigError, DisaggProtocol, ProxyConfig, WorkerConfig};
 use crate::tenants::Tenants;
 
@@ -46,6 +47,8 @@ pub struct Fleet {
     names: BTreeMap<String, (String, Option<String>)>,
     default_model: Option<String>,
     workers: RwLock<BTreeMap<u64, Arc<WorkerConfig>>>,
+    /// Whether each worker tokenizes as the router does (see [`crate::agree`]).
+    verdicts: Verdicts,
     /// The process's seed, from which every seeded table derives its own.
     seed: u64,
 }
@@ -127,7 +130,14 @@ impl Fleet {
                 names.insert(a.clone(), (m.name.clone(), Some(a.clone())));
             }
         }
-        Fleet { pools, names, default_model: cfg.default_model.clone(), workers: RwLock::new(BTreeMap::new()), seed }
+        Fleet {
+            pools,
+            names,
+            default_model: cfg.default_model.clone(),
+            workers: RwLock::new(BTreeMap::new()),
+            verdicts: Verdicts::default(),
+            seed,
+        }
     }
 
     /// The pool serving `model` and the LoRA adapter it names, falling back to the
@@ -190,6 +200,10 @@ impl Fleet {
             };
             return Err(FleetError::Router(e));
         }
+        // A worker replaced at another address or model is checked afresh.
+        if old.as_ref().is_some_and(|o| o.url != workers[&id].url || o.model != model) {
+            self.verdicts.forget(id);
+        }
         if let Some(old) = old.as_ref().filter(|o| o.model != model) {
             if let Some(p) = self.pools.get(&old.model) {
                 let _ = p.driver.remove_worker(WorkerId(id));
@@ -223,7 +237,19 @@ impl Fleet {
             let _ = p.driver.remove_worker(WorkerId(id));
         }
         workers.remove(&id);
+        self.verdicts.forget(id);
         true
+    }
+
+    /// Whether each worker tokenizes as the router does.
+    pub fn verdicts(&self) -> &Verdicts {
+        &self.verdicts
+    }
+
+    /// Whether `worker` may be sent a prompt as the router's token ids: its pool sends
+    /// them and its last tokenizer check agreed.
+    pub fn sends_ids_to(&self, pool: &Pool, worker: u64) -> bool {
+        pool.forward_token_ids && self.verdicts.agrees(worker)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Arc<WorkerConfig>>> {

@@ -40,6 +40,13 @@ pub struct LearnSection {
     pub metrics_bytes_max: usize,
     /// An engine report older than this is ignored, in ms (default 10,000).
     pub engine_load_age_max_ms: u64,
+    /// How often each worker of a model with a `tokenizer` is asked to tokenize a probe
+    /// text, to compare with the router's ids (see [`crate::agree`]), in ms (default
+    /// 30,000; 0: never, and no prompt is sent as token ids). Each check may take
+    /// `scrape_timeout_ms`.
+    pub tokenizer_check_interval_ms: u64,
+    /// Path of the workers' tokenize endpoint, in vLLM's shape (default `/tokenize`).
+    pub tokenize_path: String,
 }
 
 impl Default for LearnSection {
@@ -57,6 +64,8 @@ impl Default for LearnSection {
             metrics_path: "/metrics".into(),
             metrics_bytes_max: 4 << 20,
             engine_load_age_max_ms: core.engine_load_age_max_ms,
+            tokenizer_check_interval_ms: 30_000,
+            tokenize_path: "/tokenize".into(),
         }
     }
 }
@@ -81,6 +90,11 @@ impl LearnSection {
         (self.scrape_interval_ms > 0).then(|| Duration::from_millis(self.scrape_interval_ms))
     }
 
+    /// The tokenizer check period, or `None` when checks are off.
+    pub fn tokenizer_check_interval(&self) -> Option<Duration> {
+        (self.tokenizer_check_interval_ms > 0).then(|| Duration::from_millis(self.tokenizer_check_interval_ms))
+    }
+
     /// The first field that is out of range, with why.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if !(self.outlier_ratio_max.is_finite() && self.outlier_ratio_max >= 1.0) {
@@ -95,8 +109,12 @@ impl LearnSection {
         if self.engine_load && self.scrape_interval_ms == 0 {
             return Err(("learn.engine_load", "needs learn.scrape_interval_ms above 0".into()));
         }
-        if self.scrape_interval_ms > 0 && self.scrape_timeout_ms == 0 {
-            return Err(("learn.scrape_timeout_ms", "must be above 0 while scraping".into()));
+        if !self.tokenize_path.starts_with('/') {
+            return Err(("learn.tokenize_path", "must start with /".into()));
+        }
+        let asks = self.scrape_interval_ms > 0 || self.tokenizer_check_interval_ms > 0;
+        if asks && self.scrape_timeout_ms == 0 {
+            return Err(("learn.scrape_timeout_ms", "must be above 0 while scraping or checking tokenizers".into()));
         }
         Ok(())
     }

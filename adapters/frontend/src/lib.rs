@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod agree;
 pub mod ask;
 pub mod config;
 pub mod cost_header;

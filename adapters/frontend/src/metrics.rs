@@ -14,6 +14,7 @@
 
 mod ingest;
 mod tokenizer_cache;
+mod tokenizer_check;
 mod workers;
 
 pub use ingest::IngestRow;
@@ -384,6 +385,7 @@ impl Metrics {
             m.cached_tokens.clone(),
         );
         r.register_collector(Box::new(ingest::IngestCollector { rows: m.ingest.clone(), fleet: fleet.clone() }));
+        r.register_collector(Box::new(tokenizer_check::TokenizerCheckCollector(fleet.clone())));
         r.register_collector(Box::new(FleetCollector { fleet }));
         let stages =
             STAGES.iter().map(|&stage| (stage, m.overhead.get_or_create(&StageLabels { stage }).clone())).collect();

@@ -159,10 +159,26 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     }
 }
 
-/// How a server fetches a worker's metrics page.
+/// How a server fetches a worker's metrics page and asks it to tokenize.
 pub trait Fetch: Clone + Send + Sync + 'static {
     /// `GET uri`, its body read whole up to `bytes_max` bytes (see [`read_page`]).
     fn get(&self, uri: http::Uri, bytes_max: usize) -> impl Future<Output = Result<Bytes, ScrapeError>> + Send;
+    /// `POST`s the JSON `body` to `uri`, the answer read whole up to `bytes_max` bytes
+    /// (the tokenizer check, [`crate::agree`]).
+    fn post(
+        &self,
+        uri: http::Uri,
+        body: Bytes,
+        bytes_max: usize,
+    ) -> impl Future<Output = Result<Bytes, ScrapeError>> + Send;
+}
+
+/// The request [`Fetch::post`] sends: `body` as JSON to `uri`.
+pub fn post_request(uri: http::Uri, body: Bytes) -> Result<http::Request<http_body_util::Full<Bytes>>, ScrapeError> {
+    http::Request::post(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(body))
+        .map_err(|_| ScrapeError::Unreachable)
 }
 
 /// The body of `resp` if its status is 2xx and it is at most `bytes_max` bytes.

@@ -123,6 +123,8 @@ pub async fn workers(state: &State) -> Response<ProxyBody> {
                 "outlier": state.outliers.view(id),
                 "publishes_events": w.publishes_events,
                 "tokenizer_missing": no_tokenizer && cfg.kv_events.is_some(),
+                // `null` until checked (see `kvroute_frontend::agree`).
+                "tokenizer_check": state.fleet.verdicts().get(id).map(|v| v.label()),
                 "kv_events": kv_events_json(&subs.report(id, served.get(&id).copied().unwrap_or(0)).await),
                 "ranks": keys,
                 // Apart from `ranks`, which says what the worker holds: this grows with traffic.

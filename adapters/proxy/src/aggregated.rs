@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::body::{respond_first, ProxyBody};
 use crate::error::ApiError;
 use crate::migrate::Plan;
-use crate::prepared::Prepared;
+use crate::prepared::{Bodies, Prepared};
 use crate::state::State;
 use crate::stream::Respond;
 use crate::tries;
@@ -31,7 +31,8 @@ pub(crate) async fn forward(
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     let pool = p.pool.clone();
     let plan = Plan::of(&p, &state.cfg.migration);
-    let body = plan.as_ref().map_or_else(|| p.forward_body.clone(), |m| m.first_body());
+    let (json, text) = plan.as_ref().map_or_else(|| (p.json.clone(), p.forward_body.clone()), Plan::first_body);
+    let body = Bodies::with_ids(text, json, p.ids.clone());
     let mut shape = p.shape;
     shape.stream |= plan.is_some();
     let mut request = p.request.clone();

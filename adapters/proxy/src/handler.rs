@@ -134,7 +134,7 @@ async fn prepare_traced(
     let (q, parsed) = question_timed(&cx, trusted, &parts.headers, raw, endpoint, model_label).await?;
     crate::trace::stages(trace.as_ref(), asked, parsed);
     let path_and_query = parts.uri.path_and_query().map_or(parts.uri.path(), |p| p.as_str()).to_string();
-    let Question { pool, mut request, forward_body, preview, endpoint, shape } = q;
+    let Question { pool, mut request, forward_body, json, ids, preview, endpoint, shape } = q;
     // A model the tenant may not use is one it cannot see: 404, as for no model at all.
     if tenant.is_some_and(|t| !t.may_use(&pool.name)) {
         return Err(ApiError::model_not_found(&pool.name));
@@ -146,6 +146,8 @@ async fn prepare_traced(
         pool,
         request,
         forward_body,
+        json,
+        ids,
         headers: parts.headers,
         path_and_query,
         preview,

@@ -158,6 +158,15 @@ pub async fn serve(cfg: ProxyConfig, tokenizers: Tokenizers) -> Result<ServeHand
     let scraper =
         scrape::Scraper { cfg: state.cfg.learn.clone(), client: state.client.clone(), stats: state.scrapes.clone() };
     tokio::spawn(scrape::scrape_loop(scraper, Arc::downgrade(&state.fleet), shutdown_rx.clone()));
+    let probes = kvroute_frontend::agree::probes(&state.tokenizers);
+    let checks = kvroute_frontend::agree::check_loop(
+        state.client.clone(),
+        state.cfg.learn.clone(),
+        probes,
+        Arc::downgrade(&state.fleet),
+        shutdown_rx.clone(),
+    );
+    tokio::spawn(checks);
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config()));
     let task = tokio::spawn(server::accept_loop(listener, state.clone(), shutdown_rx, acceptor));
     Ok(ServeHandle { local_addr, state, shutdown, task })

@@ -2,16 +2,18 @@
 //! worker's request ([`upstream_request`]) and the shape of its body ([`BodyShape`], read when it was parsed).
 //! Every layer below the handler takes a `Prepared`; this module names none of them.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::HeaderMap;
 use http_body_util::Full;
+use kvroute_frontend::ask::ids_body;
 pub(crate) use kvroute_frontend::error::error_chain;
 use kvroute_frontend::otel::RequestTrace;
 pub(crate) use kvroute_frontend::shape::BodyShape;
 use router_core::{Request, WorkerKey};
+use serde_json::Value;
 
 use crate::config::WorkerConfig;
 use crate::error::ApiError;
@@ -28,6 +30,11 @@ pub struct Prepared {
     pub request: Request,
     /// The body to forward (the `kvroute` object removed).
     pub forward_body: Bytes,
+    /// The forward body, parsed.
+    pub json: Arc<Value>,
+    /// The prompt's token ids, when it may reach a worker that tokenizes as the router
+    /// does as them (see [`Bodies`]).
+    pub ids: Option<Arc<[u32]>>,
     /// The client's headers.
     pub headers: HeaderMap,
     /// Path and query to forward to.
@@ -40,6 +47,39 @@ pub struct Prepared {
     pub shape: BodyShape,
     /// Its trace, when it is traced (see [`crate::trace`]).
     pub trace: Option<RequestTrace>,
+}
+
+/// What each try of a request sends: the text body, or, to a worker that tokenizes as the
+/// router does (see `kvroute_frontend::agree`), the same with the prompt as the router's
+/// token ids, written once on first use.
+pub(crate) struct Bodies {
+    text: Bytes,
+    /// The object the ids body is written from, and the ids.
+    ids: Option<(Arc<Value>, Arc<[u32]>)>,
+    ids_body: OnceLock<Bytes>,
+}
+
+impl Bodies {
+    /// `text` to every worker, never ids.
+    pub(crate) fn text(text: Bytes) -> Self {
+        Bodies { text, ids: None, ids_body: OnceLock::new() }
+    }
+
+    /// `text`, or `json` (the same body, parsed) with its prompt as `ids`.
+    pub(crate) fn with_ids(text: Bytes, json: Arc<Value>, ids: Option<Arc<[u32]>>) -> Self {
+        Bodies { ids: ids.map(|i| (json, i)), ..Bodies::text(text) }
+    }
+
+    /// The body for `worker` of `pool`; a prompt sent as ids is counted.
+    pub(crate) fn for_worker(&self, state: &State, pool: &Pool, worker: u64) -> Bytes {
+        match &self.ids {
+            Some((json, ids)) if state.fleet.sends_ids_to(pool, worker) => {
+                state.metrics.sent_as_ids(&pool.name);
+                self.ids_body.get_or_init(|| ids_body(json, ids)).clone()
+            }
+            _ => self.text.clone(),
+        }
+    }
 }
 
 /// The request to send `body` to `target` on `worker`, with the client's headers.

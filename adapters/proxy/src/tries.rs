@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use crate::error::ApiError;
 use crate::fleet::Pool;
 use crate::health;
-use crate::prepared::{error_chain, upstream_request_to, BodyShape, Prepared};
+use crate::prepared::{error_chain, upstream_request_to, Bodies, BodyShape, Prepared};
 use crate::retry::{self, RetryReason};
 use crate::state::State;
 use crate::upstream::Upstream;
@@ -42,7 +42,7 @@ pub(crate) struct Tries<'a> {
     pub pool: &'a Arc<Pool>,
     pub p: &'a Prepared,
     /// The body each try sends.
-    pub body: Bytes,
+    pub body: Bodies,
     /// The path each try goes to.
     pub path: Option<String>,
     /// When the whole request must be done.
@@ -224,7 +224,14 @@ async fn one_try(t: &Tries<'_>, mut booking: Booking, isl_tokens: u32, on_ejecti
         return Err(Failed::Retry(RetryReason::Connect, None, ApiError::upstream("the worker was removed")));
     };
     let path = t.path.as_deref().unwrap_or(&t.p.path_and_query);
-    let mut up = match upstream_request_to(state, &worker, booking.target(), t.p, path, t.body.clone()) {
+    let mut up = match upstream_request_to(
+        state,
+        &worker,
+        booking.target(),
+        t.p,
+        path,
+        t.body.for_worker(state, t.pool, worker.id),
+    ) {
         Ok(up) => up,
         Err(e) => {
             let _ = booking.fail(DispatchFailure::Worker);

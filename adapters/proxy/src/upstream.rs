@@ -63,12 +63,24 @@ impl UpstreamClient {
     }
 }
 
-/// Metrics pages for the engine-load scraper come over the plain client.
+/// Metrics pages for the engine-load scraper, and tokenizer checks, come over the plain
+/// client.
 impl kvroute_frontend::scrape::Fetch for UpstreamClient {
     async fn get(&self, uri: http::Uri, bytes_max: usize) -> Result<Bytes, kvroute_frontend::scrape::ScrapeError> {
         use kvroute_frontend::scrape::{read_page, ScrapeError};
         let req = http::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| ScrapeError::Unreachable)?;
         let resp = self.request(req).await.map_err(|_| ScrapeError::Unreachable)?;
+        read_page(resp, bytes_max).await
+    }
+
+    async fn post(
+        &self,
+        uri: http::Uri,
+        body: Bytes,
+        bytes_max: usize,
+    ) -> Result<Bytes, kvroute_frontend::scrape::ScrapeError> {
+        use kvroute_frontend::scrape::{post_request, read_page, ScrapeError};
+        let resp = self.request(post_request(uri, body)?).await.map_err(|_| ScrapeError::Unreachable)?;
         read_page(resp, bytes_max).await
     }
 }

@@ -353,7 +353,13 @@ mod tests {
         .unwrap();
         let learn = router_config(&cfg, &cfg.models[0], 0).learn;
         assert_eq!((learn.costs, learn.engine_load, learn.samples_min, learn.half_life_ms), (true, false, 3, 5));
-        for bad in ["engine_load = true", "outlier_ratio_max = 0.5", "metrics_path = \"metrics\""] {
+        for bad in [
+            "engine_load = true",
+            "outlier_ratio_max = 0.5",
+            "metrics_path = \"metrics\"",
+            "tokenize_path = \"tokenize\"",
+            "scrape_timeout_ms = 0",
+        ] {
             let e = ProxyConfig::from_toml_str(&format!("[learn]\n{bad}\n")).unwrap_err();
             assert!(e.to_string().contains("learn."), "{bad}: {e}");
         }

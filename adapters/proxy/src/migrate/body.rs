@@ -27,7 +27,7 @@ use super::sse::Stream;
 use crate::error::ApiError;
 use crate::fleet::Pool;
 use crate::health;
-use crate::prepared::Prepared;
+use crate::prepared::{Bodies, Prepared};
 use crate::state::State;
 use crate::stream::{idle_timeout, BodyError, Respond};
 use crate::tries::{self, Answered, Tries};
@@ -366,7 +366,7 @@ fn resume(
             state: &shared.state,
             pool: &shared.pool,
             p: &shared.p,
-            body,
+            body: Bodies::text(body),
             path: Some(path),
             deadline: by,
             // A continuation streams: its timeout is the first-byte one.

@@ -2,6 +2,8 @@
 //! may, the first try's body, and each continuation's path and body. Plain data: it
 //! sends nothing and reads no clock.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
@@ -57,7 +59,7 @@ impl Plan {
         if cfg.attempts_max == 0 || !p.shape.stream || !matches!(p.endpoint, Endpoint::Chat | Endpoint::Completions) {
             return None;
         }
-        let Ok(Value::Object(json)) = serde_json::from_slice::<Value>(&p.forward_body) else { return None };
+        let Value::Object(json) = &*p.json else { return None };
         let one = |k: &str| json.get(k).is_none_or(|v| v.is_null() || v.as_u64() == Some(1));
         let yes = |k: &str| json.get(k).and_then(Value::as_bool) == Some(true);
         if !yes("stream") || !one("n") || !one("best_of") || yes("echo") || yes("use_beam_search") {
@@ -67,23 +69,25 @@ impl Plan {
         Some(Plan {
             endpoint: p.endpoint,
             client_ids: yes("return_token_ids"),
-            refusal: refusal(p.endpoint, &json),
-            include_usage: include_usage(&json),
+            refusal: refusal(p.endpoint, json),
+            include_usage: include_usage(json),
             max_tokens,
-            json,
+            json: json.clone(),
             attempts_max: cfg.attempts_max,
             deadline_ms: cfg.deadline_ms,
         })
     }
 
-    /// The body of the first try: the client's, asking for token ids when the stream
-    /// could be continued.
-    pub(crate) fn first_body(&self) -> Bytes {
+    /// The body of the first try, and its object: the client's, asking for token ids
+    /// when the stream could be continued.
+    pub(crate) fn first_body(&self) -> (Arc<Value>, Bytes) {
         let mut json = self.json.clone();
         if self.refusal.is_none() {
             json.insert("return_token_ids".into(), Value::Bool(true));
         }
-        Bytes::from(Value::Object(json).to_string())
+        let json = Value::Object(json);
+        let body = Bytes::from(json.to_string());
+        (Arc::new(json), body)
     }
 
     /// Whether a stream whose first frame is `first` is worth following: it names the

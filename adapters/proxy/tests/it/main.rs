@@ -36,6 +36,7 @@ mod stalls;
 mod streaming;
 mod tenant_flood;
 mod tenants;
+mod tokenizer_check;
 mod trust;
 
 use std::net::SocketAddr;

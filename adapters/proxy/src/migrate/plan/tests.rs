@@ -77,7 +77,7 @@ fn a_completion_continues_from_its_ids_with_fewer_tokens_left() {
         json!({"model": "m", "prompt": "hi", "stream": true, "max_tokens": 10, "min_tokens": 4, "temperature": 0}),
     )
     .unwrap();
-    assert!(p.first_body().windows(22).any(|w| w == b"\"return_token_ids\":tru"));
+    assert!(p.first_body().1.windows(22).any(|w| w == b"\"return_token_ids\":tru"));
     let (path, body) = p.continuation("/v1/completions", &[1, 2], &[7, 8, 9]).unwrap();
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(path, "/v1/completions");
