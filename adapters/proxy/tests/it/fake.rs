@@ -199,10 +199,6 @@ impl Fake {
             let ok = *self.inner.healthy.lock().unwrap();
             return full(if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, "text/plain", "ok");
         }
-        // Like SGLang: no tokenize endpoint, so the router's tokenizer checks learn nothing.
-        if path == "/tokenize" {
-            return full(StatusCode::NOT_FOUND, "text/plain", "not found");
-        }
         if path == "/v1/models" {
             let data: Vec<Value> =
                 self.inner.models.iter().map(|m| serde_json::json!({"id": m, "object": "model"})).collect();
