@@ -1,6 +1,7 @@
 //! Whether each worker tokenizes as the router does. A task asks every worker of a model
-//! that has a `tokenizer` to tokenize one fixed text ([`PROBE`], `POST` to
-//! `learn.tokenize_path`, vLLM's `/tokenize`) and compares the ids with the router's.
+//! that has a `tokenizer`, when the worker publishes KV events or its model sends token
+//! ids, to tokenize one fixed text ([`PROBE`], `POST` to `learn.tokenize_path`, vLLM's
+//! `/tokenize`) and compares the ids with the router's.
 //!
 //! Two things hang on the answer. A worker that differs gets a warning naming it: the
 //! block hashes the router makes of its prompts will never match its KV events, so its
@@ -189,29 +190,42 @@ pub async fn check_loop<F: Fetch>(
             _ = shutdown.changed() => return,
         }
         let Some(fleet) = fleet.upgrade() else { return };
-        let now = Instant::now();
-        let mut checks = tokio::task::JoinSet::new();
-        for w in fleet.workers() {
-            let Some(ids) = probes.get(&w.model) else { continue };
-            if !fleet.verdicts().due(w.id, now, interval) {
-                continue;
-            }
-            let body = serde_json::json!({"model": w.model, "prompt": PROBE}).to_string();
-            let (client, cfg, ids) = (client.clone(), cfg.clone(), ids.clone());
-            checks.spawn(async move {
-                let v = ask(&client, &cfg, &w.url, Bytes::from(body))
-                    .await
-                    .map_or_else(Verdict::Unknown, |a| judge(&ids, &a));
-                (w, v)
-            });
+        check_due(&client, &cfg, &probes, &fleet, interval).await;
+    }
+}
+
+/// Asks every worker that is due, at once, and records what each answered.
+async fn check_due<F: Fetch>(
+    client: &F,
+    cfg: &LearnSection,
+    probes: &BTreeMap<String, Vec<u32>>,
+    fleet: &Fleet,
+    interval: Duration,
+) {
+    let now = Instant::now();
+    let mut checks = tokio::task::JoinSet::new();
+    for w in fleet.workers() {
+        let Some(ids) = probes.get(&w.model) else { continue };
+        // The answer matters only to a worker whose events the router reads, or which it
+        // would send ids.
+        let matters = w.kv_events.is_some() || fleet.pool(&w.model).is_some_and(|p| p.forward_token_ids);
+        if !matters || !fleet.verdicts().due(w.id, now, interval) {
+            continue;
         }
-        while let Some(Ok((w, v))) = checks.join_next().await {
-            fleet.verdicts().count(v);
-            // A worker removed or replaced meanwhile keeps no entry.
-            if fleet.worker(w.id).is_some_and(|cur| cur.url == w.url && cur.model == w.model) {
-                let old = fleet.verdicts().record(w.id, v, Instant::now());
-                report(w.id, &w.model, old, v);
-            }
+        let body = Bytes::from(serde_json::json!({"model": w.model, "prompt": PROBE}).to_string());
+        let (client, cfg, ids) = (client.clone(), cfg.clone(), ids.clone());
+        checks.spawn(async move {
+            let v = ask(&client, &cfg, &w.url, body).await.map_or_else(Verdict::Unknown, |a| judge(&ids, &a));
+            (w, v)
+        });
+    }
+    while let Some(done) = checks.join_next().await {
+        let Ok((w, v)) = done else { continue };
+        fleet.verdicts().count(v);
+        // A worker removed or replaced meanwhile keeps no entry.
+        if fleet.worker(w.id).is_some_and(|cur| cur.url == w.url && cur.model == w.model) {
+            let old = fleet.verdicts().record(w.id, v, Instant::now());
+            report(w.id, &w.model, old, v);
         }
     }
 }

@@ -40,8 +40,9 @@ pub struct LearnSection {
     pub metrics_bytes_max: usize,
     /// An engine report older than this is ignored, in ms (default 10,000).
     pub engine_load_age_max_ms: u64,
-    /// How often each worker of a model with a `tokenizer` is asked to tokenize a probe
-    /// text, to compare with the router's ids (see [`crate::agree`]), in ms (default
+    /// How often each worker of a model with a `tokenizer` (one that publishes KV events,
+    /// or whose model has `forward_token_ids`) is asked to tokenize a probe text, to
+    /// compare with the router's ids (see [`crate::agree`]), in ms (default
     /// 30,000; 0: never, and no prompt is sent as token ids). Each check may take
     /// `scrape_timeout_ms`.
     pub tokenizer_check_interval_ms: u64,

@@ -68,8 +68,6 @@ async fn start(mut cfg: ProxyConfig, section: MediaSection) -> ServeHandle {
     cfg.models[0].block_size = Some(BLOCK as u32);
     cfg.router.mode = router_core::RouterMode::Kv;
     cfg.media = section.clone();
-    // The fakes count what reaches them; a tokenizer check would be one more.
-    cfg.learn.tokenizer_check_interval_ms = 0;
     let model = ImageModel { rule: PlaceholderRule::Fixed { tokens: IMAGE_TOKENS }, token_id: IMAGE, prompt_text: "" };
     let mut t = Tokenizers::new();
     t.insert(MODEL, Arc::new(ImageTokenizer(ChatMedia::new(&model, "engine-model", &section))));
