@@ -49,10 +49,13 @@ enum Cmd {
     /// front of vLLM, other OpenAI-compatible or `kvroute sim-worker` servers, choosing a
     /// worker per request by prefix cache, load and session affinity. Workers that name a
     /// `kv_events` endpoint feed the exact prefix index over ZeroMQ; the others are
-    /// predicted. Admin: GET/POST /workers, DELETE /workers/{id}, POST /route/preview,
-    /// GET /metrics, /health, /ready. SIGTERM drains in-flight streams, then exits.
-    /// With `[tls]` (or --tls-cert and --tls-key) clients connect over TLS (HTTP/2 or
-    /// HTTP/1.1 by ALPN); `https://` workers and collectors are reached over TLS.
+    /// predicted. Events match only when a model's `tokenizer` is its engine's: each such
+    /// worker is asked to tokenize a probe text (POST /tokenize), and one that differs is
+    /// logged and shown in /workers. Admin: GET/POST /workers, DELETE /workers/{id},
+    /// POST /route/preview, GET /metrics, /health, /ready. SIGTERM drains in-flight
+    /// streams, then exits. With `[tls]` (or --tls-cert and --tls-key) clients connect
+    /// over TLS (HTTP/2 or HTTP/1.1 by ALPN); `https://` workers and collectors are
+    /// reached over TLS.
     Serve(serve::ServeArgs),
     /// Pick endpoints for a Kubernetes Gateway (Gateway API Inference Extension).
     ///
