@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{PoisonError, RwLock, Weak};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::fleet::Fleet;
 use crate::learn::LearnSection;
-use crate::scrape::{Fetch, ScrapeError};
+use crate::scrape::{every, Fetch, ScrapeError};
 use crate::tokenize::Tokenizers;
 
 /// The text every worker is asked to tokenize: words, digits, punctuation, runs of
@@ -176,22 +176,18 @@ pub async fn check_loop<F: Fetch>(
     cfg: LearnSection,
     probes: BTreeMap<String, Vec<u32>>,
     fleet: Weak<Fleet>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
     let Some(interval) = cfg.tokenizer_check_interval() else { return };
     if probes.is_empty() {
         return;
     }
-    let mut tick = tokio::time::interval(Duration::from_millis(1_000).min(interval));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        let Some(fleet) = fleet.upgrade() else { return };
-        check_due(&client, &cfg, &probes, &fleet, interval).await;
-    }
+    let probes = Arc::new(probes);
+    let round = |fleet: Arc<Fleet>| {
+        let (client, cfg, probes) = (client.clone(), cfg.clone(), probes.clone());
+        async move { check_due(&client, &cfg, &probes, &fleet, interval).await }
+    };
+    every(Duration::from_millis(1_000).min(interval), fleet, shutdown, round).await;
 }
 
 /// Asks every worker that is due, at once, and records what each answered.

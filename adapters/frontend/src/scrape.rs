@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use std::future::Future;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -210,9 +211,34 @@ pub struct Scraper<F> {
 
 /// Scrapes every worker of `fleet` each interval until `shutdown` turns true or the
 /// fleet is gone. Returns at once when scraping is off.
-pub async fn scrape_loop<F: Fetch>(s: Scraper<F>, fleet: Weak<Fleet>, mut shutdown: watch::Receiver<bool>) {
+pub async fn scrape_loop<F: Fetch>(s: Scraper<F>, fleet: Weak<Fleet>, shutdown: watch::Receiver<bool>) {
     let Some(interval) = s.cfg.scrape_interval() else { return };
-    let mut tick = tokio::time::interval(interval);
+    let round = |fleet: Arc<Fleet>| {
+        let s = s.clone();
+        async move {
+            let mut scrapes = tokio::task::JoinSet::new();
+            for w in fleet.workers() {
+                let (s, fleet) = (s.clone(), fleet.clone());
+                scrapes.spawn(async move { scrape_one(&s, &fleet, &w).await });
+            }
+            while scrapes.join_next().await.is_some() {}
+        }
+    };
+    every(interval, fleet, shutdown, round).await;
+}
+
+/// Runs `round` over the fleet every `period` (a late round delays the next) until
+/// `shutdown` turns true or the fleet is gone: the workers' scrapes and tokenizer checks.
+pub(crate) async fn every<R, Fut>(
+    period: Duration,
+    fleet: Weak<Fleet>,
+    mut shutdown: watch::Receiver<bool>,
+    mut round: R,
+) where
+    R: FnMut(Arc<Fleet>) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -220,12 +246,7 @@ pub async fn scrape_loop<F: Fetch>(s: Scraper<F>, fleet: Weak<Fleet>, mut shutdo
             _ = shutdown.changed() => return,
         }
         let Some(fleet) = fleet.upgrade() else { return };
-        let mut scrapes = tokio::task::JoinSet::new();
-        for w in fleet.workers() {
-            let (s, fleet) = (s.clone(), fleet.clone());
-            scrapes.spawn(async move { scrape_one(&s, &fleet, &w).await });
-        }
-        while scrapes.join_next().await.is_some() {}
+        round(fleet).await;
     }
 }
 
