@@ -334,6 +334,9 @@ pub struct RoutingConfig {
     /// Multiple of the workers' mean of running requests past which
     /// `excess_ms_per_request` charges (default 3.0).
     pub excess_over_mean: f64,
+    /// Running requests a worker must pass before `excess_ms_per_request` charges it,
+    /// however low the mean (default 4).
+    pub excess_requests_min: u32,
     /// Sampling temperature of the kv cost; 0 picks the cheapest (default 0.0).
     pub temperature: f64,
     /// The engines' timing the kv cost predicts with: `gpu` (default; vLLM on a GPU, the
@@ -366,6 +369,7 @@ impl Default for RoutingConfig {
             active_request_weight: 0.0,
             excess_ms_per_request: 0.0,
             excess_over_mean: 3.0,
+            excess_requests_min: 4,
             temperature: 0.0,
             engine_timing: EngineTimingName::Gpu,
         }

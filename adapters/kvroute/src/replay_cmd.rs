@@ -225,6 +225,10 @@ pub struct ModelArgs {
     /// --excess-ms-per-request charges.
     #[arg(long, value_name = "X")]
     pub excess_over_mean: Option<f64>,
+    /// ttft model: running requests a worker must pass before --excess-ms-per-request
+    /// charges it, however low the mean.
+    #[arg(long, value_name = "REQUESTS")]
+    pub excess_requests_min: Option<u32>,
     /// ttft model: output tokens expected of a request that names none.
     #[arg(long, value_name = "TOKENS")]
     pub output_tokens_default: Option<u32>,
@@ -321,6 +325,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.decode_time_ms_max = a.model.decode_time_ms_max.unwrap_or(c.ttft.decode_time_ms_max);
     c.ttft.excess_ms_per_request = a.model.excess_ms_per_request.unwrap_or(c.ttft.excess_ms_per_request);
     c.ttft.excess_over_mean = a.model.excess_over_mean.unwrap_or(c.ttft.excess_over_mean);
+    c.ttft.excess_requests_min = a.model.excess_requests_min.unwrap_or(c.ttft.excess_requests_min);
     c.ttft.output_tokens_default = a.model.output_tokens_default.unwrap_or(c.ttft.output_tokens_default);
     c.ttft.store_ms_per_block = a.model.store_ms_per_block.unwrap_or(c.ttft.store_ms_per_block);
     c.ttft.keep_ms_per_block = a.model.keep_ms_per_block.unwrap_or(c.ttft.keep_ms_per_block);

@@ -26,7 +26,7 @@
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
 //! (prompt_end_blocks), `work`,
 //! `others`, `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
-//! (excess_over_mean), `pls` (prefill_load_scale), `mode` (`rr`,
+//! (excess_over_mean), `xmin` (excess_requests_min), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
 //! eligibility (a worker whose booked decode blocks pass 0.95 of its KV is passed over
@@ -179,6 +179,7 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "pls" => c.prefill_load_scale = x,
             "xs" => c.ttft.excess_ms_per_request = x,
             "xm" => c.ttft.excess_over_mean = x,
+            "xmin" => c.ttft.excess_requests_min = x as u32,
             _ => return Err(format!("unknown weight {k}")),
         }
     }

@@ -5,23 +5,28 @@
 //! the fleet's mean of requests: each one more looks cheap next to recomputing the
 //! prefix elsewhere. This charge, added after scoring, counts the requests a candidate
 //! runs beyond `excess_over_mean` times the candidates' mean, so it moves nothing on a
-//! fleet whose load is even, and makes a second copy of a hot prefix pay sooner.
+//! fleet whose load is even, and makes a second copy of a hot prefix pay sooner. The bar
+//! never falls below `excess_requests_min`: on a fleet that has just started, three
+//! times a mean of 0.2 is under one request, and the charge would move requests off
+//! their caches for no pile at all.
 
 use super::{Candidate, CandidateScore, KvCostModel, SelectRequest};
 
 /// Adds the excess charge of [`TtftWeights`](super::TtftWeights) to `scores` (one per
 /// candidate, in order) and says whether any score changed. The charge is
-/// `cost_factor × excess_ms_per_request × max(0, active_requests − excess_over_mean ×
-/// mean active_requests)`; nothing under the blocks model, or with a weight of 0.
+/// `cost_factor × excess_ms_per_request × max(0, active_requests − bar)`, where the bar
+/// is `excess_over_mean × mean active_requests`, and at least `excess_requests_min`;
+/// nothing under the blocks model, or with a weight of 0.
 pub(super) fn charge(req: &SelectRequest, cands: &[Candidate], scores: &mut [CandidateScore]) -> bool {
     let w = &req.cost.ttft;
-    // NaN and negative weights charge nothing, as 0 does.
-    let on = w.excess_ms_per_request > 0.0;
+    // NaN and negative weights charge nothing, as 0 does; so does an unreadable multiple,
+    // which the floor would otherwise replace.
+    let on = w.excess_ms_per_request > 0.0 && !w.excess_over_mean.is_nan();
     if req.cost.model != KvCostModel::Ttft || !on || cands.is_empty() {
         return false;
     }
     let total: f64 = cands.iter().map(|c| f64::from(c.load.active_requests)).sum();
-    let bar = w.excess_over_mean * total / cands.len() as f64;
+    let bar = (w.excess_over_mean * total / cands.len() as f64).max(f64::from(w.excess_requests_min));
     let mut changed = false;
     for (s, c) in scores.iter_mut().zip(cands) {
         let over = f64::from(c.load.active_requests) - bar;

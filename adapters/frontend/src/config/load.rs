@@ -221,6 +221,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.active_request_weight = r.active_request_weight;
     rc.cost.ttft.excess_ms_per_request = r.excess_ms_per_request;
     rc.cost.ttft.excess_over_mean = r.excess_over_mean;
+    rc.cost.ttft.excess_requests_min = r.excess_requests_min;
     rc.cost.temperature = r.temperature;
     rc.cost.timing = r.engine_timing.model();
     rc.learn = cfg.learn.core();

@@ -1,5 +1,5 @@
 //! The excess charge: only a worker past `excess_over_mean` times the candidates' mean
-//! of requests pays it, by the requests beyond that bar.
+//! of requests, and past `excess_requests_min`, pays it, by the requests beyond that bar.
 
 use super::super::*;
 use alloc::vec::Vec;
@@ -15,20 +15,20 @@ fn fleet(requests: &[u32]) -> Vec<Candidate> {
     requests.iter().enumerate().map(cand).collect()
 }
 
-fn request(excess_ms_per_request: f64, excess_over_mean: f64) -> SelectRequest {
-    let ttft = TtftWeights { excess_ms_per_request, excess_over_mean, ..TtftWeights::default() };
+fn request(excess_ms_per_request: f64, excess_over_mean: f64, excess_requests_min: u32) -> SelectRequest {
+    let ttft = TtftWeights { excess_ms_per_request, excess_over_mean, excess_requests_min, ..TtftWeights::default() };
     let cost = KvCostConfig { ttft, ..KvCostConfig::default() };
     SelectRequest { isl_tokens: 20 * 64, cost, ..SelectRequest::default() }
 }
 
 /// With no charge the cache holder, worker 1, is picked. With 10 ms per request beyond
-/// `over_mean` × the mean, each worker's cost rises by `want_ms` and the pick is
-/// `want_worker`.
+/// the bar (`over_mean` × the mean, and at least `min` requests), each worker's cost
+/// rises by `want_ms` and the pick is `want_worker`.
 #[track_caller]
-fn check(requests: &[u32], over_mean: f64, want_ms: &[f64], want_worker: u64) {
+fn check(requests: &[u32], (over_mean, min): (f64, u32), want_ms: &[f64], want_worker: u64) {
     let cands = fleet(requests);
     let pick = |r: &SelectRequest| Selector::new().select(r, &cands, &mut Draw(0), false).unwrap();
-    let (plain, charged) = (pick(&request(0.0, over_mean)), pick(&request(10.0, over_mean)));
+    let (plain, charged) = (pick(&request(0.0, over_mean, min)), pick(&request(10.0, over_mean, min)));
     assert_eq!(plain.chosen.worker.0, 1, "requests {requests:?}: the holder, uncharged");
     let got: Vec<f64> = plain.scores.iter().zip(&charged.scores).map(|(a, b)| b.cost - a.cost).collect();
     assert_eq!(got, want_ms, "requests {requests:?}, bar {over_mean} × mean");
@@ -39,22 +39,35 @@ fn check(requests: &[u32], over_mean: f64, want_ms: &[f64], want_worker: u64) {
 #[test]
 fn only_a_worker_past_the_bar_pays_for_the_requests_beyond_it() {
     // Mean 5, bar 15: worker 1 runs 3 past it, and 30 ms sends the request elsewhere.
-    check(&[18, 0, 1, 1], 3.0, &[30.0, 0.0, 0.0, 0.0], 2);
+    check(&[18, 0, 1, 1], (3.0, 4), &[30.0, 0.0, 0.0, 0.0], 2);
     // The same worker under a bar of 4 × the mean (16) pays nothing and keeps its cache.
-    check(&[16, 0, 0, 0], 4.0, &[0.0; 4], 1);
+    check(&[16, 0, 0, 0], (4.0, 4), &[0.0; 4], 1);
     // Even load: no one is past 3 × the mean.
-    check(&[5, 5, 5, 5], 3.0, &[0.0; 4], 1);
+    check(&[5, 5, 5, 5], (3.0, 4), &[0.0; 4], 1);
     // Past a bar of 1 × the mean, the two busy workers pay by their excess.
-    check(&[6, 6, 2, 2], 1.0, &[20.0, 20.0, 0.0, 0.0], 1);
+    check(&[6, 6, 2, 2], (1.0, 4), &[20.0, 20.0, 0.0, 0.0], 1);
+}
+
+#[test]
+fn the_bar_never_falls_below_the_requests_min() {
+    // A fleet filling up: mean 0.5, so 3 × the mean is 1.5, but the bar is 4.
+    check(&[2, 0, 0, 0], (3.0, 4), &[0.0; 4], 1);
+    // Without the floor the same worker pays for half a request.
+    check(&[2, 0, 0, 0], (3.0, 0), &[5.0, 0.0, 0.0, 0.0], 1);
+    // Mean 2.75, 3 × the mean 8.25: the floor of 10 is the bar, and 11 requests pay for
+    // one, too little to leave the cache.
+    check(&[11, 0, 0, 0], (3.0, 10), &[10.0, 0.0, 0.0, 0.0], 1);
+    // Mean 3, 3 × the mean 9 over a floor of 4: 10 requests pay for one, not six.
+    check(&[10, 0, 1, 1], (3.0, 4), &[10.0, 0.0, 0.0, 0.0], 1);
 }
 
 #[test]
 fn no_charge_when_off_or_unreadable() {
     let cands = fleet(&[16, 0, 0, 0]);
     for (ms, over) in [(0.0, 3.0), (f64::NAN, 3.0), (-5.0, 3.0), (10.0, f64::NAN)] {
-        let r = request(ms, over);
+        let r = request(ms, over, 4);
         let got = Selector::new().select(&r, &cands, &mut Draw(0), false).unwrap();
-        let plain = Selector::new().select(&request(0.0, 3.0), &cands, &mut Draw(0), false).unwrap();
+        let plain = Selector::new().select(&request(0.0, 3.0, 4), &cands, &mut Draw(0), false).unwrap();
         assert_eq!(got.scores, plain.scores, "{ms} ms beyond {over} × the mean");
     }
 }
