@@ -130,6 +130,7 @@ impl Router {
         self.affinity.invalidate_worker(id);
         self.learn.remove_worker(id);
         self.event_workers.remove(&id);
+        self.foreign_tokens.remove(&id);
         self.untrusted.retain(|k| k.worker != id);
         let gone: Vec<FlightKey> = self
             .flights

@@ -166,7 +166,9 @@ pub struct RouterStats {
 ///    * KV events: [`handle_kv_event`](Self::handle_kv_event),
 ///      [`handle_kv_clear`](Self::handle_kv_clear) (the worker restarted, or its stream
 ///      could not be replayed), [`handle_overlap_trust`](Self::handle_overlap_trust)
-///      (a stream has a gap: give the worker no prefix credit until it is filled);
+///      (a stream has a gap: give the worker no prefix credit until it is filled),
+///      [`handle_worker_tokens`](Self::handle_worker_tokens) (whether a worker's engine
+///      tokenizes as the caller does, so whether its events can match);
 ///    * the fleet: [`handle_worker_update`](Self::handle_worker_update) (joins, removals,
 ///      health and taints);
 ///    * other replicas: [`handle_replica_update`](Self::handle_replica_update),
@@ -251,6 +253,8 @@ pub struct Router {
     waiters: BTreeMap<WaitToken, FlightKey>,
     next_ticket: u64,
     event_workers: BTreeSet<WorkerId>,
+    /// Workers whose engine tokenizes otherwise than the caller: bounded by the fleet.
+    foreign_tokens: BTreeSet<WorkerId>,
     untrusted: BTreeSet<WorkerKey>,
     orphan_timers: BTreeSet<(Instant, FlightKey)>,
     disagg_stats: DisaggStats,
@@ -295,6 +299,7 @@ impl Router {
             waiters: BTreeMap::new(),
             next_ticket: 0,
             event_workers: BTreeSet::new(),
+            foreign_tokens: BTreeSet::new(),
             untrusted: BTreeSet::new(),
             orphan_timers: BTreeSet::new(),
             disagg_stats: DisaggStats::default(),
@@ -367,10 +372,33 @@ impl Router {
         let applied = self.index.apply(key, event).map_err(InputError::Index)?;
         // Only an accepted event proves the worker publishes; then its predictions go,
         // unless its events may not match the requests' tokens.
-        if self.event_workers.insert(key.worker) && self.cfg.request_tokens == RequestTokens::Engine {
+        if self.event_workers.insert(key.worker) && !self.estimated(key.worker) {
             self.approx.remove_worker(key.worker);
         }
         Ok(applied)
+    }
+
+    /// Says whether `worker`'s engine tokenizes as the caller does (the caller asked it
+    /// to tokenize a probe, say). One that does not publishes events that can never
+    /// match the requests' blocks: until it agrees again it is routed as a pool with
+    /// [`RequestTokens::Estimated`] routes every worker, on predictions from the
+    /// router's own decisions as well as its events. Workers start agreeing; an unknown
+    /// worker is ignored, and removing a worker forgets its answer.
+    pub fn handle_worker_tokens(&mut self, worker: WorkerId, agrees: bool) {
+        if agrees {
+            // Its events now match: they alone describe its cache.
+            if self.foreign_tokens.remove(&worker) && self.event_workers.contains(&worker) && !self.estimated(worker) {
+                self.approx.remove_worker(worker);
+            }
+        } else if self.workers.get(worker).is_some() {
+            self.foreign_tokens.insert(worker);
+        }
+    }
+
+    /// Whether `worker`'s events may not match the requests' blocks, so that its cache is
+    /// predicted as well.
+    fn estimated(&self, worker: WorkerId) -> bool {
+        estimated(&self.cfg, &self.foreign_tokens, worker)
     }
 
     /// Marks `key`'s overlap as trusted or not. While a worker's event stream has a gap
@@ -431,7 +459,7 @@ impl Router {
             };
         }
         let events = self.event_workers.contains(&key.worker);
-        let estimated = self.cfg.request_tokens == RequestTokens::Estimated;
+        let estimated = estimated(&self.cfg, &self.foreign_tokens, key.worker);
         // Estimated tokens may never match a worker's events: predict its cache even
         // with `approximate` off, or a model without a tokenizer would route blind.
         let exact = events && !estimated;
@@ -600,4 +628,9 @@ impl Router {
         self.stats.unknown_requests += 1;
         InputError::UnknownRequest { id: fk.id, phase: fk.phase }
     }
+}
+
+/// [`Router::estimated`] over the fields it reads, for callers holding a flight mutably.
+fn estimated(cfg: &RouterConfig, foreign_tokens: &BTreeSet<WorkerId>, worker: WorkerId) -> bool {
+    cfg.request_tokens == RequestTokens::Estimated || foreign_tokens.contains(&worker)
 }

@@ -225,10 +225,12 @@ impl Router {
         // Exact overlaps for every worker: an early exit would report the best one's overlap
         // as where the runner-up stopped, hiding how much its cache saves.
         self.index.find_matches(&req.blocks, false, scores);
-        if self.cfg.approximate || self.cfg.request_tokens == RequestTokens::Estimated {
+        let foreign = !self.foreign_tokens.is_empty();
+        if self.cfg.approximate || self.cfg.request_tokens == RequestTokens::Estimated || foreign {
             // A worker's overlap is the larger of its exact and predicted ones. With the
             // engines' tokens, predictions exist only for workers that publish no events
-            // (exact overlap 0); with estimated tokens, both may exist and either may hit.
+            // (exact overlap 0) or whose tokens differ; with estimated tokens, both may
+            // exist and either may hit.
             self.approx.find_matches(now, &req.blocks, predicted);
             for (key, o) in predicted.iter() {
                 scores.raise_device(key, o.device);

@@ -4,6 +4,7 @@
 mod contract;
 mod session_start;
 mod shared_prefix;
+mod tokens;
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -443,68 +444,6 @@ fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
     q.preview = true;
     let d = routed(r.handle_request(T0, q, Draw(0)));
     assert_eq!((d.target, d.overlap.device), (WorkerKey::new(2, 0), 4), "exact overlaps survive the merge");
-}
-
-/// Workers 1 and 2 both publish events; worker 2's match the requests' tokens (blocks
-/// 1..=4), worker 1's never do. A request for blocks 10..=17 is served by worker 1; then
-/// previews ask where blocks 10..=17 and 1..=4 go, and with what overlap. Worker 0
-/// publishes nothing and serves blocks 20..=23: its repeat shows what it predicts.
-#[track_caller]
-fn check_request_tokens(
-    tokens: RequestTokens,
-    approximate: bool,
-    want_repeat: (u64, u32),
-    want_exact: (u64, u32),
-    want_silent_repeat: (u64, u32),
-) {
-    let cfg = RouterConfig { mode: RouterMode::Kv, approximate, request_tokens: tokens, ..RouterConfig::default() };
-    let mut r = Router::new(cfg);
-    for w in 0..3 {
-        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
-    }
-    store(&mut r, 2, 1..=4);
-    store(&mut r, 1, 900..=903);
-    let mut pinned = req(1, &[10, 11, 12, 13, 14, 15, 16, 17]);
-    pinned.hints.backend_instance_id = Some(WorkerId(1));
-    let first = routed(r.handle_request(T0, pinned, Draw(0)));
-    r.handle_dispatched(T0, first.id, first.phase).unwrap();
-    r.handle_finished(T0, first.id, first.phase).unwrap();
-    let mut silent = req(4, &[20, 21, 22, 23]);
-    silent.hints.backend_instance_id = Some(WorkerId(0));
-    let served = routed(r.handle_request(T0, silent, Draw(0)));
-    r.handle_dispatched(T0, served.id, served.phase).unwrap();
-    r.handle_finished(T0, served.id, served.phase).unwrap();
-    // The worker's own events for that request, hashed from other tokens.
-    store(&mut r, 1, 910..=917);
-    let preview = |r: &mut Router, id, blocks: &[u64]| {
-        let mut q = req(id, blocks);
-        q.preview = true;
-        let d = routed(r.handle_request(T0, q, Draw(0)));
-        (d.target.worker.0, d.overlap.device)
-    };
-    assert_eq!(preview(&mut r, 2, &[10, 11, 12, 13, 14, 15, 16, 17]), want_repeat, "the repeat");
-    assert_eq!(preview(&mut r, 3, &[1, 2, 3, 4]), want_exact, "matching events");
-    let silent_repeat = preview(&mut r, 5, &[20, 21, 22, 23]);
-    if want_silent_repeat.1 == 0 {
-        assert_eq!(silent_repeat.1, 0, "the silent worker's repeat: {silent_repeat:?}");
-    } else {
-        assert_eq!(silent_repeat, want_silent_repeat, "the silent worker's repeat");
-    }
-    invariants(&r);
-}
-
-#[test]
-fn estimated_tokens_predict_workers_whose_events_cannot_match() {
-    // With the engines' tokens, worker 1's events make it exact: nothing matches there,
-    // and the draw picks among equals.
-    check_request_tokens(RequestTokens::Engine, true, (2, 0), (2, 4), (0, 4));
-    // With estimated tokens, its predictions stay and attract the repeat; worker 2's
-    // matching events still count exactly.
-    check_request_tokens(RequestTokens::Estimated, true, (1, 8), (2, 4), (0, 4));
-    // With `approximate` off, estimated tokens still predict the workers that publish
-    // events (a model without a tokenizer in front of real engines), and only those.
-    check_request_tokens(RequestTokens::Estimated, false, (1, 8), (2, 4), (0, 0));
-    check_request_tokens(RequestTokens::Engine, false, (2, 0), (2, 4), (0, 0));
 }
 
 #[test]
