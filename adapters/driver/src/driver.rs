@@ -171,6 +171,12 @@ impl Driver {
         self.shared.with(|inner, _| inner.router.handle_overlap_trust(key, trusted))
     }
 
+    /// Says whether `id`'s engine tokenizes as the router does; one that does not is
+    /// routed on predictions as well as its events until it agrees again.
+    pub fn set_worker_tokens(&self, id: WorkerId, agrees: bool) {
+        self.shared.with(|inner, _| inner.router.handle_worker_tokens(id, agrees))
+    }
+
     /// Everything `/workers` and `/metrics` show. Linear in the number of worker keys.
     pub fn snapshot(&self) -> Snapshot {
         self.shared.with(|inner, _| snapshot(inner))

@@ -3,11 +3,13 @@
 //! ids, to tokenize one fixed text ([`PROBE`], `POST` to `learn.tokenize_path`, vLLM's
 //! `/tokenize`) and compares the ids with the router's.
 //!
-//! Two things hang on the answer. A worker that differs gets a warning naming it: the
+//! Three things hang on the answer. A worker that differs gets a warning naming it: the
 //! block hashes the router makes of its prompts will never match its KV events, so its
-//! cache is invisible (a wrong `tokenizer` folder does this silently otherwise). And only
-//! a worker that agrees is sent a completion's prompt as token ids (`forward_token_ids`);
-//! any other gets the text, which is always safe.
+//! cache is invisible (a wrong `tokenizer` folder does this silently otherwise). Its
+//! model's router is told, and predicts that worker's cache from its own decisions until
+//! it agrees again (`Router::handle_worker_tokens`), as it does for a model without a
+//! tokenizer. And only a worker that agrees is sent a completion's prompt as token ids
+//! (`forward_token_ids`); any other gets the text, which is always safe.
 //!
 //! Verdicts live in a table keyed by worker id, bounded by the fleet: a worker's entry
 //! leaves with it. A worker with a verdict is asked again each `tokenizer_check_interval_ms`
@@ -21,6 +23,7 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use router_core::WorkerId;
 use serde::Deserialize;
 use tokio::sync::watch;
 
@@ -144,12 +147,12 @@ impl Verdicts {
     }
 
     /// Counts a check that ended in `v`.
-    fn count(&self, v: Verdict) {
+    pub(crate) fn count(&self, v: Verdict) {
         *self.counts.write().unwrap_or_else(PoisonError::into_inner).entry(v.label()).or_default() += 1;
     }
 
     /// Records `v` for `worker` at `now`; returns the verdict it replaces.
-    fn record(&self, worker: u64, v: Verdict, now: Instant) -> Option<Verdict> {
+    pub(crate) fn record(&self, worker: u64, v: Verdict, now: Instant) -> Option<Verdict> {
         self.table.write().unwrap_or_else(PoisonError::into_inner).insert(worker, (v, now)).map(|(old, _)| old)
     }
 
@@ -222,6 +225,10 @@ async fn check_due<F: Fetch>(
         if fleet.worker(w.id).is_some_and(|cur| cur.url == w.url && cur.model == w.model) {
             let old = fleet.verdicts().record(w.id, v, Instant::now());
             report(w.id, &w.model, old, v);
+            // A worker that could not be asked keeps what it last said.
+            if let (Some(p), Verdict::Agrees | Verdict::Differs { .. }) = (fleet.pool(&w.model), v) {
+                p.driver.set_worker_tokens(WorkerId(w.id), v == Verdict::Agrees);
+            }
         }
     }
 }

@@ -203,6 +203,7 @@ impl Fleet {
         // A worker replaced at another address or model is checked afresh.
         if old.as_ref().is_some_and(|o| o.url != workers[&id].url || o.model != model) {
             self.verdicts.forget(id);
+            pool.driver.set_worker_tokens(WorkerId(id), true);
         }
         if let Some(old) = old.as_ref().filter(|o| o.model != model) {
             if let Some(p) = self.pools.get(&old.model) {
