@@ -183,6 +183,7 @@ mod tests {
             metrics.failure("m", id, "connect");
             metrics.ejected("m", id);
             metrics.silent_stream("m", id);
+            fleet.verdicts().record(id, crate::agree::Verdict::Agrees, std::time::Instant::now());
         }
         let during = metrics.encode();
         check_dashboard_names(&during);
@@ -196,6 +197,7 @@ mod tests {
             "kvroute_prompt_tokens_sum",
             "kvroute_cached_tokens_sum",
             "kvroute_worker_index_entries",
+            "kvroute_worker_tokenizer_agrees",
         ] {
             let held = during.lines().any(|l| l.starts_with(family) && l.contains(&last));
             assert!(held, "{family} has no series of the last worker");
@@ -223,6 +225,8 @@ mod tests {
         let metrics = Metrics::new(fleet.clone());
         // The model's own series exist from its first request on.
         metrics.ttft("m", Duration::from_millis(1));
+        // The tokenizer check's families exist from the first check on.
+        fleet.verdicts().count(crate::agree::Verdict::Agrees);
         check(&fleet, &metrics, 0..1_000);
         // Ids come back: their series are created afresh and leave again.
         check(&fleet, &metrics, 500..600);
