@@ -233,3 +233,77 @@ fn orphaned_request_expires() {
     while r.poll_output().is_some() {}
     assert_eq!(r.requests_in_flight(), 0, "the orphaned request still holds a slot an hour later");
 }
+
+/// Found by the simulation (seed 7743502432347645471, step 1373, once it also said
+/// which workers tokenize otherwise; `Driver::check_settled`).
+///
+/// In `AffinityMode::Soft`, a request whose bound worker it may not use (its
+/// `same_label_as` excludes it) drops the binding and is placed afresh. When it cannot
+/// be placed at all, it fails, but the binding was already gone: the failed request
+/// left a trace, and the session's next request lost its worker's cache for nothing.
+///
+/// Fix (core/src/router/pipeline.rs, `place_afresh`): drop the binding only once the
+/// request can go elsewhere.
+#[test]
+fn a_request_that_fails_keeps_its_sessions_soft_binding() {
+    use router_core::AffinityMode;
+    let mut cfg = RouterConfig::default();
+    cfg.affinity.mode = AffinityMode::Soft;
+    let mut r = router(cfg, 2);
+    let Decision::Routed(first) = decision(&mut r, session_request(1, "s")) else { panic!("routed") };
+    r.handle_dispatched(T0, first.id, first.phase).expect("booked");
+    let bound = r.session_binding(b"s", Phase::Aggregated).expect("bound");
+    let nowhere = Request { same_label_as: Some(("zone".into(), "b".into())), ..session_request(2, "s") };
+    assert!(r.handle_request(T0, nowhere, Draw(1)).is_err(), "no worker has the label");
+    assert_eq!(r.session_binding(b"s", Phase::Aggregated), Some(bound), "the binding must outlive the failure");
+    invariants(&r);
+}
+
+/// Found with the one above (the same seed, once it was fixed).
+///
+/// A request pinned to a worker of several ranks, without a rank, takes the rank from
+/// its session's binding. Queued, it is placed again each time the queue is re-tried.
+/// When another request of the session moved the (soft) binding elsewhere, the queued
+/// one could no longer resolve its pin, yet nothing re-tried the queue: it failed only
+/// at some later, unrelated input.
+///
+/// Fix (core/src/router): a handled request that invalidated a binding re-tries the
+/// queue (`Router::unbound`).
+#[test]
+fn a_binding_moved_away_retries_the_queue() {
+    use router_core::{AffinityMode, Output, PinError, RouteError};
+    let mut cfg = RouterConfig::default();
+    cfg.affinity.mode = AffinityMode::Soft;
+    cfg.eligibility.prefill_tokens_max = Some(100);
+    let mut r = Router::new(cfg);
+    let ranked = WorkerSpec { dp_ranks: Some(2), ..WorkerSpec::new(WorkerId(0), WorkerRole::Aggregated) };
+    let labelled = WorkerSpec {
+        labels: vec![("zone".into(), "b".into())],
+        ..WorkerSpec::new(WorkerId(1), WorkerRole::Aggregated)
+    };
+    for spec in [ranked, labelled] {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec)).expect("valid worker");
+    }
+    let pinned = |id: u64, isl_tokens| {
+        let mut q = Request { isl_tokens, ..session_request(id, "s") };
+        q.hints.backend_instance_id = Some(WorkerId(0));
+        q
+    };
+    // The session binds to a rank of worker 0, which its long prompt keeps busy.
+    let mut first = pinned(1, 640);
+    first.hints.dp_rank = Some(router_core::DpRank(1));
+    let Decision::Routed(first) = decision(&mut r, first) else { panic!("routed") };
+    r.handle_dispatched(T0, first.id, first.phase).expect("booked");
+    assert_eq!(decision(&mut r, pinned(2, 64)), Decision::Queued, "pinned to a busy worker, it queues");
+    // The next request may only use zone b: it goes to worker 1, and the binding goes.
+    let elsewhere = Request { same_label_as: Some(("zone".into(), "b".into())), ..session_request(3, "s") };
+    let Decision::Routed(moved) = decision(&mut r, elsewhere) else { panic!("routed") };
+    assert_eq!(moved.target.worker, WorkerId(1));
+    match r.poll_output() {
+        Some(Output::Failed { id, error: RouteError::Pin(PinError::RankRequired { .. }), .. }) => {
+            assert_eq!(id, RequestId(2))
+        }
+        other => panic!("the queued request's pin no longer resolves: it must fail now, got {other:?}"),
+    }
+    invariants(&r);
+}

@@ -237,8 +237,9 @@ pub struct RouterStats {
 /// # Work per call
 ///
 /// `handle_request` is linear in the prompt's blocks plus the number of workers.
-/// Inputs that free capacity re-try queued requests in order and stop at the first one
-/// that still finds every worker busy.
+/// Inputs that free capacity, and a request that moved its session's binding, re-try
+/// queued requests in order and stop at the first one that still finds every worker
+/// busy.
 pub struct Router {
     cfg: RouterConfig,
     workers: WorkerTable,
@@ -256,6 +257,9 @@ pub struct Router {
     /// Workers whose engine tokenizes otherwise than the caller: bounded by the fleet.
     foreign_tokens: BTreeSet<WorkerId>,
     untrusted: BTreeSet<WorkerKey>,
+    /// A session binding was invalidated since the queue was last re-tried: a queued
+    /// request of that session pinned to a worker but not a rank took its rank from it.
+    unbound: bool,
     orphan_timers: BTreeSet<(Instant, FlightKey)>,
     disagg_stats: DisaggStats,
     draining_affinity: bool,
@@ -301,6 +305,7 @@ impl Router {
             event_workers: BTreeSet::new(),
             foreign_tokens: BTreeSet::new(),
             untrusted: BTreeSet::new(),
+            unbound: false,
             orphan_timers: BTreeSet::new(),
             disagg_stats: DisaggStats::default(),
             draining_affinity: false,
@@ -353,6 +358,9 @@ impl Router {
         let out = self.admit(now, fk);
         if out.is_err() {
             self.drop_flight(now, fk, false);
+        }
+        if self.unbound {
+            self.drain_queue(now);
         }
         out
     }

@@ -28,11 +28,7 @@ impl Router {
         };
         let binding = self.unless_refused(fk, binding);
         let placed = match self.place(now, fk, self.placing(fk, binding), true) {
-            Err(RouteError::Pin(_)) if self.soft_binding_only(fk, binding) => {
-                // A soft binding is a preference: drop it and place the request afresh.
-                self.drop_binding(now, fk);
-                self.place(now, fk, None, true)?
-            }
+            Err(RouteError::Pin(_)) if self.soft_binding_only(fk, binding) => self.place_afresh(now, fk)?,
             other => other?,
         };
         match placed {
@@ -143,6 +139,16 @@ impl Router {
         if moved && self.cfg.affinity.mode == AffinityMode::Cost && self.binding_only(fk, binding) {
             self.drop_binding(now, fk);
         }
+    }
+
+    /// Places a request whose soft binding could not take it as if it had none. A soft
+    /// binding is a preference: it is dropped once the request can go elsewhere, and kept
+    /// when it cannot (a failed request leaves no trace, and a queued request of the same
+    /// session may still be placed by it).
+    fn place_afresh(&mut self, now: Instant, fk: FlightKey) -> Result<Placed, RouteError> {
+        let placed = self.place(now, fk, None, true)?;
+        self.drop_binding(now, fk);
+        Ok(placed)
     }
 
     /// Releases the flight's lease and invalidates the binding it was taken on.
@@ -389,6 +395,7 @@ impl Router {
 
     /// Re-tries queued requests in queue order until one still finds every worker busy.
     pub(super) fn drain_queue(&mut self, now: Instant) {
+        self.unbound = false;
         while let Some(ticket) = self.queue.peek().map(|e| e.req) {
             let Some(&fk) = self.tickets.get(&ticket) else {
                 self.pop_peeked();
@@ -397,8 +404,7 @@ impl Router {
             let binding = self.unless_refused(fk, self.binding_of(fk));
             let mut placed = self.place(now, fk, self.placing(fk, binding), true);
             if matches!(placed, Err(RouteError::Pin(_))) && self.soft_binding_only(fk, binding) {
-                self.drop_binding(now, fk);
-                placed = self.place(now, fk, None, true);
+                placed = self.place_afresh(now, fk);
             }
             match placed {
                 Ok(Placed::AllBusy { .. }) => return,

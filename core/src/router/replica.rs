@@ -323,6 +323,7 @@ impl Router {
     pub(super) fn invalidate_session(&mut self, session: &[u8], phase: Phase, revision: u64) {
         let stamp = self.affinity.stamp(session, phase);
         if self.affinity.invalidate(session, phase, revision) {
+            self.unbound = true;
             if let Some(stamp) = stamp {
                 self.publish(ReplicaUpdate::Unbound { session: session.to_vec(), phase, stamp });
             }
