@@ -27,7 +27,7 @@
 //! `SIM_SEED=<n>` replays one seed, `SIM_STEPS=<n>` sets the steps per seed and
 //! `SIM_SEEDS=<n>` the number of seeds (from `SIM_SEED_BASE`). A failure prints the
 //! `SIM_SEED` to replay. `SIM_AVOID_BUGS=<bug,...|all>` steers around the bugs pinned
-//! in `sim_regressions.rs`.
+//! in `sim_regressions.rs`. The ignored test `reduce` shrinks a failing seed's run.
 
 mod sim;
 
@@ -100,5 +100,32 @@ fn seeded_simulation() {
     ];
     for (what, n) in reached {
         assert!(n > 0, "the default simulation never reached '{what}': {total:?}");
+    }
+}
+
+/// `SIM_SEED=<n> cargo test -p router-core --test simulation reduce -- --ignored
+/// --nocapture` prints the fewest operations of seed `n`'s run that still fail the same
+/// way (`sim::reduce`), with the knobs and the router's config.
+#[test]
+#[ignore = "a tool: needs SIM_SEED"]
+fn reduce() {
+    let seed = env_u64("SIM_SEED").expect("SIM_SEED names the run to reduce");
+    let steps = env_u64("SIM_STEPS").unwrap_or(STEPS_DEFAULT);
+    let mut rng = SplitMix64::new(seed);
+    let knobs = gen::knobs(&mut rng);
+    let mut d = Driver::new(knobs);
+    let mut ops = gen::fleet(&mut rng);
+    let mut failed = ops.iter().try_for_each(|&op| d.step(op)).is_err();
+    for _ in 0..steps {
+        if failed {
+            break;
+        }
+        let op = gen::op(&mut rng, &d);
+        ops.push(op);
+        failed = d.step(op).is_err();
+    }
+    match sim::reduce::reduce(knobs, ops) {
+        Some((ops, failure)) => eprintln!("SIM_SEED={seed}\n{}", sim::reduce::report(knobs, &ops, &failure)),
+        None => eprintln!("SIM_SEED={seed} passes"),
     }
 }

@@ -134,43 +134,9 @@ pub fn router_ops(data: &[u8]) {
 pub fn router_ops_reduce(data: &[u8]) -> Option<String> {
     let case = FuzzCase::arbitrary_take_rest(Unstructured::new(data)).ok()?;
     let knobs: sim::ops::Knobs = case.knobs.into();
-    let run = |ops: &[sim::ops::Op]| -> Option<String> {
-        let mut d = sim::driver::Driver::new(knobs);
-        let failed = ops.iter().try_for_each(|&op| d.step(op)).and_then(|()| d.settle());
-        failed.err()
-    };
-    let shape = |msg: &str| -> String {
-        let tail = msg.rsplit_once("): ").map_or(msg, |(_, t)| t);
-        tail.chars().filter(|c| !c.is_ascii_digit()).take(60).collect()
-    };
-    let mut ops: Vec<sim::ops::Op> = case.ops.iter().take(OPS_MAX).map(Into::into).collect();
-    let want = shape(&run(&ops)?);
-    let mut chunk = ops.len().div_ceil(2).max(1);
-    loop {
-        let mut i = 0;
-        while i < ops.len() {
-            let mut fewer = ops.clone();
-            fewer.drain(i..(i + chunk).min(ops.len()));
-            match run(&fewer) {
-                Some(msg) if shape(&msg) == want => ops = fewer,
-                _ => i += chunk,
-            }
-        }
-        if chunk == 1 {
-            break;
-        }
-        chunk = chunk.div_ceil(2);
-    }
-    let failure = run(&ops).unwrap_or_default();
-    Some(format!(
-        "knobs: {knobs:?}
-config: {:?}
-ops ({}):
-{ops:#?}
-failure: {failure}",
-        knobs.config(),
-        ops.len()
-    ))
+    let ops: Vec<sim::ops::Op> = case.ops.iter().take(OPS_MAX).map(Into::into).collect();
+    let (ops, failure) = sim::reduce::reduce(knobs, ops)?;
+    Some(sim::reduce::report(knobs, &ops, &failure))
 }
 
 /// Operations run per input at most, so one input stays fast.

@@ -54,7 +54,7 @@ pub fn fleet(rng: &mut SplitMix64) -> Vec<Op> {
 /// The next operation, drawn with fixed weights; some look at the driver's state (an
 /// engine publishes events for prompts it was sent).
 pub fn op(rng: &mut SplitMix64, d: &Driver) -> Op {
-    const WEIGHTS: [u64; 23] = [4, 1, 2, 1, 6, 8, 5, 1, 1, 1, 22, 10, 3, 4, 4, 8, 3, 1, 8, 1, 1, 2, 3];
+    const WEIGHTS: [u64; 24] = [4, 1, 2, 1, 6, 8, 5, 1, 1, 1, 22, 10, 3, 4, 4, 8, 3, 1, 8, 1, 1, 2, 1, 3];
     fn w(rng: &mut SplitMix64) -> u8 {
         rng.below(u64::from(WORKERS) + 1) as u8
     }
@@ -111,6 +111,7 @@ pub fn op(rng: &mut SplitMix64, d: &Driver) -> Op {
         19 => Op::Back { ms: rng.below(10_000) as u32 },
         20 => Op::Jump { hours: if rng.chance(1) { u16::MAX } else { 1 + rng.below(48) as u16 } },
         21 => Op::Timeout,
+        22 => Op::Tokens { worker: w(rng), agrees: rng.chance(50) },
         _ => Op::Query { chain: rng.byte(), len: rng.byte(), twist: rng.byte() },
     }
 }

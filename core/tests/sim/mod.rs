@@ -14,4 +14,5 @@ pub mod driver;
 pub mod gen;
 pub mod index_model;
 pub mod ops;
+pub mod reduce;
 pub mod rng;

@@ -221,6 +221,11 @@ pub enum Op {
         rank: u8,
         trusted: bool,
     },
+    /// Whether the worker's engine tokenizes as the caller does.
+    Tokens {
+        worker: u8,
+        agrees: bool,
+    },
     Request(ReqOp),
     Dispatched {
         pick: u16,

@@ -57,6 +57,7 @@ impl Driver {
             return Err(format!("removing worker {} answered {res:?}", id.0));
         }
         self.workers.remove(&id);
+        self.foreign.remove(&id);
         self.index.remove_worker(id);
         for r in self.reqs.values_mut() {
             if let MState::Booked(k) | MState::Dispatched(k) = r.state {

@@ -151,6 +151,8 @@ pub struct Driver {
     pushes: u64,
     pub tally: Tally,
     scores: OverlapScores,
+    /// Registered workers said to tokenize otherwise: predicted beside their events.
+    foreign: std::collections::BTreeSet<WorkerId>,
 }
 
 type Check = Result<(), String>;
@@ -172,6 +174,7 @@ impl Driver {
             pushes: 0,
             tally: Tally::default(),
             scores: OverlapScores::new(),
+            foreign: std::collections::BTreeSet::new(),
         }
     }
 
@@ -283,6 +286,16 @@ impl Driver {
             }
             Op::Trust { worker, rank, trusted } => {
                 self.router.handle_overlap_trust(key_of(worker, rank), trusted);
+                Ok(())
+            }
+            Op::Tokens { worker, agrees } => {
+                let id = worker_id(worker);
+                self.router.handle_worker_tokens(id, agrees);
+                if agrees {
+                    self.foreign.remove(&id);
+                } else if self.workers.contains_key(&id) {
+                    self.foreign.insert(id);
+                }
                 Ok(())
             }
             Op::Request(r) => self.request(r),
