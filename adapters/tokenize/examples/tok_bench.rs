@@ -4,7 +4,9 @@
 //! - plain: a conversation of growing plain-text `/v1/completions` prompts (2k to 8k
 //!   tokens, each turn's prompt extending the last), tokenized per request as the proxy
 //!   does (`encode_text(text, true)`) with the cache off, with cuts only before added
-//!   tokens (`gap_stride_bytes = 0`), and with word-gap cuts (the default).
+//!   tokens (`gap_stride_bytes = 0`), and with word-gap cuts (the default);
+//! - fresh: prompts of about 3,500 tokens that no earlier request had, with the word memo
+//!   (`words_max`) off and on: what text the prefix cache cannot serve costs.
 //!
 //! Run: `cargo run --release -p kvroute-tokenize --example tok_bench`
 //!
@@ -287,8 +289,7 @@ fn plain_turns(
     turns
 }
 
-fn with_stride(dir: &PathBuf, entries_max: usize, gap_stride_bytes: usize) -> ModelTokenizer {
-    let cache = CacheConfig { entries_max, gap_stride_bytes, ..CacheConfig::default() };
+fn with_cache(dir: &PathBuf, cache: CacheConfig) -> ModelTokenizer {
     ModelTokenizer::from_dir_with(dir, TokenizerConfig { cache, ..TokenizerConfig::default() }).expect("load")
 }
 
@@ -301,6 +302,11 @@ fn bench_plain(dir: &PathBuf, model: &str, words: bool) -> Value {
     let tokens: Vec<usize> = turns.iter().map(|t| probe.encode_uncached(t, true).expect("encode").len()).collect();
     let modes: [(&str, usize, usize); 3] =
         [("cache_off", 0, 0), ("cuts_before_added_tokens", 65_536, 0), ("word_gap_cuts", 65_536, 1024)];
+    // The word memo serves none of the pieces here but the novel ones; off, so that
+    // `cache_off` stays the pipeline itself.
+    let load = |entries_max, gap_stride_bytes| {
+        with_cache(dir, CacheConfig { entries_max, gap_stride_bytes, words_max: 0, ..CacheConfig::default() })
+    };
     let mut out = serde_json::Map::new();
     out.insert("case".into(), json!("plain"));
     out.insert("model".into(), json!(model));
@@ -310,8 +316,7 @@ fn bench_plain(dir: &PathBuf, model: &str, words: bool) -> Value {
     let mut per_turn: Vec<Vec<Vec<Duration>>> = vec![vec![Vec::new(); turns.len()]; modes.len()];
     let mut reused = vec![0; modes.len()];
     for _ in 0..REPEATS {
-        let toks: Vec<ModelTokenizer> =
-            modes.iter().map(|&(_, entries, stride)| with_stride(dir, entries, stride)).collect();
+        let toks: Vec<ModelTokenizer> = modes.iter().map(|&(_, entries, stride)| load(entries, stride)).collect();
         for (i, text) in turns.iter().enumerate() {
             for (m, tok) in toks.iter().enumerate() {
                 let (ids, d) = time(|| tok.encode_text(text, true).expect("encode"));
@@ -341,6 +346,49 @@ fn bench_plain(dir: &PathBuf, model: &str, words: bool) -> Value {
     Value::Object(out)
 }
 
+/// Prompts no earlier request had (about `tokens` each, new words in a new order every
+/// time), each tokenized once with the word memo off and on, alternately; medians per
+/// request, the first prompt (cold memo) apart.
+fn bench_fresh(dir: &PathBuf, model: &str, words: bool, tokens: usize) -> Value {
+    const PROMPTS: usize = 40;
+    let probe = ModelTokenizer::from_dir(dir).expect("load");
+    let mut rng = Rng(17);
+    let mut prompt = || {
+        let mut text = String::new();
+        while probe.encode_uncached(&text, true).expect("encode").len() < tokens {
+            let chunk = if words {
+                (0..64).map(|_| format!("w{} ", rng.below(WORDS_VOCAB))).collect::<String>()
+            } else {
+                format!("{} ", rng.sentence(40))
+            };
+            text.push_str(&chunk);
+        }
+        text
+    };
+    let prompts: Vec<String> = (0..PROMPTS).map(|_| prompt()).collect();
+    let off = with_cache(dir, CacheConfig { words_max: 0, ..CacheConfig::default() });
+    let on = with_cache(dir, CacheConfig::default());
+    let (mut t_off, mut t_on) = (Vec::new(), Vec::new());
+    for text in &prompts {
+        let (a, d_off) = time(|| off.encode_text(text, true).expect("encode"));
+        let (b, d_on) = time(|| on.encode_text(text, true).expect("encode"));
+        assert_eq!(a, b);
+        t_off.push(d_off);
+        t_on.push(d_on);
+    }
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let (first_off, first_on) = (us(t_off[0]), us(t_on[0]));
+    let (off_us, on_us) = (median_us(t_off[1..].to_vec()), median_us(t_on[1..].to_vec()));
+    let s = on.cache_stats();
+    json!({
+        "case": "fresh", "model": model, "prompt_tokens": tokens, "prompts": PROMPTS,
+        "memo_off_request_median_us": off_us, "memo_on_request_median_us": on_us,
+        "memo_on_over_off": on_us / off_us,
+        "first_prompt_us": {"memo_off": first_off, "memo_on": first_on},
+        "word_hits": s.word_hits, "word_misses": s.word_misses, "word_entries": s.word_entries,
+    })
+}
+
 fn main() {
     let dir = build_model();
     for target in [8_192, 32_768] {
@@ -349,6 +397,8 @@ fn main() {
     println!("{}", bench_plain(&dir, "bpe_qwen2_regex", false));
     let words = build_words_model();
     println!("{}", bench_plain(&words, "word_level_whitespace", true));
+    println!("{}", bench_fresh(&dir, "bpe_qwen2_regex", false, 3_500));
+    println!("{}", bench_fresh(&words, "word_level_whitespace", true, 3_500));
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&words);
 }

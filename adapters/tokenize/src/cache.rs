@@ -34,6 +34,11 @@ pub struct CacheConfig {
     /// Seed of the piece hash, so outside input cannot aim collisions. Default a fixed value;
     /// set a random one per process.
     pub hash_seed: u64,
+    /// Most words (text between word gaps, up to 64 bytes each) whose ids are remembered,
+    /// so text not in the cache is tokenized a word at a time from memory. Used only where
+    /// word-gap cuts are. Default 131 072 (a few MiB of typical words, at most about
+    /// 50 MiB). Below 2 turns it off.
+    pub words_max: usize,
 }
 
 impl Default for CacheConfig {
@@ -44,6 +49,7 @@ impl Default for CacheConfig {
             piece_bytes_min: 256,
             gap_stride_bytes: 1024,
             hash_seed: 0x6b76_726f_7574_6521,
+            words_max: 131_072,
         }
     }
 }
@@ -65,6 +71,12 @@ pub struct CacheStats {
     pub entries: usize,
     /// Bytes held now, as counted against `bytes_max`.
     pub bytes: usize,
+    /// Words of uncached text found in the word memo.
+    pub word_hits: u64,
+    /// Words of uncached text the tokenizer ran on (too long, or not yet remembered).
+    pub word_misses: u64,
+    /// Words held in the word memo now.
+    pub word_entries: usize,
 }
 
 struct Entry {

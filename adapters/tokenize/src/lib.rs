@@ -15,8 +15,9 @@
 //! the tokenizer's normalizer and pre-tokenizer allow it, at spaces between words every
 //! [`CacheConfig::gap_stride_bytes`] (`inner.rs`). The pieces' ids are kept in a bounded LRU
 //! cache ([`CacheConfig`]), so turn N+1 of a conversation, chat or plain text, tokenizes
-//! only what is new since turn N. The output is identical to tokenizing the whole text at
-//! once.
+//! only what is new since turn N. What is new is looked up a word at a time in a bounded
+//! memo of words seen twice (`words/`), so only words it does not know are tokenized. The
+//! output is identical to tokenizing the whole text at once.
 //!
 //! What this crate leaves to others: it downloads nothing and never reads the network;
 //! finding the model folder, choosing the [`Dialect`] per deployment, hashing blocks
@@ -46,6 +47,7 @@ pub mod responses;
 mod segment;
 mod strftime;
 mod template;
+mod words;
 mod wrap;
 
 use std::path::Path;
@@ -59,6 +61,7 @@ pub use template::Clock;
 use cache::PieceCache;
 use segment::Cutter;
 use template::Templates;
+use words::WordMemo;
 use wrap::Wrap;
 
 /// How a [`ModelTokenizer`] renders and caches. Every field has a default.
@@ -110,6 +113,8 @@ pub struct ModelTokenizer {
     /// What the post-processor adds around a sequence, if known to only wrap it.
     wrap: Option<Wrap>,
     cache: Mutex<PieceCache>,
+    /// Ids of single words, for text the cache has not seen; off without word-gap cuts.
+    words: Mutex<WordMemo>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -157,6 +162,7 @@ impl ModelTokenizer {
             cutter: Cutter::new(&added, gap_refusal.is_none()),
             gap_refusal,
             wrap,
+            words: Mutex::new(WordMemo::new(if gap_refusal.is_none() { config.cache.words_max } else { 0 })),
             cache: Mutex::new(PieceCache::new(config.cache)),
         })
     }
@@ -217,7 +223,7 @@ impl ModelTokenizer {
             (c.piece_bytes_min, c.gap_stride_bytes, c.entries_max > 0)
         };
         if !enabled {
-            return self.encode_uncached(text, false);
+            return self.encode_words(text);
         }
         let pieces = self.cutter.split(text, piece_bytes_min, stride_bytes);
         let found: Vec<(u128, Option<Arc<[u32]>>)> = {
@@ -236,7 +242,7 @@ impl ModelTokenizer {
             match hit {
                 Some(ids) => out.extend_from_slice(&ids),
                 None => {
-                    let ids: Arc<[u32]> = self.encode_uncached(piece, false)?.into();
+                    let ids: Arc<[u32]> = self.encode_words(piece)?.into();
                     out.extend_from_slice(&ids);
                     fresh.push((key, *piece, ids));
                 }
@@ -251,9 +257,19 @@ impl ModelTokenizer {
         Ok(out)
     }
 
-    /// The prefix cache's counters.
+    /// Tokenizes `text` without special tokens as [`encode_uncached`](Self::encode_uncached)
+    /// does, through the word memo: the pipeline runs only on the words it does not know.
+    fn encode_words(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        if !lock(&self.words).enabled() {
+            return self.encode_uncached(text, false);
+        }
+        words::encode(&self.words, text, |run| self.encode_uncached(run, false))
+    }
+
+    /// The prefix cache's and word memo's counters.
     pub fn cache_stats(&self) -> CacheStats {
-        self.lock_cache().stats()
+        let (word_hits, word_misses, word_entries) = lock(&self.words).stats();
+        CacheStats { word_hits, word_misses, word_entries, ..self.lock_cache().stats() }
     }
 
     /// The named special tokens passed to templates, e.g. `("bos_token", "<s>")`.
@@ -278,6 +294,11 @@ impl ModelTokenizer {
     /// A poisoned lock only means another thread panicked mid-call; every cache operation
     /// leaves the maps consistent before it can panic, so the data is still usable.
     fn lock_cache(&self) -> MutexGuard<'_, PieceCache> {
-        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.cache)
     }
+}
+
+/// See [`ModelTokenizer::lock_cache`]; the word memo likewise.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -91,6 +91,13 @@ fn word_gaps(bytes: &[u8], stride_bytes: usize, cuts: &mut Vec<usize>) {
     }
 }
 
+/// The ends of the words of `text`: it is cut at every word gap. O(len).
+pub(crate) fn word_ends(text: &str) -> impl Iterator<Item = usize> + '_ {
+    let bytes = text.as_bytes();
+    let gaps = (1..bytes.len().saturating_sub(1)).filter(move |&p| is_word_gap(bytes, p));
+    gaps.chain(std::iter::once(bytes.len()))
+}
+
 /// A space between ASCII letters or digits; `p` is at least 1 and below `len - 1`.
 fn is_word_gap(bytes: &[u8], p: usize) -> bool {
     bytes[p] == b' ' && bytes[p - 1].is_ascii_alphanumeric() && bytes[p + 1].is_ascii_alphanumeric()
@@ -170,6 +177,26 @@ mod tests {
         check_split(" ab", 0, 1, &[" ab"]);
         check_split("ab <s>cd ef", 0, 1, &["ab ", "<s>cd", " ef"]);
         check_split("é d", 0, 1, &["é d"]);
+    }
+
+    #[track_caller]
+    fn check_words(text: &str, want: &[&str]) {
+        let mut start = 0;
+        let got: Vec<&str> = super::word_ends(text)
+            .map(|end| {
+                let w = &text[start..end];
+                start = end;
+                w
+            })
+            .collect();
+        assert_eq!(got, want, "{text:?}");
+    }
+
+    #[test]
+    fn words_end_at_every_word_gap() {
+        check_words("", &[""]);
+        check_words("aa bb  cc. dd e9 f", &["aa", " bb  cc. dd", " e9", " f"]);
+        check_words(" a b ", &[" a", " b "]);
     }
 
     #[test]

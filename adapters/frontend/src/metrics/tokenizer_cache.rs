@@ -26,7 +26,7 @@ impl Collector for TokenizerCacheCollector {
         if stats.is_empty() {
             return Ok(());
         }
-        let split: [(&str, &str, &str, Split); 2] = [
+        let split: [(&str, &str, &str, Split); 3] = [
             (
                 "kvroute_tokenizer_cache_pieces",
                 "Prompt pieces looked up in the tokenizer's prefix cache, by result",
@@ -38,6 +38,12 @@ impl Collector for TokenizerCacheCollector {
                 "Prompt tokens taken from the tokenizer's prefix cache (reused) or computed (encoded)",
                 "source",
                 |s| [("reused", s.tokens_reused), ("encoded", s.tokens_encoded)],
+            ),
+            (
+                "kvroute_tokenizer_cache_words",
+                "Words of text not in the prefix cache, found in the tokenizer's word memo (hit) or tokenized (miss)",
+                "result",
+                |s| [("hit", s.word_hits), ("miss", s.word_misses)],
             ),
         ];
         for (name, help, label, parts) in split {
@@ -57,8 +63,9 @@ impl Collector for TokenizerCacheCollector {
         for (model, s) in &stats {
             ConstCounter::new(s.evictions).encode(m.encode_family(&[("model", model.as_str())])?)?;
         }
-        let gauges: [(&str, &str, Get); 2] = [
+        let gauges: [(&str, &str, Get); 3] = [
             ("kvroute_tokenizer_cache_entries", "Pieces held in the tokenizer's prefix cache", |s| s.entries),
+            ("kvroute_tokenizer_cache_words_held", "Words held in the tokenizer's word memo", |s| s.word_entries),
             (
                 "kvroute_tokenizer_cache_bytes",
                 "Bytes held in the tokenizer's prefix cache, as counted against its limit",
@@ -144,18 +151,23 @@ mod tests {
         let before = scrape(&tokenizers);
         assert_eq!(value(&before, r#"kvroute_tokenizer_cache_tokens_total{model="m",source="reused"}"#), 0);
         let shared = "alpha beta gamma delta ".repeat(200);
-        for question in ["alpha alpha", "beta beta"] {
+        // New text of known words: the second question's words come from the word memo.
+        for question in ["alpha alpha", "beta beta", "gamma alpha beta delta beta"] {
             tok.encode_text(&format!("{shared}{question}")).unwrap();
         }
         let after = scrape(&tokenizers);
         let s = tok.0.cache_stats();
         assert!(s.tokens_reused >= 600, "the second prompt reused most of the first: {s:?}");
+        assert!(s.word_hits > 0 && s.word_entries > 0, "{s:?}");
         for (series, want) in [
             (r#"kvroute_tokenizer_cache_tokens_total{model="m",source="reused"}"#, s.tokens_reused),
             (r#"kvroute_tokenizer_cache_tokens_total{model="m",source="encoded"}"#, s.tokens_encoded),
             (r#"kvroute_tokenizer_cache_pieces_total{model="m",result="hit"}"#, s.hits),
             (r#"kvroute_tokenizer_cache_pieces_total{model="m",result="miss"}"#, s.misses),
             (r#"kvroute_tokenizer_cache_entries{model="m"}"#, s.entries as u64),
+            (r#"kvroute_tokenizer_cache_words_total{model="m",result="hit"}"#, s.word_hits),
+            (r#"kvroute_tokenizer_cache_words_total{model="m",result="miss"}"#, s.word_misses),
+            (r#"kvroute_tokenizer_cache_words_held{model="m"}"#, s.word_entries as u64),
         ] {
             assert_eq!(value(&after, series), want, "{series}");
         }

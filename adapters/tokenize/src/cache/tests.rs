@@ -1,7 +1,7 @@
 use super::*;
 
 fn config(entries_max: usize, bytes_max: usize) -> CacheConfig {
-    CacheConfig { entries_max, bytes_max, piece_bytes_min: 0, gap_stride_bytes: 0, hash_seed: 7 }
+    CacheConfig { entries_max, bytes_max, piece_bytes_min: 0, gap_stride_bytes: 0, hash_seed: 7, words_max: 0 }
 }
 
 fn ids(n: u32) -> Arc<[u32]> {

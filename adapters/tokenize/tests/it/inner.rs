@@ -304,3 +304,36 @@ fn unsupported_configs_do_not_cut_inside_text() {
         assert_eq!(reused, 0);
     }
 }
+
+/// Text no earlier prompt had, made of words the memo has seen, runs the tokenizer on
+/// nothing but the words too long to remember (`long`), and keeps the whole text's ids.
+#[track_caller]
+fn check_memo(dir: &PathBuf, long: &str, misses_want: u64) {
+    let tok = load(dir, 64, 16);
+    let ascii: Vec<&str> = WORDS.iter().copied().filter(|w| w.is_ascii()).collect();
+    // Words are learned the second time they are seen (in other text: the prefix cache
+    // would serve the same text).
+    tok.encode_text(&format!(" {}", ascii.join(" ")), false).expect("encode");
+    let backwards: Vec<&str> = ascii.iter().rev().copied().collect();
+    tok.encode_text(&format!(" {}", backwards.join(" ")), false).expect("encode");
+    let mut rng = Lcg(21);
+    let mut some = |n: usize| (0..n).map(|_| format!(" {}", ascii[rng.below(ascii.len())])).collect::<String>();
+    let fresh = format!("{}{long}{}", some(200), some(20));
+    let before = tok.cache_stats();
+    delta(&tok, &fresh);
+    let after = tok.cache_stats();
+    assert_eq!(after.word_hits - before.word_hits, 220, "{dir:?}: {after:?}");
+    assert_eq!(after.word_misses - before.word_misses, misses_want, "{dir:?}: {after:?}");
+}
+
+#[test]
+fn new_text_of_known_words_is_read_from_the_memo() {
+    let long = format!(" x{}", "-y".repeat(40));
+    for dir in [words(), gpt2(), metaspace(), &fixture::chatml().dir] {
+        check_memo(dir, "", 0);
+        check_memo(dir, &long, 1);
+    }
+    let off = load(&fixture::inst().dir, 64, 16);
+    delta(&off, &WORDS.join(" "));
+    assert_eq!((off.cache_stats().word_hits, off.cache_stats().word_misses), (0, 0));
+}
