@@ -12,7 +12,10 @@
 //!
 //! No I/O: bytes in, bytes out. Work is linear in the bytes fed.
 
+use std::sync::LazyLock;
+
 use bytes::{BufMut, Bytes, BytesMut};
+use memchr::memmem::Finder;
 use serde_json::{json, Map, Value};
 
 /// Longest event kept while waiting for its end; a longer one is passed through as it
@@ -107,23 +110,23 @@ impl Stream {
         if !data.is_empty() {
             self.at_boundary = data.ends_with(b"\n\n");
         }
-        const DONE: &[u8] = b"data: [DONE]";
+        let n = &*NEEDLES;
         let head = &data[..data.len().min(DONE.len())];
         self.tail.extend_from_slice(head);
-        if memchr::memmem::find(&self.tail, DONE).is_some() || memchr::memmem::find(data, DONE).is_some() {
+        if n.done.find(&self.tail).is_some() || n.done.find(data).is_some() {
             self.done = true;
         }
         let keep = data.len().min(DONE.len());
         self.tail.clear();
         self.tail.extend_from_slice(&data[data.len() - keep..]);
-        let events = memchr::memmem::find_iter(data, b"\n\n").count().max(1) as u32;
+        let events = n.blank_line.find_iter(data).count().max(1) as u32;
         (Bytes::copy_from_slice(data), if data.is_empty() { 0 } else { events })
     }
 
     /// Where the first whole event in `partial` ends, searching only what is new.
     fn event_end(&mut self) -> Option<usize> {
         let from = self.scanned.saturating_sub(1);
-        match memchr::memmem::find(&self.partial[from..], b"\n\n") {
+        match NEEDLES.blank_line.find(&self.partial[from..]) {
             Some(i) => Some(from + i),
             None => {
                 self.scanned = self.partial.len();
@@ -142,14 +145,13 @@ impl Stream {
             self.done = true;
             return put_event(out, event);
         }
-        self.usage_seen |= has_value(data, b"\"usage\":");
+        let n = &*NEEDLES;
+        self.usage_seen |= has_value(data, &n.usage);
         if self.chat && !self.parsed_output {
-            self.parsed_output = [&b"\"reasoning_content\":"[..], b"\"reasoning\":", b"\"tool_calls\":"]
-                .iter()
-                .any(|k| has_value(data, k));
+            self.parsed_output = n.parsed_output.iter().any(|k| has_value(data, k));
         }
         // Most chunks need no parse: no seam yet, no token ids in them, identity known.
-        let plain = self.seams == 0 && self.identity.is_some() && memchr::memmem::find(data, b"token_ids").is_none();
+        let plain = self.seams == 0 && self.identity.is_some() && n.token_ids.find(data).is_none();
         if plain {
             self.finished |= finish_reason_set(data);
             return put_event(out, event);
@@ -313,16 +315,42 @@ impl Stream {
     }
 }
 
+const DONE: &[u8] = b"data: [DONE]";
+
+/// The searchers of every chunk, built once: building one costs more than searching a
+/// chunk with it.
+struct Needles {
+    done: Finder<'static>,
+    blank_line: Finder<'static>,
+    token_ids: Finder<'static>,
+    usage: Finder<'static>,
+    /// Keys whose value means the chat's output was parsed (reasoning, tool calls).
+    parsed_output: [Finder<'static>; 3],
+    finish: [Finder<'static>; 2],
+}
+
+static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
+    done: Finder::new(DONE),
+    blank_line: Finder::new(b"\n\n"),
+    token_ids: Finder::new(b"token_ids"),
+    usage: Finder::new(b"\"usage\":"),
+    parsed_output: [
+        Finder::new(b"\"reasoning_content\":"),
+        Finder::new(b"\"reasoning\":"),
+        Finder::new(b"\"tool_calls\":"),
+    ],
+    finish: [Finder::new(b"\"finish_reason\":\""), Finder::new(b"\"finish_reason\": \"")],
+});
+
 /// Whether a chunk names a `finish_reason` (a string; `null` while it goes on).
 fn finish_reason_set(data: &[u8]) -> bool {
-    memchr::memmem::find(data, b"\"finish_reason\":\"").is_some()
-        || memchr::memmem::find(data, b"\"finish_reason\": \"").is_some()
+    NEEDLES.finish.iter().any(|f| f.find(data).is_some())
 }
 
 /// Whether `data` holds `key` (a quoted name and its colon) with a value other than null.
-fn has_value(data: &[u8], key: &[u8]) -> bool {
-    memchr::memmem::find_iter(data, key).any(|at| {
-        let rest = data[at + key.len()..].trim_ascii_start();
+fn has_value(data: &[u8], key: &Finder<'_>) -> bool {
+    key.find_iter(data).any(|at| {
+        let rest = data[at + key.needle().len()..].trim_ascii_start();
         !rest.is_empty() && !rest.starts_with(b"null")
     })
 }
