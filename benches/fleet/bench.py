@@ -51,8 +51,11 @@ KV_VARIANTS = {
     # kv sending a completion's prompt on as the token ids it made of it (its model line
     # below): its tokenizer is the workers' own folder, so it may.
     "kv-ids": ("kv", []),
+    # kv tokenizing text its prefix cache has not seen without the word memo, as before
+    # session 29 (its model line below).
+    "kv-no-memo": ("kv", []),
 }
-KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"]}
+KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
 # blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
@@ -99,7 +102,8 @@ def parse_args(argv=None):
                         "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends), "
                         "kv-arw5 (kv charging 5 ms per running request), kv-excess (kv charging 20 ms "
                         "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
-                        "its token ids, not their text) and peers "
+                        "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
+                        "words) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,

@@ -492,6 +492,10 @@ pub struct ModelConfig {
     /// and a body that sets `add_special_tokens` or `prompt_embeds` keep their text.
     #[serde(default)]
     pub forward_token_ids: bool,
+    /// Most words the tokenizer's word memo keeps, for prompt text its prefix cache has
+    /// not seen (default 131,072; 0 turns it off). Needs `tokenizer`.
+    #[serde(default)]
+    pub tokenizer_words_max: Option<usize>,
 }
 
 impl Default for ModelConfig {
@@ -508,6 +512,7 @@ impl Default for ModelConfig {
             disagg_isl_min_tokens: None,
             disagg_same_label: None,
             forward_token_ids: false,
+            tokenizer_words_max: None,
         }
     }
 }

@@ -8,6 +8,7 @@ use clap::Args;
 
 use kvroute_frontend::media::{load_image_model, ChatMedia, MediaSection};
 use kvroute_proxy::{ConfigError, ProxyConfig, Tokenize, TokenizeError, Tokenizers};
+use kvroute_tokenize::CacheConfig;
 
 use crate::tok::HfTokenizer;
 
@@ -47,11 +48,11 @@ struct ServeTokenizer {
 impl ServeTokenizer {
     /// The tokenizer in `dir`; for a vision-language model (its `config.json` says so),
     /// rendering image parts as vLLM does, with identifiers keyed on `engine_model_id`.
-    fn load(dir: &Path, engine_model_id: &str, section: &MediaSection) -> Result<Self, String> {
+    fn load(dir: &Path, engine_model_id: &str, section: &MediaSection, cache: CacheConfig) -> Result<Self, String> {
         let Some(images) = load_image_model(dir)? else {
-            return Ok(ServeTokenizer { hf: HfTokenizer::load(dir)?, media: None });
+            return Ok(ServeTokenizer { hf: HfTokenizer::load_for_images(dir, None, cache)?, media: None });
         };
-        let hf = HfTokenizer::load_for_images(dir, Some(images.prompt_text))?;
+        let hf = HfTokenizer::load_for_images(dir, Some(images.prompt_text), cache)?;
         Ok(ServeTokenizer { hf, media: Some(ChatMedia::new(&images, engine_model_id, section)) })
     }
 }
@@ -117,7 +118,11 @@ pub fn load_tokenizers(cfg: &ProxyConfig) -> Result<Tokenizers, String> {
     for m in &cfg.models {
         if let Some(dir) = &m.tokenizer {
             let engine_model_id = m.engine_model_id.as_deref().unwrap_or(dir);
-            let tok = ServeTokenizer::load(&tokenizer_dir(&m.name, dir)?, engine_model_id, &cfg.media)
+            let mut cache = CacheConfig::default();
+            if let Some(n) = m.tokenizer_words_max {
+                cache.words_max = n;
+            }
+            let tok = ServeTokenizer::load(&tokenizer_dir(&m.name, dir)?, engine_model_id, &cfg.media, cache)
                 .map_err(|e| format!("model {:?}: {e}", m.name))?;
             t.insert(m.name.clone(), Arc::new(tok));
         }
@@ -188,4 +193,43 @@ pub(crate) async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{load_tokenizers, ProxyConfig};
+
+    /// Loads a word-level tokenizer as model `m` with `words_line` in its `[[models]]`
+    /// entry, tokenizes two new texts of the same words, and compares the words the
+    /// tokenizer then holds in its memo.
+    #[track_caller]
+    fn check(words_line: &str, held_some: bool) {
+        let dir = std::env::temp_dir().join(format!("kvroute-serve-words-{}-{}", std::process::id(), held_some));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            ["[UNK]", "alpha", "beta", "gamma"].iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+        let tokenizer = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+            "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+        });
+        std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let toml = format!("[[models]]\nname = \"m\"\ntokenizer = {:?}\n{words_line}\n", dir.display().to_string());
+        let cfg = ProxyConfig::from_toml_with_overrides(&toml, &[]).unwrap();
+        let tok = load_tokenizers(&cfg).unwrap().get("m").cloned().unwrap();
+        for text in ["alpha beta gamma", "gamma beta alpha beta"] {
+            tok.encode_text(text).unwrap();
+        }
+        let held = tok.cache_stats().unwrap().word_entries;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(held > 0, held_some, "{words_line:?}: {held} words held");
+    }
+
+    #[test]
+    fn a_models_tokenizer_words_max_bounds_its_word_memo() {
+        check("", true);
+        check("tokenizer_words_max = 0", false);
+    }
 }

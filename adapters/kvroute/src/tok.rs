@@ -6,31 +6,27 @@ use std::sync::Arc;
 
 use kvroute_frontend::media::load_image_model;
 use kvroute_sim_server::{MediaArgs, PromptTokenizer, SimMedia, TokenizeError as SimTokenizeError};
-use kvroute_tokenize::{ChatRequest, Dialect, ModelTokenizer, TokenizerConfig, VllmOptions};
+use kvroute_tokenize::{CacheConfig, ChatRequest, Dialect, ModelTokenizer, TokenizerConfig, VllmOptions};
 
 /// A model's tokenizer and chat template, loaded from a local folder.
 #[derive(Clone)]
 pub struct HfTokenizer(pub Arc<ModelTokenizer>);
 
 impl HfTokenizer {
-    /// Loads `tokenizer.json` and `tokenizer_config.json` from `dir`.
-    pub fn load(dir: &Path) -> Result<Self, String> {
-        Self::load_with(dir, TokenizerConfig::default())
-    }
-
-    /// [`Self::load`] with `config` (for example, a model's image text).
+    /// Loads `tokenizer.json` and `tokenizer_config.json` from `dir`, with `config` (for
+    /// example, a model's image text).
     pub fn load_with(dir: &Path, config: TokenizerConfig) -> Result<Self, String> {
         ModelTokenizer::from_dir_with(dir, config)
             .map(|t| HfTokenizer(Arc::new(t)))
             .map_err(|e| format!("cannot load tokenizer from {}: {e}", dir.display()))
     }
 
-    /// [`Self::load`] for a model whose chat image parts render as `image_text` (its
-    /// placeholder text, `<image>` for LLaVA); `None`: image parts are refused.
-    pub fn load_for_images(dir: &Path, image_text: Option<&str>) -> Result<Self, String> {
-        let Some(text) = image_text else { return Self::load(dir) };
-        let options = VllmOptions { image_text: Some(text.into()), ..VllmOptions::default() };
-        Self::load_with(dir, TokenizerConfig { dialect: Dialect::Vllm(options), ..TokenizerConfig::default() })
+    /// [`Self::load_with`] with the cache's limits `cache`, for a model whose chat image parts
+    /// render as `image_text` (its placeholder text, `<image>` for LLaVA); `None`: image
+    /// parts are refused.
+    pub fn load_for_images(dir: &Path, image_text: Option<&str>, cache: CacheConfig) -> Result<Self, String> {
+        let options = VllmOptions { image_text: image_text.map(Into::into), ..VllmOptions::default() };
+        Self::load_with(dir, TokenizerConfig { dialect: Dialect::Vllm(options), cache, ..TokenizerConfig::default() })
     }
 
     /// Token ids of a chat completion body, rendered exactly as the engine renders it.
@@ -55,7 +51,7 @@ impl PromptTokenizer for HfTokenizer {
 pub fn sim_worker_tokenizer(dir: &Path, flags: &MediaArgs) -> Result<(HfTokenizer, Option<SimMedia>), String> {
     let model = load_image_model(dir)?;
     let plan = flags.plan(model.as_ref()).map_err(|e| e.to_string())?;
-    let tok = HfTokenizer::load_for_images(dir, plan.as_ref().map(|p| p.image_text.as_str()))?;
+    let tok = HfTokenizer::load_for_images(dir, plan.as_ref().map(|p| p.image_text.as_str()), CacheConfig::default())?;
     let default_model_id = dir.display().to_string();
     let media = plan.map(|p| p.finish(flags, &tok, &default_model_id)).transpose().map_err(|e| e.to_string())?;
     Ok((tok, media))

@@ -275,18 +275,24 @@ fn plain_turns(
     let mut turns = Vec::new();
     let mut target = first_tokens;
     while target <= last_tokens {
-        while tok.encode_uncached(&text, true).expect("encode").len() < target {
-            let chunk = if words {
-                (0..64).map(|_| format!("w{} ", rng.below(WORDS_VOCAB))).collect::<String>()
-            } else {
-                format!("{} ", rng.sentence(40))
-            };
-            text.push_str(&chunk);
-        }
+        grow(tok, &mut rng, words, &mut text, target);
         turns.push(text.clone());
         target += step_tokens;
     }
     turns
+}
+
+/// Appends generated text (64 vocabulary words, or a sentence) to `text` until `tok`
+/// makes at least `tokens` of it.
+fn grow(tok: &ModelTokenizer, rng: &mut Rng, words: bool, text: &mut String, tokens: usize) {
+    while tok.encode_uncached(text, true).expect("encode").len() < tokens {
+        let chunk = if words {
+            (0..64).map(|_| format!("w{} ", rng.below(WORDS_VOCAB))).collect::<String>()
+        } else {
+            format!("{} ", rng.sentence(40))
+        };
+        text.push_str(&chunk);
+    }
 }
 
 fn with_cache(dir: &PathBuf, cache: CacheConfig) -> ModelTokenizer {
@@ -355,14 +361,7 @@ fn bench_fresh(dir: &PathBuf, model: &str, words: bool, tokens: usize) -> Value 
     let mut rng = Rng(17);
     let mut prompt = || {
         let mut text = String::new();
-        while probe.encode_uncached(&text, true).expect("encode").len() < tokens {
-            let chunk = if words {
-                (0..64).map(|_| format!("w{} ", rng.below(WORDS_VOCAB))).collect::<String>()
-            } else {
-                format!("{} ", rng.sentence(40))
-            };
-            text.push_str(&chunk);
-        }
+        grow(&probe, &mut rng, words, &mut text, tokens);
         text
     };
     let prompts: Vec<String> = (0..PROMPTS).map(|_| prompt()).collect();

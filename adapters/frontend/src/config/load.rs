@@ -105,6 +105,9 @@ impl ProxyConfig {
             if m.forward_token_ids && m.tokenizer.is_none() {
                 return invalid(format!("models[{i}].forward_token_ids"), "needs tokenizer".into());
             }
+            if m.tokenizer_words_max.is_some() && m.tokenizer.is_none() {
+                return invalid(format!("models[{i}].tokenizer_words_max"), "needs tokenizer".into());
+            }
             if m.disagg_protocol.is_none() && m.disagg_same_label.is_some() {
                 return invalid(format!("models[{i}].disagg_same_label"), "needs disagg_protocol".into());
             }
@@ -302,6 +305,7 @@ mod tests {
         check_err("[limits]\nconnection_buffer_bytes_max = 100\n", None, "connection_buffer_bytes_max");
         check_err("[limits]\nconnections_max = 0\n", None, "connections_max");
         check_err("[[models]]\nname = \"m\"\nforward_token_ids = true\n", None, "models[0].forward_token_ids");
+        check_err("[[models]]\nname = \"m\"\ntokenizer_words_max = 0\n", None, "models[0].tokenizer_words_max");
     }
 
     #[test]
