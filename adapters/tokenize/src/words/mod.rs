@@ -16,8 +16,7 @@
 
 mod encode;
 
-use std::collections::HashMap;
-
+use hashbrown::HashMap;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub(crate) use encode::encode;
@@ -29,6 +28,8 @@ pub(crate) const WORD_BYTES_MAX: usize = 64;
 /// Slots of the doorkeeper (8 bytes each).
 const SEEN_SLOTS: usize = 1 << 16;
 
+/// hashbrown's default hasher (foldhash, seeded per process), faster than SipHash on short
+/// keys: every word of a new prompt is looked up.
 type Map = HashMap<Box<str>, Box<[u32]>>;
 
 pub(crate) struct WordMemo {
