@@ -39,12 +39,14 @@ fn start(f: &Fleet) -> Kvroute {
     g
 }
 
-/// The greedy text of a body, whole or streamed, and its usage's prompt tokens.
+/// The greedy text of a body, whole or streamed, and its usage's prompt tokens (whole: with
+/// the prompt's ids when the body asked for them).
 fn answer(r: &http::Response, stream: bool) -> (String, Value) {
     assert_eq!(r.status, 200, "{}", r.text());
     if !stream {
         let v = r.json();
-        return (v["choices"][0]["text"].as_str().expect("text").to_string(), v["usage"]["prompt_tokens"].clone());
+        let prompt = json!([v["usage"]["prompt_tokens"], v["choices"][0]["prompt_token_ids"]]);
+        return (v["choices"][0]["text"].as_str().expect("text").to_string(), prompt);
     }
     let chunks: Vec<Value> = r
         .text()
@@ -59,9 +61,13 @@ fn answer(r: &http::Response, stream: bool) -> (String, Value) {
 }
 
 fn sent_as_ids(g: &Kvroute) -> f64 {
+    counter(g, &format!("{COUNTER}{{model=\"{MODEL}\"}} "))
+}
+
+/// The value of the series `line` (its name and labels) on `g`'s `/metrics`, 0 if absent.
+fn counter(g: &Kvroute, line: &str) -> f64 {
     let r = http::request(g.addr(), "GET", "/metrics", &[], None, Duration::from_secs(5)).expect("metrics");
-    let line = format!("{COUNTER}{{model=\"{MODEL}\"}} ");
-    r.text().lines().find_map(|l| l.strip_prefix(&line)?.parse().ok()).unwrap_or(0.0)
+    r.text().lines().find_map(|l| l.strip_prefix(line)?.parse().ok()).unwrap_or(0.0)
 }
 
 /// Sends `body` to worker 1 straight and through `g` (pinned there): the answers must
@@ -75,7 +81,11 @@ fn check(f: &Fleet, g: &Kvroute, what: &str, body: Value, as_ids: bool) {
     let before = sent_as_ids(g);
     let through = g.post("/v1/completions", &[("x-worker-id", "1")], &body);
     assert_eq!(through.header("x-kvroute-worker"), Some("1"), "{what}: pinned");
-    assert_eq!(answer(&through, stream), answer(&direct, stream), "{what}: vLLM answers the ids as the text");
+    let (got, want) = (answer(&through, stream), answer(&direct, stream));
+    assert_eq!(got, want, "{what}: vLLM answers the ids as the text");
+    if body["return_token_ids"] == true {
+        assert!(got.1[1].as_array().is_some_and(|ids| !ids.is_empty()), "{what}: the prompt's ids: {got:?}");
+    }
     assert_eq!(sent_as_ids(g) - before, f64::from(u8::from(as_ids)), "{what}: sent as ids");
 }
 
@@ -99,6 +109,14 @@ fn text_prompts_sent_as_token_ids_are_answered_as_their_text_is() {
         json!({"model": MODEL, "prompt": odd, "max_tokens": 8, "temperature": 0}),
         true,
     );
+    // New text of the words above: kvroute's tokenizer reads it from its memo of words,
+    // and the ids it sends are the ones vLLM makes of the text.
+    let words = format!("kvroute_tokenizer_cache_words_total{{model=\"{MODEL}\",result=\"hit\"}} ");
+    let before = counter(&g, &words);
+    let known = format!("Notes on routing.\n{}\n", prose(41, 150));
+    let ids = json!({"model": MODEL, "prompt": known, "max_tokens": 8, "temperature": 0, "return_token_ids": true});
+    check(&f, &g, "new text of known words", ids, true);
+    assert!(counter(&g, &words) - before >= 100.0, "the words came from the memo");
     // Echo returns the prompt as text, which only the text gives back exactly.
     check(&f, &g, "echo", body(json!({"echo": true})), false);
     check(&f, &g, "without special tokens", body(json!({"add_special_tokens": false})), false);
