@@ -47,27 +47,7 @@ pub(crate) fn encode<E>(
     let bulk_runs = (0..words.len()).filter(|&i| bulk(i) && (i == 0 || !bulk(i - 1))).count();
     let mut fresh: Vec<(&str, Vec<u32>)> = Vec::new();
     let out = if hits >= 2 * bulk_runs {
-        let mut out = Vec::with_capacity(known.len() + text.len() / 8);
-        let mut i = 0;
-        while i < words.len() {
-            match &kinds[i] {
-                Word::Known(r) => out.extend_from_slice(&known[r.clone()]),
-                Word::Learn => {
-                    let ids = tokenize(&text[words[i].clone()])?;
-                    out.extend_from_slice(&ids);
-                    fresh.push((&text[words[i].clone()], ids));
-                }
-                Word::Bulk => {
-                    let first = words[i].start;
-                    while i + 1 < words.len() && bulk(i + 1) {
-                        i += 1;
-                    }
-                    out.extend(tokenize(&text[first..words[i].end])?);
-                }
-            }
-            i += 1;
-        }
-        out
+        in_order(text, &words, &kinds, &known, &tokenize, &mut fresh)?
     } else {
         for (w, _) in words.iter().zip(&kinds).filter(|(_, k)| matches!(k, Word::Learn)) {
             fresh.push((&text[w.clone()], tokenize(&text[w.clone()])?));
@@ -79,6 +59,39 @@ pub(crate) fn encode<E>(
         for (w, ids) in fresh {
             memo.insert(w, &ids);
         }
+    }
+    Ok(out)
+}
+
+/// The text's ids word by word: known words' from `known`, each word to learn alone (and
+/// into `fresh`), each run of other words in one call.
+fn in_order<'t, E>(
+    text: &'t str,
+    words: &[Range<usize>],
+    kinds: &[Word],
+    known: &[u32],
+    tokenize: impl Fn(&str) -> Result<Vec<u32>, E>,
+    fresh: &mut Vec<(&'t str, Vec<u32>)>,
+) -> Result<Vec<u32>, E> {
+    let mut out = Vec::with_capacity(known.len() + text.len() / 8);
+    let mut i = 0;
+    while i < words.len() {
+        match &kinds[i] {
+            Word::Known(r) => out.extend_from_slice(&known[r.clone()]),
+            Word::Learn => {
+                let ids = tokenize(&text[words[i].clone()])?;
+                out.extend_from_slice(&ids);
+                fresh.push((&text[words[i].clone()], ids));
+            }
+            Word::Bulk => {
+                let first = words[i].start;
+                while i + 1 < words.len() && matches!(kinds[i + 1], Word::Bulk) {
+                    i += 1;
+                }
+                out.extend(tokenize(&text[first..words[i].end])?);
+            }
+        }
+        i += 1;
     }
     Ok(out)
 }
