@@ -189,9 +189,15 @@ fn words_text(rng: &mut Lcg, n: usize) -> String {
     s
 }
 
+/// Small caches, so that pieces are evicted and the word memo turns over within a test.
 fn load(dir: &PathBuf, stride: usize, min: usize) -> ModelTokenizer {
-    let cache =
-        CacheConfig { entries_max: 64, piece_bytes_min: min, gap_stride_bytes: stride, ..CacheConfig::default() };
+    let cache = CacheConfig {
+        entries_max: 64,
+        piece_bytes_min: min,
+        gap_stride_bytes: stride,
+        words_max: 64,
+        ..CacheConfig::default()
+    };
     ModelTokenizer::from_dir_with(dir, TokenizerConfig { cache, ..TokenizerConfig::default() }).expect("load")
 }
 
