@@ -31,7 +31,8 @@ pub(crate) async fn forward(
     let deadline = arrived + Duration::from_millis(state.cfg.limits.request_timeout_ms);
     let pool = p.pool.clone();
     let plan = Plan::of(&p, &state.cfg.migration);
-    let (json, text) = plan.as_ref().map_or_else(|| (p.json.clone(), p.forward_body.clone()), Plan::first_body);
+    let (json, text) =
+        plan.as_ref().map_or_else(|| (p.json.clone(), p.forward_body.clone()), |m| m.first_body(&p.forward_body));
     let body = Bodies::with_ids(text, json, p.ids.clone());
     let mut shape = p.shape;
     shape.stream |= plan.is_some();

@@ -11,6 +11,22 @@ use crate::config::MigrationConfig;
 use crate::prepared::Prepared;
 use crate::request::Endpoint;
 
+/// `body`, a JSON object's text, with `"key":true` written before its closing brace;
+/// `None` if it does not end in one.
+fn with_true(body: &[u8], key: &str) -> Option<Bytes> {
+    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    let before = body[..end].iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if body[end] != b'}' {
+        return None;
+    }
+    let comma = if body[before] == b'{' { "" } else { "," };
+    let mut out = Vec::with_capacity(body.len() + key.len() + 8);
+    out.extend_from_slice(&body[..end]);
+    out.extend_from_slice(format!("{comma}\"{key}\":true").as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Some(out.into())
+}
+
 /// Fields of a chat request that a completion continuation does not take.
 const CHAT_ONLY: [&str; 14] = [
     "messages",
@@ -78,16 +94,22 @@ impl Plan {
         })
     }
 
-    /// The body of the first try, and its object: the client's, asking for token ids
-    /// when the stream could be continued.
-    pub(crate) fn first_body(&self) -> (Arc<Value>, Bytes) {
+    /// The body of the first try, and its object: the client's (`forwarded` is its text),
+    /// asking for token ids when the stream could be continued. The key is written into
+    /// the text when the client did not name it, rather than the whole body re-encoded:
+    /// this runs before routing, and prompts are long.
+    pub(crate) fn first_body(&self, forwarded: &Bytes) -> (Arc<Value>, Bytes) {
         let mut json = self.json.clone();
         if self.refusal.is_none() {
-            json.insert("return_token_ids".into(), Value::Bool(true));
+            let named = json.insert("return_token_ids".into(), Value::Bool(true)).is_some();
+            let json = Value::Object(json);
+            let body = match with_true(forwarded, "return_token_ids") {
+                Some(b) if !named => b,
+                _ => Bytes::from(json.to_string()),
+            };
+            return (Arc::new(json), body);
         }
-        let json = Value::Object(json);
-        let body = Bytes::from(json.to_string());
-        (Arc::new(json), body)
+        (Arc::new(Value::Object(json)), forwarded.clone())
     }
 
     /// Whether a stream whose first frame is `first` is worth following: it names the

@@ -77,7 +77,8 @@ fn a_completion_continues_from_its_ids_with_fewer_tokens_left() {
         json!({"model": "m", "prompt": "hi", "stream": true, "max_tokens": 10, "min_tokens": 4, "temperature": 0}),
     )
     .unwrap();
-    assert!(p.first_body().1.windows(22).any(|w| w == b"\"return_token_ids\":tru"));
+    let text = Bytes::from(serde_json::to_vec(&p.json).unwrap());
+    assert!(p.first_body(&text).1.windows(22).any(|w| w == b"\"return_token_ids\":tru"));
     let (path, body) = p.continuation("/v1/completions", &[1, 2], &[7, 8, 9]).unwrap();
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(path, "/v1/completions");
@@ -105,4 +106,32 @@ fn a_chat_continues_on_the_completions_endpoint_without_chat_fields() {
     assert_eq!(keys, ["max_tokens", "model", "prompt", "return_token_ids", "seed", "stream", "stream_options"]);
     assert_eq!((v["prompt"].clone(), v["max_tokens"].clone()), (json!([4, 5]), json!(4)));
     assert_eq!(completions_path("/x/chat/completions"), "/x/completions");
+}
+
+/// The first body of a completion plan over the client's text `text`: it must parse to
+/// the client's object with `return_token_ids` true, unless the plan refuses to continue,
+/// when it is the client's text unchanged.
+#[track_caller]
+fn check_first_body(text: &str) {
+    let client: Value = serde_json::from_str(text).unwrap();
+    let p = plan(Endpoint::Completions, client.clone()).unwrap();
+    let (json, body) = p.first_body(&Bytes::from(text.to_owned()));
+    if p.refusal.is_some() {
+        assert_eq!((&*json, &body[..]), (&client, text.as_bytes()), "{text}");
+        return;
+    }
+    let mut want = client;
+    want["return_token_ids"] = json!(true);
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), want, "{text}");
+    assert_eq!(*json, want, "{text}");
+}
+
+#[test]
+fn the_first_body_asks_for_token_ids_whatever_the_clients_text() {
+    check_first_body(r#"{"model":"m","prompt":"hi","stream":true}"#);
+    check_first_body(" {\n \"model\" : \"m\", \"prompt\": \"} {\", \"stream\": true } \n");
+    check_first_body(r#"{"stream":true,"return_token_ids":false}"#);
+    check_first_body(r#"{"stream":true,"response_format":{"type":"json_object"}}"#);
+    assert_eq!(&with_true(b"{ } ", "k").unwrap()[..], b"{ \"k\":true} ");
+    assert!(with_true(b"[1]", "k").is_none() && with_true(b"}", "k").is_none());
 }
