@@ -325,6 +325,24 @@ pub struct Build<'a> {
     pub session: Option<Vec<u8>>,
 }
 
+/// `body`, a JSON object's text, with `member` (`"key":value`, already encoded) as its
+/// first member: the client's bytes, not a re-encoding of them, so a long prompt is
+/// copied once and never re-serialized. `None` when `body` does not start with `{` (after
+/// blanks). The caller makes sure the object has no member of that name.
+pub fn with_first_member(body: &[u8], member: &str) -> Option<bytes::Bytes> {
+    let open = body.iter().position(|b| !b.is_ascii_whitespace()).filter(|&i| body[i] == b'{')?;
+    let rest = &body[open + 1..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut out = Vec::with_capacity(body.len() + member.len() + 1);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(member.as_bytes());
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Some(out.into())
+}
+
 /// The router's request: the prompt's block hashes salted by adapter and cache salt,
 /// the session, pins and queue placement. Linear in the tokens.
 pub fn build(b: Build<'_>, tokens: &[u32]) -> Request {
@@ -371,6 +389,14 @@ mod tests {
             }
             (got, want) => panic!("got {got:?}, want {want:?}"),
         }
+    }
+
+    #[test]
+    fn a_member_goes_first_in_the_clients_text() {
+        let with = |body: &[u8]| with_first_member(body, "\"k\":true").map(|b| b.to_vec());
+        assert_eq!(with(b"{ } ").as_deref(), Some(&b"{\"k\":true } "[..]));
+        assert_eq!(with(b" {\"a\":1}").as_deref(), Some(&b" {\"k\":true,\"a\":1}"[..]));
+        assert!(with(b"[1]").is_none() && with(b"}").is_none() && with(b"").is_none());
     }
 
     #[test]

@@ -178,16 +178,8 @@ impl CacheSalt {
     /// them, so the rest of the body is copied once and never re-serialized. `None` when
     /// `body` does not start with `{` (after blanks). Work: one copy of the body.
     pub fn prepend_to(&self, body: &[u8]) -> Option<bytes::Bytes> {
-        let open = body.iter().position(|b| !b.is_ascii_whitespace()).filter(|&i| body[i] == b'{')?;
-        let rest = &body[open + 1..];
-        let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
         // The salt is hex digits: nothing in it needs escaping.
-        let member = format!("\"cache_salt\":\"{}\"{}", self.0, if empty { "" } else { "," });
-        let mut out = Vec::with_capacity(body.len() + member.len());
-        out.extend_from_slice(&body[..=open]);
-        out.extend_from_slice(member.as_bytes());
-        out.extend_from_slice(rest);
-        Some(out.into())
+        crate::request::with_first_member(body, &format!("\"cache_salt\":\"{}\"", self.0))
     }
 }
 

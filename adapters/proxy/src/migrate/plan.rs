@@ -7,25 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use kvroute_frontend::request::with_first_member;
+
 use crate::config::MigrationConfig;
 use crate::prepared::Prepared;
 use crate::request::Endpoint;
-
-/// `body`, a JSON object's text, with `"key":true` written before its closing brace;
-/// `None` if it does not end in one.
-fn with_true(body: &[u8], key: &str) -> Option<Bytes> {
-    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
-    let before = body[..end].iter().rposition(|b| !b.is_ascii_whitespace())?;
-    if body[end] != b'}' {
-        return None;
-    }
-    let comma = if body[before] == b'{' { "" } else { "," };
-    let mut out = Vec::with_capacity(body.len() + key.len() + 8);
-    out.extend_from_slice(&body[..end]);
-    out.extend_from_slice(format!("{comma}\"{key}\":true").as_bytes());
-    out.extend_from_slice(&body[end..]);
-    Some(out.into())
-}
 
 /// Fields of a chat request that a completion continuation does not take.
 const CHAT_ONLY: [&str; 14] = [
@@ -95,15 +81,15 @@ impl Plan {
     }
 
     /// The body of the first try, and its object: the client's (`forwarded` is its text),
-    /// asking for token ids when the stream could be continued. The key is written into
-    /// the text when the client did not name it, rather than the whole body re-encoded:
-    /// this runs before routing, and prompts are long.
+    /// asking for token ids when the stream could be continued. The key goes into the
+    /// client's text when the client did not name it, rather than the whole body being
+    /// re-encoded: this runs before routing, and prompts are long.
     pub(crate) fn first_body(&self, forwarded: &Bytes) -> (Arc<Value>, Bytes) {
         let mut json = self.json.clone();
         if self.refusal.is_none() {
             let named = json.insert("return_token_ids".into(), Value::Bool(true)).is_some();
             let json = Value::Object(json);
-            let body = match with_true(forwarded, "return_token_ids") {
+            let body = match with_first_member(forwarded, "\"return_token_ids\":true") {
                 Some(b) if !named => b,
                 _ => Bytes::from(json.to_string()),
             };
