@@ -113,8 +113,9 @@ pub struct ModelTokenizer {
     /// What the post-processor adds around a sequence, if known to only wrap it.
     wrap: Option<Wrap>,
     cache: Mutex<PieceCache>,
-    /// Ids of single words, for text the cache has not seen; off without word-gap cuts.
-    words: Mutex<WordMemo>,
+    /// Ids of single words, for text the cache has not seen; `None` without word-gap
+    /// cuts or when `words_max` keeps none.
+    words: Option<Mutex<WordMemo>>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -162,7 +163,9 @@ impl ModelTokenizer {
             cutter: Cutter::new(&added, gap_refusal.is_none()),
             gap_refusal,
             wrap,
-            words: Mutex::new(WordMemo::new(if gap_refusal.is_none() { config.cache.words_max } else { 0 })),
+            words: Some(WordMemo::new(config.cache.words_max))
+                .filter(|m| gap_refusal.is_none() && m.enabled())
+                .map(Mutex::new),
             cache: Mutex::new(PieceCache::new(config.cache)),
         })
     }
@@ -260,15 +263,15 @@ impl ModelTokenizer {
     /// Tokenizes `text` without special tokens as [`encode_uncached`](Self::encode_uncached)
     /// does, through the word memo: the pipeline runs only on the words it does not know.
     fn encode_words(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        if !lock(&self.words).enabled() {
-            return self.encode_uncached(text, false);
+        match &self.words {
+            Some(memo) => words::encode(memo, text, |run| self.encode_uncached(run, false)),
+            None => self.encode_uncached(text, false),
         }
-        words::encode(&self.words, text, |run| self.encode_uncached(run, false))
     }
 
     /// The prefix cache's and word memo's counters.
     pub fn cache_stats(&self) -> CacheStats {
-        let (word_hits, word_misses, word_entries) = lock(&self.words).stats();
+        let (word_hits, word_misses, word_entries) = self.words.as_ref().map_or((0, 0, 0), |m| lock(m).stats());
         CacheStats { word_hits, word_misses, word_entries, ..self.lock_cache().stats() }
     }
 
