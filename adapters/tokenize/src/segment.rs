@@ -91,11 +91,12 @@ fn word_gaps(bytes: &[u8], stride_bytes: usize, cuts: &mut Vec<usize>) {
     }
 }
 
-/// The ends of the words of `text`: it is cut at every word gap. O(len).
-pub(crate) fn word_ends(text: &str) -> impl Iterator<Item = usize> + '_ {
+/// The byte ranges of the words of `text`: it is cut at every word gap. O(len).
+pub(crate) fn words(text: &str) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
     let bytes = text.as_bytes();
     let gaps = (1..bytes.len().saturating_sub(1)).filter(move |&p| is_word_gap(bytes, p));
-    gaps.chain(std::iter::once(bytes.len()))
+    let mut start = 0;
+    gaps.chain(std::iter::once(bytes.len())).map(move |end| std::mem::replace(&mut start, end)..end)
 }
 
 /// A space between ASCII letters or digits; `p` is at least 1 and below `len - 1`.
@@ -181,14 +182,7 @@ mod tests {
 
     #[track_caller]
     fn check_words(text: &str, want: &[&str]) {
-        let mut start = 0;
-        let got: Vec<&str> = super::word_ends(text)
-            .map(|end| {
-                let w = &text[start..end];
-                start = end;
-                w
-            })
-            .collect();
+        let got: Vec<&str> = super::words(text).map(|w| &text[w]).collect();
         assert_eq!(got, want, "{text:?}");
     }
 

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use super::WordMemo;
 use crate::lock;
-use crate::segment::word_ends;
+use crate::segment;
 
 /// Most words of one text tokenized alone to be learned: a word alone costs about twice
 /// its share of a long call, so this bounds what learning adds to one text.
@@ -34,12 +34,7 @@ pub(crate) fn encode<E>(
     if text.is_empty() {
         return tokenize(text);
     }
-    let mut words = Vec::new();
-    let mut start = 0;
-    for end in word_ends(text) {
-        words.push(start..end);
-        start = end;
-    }
+    let words: Vec<Range<usize>> = segment::words(text).collect();
     let mut known = Vec::with_capacity(text.len() / 4);
     let kinds = classify(memo, text, &words, &mut known);
     let hits = kinds.iter().filter(|k| matches!(k, Word::Known(_))).count();
