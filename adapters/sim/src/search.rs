@@ -4,13 +4,14 @@
 //! It sees the whole trace, later arrivals included, and judges each candidate
 //! assignment by replaying all of it. From a start (a router's own choices), it moves
 //! one request, or a request and every later one of its group that sat on the same
-//! worker (a conversation moving at that turn), to another worker: half the time to the
-//! worker where the request's goal would have come soonest given the fleet's state at its
-//! arrival (the [`crate::lookahead`] hint, recomputed after each kept move), otherwise to
-//! a random one. It keeps a move when
-//! the trace's mean for its goal (TTFT or end-to-end time) falls while the hit rate and
-//! both means stay within limits. The slow requests are tried most, since they weigh most
-//! in the mean.
+//! worker (a conversation moving at that turn), to another worker: half the time to a
+//! hinted worker, otherwise to a random one. For a time, the hint is the worker where the
+//! request's goal would have come soonest given the fleet's state at its arrival (the
+//! [`crate::lookahead`] hint, recomputed after each kept move); for hits, it is the
+//! worker of the group's request before it. It keeps a move when the trace's mean for its
+//! aim (TTFT or end-to-end time) falls, or its hit rate rises, while the hit rate and
+//! both means stay within limits. The requests with most to gain (the slow ones, or those
+//! with the most uncached tokens) are tried most.
 //!
 //! What it finds is a local optimum, not the optimum, but it is an assignment that
 //! exists: a figure it reaches, some rule could reach. A figure it cannot reach after
@@ -44,6 +45,15 @@ impl Dispatcher for Assigned {
     }
 }
 
+/// What [`search`] improves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aim {
+    /// Lowers the mean time to a request's first token, or to its last.
+    Time(Goal),
+    /// Raises the hit rate (prefix reuse ratio).
+    Hits,
+}
+
 /// The limits and budget of [`search`].
 #[derive(Clone, Copy, Debug)]
 pub struct SearchConfig {
@@ -51,8 +61,8 @@ pub struct SearchConfig {
     pub moves_max: u32,
     /// Seed of the move draws.
     pub seed: u64,
-    /// The mean it lowers: TTFT's ([`Goal::FirstToken`]) or end-to-end time's.
-    pub goal: Goal,
+    /// What it improves.
+    pub aim: Aim,
     /// Least prefix reuse ratio a kept assignment may have.
     pub hits_min: f64,
     /// Most TTFT mean a kept assignment may have, ms.
@@ -62,10 +72,10 @@ pub struct SearchConfig {
 }
 
 impl SearchConfig {
-    /// A search for `goal` with no limits, `moves_max` moves from seed 0.
-    pub fn unlimited(goal: Goal, moves_max: u32) -> Self {
+    /// A search for `aim` with no limits, `moves_max` moves from seed 0.
+    pub fn unlimited(aim: Aim, moves_max: u32) -> Self {
         let inf = f64::INFINITY;
-        SearchConfig { moves_max, seed: 0, goal, hits_min: 0.0, ttft_mean_max_ms: inf, e2e_mean_max_ms: inf }
+        SearchConfig { moves_max, seed: 0, aim, hits_min: 0.0, ttft_mean_max_ms: inf, e2e_mean_max_ms: inf }
     }
 }
 
@@ -86,7 +96,7 @@ pub struct SearchReport {
     pub limited: u32,
 }
 
-/// Improves `start` (one worker per request of `reqs`, by index) for `s.goal` within
+/// Improves `start` (one worker per request of `reqs`, by index) for `s.aim` within
 /// `s`'s limits (see the module docs). `reqs` is in arrival order. An assignment that
 /// leaves a request unserved is never kept. `progress` hears after every move: moves
 /// tried, moves kept, and the best figures so far.
@@ -98,8 +108,9 @@ pub fn search(
     mut progress: impl FnMut(u32, u32, &Summary),
 ) -> Result<SearchReport, ConfigError> {
     let first = run(cfg, reqs, &start)?;
-    let hinted = hints(cfg, reqs, &start, s.goal)?;
-    let mut n = Neighbours { next: groups(reqs), hints: hinted, workers: cfg.workers, goal: s.goal };
+    let next = groups(reqs);
+    let hinted = hints(cfg, reqs, &start, &first, &next, s.aim)?;
+    let mut n = Neighbours { next, hints: hinted, workers: cfg.workers, aim: s.aim };
     let mut rng = SplitMix64::new(s.seed);
     let (mut best, mut at) = (first.clone(), start);
     let (mut tried, mut kept, mut limited) = (0, 0, 0);
@@ -109,7 +120,7 @@ pub fn search(
         tried += 1;
         match judge(&rep, &best, s) {
             Judged::Better => {
-                n.hints = hints(cfg, reqs, &next, s.goal)?;
+                n.hints = hints(cfg, reqs, &next, &rep, &n.next, s.aim)?;
                 (best, at, kept) = (rep, next, kept + 1);
             }
             Judged::Limited => limited += 1,
@@ -126,21 +137,23 @@ fn run(cfg: &ReplayConfig, reqs: &[SimRequest], workers: &[u32]) -> Result<Repla
 
 /// A move's verdict.
 enum Judged {
-    /// The goal's mean fell and every limit holds: kept.
+    /// The aim's figure improved and every limit holds: kept.
     Better,
-    /// The goal's mean fell but a limit broke.
+    /// The aim's figure improved but a limit broke.
     Limited,
-    /// The goal's mean did not fall.
+    /// The aim's figure did not improve.
     Worse,
 }
 
 fn judge(rep: &ReplayReport, best: &ReplayReport, s: &SearchConfig) -> Judged {
     let (n, b) = (&rep.summary, &best.summary);
-    let mean = |x: &Summary| match s.goal {
-        Goal::FirstToken => x.ttft_ms.mean,
-        Goal::LastToken => x.e2e_ms.mean,
+    // Lower is better for every aim: hits count negated.
+    let figure = |x: &Summary| match s.aim {
+        Aim::Time(Goal::FirstToken) => x.ttft_ms.mean,
+        Aim::Time(Goal::LastToken) => x.e2e_ms.mean,
+        Aim::Hits => -x.prefix_reuse_ratio,
     };
-    if mean(n) >= mean(b) {
+    if figure(n) >= figure(b) {
         return Judged::Worse;
     }
     let within = n.completed == rep.records.len() as u64
@@ -179,22 +192,34 @@ fn groups(reqs: &[SimRequest]) -> Vec<usize> {
     next
 }
 
-/// What moves are drawn from: each request's next request of its group, and where the
-/// lookahead says each request would have reached the goal soonest under the current
-/// assignment, with the time that would have saved.
+/// What moves are drawn from: each request's next request of its group, and per request
+/// a hinted worker with what moving there might gain (see [`hints`]).
 struct Neighbours {
     next: Vec<usize>,
     hints: Vec<(u32, f64)>,
     workers: u32,
-    goal: Goal,
+    aim: Aim,
 }
 
 /// Passes a hint's engine copy may run before it gives up on a worker.
 const HINT_PASSES_MAX: u32 = 100_000;
 
-/// Per request (by index), the lookahead's best worker under assignment `at` and the
-/// goal's time that worker would have saved (0 where the choice was the best).
-fn hints(cfg: &ReplayConfig, reqs: &[SimRequest], at: &[u32], goal: Goal) -> Result<Vec<(u32, f64)>, ConfigError> {
+/// Per request (by index), a worker to try under assignment `at` (replayed as `rep`) and
+/// what it might gain: for a time, the lookahead's best worker and the time it would have
+/// saved (0 where the choice was the best); for hits, the worker of the group's request
+/// before it and the request's uncached tokens (0 where they share a worker).
+fn hints(
+    cfg: &ReplayConfig,
+    reqs: &[SimRequest],
+    at: &[u32],
+    rep: &ReplayReport,
+    next: &[usize],
+    aim: Aim,
+) -> Result<Vec<(u32, f64)>, ConfigError> {
+    let goal = match aim {
+        Aim::Time(goal) => goal,
+        Aim::Hits => return Ok(hits_hints(at, rep, next)),
+    };
     let mut r = Regret::new(Assigned::new(reqs, at), goal, HINT_PASSES_MAX);
     replay(cfg, reqs, &mut r)?;
     let index: HashMap<u64, usize> = reqs.iter().enumerate().map(|(i, q)| (q.id, i)).collect();
@@ -207,9 +232,21 @@ fn hints(cfg: &ReplayConfig, reqs: &[SimRequest], at: &[u32], goal: Goal) -> Res
     Ok(out)
 }
 
-/// A neighbour of `at`. Half the time, a request drawn by what its hint would save moves
-/// to the hinted worker; otherwise one drawn by its time to the goal in `rep` moves to a
-/// random other worker. Half the time again the later requests of its group on its old
+fn hits_hints(at: &[u32], rep: &ReplayReport, next: &[usize]) -> Vec<(u32, f64)> {
+    let mut out: Vec<(u32, f64)> = at.iter().map(|&w| (w, 0.0)).collect();
+    for (i, &j) in next.iter().enumerate() {
+        if j == usize::MAX || at[i] == at[j] {
+            continue;
+        }
+        let r = &rep.records[j];
+        out[j] = (at[i], f64::from(r.prompt_tokens.saturating_sub(r.cached_tokens.unwrap_or(0))));
+    }
+    out
+}
+
+/// A neighbour of `at`. Half the time, a request drawn by what its hint might gain moves
+/// to the hinted worker; otherwise one drawn by what it has to gain in `rep` ([`weight`])
+/// moves to a random other worker. Half the time again the later requests of its group on its old
 /// worker follow it. `None` when there is nothing to move.
 fn propose(at: &[u32], rep: &ReplayReport, n: &Neighbours, rng: &mut SplitMix64) -> Option<Vec<u32>> {
     if n.workers < 2 || at.is_empty() {
@@ -219,7 +256,7 @@ fn propose(at: &[u32], rep: &ReplayReport, n: &Neighbours, rng: &mut SplitMix64)
     let (i, to) = match hinted {
         Some(i) if n.hints[i].0 != at[i] => (i, n.hints[i].0),
         _ => {
-            let i = draw(rep.records.iter().map(|r| time_to(r, n.goal)), rng).unwrap_or(0);
+            let i = draw(rep.records.iter().map(|r| weight(r, n.aim)), rng).unwrap_or(0);
             (i, (at[i] + 1 + rng.below(u64::from(n.workers) - 1) as u32) % n.workers)
         }
     };
@@ -236,11 +273,13 @@ fn propose(at: &[u32], rep: &ReplayReport, n: &Neighbours, rng: &mut SplitMix64)
     Some(out)
 }
 
-/// A request's time from arrival to `goal`, ms (0 if it never got there).
-fn time_to(r: &crate::stats::RequestRecord, goal: Goal) -> f64 {
-    let ms = match goal {
-        Goal::FirstToken => r.ttft_ms(),
-        Goal::LastToken => r.e2e_ms(),
+/// What a request has to gain: its time from arrival to the aim's goal, ms (0 if it
+/// never got there), or its uncached prompt tokens.
+fn weight(r: &crate::stats::RequestRecord, aim: Aim) -> f64 {
+    let ms = match aim {
+        Aim::Time(Goal::FirstToken) => r.ttft_ms(),
+        Aim::Time(Goal::LastToken) => r.e2e_ms(),
+        Aim::Hits => return f64::from(r.prompt_tokens.saturating_sub(r.cached_tokens.unwrap_or(0))),
     };
     ms.map_or(0.0, |t| t.max(0.0))
 }
@@ -281,22 +320,29 @@ mod tests {
         ReplayConfig { workers, engine, ..ReplayConfig::default() }
     }
 
-    /// Searches from `start` with loose limits, and checks the assignment it ends on and
-    /// that its TTFT mean is no worse than the start's (lower when `improves`).
-    fn check(reqs: &[SimRequest], start: &[u32], want: &[u32], improves: bool) {
-        let s = SearchConfig { seed: 7, ..SearchConfig::unlimited(Goal::FirstToken, 200) };
+    /// Searches from `start` for `aim` without limits, and checks the assignment it ends
+    /// on and that its figure is no worse than the start's (better when `improves`).
+    fn check(aim: Aim, reqs: &[SimRequest], start: &[u32], want: &[u32], improves: bool) {
+        let s = SearchConfig { seed: 7, ..SearchConfig::unlimited(aim, 200) };
         let rep = search(&cfg(2), reqs, start.to_vec(), &s, |_, _, _| {}).expect("config");
         assert_eq!(rep.assignment, want, "seed {}", s.seed);
-        assert_eq!(rep.best.ttft_ms.mean < rep.start.ttft_ms.mean, improves, "{rep:?}");
-        assert!(rep.best.ttft_ms.mean <= rep.start.ttft_ms.mean);
+        let gain = |x: &Summary| match aim {
+            Aim::Time(Goal::FirstToken) => -x.ttft_ms.mean,
+            Aim::Time(Goal::LastToken) => -x.e2e_ms.mean,
+            Aim::Hits => x.prefix_reuse_ratio,
+        };
+        assert_eq!(gain(&rep.best) > gain(&rep.start), improves, "{rep:?}");
+        assert!(gain(&rep.best) >= gain(&rep.start));
         let again = run(&cfg(2), reqs, &rep.assignment).expect("config");
-        assert_eq!(again.summary.ttft_ms.mean, rep.best.ttft_ms.mean, "the report replays");
+        assert_eq!(gain(&again.summary), gain(&rep.best), "the report replays");
     }
+
+    const TTFT: Aim = Aim::Time(Goal::FirstToken);
 
     #[test]
     fn two_prompts_piled_on_one_worker_are_spread() {
         let reqs = [req(1, 0.0, &[1, 2, 3, 4], 50), req(2, 1.0, &[5, 6, 7, 8], 50)];
-        check(&reqs, &[0, 0], &[0, 1], true);
+        check(TTFT, &reqs, &[0, 0], &[0, 1], true);
     }
 
     #[test]
@@ -304,7 +350,29 @@ mod tests {
         // The repeat arrives after the first finished: its holder is idle and caches the
         // prompt, so no move lowers its TTFT.
         let reqs = [req(1, 0.0, &[1, 2, 3, 4], 4), req(2, 5_000.0, &[1, 2, 3, 4], 4)];
-        check(&reqs, &[1, 1], &[1, 1], false);
+        check(TTFT, &reqs, &[1, 1], &[1, 1], false);
+    }
+
+    #[test]
+    fn a_conversations_turn_away_from_its_opening_is_brought_back_for_hits() {
+        // Turn two went to the other worker and recomputed the opening; either worker
+        // holding both turns gets the same hits, and the hint is the opening's worker.
+        let reqs = [req(1, 0.0, &[1, 2, 3, 4], 4), req(2, 5_000.0, &[1, 2, 3, 4, 5], 4)];
+        check(Aim::Hits, &reqs, &[0, 1], &[0, 0], true);
+        check(Aim::Hits, &reqs, &[1, 1], &[1, 1], false);
+    }
+
+    #[test]
+    fn the_hits_hint_is_the_worker_of_the_groups_request_before() {
+        // Request 2 follows request 0's opening on another worker and misses it all;
+        // request 1 shares nothing.
+        let reqs = [req(0, 0.0, &[1, 2, 3], 4), req(1, 1.0, &[7, 8], 4), req(2, 5_000.0, &[1, 2, 3, 4], 4)];
+        let at = [0, 1, 1];
+        let rep = run(&cfg(2), &reqs, &at).expect("config");
+        assert_eq!(hits_hints(&at, &rep, &groups(&reqs)), [(0, 0.0), (1, 0.0), (0, 2048.0)]);
+        let along = [0, 1, 0];
+        let rep = run(&cfg(2), &reqs, &along).expect("config");
+        assert_eq!(hits_hints(&along, &rep, &groups(&reqs)), [(0, 0.0), (1, 0.0), (0, 0.0)]);
     }
 
     #[test]
@@ -312,7 +380,7 @@ mod tests {
         // Spreading the repeat would lower TTFT only by recomputing the shared prompt;
         // with hits held at the start's, it stays.
         let reqs = [req(1, 0.0, &[1, 2, 3, 4], 400), req(2, 30.0, &[1, 2, 3, 4, 5], 4)];
-        let free = SearchConfig { seed: 3, ..SearchConfig::unlimited(Goal::FirstToken, 100) };
+        let free = SearchConfig { seed: 3, ..SearchConfig::unlimited(TTFT, 100) };
         let loose = search(&cfg(2), &reqs, vec![0, 0], &free, |_, _, _| {}).expect("config");
         assert!(loose.best.ttft_ms.mean < loose.start.ttft_ms.mean, "{loose:?}");
         assert!(loose.best.prefix_reuse_ratio < loose.start.prefix_reuse_ratio, "{loose:?}");
