@@ -12,15 +12,16 @@
 //! A variant is `oracle` or `oracle-e2e` (the clairvoyant greedy references of
 //! `kvroute_sim::lookahead`, sending each request where its first or last token comes
 //! soonest), `partition` (each shared document or opening on one worker, balanced with
-//! the whole trace in hand), `search[-e2e][-free][=MOVES]` (`kvroute_sim::search`: kv's
-//! choices improved offline for TTFT mean, or end-to-end mean with `-e2e`, replaying the
-//! whole trace per move, with hits and the other mean held to kv's own unless `-free`),
+//! the whole trace in hand), `search[-e2e|-hits][-free][=MOVES]` (`kvroute_sim::search`:
+//! kv's choices improved offline for TTFT mean, end-to-end mean with `-e2e` or hit rate
+//! with `-hits`, replaying the whole trace per move, with the other figures held to kv's
+//! own unless `-free`),
 //! `kv`
 //! (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
 //! (session_decode_time_weight, at a session's first request), `sret`
 //! (session_return_ms), `memshare`
-//! (memory_kv_share), `out` (output_tokens_default), `store`
+//! (memory_kv_share), `mem` (memory_ms_per_block), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `keepshare`
 //! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
@@ -166,6 +167,7 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "sdtw" => c.ttft.session_decode_time_weight = x,
             "sret" => c.ttft.session_return_ms = x as u64,
             "memshare" => c.ttft.memory_kv_share = x,
+            "mem" => c.ttft.memory_ms_per_block = x,
             "out" => c.ttft.output_tokens_default = x as u32,
             "store" => c.ttft.store_ms_per_block = x,
             "keep" => c.ttft.keep_ms_per_block = x,
@@ -296,6 +298,9 @@ fn search(
     let name = format!("search{aim_name}{}", if free { "-free" } else { "" });
     let name = name.as_str();
     line(name, speedup, &best);
+    if let Some(path) = &a.records {
+        dump(path, name, speedup, &best)?;
+    }
     println!(
         "{{\"variant\":\"{name}\",\"tried\":{},\"kept\":{},\"limited\":{},\"start_ttft_mean\":{:.1},\"start_hits\":{:.4},\"start_e2e_mean\":{:.1}}}",
         found.tried, found.kept, found.limited, found.start.ttft_ms.mean, found.start.prefix_reuse_ratio, found.start.e2e_ms.mean
