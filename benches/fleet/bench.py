@@ -54,6 +54,9 @@ KV_VARIANTS = {
     # kv tokenizing text its prefix cache has not seen without the word memo, as before
     # session 29 (its model line below).
     "kv-no-memo": ("kv", []),
+    # kv charging 10 ms per KV block a worker would hold past 0.9 of its capacity, the
+    # default before session 30.
+    "kv-mem10": ("kv", ["memory_ms_per_block = 10"]),
 }
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
@@ -103,7 +106,8 @@ def parse_args(argv=None):
                         "kv-arw5 (kv charging 5 ms per running request), kv-excess (kv charging 20 ms "
                         "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
-                        "words) and peers "
+                        "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
+                        "worker's capacity) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,

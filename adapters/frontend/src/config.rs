@@ -337,6 +337,9 @@ pub struct RoutingConfig {
     /// Running requests a worker must pass before `excess_ms_per_request` charges it,
     /// however low the mean (default 4).
     pub excess_requests_min: u32,
+    /// Wait charged per KV block a worker would hold past 0.9 of its capacity, in ms
+    /// (default 5.0): what turns work away from a worker whose memory is running out.
+    pub memory_ms_per_block: f64,
     /// Sampling temperature of the kv cost; 0 picks the cheapest (default 0.0).
     pub temperature: f64,
     /// The engines' timing the kv cost predicts with: `gpu` (default; vLLM on a GPU, the
@@ -370,6 +373,7 @@ impl Default for RoutingConfig {
             excess_ms_per_request: 0.0,
             excess_over_mean: 3.0,
             excess_requests_min: 4,
+            memory_ms_per_block: router_core::TtftWeights::default().memory_ms_per_block,
             temperature: 0.0,
             engine_timing: EngineTimingName::Gpu,
         }

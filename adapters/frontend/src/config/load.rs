@@ -225,6 +225,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.ttft.excess_ms_per_request = r.excess_ms_per_request;
     rc.cost.ttft.excess_over_mean = r.excess_over_mean;
     rc.cost.ttft.excess_requests_min = r.excess_requests_min;
+    rc.cost.ttft.memory_ms_per_block = r.memory_ms_per_block;
     rc.cost.temperature = r.temperature;
     rc.cost.timing = r.engine_timing.model();
     rc.learn = cfg.learn.core();
@@ -315,6 +316,15 @@ mod tests {
         assert_eq!(timing(""), router_core::TtftModel::default());
         assert_eq!(timing("[router]\nengine_timing = \"vllm-cpu\"\n"), router_core::TtftModel::vllm_cpu());
         check_err("[router]\nengine_timing = \"tpu\"\n", Some(2), "expected gpu or vllm-cpu");
+    }
+
+    #[test]
+    fn the_memory_charge_is_the_cores_unless_set() {
+        let m = ModelConfig { name: "m".into(), ..ModelConfig::default() };
+        let ms = |text: &str| router_config(&ProxyConfig::from_toml_str(text).unwrap(), &m, 0).cost.ttft;
+        assert_eq!(ms("").memory_ms_per_block, router_core::TtftWeights::default().memory_ms_per_block);
+        assert_eq!(ms("[router]\nmemory_ms_per_block = 10.0\n").memory_ms_per_block, 10.0);
+        check_err("[router]\nmemory_ms_per_block = \"x\"\n", Some(2), "memory_ms_per_block");
     }
 
     #[test]

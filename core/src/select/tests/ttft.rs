@@ -79,10 +79,11 @@ fn default_timing_is_the_reference_engine() {
 
 /// The weights the hand computations below were made with: the defaults without the
 /// decode time, store and keep terms, which `decode_time_and_store_terms` and
-/// `keep_term` check alone.
+/// `keep_term` check alone, and with 10 ms per block short of memory.
 fn base_weights() -> TtftWeights {
     TtftWeights {
         decode_time_weight: 0.0,
+        memory_ms_per_block: 10.0,
         memory_kv_share: 1.0,
         store_ms_per_block: 0.0,
         keep_ms_per_block: 0.0,
