@@ -89,10 +89,8 @@ impl Plan {
         if self.refusal.is_none() {
             let named = json.insert("return_token_ids".into(), Value::Bool(true)).is_some();
             let json = Value::Object(json);
-            let body = match with_first_member(forwarded, "\"return_token_ids\":true") {
-                Some(b) if !named => b,
-                _ => Bytes::from(json.to_string()),
-            };
+            let spliced = if named { None } else { with_first_member(forwarded, "\"return_token_ids\":true") };
+            let body = spliced.unwrap_or_else(|| Bytes::from(json.to_string()));
             return (Arc::new(json), body);
         }
         (Arc::new(Value::Object(json)), forwarded.clone())
