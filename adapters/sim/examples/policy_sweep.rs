@@ -248,15 +248,15 @@ fn search(
     rcfg: &ReplayConfig,
     fleet: Fleet,
     reqs: &[SimRequest],
-    moves: &str,
+    spec: &str,
     speedup: f64,
 ) -> Result<(), String> {
-    let (aim, moves) = if let Some(rest) = moves.strip_prefix("-e2e") {
+    let (aim, moves) = if let Some(rest) = spec.strip_prefix("-e2e") {
         (Aim::Time(Goal::LastToken), rest)
-    } else if let Some(rest) = moves.strip_prefix("-hits") {
+    } else if let Some(rest) = spec.strip_prefix("-hits") {
         (Aim::Hits, rest)
     } else {
-        (Aim::Time(Goal::FirstToken), moves)
+        (Aim::Time(Goal::FirstToken), spec)
     };
     let (free, moves) = match moves.strip_prefix("-free") {
         Some(rest) => (true, rest),
@@ -290,12 +290,8 @@ fn search(
     };
     let found = kvroute_sim::search::search(rcfg, reqs, start, &s, progress).map_err(|e| e.to_string())?;
     let best = run(rcfg, reqs, &mut Assigned::new(reqs, &found.assignment))?;
-    let aim_name = match aim {
-        Aim::Time(Goal::FirstToken) => "",
-        Aim::Time(Goal::LastToken) => "-e2e",
-        Aim::Hits => "-hits",
-    };
-    let name = format!("search{aim_name}{}", if free { "-free" } else { "" });
+    // The variant as given, less its moves: `search-hits-free=500` is `search-hits-free`.
+    let name = format!("search{}", spec.split('=').next().unwrap_or_default());
     let name = name.as_str();
     line(name, speedup, &best);
     if let Some(path) = &a.records {

@@ -238,8 +238,7 @@ fn hits_hints(at: &[u32], rep: &ReplayReport, next: &[usize]) -> Vec<(u32, f64)>
         if j == usize::MAX || at[i] == at[j] {
             continue;
         }
-        let r = &rep.records[j];
-        out[j] = (at[i], f64::from(r.prompt_tokens.saturating_sub(r.cached_tokens.unwrap_or(0))));
+        out[j] = (at[i], uncached(&rep.records[j]));
     }
     out
 }
@@ -279,9 +278,14 @@ fn weight(r: &crate::stats::RequestRecord, aim: Aim) -> f64 {
     let ms = match aim {
         Aim::Time(Goal::FirstToken) => r.ttft_ms(),
         Aim::Time(Goal::LastToken) => r.e2e_ms(),
-        Aim::Hits => return f64::from(r.prompt_tokens.saturating_sub(r.cached_tokens.unwrap_or(0))),
+        Aim::Hits => return uncached(r),
     };
     ms.map_or(0.0, |t| t.max(0.0))
+}
+
+/// A request's prompt tokens not served from cache.
+fn uncached(r: &crate::stats::RequestRecord) -> f64 {
+    f64::from(r.prompt_tokens.saturating_sub(r.cached_tokens.unwrap_or(0)))
 }
 
 /// An index drawn with chance proportional to its weight; `None` if no weight is
