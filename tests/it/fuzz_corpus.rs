@@ -94,11 +94,11 @@ fn regression(target: &str, name: &str) {
     body(&data);
 }
 
-/// `router_ops`' first libFuzzer crash (reduced: a session request dispatched and its
-/// booking expired by a jump of 11,051 hours, then the clock stepped back 997 hours).
-/// The router was right: the binding's idle deadline, set at the late time, stays ahead
-/// of the earlier clock. The driver's settle jumped only 48 hours and reported the live
-/// binding as a leak; settle now moves to each next deadline.
+/// `router_ops`' first libFuzzer crash (a session's binding made before the clock stepped
+/// back 997 hours; the driver's settle jumped only 48 hours and took it for a leak). Since
+/// the target's operations gained the tokenizer verdict these bytes decode to other
+/// operations, still replayed here; the scenario itself is the simulation's
+/// `the_settle_waits_out_a_binding_made_before_the_clock_stepped_back`.
 #[test]
 fn router_ops_settle_after_the_clock_stepped_back() {
     regression("router_ops", "settle_after_clock_stepped_back");

@@ -219,6 +219,8 @@ enum FuzzOp {
     Jump { hours: u16 },
     Timeout,
     Query { chain: u8, len: u8, twist: u8 },
+    // Last, and added in session 31: inputs saved before it decode to other operations.
+    Tokens { worker: u8, agrees: bool },
 }
 
 #[derive(Arbitrary, Clone, Copy, Debug)]
@@ -292,6 +294,7 @@ impl From<&FuzzOp> for sim::ops::Op {
             FuzzOp::Jump { hours } => Op::Jump { hours },
             FuzzOp::Timeout => Op::Timeout,
             FuzzOp::Query { chain, len, twist } => Op::Query { chain, len, twist },
+            FuzzOp::Tokens { worker, agrees } => Op::Tokens { worker, agrees },
         }
     }
 }
