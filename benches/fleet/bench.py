@@ -57,6 +57,8 @@ KV_VARIANTS = {
     # kv charging 10 ms per KV block a worker would hold past 0.9 of its capacity, the
     # default before session 30.
     "kv-mem10": ("kv", ["memory_ms_per_block = 10"]),
+    # kv predicting with the vLLM CPU engine's timing, not a GPU's: for `--fleet real`.
+    "kv-cpu": ("kv", ['engine_timing = "vllm-cpu"']),
 }
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
@@ -107,7 +109,7 @@ def parse_args(argv=None):
                         "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
-                        "worker's capacity) and peers "
+                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
