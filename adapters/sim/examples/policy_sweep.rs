@@ -46,8 +46,7 @@
 //! has kv predict with it (`engine_timing = "vllm-cpu"` in a config); `mocker`, the GPU
 //! reference, is the default.
 
-use kvroute_sim::engine::EngineConfig;
-use kvroute_sim::engine::EngineTiming;
+use kvroute_sim::engine::{EngineConfig, EngineTiming};
 use kvroute_sim::lookahead::{Choice, Goal, Lookahead, Regret};
 use kvroute_sim::peer::{TextTreeConfig, TextTreeRule};
 use kvroute_sim::replay::{replay, Dispatcher, ReplayConfig, ReplayReport, SimRequest};
