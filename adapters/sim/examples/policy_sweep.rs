@@ -20,7 +20,7 @@
 //! (the defaults) or comma-separated `key=value` overrides of the ttft
 //! weights: `dtw` (decode_time_weight), `dtmax` (decode_time_ms_max), `sdtw`
 //! (session_decode_time_weight, at a session's first request), `sret`
-//! (session_return_ms), `memshare`
+//! (session_return_ms), `sscaled` (1 or 0: session_return_scaled), `memshare`
 //! (memory_kv_share), `mem` (memory_ms_per_block), `out` (output_tokens_default), `store`
 //! (store_ms_per_block), `keep` (keep_ms_per_block), `keepmax` (keep_ms_max), `keepshare`
 //! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
@@ -186,6 +186,7 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "dtmax" => c.ttft.decode_time_ms_max = x,
             "sdtw" => c.ttft.session_decode_time_weight = x,
             "sret" => c.ttft.session_return_ms = x as u64,
+            "sscaled" => c.ttft.session_return_scaled = x != 0.0,
             "memshare" => c.ttft.memory_kv_share = x,
             "mem" => c.ttft.memory_ms_per_block = x,
             "out" => c.ttft.output_tokens_default = x as u32,

@@ -347,16 +347,21 @@ impl Router {
 
     /// Adds to each candidate's requests the sessions bound there whose last request
     /// ended within `session_return_ms`: for a session's start, they are requests due.
+    /// With `session_return_scaled`, only the share of them the fleet's load says will
+    /// be running (see [`running_share`]).
     fn count_returning(&self, now: Instant, phase: Phase, candidates: &mut [Candidate]) {
-        let window_ms = self.cfg.cost.ttft.session_return_ms;
-        if window_ms == 0 {
+        let w = &self.cfg.cost.ttft;
+        if w.session_return_ms == 0 {
             return;
         }
         let mut returning = Vec::new();
-        self.affinity.returning(now, phase, window_ms, &mut returning);
+        self.affinity.returning(now, phase, w.session_return_ms, &mut returning);
+        let share = if w.session_return_scaled { running_share(candidates, &returning) } else { 1.0 };
         for c in candidates {
             if let Some(&(_, n)) = returning.iter().find(|(w, _)| *w == c.key.worker) {
-                c.load.active_requests = c.load.active_requests.saturating_add(n);
+                // Rounded down: a session is counted only when one is expected back.
+                let due = (f64::from(n) * share) as u32;
+                c.load.active_requests = c.load.active_requests.saturating_add(due);
             }
         }
     }
@@ -506,4 +511,17 @@ fn explain(
             },
         })
         .collect()
+}
+
+/// The share of the fleet's sessions that are in a request rather than between calls:
+/// the candidates' running requests over those plus the sessions `returning` counts.
+/// 0 on an idle fleet.
+fn running_share(candidates: &[Candidate], returning: &[(WorkerId, u32)]) -> f64 {
+    let running: f64 = candidates.iter().map(|c| f64::from(c.load.active_requests)).sum();
+    let between: f64 = returning.iter().map(|&(_, n)| f64::from(n)).sum();
+    if running > 0.0 {
+        running / (running + between)
+    } else {
+        0.0
+    }
 }

@@ -65,28 +65,72 @@ fn a_bound_session_stays_where_its_start_put_it() {
     invariants(&r);
 }
 
-/// The prompt's holder (worker 0) runs nothing, but `sessions` sessions bound there
-/// ended their last requests at T0. Where a new session starts `after_ms` later.
-fn start_after(sessions: u64, after_ms: u64) -> u64 {
-    let mut r = fleet(0);
-    for i in 0..sessions {
-        let id = alloc::format!("bound-{i}").into_bytes();
-        let mut q = Request { session: Some(id), expected_output_tokens: Some(128), ..req(500 + i, &[900 + i]) };
-        q.hints.decode_worker_id = Some(WorkerId(0));
+/// Three workers: the prompt's holder (worker 0) runs nothing, but `sessions` sessions
+/// bound there ended their last requests at T0; worker 1 is empty; worker 2 decodes
+/// `running` requests of other callers. Whether a new session starting `after_ms` later
+/// goes to the holder.
+fn start_after(sessions: u64, running: u64, after_ms: u64) -> bool {
+    start_after_with(true, sessions, running, after_ms)
+}
+
+/// `start_after` with `session_return_scaled` as given.
+fn start_after_with(scaled: bool, sessions: u64, running: u64, after_ms: u64) -> bool {
+    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+    cfg.cost.ttft.session_return_scaled = scaled;
+    let mut r = Router::new(cfg);
+    for w in 0..3 {
+        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
+    }
+    store(&mut r, 0, 1..=SHARED_BLOCKS);
+    let place = |r: &mut Router, id: u64, session: Option<Vec<u8>>, worker: u64, finish: bool| {
+        let mut q = Request { session, expected_output_tokens: Some(128), ..req(id, &[id]) };
+        q.hints.decode_worker_id = Some(WorkerId(worker));
         let d = routed(r.handle_request(T0, q, Draw(0)));
         r.handle_dispatched(T0, d.id, d.phase).unwrap();
-        r.handle_finished(T0, d.id, d.phase).unwrap();
+        if finish {
+            r.handle_finished(T0, d.id, d.phase).unwrap();
+        }
+    };
+    for i in 0..sessions {
+        place(&mut r, 500 + i, Some(alloc::format!("bound-{i}").into_bytes()), 0, true);
+    }
+    for i in 0..running {
+        place(&mut r, 700 + i, None, 2, false);
     }
     let d = routed(r.handle_request(T0.add_ms(after_ms), asking(1, Some(b"new")), Draw(0)));
     invariants(&r);
-    d.target.worker.0
+    d.target.worker.0 == 0
 }
 
 #[test]
-fn a_start_counts_the_sessions_due_back_on_each_worker() {
-    // (sessions bound to the idle holder, ms since their last requests ended, where a
-    // new session starts): sessions between calls will send their next call there.
-    for (sessions, after_ms, want) in [(0, 1_000, 0), (2, 1_000, 0), (3, 1_000, 1), (7, 1_000, 1), (7, 11_000, 0)] {
-        assert_eq!(start_after(sessions, after_ms), want, "{sessions} sessions, {after_ms} ms after");
+fn a_start_counts_the_sessions_due_back_as_the_fleet_load_says() {
+    // (sessions bound to the idle holder, requests running elsewhere, ms since the
+    // sessions' last requests ended, whether a new session starts on the holder). On a
+    // busy fleet, sessions between calls will send their next calls to the holder soon
+    // and run beside the new one; on an idle fleet they seldom overlap, and the
+    // prompt's cache wins; past `session_return_ms` none count. Three due on the holder move a
+    // start (see `unscaled_…`): 4 × 20 / 24 rounds down to 3, 3 × 20 / 23 to 2.
+    for (sessions, running, after_ms, on_holder) in [
+        (0, 20, 1_000, true),
+        (3, 20, 1_000, true),
+        (4, 20, 1_000, false),
+        (7, 20, 1_000, false),
+        (7, 20, 11_000, true),
+        (7, 0, 1_000, true),
+        (7, 1, 1_000, true),
+        (7, 4, 1_000, true),
+        (7, 6, 1_000, false),
+    ] {
+        let got = start_after(sessions, running, after_ms);
+        assert_eq!(got, on_holder, "{sessions} sessions, {running} running, {after_ms} ms after: on the holder?");
+    }
+}
+
+#[test]
+fn unscaled_a_start_counts_every_session_due_back() {
+    // The old rule: each session between calls is a request on its worker, busy
+    // fleet or not.
+    for (sessions, on_holder) in [(2, true), (3, false), (7, false)] {
+        assert_eq!(start_after_with(false, sessions, 0, 1_000), on_holder, "{sessions} sessions, unscaled");
     }
 }
