@@ -59,7 +59,11 @@ KV_VARIANTS = {
     "kv-mem10": ("kv", ["memory_ms_per_block = 10"]),
     # kv predicting with the vLLM CPU engine's timing, not a GPU's: for `--fleet real`.
     "kv-cpu": ("kv", ['engine_timing = "vllm-cpu"']),
+    "kv-learn": ("kv", []),
 }
+# kv with `[learn]` on: per-worker speeds learned from the TTFT the proxy sees, and the
+# engines' own load scraped from their metrics.
+KV_LEARN = {"kv-learn"}
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
@@ -109,7 +113,7 @@ def parse_args(argv=None):
                         "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
-                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing) and peers "
+                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing), kv-learn (kv with [learn] on) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
@@ -200,7 +204,7 @@ def start_router(name, kvroute, workers, log_dir, workload="conversation", real=
     sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if workload == "multimodal" else ()
     mode, extra = KV_VARIANTS.get(name, (name, []))
     return fleet.start_kvroute(str(kvroute), mode, workers, log_dir, name=f"kvroute-{name}", router_extra=extra,
-                               sections=sections, cpu_engines=real,
+                               sections=sections, cpu_engines=real, learn=name in KV_LEARN,
                                model_extra=KV_MODEL_LINES.get(name, []))  # fmt: skip
 
 

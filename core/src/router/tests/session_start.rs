@@ -108,8 +108,9 @@ fn a_start_counts_the_sessions_due_back_as_the_fleet_load_says() {
     // sessions' last requests ended, whether a new session starts on the holder). On a
     // busy fleet, sessions between calls will send their next calls to the holder soon
     // and run beside the new one; on an idle fleet they seldom overlap, and the
-    // prompt's cache wins; past `session_return_ms` none count. Three due on the holder move a
-    // start (see `unscaled_…`): 4 × 20 / 24 rounds down to 3, 3 × 20 / 23 to 2.
+    // prompt's cache wins; past `session_return_ms` none count. Three due on the
+    // holder move a start (see `unscaled_…`): 4 × 20 / 24 rounds down to 3, 3 × 20 /
+    // 23 to 2.
     for (sessions, running, after_ms, on_holder) in [
         (0, 20, 1_000, true),
         (3, 20, 1_000, true),
