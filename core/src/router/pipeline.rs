@@ -350,13 +350,13 @@ impl Router {
     /// With `session_return_scaled`, only the share of them the fleet's load says will
     /// be running (see [`running_share`]).
     fn count_returning(&self, now: Instant, phase: Phase, candidates: &mut [Candidate]) {
-        let w = &self.cfg.cost.ttft;
-        if w.session_return_ms == 0 {
+        let weights = &self.cfg.cost.ttft;
+        if weights.session_return_ms == 0 {
             return;
         }
         let mut returning = Vec::new();
-        self.affinity.returning(now, phase, w.session_return_ms, &mut returning);
-        let share = if w.session_return_scaled { running_share(candidates, &returning) } else { 1.0 };
+        self.affinity.returning(now, phase, weights.session_return_ms, &mut returning);
+        let share = if weights.session_return_scaled { running_share(candidates, &returning) } else { 1.0 };
         for c in candidates {
             if let Some(&(_, n)) = returning.iter().find(|(w, _)| *w == c.key.worker) {
                 // Rounded down: a session is counted only when one is expected back.
