@@ -22,7 +22,12 @@ fn spec(id: u64, role: WorkerRole) -> WorkerSpec {
 }
 
 fn router(mode: RouterMode, workers: u64) -> Router {
-    let mut r = Router::new(RouterConfig { mode, ..RouterConfig::default() });
+    router_with(RouterConfig { mode, ..RouterConfig::default() }, workers)
+}
+
+/// A router on `cfg` with aggregated workers `0..workers`.
+fn router_with(cfg: RouterConfig, workers: u64) -> Router {
+    let mut r = Router::new(cfg);
     for w in 0..workers {
         r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
     }
@@ -417,10 +422,7 @@ fn failed_workers_are_excluded_until_none_are_left() {
 
 #[test]
 fn approximate_mode_predicts_silent_workers_and_keeps_exact_ones() {
-    let mut r = Router::new(RouterConfig { mode: RouterMode::Kv, approximate: true, ..RouterConfig::default() });
-    for w in 0..3 {
-        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
-    }
+    let mut r = router_with(RouterConfig { mode: RouterMode::Kv, approximate: true, ..RouterConfig::default() }, 3);
     // Worker 2 publishes events and holds blocks 1..=4 exactly.
     let stored: Vec<BlockHash> = (1..=4).map(|b| BlockHash { seq: SeqHash(b), local: LocalHash(b) }).collect();
     r.handle_kv_event(
@@ -476,10 +478,7 @@ enum Gone {
 fn check_gone_worker(mode: crate::affinity::AffinityMode, gone: Gone, pinned: bool, rebinds: bool) {
     let mut cfg = RouterConfig { mode: RouterMode::RoundRobin, ..RouterConfig::default() };
     cfg.affinity.mode = mode;
-    let mut r = Router::new(cfg);
-    for w in 0..2 {
-        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
-    }
+    let mut r = router_with(cfg, 2);
     let d = routed(r.handle_request(T0, session_req(1, b"s"), Draw(0)));
     assert_eq!(d.target.worker, WorkerId(0));
     r.handle_dispatched(T0, d.id, d.phase).unwrap();
@@ -567,10 +566,7 @@ fn direct_mode_refuses_a_pin_to_a_worker_that_is_gone() {
 fn check_refused(mode: crate::affinity::AffinityMode, why: DispatchFailure, stays: bool) {
     let mut cfg = RouterConfig { mode: RouterMode::RoundRobin, ..RouterConfig::default() };
     cfg.affinity.mode = mode;
-    let mut r = Router::new(cfg);
-    for w in 0..2 {
-        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
-    }
+    let mut r = router_with(cfg, 2);
     let serve = |r: &mut Router, q: Request| {
         let d = routed(r.handle_request(T0, q, Draw(0)));
         r.handle_dispatched(T0, d.id, d.phase).unwrap();

@@ -77,10 +77,7 @@ fn start_after(sessions: u64, running: u64, after_ms: u64) -> bool {
 fn start_after_with(scaled: bool, sessions: u64, running: u64, after_ms: u64) -> bool {
     let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
     cfg.cost.ttft.session_return_scaled = scaled;
-    let mut r = Router::new(cfg);
-    for w in 0..3 {
-        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
-    }
+    let mut r = router_with(cfg, 3);
     store(&mut r, 0, 1..=SHARED_BLOCKS);
     let place = |r: &mut Router, id: u64, session: Option<Vec<u8>>, worker: u64, finish: bool| {
         let mut q = Request { session, expected_output_tokens: Some(128), ..req(id, &[id]) };

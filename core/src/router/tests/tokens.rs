@@ -27,10 +27,7 @@ fn check(
     want_silent_repeat: (u64, u32),
 ) {
     let cfg = RouterConfig { mode: RouterMode::Kv, approximate, request_tokens: tokens, ..RouterConfig::default() };
-    let mut r = Router::new(cfg);
-    for w in 0..3 {
-        r.handle_worker_update(T0, WorkerUpdate::Upsert(spec(w, WorkerRole::Aggregated))).unwrap();
-    }
+    let mut r = router_with(cfg, 3);
     store(&mut r, 2, 1..=4);
     store(&mut r, 1, 900..=903);
     if matches!(said, Said::Differs | Said::DiffersThenAgrees) {
