@@ -210,7 +210,8 @@ pub struct TtftWeights {
     /// happen to be between calls. 0 counts none. Default 10,000.
     pub session_return_ms: u64,
     /// Count those sessions by the share of the fleet's session time spent in
-    /// requests, `running / (running + between calls)` over all workers, rounded down,
+    /// requests, `running / (running + between calls)` (the candidates' running
+    /// requests, every worker's sessions between calls), rounded down,
     /// rather than each as a request: at low load a session between calls is rarely
     /// back while another runs, and counting it in full spread new sessions away from
     /// their shared prompt's holder for decode contention that never came. Default
