@@ -78,7 +78,11 @@ impl Router {
     pub(super) fn drop_flight(&mut self, now: Instant, fk: FlightKey, invalidate: bool) {
         let Some(f) = self.flights.remove(&fk) else { return };
         match f.state {
-            State::Booked(_) | State::Dispatched(_) => {
+            State::Booked(key) | State::Dispatched(key) => {
+                if matches!(f.state, State::Dispatched(_)) {
+                    // It ran there; a booking rolled back before dispatch warmed nothing.
+                    self.warmth.ended(&self.cfg.cost.timing, now, key);
+                }
                 let freed = self.load.free(fk.id, fk.phase);
                 debug_assert!(freed.is_ok(), "a booked flight has a booking: {freed:?}");
                 self.publish(ReplicaUpdate::Finished { id: fk.id, phase: fk.phase });
@@ -132,6 +136,7 @@ impl Router {
         self.event_workers.remove(&id);
         self.foreign_tokens.remove(&id);
         self.untrusted.retain(|k| k.worker != id);
+        self.warmth.remove_worker(id);
         let gone: Vec<FlightKey> = self
             .flights
             .iter()
@@ -211,6 +216,9 @@ impl Router {
             )));
         }
         self.load.check().map_err(InvariantViolation)?;
+        if let Some(k) = self.warmth.stray(|w| self.workers.get(w).is_some()) {
+            return Err(InvariantViolation(format!("warmth kept for {k:?}, whose worker is gone")));
+        }
         if self.flights.len() > self.cfg.requests_max {
             return Err(InvariantViolation(format!(
                 "{} requests tracked, limit {}",

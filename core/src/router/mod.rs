@@ -9,6 +9,7 @@ mod prompt_ends;
 mod replica;
 mod snapshot;
 mod types;
+mod warmth;
 
 #[cfg(test)]
 mod tests;
@@ -257,6 +258,7 @@ pub struct Router {
     /// Workers whose engine tokenizes otherwise than the caller: bounded by the fleet.
     foreign_tokens: BTreeSet<WorkerId>,
     untrusted: BTreeSet<WorkerKey>,
+    warmth: warmth::Warmth,
     /// A session binding was invalidated since the queue was last re-tried: a queued
     /// request of that session pinned to a worker but not a rank took its rank from it.
     unbound: bool,
@@ -305,6 +307,7 @@ impl Router {
             event_workers: BTreeSet::new(),
             foreign_tokens: BTreeSet::new(),
             untrusted: BTreeSet::new(),
+            warmth: warmth::Warmth::default(),
             unbound: false,
             orphan_timers: BTreeSet::new(),
             disagg_stats: DisaggStats::default(),
@@ -508,7 +511,7 @@ impl Router {
         let fk = FlightKey::new(id, phase);
         match self.flights.get(&fk).map(|f| f.state) {
             None => return Err(self.unknown(fk)),
-            Some(State::Booked(_)) | Some(State::Dispatched(_)) => {}
+            Some(State::Booked(key)) | Some(State::Dispatched(key)) => self.warmth.prefill_done(key),
             Some(State::Orphaned(_)) => return Ok(()),
             Some(_) => return Err(InputError::WrongState { id, phase }),
         }

@@ -280,6 +280,7 @@ impl Router {
                         prefill_done_tokens: progress.done_tokens,
                         prefill_scale: scales.prefill_scale,
                         decode_weight: scales.decode_weight,
+                        cold_ms: self.warmth.cold_ms(&self.cfg.cost.timing, now, v.key, own.active_requests),
                     })
                 }
                 Verdict::Excluded(_) => None,
@@ -326,9 +327,11 @@ impl Router {
             let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
+            let running = self.combined_load(target).active_requests;
             if let Err(_e) = self.load.add(now, fk.id, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
+            self.warmth.booked(&self.cfg.cost.timing, now, target, running);
             self.prompt_ends.record(&req.blocks, self.cfg.prompt_end_blocks);
             self.publish_added(fk, target, prefill_tokens, out_blocks);
         }

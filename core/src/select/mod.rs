@@ -14,6 +14,7 @@
 //! caller happened to build the list in never changes a decision. Work is linear in the
 //! number of candidates (plus the sort when unsorted).
 
+mod cold;
 mod cost;
 mod excess;
 mod ttft;
@@ -158,6 +159,10 @@ pub struct Candidate {
     /// decode scale over its prefill scale (`cost_factor` already carries the prefill
     /// scale), so each is scaled by its own; 1.0 when not learned.
     pub decode_weight: f64,
+    /// The cold wait ahead of a request sent there, ms ([`TtftModel::cold_ms`] of how
+    /// long it has been idle; for a worker whose backlog began idle, that backlog's
+    /// first pass's, until it ends). 0 unless the timing model has a cold term.
+    pub cold_ms: f64,
 }
 
 impl Candidate {
@@ -181,6 +186,7 @@ impl Candidate {
             prefill_done_tokens: 0,
             prefill_scale: 1.0,
             decode_weight: 1.0,
+            cold_ms: 0.0,
         }
     }
 }
@@ -403,11 +409,13 @@ fn load_scores(req: &SelectRequest, cands: &[Candidate], cost: impl Fn(&Candidat
 /// in key order.
 fn kv_scores(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     let (mut scores, min, in_order) = kv_scores_plain(req, cands);
-    let min = if excess::charge(req, cands, &mut scores) { Cheapest::of(&scores) } else { min };
+    // Both charges run: `|`, not `||`.
+    let charged = excess::charge(req, cands, &mut scores) | cold::charge(req, cands, &mut scores);
+    let min = if charged { Cheapest::of(&scores) } else { min };
     (scores, min, in_order)
 }
 
-/// [`kv_scores`] before the excess charge: each candidate scored on its own.
+/// [`kv_scores`] before the excess and cold charges: each candidate scored on its own.
 fn kv_scores_plain(req: &SelectRequest, cands: &[Candidate]) -> (Vec<CandidateScore>, Cheapest, bool) {
     match req.cost.model {
         KvCostModel::Ttft => ttft_plan::ttft_scores(req, cands),

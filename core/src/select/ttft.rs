@@ -47,6 +47,12 @@ pub struct TtftModel {
     pub max_batched_tokens_default: u32,
     /// KV capacity in blocks of a worker that reports none (0). Default 16384.
     pub kv_blocks_default: u32,
+    /// Extra time to the first token on a worker that has run nothing for a while, ms
+    /// per second it has been idle: a CPU engine's caches and its host's core go cold
+    /// between requests. Default 0 (a GPU's is too small to count).
+    pub cold_ms_per_idle_s: f64,
+    /// Most that extra time, ms. Default 0.
+    pub cold_ms_max: f64,
 }
 
 impl Default for TtftModel {
@@ -61,6 +67,8 @@ impl Default for TtftModel {
             decode_ms_min: 1.0,
             max_batched_tokens_default: 8192,
             kv_blocks_default: 16384,
+            cold_ms_per_idle_s: 0.0,
+            cold_ms_max: 0.0,
         }
     }
 }
@@ -72,6 +80,8 @@ impl TtftModel {
     /// (0.15 ms each, 42 ms a pass), unlike a GPU's, whose fixed cost per pass makes
     /// batching prompts together nearly free; a router that predicts with the GPU's
     /// coefficients piles prompts onto a CPU worker that computes them one by one.
+    /// A server idle for a while answers slower: 20 ms more per second idle, at most
+    /// 250 (measured there too).
     pub fn vllm_cpu() -> Self {
         TtftModel {
             prefill_ms_per_token_squared: 8.494e-05,
@@ -81,8 +91,19 @@ impl TtftModel {
             decode_ms_per_usage: 0.0,
             decode_ms_per_usage_squared: 0.0,
             decode_ms_min: 1.0,
+            cold_ms_per_idle_s: 20.0,
+            cold_ms_max: 250.0,
             ..TtftModel::default()
         }
+    }
+
+    /// The extra time to the first token on a worker idle for `idle_ms`:
+    /// `min(cold_ms_max, cold_ms_per_idle_s × idle_ms / 1000)`, 0 unless both are above 0.
+    pub fn cold_ms(&self, idle_ms: u64) -> f64 {
+        if !(self.cold_ms_per_idle_s > 0.0 && self.cold_ms_max > 0.0) {
+            return 0.0;
+        }
+        (self.cold_ms_per_idle_s * idle_ms as f64 / 1000.0).min(self.cold_ms_max)
     }
 
     /// `f_p(tokens)`: one pass computing `tokens` prompt tokens.

@@ -33,6 +33,7 @@ pub fn knobs(rng: &mut SplitMix64) -> Knobs {
         reject_unknown_parent: b() % 4 == 1,
         keys_max: b(),
         workers_max: b(),
+        cpu_timing: b() % 2 == 1,
     }
 }
 

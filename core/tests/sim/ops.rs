@@ -5,6 +5,7 @@
 use router_core::AffinityMode;
 use router_core::RouterConfig;
 use router_core::RouterMode;
+use router_core::TtftModel;
 use router_core::UnknownParentPolicy;
 use router_core::{BlockHash, LocalHash, SeqHash};
 use router_core::{ClassLimits, QueueOrder};
@@ -81,6 +82,8 @@ pub struct Knobs {
     pub reject_unknown_parent: bool,
     pub keys_max: u8,
     pub workers_max: u8,
+    /// The CPU build's timing, whose cold term tracks each worker's warmth.
+    pub cpu_timing: bool,
 }
 
 fn pick<T: Copy>(knob: u8, values: &[T]) -> T {
@@ -122,6 +125,9 @@ impl Knobs {
         c.index.keys_max = pick(self.keys_max, &[4096, 1, 3]);
         c.workers.workers_max = pick(self.workers_max, &[4096, 2, 4]);
         c.workers.dp_ranks_max = 4;
+        if self.cpu_timing {
+            c.cost.timing = TtftModel::vllm_cpu();
+        }
         c
     }
 }

@@ -5,6 +5,7 @@ mod contract;
 mod session_start;
 mod shared_prefix;
 mod tokens;
+mod warmth;
 
 use alloc::vec;
 use alloc::vec::Vec;

@@ -1,6 +1,7 @@
 //! Selection tests, one `check` per feature. Distributions are measured over many fixed
 //! draws, so they are deterministic; tolerances are several standard deviations wide.
 
+mod cold;
 mod excess;
 mod ttft;
 

@@ -16,6 +16,7 @@ fn simple() -> TtftModel {
         decode_ms_min: 1.0,
         max_batched_tokens_default: 1000,
         kv_blocks_default: 100,
+        ..TtftModel::default()
     }
 }
 

@@ -1,0 +1,85 @@
+//! With a timing model that has a cold term (the CPU build's), a worker that has been
+//! idle pays the wait its first pass takes, and one whose backlog began idle keeps
+//! paying it until that first pass is over.
+
+use super::*;
+use crate::TtftModel;
+
+/// What worker 0 or 1 has done before the request `check` routes.
+#[derive(Clone, Copy, Debug)]
+enum Past {
+    /// Nothing.
+    Never,
+    /// Ran a request that ended at this many ms.
+    EndedAt(u64),
+    /// Runs a request booked at 0 (when it had run nothing); `true` once its prefill
+    /// is done.
+    Running(bool),
+}
+
+fn at(ms: u64) -> Instant {
+    T0.add_ms(ms)
+}
+
+/// Request `id` on `worker`, with blocks no one holds, as `past` says.
+fn live(r: &mut Router, id: u64, worker: u64, past: Past) {
+    let mut q = req(id, &[id * 100, id * 100 + 1, id * 100 + 2]);
+    q.hints.decode_worker_id = Some(WorkerId(worker));
+    let run = |r: &mut Router| {
+        let d = routed(r.handle_request(T0, q, Draw(0)));
+        r.handle_dispatched(T0, d.id, d.phase).unwrap();
+        d
+    };
+    match past {
+        Past::Never => {}
+        Past::EndedAt(ms) => {
+            let d = run(r);
+            r.handle_prefill_done(T0, d.id, d.phase).unwrap();
+            r.handle_finished(at(ms), d.id, d.phase).unwrap();
+        }
+        Past::Running(prefilled) => {
+            let d = run(r);
+            if prefilled {
+                r.handle_prefill_done(T0, d.id, d.phase).unwrap();
+            }
+        }
+    }
+}
+
+/// Two workers on the CPU build's timing with `past`; a three-block request no one
+/// holds, sent at `now_ms`, goes to `want`. `cold` off runs the same with no cold term.
+#[track_caller]
+fn check(past: [Past; 2], now_ms: u64, cold: bool, want: u64) {
+    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+    cfg.cost.timing = TtftModel::vllm_cpu();
+    if !cold {
+        cfg.cost.timing.cold_ms_max = 0.0;
+    }
+    let mut r = router_with(cfg, 2);
+    for (w, p) in past.into_iter().enumerate() {
+        live(&mut r, w as u64 + 1, w as u64, p);
+    }
+    let d = routed(r.handle_request(at(now_ms), req(9, &[900, 901, 902]), Draw(0)));
+    assert_eq!(d.target.worker.0, want, "{past:?} at {now_ms} ms, cold term {cold}");
+    invariants(&r);
+}
+
+#[test]
+fn an_idle_worker_pays_its_cold_wait() {
+    use Past::{EndedAt, Never, Running};
+    // A second idle costs 20 ms, a worker never used the cap, 250.
+    check([EndedAt(0), Never], 1_000, true, 0);
+    check([Never, EndedAt(0)], 1_000, true, 1);
+    // Idle 10 s (200 ms) against 1 s (20 ms).
+    check([EndedAt(0), EndedAt(9_000)], 10_000, true, 1);
+    check([EndedAt(9_000), EndedAt(0)], 10_000, true, 0);
+    // A worker decoding one request is cheaper than a cold one...
+    check([Running(true), Never], 0, true, 0);
+    // ...unless that request's first pass, which began cold, is still running: the
+    // wait behind it includes the 250 ms the timing model's progress credit does not
+    // know of, and the never-used worker's own 250 is the cheaper.
+    check([Running(false), Never], 0, true, 1);
+    check([Never, Running(false)], 0, true, 0);
+    // Without the cold term an empty worker beats a busy one.
+    check([Running(true), Never], 0, false, 1);
+}
