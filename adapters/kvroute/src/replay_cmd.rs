@@ -340,6 +340,8 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
             decode_ms_per_usage: t.decode_ms_per_usage,
             decode_ms_per_usage_squared: t.decode_ms_per_usage_squared,
             decode_ms_min: t.decode_ms_min,
+            cold_ms_per_idle_s: t.cold_ms_per_idle_s,
+            cold_ms_max: t.cold_ms_max,
             ..c.timing
         };
     }

@@ -27,7 +27,8 @@
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
 //! (prompt_end_blocks), `work`,
 //! `others`, `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
-//! (excess_over_mean), `xmin` (excess_requests_min), `pls` (prefill_load_scale), `mode` (`rr`,
+//! (excess_over_mean), `xmin` (excess_requests_min), `cold` and `coldmax` (the timing's
+//! cold_ms_per_idle_s and cold_ms_max), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
 //! eligibility (a worker whose booked decode blocks pass 0.95 of its KV is passed over
@@ -143,8 +144,8 @@ fn timed(a: &Args, mut cfg: RouterConfig) -> RouterConfig {
     cfg
 }
 
-fn config(variant: &str) -> Result<RouterConfig, String> {
-    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+fn config(a: &Args, variant: &str) -> Result<RouterConfig, String> {
+    let mut cfg = timed(a, RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() });
     if variant == "kv" {
         return Ok(cfg);
     }
@@ -203,6 +204,8 @@ fn config(variant: &str) -> Result<RouterConfig, String> {
             "xs" => c.ttft.excess_ms_per_request = x,
             "xm" => c.ttft.excess_over_mean = x,
             "xmin" => c.ttft.excess_requests_min = x as u32,
+            "cold" => c.timing.cold_ms_per_idle_s = x,
+            "coldmax" => c.timing.cold_ms_max = x,
             _ => return Err(format!("unknown weight {k}")),
         }
     }
@@ -288,7 +291,7 @@ fn search(
         None if moves.is_empty() => 1_000,
         None => return Err(format!("search{moves}: expected search[-e2e|-hits][-free][=MOVES]")),
     };
-    let mut d = CoreDispatcher::new(timed(a, config("kv")?), fleet, 0, true, a.sessions);
+    let mut d = CoreDispatcher::new(config(a, "kv")?, fleet, 0, true, a.sessions);
     let kv = run(rcfg, reqs, &mut d)?;
     let start: Vec<u32> = kv.records.iter().map(|r| r.worker.unwrap_or(0)).collect();
     let k = &kv.summary;
@@ -434,7 +437,7 @@ fn main() -> Result<(), String> {
                 continue;
             }
             for seed in 0..a.seeds {
-                let mut d = CoreDispatcher::new(timed(&a, config(v)?), fleet, seed, true, a.sessions);
+                let mut d = CoreDispatcher::new(config(&a, v)?, fleet, seed, true, a.sessions);
                 let rep = match &a.regret {
                     Some(path) => {
                         let mut r = Regret::new(d, Goal::FirstToken, LOOKAHEAD_PASSES_MAX);

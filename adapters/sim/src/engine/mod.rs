@@ -284,6 +284,9 @@ pub struct Engine {
     running: Vec<Req>,
     clock_ms: f64,
     pass_end_ms: Option<f64>,
+    /// When the last pass ended: a pass that starts later than that pays the timing's
+    /// cold term. `None` before the first (a fresh engine is cold).
+    last_pass_end_ms: Option<f64>,
     wake_ms: Option<f64>,
     next_out_token: u32,
     next_event_id: u64,
@@ -320,6 +323,7 @@ impl Engine {
             running: Vec::new(),
             clock_ms: 0.0,
             pass_end_ms: None,
+            last_pass_end_ms: None,
             wake_ms: None,
             next_out_token: 0,
             next_event_id: 0,

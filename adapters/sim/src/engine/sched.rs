@@ -81,7 +81,8 @@ impl Engine {
             } else {
                 0.0
             };
-            let dur = (t_prefill + t_decode) / self.cfg.speedup;
+            let idle_ms = self.last_pass_end_ms.map_or(f64::INFINITY, |end| (t - end) * self.cfg.speedup);
+            let dur = (t_prefill + t_decode + timing.cold_ms(idle_ms)) / self.cfg.speedup;
             self.stats.passes += 1;
             self.stats.busy_ms += dur;
             self.pass_end_ms = Some(t + dur);
@@ -160,6 +161,7 @@ impl Engine {
     /// one token; finished ones release their blocks.
     pub(super) fn finish_pass(&mut self, end: f64, out: &mut Vec<EngineOutput>) {
         self.clock_ms = self.clock_ms.max(end);
+        self.last_pass_end_ms = Some(end);
         let role = self.cfg.role;
         let transfer_ms_per_token = self.kv_transfer_ms(1);
         let mut keep = 0;

@@ -41,6 +41,11 @@ pub struct EngineTiming {
     pub decode_ms_per_running_request: f64,
     /// Decode: the shortest step, ms.
     pub decode_ms_min: f64,
+    /// A pass that starts after the engine has been idle takes this much longer per
+    /// second idle, ms (caches and the host's core gone cold).
+    pub cold_ms_per_idle_s: f64,
+    /// Most a pass takes longer for it, ms.
+    pub cold_ms_max: f64,
 }
 
 impl Default for EngineTiming {
@@ -92,6 +97,8 @@ impl EngineTiming {
         decode_ms_per_usage_squared: -25.74,
         decode_ms_per_running_request: 0.0,
         decode_ms_min: 1.0,
+        cold_ms_per_idle_s: 0.0,
+        cold_ms_max: 0.0,
     };
 
     /// vLLM's CPU build serving the generated benchmark model, one core per server
@@ -111,6 +118,18 @@ impl EngineTiming {
     /// 0.7 ms more per further request (2.1, 0.7, −6.1 between 1 and 4 running); the
     /// KV share makes no measurable difference at these sizes. A cached prefix costs
     /// the tokens after it little: 64 fresh tokens after 960 cached took 56–155 ms.
+    ///
+    /// An idle server answers slower (`benches/real_fleet/profile_engine.py --idle`): a
+    /// fresh prompt's first token after an idle gap, ms, medians of 3–4 on one server:
+    ///
+    /// | gap, s        | 0.05 |   1 |   5 |  20 |  40 |
+    /// |---------------|-----:|----:|----:|----:|----:|
+    /// | ~100 tokens   |   81 |  86 | 188 | 323 | 334 |
+    ///
+    /// and about 300 tokens: 148 back to back, 240 after 5 s, 350 after 20 s. Hence
+    /// 20 ms more per second idle, at most 250. A plain matrix product on one core of
+    /// this host slowed by half after 10–20 s idle too, so the cause is the host as
+    /// much as vLLM.
     pub const VLLM_CPU: EngineTiming = EngineTiming {
         prefill_ms_per_token_squared: 8.494e-05,
         prefill_ms_per_token: 0.1537,
@@ -121,6 +140,8 @@ impl EngineTiming {
         decode_ms_per_usage_squared: 0.0,
         decode_ms_per_running_request: 0.7,
         decode_ms_min: 1.0,
+        cold_ms_per_idle_s: 20.0,
+        cold_ms_max: 250.0,
     };
 
     /// The presets by name.
@@ -162,8 +183,11 @@ impl EngineTiming {
             ("decode_ms_per_usage_squared", self.decode_ms_per_usage_squared),
             ("decode_ms_per_running_request", self.decode_ms_per_running_request),
             ("decode_ms_min", self.decode_ms_min),
+            ("cold_ms_per_idle_s", self.cold_ms_per_idle_s),
+            ("cold_ms_max", self.cold_ms_max),
         ];
-        let fixed = ["prefill_ms_per_pass", "prefill_ms_per_request", "decode_ms_min"];
+        let fixed =
+            ["prefill_ms_per_pass", "prefill_ms_per_request", "decode_ms_min", "cold_ms_per_idle_s", "cold_ms_max"];
         match all.iter().find(|(n, v)| !v.is_finite() || (fixed.contains(n) && *v < 0.0)) {
             Some(&(name, v)) => Err(TimingError::Value(name, v)),
             None => Ok(()),
@@ -180,6 +204,15 @@ impl EngineTiming {
             + self.prefill_ms_per_pass
             + self.prefill_ms_per_request * requests as f64;
         ms.max(0.0)
+    }
+
+    /// What a pass starting `idle_ms` after the engine's last one ended adds:
+    /// `min(cold_ms_max, cold_ms_per_idle_s × idle_ms / 1000)`.
+    pub fn cold_ms(&self, idle_ms: f64) -> f64 {
+        if idle_ms.is_nan() || idle_ms <= 0.0 {
+            return 0.0;
+        }
+        (self.cold_ms_per_idle_s * idle_ms / 1000.0).min(self.cold_ms_max).max(0.0)
     }
 
     /// One decode step while `running` requests decode holding `active_blocks` of
@@ -248,6 +281,25 @@ mod tests {
             (t.prefill_ms_per_token_squared, t.prefill_ms_per_token, t.prefill_ms_per_pass)
         );
         assert_eq!((m.decode_ms_per_step, m.decode_ms_per_usage, m.decode_ms_min), (t.decode_ms_per_step, 0.0, 1.0));
+        assert_eq!((m.cold_ms_per_idle_s, m.cold_ms_max), (t.cold_ms_per_idle_s, t.cold_ms_max));
+        assert_eq!(m.cold_ms(5_000), t.cold_ms(5_000.0));
+    }
+
+    #[test]
+    fn an_idle_engines_next_pass_is_slower_up_to_the_cap() {
+        let c = EngineTiming::VLLM_CPU;
+        for (idle_ms, want) in [
+            (0.0, 0.0),
+            (-5.0, 0.0),
+            (f64::NAN, 0.0),
+            (500.0, 10.0),
+            (5_000.0, 100.0),
+            (60_000.0, 250.0),
+            (f64::INFINITY, 250.0),
+        ] {
+            assert_eq!(c.cold_ms(idle_ms), want, "idle {idle_ms} ms");
+        }
+        assert_eq!(EngineTiming::MOCKER.cold_ms(f64::INFINITY), 0.0, "a GPU's is none");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Engine behaviour through its public API: LRU leaf-first eviction, LIFO preemption
 //! with the victim at the queue front, generated-block promotion, roles, refusals.
 
-use kvroute_sim::engine::{decode_ms, prefill_ms, Engine};
+use kvroute_sim::engine::{decode_ms, prefill_ms, Engine, EngineTiming};
 use kvroute_sim::engine::{EngineConfig, EngineOutput, EngineRequest, EngineRole, KvEvent, RejectReason};
 use kvroute_sim::prompt::{Prompt, OUTPUT_TOKEN_ID_BASE};
 use router_core::{chain, local_hash, BlockSize, HashSeed, SeqHash};
@@ -167,4 +167,33 @@ fn refusals() {
     assert!(Engine::new(EngineConfig { block_size: 3, ..EngineConfig::default() }, 0).is_err());
     assert!(Engine::new(EngineConfig { speedup: 0.0, ..EngineConfig::default() }, 0).is_err());
     assert!(Engine::new(EngineConfig { blocks_per_worker: 0, ..EngineConfig::default() }, 0).is_err());
+}
+
+/// A fresh engine whose passes after `idle` take 20 ms longer per second idle, at most
+/// 250: request 1 (16 tokens) arrives `gap_ms` after request 0's only token; its first
+/// token comes `extra_ms` later than a warm pass would bring it.
+#[track_caller]
+fn check_cold(gap_ms: f64, extra_ms: f64) {
+    let timing = EngineTiming { cold_ms_per_idle_s: 20.0, cold_ms_max: 250.0, ..EngineTiming::MOCKER };
+    let mut d = Drive::new(EngineConfig { timing, ..small(64, 4) });
+    let first_end = 250.0 + prefill_ms(16); // a fresh engine is cold
+    let arrive = first_end + gap_ms;
+    d.run(vec![(0.0, req(0, &range(1, 16), 1)), (arrive, req(1, &range(101, 116), 1))], 1000).unwrap();
+    let first = |want: u64| {
+        d.outs.iter().find_map(|o| match o {
+            EngineOutput::FirstToken { id, at_ms } if *id == want => Some(*at_ms),
+            _ => None,
+        })
+    };
+    assert_eq!(first(0), Some(first_end), "a fresh engine's first pass");
+    let got = first(1).expect("request 1's first token") - arrive - prefill_ms(16);
+    assert!((got - extra_ms).abs() < 1e-9, "{gap_ms} ms idle: {got} ms more, want {extra_ms}");
+}
+
+#[test]
+fn a_pass_after_an_idle_gap_pays_the_cold_term() {
+    check_cold(0.0, 0.0);
+    check_cold(1_000.0, 20.0);
+    check_cold(5_000.0, 100.0);
+    check_cold(60_000.0, 250.0);
 }
