@@ -346,6 +346,11 @@ pub struct RoutingConfig {
     /// mocker's fit) or `vllm-cpu` (vLLM's CPU build, one core a server).
     #[serde(deserialize_with = "from_str")]
     pub engine_timing: EngineTimingName,
+    /// Extra wait charged a worker per second it has been idle, in ms, overriding the
+    /// engine timing's (`gpu` 0, `vllm-cpu` 20): an idle CPU engine answers slower.
+    pub cold_ms_per_idle_s: Option<f64>,
+    /// Most that charge, in ms, overriding the engine timing's (`gpu` 0, `vllm-cpu` 250).
+    pub cold_ms_max: Option<f64>,
 }
 
 impl Default for RoutingConfig {
@@ -376,6 +381,8 @@ impl Default for RoutingConfig {
             memory_ms_per_block: router_core::TtftWeights::default().memory_ms_per_block,
             temperature: 0.0,
             engine_timing: EngineTimingName::Gpu,
+            cold_ms_per_idle_s: None,
+            cold_ms_max: None,
         }
     }
 }

@@ -92,6 +92,13 @@ impl ProxyConfig {
                 format!("{} is not a valid block size", self.router.block_size),
             );
         }
+        for (key, v) in
+            [("cold_ms_per_idle_s", self.router.cold_ms_per_idle_s), ("cold_ms_max", self.router.cold_ms_max)]
+        {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                return invalid(format!("router.{key}"), format!("{v} must be finite and not negative"));
+            }
+        }
         let mut names = BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {
             if let Some(bs) = m.block_size {
@@ -228,6 +235,8 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.ttft.memory_ms_per_block = r.memory_ms_per_block;
     rc.cost.temperature = r.temperature;
     rc.cost.timing = r.engine_timing.model();
+    rc.cost.timing.cold_ms_per_idle_s = r.cold_ms_per_idle_s.unwrap_or(rc.cost.timing.cold_ms_per_idle_s);
+    rc.cost.timing.cold_ms_max = r.cold_ms_max.unwrap_or(rc.cost.timing.cold_ms_max);
     rc.learn = cfg.learn.core();
     rc.queue.order = r.queue_order.0;
     rc.queue.queued_max = r.queued_max;
@@ -316,6 +325,16 @@ mod tests {
         assert_eq!(timing(""), router_core::TtftModel::default());
         assert_eq!(timing("[router]\nengine_timing = \"vllm-cpu\"\n"), router_core::TtftModel::vllm_cpu());
         check_err("[router]\nengine_timing = \"tpu\"\n", Some(2), "expected gpu or vllm-cpu");
+        let cold = |text: &str| {
+            let t = timing(text);
+            (t.cold_ms_per_idle_s, t.cold_ms_max)
+        };
+        assert_eq!(cold(""), (0.0, 0.0));
+        assert_eq!(cold("[router]\nengine_timing = \"vllm-cpu\"\n"), (20.0, 250.0));
+        assert_eq!(cold("[router]\nengine_timing = \"vllm-cpu\"\ncold_ms_max = 100.0\n"), (20.0, 100.0));
+        assert_eq!(cold("[router]\ncold_ms_per_idle_s = 5.0\ncold_ms_max = 50.0\n"), (5.0, 50.0));
+        check_err("[router]\ncold_ms_max = -1.0\n", None, "router.cold_ms_max");
+        check_err("[router]\ncold_ms_per_idle_s = nan\n", None, "router.cold_ms_per_idle_s");
     }
 
     #[test]
