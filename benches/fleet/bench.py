@@ -57,8 +57,11 @@ KV_VARIANTS = {
     # kv charging 10 ms per KV block a worker would hold past 0.9 of its capacity, the
     # default before session 30.
     "kv-mem10": ("kv", ["memory_ms_per_block = 10"]),
-    # kv predicting with the vLLM CPU engine's timing, not a GPU's: for `--fleet real`.
+    # kv predicting with the vLLM CPU engine's timing, not a GPU's: what `--fleet real`
+    # gives kv anyway; on the sim fleet, a check of that timing there.
     "kv-cpu": ("kv", ['engine_timing = "vllm-cpu"']),
+    # kv predicting with a GPU's timing, on `--fleet real` too (kv there before session 33).
+    "kv-gpu": ("kv", ['engine_timing = "gpu"']),
     "kv-learn": ("kv", []),
 }
 # kv with `[learn]` on: per-worker speeds learned from the TTFT the proxy sees, and the
@@ -113,7 +116,7 @@ def parse_args(argv=None):
                         "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
-                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing), kv-learn (kv with [learn] on) and peers "
+                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,

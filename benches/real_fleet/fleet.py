@@ -186,6 +186,9 @@ LEARN_SECTION = ["[learn]", "costs = true", "engine_load = true", "scrape_interv
 # than 30 s, and a worker in such a pass serves no one: the try would count as a wedge.
 # Two minutes covers a pass even at 20 tokens a second.
 CPU_ENGINE_SECTION = ["[retry]", "first_byte_timeout_base_ms = 120000"]
+# The cost model's timing for vLLM on CPU, as a user with these engines sets it: the
+# CPU build's prefill and decode, and the wait an idle server's first pass adds.
+CPU_ENGINE_TIMING = 'engine_timing = "vllm-cpu"'
 
 
 def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra=(), sections=(), cpu_engines=False,
@@ -193,7 +196,8 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
     """A `kvroute serve` TOML for one policy over the fleet; `learn` turns on `[learn]`,
     `router_extra` are more `[router]` lines, `model_extra` more lines of the model's
     table, `sections` more lines at the end (whole tables, such as `[media]`),
-    `cpu_engines` the timeouts of vLLM on CPU."""
+    `cpu_engines` the timeouts and timing of vLLM on CPU (unless `router_extra`
+    names an `engine_timing`)."""
     lines = [
         f'listen = "127.0.0.1:{port}"',
         "seed = 7",
@@ -205,6 +209,7 @@ def kvroute_config(mode, engines, tokenizer_dir, port, learn=False, router_extra
         f'mode = "{mode}"',
         "block_size = 64",
         *router_extra,
+        *([CPU_ENGINE_TIMING] if cpu_engines and not any(x.startswith("engine_timing") for x in router_extra) else []),
         "[[models]]",
         f'name = "{SERVED_NAME}"',
         f'tokenizer = "{tokenizer_dir}"',

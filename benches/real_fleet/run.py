@@ -12,7 +12,8 @@ and load generator.
     python benches/real_fleet/run.py --rounds 2 --out fleet.json
 
 Starts the vLLM servers once, then for every round runs each policy (kvroute's `kv`,
-`round-robin`, `least-loaded`, `kv-cpu` (kv predicting with the CPU engines' timing),
+`round-robin`, `least-loaded`, `kv-cpu` (kv predicting with the CPU engines' timing,
+as every kvroute policy here does since session 33; `kv-gpu` predicts with a GPU's),
 `kv-learn` (kv with learned costs and engine load), `kv-pls4` (kv with
 `prefill_load_scale = 4`), and the peer routers that are installed) over the same request sequence, in an order
 rotated per round, with every engine's prefix cache reset before each run. Prints one
@@ -55,9 +56,11 @@ REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "adapters/sim/fixtures/mooncake_conversation_head.jsonl"
 KV_POLICIES = ("kv", "round-robin", "least-loaded")
 # kvroute variants that are not a mode: `kv` predicting with the CPU engines' timing
-# (`engine_timing = "vllm-cpu"`), and `kv` with `[learn]` on (learned costs, engine load).
+# (`engine_timing = "vllm-cpu"`, which `fleet.kvroute_config` gives every kvroute policy
+# on these engines) or a GPU's, and `kv` with `[learn]` on (learned costs, engine load).
 KV_VARIANTS = {
     "kv-cpu": {"router_extra": ['engine_timing = "vllm-cpu"']},
+    "kv-gpu": {"router_extra": ['engine_timing = "gpu"']},
     "kv-learn": {"learn": True},
     # Prefill weighted 4x against decode steps: in replay with the CPU engines' timing it
     # lowered TTFT mean and p99 at every load tried; on the real fleet, within the noise.

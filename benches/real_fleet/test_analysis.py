@@ -195,6 +195,16 @@ class KvrouteConfig(unittest.TestCase):
         self.check(cpu_engines=True, want_retry=True)
         self.check(cpu_engines=False, want_retry=False)
 
+    def test_cpu_engines_get_the_cpu_timing_unless_a_line_names_one(self):
+        def timing(cpu_engines, extra=()):
+            text = fleet.kvroute_config("kv", [self.ENGINE], "/model", 4, router_extra=extra, cpu_engines=cpu_engines)
+            router_table = text.split("[router]")[1].split("[[models]]")[0]
+            return [line for line in router_table.splitlines() if line.startswith("engine_timing")]
+
+        self.assertEqual(timing(True), ['engine_timing = "vllm-cpu"'])
+        self.assertEqual(timing(False), [])
+        self.assertEqual(timing(True, ['engine_timing = "gpu"']), ['engine_timing = "gpu"'])
+
     def test_model_lines_land_in_the_models_table(self):
         text = fleet.kvroute_config("kv", [self.ENGINE], "/model", 4, model_extra=["forward_token_ids = true"])
         model_table = text.split("[[models]]")[1].split("[[workers]]")[0]
