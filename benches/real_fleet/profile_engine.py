@@ -19,6 +19,11 @@ prints one JSON object: the raw medians and the fitted coefficients, in millisec
 sent as text and as the ids vLLM's own `/tokenize` gives for it, alternately (which goes
 first alternates too), `--repeats` pairs per size. It prints each size's medians and
 the median of the pairs' differences.
+
+`--idle` measures what an idle server's next request pays: the time to the first token
+of fresh 100- and 300-token prompts sent after the server sat idle 0.05 to 40 s,
+`--repeats` of each (about 4 minutes a repeat), and the cold term that fits them
+(`cold_ms_per_idle_s` from the 5 s gap, `cold_ms_max` from the longest).
 Standard library only.
 """
 
@@ -49,6 +54,7 @@ def parse_args():
                    help="only measure a cached prompt sent as text against its token ids")
     # The suite's generated model takes 4,096 tokens: 2,000 words are about 3,200.
     p.add_argument("--sizes", default="500,2000", help="--tokenizing's prompt sizes, in words")
+    p.add_argument("--idle", action="store_true", help="only measure requests sent after idle gaps")
     return p.parse_args()
 
 
@@ -189,6 +195,27 @@ def tokenizing(client, rng, repeats, sizes):
     return out
 
 
+IDLE_GAPS_S = (0.05, 1.0, 5.0, 20.0, 40.0)
+IDLE_PROMPTS = (100, 300)
+
+
+def idle(client, prompts, repeats):
+    """Per prompt size, the median TTFT after each idle gap, and the fitted cold term."""
+    ttft = {n: {g: [] for g in IDLE_GAPS_S} for n in IDLE_PROMPTS}
+    for r in range(repeats):
+        for n in IDLE_PROMPTS:
+            for g in IDLE_GAPS_S:
+                time.sleep(g)
+                ttft[n][g].append(client.complete(prompts.fresh(n), 1)[0])
+        log(f"idle: repeat {r + 1} of {repeats}")
+    medians = {n: {g: med(v) for g, v in by_gap.items()} for n, by_gap in ttft.items()}
+    extra = {n: {g: round(m[g] - m[IDLE_GAPS_S[0]], 1) for g in IDLE_GAPS_S} for n, m in medians.items()}
+    rate = statistics.median(e[5.0] / 5.0 for e in extra.values())
+    cap = statistics.median(e[IDLE_GAPS_S[-1]] for e in extra.values())
+    fitted = {"cold_ms_per_idle_s": round(max(rate, 0.0), 1), "cold_ms_max": round(max(cap, 0.0), 1)}
+    return {"ttft_ms": medians, "extra_ms": extra, "fitted": fitted}
+
+
 def solve(m):
     """Solves the square system m (rows of coefficients then the right-hand side)."""
     n = len(m)
@@ -235,6 +262,10 @@ def main():
     client, prompts = Client(args.url, args.model), Prompts(args.seed)
     for _ in range(3):  # wake the engine up
         client.complete(prompts.fresh(64), 2)
+    if args.idle:
+        got = idle(client, prompts, args.repeats)
+        print(json.dumps({"url": args.url, "repeats": args.repeats, "idle": got}, indent=1))
+        return
     if args.tokenizing:
         sizes = [int(s) for s in args.sizes.split(",")]
         got = tokenizing(client, random.Random(args.seed), args.repeats, sizes)
