@@ -119,14 +119,15 @@ impl EngineTiming {
     /// KV share makes no measurable difference at these sizes. A cached prefix costs
     /// the tokens after it little: 64 fresh tokens after 960 cached took 56–155 ms.
     ///
-    /// An idle server answers slower (`benches/real_fleet/profile_engine.py --idle`): a
-    /// fresh prompt's first token after an idle gap, ms, medians of 3–4 on one server:
+    /// An idle server answers slower (`benches/real_fleet/profile_engine.py --idle`
+    /// measures it): a fresh prompt's first token after an idle gap, ms, medians of 3–4
+    /// on one server:
     ///
     /// | gap, s        | 0.05 |   1 |   5 |  20 |  40 |
     /// |---------------|-----:|----:|----:|----:|----:|
-    /// | ~100 tokens   |   81 |  86 | 188 | 323 | 334 |
+    /// | 144 tokens    |   81 |  86 | 188 | 323 | 334 |
     ///
-    /// and about 300 tokens: 148 back to back, 240 after 5 s, 350 after 20 s. Hence
+    /// and 480 tokens: 148 back to back, 236 after 5 s, 349 after 20 s. Hence
     /// 20 ms more per second idle, at most 250. A plain matrix product on one core of
     /// this host slowed by half after 10–20 s idle too, so the cause is the host as
     /// much as vLLM.
