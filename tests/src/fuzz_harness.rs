@@ -176,6 +176,8 @@ impl From<FuzzKnobs> for sim::ops::Knobs {
             soft_affinity: k.flags & 2 != 0,
             wspt: k.flags & 4 != 0,
             reject_unknown_parent: k.flags & 8 != 0,
+            // A spare bit, so the corpus's inputs decode as before.
+            cpu_timing: k.flags & 16 != 0,
             sessions_max: k.sessions_max,
             leases_max: k.leases_max,
             lease_ttl: k.lease_ttl,
