@@ -6,6 +6,8 @@
 //! request sent there before the pass ends waits it out too: the timing model's credit
 //! for a backlog's progress assumes the worker was computing all along. So the wait is
 //! remembered until the worker's first prefill finishes (or any of its requests ends).
+//! The pipeline waives it for the holders of a request's longest prefix: the charge
+//! moves requests between workers that would compute the same, never off a cache.
 
 use crate::select::TtftModel;
 use crate::time::Instant;

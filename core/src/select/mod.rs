@@ -161,7 +161,8 @@ pub struct Candidate {
     pub decode_weight: f64,
     /// The cold wait ahead of a request sent there, ms ([`TtftModel::cold_ms`] of how
     /// long it has been idle; for a worker whose backlog began idle, that backlog's
-    /// first pass's, until it ends). 0 unless the timing model has a cold term.
+    /// first pass's, until it ends). 0 unless the timing model has a cold term; the
+    /// router leaves it 0 for a holder of the request's longest cached prefix.
     pub cold_ms: f64,
 }
 

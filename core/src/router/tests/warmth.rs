@@ -46,10 +46,11 @@ fn live(r: &mut Router, id: u64, worker: u64, past: Past) {
     }
 }
 
-/// Two workers on the CPU build's timing with `past`; a three-block request no one
-/// holds, sent at `now_ms`, goes to `want`. `cold` off runs the same with no cold term.
+/// Two workers on the CPU build's timing with `past`, and `holder` (if any) holding
+/// all three blocks of a request sent at `now_ms`, which goes to `want`. `cold` off
+/// runs the same with no cold term.
 #[track_caller]
-fn check(past: [Past; 2], now_ms: u64, cold: bool, want: u64) {
+fn check(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, want: u64) {
     let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
     cfg.cost.timing = TtftModel::vllm_cpu();
     if !cold {
@@ -59,8 +60,11 @@ fn check(past: [Past; 2], now_ms: u64, cold: bool, want: u64) {
     for (w, p) in past.into_iter().enumerate() {
         live(&mut r, w as u64 + 1, w as u64, p);
     }
+    if let Some(w) = holder {
+        store(&mut r, w, 900..=902);
+    }
     let d = routed(r.handle_request(at(now_ms), req(9, &[900, 901, 902]), Draw(0)));
-    assert_eq!(d.target.worker.0, want, "{past:?} at {now_ms} ms, cold term {cold}");
+    assert_eq!(d.target.worker.0, want, "{past:?}, holder {holder:?}, at {now_ms} ms, cold term {cold}");
     invariants(&r);
 }
 
@@ -68,18 +72,22 @@ fn check(past: [Past; 2], now_ms: u64, cold: bool, want: u64) {
 fn an_idle_worker_pays_its_cold_wait() {
     use Past::{EndedAt, Never, Running};
     // A second idle costs 20 ms, a worker never used the cap, 250.
-    check([EndedAt(0), Never], 1_000, true, 0);
-    check([Never, EndedAt(0)], 1_000, true, 1);
+    check([EndedAt(0), Never], None, 1_000, true, 0);
+    check([Never, EndedAt(0)], None, 1_000, true, 1);
     // Idle 10 s (200 ms) against 1 s (20 ms).
-    check([EndedAt(0), EndedAt(9_000)], 10_000, true, 1);
-    check([EndedAt(9_000), EndedAt(0)], 10_000, true, 0);
+    check([EndedAt(0), EndedAt(9_000)], None, 10_000, true, 1);
+    check([EndedAt(9_000), EndedAt(0)], None, 10_000, true, 0);
     // A worker decoding one request is cheaper than a cold one...
-    check([Running(true), Never], 0, true, 0);
+    check([Running(true), Never], None, 0, true, 0);
     // ...unless that request's first pass, which began cold, is still running: the
     // wait behind it includes the 250 ms the timing model's progress credit does not
     // know of, and the never-used worker's own 250 is the cheaper.
-    check([Running(false), Never], 0, true, 1);
-    check([Never, Running(false)], 0, true, 0);
+    check([Running(false), Never], None, 0, true, 1);
+    check([Never, Running(false)], None, 0, true, 0);
+    // A holder of the request's whole prefix pays none: idle 20 s, it keeps the request
+    // a warm worker would otherwise take, and with it the hits.
+    check([EndedAt(0), EndedAt(19_900)], Some(0), 20_000, true, 0);
+    check([EndedAt(0), EndedAt(19_900)], None, 20_000, true, 1);
     // Without the cold term an empty worker beats a busy one.
-    check([Running(true), Never], 0, false, 1);
+    check([Running(true), Never], None, 0, false, 1);
 }
