@@ -333,11 +333,16 @@ impl Router {
             let cached = overlap.device.saturating_mul(bs).min(req.isl_tokens);
             let prefill_tokens = if phase == Phase::Decode { 0 } else { req.isl_tokens - cached };
             let out_blocks = expected_blocks(req.expected_output_tokens, bs);
-            let running = self.combined_load(target).active_requests;
+            // Asked only with a cold term on: no lookup on the hot path otherwise.
+            let load = &self.load;
+            let running = || load.combined(target).active_requests;
+            let was_idle = self.warmth.tracks(&self.cfg.cost.timing) && running() == 0;
             if let Err(_e) = self.load.add(now, fk.id, phase, target, &req.blocks, prefill_tokens, out_blocks) {
                 return Err(RouteError::TooManyRequests { requests_max: self.cfg.load.requests_max });
             }
-            self.warmth.booked(&self.cfg.cost.timing, now, target, running);
+            if was_idle {
+                self.warmth.began_idle(&self.cfg.cost.timing, now, target);
+            }
             self.prompt_ends.record(&req.blocks, self.cfg.prompt_end_blocks);
             self.publish_added(fk, target, prefill_tokens, out_blocks);
         }

@@ -41,12 +41,16 @@ impl Warmth {
         timing.cold_ms(idle_ms)
     }
 
-    /// A request was booked on `key`, which ran `running` requests before it.
-    pub(super) fn booked(&mut self, timing: &TtftModel, now: Instant, key: WorkerKey, running: u32) {
-        if running == 0 && on(timing) {
-            let ahead_ms = self.cold_ms(timing, now, key, 0);
-            self.keys.entry(key).or_default().ahead_ms = ahead_ms;
-        }
+    /// Whether `timing` has a cold term, without which nothing is tracked.
+    pub(super) fn tracks(&self, timing: &TtftModel) -> bool {
+        on(timing)
+    }
+
+    /// A request was booked on `key`, which ran none before it: a new backlog, whose
+    /// first pass pays the cold wait.
+    pub(super) fn began_idle(&mut self, timing: &TtftModel, now: Instant, key: WorkerKey) {
+        let ahead_ms = self.cold_ms(timing, now, key, 0);
+        self.keys.entry(key).or_default().ahead_ms = ahead_ms;
     }
 
     /// A prefill on `key` finished: its first pass is over.
