@@ -328,14 +328,15 @@ pub struct RoutingConfig {
     /// Cost per running request (default 0.0).
     pub active_request_weight: f64,
     /// Cost per request a worker runs beyond `excess_over_mean` times the workers' mean,
-    /// in ms (default 0.0: off). 20 spreads a hot document's questions on a large fleet
-    /// and moves nothing while load is even (the fleet benchmark's README has figures).
+    /// in ms (default 20; 0 turns it off): it spreads a hot document's questions once its
+    /// holder's pile is large, and moves nothing while load is even (the fleet
+    /// benchmark's README has figures).
     pub excess_ms_per_request: f64,
     /// Multiple of the workers' mean of running requests past which
     /// `excess_ms_per_request` charges (default 3.0).
     pub excess_over_mean: f64,
     /// Running requests a worker must pass before `excess_ms_per_request` charges it,
-    /// however low the mean (default 4).
+    /// however low the mean (default 36).
     pub excess_requests_min: u32,
     /// Wait charged per KV block a worker would hold past 0.9 of its capacity, in ms
     /// (default 5.0): what turns work away from a worker whose memory is running out.
@@ -355,6 +356,7 @@ pub struct RoutingConfig {
 
 impl Default for RoutingConfig {
     fn default() -> Self {
+        let ttft = router_core::TtftWeights::default();
         RoutingConfig {
             mode: RouterMode::Kv,
             block_size: BlockSize::DEFAULT.tokens(),
@@ -375,10 +377,10 @@ impl Default for RoutingConfig {
             overlap_credit: 1.0,
             prefill_load_scale: 1.0,
             active_request_weight: 0.0,
-            excess_ms_per_request: 0.0,
-            excess_over_mean: 3.0,
-            excess_requests_min: 4,
-            memory_ms_per_block: router_core::TtftWeights::default().memory_ms_per_block,
+            excess_ms_per_request: ttft.excess_ms_per_request,
+            excess_over_mean: ttft.excess_over_mean,
+            excess_requests_min: ttft.excess_requests_min,
+            memory_ms_per_block: ttft.memory_ms_per_block,
             temperature: 0.0,
             engine_timing: EngineTimingName::Gpu,
             cold_ms_per_idle_s: None,

@@ -218,15 +218,15 @@ pub struct ModelArgs {
     #[arg(long, value_name = "MS")]
     pub decode_time_ms_max: Option<f64>,
     /// ttft model: charge per request a worker runs beyond --excess-over-mean times the
-    /// workers' mean, ms (0, the default, is off).
+    /// workers' mean, and beyond --excess-requests-min, ms (default 20; 0 is off).
     #[arg(long, value_name = "MS")]
     pub excess_ms_per_request: Option<f64>,
     /// ttft model: multiple of the workers' mean of running requests past which
-    /// --excess-ms-per-request charges.
+    /// --excess-ms-per-request charges (default 3).
     #[arg(long, value_name = "X")]
     pub excess_over_mean: Option<f64>,
     /// ttft model: running requests a worker must pass before --excess-ms-per-request
-    /// charges it, however low the mean.
+    /// charges it, however low the mean (default 36).
     #[arg(long, value_name = "REQUESTS")]
     pub excess_requests_min: Option<u32>,
     /// ttft model: output tokens expected of a request that names none.

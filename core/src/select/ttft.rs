@@ -245,18 +245,21 @@ pub struct TtftWeights {
     /// Charge per request a worker runs beyond `excess_over_mean` times the candidates'
     /// mean, ms. [`Selector::select`](super::Selector::select) adds it after scoring
     /// (see the `excess` module; [`kv_cost`](super::kv_cost), which sees one candidate,
-    /// leaves it out). Default 0 (off). In replay of the fleet benchmark on 32 workers,
-    /// 20 took shared-document's end-to-end mean down 7% at the saturated load, for 1.8%
-    /// of its TTFT, and left 8 workers and saturated conversation as they were.
+    /// leaves it out). Default 20: in replay of the fleet benchmark's document Q&A on
+    /// 32 workers, saturated (20 workload seeds, 2 router seeds), it took the end-to-end
+    /// mean down 4.3% and its p99 19%, for 0.07% of the hits, where one worker held a
+    /// hot document and ran five times the fleet's mean; with `excess_requests_min` no
+    /// other workload, load or fleet size routes otherwise.
     pub excess_ms_per_request: f64,
     /// Multiple of the candidates' mean of running requests past which
     /// `excess_ms_per_request` charges. Default 3.0.
     pub excess_over_mean: f64,
     /// Running requests below which `excess_ms_per_request` never charges, however low
-    /// the mean. Default 4. In replay of the fleet benchmark (5 seeds), a bar of 3× the
-    /// mean alone fired while the fleet filled and cost multimodal at 32 workers,
-    /// saturated, 1.2% of its TTFT p99; with 4 as well, conversation, agentic and
-    /// multimodal route as uncharged, and shared-document keeps the whole gain.
+    /// the mean. Default 36: a second copy of a document costs its hits once, which pays
+    /// only when the pile is large. In replay (40 runs), document Q&A on 32 workers,
+    /// busy, keeps one copy of each document from 36 up (34–38 gave the same figures)
+    /// and the saturated load still spreads; a floor of 4 spread the busy load too, for
+    /// 0.1% of its hits, and 3× the mean alone fired while the fleet filled.
     pub excess_requests_min: u32,
 }
 
@@ -280,9 +283,9 @@ impl Default for TtftWeights {
             session_decode_time_weight: SESSION_DECODE_TIME_WEIGHT,
             session_return_ms: SESSION_RETURN_MS,
             session_return_scaled: true,
-            excess_ms_per_request: 0.0,
+            excess_ms_per_request: EXCESS_MS,
             excess_over_mean: 3.0,
-            excess_requests_min: 4,
+            excess_requests_min: EXCESS_REQUESTS_MIN,
         }
     }
 }
@@ -298,6 +301,8 @@ const KEEP_SHARE_MIN: f64 = 0.5;
 const KEEP_HOLDERS_MAX: u32 = 1;
 const SESSION_DECODE_TIME_WEIGHT: f64 = 1.0;
 const SESSION_RETURN_MS: u64 = 10_000;
+const EXCESS_MS: f64 = 20.0;
+const EXCESS_REQUESTS_MIN: u32 = 36;
 
 impl TtftWeights {
     /// The weights for a placement that binds a new session, whose later requests

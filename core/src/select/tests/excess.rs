@@ -71,3 +71,29 @@ fn no_charge_when_off_or_unreadable() {
         assert_eq!(got.scores, plain.scores, "{ms} ms beyond {over} × the mean");
     }
 }
+
+/// What the default weights charge each worker running `requests`, over no charge.
+fn default_charge(requests: &[u32]) -> Vec<f64> {
+    let cands = fleet(requests);
+    let off = request(0.0, 3.0, 0);
+    let on = SelectRequest { isl_tokens: 20 * 64, ..SelectRequest::default() };
+    let score = |r: &SelectRequest| Selector::new().select(r, &cands, &mut Draw(0), false).unwrap().scores;
+    // Rounded to a µs: the charge is added to a cost, and taken off it again here.
+    score(&off).iter().zip(&score(&on)).map(|(a, b)| ((b.cost - a.cost) * 1e3).round() / 1e3).collect()
+}
+
+#[test]
+fn by_default_only_a_pile_past_36_requests_pays() {
+    // (running requests, charge each pays): a hot document's holder at 40 while the rest
+    // are nearly idle pays 20 ms for each of its 4 past 36; at 36, or at 3 × a mean of
+    // 16, nothing; past 3 × a higher mean (17.5) only the 7.5 beyond 52.5 count.
+    let rows: [(&[u32], &[f64]); 4] = [
+        (&[40, 2, 2, 2], &[80.0, 0.0, 0.0, 0.0]),
+        (&[36, 0, 0, 0], &[0.0; 4]),
+        (&[48, 16, 0, 0], &[0.0; 4]),
+        (&[60, 4, 3, 3], &[150.0, 0.0, 0.0, 0.0]),
+    ];
+    for (requests, want) in rows {
+        assert_eq!(default_charge(requests), want, "requests {requests:?}");
+    }
+}

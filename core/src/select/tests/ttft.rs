@@ -428,6 +428,8 @@ proptest::proptest! {
         cost.ttft.output_tokens_default = out_default;
         cost.ttft.decode_time_ms_max = decode_max;
         cost.ttft.memory_kv_share = memory_share;
+        // The pile charge is added after scoring and is not `kv_cost`'s; `excess`'s tests cover it.
+        cost.ttft.excess_ms_per_request = 0.0;
         cost.host_tier_weight = host_weight;
         match odd_timing {
             1 => cost.timing.decode_ms_min = f64::NAN,
