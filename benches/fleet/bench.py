@@ -44,10 +44,12 @@ KV_VARIANTS = {
     # No prompt ends remembered: a short prefix on one worker reads as a conversation's,
     # as before the record existed.
     "kv-no-ends": ("kv", ["prompt_ends_max = 0"]),
-    # 5 ms per request a worker runs, and 20 ms per request beyond 3 times the mean: the
+    # 5 ms per request a worker runs, or the pile charge from 4 requests, not 36: the
     # settings for document Q&A in the README's "Tuning for one workload".
     "kv-arw5": ("kv", ["active_request_weight = 5"]),
-    "kv-excess": ("kv", ["excess_ms_per_request = 20"]),
+    "kv-excess4": ("kv", ["excess_requests_min = 4"]),
+    # No pile charge, the default before session 34.
+    "kv-no-excess": ("kv", ["excess_ms_per_request = 0"]),
     # kv sending a completion's prompt on as the token ids it made of it (its model line
     # below): its tokenizer is the workers' own folder, so it may.
     "kv-ids": ("kv", []),
@@ -112,8 +114,8 @@ def parse_args(argv=None):
     p.add_argument("--routers", default="kv,round-robin," + ",".join(fleet.PEERS),
                    help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...), kv-aff-cost "
                         "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends), "
-                        "kv-arw5 (kv charging 5 ms per running request), kv-excess (kv charging 20 ms "
-                        "per request beyond 3 times the mean), kv-ids (kv forwarding completion prompts as "
+                        "kv-arw5 (kv charging 5 ms per running request), kv-excess4 (kv's pile charge from 4 "
+                        "running requests, not 36), kv-no-excess (kv without the pile charge), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
                         "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on) and peers "

@@ -356,12 +356,12 @@ class Overhead(unittest.TestCase):
         seen = []
         with mock.patch.object(bench.fleet, "start_kvroute", lambda *a, **kw: seen.append((a, kw)) or ("p", "u")):
             self.assertEqual(bench.start_router("kv", "bin/kvroute", ["w"], Path("logs")), ("p", "u"))
-            bench.start_router("kv-excess", "bin/kvroute", ["w"], Path("logs"), "multimodal", True)
+            bench.start_router("kv-excess4", "bin/kvroute", ["w"], Path("logs"), "multimodal", True)
             bench.start_router("kv-ids", "bin/kvroute", ["w"], Path("logs"))
         (a0, kw0), (a1, kw1), (a2, kw2) = seen
         self.assertEqual((a0[:2], kw0["sections"], kw0["cpu_engines"], kw0["router_extra"]),
                          (("bin/kvroute", "kv"), (), False, []))  # fmt: skip
-        self.assertEqual((a1[1], kw1["cpu_engines"], kw1["router_extra"]), ("kv", True, ["excess_ms_per_request = 20"]))
+        self.assertEqual((a1[1], kw1["cpu_engines"], kw1["router_extra"]), ("kv", True, ["excess_requests_min = 4"]))
         self.assertIn("[media]", kw1["sections"])
         # Prompts go on as token ids only in the variant that asks for it.
         self.assertEqual([kw["model_extra"] for kw in (kw0, kw1, kw2)], [[], [], ["forward_token_ids = true"]])
