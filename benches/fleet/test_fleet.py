@@ -98,6 +98,20 @@ class Shapes(unittest.TestCase):
                 self.assertEqual(r.tokens[:common], rs[0].tokens[:common])
         self.assertTrue(all(b.arrival_s > a.arrival_s for a, b in zip(reqs, reqs[1:])))
 
+    def test_a_capped_prompt_cuts_the_document_and_keeps_the_question(self):
+        # The real fleet's sizes: documents of 375-1,125 words under a 384-token cap.
+        reqs = gen("shared-doc", n=200, size_scale=0.125, prompt_tokens_max=384)
+        by_doc = {}
+        for r in reqs:
+            by_doc.setdefault(r.group, []).append(r.tokens)
+        asked_twice = [ps for ps in by_doc.values() if len(ps) > 1]
+        self.assertTrue(asked_twice)
+        for ps in asked_twice:
+            self.assertTrue(all(len(p) <= 384 for p in ps))
+            self.assertEqual(len(set(ps)), len(ps), "two questions on one document made one prompt")
+            shared = 384 - round(workloads.DOC_QUESTION_WORDS[1] * 0.125)  # the longest question
+            self.assertTrue(all(p[:shared] == ps[0][:shared] for p in ps))
+
     def test_scaling_the_rate_divides_arrivals_and_keeps_think_time(self):
         reqs = gen("agentic", n=50)
         fast = workloads.scaled(reqs, 4.0)

@@ -199,7 +199,11 @@ def shared_doc(spec: Spec, vocab: Vocab):
     for i in range(n):
         t += rng.expovariate(DOC_RATE_PER_S)
         d = rng.choices(range(DOC_COUNT), weights)[0]
-        prompt = (header + docs[d] + vocab.draw(rng, _n(rng, DOC_QUESTION_WORDS, k)))[: spec.prompt_tokens_max]
+        # Under a prompt cap the document is cut, never the question: cut questions would
+        # make every request on a document the same prompt.
+        question = vocab.draw(rng, _n(rng, DOC_QUESTION_WORDS, k))
+        room = max(0, spec.prompt_tokens_max - len(question))
+        prompt = ((header + docs[d])[:room] + question)[: spec.prompt_tokens_max]
         answer = min(_n(rng, DOC_ANSWER_WORDS, k), spec.output_tokens_max)
         out.append(Request(index=i, arrival_s=t, tokens=tuple(prompt), output_tokens=answer, group=f"d{d}"))
     return out
