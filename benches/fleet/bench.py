@@ -45,7 +45,7 @@ KV_VARIANTS = {
     # as before the record existed.
     "kv-no-ends": ("kv", ["prompt_ends_max = 0"]),
     # 5 ms per request a worker runs, or the pile charge from 4 requests, not 36: the
-    # settings for document Q&A in the README's "Tuning for one workload".
+    # settings for document Q&A in the README's "Document Q&A: the pile charge".
     "kv-arw5": ("kv", ["active_request_weight = 5"]),
     "kv-excess4": ("kv", ["excess_requests_min = 4"]),
     # No pile charge, the default before session 34.
