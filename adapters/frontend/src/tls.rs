@@ -23,6 +23,9 @@ pub use server::{ServerTls, TlsReloads};
 pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// The crypto provider every TLS config here is built with.
+// rustls 0.23.48 deprecates ring's provider for lacking post-quantum key exchange; ring
+// stays, as the NATS client's provider is ring too and aws-lc would add a C build.
+#[allow(deprecated)]
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
