@@ -143,8 +143,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.workload == "trace" and args.trace is None:
         p.error("--workload trace needs --trace PATH")
-    if args.workload == "multimodal" and args.fleet != "sim":
-        p.error("--workload multimodal runs on --fleet sim (the generated vision-language model)")
     for k, v in (SIM_DEFAULTS if args.fleet == "sim" else REAL_DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -167,11 +165,14 @@ def rate_of(args):
     return RATES[args.workload][args.load] * args.workers / 8
 
 
-def build_workload(args, vocab):
+def build_workload(args, vocab, model_dir=None):
+    """The workload's requests at the run's rate; a multimodal workload counts the
+    placeholders `model_dir`'s vision tower gives an image."""
+    per_image = multimodal.tokens_per_image(model_dir) if args.workload == "multimodal" else 0
     spec = workloads.Spec(kind=args.workload, seed=args.seed, requests_max=args.requests, trace=args.trace,
                           words_per_hash_id=args.words_per_hash_id, prompt_tokens_max=args.prompt_tokens_max,
                           output_tokens_max=args.output_tokens_max, size_scale=args.size_scale,
-                          multi_turn_only=args.multi_turn_only)  # fmt: skip
+                          multi_turn_only=args.multi_turn_only, tokens_per_image=per_image)  # fmt: skip
     reqs = workloads.generate(spec, vocab)
     return workloads.scaled(reqs, rate_of(args))
 
@@ -182,8 +183,9 @@ class RealFleet:
     kind = "real"
     speedup = 1.0
 
-    def __init__(self, count, gpu_blocks, max_model_len, log_dir):
-        self.engines = [fleet.Engine(w + 1, gpu_blocks, max_model_len, log_dir) for w in range(count)]
+    def __init__(self, count, gpu_blocks, max_model_len, log_dir, model=None, images_max=0):
+        self.engines = [fleet.Engine(w + 1, gpu_blocks, max_model_len, log_dir, model, images_max)
+                        for w in range(count)]  # fmt: skip
         for e in self.engines:
             e.proc.wait_http(f"{e.url}/health", 600)
         self.workers = self.engines
@@ -285,7 +287,10 @@ def make_vocab(args, tmp: Path):
         model_dir = tmp / "model"
         write = multimodal.write_model_dir if args.workload == "multimodal" else words.write_model_dir
         return words.Vocab(write(model_dir)), model_dir
-    model_dir = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
+    if args.workload == "multimodal":
+        model_dir = fleet.vlm_model()
+    else:
+        model_dir = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
     import workload as real_workload  # benches/real_fleet; needs the `tokenizers` package
 
     real = real_workload.Words(model_dir / "tokenizer.json")
@@ -319,7 +324,7 @@ def main(argv=None):
     log_dir = args.keep_logs or tmp / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     vocab, model_dir = make_vocab(args, tmp)
-    reqs = build_workload(args, vocab)
+    reqs = build_workload(args, vocab, model_dir)
     bodies = {r.index: body_of(r, vocab, args.seed) for r in reqs}
     out = {
         "fleet": args.fleet, "workload": args.workload, "load": args.load, "workers": args.workers,
@@ -337,7 +342,9 @@ def main(argv=None):
         the_fleet = simfleet.SimFleet(args.kvroute, args.workers, shape, model_dir, log_dir)
     else:
         max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)
-        the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir)
+        images = multimodal.MM_ITEMS_MAX if args.workload == "multimodal" else 0
+        model = model_dir if args.workload == "multimodal" else None
+        the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir, model, images)
     runs = []
     try:
         for rnd in range(args.rounds):

@@ -7,12 +7,15 @@ a new question appended, and is sent its think time after the turn before finish
 Images are small PNGs made from the seed with the standard library (zlib, struct), sent
 as `data:` URLs in `image_url` parts of a streamed `/v1/chat/completions`.
 
-The fleet serves a generated LLaVA-style model: the word-level tokenizer of `words` plus
-an `<image>` word, and a `config.json` whose `vision_config` gives every image
+The sim fleet serves a generated LLaVA-style model: the word-level tokenizer of `words`
+plus an `<image>` word, and a `config.json` whose `vision_config` gives every image
 `IMAGE_TOKENS` placeholder tokens. The sim-workers and kvroute read the same folder, so
 both identify and expand an image as vLLM does; a request's `tokens` are the prompt as
 the workers hold it, each image's placeholders written as `-(1 + image id)`, so that
-equal tokens mean equal cache blocks, as for the text workloads.
+equal tokens mean equal cache blocks, as for the text workloads. The real fleet serves
+`gen_vlm.py`'s LLaVA (64 tokens an image, `tokens_per_image` of its folder); its chat
+template marks each message's start and end with a token, where `tokens` count one, so
+there they are the prompt's shape (its shared prefixes and images), not its exact ids.
 """
 
 import base64
@@ -66,12 +69,19 @@ def data_url(png_bytes):
     return "data:image/png;base64," + base64.b64encode(png_bytes).decode("ascii")
 
 
-def image_tokens(image_id):
+def tokens_per_image(model_dir: Path):
+    """Placeholder tokens a LLaVA model folder gives each image: its vision tower's patches
+    ((image_size / patch_size)^2, the class token dropped)."""
+    vision = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))["vision_config"]
+    return (vision["image_size"] // vision["patch_size"]) ** 2
+
+
+def image_tokens(image_id, per_image=IMAGE_TOKENS):
     """How a request's `tokens` write the placeholders of image `image_id`."""
-    return (-(1 + image_id),) * IMAGE_TOKENS
+    return (-(1 + image_id),) * per_image
 
 
-def prompt_tokens(chat):
+def prompt_tokens(chat, per_image=IMAGE_TOKENS):
     """The prompt the workers hold for `chat` (messages of (role, word ids, image ids)):
     the bench template renders `role content` per message, then `assistant`; a role is
     one unknown word (id 0); the string content format puts each image's placeholder
@@ -80,7 +90,7 @@ def prompt_tokens(chat):
     for _role, ids, images in chat:
         out.append(0)
         for i in images:
-            out.extend(image_tokens(i))
+            out.extend(image_tokens(i, per_image))
         out.extend(ids)
     out.append(0)
     return tuple(out)
@@ -103,7 +113,7 @@ def generate(spec, vocab, request_cls):
                 ("user", tuple(vocab.draw(rng, n(MM_QUESTION_WORDS))), images)]  # fmt: skip
         prev = None
         for _ in range(rng.randint(*MM_TURNS)):
-            tokens = prompt_tokens(chat)
+            tokens = prompt_tokens(chat, spec.tokens_per_image)
             if len(out) >= limit or len(tokens) > spec.prompt_tokens_max:
                 break
             answer = min(n(MM_ANSWER_WORDS), spec.output_tokens_max)

@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "real_fleet"))
 sys.path.insert(0, str(HERE))
 
+import bench  # noqa: E402
 import floors  # noqa: E402
 import loadgen  # noqa: E402
 import multimodal  # noqa: E402
@@ -247,6 +248,25 @@ class Multimodal(unittest.TestCase):
         self.assertNotIn(multimodal.IMAGE_WORD, text_words, "prompts never draw the image word")
         side, patch = config["vision_config"]["image_size"], config["vision_config"]["patch_size"]
         self.assertEqual((side // patch) ** 2, multimodal.IMAGE_TOKENS)
+
+
+    def test_a_model_with_smaller_images_counts_its_own_placeholders(self):
+        # The real fleet's generated LLaVA: 112-pixel images in 14-pixel patches.
+        with tempfile.TemporaryDirectory() as d:
+            config = {"vision_config": {"image_size": 112, "patch_size": 14}}
+            Path(d, "config.json").write_text(json.dumps(config))
+            per_image = multimodal.tokens_per_image(Path(d))
+        self.assertEqual(per_image, 64)
+        big, small = gen("multimodal", n=40), gen("multimodal", n=40, tokens_per_image=per_image)
+        self.assertEqual([r.chat for r in big], [r.chat for r in small], "the same chats")
+        for b, s in zip(big, small):
+            images = sum(len(ims) for _, _, ims in s.chat)
+            self.assertEqual(s.tokens.count(-1), 64 if 0 in s.chat[1][2] else 0)
+            self.assertEqual(len(b.tokens) - len(s.tokens), images * (multimodal.IMAGE_TOKENS - 64))
+
+    def test_the_real_fleet_takes_the_multimodal_workload(self):
+        args = bench.parse_args(["--fleet", "real", "--workload", "multimodal"])
+        self.assertEqual((args.workers, args.prompt_tokens_max, args.output_tokens_max), (3, 384, 8))
 
 
 class Tokenizer(unittest.TestCase):

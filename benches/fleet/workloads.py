@@ -62,6 +62,7 @@ class Spec:
     output_tokens_max: int = 4096
     size_scale: float = 1.0  # multiplies the generated workloads' prompt and output sizes
     multi_turn_only: bool = False  # a trace: keep only conversations (first two hash ids) seen twice
+    tokens_per_image: int = 576  # multimodal: placeholders per image (multimodal.tokens_per_image)
 
 
 def _n(rng, bounds, scale=1.0):

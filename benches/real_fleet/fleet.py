@@ -104,16 +104,39 @@ class Proc:
         self.log.close()
 
 
+def engine_python():
+    """The engine venv's python (`setup.sh` prints it as KVROUTE_VLLM_PYTHON)."""
+    return os.environ.get("KVROUTE_VLLM_PYTHON", str(CACHE / "engine/venv/bin/python"))
+
+
+def vlm_model(family="llava"):
+    """The generated vision-language model (`scripts/real-engine/gen_vlm.py`, a no-op when
+    present) where the real-engine tests keep it: `KVROUTE_VLLM_VLM_DIR/<family>`, else
+    `vlm/<family>` beside the text model's folder."""
+    root = os.environ.get("KVROUTE_VLLM_VLM_DIR") or str(
+        Path(os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model"))).parent / "vlm")
+    out = Path(root) / family
+    script = Path(__file__).resolve().parents[2] / "scripts/real-engine/gen_vlm.py"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    done = subprocess.run([engine_python(), str(script), "--family", family, "--out", str(out)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"gen_vlm.py --family {family} failed:\n{done.stdout[-3000:]}")
+    return out
+
+
 class Engine:
     """One vLLM CPU server with prefix caching, KV events and a small KV cache."""
 
-    def __init__(self, wid, gpu_blocks, max_model_len, log_dir: Path):
+    def __init__(self, wid, gpu_blocks, max_model_len, log_dir: Path, model=None, images_max=0):
+        """`model` defaults to the generated text model; `images_max` > 0 lets a prompt
+        carry that many images (a vision-language model)."""
         self.id = wid
         self.gpu_blocks = gpu_blocks
         self.port, self.events_port, self.replay_port = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        python = os.environ.get("KVROUTE_VLLM_PYTHON", str(CACHE / "engine/venv/bin/python"))
-        model = os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model"))
+        python = engine_python()
+        model = str(model or os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model")))
         if not Path(python).exists() or not Path(model, "config.json").exists():
             raise SystemExit(
                 f"vLLM engine or model missing ({python}, {model}); run benches/real_fleet/setup.sh first"
@@ -130,6 +153,8 @@ class Engine:
                 "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS),
                 "--num-gpu-blocks-override", str(gpu_blocks), "--kv-events-config", events,
                 "--enable-prompt-tokens-details"]  # fmt: skip
+        if images_max:
+            argv += ["--limit-mm-per-prompt", json.dumps({"image": images_max})]
         env = dict(os.environ)
         env.update({
             "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
