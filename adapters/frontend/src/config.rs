@@ -338,6 +338,10 @@ pub struct RoutingConfig {
     /// Running requests a worker must pass before `excess_ms_per_request` charges it,
     /// however low the mean (default 36).
     pub excess_requests_min: u32,
+    /// Workers' mean of running requests past which `excess_requests_min` falls with the
+    /// square of this over the mean (default 4.5; 0 keeps it fixed): a busier fleet
+    /// spreads a hot document sooner.
+    pub excess_floor_mean_requests: f64,
     /// Wait charged per KV block a worker would hold past 0.9 of its capacity, in ms
     /// (default 5.0): what turns work away from a worker whose memory is running out.
     pub memory_ms_per_block: f64,
@@ -380,6 +384,7 @@ impl Default for RoutingConfig {
             excess_ms_per_request: ttft.excess_ms_per_request,
             excess_over_mean: ttft.excess_over_mean,
             excess_requests_min: ttft.excess_requests_min,
+            excess_floor_mean_requests: ttft.excess_floor_mean_requests,
             memory_ms_per_block: ttft.memory_ms_per_block,
             temperature: 0.0,
             engine_timing: EngineTimingName::Gpu,

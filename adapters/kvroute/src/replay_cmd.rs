@@ -229,6 +229,11 @@ pub struct ModelArgs {
     /// charges it, however low the mean (default 36).
     #[arg(long, value_name = "REQUESTS")]
     pub excess_requests_min: Option<u32>,
+    /// ttft model: the workers' mean of running requests past which
+    /// --excess-requests-min falls with the square of this over the mean (default 4.5;
+    /// 0 keeps it fixed).
+    #[arg(long, value_name = "REQUESTS")]
+    pub excess_floor_mean_requests: Option<f64>,
     /// ttft model: output tokens expected of a request that names none.
     #[arg(long, value_name = "TOKENS")]
     pub output_tokens_default: Option<u32>,
@@ -326,6 +331,8 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.ttft.excess_ms_per_request = a.model.excess_ms_per_request.unwrap_or(c.ttft.excess_ms_per_request);
     c.ttft.excess_over_mean = a.model.excess_over_mean.unwrap_or(c.ttft.excess_over_mean);
     c.ttft.excess_requests_min = a.model.excess_requests_min.unwrap_or(c.ttft.excess_requests_min);
+    let floor_mean = a.model.excess_floor_mean_requests;
+    c.ttft.excess_floor_mean_requests = floor_mean.unwrap_or(c.ttft.excess_floor_mean_requests);
     c.ttft.output_tokens_default = a.model.output_tokens_default.unwrap_or(c.ttft.output_tokens_default);
     c.ttft.store_ms_per_block = a.model.store_ms_per_block.unwrap_or(c.ttft.store_ms_per_block);
     c.ttft.keep_ms_per_block = a.model.keep_ms_per_block.unwrap_or(c.ttft.keep_ms_per_block);

@@ -27,7 +27,7 @@
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
 //! (prompt_end_blocks), `work`,
 //! `others`, `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
-//! (excess_over_mean), `xmin` (excess_requests_min), `cold` and `coldmax` (the timing's
+//! (excess_over_mean), `xmin` (excess_requests_min), `xref` (excess_floor_mean_requests), `cold` and `coldmax` (the timing's
 //! cold_ms_per_idle_s and cold_ms_max), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
 //! `decode_blocks_frac_of_kv`; 0 turns it off). The router keeps `kvroute serve`'s
@@ -204,6 +204,7 @@ fn config(a: &Args, variant: &str) -> Result<RouterConfig, String> {
             "xs" => c.ttft.excess_ms_per_request = x,
             "xm" => c.ttft.excess_over_mean = x,
             "xmin" => c.ttft.excess_requests_min = x as u32,
+            "xref" => c.ttft.excess_floor_mean_requests = x,
             "cold" => c.timing.cold_ms_per_idle_s = x,
             "coldmax" => c.timing.cold_ms_max = x,
             _ => return Err(format!("unknown weight {k}")),

@@ -6,17 +6,19 @@
 //! prefix elsewhere. This charge, added after scoring, counts the requests a candidate
 //! runs beyond `excess_over_mean` times the candidates' mean, so it moves nothing on a
 //! fleet whose load is even, and makes a second copy of a hot prefix pay sooner. The bar
-//! never falls below `excess_requests_min`: on a fleet that has just started, three
-//! times a mean of 0.2 is under one request, and the charge would move requests off
-//! their caches for no pile at all.
+//! never falls below a floor: on a fleet that has just started, three times a mean of
+//! 0.2 is under one request, and the charge would move requests off their caches for no
+//! pile at all. The floor (`excess_requests_min`) falls once the whole fleet runs more
+//! than `excess_floor_mean_requests` each, where a hot prefix's requests arrive faster
+//! and a second copy pays sooner.
 
 use super::{Candidate, CandidateScore, KvCostModel, SelectRequest};
 
 /// Adds the excess charge of [`TtftWeights`](super::TtftWeights) to `scores` (one per
 /// candidate, in order) and says whether any score changed. The charge is
 /// `cost_factor × excess_ms_per_request × max(0, active_requests − bar)`, where the bar
-/// is `excess_over_mean × mean active_requests`, and at least `excess_requests_min`;
-/// nothing under the blocks model, or with a weight of 0.
+/// is `excess_over_mean × mean active_requests`, and at least the floor; nothing under
+/// the blocks model, or with a weight of 0.
 pub(super) fn charge(req: &SelectRequest, cands: &[Candidate], scores: &mut [CandidateScore]) -> bool {
     let w = &req.cost.ttft;
     // NaN and negative weights charge nothing, as 0 does; so does an unreadable multiple,
@@ -26,7 +28,8 @@ pub(super) fn charge(req: &SelectRequest, cands: &[Candidate], scores: &mut [Can
         return false;
     }
     let total: f64 = cands.iter().map(|c| f64::from(c.load.active_requests)).sum();
-    let bar = (w.excess_over_mean * total / cands.len() as f64).max(f64::from(w.excess_requests_min));
+    let mean = total / cands.len() as f64;
+    let bar = (w.excess_over_mean * mean).max(floor(w, mean));
     let mut changed = false;
     for (s, c) in scores.iter_mut().zip(cands) {
         let over = f64::from(c.load.active_requests) - bar;
@@ -36,4 +39,17 @@ pub(super) fn charge(req: &SelectRequest, cands: &[Candidate], scores: &mut [Can
         }
     }
     changed
+}
+
+/// `excess_requests_min`, or, once the mean passes `excess_floor_mean_requests`, that
+/// times the square of their ratio (a NaN or non-positive reference keeps it fixed).
+fn floor(w: &super::TtftWeights, mean: f64) -> f64 {
+    let fixed = f64::from(w.excess_requests_min);
+    let reference = w.excess_floor_mean_requests;
+    if reference > 0.0 && mean > reference {
+        let r = reference / mean;
+        fixed * r * r
+    } else {
+        fixed
+    }
 }

@@ -232,6 +232,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.ttft.excess_ms_per_request = r.excess_ms_per_request;
     rc.cost.ttft.excess_over_mean = r.excess_over_mean;
     rc.cost.ttft.excess_requests_min = r.excess_requests_min;
+    rc.cost.ttft.excess_floor_mean_requests = r.excess_floor_mean_requests;
     rc.cost.ttft.memory_ms_per_block = r.memory_ms_per_block;
     rc.cost.temperature = r.temperature;
     rc.cost.timing = r.engine_timing.model();

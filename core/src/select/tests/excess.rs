@@ -1,5 +1,6 @@
 //! The excess charge: only a worker past `excess_over_mean` times the candidates' mean
-//! of requests, and past `excess_requests_min`, pays it, by the requests beyond that bar.
+//! of requests, and past the floor (`excess_requests_min`, lower on a busy fleet), pays
+//! it, by the requests beyond that bar.
 
 use super::super::*;
 use alloc::vec::Vec;
@@ -83,17 +84,41 @@ fn default_charge(requests: &[u32]) -> Vec<f64> {
 }
 
 #[test]
-fn by_default_only_a_pile_past_36_requests_pays() {
-    // (running requests, charge each pays): a hot document's holder at 40 while the rest
-    // are nearly idle pays 20 ms for each of its 4 past 36; at 36, or at 3 × a mean of
-    // 16, nothing; past 3 × a higher mean (17.5) only the 7.5 beyond 52.5 count.
-    let rows: [(&[u32], &[f64]); 4] = [
-        (&[40, 2, 2, 2], &[80.0, 0.0, 0.0, 0.0]),
-        (&[36, 0, 0, 0], &[0.0; 4]),
+fn by_default_a_pile_pays_past_36_requests_or_less_on_a_busy_fleet() {
+    // (running requests, charge each pays). While the mean is at most 4.5 the floor is
+    // 36: a hot document's holder at 40 on a nearly idle 32-worker fleet pays 20 ms for
+    // each of its 4 past it; at 36 on 8 workers (mean 4.5), nothing. Past a mean of 4.5
+    // the floor falls as (4.5 / mean)^2: at 40 on 8 workers (mean 5) it is 29.16, so 40
+    // pays for 10.84; at a mean of 11.5 it is 5.5, under 3 × the mean (34.5), which is
+    // the bar. At 3 × a mean of 16, nothing; past 3 × a mean of 17.5, the 7.5 beyond.
+    let idle_32 = [&[40][..], &[1; 31][..]].concat();
+    let rows: [(&[u32], &[f64]); 6] = [
+        (&idle_32, &[[80.0].as_slice(), &[0.0; 31]].concat()),
+        (&[36, 0, 0, 0, 0, 0, 0, 0], &[0.0; 8]),
+        (&[40, 0, 0, 0, 0, 0, 0, 0], &[216.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+        (&[40, 2, 2, 2], &[110.0, 0.0, 0.0, 0.0]),
         (&[48, 16, 0, 0], &[0.0; 4]),
         (&[60, 4, 3, 3], &[150.0, 0.0, 0.0, 0.0]),
     ];
     for (requests, want) in rows {
         assert_eq!(default_charge(requests), want, "requests {requests:?}");
+    }
+}
+
+#[test]
+fn an_unreadable_floor_reference_keeps_the_floor_fixed() {
+    // Mean 5 on 8 workers: a reference of 4.5 lowers the floor to 29.16; none, or one
+    // that is not a positive number, leaves it at 36, so 40 pays for 4.
+    let cands = fleet(&[40, 0, 0, 0, 0, 0, 0, 0]);
+    let charge = |reference: f64| {
+        let mut r = request(20.0, 3.0, 36);
+        r.cost.ttft.excess_floor_mean_requests = reference;
+        let off = Selector::new().select(&request(0.0, 3.0, 36), &cands, &mut Draw(0), false).unwrap();
+        let on = Selector::new().select(&r, &cands, &mut Draw(0), false).unwrap();
+        ((on.scores[0].cost - off.scores[0].cost) * 1e3).round() / 1e3
+    };
+    assert_eq!(charge(4.5), 216.8);
+    for reference in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(charge(reference), 80.0, "reference {reference}");
     }
 }
