@@ -50,6 +50,8 @@ KV_VARIANTS = {
     "kv-excess4": ("kv", ["excess_requests_min = 4"]),
     # No pile charge, the default before session 34.
     "kv-no-excess": ("kv", ["excess_ms_per_request = 0"]),
+    # kv with the pile charge's floor fixed at 36, however busy the fleet (before session 35).
+    "kv-fixed-floor": ("kv", ["excess_floor_mean_requests = 0"]),
     # kv sending a completion's prompt on as the token ids it made of it (its model line
     # below): its tokenizer is the workers' own folder, so it may.
     "kv-ids": ("kv", []),
@@ -115,7 +117,7 @@ def parse_args(argv=None):
                    help="comma-separated: kvroute modes (kv, round-robin, least-loaded, ...), kv-aff-cost "
                         "(kv, sessions placed by the cost alone), kv-no-ends (kv remembering no prompt ends), "
                         "kv-arw5 (kv charging 5 ms per running request), kv-excess4 (kv's pile charge from 4 "
-                        "running requests, not 36), kv-no-excess (kv without the pile charge), kv-ids (kv forwarding completion prompts as "
+                        "running requests, not 36), kv-no-excess (kv without the pile charge), kv-fixed-floor (kv's pile charge from 36 running requests however busy the fleet), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
                         "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on) and peers "
