@@ -138,6 +138,10 @@ def parse_args(argv=None):
     p.add_argument("--multi-turn-only", action=argparse.BooleanOptionalAction,
                    help="a trace: keep only conversations with 2+ requests (default: off sim, on real, where a "
                    "slice of 150 requests has few)")  # fmt: skip
+    p.add_argument("--vlm-text", choices=("test", "fleet"), default="test",
+                   help="--fleet real --workload multimodal: the generated LLaVA's language model, the tests' "
+                   "(2 layers, 128 wide) or the text model's size (6 layers, 768 wide; far slower on vLLM's CPU "
+                   "build than the timing kvroute predicts with, see the README)")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
     p.add_argument("--out", type=Path, help="also write the JSON here")
@@ -290,7 +294,7 @@ def make_vocab(args, tmp: Path):
         write = multimodal.write_model_dir if args.workload == "multimodal" else words.write_model_dir
         return words.Vocab(write(model_dir)), model_dir
     if args.workload == "multimodal":
-        model_dir = fleet.vlm_model()
+        model_dir = fleet.vlm_model(text=args.vlm_text)
     else:
         model_dir = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
     import workload as real_workload  # benches/real_fleet; needs the `tokenizers` package

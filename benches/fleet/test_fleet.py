@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from types import SimpleNamespace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -267,6 +268,21 @@ class Multimodal(unittest.TestCase):
     def test_the_real_fleet_takes_the_multimodal_workload(self):
         args = bench.parse_args(["--fleet", "real", "--workload", "multimodal"])
         self.assertEqual((args.workers, args.prompt_tokens_max, args.output_tokens_max), (3, 384, 8))
+        self.assertEqual(args.vlm_text, "test")
+
+    def test_the_real_fleets_vlm_shares_the_tests_folder_unless_it_is_the_bigger_one(self):
+        from unittest import mock
+
+        calls = []
+        done = SimpleNamespace(returncode=0, stdout="")
+        env = {"KVROUTE_VLLM_VLM_DIR": "/models/vlm", "KVROUTE_VLLM_PYTHON": "/venv/python"}
+        with mock.patch.dict(bench.fleet.os.environ, env), \
+                mock.patch.object(bench.fleet.subprocess, "run", lambda argv, **kw: calls.append(argv) or done):
+            small, big = bench.fleet.vlm_model(), bench.fleet.vlm_model(text="fleet")
+        self.assertEqual((small, big), (Path("/models/vlm/llava"), Path("/models/vlm/llava-fleet")))
+        self.assertEqual([c[0] for c in calls], ["/venv/python"] * 2)
+        self.assertEqual([c[c.index("--text") + 1] for c in calls], ["test", "fleet"])
+        self.assertEqual([c[c.index("--out") + 1] for c in calls], [str(small), str(big)])
 
 
 class Tokenizer(unittest.TestCase):

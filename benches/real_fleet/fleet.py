@@ -109,17 +109,18 @@ def engine_python():
     return os.environ.get("KVROUTE_VLLM_PYTHON", str(CACHE / "engine/venv/bin/python"))
 
 
-def vlm_model(family="llava"):
+def vlm_model(family="llava", text="test"):
     """The generated vision-language model (`scripts/real-engine/gen_vlm.py`, a no-op when
-    present) where the real-engine tests keep it: `KVROUTE_VLLM_VLM_DIR/<family>`, else
-    `vlm/<family>` beside the text model's folder."""
+    present): with `text="test"` (the tests' small language model) the real-engine
+    tests' own folder, `KVROUTE_VLLM_VLM_DIR/<family>` or else `vlm/<family>` beside the
+    text model's; with `text="fleet"` (the text model's size) `<family>-fleet` there."""
     root = os.environ.get("KVROUTE_VLLM_VLM_DIR") or str(
         Path(os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model"))).parent / "vlm")
-    out = Path(root) / family
+    out = Path(root) / (family if text == "test" else f"{family}-{text}")
     script = Path(__file__).resolve().parents[2] / "scripts/real-engine/gen_vlm.py"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    done = subprocess.run([engine_python(), str(script), "--family", family, "--out", str(out)], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    argv = [engine_python(), str(script), "--family", family, "--text", text, "--out", str(out)]
+    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise SystemExit(f"gen_vlm.py --family {family} failed:\n{done.stdout[-3000:]}")
     return out

@@ -16,7 +16,8 @@ Two families (`--family`):
   pixels, then one token per 28 x 28 (so at most 64).
 
 Idempotent: `generator.json` in the output folder records GENERATOR_VERSION, the family,
-its shapes and its chat template; when it matches, nothing is written.
+its shapes and its chat template; when it matches, nothing is written. `--text fleet`
+gives the LLaVA the text model's size instead (the fleet benchmark's).
 """
 
 import argparse
@@ -39,6 +40,18 @@ TEXT = {
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+}
+# `--text fleet`: the text model's shape (gen_model.py's), so that the fleet benchmark's
+# image chats cost the CPU servers what its text workloads do and a cache hit matters
+# more than a router's own time. LLaVA only (Qwen2-VL's vision tower is sized to TEXT).
+FLEET_TEXT = {
+    "vocab_size": 2048,
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
     "max_position_embeddings": 2048,
 }
 CORPUS_BYTES_MAX = 1 << 20
@@ -282,8 +295,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
     ap.add_argument("--out", required=True, help="the model folder (created)")
+    ap.add_argument("--text", choices=("test", "fleet"), default="test",
+                    help="the language model's size: the tests' (2 layers, 128 wide) or the fleet "
+                    "benchmark's (6 layers, 768 wide; llava only)")  # fmt: skip
     args = ap.parse_args()
     out, family = Path(args.out), args.family
+    if args.text == "fleet":
+        if family != "llava":
+            ap.error("--text fleet is for --family llava")
+        TEXT.update(FLEET_TEXT)
     stamp = {
         "generator_version": GENERATOR_VERSION,
         "seed": SEED,
