@@ -293,10 +293,7 @@ def make_vocab(args, tmp: Path):
         model_dir = tmp / "model"
         write = multimodal.write_model_dir if args.workload == "multimodal" else words.write_model_dir
         return words.Vocab(write(model_dir)), model_dir
-    if args.workload == "multimodal":
-        model_dir = fleet.vlm_model(text=args.vlm_text)
-    else:
-        model_dir = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
+    model_dir = fleet.vlm_model(text=args.vlm_text) if args.workload == "multimodal" else fleet.text_model()
     import workload as real_workload  # benches/real_fleet; needs the `tokenizers` package
 
     real = real_workload.Words(model_dir / "tokenizer.json")
@@ -349,8 +346,7 @@ def main(argv=None):
     else:
         max_model_len = max(2048, args.prompt_tokens_max + args.output_tokens_max + 64)
         images = multimodal.MM_ITEMS_MAX if args.workload == "multimodal" else 0
-        model = model_dir if args.workload == "multimodal" else None
-        the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir, model, images)
+        the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir, model_dir, images)
     runs = []
     try:
         for rnd in range(args.rounds):

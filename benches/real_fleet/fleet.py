@@ -109,13 +109,17 @@ def engine_python():
     return os.environ.get("KVROUTE_VLLM_PYTHON", str(CACHE / "engine/venv/bin/python"))
 
 
+def text_model():
+    """The generated text model's folder (`setup.sh` prints it as KVROUTE_VLLM_MODEL)."""
+    return Path(os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model")))
+
+
 def vlm_model(family="llava", text="test"):
     """The generated vision-language model (`scripts/real-engine/gen_vlm.py`, a no-op when
     present): with `text="test"` (the tests' small language model) the real-engine
     tests' own folder, `KVROUTE_VLLM_VLM_DIR/<family>` or else `vlm/<family>` beside the
     text model's; with `text="fleet"` (the text model's size) `<family>-fleet` there."""
-    root = os.environ.get("KVROUTE_VLLM_VLM_DIR") or str(
-        Path(os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model"))).parent / "vlm")
+    root = os.environ.get("KVROUTE_VLLM_VLM_DIR") or str(text_model().parent / "vlm")
     out = Path(root) / (family if text == "test" else f"{family}-{text}")
     script = Path(__file__).resolve().parents[2] / "scripts/real-engine/gen_vlm.py"
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -137,7 +141,7 @@ class Engine:
         self.port, self.events_port, self.replay_port = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         python = engine_python()
-        model = str(model or os.environ.get("KVROUTE_VLLM_MODEL", str(CACHE / "engine/model")))
+        model = str(model or text_model())
         if not Path(python).exists() or not Path(model, "config.json").exists():
             raise SystemExit(
                 f"vLLM engine or model missing ({python}, {model}); run benches/real_fleet/setup.sh first"

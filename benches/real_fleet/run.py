@@ -348,7 +348,7 @@ def build_items(args):
         output_tokens_max=args.output_tokens_max,
         time_scale=args.time_scale,
     )
-    model = Path(os.environ.get("KVROUTE_VLLM_MODEL", str(fleet.CACHE / "engine/model")))
+    model = fleet.text_model()
     words = workload.Words(model / "tokenizer.json")
     records = workload.read_records(trace, args.start, args.requests, not args.all_requests)
     return workload.build(records, shape, words), shape

@@ -27,6 +27,7 @@ import random
 import sys
 from pathlib import Path
 
+from gen_model import SHAPE as TEXT_MODEL_SHAPE
 from gen_model import corpus_lines  # the same corpus, a smaller share of it
 
 # Bump whenever anything below changes what is written.
@@ -45,15 +46,12 @@ TEXT = {
 # `--text fleet`: the text model's shape (gen_model.py's), so that the fleet benchmark's
 # image chats cost the CPU servers what its text workloads do and a cache hit matters
 # more than a router's own time. LLaVA only (Qwen2-VL's vision tower is sized to TEXT).
+# The vocabulary and positions stay TEXT's: this folder's tokenizer and context.
 FLEET_TEXT = {
-    "vocab_size": 2048,
-    "hidden_size": 768,
-    "intermediate_size": 2048,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 12,
-    "max_position_embeddings": 2048,
-}
+    **TEXT,
+    **{k: TEXT_MODEL_SHAPE[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                        "num_attention_heads", "num_key_value_heads")},
+}  # fmt: skip
 CORPUS_BYTES_MAX = 1 << 20
 SPECIAL_TOKENS = [
     "<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
