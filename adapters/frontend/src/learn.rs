@@ -48,6 +48,11 @@ pub struct LearnSection {
     pub tokenizer_check_interval_ms: u64,
     /// Path of the workers' tokenize endpoint, in vLLM's shape (default `/tokenize`).
     pub tokenize_path: String,
+    /// When every worker with enough samples prefills at least this many times slower
+    /// than the timing (`[cost] engine_timing`) predicts, the timing is doubted: an idle
+    /// worker's cold wait, which such a slowdown does not stretch, weighs that much less
+    /// against the predicted queues (default 2; 0 turns it off). Applies with `costs` off.
+    pub doubt_scale_min: f64,
 }
 
 impl Default for LearnSection {
@@ -67,6 +72,7 @@ impl Default for LearnSection {
             engine_load_age_max_ms: core.engine_load_age_max_ms,
             tokenizer_check_interval_ms: 30_000,
             tokenize_path: "/tokenize".into(),
+            doubt_scale_min: core.doubt_scale_min,
         }
     }
 }
@@ -82,6 +88,7 @@ impl LearnSection {
             samples_min: self.samples_min,
             outlier_ratio_max: self.outlier_ratio_max,
             engine_load_age_max_ms: self.engine_load_age_max_ms,
+            doubt_scale_min: self.doubt_scale_min,
             ..LearnConfig::default()
         }
     }
@@ -103,6 +110,10 @@ impl LearnSection {
         }
         if !(self.prior_samples.is_finite() && self.prior_samples >= 0.0) {
             return Err(("learn.prior_samples", "must be a number of at least 0".into()));
+        }
+        let d = self.doubt_scale_min;
+        if !(d.is_finite() && (d == 0.0 || d >= 1.0)) {
+            return Err(("learn.doubt_scale_min", "must be 0 (off) or a number of at least 1".into()));
         }
         if !self.metrics_path.starts_with('/') {
             return Err(("learn.metrics_path", "must start with /".into()));

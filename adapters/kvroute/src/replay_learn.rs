@@ -4,8 +4,10 @@
 use clap::Args;
 use router_core::LearnConfig;
 
-/// Flags for heterogeneous fleets and cost learning. All off by default, so a replay
-/// without them is the fixed-coefficient replay, byte for byte.
+/// Flags for heterogeneous fleets and cost learning. Learned costs and engine load are
+/// off by default; the timing's doubt is on, as in `kvroute serve`, and moves nothing
+/// unless the engines run at least twice as slow as the router predicts and the timing
+/// has a cold term (`--engine-timing vllm-cpu`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct LearnArgs {
     /// Per-worker speed factors the router is not told, e.g. 1,1,0.5,0.25 (0.5 runs
@@ -28,12 +30,17 @@ pub struct LearnArgs {
     /// Cost learning: pull, in samples, of the fastest worker's speed on each worker's.
     #[arg(long, value_name = "N")]
     pub learn_prior_samples: Option<f64>,
+    /// Doubt the timing once every worker is learned at least this many times slower
+    /// than it predicts: an idle worker's cold wait then weighs that much less
+    /// (`[learn] doubt_scale_min`; default 2, 0 turns it off).
+    #[arg(long, value_name = "X")]
+    pub learn_doubt_scale_min: Option<f64>,
 }
 
 impl LearnArgs {
     /// Whether the dispatcher has to report observations at all.
     pub fn observing(&self) -> bool {
-        self.learn_costs || self.engine_load
+        self.learn_costs || self.engine_load || self.config().doubt_scale_min != 0.0
     }
 
     /// The learner's configuration.
@@ -45,12 +52,17 @@ impl LearnArgs {
             samples_min: self.learn_samples_min.unwrap_or(d.samples_min),
             half_life_ms: self.learn_half_life_ms.unwrap_or(d.half_life_ms),
             prior_samples: self.learn_prior_samples.unwrap_or(d.prior_samples),
+            doubt_scale_min: self.learn_doubt_scale_min.unwrap_or(d.doubt_scale_min),
             ..d
         }
     }
 
-    /// The speeds, checked: each a positive finite number.
+    /// The speeds, checked: each a positive finite number (and the doubt's scale, which
+    /// is checked with them, sane).
     pub fn speeds(&self) -> Result<Vec<f64>, String> {
+        if let Some(d) = self.learn_doubt_scale_min.filter(|d| !(d.is_finite() && (*d == 0.0 || *d >= 1.0))) {
+            return Err(format!("--learn-doubt-scale-min {d}: must be 0 (off) or a number of at least 1"));
+        }
         match self.worker_speeds.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
             Some(bad) => Err(format!("--worker-speeds: {bad} is not a positive number")),
             None => Ok(self.worker_speeds.clone()),

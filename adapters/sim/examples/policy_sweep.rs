@@ -439,6 +439,9 @@ fn main() -> Result<(), String> {
             }
             for seed in 0..a.seeds {
                 let mut d = CoreDispatcher::new(config(&a, v)?, fleet, seed, true, a.sessions);
+                // The timing's doubt needs first tokens, and moves only a timing with a
+                // cold term, as `kvroute serve` has it.
+                d.observe(a.cpu);
                 let rep = match &a.regret {
                     Some(path) => {
                         let mut r = Regret::new(d, Goal::FirstToken, LOOKAHEAD_PASSES_MAX);

@@ -28,6 +28,14 @@
 //!   the router's own count and the engine's, and waiting requests the router did not
 //!   place are charged the key's mean uncached prompt.
 //!
+//! - **Doubt.** Once the fleet's fastest prefill estimate is `doubt_scale_min` times
+//!   the model's or more, the timing is off for every worker (a model, or a host, slower
+//!   than its preset). Then the cold charge, a wall-clock wait the slowdown does not
+//!   stretch, is divided by that scale, as if every predicted time were multiplied by
+//!   it. Without it a CPU engine thirty times slower than its preset looked cheaper with
+//!   a queue of eight requests than idle, and the real fleet sent every chat to one
+//!   server. With `costs` on, each key's cold wait is divided by its own prefill scale.
+//!
 //! How the cost uses it: with [`LearnConfig::costs`] on, a candidate's cost factor is
 //! multiplied by its prefill scale (decode scale in the decode phase), which scales every
 //! time the TTFT model predicts for that worker, and in an aggregated cost its decode
@@ -86,6 +94,9 @@ pub struct LearnConfig {
     /// Uncached prompt tokens charged per engine-waiting request this router did not
     /// place, until the key has a learned mean. Default 512.
     pub waiting_tokens_default: u32,
+    /// The fleet's fastest prefill scale at which the timing is doubted (see "Doubt"
+    /// above); 0, NaN and infinity turn it off, values below 1 count as 1. Default 2.
+    pub doubt_scale_min: f64,
 }
 
 impl Default for LearnConfig {
@@ -102,6 +113,7 @@ impl Default for LearnConfig {
             keys_max: 4096,
             engine_load_age_max_ms: 10_000,
             waiting_tokens_default: 512,
+            doubt_scale_min: DOUBT_SCALE_MIN,
         }
     }
 }
@@ -238,6 +250,9 @@ impl CostScales {
 
 /// The default bound on learned scales, either way.
 const SCALE_LIMIT: f64 = 1024.0;
+/// Default [`LearnConfig::doubt_scale_min`]: on this host vLLM's CPU build with its own
+/// fitted timing learns 0.5 to 1.5; the LLaVA it runs thirty times slower, about 20.
+pub(crate) const DOUBT_SCALE_MIN: f64 = 2.0;
 /// Bound of [`CostLearner::decode_weight`] and its inverse: the default scale bounds' widest ratio.
 pub(crate) const WEIGHT_LIMIT: f64 = SCALE_LIMIT * SCALE_LIMIT;
 /// Largest measured or predicted time one sample may carry, ms (about 11 days).
@@ -454,6 +469,21 @@ impl CostLearner {
     #[cfg(test)]
     pub(crate) fn decode_weight(&self, now: Instant, key: WorkerKey, phase: Phase) -> f64 {
         self.cost_scales(now, key, phase).decode_weight
+    }
+
+    /// What divides a candidate's cold wait (wall time) to put it in the cost's model
+    /// time: its own prefill scale with `costs` on (`scales` from
+    /// [`Self::cost_scales`]), else the fleet's fastest while the timing is doubted, else 1.
+    pub(crate) fn wall_scale(&self, scales: &CostScales) -> f64 {
+        if self.cfg.costs {
+            return scales.prefill_scale;
+        }
+        let m = self.cfg.doubt_scale_min;
+        if m > 0.0 && m.is_finite() && self.best.0 >= m.max(1.0) {
+            self.best.0
+        } else {
+            1.0
+        }
     }
 
     /// `own` (the router's count) with `key`'s fresh engine report folded in, when

@@ -280,7 +280,8 @@ impl Router {
                         prefill_done_tokens: progress.done_tokens,
                         prefill_scale: scales.prefill_scale,
                         decode_weight: scales.decode_weight,
-                        cold_ms: self.warmth.cold_ms(&self.cfg.cost.timing, now, v.key, own.active_requests),
+                        cold_ms: self.warmth.cold_ms(&self.cfg.cost.timing, now, v.key, own.active_requests)
+                            / self.learn.wall_scale(&scales),
                     })
                 }
                 Verdict::Excluded(_) => None,

@@ -7,7 +7,9 @@
 //! candidate's `cold_ms` (the router works it out from the timing model's
 //! [`TtftModel::cold_ms`](super::TtftModel::cold_ms)), added after scoring as the
 //! excess charge is (and likewise left out of [`kv_cost`](super::kv_cost)). A GPU's
-//! timing has none.
+//! timing has none. The wait is wall time, which an engine slower than its timing does
+//! not stretch: the router divides it by the learned slowdown (see [`crate::learn`],
+//! "Doubt"), so a queue the timing underrates is not preferred to it.
 
 use super::{Candidate, CandidateScore, KvCostModel, SelectRequest};
 use crate::types::Phase;

@@ -382,18 +382,22 @@ mod tests {
     #[test]
     fn learn_settings_reach_the_router_and_are_checked() {
         let cfg = ProxyConfig::from_toml_str(&format!(
-            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\n",
+            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\ndoubt_scale_min = 4.0\n",
             "[[models]]\nname = \"m\"\n"
         ))
         .unwrap();
         let learn = router_config(&cfg, &cfg.models[0], 0).learn;
         assert_eq!((learn.costs, learn.engine_load, learn.samples_min, learn.half_life_ms), (true, false, 3, 5));
+        assert_eq!(learn.doubt_scale_min, 4.0);
         for bad in [
             "engine_load = true",
             "outlier_ratio_max = 0.5",
             "metrics_path = \"metrics\"",
             "tokenize_path = \"tokenize\"",
             "scrape_timeout_ms = 0",
+            "doubt_scale_min = 0.5",
+            "doubt_scale_min = -1.0",
+            "doubt_scale_min = inf",
         ] {
             let e = ProxyConfig::from_toml_str(&format!("[learn]\n{bad}\n")).unwrap_err();
             assert!(e.to_string().contains("learn."), "{bad}: {e}");

@@ -3,7 +3,7 @@
 //! paying it until that first pass is over.
 
 use super::*;
-use crate::TtftModel;
+use crate::{Observation, TtftModel};
 
 /// What worker 0 or 1 has done before the request `check` routes.
 #[derive(Clone, Copy, Debug)]
@@ -90,4 +90,41 @@ fn an_idle_worker_pays_its_cold_wait() {
     check([EndedAt(0), EndedAt(19_900)], None, 20_000, true, 1);
     // Without the cold term an empty worker beats a busy one.
     check([Running(true), Never], None, 0, false, 1);
+}
+
+/// Worker 0 decoding one request, worker 1 never used, and worker 0's first tokens
+/// measured `slowdown` times what the CPU timing predicts (twelve of them, 200 prompt
+/// tokens each), routed with `doubt_scale_min` and, if `costs`, learned costs on.
+#[track_caller]
+fn check_doubt(slowdown: f64, doubt_scale_min: f64, costs: bool, want: u64) {
+    let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
+    cfg.cost.timing = TtftModel::vllm_cpu();
+    cfg.learn.doubt_scale_min = doubt_scale_min;
+    cfg.learn.costs = costs;
+    let predicted_ms = cfg.cost.timing.chunked_prefill_ms(200.0, cfg.cost.timing.max_batched_tokens_default).0;
+    let mut r = router_with(cfg, 2);
+    live(&mut r, 1, 0, Past::Running(true));
+    let key = WorkerKey::new(0, 0);
+    for i in 0..12 {
+        let obs = Observation::FirstToken { ttft_ms: predicted_ms * slowdown, uncached_tokens: 200, queued_tokens: 0 };
+        r.handle_observation(at(i), key, obs).unwrap();
+    }
+    let d = routed(r.handle_request(at(20), req(9, &[900, 901, 902]), Draw(0)));
+    assert_eq!(d.target.worker.0, want, "slowdown {slowdown}, doubt from {doubt_scale_min}, costs {costs}");
+    invariants(&r);
+}
+
+#[test]
+fn a_fleet_far_slower_than_its_timing_weighs_the_cold_wait_less() {
+    // As measured, the never-used worker's 250 ms outweighs a queue of one.
+    check_doubt(1.0, 2.0, false, 0);
+    check_doubt(1.5, 2.0, false, 0);
+    // Twenty times slower than predicted, that queue is twenty times longer than the
+    // timing says, and the cold wait is not: the idle worker is the cheaper.
+    check_doubt(20.0, 2.0, false, 1);
+    // Off, the timing is trusted however wrong; a bar above the slowdown keeps it too.
+    check_doubt(20.0, 0.0, false, 0);
+    check_doubt(20.0, 32.0, false, 0);
+    // Learned costs scale the queue by the worker's own speed and leave the wait as is.
+    check_doubt(20.0, 0.0, true, 1);
 }
