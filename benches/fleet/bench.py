@@ -67,11 +67,15 @@ KV_VARIANTS = {
     # kv predicting with a GPU's timing, on `--fleet real` too (kv there before session 33).
     "kv-gpu": ("kv", ['engine_timing = "gpu"']),
     "kv-learn": ("kv", []),
+    "kv-trusting": ("kv", []),
 }
 # kv with `[learn]` on: per-worker speeds learned from the TTFT the proxy sees, and the
 # engines' own load scraped from their metrics.
 KV_LEARN = {"kv-learn"}
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
+# kv trusting its timing however far the engines' first tokens say it is off (before
+# session 36): an idle worker's cold wait always weighs in full.
+KV_SECTIONS = {"kv-trusting": ["[learn]", "doubt_scale_min = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
 # blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
@@ -120,7 +124,7 @@ def parse_args(argv=None):
                         "running requests, not 36), kv-no-excess (kv without the pile charge), kv-fixed-floor (kv's pile charge from 36 running requests however busy the fleet), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
-                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on) and peers "
+                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on), kv-trusting (kv never doubting its engine timing) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,
@@ -215,6 +219,7 @@ def start_router(name, kvroute, workers, log_dir, workload="conversation", real=
     if name in fleet.PEERS:
         return fleet.start_peer(name, workers, log_dir)
     sections = ("[media]", f"items_max = {multimodal.MM_ITEMS_MAX}") if workload == "multimodal" else ()
+    sections = (*sections, *KV_SECTIONS.get(name, []))
     mode, extra = KV_VARIANTS.get(name, (name, []))
     return fleet.start_kvroute(str(kvroute), mode, workers, log_dir, name=f"kvroute-{name}", router_extra=extra,
                                sections=sections, cpu_engines=real, learn=name in KV_LEARN,

@@ -408,7 +408,8 @@ class Overhead(unittest.TestCase):
             self.assertEqual(bench.start_router("kv", "bin/kvroute", ["w"], Path("logs")), ("p", "u"))
             bench.start_router("kv-excess4", "bin/kvroute", ["w"], Path("logs"), "multimodal", True)
             bench.start_router("kv-ids", "bin/kvroute", ["w"], Path("logs"))
-        (a0, kw0), (a1, kw1), (a2, kw2) = seen
+            bench.start_router("kv-trusting", "bin/kvroute", ["w"], Path("logs"), "multimodal", True)
+        (a0, kw0), (a1, kw1), (a2, kw2), (a3, kw3) = seen
         self.assertEqual((a0[:2], kw0["sections"], kw0["cpu_engines"], kw0["router_extra"]),
                          (("bin/kvroute", "kv"), (), False, []))  # fmt: skip
         self.assertEqual((a1[1], kw1["cpu_engines"], kw1["router_extra"]), ("kv", True, ["excess_requests_min = 4"]))
@@ -416,6 +417,8 @@ class Overhead(unittest.TestCase):
         # Prompts go on as token ids only in the variant that asks for it.
         self.assertEqual([kw["model_extra"] for kw in (kw0, kw1, kw2)], [[], [], ["forward_token_ids = true"]])
         self.assertEqual(a2[1], "kv")
+        # A variant's own table comes after the workload's.
+        self.assertEqual((a3[1], kw3["sections"][0], kw3["sections"][-2:]), ("kv", "[media]", ("[learn]", "doubt_scale_min = 0")))
 
 
 class Floors(unittest.TestCase):
