@@ -1,5 +1,6 @@
 //! `kvroute replay` on a fleet whose speeds the router is not told: fixed against
-//! learned costs, and the learning flags changing nothing while switched off.
+//! learned costs, the learning flags changing nothing while switched off, and a fleet
+//! far slower than its timing doubted out of a pile.
 
 use std::process::{Command, Output};
 
@@ -47,4 +48,84 @@ fn a_bad_speed_is_refused() {
     let out = kvroute(&[&BASE[..], &["--worker-speeds", "1,0"]].concat());
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--worker-speeds"));
+}
+
+/// Twenty chats of five turns, a new one every 2.3 s, each turn 1.3 s after the last
+/// ends, on 16-token blocks: light traffic whose follow-ups stay with their history.
+fn chats_trace() -> std::path::PathBuf {
+    let mut lines = String::new();
+    let mut recs = Vec::new();
+    for s in 0..20u64 {
+        let mut ids: Vec<u64> = (s * 100..s * 100 + 12).collect();
+        for k in 0..5u64 {
+            if k > 0 {
+                ids.extend([s * 100 + 50 + 2 * k, s * 100 + 51 + 2 * k]);
+            }
+            let at = s as f64 * 2300.0 + k as f64 * 1500.0;
+            let delay = if k > 0 { r#","delay":1300.0"# } else { "" };
+            let line = format!(
+                r#"{{"timestamp":{at},"input_length":{},"output_length":8,"hash_ids":{ids:?},"session_id":"c{s}"{delay}}}"#,
+                16 * ids.len() - 5
+            );
+            recs.push((at, line));
+        }
+    }
+    recs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (_, l) in recs {
+        lines.push_str(&l);
+        lines.push('\n');
+    }
+    let path = std::env::temp_dir().join(format!("kvroute-doubt-chats-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+#[test]
+fn a_fleet_far_slower_than_its_timing_is_doubted_out_of_a_pile() {
+    let trace = chats_trace();
+    let run = |doubt: &str| {
+        let args = [
+            "replay",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace-block-tokens",
+            "16",
+            "--block-size",
+            "16",
+            "--workers",
+            "3",
+            "--blocks-per-worker",
+            "256",
+            "--engine-timing",
+            "vllm-cpu",
+            "--router-knows-timing",
+            "--worker-speeds",
+            "0.2,0.2,0.2",
+            "--learn-doubt-scale-min",
+            doubt,
+            "--json",
+        ];
+        json(&kvroute(&args))
+    };
+    let (trusting, doubting) = (run("0"), run("2"));
+    std::fs::remove_file(&trace).ok();
+    let (t, d) = (requests(&trusting), requests(&doubting));
+    // Five times slower than predicted, a queue of several chats still looks cheaper
+    // than an idle worker's cold wait, unless that wait is weighed as the wall time it is.
+    assert_eq!(t.iter().max(), Some(&100), "trusting piles every turn on one worker: {t:?}");
+    assert!(d.iter().all(|&n| n < 60), "doubting spreads them: {d:?}");
+    let f = |r: &serde_json::Value, k: &str| r[k]["mean"].as_f64().unwrap();
+    assert!(f(&doubting, "ttft_ms") < f(&trusting, "ttft_ms"));
+    assert!(f(&doubting, "e2e_ms") < f(&trusting, "e2e_ms"));
+    assert_eq!(trusting["prefix_reuse_ratio"], doubting["prefix_reuse_ratio"], "follow-ups keep their history");
+}
+
+#[test]
+fn a_bad_doubt_scale_is_refused() {
+    for bad in ["0.5", "-1", "inf", "NaN"] {
+        let flag = format!("--learn-doubt-scale-min={bad}");
+        let out = kvroute(&[&BASE[..], &[flag.as_str()]].concat());
+        assert!(!out.status.success(), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--learn-doubt-scale-min"), "{bad}");
+    }
 }
