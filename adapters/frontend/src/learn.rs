@@ -49,7 +49,7 @@ pub struct LearnSection {
     /// Path of the workers' tokenize endpoint, in vLLM's shape (default `/tokenize`).
     pub tokenize_path: String,
     /// When every worker with enough samples prefills at least this many times slower
-    /// than the timing (`[cost] engine_timing`) predicts, the timing is doubted: an idle
+    /// than the timing (`[router] engine_timing`) predicts, the timing is doubted: an idle
     /// worker's cold wait, which such a slowdown does not stretch, weighs that much less
     /// against the predicted queues (default 2; 0 turns it off). Applies with `costs` off.
     pub doubt_scale_min: f64,

@@ -32,7 +32,7 @@
 //!   the model's or more, the timing is off for every worker (a model, or a host, slower
 //!   than its preset). Then the cold charge, a wall-clock wait the slowdown does not
 //!   stretch, is divided by that scale, as if every predicted time were multiplied by
-//!   it. Without it a CPU engine thirty times slower than its preset looked cheaper with
+//!   it. Without it a CPU engine forty times slower than its preset looked cheaper with
 //!   a queue of eight requests than idle, and the real fleet sent every chat to one
 //!   server. With `costs` on, each key's cold wait is divided by its own prefill scale.
 //!

@@ -253,8 +253,9 @@ fn any_f64() -> impl Strategy<Value = f64> {
 }
 
 fn any_config() -> impl Strategy<Value = LearnConfig> {
-    (any::<u64>(), 0u32..4, any_f64(), any_f64(), any_f64(), any_f64()).prop_map(|(h, n, k, lo, hi, p)| LearnConfig {
-        costs: true,
+    let knobs = (any::<u64>(), 0u32..4, any_f64(), any_f64(), any_f64(), any_f64(), any_f64(), any::<bool>());
+    knobs.prop_map(|(h, n, k, lo, hi, p, doubt, costs)| LearnConfig {
+        costs,
         engine_load: true,
         half_life_ms: h % 1_000_000,
         samples_min: n,
@@ -262,6 +263,7 @@ fn any_config() -> impl Strategy<Value = LearnConfig> {
         scale_min: lo,
         scale_max: hi,
         prior_samples: p,
+        doubt_scale_min: doubt,
         ..LearnConfig::default()
     })
 }
@@ -292,6 +294,9 @@ proptest! {
             for phase in [Phase::Aggregated, Phase::Decode] {
                 let s = l.cost_scale(Instant::from_micros(t), key, phase);
                 prop_assert!(s.is_finite() && s >= lo && s <= hi, "scale {} outside {}..={}", s, lo, hi);
+                // The cold wait is divided by it.
+                let wall = l.wall_scale(&l.cost_scales(Instant::from_micros(t), key, phase));
+                prop_assert!(wall.is_finite() && wall > 0.0, "wall scale {}", wall);
                 let w = l.decode_weight(Instant::from_micros(t), key, phase);
                 prop_assert!((1.0 / WEIGHT_LIMIT..=WEIGHT_LIMIT).contains(&w), "decode weight {}", w);
             }
