@@ -55,7 +55,7 @@ pub fn fleet(rng: &mut SplitMix64) -> Vec<Op> {
 /// The next operation, drawn with fixed weights; some look at the driver's state (an
 /// engine publishes events for prompts it was sent).
 pub fn op(rng: &mut SplitMix64, d: &Driver) -> Op {
-    const WEIGHTS: [u64; 24] = [4, 1, 2, 1, 6, 8, 5, 1, 1, 1, 22, 10, 3, 4, 4, 8, 3, 1, 8, 1, 1, 2, 1, 3];
+    const WEIGHTS: [u64; 25] = [4, 1, 2, 1, 6, 8, 5, 1, 1, 1, 22, 10, 3, 4, 4, 8, 3, 1, 8, 1, 1, 2, 1, 2, 3];
     fn w(rng: &mut SplitMix64) -> u8 {
         rng.below(u64::from(WORKERS) + 1) as u8
     }
@@ -113,6 +113,13 @@ pub fn op(rng: &mut SplitMix64, d: &Driver) -> Op {
         20 => Op::Jump { hours: if rng.chance(1) { u16::MAX } else { 1 + rng.below(48) as u16 } },
         21 => Op::Timeout,
         22 => Op::Tokens { worker: w(rng), agrees: rng.chance(50) },
+        23 => Op::Observe {
+            worker: w(rng),
+            rank: rng.below(3) as u8,
+            // Mostly far slower than the timing, so the doubt is often on.
+            slowdown: if rng.chance(70) { 8 + rng.below(240) as u8 } else { rng.byte() },
+            tokens: rng.below(2_000) as u16,
+        },
         _ => Op::Query { chain: rng.byte(), len: rng.byte(), twist: rng.byte() },
     }
 }

@@ -232,6 +232,15 @@ pub enum Op {
         worker: u8,
         agrees: bool,
     },
+    /// A first token `slowdown`/4 ms per prompt token after dispatch (0: a NaN, refused):
+    /// under either timing mostly far slower than predicted, so the cost learner's
+    /// fleet scale passes 2 and the timing's doubt is often on.
+    Observe {
+        worker: u8,
+        rank: u8,
+        slowdown: u8,
+        tokens: u16,
+    },
     Request(ReqOp),
     Dispatched {
         pick: u16,

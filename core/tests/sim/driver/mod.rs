@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use router_core::{
     AffinityMode, Decision, DispatchFailure, DpRank, Draw, ExclusionReason, Health, IndexEvent, InputError, Instant,
-    Output, OverlapScores, Phase, PhaseField, PinError, Priority, QueueOrder, Request, RequestId, RouteError, Routed,
-    Router, RouterConfig, RouterMode, RoutingHints, SeqHash, Taint, TaintEffect, Tier, Toleration, WorkerError,
-    WorkerId, WorkerKey, WorkerLoad, WorkerRole, WorkerSpec, WorkerUpdate,
+    Observation, Output, OverlapScores, Phase, PhaseField, PinError, Priority, QueueOrder, Request, RequestId,
+    RouteError, Routed, Router, RouterConfig, RouterMode, RoutingHints, SeqHash, Taint, TaintEffect, Tier, Toleration,
+    WorkerError, WorkerId, WorkerKey, WorkerLoad, WorkerRole, WorkerSpec, WorkerUpdate,
 };
 
 mod checks;
@@ -286,6 +286,14 @@ impl Driver {
             }
             Op::Trust { worker, rank, trusted } => {
                 self.router.handle_overlap_trust(key_of(worker, rank), trusted);
+                Ok(())
+            }
+            Op::Observe { worker, rank, slowdown, tokens } => {
+                let ttft_ms =
+                    if slowdown == 0 { f64::NAN } else { f64::from(slowdown) / 4.0 * (1.0 + f64::from(tokens)) };
+                let obs = Observation::FirstToken { ttft_ms, uncached_tokens: u32::from(tokens), queued_tokens: 0 };
+                // An unknown worker or a NaN is refused and counted; nothing to mirror.
+                let _ = self.router.handle_observation(self.now, key_of(worker, rank), obs);
                 Ok(())
             }
             Op::Tokens { worker, agrees } => {
