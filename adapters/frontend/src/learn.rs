@@ -111,8 +111,7 @@ impl LearnSection {
         if !(self.prior_samples.is_finite() && self.prior_samples >= 0.0) {
             return Err(("learn.prior_samples", "must be a number of at least 0".into()));
         }
-        let d = self.doubt_scale_min;
-        if !(d.is_finite() && (d == 0.0 || d >= 1.0)) {
+        if !LearnConfig::doubt_scale_min_ok(self.doubt_scale_min) {
             return Err(("learn.doubt_scale_min", "must be 0 (off) or a number of at least 1".into()));
         }
         if !self.metrics_path.starts_with('/') {

@@ -33,8 +33,17 @@ pub struct LearnArgs {
     /// Doubt the timing once every worker is learned at least this many times slower
     /// than it predicts: an idle worker's cold wait then weighs that much less
     /// (`[learn] doubt_scale_min`; default 2, 0 turns it off).
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", value_parser = doubt_scale_min)]
     pub learn_doubt_scale_min: Option<f64>,
+}
+
+fn doubt_scale_min(v: &str) -> Result<f64, String> {
+    let x: f64 = v.parse().map_err(|e| format!("{e}"))?;
+    if LearnConfig::doubt_scale_min_ok(x) {
+        Ok(x)
+    } else {
+        Err("must be 0 (off) or a number of at least 1".into())
+    }
 }
 
 impl LearnArgs {
@@ -57,12 +66,8 @@ impl LearnArgs {
         }
     }
 
-    /// The speeds, checked: each a positive finite number (and the doubt's scale, which
-    /// is checked with them, sane).
+    /// The speeds, checked: each a positive finite number.
     pub fn speeds(&self) -> Result<Vec<f64>, String> {
-        if let Some(d) = self.learn_doubt_scale_min.filter(|d| !(d.is_finite() && (*d == 0.0 || *d >= 1.0))) {
-            return Err(format!("--learn-doubt-scale-min {d}: must be 0 (off) or a number of at least 1"));
-        }
         match self.worker_speeds.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
             Some(bad) => Err(format!("--worker-speeds: {bad} is not a positive number")),
             None => Ok(self.worker_speeds.clone()),

@@ -99,6 +99,14 @@ pub struct LearnConfig {
     pub doubt_scale_min: f64,
 }
 
+impl LearnConfig {
+    /// Whether a configuration should accept `v` as [`Self::doubt_scale_min`]: 0 (off)
+    /// or a finite number of at least 1. (The learner reads any value, as documented.)
+    pub fn doubt_scale_min_ok(v: f64) -> bool {
+        v == 0.0 || (v.is_finite() && v >= 1.0)
+    }
+}
+
 impl Default for LearnConfig {
     fn default() -> Self {
         LearnConfig {
