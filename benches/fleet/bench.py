@@ -69,13 +69,12 @@ KV_VARIANTS = {
     "kv-learn": ("kv", []),
     "kv-trusting": ("kv", []),
 }
-# kv with `[learn]` on: per-worker speeds learned from the TTFT the proxy sees, and the
-# engines' own load scraped from their metrics.
-KV_LEARN = {"kv-learn"}
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
+# Whole tables a variant adds. kv-learn: `[learn]` on, per-worker speeds learned from the
+# TTFT the proxy sees and the engines' own load scraped from their metrics. kv-trusting:
 # kv trusting its timing however far the engines' first tokens say it is off (before
-# session 36): an idle worker's cold wait always weighs in full.
-KV_SECTIONS = {"kv-trusting": ["[learn]", "doubt_scale_min = 0"]}
+# session 36), so an idle worker's cold wait always weighs in full.
+KV_SECTIONS = {"kv-learn": fleet.LEARN_SECTION, "kv-trusting": ["[learn]", "doubt_scale_min = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
 # blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
@@ -222,7 +221,7 @@ def start_router(name, kvroute, workers, log_dir, workload="conversation", real=
     sections = (*sections, *KV_SECTIONS.get(name, []))
     mode, extra = KV_VARIANTS.get(name, (name, []))
     return fleet.start_kvroute(str(kvroute), mode, workers, log_dir, name=f"kvroute-{name}", router_extra=extra,
-                               sections=sections, cpu_engines=real, learn=name in KV_LEARN,
+                               sections=sections, cpu_engines=real,
                                model_extra=KV_MODEL_LINES.get(name, []))  # fmt: skip
 
 
