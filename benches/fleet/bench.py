@@ -68,6 +68,9 @@ KV_VARIANTS = {
     "kv-gpu": ("kv", ['engine_timing = "gpu"']),
     "kv-learn": ("kv", []),
     "kv-trusting": ("kv", []),
+    # kv crediting a worker the whole prefill pass its timing says it ran, however long
+    # its first tokens stay away (before session 37).
+    "kv-credit-trusting": ("kv", ["overdue_pass_share = 1.0"]),
 }
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
 # Whole tables a variant adds. kv-learn: `[learn]` on, per-worker speeds learned from the

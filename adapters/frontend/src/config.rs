@@ -325,6 +325,10 @@ pub struct RoutingConfig {
     pub overlap_credit: f64,
     /// Weight of the prefill term of the kv cost (default 1.0).
     pub prefill_load_scale: f64,
+    /// Share of the prefill pass under way the kv cost still credits a worker with once
+    /// it is a whole pass late by the engine timing, 0 to 1 (default 0.5): an engine far
+    /// slower than its timing is not where the timing puts it. 1 trusts the timing.
+    pub overdue_pass_share: f64,
     /// Cost per running request (default 0.0).
     pub active_request_weight: f64,
     /// Cost per request a worker runs beyond `excess_over_mean` times the workers' mean,
@@ -380,6 +384,7 @@ impl Default for RoutingConfig {
             decode_blocks_frac_of_kv: 0.95,
             overlap_credit: 1.0,
             prefill_load_scale: 1.0,
+            overdue_pass_share: ttft.overdue_pass_share,
             active_request_weight: 0.0,
             excess_ms_per_request: ttft.excess_ms_per_request,
             excess_over_mean: ttft.excess_over_mean,

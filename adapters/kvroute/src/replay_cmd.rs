@@ -196,6 +196,10 @@ pub struct ModelArgs {
     /// ttft model: share of a busy worker's predicted prefill progress credited (0..1).
     #[arg(long, value_name = "X")]
     pub progress_credit: Option<f64>,
+    /// ttft model: share of the pass under way still credited once a worker is a whole
+    /// pass late by the timing (0..1; 1 trusts the timing).
+    #[arg(long, value_name = "SHARE", value_parser = pass_share)]
+    pub overdue_pass_share: Option<f64>,
     /// ttft model: weight of the delay a request adds to those queued before it.
     #[arg(long, value_name = "X")]
     pub others_delay_weight: Option<f64>,
@@ -311,6 +315,13 @@ fn kv_share(s: &str) -> Result<f64, String> {
     }
 }
 
+fn pass_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s}: expected a share of a pass, from 0 to 1 (1 trusts the timing)")),
+    }
+}
+
 /// The router configuration for one policy.
 pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, String> {
     let mut cfg = RouterConfig { mode: policy.0, approximate: a.no_kv_events, ..RouterConfig::default() };
@@ -322,6 +333,7 @@ pub fn router_config(a: &ReplayArgs, policy: Policy) -> Result<RouterConfig, Str
     c.temperature = a.temperature.unwrap_or(c.temperature);
     c.model = a.model.cost_model.map_or(c.model, |m| m.0);
     c.ttft.progress_credit = a.model.progress_credit.unwrap_or(c.ttft.progress_credit);
+    c.ttft.overdue_pass_share = a.model.overdue_pass_share.unwrap_or(c.ttft.overdue_pass_share);
     c.ttft.others_delay_weight = a.model.others_delay_weight.unwrap_or(c.ttft.others_delay_weight);
     c.ttft.work_weight = a.model.work_weight.unwrap_or(c.ttft.work_weight);
     c.ttft.memory_ms_per_block = a.model.memory_ms_per_block.unwrap_or(c.ttft.memory_ms_per_block);

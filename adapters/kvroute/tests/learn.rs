@@ -1,6 +1,7 @@
 //! `kvroute replay` on a fleet whose speeds the router is not told: fixed against
 //! learned costs, the learning flags changing nothing while switched off, and a fleet
-//! far slower than its timing doubted out of a pile.
+//! far slower than its timing doubted out of a pile and not credited with a backlog its
+//! first tokens deny.
 
 use std::process::{Command, Output};
 
@@ -127,5 +128,75 @@ fn a_bad_doubt_scale_is_refused() {
         let out = kvroute(&[&BASE[..], &[flag.as_str()]].concat());
         assert!(!out.status.success(), "{bad}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("--learn-doubt-scale-min"), "{bad}");
+    }
+}
+
+/// Twenty-five bursts of four 384-token prompts, 6 s apart, sharing a 64-token opening.
+fn bursts_trace() -> std::path::PathBuf {
+    let mut lines = String::new();
+    for b in 0..25u64 {
+        for k in 0..4u64 {
+            let n = b * 4 + k;
+            let ids: Vec<u64> = [0, 1, 2, 3].into_iter().chain(100 + n * 20..120 + n * 20).collect();
+            let at = b as f64 * 6000.0;
+            lines.push_str(&format!(r#"{{"timestamp":{at},"input_length":384,"output_length":8,"hash_ids":{ids:?}}}"#));
+            lines.push('\n');
+        }
+    }
+    let path = std::env::temp_dir().join(format!("kvroute-overdue-bursts-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+#[test]
+fn a_worker_whose_first_tokens_stay_away_is_not_credited_with_its_backlog() {
+    // Engines 33 times slower than the CPU timing the router predicts with: trusting
+    // it, a backlog reads as computed long before it is, and the queues pile up.
+    let trace = bursts_trace();
+    let run = |share: &str| {
+        let args = [
+            "replay",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace-block-tokens",
+            "16",
+            "--block-size",
+            "16",
+            "--workers",
+            "3",
+            "--blocks-per-worker",
+            "256",
+            "--engine-timing",
+            "vllm-cpu",
+            "--router-knows-timing",
+            "--worker-speeds",
+            "0.03,0.03,0.03",
+            "--overdue-pass-share",
+            share,
+            "--json",
+        ];
+        json(&kvroute(&args))
+    };
+    let (trusting, default) = (run("1"), run("0.5"));
+    std::fs::remove_file(&trace).ok();
+    let f = |r: &serde_json::Value, k: &str| r[k]["mean"].as_f64().unwrap();
+    assert!(
+        f(&default, "ttft_ms") < 0.7 * f(&trusting, "ttft_ms"),
+        "{} vs {}",
+        f(&default, "ttft_ms"),
+        f(&trusting, "ttft_ms")
+    );
+    assert!(f(&default, "e2e_ms") < f(&trusting, "e2e_ms"), "{} vs {}", f(&default, "e2e_ms"), f(&trusting, "e2e_ms"));
+    let hits = |r: &serde_json::Value| r["prefix_reuse_ratio"].as_f64().unwrap();
+    assert!(hits(&default) >= hits(&trusting), "{} vs {}", hits(&default), hits(&trusting));
+}
+
+#[test]
+fn a_bad_overdue_share_is_refused() {
+    for bad in ["1.5", "-0.1", "nan"] {
+        let flag = format!("--overdue-pass-share={bad}");
+        let out = kvroute(&[&BASE[..], &[flag.as_str()]].concat());
+        assert!(!out.status.success(), "{bad} was accepted");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--overdue-pass-share"), "{bad}");
     }
 }

@@ -26,7 +26,8 @@
 //! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
 //! (prompt_end_blocks), `work`,
-//! `others`, `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
+//! `others`, `credit` (progress_credit), `overdue` (overdue_pass_share), `costs` and `doubt` (the learner's `costs` as 1 or 0, and
+//! `doubt_scale_min`), `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
 //! (excess_over_mean), `xmin` (excess_requests_min), `xref` (excess_floor_mean_requests), `cold` and `coldmax` (the timing's
 //! cold_ms_per_idle_s and cold_ms_max), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
@@ -177,6 +178,14 @@ fn config(a: &Args, variant: &str) -> Result<RouterConfig, String> {
             cfg.prompt_ends_max = x as usize;
             continue;
         }
+        if k == "costs" {
+            cfg.learn.costs = x != 0.0;
+            continue;
+        }
+        if k == "doubt" {
+            cfg.learn.doubt_scale_min = x;
+            continue;
+        }
         if k == "frac" {
             cfg.eligibility.decode_blocks_frac_of_kv = (x > 0.0).then_some(x);
             continue;
@@ -199,6 +208,8 @@ fn config(a: &Args, variant: &str) -> Result<RouterConfig, String> {
             "keepend" => c.ttft.keep_needs_prompt_end = x != 0.0,
             "work" => c.ttft.work_weight = x,
             "others" => c.ttft.others_delay_weight = x,
+            "credit" => c.ttft.progress_credit = x,
+            "overdue" => c.ttft.overdue_pass_share = x,
             "arw" => c.active_request_weight = x,
             "pls" => c.prefill_load_scale = x,
             "xs" => c.ttft.excess_ms_per_request = x,

@@ -99,6 +99,10 @@ impl ProxyConfig {
                 return invalid(format!("router.{key}"), format!("{v} must be finite and not negative"));
             }
         }
+        let share = self.router.overdue_pass_share;
+        if !(0.0..=1.0).contains(&share) {
+            return invalid("router.overdue_pass_share".into(), format!("{share} must be from 0 to 1"));
+        }
         let mut names = BTreeSet::new();
         for (i, m) in self.models.iter().enumerate() {
             if let Some(bs) = m.block_size {
@@ -229,6 +233,7 @@ pub fn router_config(cfg: &ProxyConfig, model: &ModelConfig, seed: u64) -> Route
     rc.cost.overlap_credit = r.overlap_credit;
     rc.cost.prefill_load_scale = r.prefill_load_scale;
     rc.cost.active_request_weight = r.active_request_weight;
+    rc.cost.ttft.overdue_pass_share = r.overdue_pass_share;
     rc.cost.ttft.excess_ms_per_request = r.excess_ms_per_request;
     rc.cost.ttft.excess_over_mean = r.excess_over_mean;
     rc.cost.ttft.excess_requests_min = r.excess_requests_min;
@@ -336,6 +341,19 @@ mod tests {
         assert_eq!(cold("[router]\ncold_ms_per_idle_s = 5.0\ncold_ms_max = 50.0\n"), (5.0, 50.0));
         check_err("[router]\ncold_ms_max = -1.0\n", None, "router.cold_ms_max");
         check_err("[router]\ncold_ms_per_idle_s = nan\n", None, "router.cold_ms_per_idle_s");
+    }
+
+    #[test]
+    fn the_overdue_share_is_the_cores_unless_set_and_is_a_share() {
+        let m = ModelConfig { name: "m".into(), ..ModelConfig::default() };
+        let share =
+            |text: &str| router_config(&ProxyConfig::from_toml_str(text).unwrap(), &m, 0).cost.ttft.overdue_pass_share;
+        assert_eq!(share(""), router_core::TtftWeights::default().overdue_pass_share);
+        assert_eq!(share("[router]\noverdue_pass_share = 1.0\n"), 1.0);
+        assert_eq!(share("[router]\noverdue_pass_share = 0.0\n"), 0.0);
+        for bad in ["1.5", "-0.1", "nan", "inf"] {
+            check_err(&format!("[router]\noverdue_pass_share = {bad}\n"), None, "router.overdue_pass_share");
+        }
     }
 
     #[test]

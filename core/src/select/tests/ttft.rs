@@ -246,10 +246,14 @@ fn ttft_cost_matches_hand_computation() {
     check(Agg, d, Candidate { decode_weight: 0.2, ..busy }, (128.75, 30.0, 67.4));
     check(Pre, d, Candidate { decode_weight: 5.0, ..busy }, (128.75, 0.0, 63.2));
     // Busy for 54 ms at 27 ms a full pass (20 + a 7 ms step): the model credits 2000
-    // tokens, but none was seen finish, so no more than one pass (1000): 900 left + 160
-    // = 1060 in 2 passes, 20 + 10.6; 2 steps of 7; the backlog's last pass (900) is
-    // topped up to 1000: 2 × 1; work 30.6 − P(900) = 11.6. Total 58.2.
-    check(Agg, d, with(|c| c.prefill_busy_ms = 54), (66.25, 30.0, 58.2));
+    // tokens, but none was seen finish. Trusting the model, no more than one pass
+    // (1000): 900 left + 160 = 1060 in 2 passes, 20 + 10.6; 2 steps of 7; the backlog's
+    // last pass (900) is topped up to 1000: 2 × 1; work 30.6 − P(900) = 11.6. Total 58.2.
+    let late = with(|c| c.prefill_busy_ms = 54);
+    check(Agg, TtftWeights { overdue_pass_share: 1.0, ..w }.into_cost(), late, (66.25, 30.0, 58.2));
+    // By default a worker a whole pass late keeps half a pass (500) of credit: 1400
+    // left, the same figures as 500 seen finish below.
+    check(Agg, d, late, (97.5, 30.0, 52.8));
     // With 1500 of them seen finish, all 2000 count: 500 of the 1900 queued are done,
     // 1400 left + 160 = 1560 in 2 passes, 20 + 15.6; 2 steps; the backlog's last pass
     // (400) is topped up to 560, delaying its one request by 1.6; work 35.6 − P(1400)
@@ -418,6 +422,7 @@ proptest::proptest! {
         out_default in proptest::sample::select(vec![0u32, 128, 4096]),
         decode_max in proptest::sample::select(vec![600.0, 0.0, 35.5, f64::INFINITY, f64::NAN, -1.0]),
         memory_share in proptest::sample::select(vec![0.9, 1.0, 0.0, f64::NAN]),
+        overdue in proptest::sample::select(vec![0.5, 0.0, 1.0, f64::NAN, -2.0]),
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
         cost.ttft.progress_credit = progress;
@@ -428,6 +433,7 @@ proptest::proptest! {
         cost.ttft.output_tokens_default = out_default;
         cost.ttft.decode_time_ms_max = decode_max;
         cost.ttft.memory_kv_share = memory_share;
+        cost.ttft.overdue_pass_share = overdue;
         // The pile charge is added after scoring and is not `kv_cost`'s; `excess`'s tests cover it.
         cost.ttft.excess_ms_per_request = 0.0;
         cost.host_tier_weight = host_weight;
@@ -453,5 +459,44 @@ proptest::proptest! {
         let got = Selector::new().select(&req, &cands, &mut Draw(draw), true).unwrap();
         let want = reference_selection(&req, &cands, draw);
         proptest::prop_assert_eq!(bits(&got), bits(&want));
+    }
+}
+
+/// `credited(model, done, queued, batch, share)`: the tokens taken as computed.
+#[track_caller]
+fn check_credited(model: f64, done: f64, queued: f64, share: f64, want: f64) {
+    let got = crate::select::ttft::credited(model, done, queued, 1000.0, share);
+    assert_eq!(got, want, "model {model}, done {done}, queued {queued}, share {share}");
+}
+
+#[test]
+fn a_worker_late_by_the_timing_keeps_less_of_its_pass_credited() {
+    // (model's tokens, seen finish, queued past them, overdue share) → credited; a
+    // 1000-token pass.
+    for (model, done, queued, share, want) in [
+        // On time: the model's figure, up to one pass past what was seen finish.
+        (600.0, 0.0, 1900.0, 0.5, 600.0),
+        (1000.0, 0.0, 1900.0, 0.5, 1000.0),
+        (2000.0, 1500.0, 1900.0, 0.5, 2000.0),
+        // A quarter, a half and four passes late: the credit falls back to the share.
+        (1250.0, 0.0, 1900.0, 0.5, 750.0),
+        (1500.0, 0.0, 1900.0, 0.5, 500.0),
+        (5000.0, 0.0, 1900.0, 0.5, 500.0),
+        (5000.0, 0.0, 1900.0, 0.0, 0.0),
+        (1250.0, 0.0, 1900.0, 0.0, 750.0),
+        // Share 1 (or NaN) trusts the model up to one pass, as before the rule.
+        (5000.0, 0.0, 1900.0, 1.0, 1000.0),
+        (5000.0, 0.0, 1900.0, f64::NAN, 1000.0),
+        // Out of range shares are clamped.
+        (5000.0, 0.0, 1900.0, 7.0, 1000.0),
+        (5000.0, 0.0, 1900.0, -1.0, 0.0),
+        // A backlog smaller than a pass is late once the model has computed it.
+        (200.0, 0.0, 300.0, 0.5, 200.0),
+        (450.0, 0.0, 300.0, 0.5, 150.0),
+        (475.0, 100.0, 300.0, 0.0, 325.0),
+        // Nothing queued: nothing can be late.
+        (5000.0, 0.0, 0.0, 0.0, 1000.0),
+    ] {
+        check_credited(model, done, queued, share, want);
     }
 }
