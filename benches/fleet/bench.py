@@ -170,6 +170,19 @@ def log(msg):
     print(f"[fleet {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def cores_per_engine(workers, cores=None):
+    """The host's cores over the real fleet's engines (one thread each), warning below 1:
+    engines sharing a core slow each other down, which no fleet of separate machines does,
+    and a router that starts more prefills at once pays for it in decode time."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = round(cores / max(workers, 1), 2)
+    if share < 1:
+        log(f"warning: {workers} engines on {cores} cores ({share} a core): they slow each other down, unlike "
+            f"separate machines; --workers {cores} gives each its own")
+    return share
+
+
 def rate_of(args):
     """The arrival-rate multiplier: --rate, or the workload's at the load, times workers / 8."""
     if args.rate is not None:
@@ -345,6 +358,8 @@ def main(argv=None):
         "load_avg_start": [round(x, 2) for x in os.getloadavg()],
     }  # fmt: skip
     log(f"{args.workload} x{out['rate_multiplier']}: {out['workload_summary']}; routers {routers}; skipped {skipped}")
+    if args.fleet == "real":
+        out["cores_per_engine"] = cores_per_engine(args.workers)
     if args.fleet == "sim":
         mm_items_max = multimodal.MM_ITEMS_MAX if args.workload == "multimodal" else None
         shape = simfleet.Shape(blocks_per_worker=args.blocks_per_worker, max_num_seqs=args.max_num_seqs,

@@ -6,6 +6,8 @@ generator against a real socket. Standard library only:
 """
 
 import asyncio
+import contextlib
+import io
 import json
 import signal
 import subprocess
@@ -391,6 +393,12 @@ class Overhead(unittest.TestCase):
                 self.assertLess(p.cpu_s(), 5.0)
             finally:
                 p.stop()
+
+    def test_engines_sharing_a_core_are_flagged(self):
+        for workers, cores, share, warned in [(3, 2, 0.67, True), (2, 2, 1.0, False), (1, 4, 4.0, False)]:
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                self.assertEqual(bench.cores_per_engine(workers, cores), share)
+            self.assertEqual("warning" in err.getvalue(), warned, (workers, cores))
 
     def test_a_missing_kvroute_binary_is_a_clear_error(self):
         with self.assertRaises(SystemExit):
