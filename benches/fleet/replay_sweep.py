@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE))
 
 import workloads  # noqa: E402
 import words  # noqa: E402
-from bench import RATES  # noqa: E402
+from bench import RATES, SPEEDUP_AT_LOAD  # noqa: E402
 
 FIGURES = ("hits", "ttft_mean", "ttft_p99", "e2e_mean")
 # Shown beside the targets' figures, without a target: the tail and the throughput (output
@@ -72,17 +72,25 @@ def traces(kind, load, seeds, vocab, out_dir, workers=8):
     return paths, headers
 
 
-def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None):
+def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None, engine_speed=1.0):
     """policy_sweep's run lines for one trace; with `regret` (a path), each kv run's
-    per-request choices against the best worker then are appended there."""
-    argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1", "--speedups", "1",
-            "--workers", str(workers),
+    per-request choices against the best worker then are appended there. The workers run
+    `engine_speed` times as fast as the timing kv predicts with, at the same load."""
+    argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1",
+            "--speedups", str(engine_speed), "--engine-speedup", str(engine_speed), "--workers", str(workers),
             "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
     if regret:
         argv += ["--regret", str(regret)]
     # stderr passes through: a long variant (`search`) reports its progress there.
     out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=True).stdout
     return [d for d in map(json.loads, out.splitlines()) if "hits" in d]
+
+
+def engine_speed(flag, load, workers):
+    """--engine-speed at `load` on `workers`: a number, or `fleet` for the sim fleet's."""
+    if flag == "fleet":
+        return min(1.0, 8 / workers) * SPEEDUP_AT_LOAD[load]
+    return float(flag)
 
 
 def regret_summary(path):
@@ -136,6 +144,10 @@ def main():
                    help="also score every kv choice against the worker where the request's first token "
                    "would have come soonest, given the fleet's state at its arrival (slower: 1 + workers "
                    "engine copies run per request)")  # fmt: skip
+    p.add_argument("--engine-speed", default="1",
+                   help="the workers' speed against the timing kv predicts with (latencies are then in the "
+                        "workers' time); `fleet` runs them as the sim fleet does: half speed when saturated, "
+                        "and 8/N of that on N > 8 workers, while kv predicts with full speed")
     p.add_argument("--out", help="write the report as JSON here too")
     args = p.parse_args()
     vocab = words.Vocab.generated()
@@ -146,9 +158,10 @@ def main():
             for load in args.loads.split(","):
                 reg = Path(tmp) / f"regret-{kind}-{load}.jsonl" if args.regret else None
                 paths, headers = traces(kind, load, seeds, vocab, tmp, args.workers)
+                speed = engine_speed(args.engine_speed, load, args.workers)
                 runs = [d for path in paths
                         for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions and headers,
-                                       args.workers, reg)]  # fmt: skip
+                                       args.workers, reg, speed)]  # fmt: skip
                 report[f"{kind}/{load}"] = medians(runs)
                 if reg:
                     regrets[f"{kind}/{load}"] = regret_summary(reg)

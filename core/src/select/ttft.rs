@@ -151,8 +151,11 @@ pub struct TtftWeights {
     /// Default 0.5 (a pass that has run twice its predicted time is, as likely as not,
     /// half done): on the real vLLM fleet, whose engines ran 50–145 times slower than
     /// the CPU timing, it took the conversation workload's TTFT mean from 14.0 s (1)
-    /// to 9.4 s, against sglang-router's 11.7; in replay of the sim fleet's cells
-    /// (GPU timing) no figure moved by more than noise.
+    /// to 9.4 s, against sglang-router's 11.7. Its price, in replay: with the workers
+    /// run as the sim fleet runs them (2 to 8 times slower than the GPU timing),
+    /// conversation kept 0.5–0.7% fewer hits on 32 workers (10 seeds) for a 2–3% lower
+    /// TTFT; the other workloads moved within noise; a multimodal trace on engines 4–5
+    /// times slower than the CPU timing got a 5–7% higher TTFT.
     pub overdue_pass_share: f64,
     /// Weight of the delay this request's tokens add to the requests queued before it
     /// whose prompts end in the pass it joins. Default 1.0.
