@@ -210,6 +210,7 @@ fn config(a: &Args, variant: &str) -> Result<RouterConfig, String> {
             "others" => c.ttft.others_delay_weight = x,
             "credit" => c.ttft.progress_credit = x,
             "overdue" => c.ttft.overdue_pass_share = x,
+            "grace" => c.ttft.overdue_grace_passes = x,
             "arw" => c.active_request_weight = x,
             "pls" => c.prefill_load_scale = x,
             "xs" => c.ttft.excess_ms_per_request = x,

@@ -143,20 +143,25 @@ pub struct TtftWeights {
     /// began (see [`Candidate::prefill_busy_ms`]) that is taken off its queued tokens:
     /// 0 trusts only finished prefills, 1 the timing model. Default 1.0.
     pub progress_credit: f64,
-    /// Share of the pass under way that stays credited once the worker is a whole pass
-    /// overdue: the model says it computed two passes past what was seen finish. The
-    /// credit rises with the model's progress up to one pass, then falls back towards
-    /// this share as the first tokens stay away, since an engine that slow is not
-    /// where the model thinks it is. 1 keeps the pass credited (the model trusted).
+    /// Share of the pass under way that stays credited once the worker is late: the
+    /// model says it computed more than `overdue_grace_passes` passes past the first one
+    /// beyond what was seen finish. The credit rises with the model's progress up to one
+    /// pass, then falls back towards this share over the next pass as the first tokens
+    /// stay away, since an engine that slow is not where the model thinks it is. 1
+    /// keeps the pass credited (the model trusted).
     /// Default 0.5 (a pass that has run twice its predicted time is, as likely as not,
     /// half done): on the real vLLM fleet, whose engines ran 50–145 times slower than
     /// the CPU timing, it took the conversation workload's TTFT mean from 14.0 s (1)
-    /// to 9.4 s, against sglang-router's 11.7. Its price, in replay: with the workers
-    /// run as the sim fleet runs them (2 to 8 times slower than the GPU timing),
-    /// conversation kept 0.5–0.7% fewer hits on 32 workers (10 seeds) for a 2–3% lower
-    /// TTFT; the other workloads moved within noise; a multimodal trace on engines 4–5
-    /// times slower than the CPU timing got a 5–7% higher TTFT.
+    /// to 9.4 s (with no grace), against sglang-router's 11.7. In replay a multimodal
+    /// trace on engines 4–5 times slower than the CPU timing got a 5–7% higher TTFT.
     pub overdue_pass_share: f64,
+    /// Passes past the first that the model may run ahead of the first tokens before the
+    /// credit starts to fall (see `overdue_pass_share`): a timing a few times off is
+    /// still trusted. Default 3: in replay of the sim fleet's conversation on 32
+    /// workers, run 4–8 times slower than the GPU timing (10 seeds), 0 kept 0.7% fewer
+    /// hits than trusting the timing and 3 none, while on engines 20–50 times slower than
+    /// the CPU timing 3 kept the TTFT within 6% of 0's.
+    pub overdue_grace_passes: f64,
     /// Weight of the delay this request's tokens add to the requests queued before it
     /// whose prompts end in the pass it joins. Default 1.0.
     pub others_delay_weight: f64,
@@ -292,6 +297,7 @@ impl Default for TtftWeights {
         TtftWeights {
             progress_credit: 1.0,
             overdue_pass_share: OVERDUE_PASS_SHARE,
+            overdue_grace_passes: OVERDUE_GRACE_PASSES,
             others_delay_weight: 1.0,
             work_weight: 1.0,
             memory_ms_per_block: MEMORY_MS,
@@ -317,6 +323,7 @@ impl Default for TtftWeights {
 }
 
 const OVERDUE_PASS_SHARE: f64 = 0.5;
+const OVERDUE_GRACE_PASSES: f64 = 3.0;
 const MEMORY_MS: f64 = 5.0;
 const MEMORY_KV_SHARE: f64 = 0.9;
 const DECODE_TIME_WEIGHT: f64 = 0.1;
@@ -418,9 +425,10 @@ impl TtftWeights {
 /// queued   = active_prefill_tokens less what the worker computed since its backlog began
 ///            beyond the prefills known done: the model's M = progress_credit ×
 ///            prefill_busy_ms × batch / ((f_p(batch) + step) × prefill_scale), up to one
-///            pass q = min(batch, active_prefill_tokens) past prefill_done_tokens; past
-///            that the worker is late, and of that pass only q × max(overdue_pass_share,
-///            2 − (M − prefill_done_tokens) / q) counts; clamped to 0..=active_prefill_tokens
+///            pass q = min(batch, active_prefill_tokens) past prefill_done_tokens; once
+///            M passes that by overdue_grace_passes more passes (g) the worker is late, and
+///            of that pass only q × max(overdue_pass_share, 2 + g − (M −
+///            prefill_done_tokens) / q) counts; clamped to 0..=active_prefill_tokens
 /// P(T)     = time of T tokens in passes of batch = max_batched_tokens (n passes)
 /// step     = f_d(active_decode_blocks / kv_blocks) if a request there is past its prefill
 /// wait     = P(queued + own) + n × step
@@ -666,21 +674,25 @@ fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step
     let batch = f64::from(batch.max(1));
     let done = c.prefill_done_tokens as f64;
     let model = w.progress_credit * c.prefill_busy_ms as f64 * batch / pass_ms;
-    (done + queued - credited(model, done, queued, batch, w.overdue_pass_share)).clamp(0.0, queued)
+    (done + queued - credited(model, done, queued, batch, w)).clamp(0.0, queued)
 }
 
 /// Prompt tokens taken as computed, of a backlog of `queued` tokens past the `done` ones
 /// seen finish, when the model says `model`: the model's figure up to one pass past
 /// `done` (a worker slower than the model has not computed what the model credits it
-/// with), then less as the worker falls overdue, down to `overdue_share` of that pass
-/// once it is a whole pass late.
-pub(super) fn credited(model: f64, done: f64, queued: f64, batch: f64, overdue_share: f64) -> f64 {
+/// with), then, once the model is `overdue_grace_passes` further ahead, less as the
+/// worker falls late, down to `overdue_pass_share` of that pass a pass later.
+pub(super) fn credited(model: f64, done: f64, queued: f64, batch: f64, w: &TtftWeights) -> f64 {
     let pass = batch.min(queued);
     if pass.is_nan() || pass <= 0.0 || model <= done + pass {
         return model.min(done + batch);
     }
-    let late = (model - done) / pass - 1.0;
-    let floor = if overdue_share.is_nan() { 1.0 } else { overdue_share.clamp(0.0, 1.0) };
+    let grace = if w.overdue_grace_passes > 0.0 { w.overdue_grace_passes } else { 0.0 };
+    let late = (model - done) / pass - 1.0 - grace;
+    if late <= 0.0 {
+        return done + pass;
+    }
+    let floor = if w.overdue_pass_share.is_nan() { 1.0 } else { w.overdue_pass_share.clamp(0.0, 1.0) };
     done + pass * (1.0 - late).max(floor)
 }
 

@@ -251,9 +251,11 @@ fn ttft_cost_matches_hand_computation() {
     // last pass (900) is topped up to 1000: 2 × 1; work 30.6 − P(900) = 11.6. Total 58.2.
     let late = with(|c| c.prefill_busy_ms = 54);
     check(Agg, TtftWeights { overdue_pass_share: 1.0, ..w }.into_cost(), late, (66.25, 30.0, 58.2));
-    // By default a worker a whole pass late keeps half a pass (500) of credit: 1400
+    // The default grace trusts a model up to three passes further ahead.
+    check(Agg, d, late, (66.25, 30.0, 58.2));
+    // With none, a worker a whole pass late keeps half a pass (500) of credit: 1400
     // left, the same figures as 500 seen finish below.
-    check(Agg, d, late, (97.5, 30.0, 52.8));
+    check(Agg, TtftWeights { overdue_grace_passes: 0.0, ..w }.into_cost(), late, (97.5, 30.0, 52.8));
     // With 1500 of them seen finish, all 2000 count: 500 of the 1900 queued are done,
     // 1400 left + 160 = 1560 in 2 passes, 20 + 15.6; 2 steps; the backlog's last pass
     // (400) is topped up to 560, delaying its one request by 1.6; work 35.6 − P(1400)
@@ -423,6 +425,7 @@ proptest::proptest! {
         decode_max in proptest::sample::select(vec![600.0, 0.0, 35.5, f64::INFINITY, f64::NAN, -1.0]),
         memory_share in proptest::sample::select(vec![0.9, 1.0, 0.0, f64::NAN]),
         overdue in proptest::sample::select(vec![0.5, 0.0, 1.0, f64::NAN, -2.0]),
+        grace in proptest::sample::select(vec![3.0, 0.0, 0.5, f64::NAN, f64::INFINITY]),
     ) {
         let mut cost = KvCostConfig { overlap_credit: credit, temperature, ..KvCostConfig::default() };
         cost.ttft.progress_credit = progress;
@@ -434,6 +437,7 @@ proptest::proptest! {
         cost.ttft.decode_time_ms_max = decode_max;
         cost.ttft.memory_kv_share = memory_share;
         cost.ttft.overdue_pass_share = overdue;
+        cost.ttft.overdue_grace_passes = grace;
         // The pile charge is added after scoring and is not `kv_cost`'s; `excess`'s tests cover it.
         cost.ttft.excess_ms_per_request = 0.0;
         cost.host_tier_weight = host_weight;
@@ -464,9 +468,10 @@ proptest::proptest! {
 
 /// `credited(model, done, queued, batch, share)`: the tokens taken as computed.
 #[track_caller]
-fn check_credited(model: f64, done: f64, queued: f64, share: f64, want: f64) {
-    let got = crate::select::ttft::credited(model, done, queued, 1000.0, share);
-    assert_eq!(got, want, "model {model}, done {done}, queued {queued}, share {share}");
+fn check_credited(model: f64, done: f64, queued: f64, (share, grace): (f64, f64), want: f64) {
+    let w = TtftWeights { overdue_pass_share: share, overdue_grace_passes: grace, ..TtftWeights::default() };
+    let got = crate::select::ttft::credited(model, done, queued, 1000.0, &w);
+    assert_eq!(got, want, "model {model}, done {done}, queued {queued}, share {share}, grace {grace}");
 }
 
 #[test]
@@ -497,6 +502,19 @@ fn a_worker_late_by_the_timing_keeps_less_of_its_pass_credited() {
         // Nothing queued: nothing can be late.
         (5000.0, 0.0, 0.0, 0.0, 1000.0),
     ] {
-        check_credited(model, done, queued, share, want);
+        check_credited(model, done, queued, (share, 0.0), want);
+    }
+    // A grace of three passes: the whole pass until the model is four past what was seen
+    // finish, then the same fall over the next pass. A negative grace is none.
+    for (model, grace, want) in [
+        (4000.0, 3.0, 1000.0),
+        (4250.0, 3.0, 750.0),
+        (4500.0, 3.0, 500.0),
+        (9000.0, 3.0, 500.0),
+        (1500.0, 3.0, 1000.0),
+        (1500.0, -2.0, 500.0),
+        (1500.0, f64::NAN, 500.0),
+    ] {
+        check_credited(model, 0.0, 1900.0, (0.5, grace), want);
     }
 }
