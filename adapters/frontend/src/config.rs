@@ -326,8 +326,9 @@ pub struct RoutingConfig {
     /// Weight of the prefill term of the kv cost (default 1.0).
     pub prefill_load_scale: f64,
     /// Share of the prefill pass under way the kv cost still credits a worker with once
-    /// it is a whole pass late by the engine timing, 0 to 1 (default 0.5): an engine far
-    /// slower than its timing is not where the timing puts it. 1 trusts the timing.
+    /// the engine timing runs more than three passes ahead of its first tokens, 0 to 1
+    /// (default 0.5): an engine far slower than its timing is not where the timing puts
+    /// it. 1 trusts the timing.
     pub overdue_pass_share: f64,
     /// Cost per running request (default 0.0).
     pub active_request_weight: f64,
