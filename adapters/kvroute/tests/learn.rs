@@ -26,6 +26,52 @@ fn requests(r: &serde_json::Value) -> Vec<u64> {
     r["worker_requests"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect()
 }
 
+/// Writes a generated trace for one test, named so parallel tests never share it.
+fn write_trace(name: &str, lines: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("kvroute-{name}-{}.jsonl", std::process::id()));
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+/// `trace` on three workers of 256 16-token blocks, each `speed` times as fast as the CPU
+/// timing the router predicts with, and one more `flag` with its `value`.
+fn slow_cpu_replay(trace: &std::path::Path, speed: &str, flag: &str, value: &str) -> serde_json::Value {
+    let speeds = [speed; 3].join(",");
+    let args = [
+        "replay",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--trace-block-tokens",
+        "16",
+        "--block-size",
+        "16",
+        "--workers",
+        "3",
+        "--blocks-per-worker",
+        "256",
+        "--engine-timing",
+        "vllm-cpu",
+        "--router-knows-timing",
+        "--worker-speeds",
+        &speeds,
+        flag,
+        value,
+        "--json",
+    ];
+    json(&kvroute(&args))
+}
+
+/// Every one of `bad` as `flag`'s value is refused with a message naming the flag.
+#[track_caller]
+fn check_refused(flag: &str, bad: &[&str]) {
+    for v in bad {
+        let arg = format!("{flag}={v}");
+        let out = kvroute(&[&BASE[..], &[arg.as_str()]].concat());
+        assert!(!out.status.success(), "{arg} was accepted");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(flag), "{arg}");
+    }
+}
+
 #[test]
 fn learned_costs_route_around_workers_slower_than_the_model() {
     let speeds = ["--worker-speeds", "1,1,0.25,0.25"];
@@ -76,38 +122,13 @@ fn chats_trace() -> std::path::PathBuf {
         lines.push_str(&l);
         lines.push('\n');
     }
-    let path = std::env::temp_dir().join(format!("kvroute-doubt-chats-{}.jsonl", std::process::id()));
-    std::fs::write(&path, lines).unwrap();
-    path
+    write_trace("doubt-chats", &lines)
 }
 
 #[test]
 fn a_fleet_far_slower_than_its_timing_is_doubted_out_of_a_pile() {
     let trace = chats_trace();
-    let run = |doubt: &str| {
-        let args = [
-            "replay",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--trace-block-tokens",
-            "16",
-            "--block-size",
-            "16",
-            "--workers",
-            "3",
-            "--blocks-per-worker",
-            "256",
-            "--engine-timing",
-            "vllm-cpu",
-            "--router-knows-timing",
-            "--worker-speeds",
-            "0.2,0.2,0.2",
-            "--learn-doubt-scale-min",
-            doubt,
-            "--json",
-        ];
-        json(&kvroute(&args))
-    };
+    let run = |doubt: &str| slow_cpu_replay(&trace, "0.2", "--learn-doubt-scale-min", doubt);
     let (trusting, doubting) = (run("0"), run("2"));
     std::fs::remove_file(&trace).ok();
     let (t, d) = (requests(&trusting), requests(&doubting));
@@ -123,12 +144,7 @@ fn a_fleet_far_slower_than_its_timing_is_doubted_out_of_a_pile() {
 
 #[test]
 fn a_bad_doubt_scale_is_refused() {
-    for bad in ["0.5", "-1", "inf", "NaN"] {
-        let flag = format!("--learn-doubt-scale-min={bad}");
-        let out = kvroute(&[&BASE[..], &[flag.as_str()]].concat());
-        assert!(!out.status.success(), "{bad}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("--learn-doubt-scale-min"), "{bad}");
-    }
+    check_refused("--learn-doubt-scale-min", &["0.5", "-1", "inf", "NaN"]);
 }
 
 /// Twenty-five bursts of four 384-token prompts, 6 s apart, sharing a 64-token opening.
@@ -143,9 +159,7 @@ fn bursts_trace() -> std::path::PathBuf {
             lines.push('\n');
         }
     }
-    let path = std::env::temp_dir().join(format!("kvroute-overdue-bursts-{}.jsonl", std::process::id()));
-    std::fs::write(&path, lines).unwrap();
-    path
+    write_trace("overdue-bursts", &lines)
 }
 
 #[test]
@@ -153,30 +167,7 @@ fn a_worker_whose_first_tokens_stay_away_is_not_credited_with_its_backlog() {
     // Engines 33 times slower than the CPU timing the router predicts with: trusting
     // it, a backlog reads as computed long before it is, and the queues pile up.
     let trace = bursts_trace();
-    let run = |share: &str| {
-        let args = [
-            "replay",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--trace-block-tokens",
-            "16",
-            "--block-size",
-            "16",
-            "--workers",
-            "3",
-            "--blocks-per-worker",
-            "256",
-            "--engine-timing",
-            "vllm-cpu",
-            "--router-knows-timing",
-            "--worker-speeds",
-            "0.03,0.03,0.03",
-            "--overdue-pass-share",
-            share,
-            "--json",
-        ];
-        json(&kvroute(&args))
-    };
+    let run = |share: &str| slow_cpu_replay(&trace, "0.03", "--overdue-pass-share", share);
     let (trusting, default) = (run("1"), run("0.5"));
     std::fs::remove_file(&trace).ok();
     let f = |r: &serde_json::Value, k: &str| r[k]["mean"].as_f64().unwrap();
@@ -193,10 +184,5 @@ fn a_worker_whose_first_tokens_stay_away_is_not_credited_with_its_backlog() {
 
 #[test]
 fn a_bad_overdue_share_is_refused() {
-    for bad in ["1.5", "-0.1", "nan"] {
-        let flag = format!("--overdue-pass-share={bad}");
-        let out = kvroute(&[&BASE[..], &[flag.as_str()]].concat());
-        assert!(!out.status.success(), "{bad} was accepted");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("--overdue-pass-share"), "{bad}");
-    }
+    check_refused("--overdue-pass-share", &["1.5", "-0.1", "nan"]);
 }
