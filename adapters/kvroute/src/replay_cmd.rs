@@ -196,8 +196,8 @@ pub struct ModelArgs {
     /// ttft model: share of a busy worker's predicted prefill progress credited (0..1).
     #[arg(long, value_name = "X")]
     pub progress_credit: Option<f64>,
-    /// ttft model: share of the pass under way still credited once a worker is a whole
-    /// pass late by the timing (0..1; 1 trusts the timing).
+    /// ttft model: share of the pass under way still credited once the timing runs more
+    /// than three passes ahead of a worker's first tokens (0..1; 1 trusts the timing).
     #[arg(long, value_name = "SHARE", value_parser = pass_share)]
     pub overdue_pass_share: Option<f64>,
     /// ttft model: weight of the delay a request adds to those queued before it.

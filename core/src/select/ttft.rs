@@ -674,6 +674,11 @@ fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step
     let batch = f64::from(batch.max(1));
     let done = c.prefill_done_tokens as f64;
     let model = w.progress_credit * c.prefill_busy_ms as f64 * batch / pass_ms;
+    still_queued(model, done, queued, batch, w)
+}
+
+/// Of `queued` prompt tokens past the `done` ones seen finish, those not [`credited`].
+pub(super) fn still_queued(model: f64, done: f64, queued: f64, batch: f64, w: &TtftWeights) -> f64 {
     (done + queued - credited(model, done, queued, batch, w)).clamp(0.0, queued)
 }
 

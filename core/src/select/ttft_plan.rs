@@ -386,7 +386,7 @@ impl<'a> TtftPlan<'a> {
         }
         let done = c.prefill_done_tokens as f64;
         let model = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
-        (done + queued - super::ttft::credited(model, done, queued, self.batch, w)).clamp(0.0, queued)
+        super::ttft::still_queued(model, done, queued, self.batch, w)
     }
 
     /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how
