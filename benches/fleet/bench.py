@@ -101,9 +101,14 @@ SPEEDUP_AT_LOAD = {"busy": 1.0, "saturated": 0.5}
 # prompts at rate 1.0 offered 2.6 times that, so every router measured queueing.
 SIM_DEFAULTS = {"workers": 8, "blocks_per_worker": 2462, "words_per_hash_id": 128, "size_scale": 1.0,
                 "prompt_tokens_max": 32768, "output_tokens_max": 4096, "multi_turn_only": False}  # fmt: skip
-REAL_DEFAULTS = {"workers": 3, "blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
-                 "prompt_tokens_max": 384, "output_tokens_max": 8, "requests": 100, "rate": 0.5,
-                 "multi_turn_only": True}  # fmt: skip
+REAL_DEFAULTS = {"blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
+                 "prompt_tokens_max": 384, "output_tokens_max": 8, "requests": 100, "multi_turn_only": True}  # fmt: skip
+# The real fleet's engines, one per core up to this many: engines sharing a core slow each
+# other's decodes whenever another starts a prefill, which separate GPUs never do, so a
+# router that spreads work would be measured against the host. The arrival rate at this
+# many engines; fewer get the same rate per engine.
+REAL_WORKERS_MAX = 3
+REAL_RATE_AT_MAX = 0.5
 QUICK_REQUESTS = {"conversation": 200, "trace": 200, "agentic": 160, "shared-doc": 160, "multimodal": 160}
 
 
@@ -114,8 +119,10 @@ def parse_args(argv=None):
     p.add_argument("--trace", type=Path, help="a Mooncake JSONL trace (with --workload trace; conversation "
                    "defaults to the bundled slice)")  # fmt: skip
     p.add_argument("--load", choices=LOADS, default="busy")
-    p.add_argument("--workers", type=int, help="fleet size (default: 8 sim-workers, 3 vLLM servers)")
-    p.add_argument("--rate", type=float, help="arrival-rate multiplier (overrides --load's)")
+    p.add_argument("--workers", type=int, help="fleet size (default: 8 sim-workers; vLLM servers: one per core, "
+                   f"at most {REAL_WORKERS_MAX})")  # fmt: skip
+    p.add_argument("--rate", type=float, help="arrival-rate multiplier (overrides --load's; real fleet default: "
+                   f"{REAL_RATE_AT_MAX} at {REAL_WORKERS_MAX} servers, the same per server at fewer)")  # fmt: skip
     p.add_argument("--requests", type=int, help="cap on requests (default: the whole workload)")
     p.add_argument("--quick", action="store_true", help="a small workload and 1 round: a smoke run")
     p.add_argument("--rounds", type=int, default=3)
@@ -155,9 +162,16 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.workload == "trace" and args.trace is None:
         p.error("--workload trace needs --trace PATH")
+    if args.workers is not None and args.workers < 1:
+        p.error(f"--workers must be at least 1, not {args.workers}")
     for k, v in (SIM_DEFAULTS if args.fleet == "sim" else REAL_DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.fleet == "real":
+        if args.workers is None:
+            args.workers = min(REAL_WORKERS_MAX, host_cores())
+        if args.rate is None:
+            args.rate = round(REAL_RATE_AT_MAX * args.workers / REAL_WORKERS_MAX, 3)
     if args.speedup is None:
         args.speedup = min(1.0, 8 / args.workers) * SPEEDUP_AT_LOAD[args.load] if args.fleet == "sim" else 1.0
     if args.quick:
@@ -170,12 +184,17 @@ def log(msg):
     print(f"[fleet {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def host_cores():
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cores_per_engine(workers, cores=None):
     """The host's cores over the real fleet's engines (one thread each), warning below 1:
     engines sharing a core slow each other down, which no fleet of separate machines does,
     and a router that starts more prefills at once pays for it in decode time."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = host_cores()
     share = round(cores / max(workers, 1), 2)
     if share < 1:
         log(f"warning: {workers} engines on {cores} cores ({share} a core): they slow each other down, unlike "

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import unittest
 from types import SimpleNamespace
+from unittest import mock
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -268,13 +269,12 @@ class Multimodal(unittest.TestCase):
             self.assertEqual(len(b.tokens) - len(s.tokens), images * (multimodal.IMAGE_TOKENS - 64))
 
     def test_the_real_fleet_takes_the_multimodal_workload(self):
-        args = bench.parse_args(["--fleet", "real", "--workload", "multimodal"])
+        with mock.patch.object(bench, "host_cores", return_value=8):
+            args = bench.parse_args(["--fleet", "real", "--workload", "multimodal"])
         self.assertEqual((args.workers, args.prompt_tokens_max, args.output_tokens_max), (3, 384, 8))
         self.assertEqual(args.vlm_text, "test")
 
     def test_the_real_fleets_vlm_shares_the_tests_folder_unless_it_is_the_bigger_one(self):
-        from unittest import mock
-
         calls = []
         done = SimpleNamespace(returncode=0, stdout="")
         env = {"KVROUTE_VLLM_VLM_DIR": "/models/vlm", "KVROUTE_VLLM_PYTHON": "/venv/python"}
@@ -400,6 +400,19 @@ class Overhead(unittest.TestCase):
                 self.assertEqual(bench.cores_per_engine(workers, cores), share)
             self.assertEqual("warning" in err.getvalue(), warned, (workers, cores))
 
+    def test_the_real_fleet_gives_each_engine_a_core_unless_told(self):
+        # (cores, argv) -> (workers, rate): the rate per engine stays 0.5 / 3.
+        rows = [(2, [], 2, 0.333), (1, [], 1, 0.167), (8, [], 3, 0.5), (2, ["--workers", "3"], 3, 0.5),
+                (2, ["--rate", "0.9"], 2, 0.9), (4, ["--workers", "2", "--rate", "0.1"], 2, 0.1)]
+        for cores, extra, workers, rate in rows:
+            with mock.patch.object(bench, "host_cores", return_value=cores):
+                args = bench.parse_args(["--fleet", "real", *extra])
+            self.assertEqual((args.workers, args.rate), (workers, rate), (cores, extra))
+        with mock.patch.object(bench, "host_cores", return_value=2):
+            self.assertEqual(bench.parse_args([]).workers, 8)
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            bench.parse_args(["--fleet", "real", "--workers", "0"])
+
     def test_a_missing_kvroute_binary_is_a_clear_error(self):
         with self.assertRaises(SystemExit):
             overhead.parse_args(["--kvroute", "/nonexistent/kvroute"])
@@ -409,7 +422,6 @@ class Overhead(unittest.TestCase):
         # must reach `kvroute serve`'s config (once, overhead.py crashed on a field only
         # bench.py's arguments had).
         import bench
-        from unittest import mock
 
         seen = []
         with mock.patch.object(bench.fleet, "start_kvroute", lambda *a, **kw: seen.append((a, kw)) or ("p", "u")):
