@@ -73,6 +73,21 @@ fn tenant_auth_corpus_replays() {
     check("tenant_auth", 10);
 }
 
+/// The `router_ops` seeds between them run every kind of operation, so a replay on
+/// stable reaches each (a kind added later decodes from none of the older seeds).
+#[test]
+fn router_ops_seeds_run_every_kind_of_operation() {
+    use kvroute_tests::fuzz_harness::{router_ops_every_kind, router_ops_kinds};
+    let every = router_ops_every_kind();
+    assert!(every.len() > 20 && every.iter().any(|k| k == "Tokens"), "{every:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    for path in inputs("corpus", "router_ops") {
+        seen.extend(router_ops_kinds(&fs::read(path).expect("readable input")));
+    }
+    let missing: Vec<&String> = every.iter().filter(|k| !seen.contains(*k)).collect();
+    assert!(missing.is_empty(), "no router_ops seed runs {missing:?}");
+}
+
 /// Every target has a corpus folder, and every corpus folder a target.
 #[test]
 fn every_target_has_a_corpus() {

@@ -139,6 +139,31 @@ pub fn router_ops_reduce(data: &[u8]) -> Option<String> {
     Some(sim::reduce::report(knobs, &ops, &failure))
 }
 
+/// The kinds of operation (`Upsert`, `Tokens`, ...) [`router_ops`] runs for `data`, in
+/// order; so a test can tell which kinds the committed seeds exercise.
+pub fn router_ops_kinds(data: &[u8]) -> Vec<String> {
+    let Ok(case) = FuzzCase::arbitrary_take_rest(Unstructured::new(data)) else { return Vec::new() };
+    case.ops.iter().take(OPS_MAX).map(op_kind).collect()
+}
+
+/// Every kind of operation `arbitrary` can decode for [`router_ops`]: it picks a variant
+/// from the top of a `u32`, so 256 evenly spaced values reach every one of up to 256.
+pub fn router_ops_every_kind() -> Vec<String> {
+    let mut kinds: Vec<String> = (0..=255u8)
+        .filter_map(|top| {
+            let mut bytes = [0u8; 64];
+            bytes[3] = top; // The `u32` is read little-endian.
+            FuzzOp::arbitrary(&mut Unstructured::new(&bytes)).ok().map(|op| op_kind(&op))
+        })
+        .collect();
+    kinds.dedup();
+    kinds
+}
+
+fn op_kind(op: &FuzzOp) -> String {
+    format!("{op:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
+}
+
 /// Operations run per input at most, so one input stays fast.
 pub const OPS_MAX: usize = 512;
 
