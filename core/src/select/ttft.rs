@@ -660,9 +660,16 @@ pub(super) fn output_tokens(req: &SelectRequest, w: &TtftWeights) -> f64 {
 /// Prompt tokens still queued on `c`: its booked ones less what it has computed since its
 /// backlog began, beyond the prefills known finished. Full passes bound that progress.
 fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step_ms: f64) -> f64 {
-    let queued = c.load.active_prefill_tokens as f64;
+    let batch = f64::from(batch.max(1));
     // A worker the learner found slower than the model gets through its backlog slower.
-    let pass_ms = (m.prefill_pass_ms(f64::from(batch.max(1))) + step_ms) * c.prefill_scale;
+    let pass_ms = (m.prefill_pass_ms(batch) + step_ms) * c.prefill_scale;
+    still_queued(w, c, pass_ms, batch)
+}
+
+/// `c`'s booked prompt tokens not [`credited`] as computed, when a pass of `batch`
+/// tokens takes `pass_ms` there. The hoisted path calls it too, so the two agree.
+pub(super) fn still_queued(w: &TtftWeights, c: &Candidate, pass_ms: f64, batch: f64) -> f64 {
+    let queued = c.load.active_prefill_tokens as f64;
     if c.prefill_busy_ms == 0
         || w.progress_credit.is_nan()
         || w.progress_credit <= 0.0
@@ -671,14 +678,8 @@ fn queued_tokens(m: &TtftModel, w: &TtftWeights, c: &Candidate, batch: u32, step
     {
         return queued;
     }
-    let batch = f64::from(batch.max(1));
     let done = c.prefill_done_tokens as f64;
     let model = w.progress_credit * c.prefill_busy_ms as f64 * batch / pass_ms;
-    still_queued(model, done, queued, batch, w)
-}
-
-/// Of `queued` prompt tokens past the `done` ones seen finish, those not [`credited`].
-pub(super) fn still_queued(model: f64, done: f64, queued: f64, batch: f64, w: &TtftWeights) -> f64 {
     (done + queued - credited(model, done, queued, batch, w)).clamp(0.0, queued)
 }
 

@@ -375,18 +375,11 @@ impl<'a> TtftPlan<'a> {
 
     /// The reference's `queued_tokens`: booked prompt tokens less the progress credit.
     fn queued_tokens<const POW2: bool>(&self, c: &Candidate, step_ms: f64) -> f64 {
-        let queued = c.load.active_prefill_tokens as f64;
         if c.prefill_busy_ms == 0 {
-            return queued;
+            return c.load.active_prefill_tokens as f64; // Skips the pass time below.
         }
-        let w = &self.cfg.ttft;
         let pass_ms = (self.full_pass_ms + step_ms) * c.prefill_scale;
-        if w.progress_credit.is_nan() || w.progress_credit <= 0.0 || pass_ms.is_nan() || pass_ms <= 0.0 {
-            return queued;
-        }
-        let done = c.prefill_done_tokens as f64;
-        let model = w.progress_credit * c.prefill_busy_ms as f64 * self.batch / pass_ms;
-        super::ttft::still_queued(model, done, queued, self.batch, w)
+        super::ttft::still_queued(&self.cfg.ttft, c, pass_ms, self.batch)
     }
 
     /// The reference's `chunked_prefill_ms`: the time of `tokens` in passes, and how
