@@ -18,6 +18,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -100,9 +101,10 @@ SPEEDUP_AT_LOAD = {"busy": 1.0, "saturated": 0.5}
 # 2-core host three CPU servers compute about 300 prompt tokens a second, and 768-token
 # prompts at rate 1.0 offered 2.6 times that, so every router measured queueing.
 SIM_DEFAULTS = {"workers": 8, "blocks_per_worker": 2462, "words_per_hash_id": 128, "size_scale": 1.0,
-                "prompt_tokens_max": 32768, "output_tokens_max": 4096, "multi_turn_only": False}  # fmt: skip
+                "prompt_tokens_max": 32768, "output_tokens_max": 4096, "multi_turn_only": False, "warm_up": 0}  # fmt: skip
 REAL_DEFAULTS = {"blocks_per_worker": 256, "words_per_hash_id": 64, "size_scale": 0.125,
-                 "prompt_tokens_max": 384, "output_tokens_max": 8, "requests": 100, "multi_turn_only": True}  # fmt: skip
+                 "prompt_tokens_max": 384, "output_tokens_max": 8, "requests": 100, "multi_turn_only": True,
+                 "warm_up": 4}  # fmt: skip
 # The real fleet's engines, one per core up to this many: engines sharing a core slow each
 # other's decodes whenever another starts a prefill, which separate GPUs never do, so a
 # router that spreads work would be measured against the host. The arrival rate at this
@@ -155,6 +157,9 @@ def parse_args(argv=None):
                    help="--fleet real --workload multimodal: the generated LLaVA's language model, the tests' "
                    "(2 layers, 128 wide) or the text model's size (6 layers, 768 wide; far slower on vLLM's CPU "
                    "build than the timing kvroute predicts with, see the README)")  # fmt: skip
+    p.add_argument("--warm-up", type=int, help="--fleet real: requests each engine serves, straight and all at "
+                   "once, before the first router's run, so that no router gets an engine's first requests; its prefix cache "
+                   "is emptied after (default: 4 real, 0 sim)")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kvroute", type=Path, default=REPO / "target/release/kvroute")
     p.add_argument("--out", type=Path, help="also write the JSON here")
@@ -164,6 +169,8 @@ def parse_args(argv=None):
         p.error("--workload trace needs --trace PATH")
     if args.workers is not None and args.workers < 1:
         p.error(f"--workers must be at least 1, not {args.workers}")
+    if args.warm_up is not None and args.warm_up < 0:
+        p.error(f"--warm-up must be 0 or more, not {args.warm_up}")
     for k, v in (SIM_DEFAULTS if args.fleet == "sim" else REAL_DEFAULTS).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -234,6 +241,18 @@ class RealFleet:
             e.proc.wait_http(f"{e.url}/health", 600)
         self.workers = self.engines
 
+    def warm(self, reqs, bodies):
+        """Each engine serves `reqs` straight, all at once; its wall seconds. An engine's
+        first requests run slower (allocations, first kernels): none should be a router's."""
+        took = []
+        for e in self.engines:
+            records, wall_s = loadgen.run(e.url, reqs, bodies, 1.0)
+            failed = [r["error"] for r in records if r["error"]]
+            if failed:
+                raise RuntimeError(f"vllm-{e.id} failed its warm-up: {failed[0]}")
+            took.append(round(wall_s, 1))
+        return took
+
     def start(self):
         for e in self.engines:
             e.reset_prefix_cache()
@@ -301,6 +320,12 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
         f"{run['e2e_ms_mean']} errors {run['errors']} late p99 {run['lateness_ms'].get('p99')} ms "
         f"({run['wall_s']} s)")  # fmt: skip
     return run
+
+
+def warm_requests(reqs, count):
+    """The workload's first `count` requests that follow no other, due at once."""
+    firsts = sorted((r for r in reqs if r.after is None), key=lambda r: (r.arrival_s, r.index))[:count]
+    return [replace(r, arrival_s=0.0) for r in firsts]
 
 
 def run_with_retry(name, args, the_fleet, reqs, bodies, log_dir, tries=2):
@@ -390,6 +415,9 @@ def main(argv=None):
         the_fleet = RealFleet(args.workers, args.blocks_per_worker, max_model_len, log_dir, model_dir, images)
     runs = []
     try:
+        if isinstance(the_fleet, RealFleet) and args.warm_up:
+            out["warm_up_s"] = the_fleet.warm(warm_requests(reqs, args.warm_up), bodies)
+            log(f"warm-up: {args.warm_up} requests on each engine took {out['warm_up_s']} s")
         for rnd in range(args.rounds):
             k = rnd % len(routers)
             for name in routers[k:] + routers[:k]:

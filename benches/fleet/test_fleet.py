@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 from types import SimpleNamespace
 from unittest import mock
@@ -413,6 +414,20 @@ class Overhead(unittest.TestCase):
         with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
             bench.parse_args(["--fleet", "real", "--workers", "0"])
 
+    def test_the_real_fleet_warms_its_engines_on_the_first_calls(self):
+        # --warm-up defaults to 4 on the real fleet, 0 on the sim fleet (fresh workers per run).
+        self.assertEqual([bench.parse_args(a).warm_up for a in ([], ["--fleet", "real"], ["--fleet", "real",
+                          "--warm-up", "0"])], [0, 4, 0])  # fmt: skip
+        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
+            bench.parse_args(["--fleet", "real", "--warm-up", "-1"])
+        # (index, arrival, after): follow-ups wait for a call, so only first calls warm, in arrival order.
+        rows = [(0, 5.0, None), (1, 0.0, 0), (2, 1.0, None), (3, 1.0, None), (4, 0.5, None)]
+        reqs = [workloads.Request(i, t, (i,), 1, "g", after=a) for i, t, a in rows]
+        warm = bench.warm_requests(reqs, 3)
+        self.assertEqual([(r.index, r.arrival_s, r.after) for r in warm], [(4, 0.0, None), (2, 0.0, None),
+                                                                           (3, 0.0, None)])  # fmt: skip
+        self.assertEqual(len(bench.warm_requests(reqs, 10)), 4)
+
     def test_a_missing_kvroute_binary_is_a_clear_error(self):
         with self.assertRaises(SystemExit):
             overhead.parse_args(["--kvroute", "/nonexistent/kvroute"])
@@ -630,6 +645,44 @@ class LoadGenerator(unittest.TestCase):
         records, _ = asyncio.run(go())
         self.assertEqual([r["error"] for r in records], [None, None])
         self.assertEqual(paths, ["/v1/completions", "/v1/chat/completions"])
+
+    def test_a_warm_up_reaches_every_engine_and_a_failed_one_stops_the_bench(self):
+        hits = []
+
+        async def serve(status):
+            async def handle(reader, writer):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+                await reader.readexactly(length)
+                hits.append(writer.get_extra_info("sockname")[1])
+                ev = b'data: {"choices":[{"text":"a"}]}\n\n'
+                writer.write(b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (status, len(ev), ev))
+                await writer.drain()
+                writer.close()
+
+            return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+        def warm(statuses):
+            hits.clear()
+            loop = asyncio.new_event_loop()
+            servers = [loop.run_until_complete(serve(st)) for st in statuses]
+            thread = threading.Thread(target=loop.run_forever, daemon=True)
+            thread.start()
+            try:
+                ports = [sv.sockets[0].getsockname()[1] for sv in servers]
+                the_fleet = object.__new__(bench.RealFleet)
+                the_fleet.engines = [SimpleNamespace(id=i + 1, url=f"http://127.0.0.1:{p}") for i, p in enumerate(ports)]
+                reqs = [workloads.Request(i, 0.0, (1,), 1, "g") for i in range(2)]
+                return ports, the_fleet.warm(reqs, {0: b"{}", 1: b"{}"})
+            finally:
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join()
+
+        ports, took = warm([200, 200])
+        self.assertEqual(sorted(hits), sorted(ports * 2))
+        self.assertEqual(len(took), 2)
+        with self.assertRaisesRegex(RuntimeError, "vllm-2 failed its warm-up"):
+            warm([200, 500])
 
     def test_a_refused_connection_is_an_error_not_a_crash(self):
         async def go():
