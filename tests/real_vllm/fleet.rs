@@ -196,6 +196,13 @@ impl Preview {
         self.row(worker)["overlap"]["device"].as_u64().expect("overlap.device")
     }
 
+    /// `worker`'s prompt blocks to compute in the kv cost: the queued tokens kvroute
+    /// believes in plus the prompt's own, over the block size.
+    #[track_caller]
+    pub fn prefill_blocks(&self, worker: u64) -> f64 {
+        self.row(worker)["prefill_blocks"].as_f64().expect("prefill_blocks")
+    }
+
     /// Whether `worker` may be chosen.
     pub fn eligible(&self, worker: u64) -> bool {
         self.row(worker)["eligible"] == true
