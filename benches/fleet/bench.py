@@ -72,6 +72,9 @@ KV_VARIANTS = {
     # kv crediting a worker the whole prefill pass its timing says it ran, however long
     # its first tokens stay away (before session 37).
     "kv-credit-trusting": ("kv", ["overdue_pass_share = 1.0"]),
+    # kv with no extra first-token time for a worker that has been idle (the vLLM CPU
+    # timing's cold term, which `--fleet real` gives kv) .
+    "kv-no-cold": ("kv", ["cold_ms_max = 0"]),
 }
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
 # Whole tables a variant adds. kv-learn: `[learn]` on, per-worker speeds learned from the
@@ -302,6 +305,7 @@ def run_one(name, args, the_fleet, reqs, bodies, log_dir):
     run.update(report.throughput(records, reqs, the_fleet.speedup))
     run["ttft_ms_by_request"] = [round(r["ttft_s"] * 1000.0 * the_fleet.speedup, 1) if r["error"] is None
                                  and r["ttft_s"] is not None else None for r in records]  # fmt: skip
+    run["worker_by_request"] = [r["worker"] for r in records]
     run["worker_requests"] = report.spread([per_worker[k]["requests"] for k in sorted(per_worker, key=int)])
     run["lateness_ms"] = report.lateness(records)
     if own is not None:

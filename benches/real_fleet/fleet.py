@@ -170,26 +170,39 @@ class Engine:
         self.proc = Proc(f"vllm-{wid}", argv, env, log_dir)
 
     def reset_prefix_cache(self, timeout_s=30.0):
-        """Empties the prefix cache; retries while requests still hold blocks."""
+        """Empties the prefix cache (retrying while requests still hold blocks), then runs
+        one engine step so that the `AllBlocksCleared` event goes out. vLLM queues it until
+        its scheduler next steps; a router started before that would replay the cleared
+        blocks from the engine's event buffer and route to a cache that is not there."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status, text = http("POST", f"{self.url}/reset_prefix_cache", b"")
             if status == 200 and '"success":true' in text.replace(" ", ""):
+                self.step()
                 return
             if status == 404:
                 raise RuntimeError("vLLM has no /reset_prefix_cache (needs VLLM_SERVER_DEV_MODE=1)")
             time.sleep(0.5)
         raise RuntimeError(f"vllm-{self.id}: prefix cache reset did not succeed")
 
+    def step(self, timeout_s=120.0):
+        """Has the engine compute a one-token completion (shorter than a block, so it
+        stores none): a scheduler step, which publishes the KV events it has queued."""
+        status, text = http("POST", f"{self.url}/v1/completions", STEP_BODY, timeout=timeout_s)
+        if status != 200:
+            raise RuntimeError(f"vllm-{self.id}: a one-token completion failed: {status} {text[:200]}")
+
+
+STEP_BODY = json.dumps({"model": SERVED_NAME, "prompt": "hello", "max_tokens": 1}).encode()
+
 
 def wait_routable(url, timeout_s=90.0):
     """Waits until a router forwards a one-token completion (its /health can answer
     before it has found its workers healthy); raises when it never does."""
-    body = json.dumps({"model": SERVED_NAME, "prompt": "hello", "max_tokens": 1}).encode()
     deadline = time.monotonic() + timeout_s
     last = (0, "")
     while time.monotonic() < deadline:
-        last = http("POST", f"{url}/v1/completions", body, timeout=30.0)
+        last = http("POST", f"{url}/v1/completions", STEP_BODY, timeout=30.0)
         if last[0] == 200:
             return
         time.sleep(0.5)
