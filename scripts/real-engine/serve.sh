@@ -20,10 +20,11 @@ http_port=$1 events_port=$2 replay_port=$3
 shift 3
 : "${KVROUTE_VLLM_PYTHON:?run scripts/real-engine/install.sh and export what it prints}"
 : "${KVROUTE_VLLM_MODEL:?run scripts/real-engine/install.sh and export what it prints}"
+# VLLM_SERVER_DEV_MODE serves /reset_prefix_cache, which tests/real_vllm/reset.rs calls.
 export VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
   VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-  PYTHONHASHSEED="${PYTHONHASHSEED:-0}"
+  PYTHONHASHSEED="${PYTHONHASHSEED:-0}" VLLM_SERVER_DEV_MODE=1
 events_cfg=$(printf '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:%s", "replay_endpoint": "tcp://*:%s", "topic": ""}' \
   "$events_port" "$replay_port")
 exec "$KVROUTE_VLLM_PYTHON" -m vllm.entrypoints.openai.api_server \

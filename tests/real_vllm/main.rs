@@ -34,6 +34,8 @@
 //!   (in tokens), `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 //!   `vllm:kv_cache_usage_perc`; per request, `--enable-prompt-tokens-details` adds
 //!   `usage.prompt_tokens_details.cached_tokens`.
+//! * `/reset_prefix_cache` (served with `VLLM_SERVER_DEV_MODE=1`) queues its
+//!   `AllBlocksCleared` event until the next engine step publishes it (`reset.rs`).
 //! * A killed server's restart takes 130–170 s here under load; ZeroMQ reconnects the
 //!   subscription on its own, with a backoff that grows while the server is down, and
 //!   what the new process publishes before that is lost (the test waits for it).
@@ -51,6 +53,7 @@ mod migrate;
 mod overdue;
 mod procs;
 mod prompts;
+mod reset;
 mod responses;
 mod restart;
 mod router;
