@@ -73,7 +73,7 @@ KV_VARIANTS = {
     # its first tokens stay away (before session 37).
     "kv-credit-trusting": ("kv", ["overdue_pass_share = 1.0"]),
     # kv with no extra first-token time for a worker that has been idle (the vLLM CPU
-    # timing's cold term, which `--fleet real` gives kv) .
+    # timing's cold term, which `--fleet real` gives kv).
     "kv-no-cold": ("kv", ["cold_ms_max = 0"]),
 }
 KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokenizer_words_max = 0"]}
