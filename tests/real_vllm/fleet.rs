@@ -67,8 +67,7 @@ fn engine_env() -> Option<EngineEnv> {
 
 impl Fleet {
     fn start(env: EngineEnv) -> Fleet {
-        let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let dir = crate::procs::scratch_dir("kvroute-real-vllm");
         let bin = build_binary();
         let t0 = Instant::now();
         let small = SMALL_CACHE_BLOCKS.to_string();
@@ -147,9 +146,7 @@ impl Fleet {
     /// `POST /route/preview` for `body`: the decision kvroute would make now.
     #[track_caller]
     pub fn preview(&self, body: &Value) -> Preview {
-        let r = self.router.post("/route/preview", &[], body);
-        assert_eq!(r.status, 200, "preview: {}", r.text());
-        Preview(r.json())
+        self.router.preview(body)
     }
 
     /// Sends `body` to `path` through kvroute (pinned to `pin` if given); answers 200.

@@ -18,8 +18,7 @@ const COUNTER: &str = "kvroute_prompts_sent_as_token_ids_total";
 /// engine's tokenizer check is in. Each must agree: vLLM's `/tokenize` gives kvroute's ids
 /// for the probe text, so kvroute sends ids to it.
 fn start(f: &Fleet) -> Kvroute {
-    let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-ids-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dir = crate::procs::scratch_dir("kvroute-real-vllm-ids");
     let g = Kvroute::start_with(&build_binary(), &dir, "kvroute-ids", |port| {
         let adapters = format!("lora_adapters = [\"{LORA}\"]\n");
         let text = config(&f.env.model, port, &f.engines);

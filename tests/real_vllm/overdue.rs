@@ -55,8 +55,8 @@ fn a_late_engines_pass_counts_as_queued_by_the_overdue_share() {
 fn check(router: &Kvroute, seed: u64, what: &str, queued_share: f64) {
     let late = token_prompt(MODEL, &tokens(seed, LATE_TOKENS));
     let probe = token_prompt(MODEL, &tokens(seed + 1, 130));
-    assert_eq!(preview(router, &late).overlap(1), 0, "{what}: the late prompt is fresh on worker 1");
-    let own = preview(router, &probe).isl_tokens() as f64;
+    assert_eq!(router.preview(&late).overlap(1), 0, "{what}: the late prompt is fresh on worker 1");
+    let own = router.preview(&probe).isl_tokens() as f64;
     let queued = |p: &Preview| p.prefill_blocks(1) * BLOCK_TOKENS as f64 - own;
     let served = serve_sampling(router, &late, &probe, queued);
     let in_window = |lo: u64, hi: u64| served.samples.iter().filter(move |(t, _)| (lo..hi).contains(t)).map(|s| s.1);
@@ -89,7 +89,7 @@ fn check(router: &Kvroute, seed: u64, what: &str, queued_share: f64) {
     }
     // The answer releases the booking.
     let t0 = Instant::now();
-    while queued(&preview(router, &probe)) > 0.5 {
+    while queued(&router.preview(&probe)) > 0.5 {
         assert!(t0.elapsed() < Duration::from_secs(10), "{what}: worker 1's booking was never released");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -103,7 +103,7 @@ fn serve_sampling(router: &Kvroute, late: &Value, probe: &Value, queued: impl Fn
     let answer = std::thread::spawn(move || send_pinned(addr, &body));
     let mut samples = Vec::new();
     while !answer.is_finished() {
-        samples.push((t0.elapsed().as_millis() as u64, queued(&preview(router, probe))));
+        samples.push((t0.elapsed().as_millis() as u64, queued(&router.preview(probe))));
         std::thread::sleep(Duration::from_millis(5));
     }
     let answered_ms = answer.join().expect("the late prompt's sender");
@@ -122,19 +122,11 @@ fn send_pinned(addr: SocketAddr, body: &Value) -> u64 {
 
 /// A second kvroute over the fleet's engines with `overdue_pass_share = share`.
 fn with_share(f: &Fleet, share: f64) -> Kvroute {
-    let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-overdue-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dir = crate::procs::scratch_dir("kvroute-real-vllm-overdue");
     Kvroute::start_with(&build_binary(), &dir, &format!("kvroute-overdue-{share}"), |port| {
         let mode = "mode = \"kv\"\n";
         let text = config(&f.env.model, port, &f.engines);
         assert!(text.contains(mode), "the router's section is where the key goes: {text}");
         text.replacen(mode, &format!("{mode}overdue_pass_share = {share:?}\n"), 1)
     })
-}
-
-#[track_caller]
-fn preview(router: &Kvroute, body: &Value) -> Preview {
-    let r = router.post("/route/preview", &[], body);
-    assert_eq!(r.status, 200, "preview: {}", r.text());
-    Preview(r.json())
 }

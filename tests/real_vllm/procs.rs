@@ -7,7 +7,7 @@
 //! suite kills a server on purpose the same way: SIGKILL to its group.
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// The watchdog: `$1…` is the command; `KVROUTE_WATCH_PID` the process it outlives not.
@@ -18,6 +18,13 @@ trap 'kill -TERM "$child" 2>/dev/null' TERM INT
 while kill -0 "$KVROUTE_WATCH_PID" 2>/dev/null && kill -0 "$child" 2>/dev/null; do sleep 0.5; done
 kill -KILL 0
 "#;
+
+/// `<temp>/<name>-<pid>`, created: a scratch directory for this run's configs and logs.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
 
 /// A supervised child process.
 pub struct Proc {

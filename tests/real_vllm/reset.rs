@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::engine::MODEL;
-use crate::fleet::{fleet, token_prompt, tokens, Preview};
+use crate::fleet::{fleet, token_prompt, tokens};
 use crate::http;
 use crate::router::{build_binary, config, Kvroute};
 
@@ -28,15 +28,10 @@ fn a_reset_cache_leaves_the_index_when_the_engine_next_steps() {
     assert_eq!(reset.status, 200, "vLLM resets its prefix cache: {}", reset.text());
 
     // Not yet published: a router started now replays the cleared blocks too.
-    let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-reset-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dir = crate::procs::scratch_dir("kvroute-real-vllm-reset");
     let late =
         Kvroute::start_with(&build_binary(), &dir, "kvroute-reset", |port| config(&f.env.model, port, &f.engines));
-    let overlap = |k: &Kvroute| {
-        let r = k.post("/route/preview", &[], &body);
-        assert_eq!(r.status, 200, "preview: {}", r.text());
-        Preview(r.json()).overlap(w)
-    };
+    let overlap = |k: &Kvroute| k.preview(&body).overlap(w);
     late.wait(Duration::from_secs(20), "the new router replays worker 1's stored blocks", |k| overlap(k) == blocks);
     assert_eq!(f.preview(&body).overlap(w), blocks, "the running router has heard of no reset either");
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::engine::{Vllm, LORA, MODEL};
+use crate::fleet::Preview;
 use crate::http;
 use crate::procs::{free_port, Proc};
 
@@ -180,6 +181,14 @@ impl Kvroute {
     #[track_caller]
     pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &Value) -> http::Response {
         self.try_post(path, headers, body).unwrap_or_else(|e| panic!("POST {path} to kvroute: {e}"))
+    }
+
+    /// `POST /route/preview` for `body`: the decision it would make now.
+    #[track_caller]
+    pub fn preview(&self, body: &Value) -> Preview {
+        let r = self.post("/route/preview", &[], body);
+        assert_eq!(r.status, 200, "preview: {}", r.text());
+        Preview(r.json())
     }
 
     /// Every worker's `tokenizer_check` from `/workers` (`null` before its first check).

@@ -110,8 +110,7 @@ fn check(g: &Gateway, worker: u64, stored: impl Fn(u64) -> (Value, Value), probe
 #[test]
 fn tenants_never_share_a_cached_block_and_each_keeps_its_own() {
     let Some(f) = fleet() else { return };
-    let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-tenants-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dir = crate::procs::scratch_dir("kvroute-real-vllm-tenants");
     let g = Gateway(Kvroute::start_with(&build_binary(), &dir, "kvroute-tenants", |port| {
         tenants_config(&dir, &f.env.model, port, &f.engines)
     }));

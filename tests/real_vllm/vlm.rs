@@ -286,8 +286,7 @@ fn media_config(model: &Path) -> MediaConfig {
 
 fn start(family: &'static Family) -> Option<Ctx> {
     let python = engine_python()?;
-    let dir = std::env::temp_dir().join(format!("kvroute-real-vllm-vlm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let dir = crate::procs::scratch_dir("kvroute-real-vllm-vlm");
     let model = vlm_model(&python, family.name);
     let media = media_config(&model);
     eprintln!("real_vllm: {}'s placeholder rule {:?}", family.name, media.rule);
