@@ -35,6 +35,10 @@
 //!   it. Without it a CPU engine forty times slower than its preset looked cheaper with
 //!   a queue of eight requests than idle, and the real fleet sent every chat to one
 //!   server. With `costs` on, each key's cold wait is divided by its own prefill scale.
+//!   Samples come late (`samples_min` first tokens a key, seconds each on such an
+//!   engine), so the router also doubts from what it sees: a backlog whose first
+//!   prefill is still out long after the timing had it done shows a slowdown, and past
+//!   the same bar the larger of the two divides the cold wait.
 //!
 //! How the cost uses it: with [`LearnConfig::costs`] on, a candidate's cost factor is
 //! multiplied by its prefill scale (decode scale in the decode phase), which scales every
@@ -483,15 +487,21 @@ impl CostLearner {
     /// What divides a candidate's cold wait (wall time) to put it in the cost's model
     /// time: its own prefill scale with `costs` on (`scales` from
     /// [`Self::cost_scales`]), else the fleet's fastest while the timing is doubted, else 1.
-    pub(crate) fn wall_scale(&self, scales: &CostScales) -> f64 {
-        if self.cfg.costs {
-            return scales.prefill_scale;
-        }
+    /// `shown` is the slowdown the fleet's backlogs show now (see
+    /// [`TtftModel::slowdown_shown`](crate::TtftModel::slowdown_shown)): past the bar it
+    /// doubts the timing too, before any worker has its samples, and neither figure
+    /// counts twice (the larger divides).
+    pub(crate) fn wall_scale(&self, scales: &CostScales, shown: f64) -> f64 {
         let m = self.cfg.doubt_scale_min;
-        if m > 0.0 && m.is_finite() && self.best.0 >= m.max(1.0) {
-            self.best.0
+        let doubting = m > 0.0 && m.is_finite();
+        let shown = if doubting && shown >= m.max(1.0) { shown } else { 1.0 };
+        if self.cfg.costs {
+            return scales.prefill_scale.max(shown);
+        }
+        if doubting && self.best.0 >= m.max(1.0) {
+            self.best.0.max(shown)
         } else {
-            1.0
+            shown
         }
     }
 

@@ -295,7 +295,7 @@ proptest! {
                 let s = l.cost_scale(Instant::from_micros(t), key, phase);
                 prop_assert!(s.is_finite() && s >= lo && s <= hi, "scale {} outside {}..={}", s, lo, hi);
                 // The cold wait is divided by it.
-                let wall = l.wall_scale(&l.cost_scales(Instant::from_micros(t), key, phase));
+                let wall = l.wall_scale(&l.cost_scales(Instant::from_micros(t), key, phase), 0.0);
                 prop_assert!(wall.is_finite() && wall > 0.0, "wall scale {}", wall);
                 let w = l.decode_weight(Instant::from_micros(t), key, phase);
                 prop_assert!((1.0 / WEIGHT_LIMIT..=WEIGHT_LIMIT).contains(&w), "decode weight {}", w);

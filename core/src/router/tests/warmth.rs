@@ -3,6 +3,7 @@
 //! paying it until that first pass is over.
 
 use super::*;
+use crate::learn::DOUBT_SCALE_MIN;
 use crate::{Observation, TtftModel};
 
 /// What worker 0 or 1 has done before the request `check` routes.
@@ -15,6 +16,9 @@ enum Past {
     /// Runs a request booked at 0 (when it had run nothing); `true` once its prefill
     /// is done.
     Running(bool),
+    /// Decodes a request booked and prefilled at 0 (so warm), and has a second one,
+    /// booked at 0 too, whose 192 prompt tokens it has not finished.
+    Queued,
 }
 
 fn at(ms: u64) -> Instant {
@@ -43,6 +47,11 @@ fn live(r: &mut Router, id: u64, worker: u64, past: Past) {
                 r.handle_prefill_done(T0, d.id, d.phase).unwrap();
             }
         }
+        Past::Queued => {
+            let d = run(r);
+            r.handle_prefill_done(T0, d.id, d.phase).unwrap();
+            live(r, id + 50, worker, Past::Running(false));
+        }
     }
 }
 
@@ -51,8 +60,15 @@ fn live(r: &mut Router, id: u64, worker: u64, past: Past) {
 /// runs the same with no cold term.
 #[track_caller]
 fn check(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, want: u64) {
+    check_with(past, holder, now_ms, cold, DOUBT_SCALE_MIN, want);
+}
+
+/// [`check`] with the learner's `doubt_scale_min`.
+#[track_caller]
+fn check_with(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, doubt_scale_min: f64, want: u64) {
     let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
     cfg.cost.timing = TtftModel::vllm_cpu();
+    cfg.learn.doubt_scale_min = doubt_scale_min;
     if !cold {
         cfg.cost.timing.cold_ms_max = 0.0;
     }
@@ -64,7 +80,8 @@ fn check(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, want: u6
         store(&mut r, w, 900..=902);
     }
     let d = routed(r.handle_request(at(now_ms), req(9, &[900, 901, 902]), Draw(0)));
-    assert_eq!(d.target.worker.0, want, "{past:?}, holder {holder:?}, at {now_ms} ms, cold term {cold}");
+    let doubt = doubt_scale_min;
+    assert_eq!(d.target.worker.0, want, "{past:?}, holder {holder:?}, at {now_ms} ms, cold {cold}, doubt {doubt}");
     invariants(&r);
 }
 
@@ -127,4 +144,24 @@ fn a_fleet_far_slower_than_its_timing_weighs_the_cold_wait_less() {
     check_doubt(20.0, 32.0, false, 0);
     // Learned costs scale the queue by the worker's own speed and leave the wait as is.
     check_doubt(20.0, 0.0, true, 1);
+}
+
+#[test]
+fn a_backlog_far_later_than_its_timing_weighs_the_cold_wait_less() {
+    use Past::{Never, Queued};
+    // Worker 0 is warm with 192 prompt tokens queued since 0, which the CPU timing
+    // clears in about 75 ms; worker 1 has never run and pays 250 ms cold.
+    // While the backlog is within the timing (and its grace), the cold wait stands.
+    check([Queued, Never], None, 100, true, 0);
+    check([Queued, Never], None, 900, true, 0);
+    // Seconds later the first token is still out: an engine that slow clears its queue
+    // in seconds, and the cold wait, wall time, is divided by the slowdown shown.
+    check([Queued, Never], None, 5_000, true, 1);
+    check([Never, Queued], None, 5_000, true, 0);
+    // With doubt off the timing is trusted however late, and a bar above the slowdown
+    // shown keeps it too.
+    check_with([Queued, Never], None, 5_000, true, 0.0, 0);
+    check_with([Queued, Never], None, 5_000, true, 1_000.0, 0);
+    // A holder of the prefix pays no cold wait, so the doubt changes nothing there.
+    check([Queued, Never], Some(0), 5_000, true, 0);
 }
