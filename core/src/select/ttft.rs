@@ -116,7 +116,7 @@ impl TtftModel {
         let grace = if grace > 0.0 { grace } else { 0.0 };
         let due_ms = self.chunked_prefill_ms(done_tokens as f64 + (1.0 + grace) * pass, batch).0;
         let late_ms = busy_ms as f64 - self.cold_ms_max.max(0.0);
-        if pass <= 0.0 || !(due_ms > 0.0) || late_ms <= due_ms {
+        if pass <= 0.0 || due_ms.is_nan() || due_ms <= 0.0 || late_ms <= due_ms {
             return 0.0;
         }
         late_ms / due_ms
