@@ -52,8 +52,8 @@ pub struct LearnSection {
     /// than the timing (`[router] engine_timing`) predicts, the timing is doubted: an idle
     /// worker's cold wait, which such a slowdown does not stretch, weighs that much less
     /// against the predicted queues (default 2; 0 turns it off). Applies with `costs` off.
-    /// A backlog whose first prompt is that much later than the timing had it doubts the
-    /// timing too, before any samples, with `costs` on or off.
+    /// While on, the cold wait counts nothing until some worker has `samples_min` first
+    /// tokens: nothing has shown the timing holds before.
     pub doubt_scale_min: f64,
 }
 

@@ -28,17 +28,18 @@
 //!   the router's own count and the engine's, and waiting requests the router did not
 //!   place are charged the key's mean uncached prompt.
 //!
-//! - **Doubt.** Once the fleet's fastest prefill estimate is `doubt_scale_min` times
-//!   the model's or more, the timing is off for every worker (a model, or a host, slower
-//!   than its preset). Then the cold charge, a wall-clock wait the slowdown does not
-//!   stretch, is divided by that scale, as if every predicted time were multiplied by
-//!   it. Without it a CPU engine forty times slower than its preset looked cheaper with
-//!   a queue of eight requests than idle, and the real fleet sent every chat to one
-//!   server. With `costs` on, each key's cold wait is divided by its own prefill scale.
-//!   Samples come late (`samples_min` first tokens a key, seconds each on such an
-//!   engine), so the router also doubts from what it sees: a backlog whose first
-//!   prefill is still out long after the timing had it done shows a slowdown, and past
-//!   the same bar the larger of the two divides the cold wait.
+//! - **Doubt.** The cold charge is a wall-clock wait measured where engines kept to
+//!   the timing, so it counts only against a timing first tokens have shown: until
+//!   some key has `samples_min` of them it counts nothing. Once the fleet's fastest
+//!   prefill estimate is `doubt_scale_min` times the model's or more, the timing is off
+//!   for every worker (a model, or a host, slower than its preset), and the charge,
+//!   which the slowdown does not stretch, is divided by that scale, as if every
+//!   predicted time were multiplied by it. Without it a CPU engine forty times slower
+//!   than its preset looked cheaper with a queue of eight requests than idle, and the
+//!   real fleet sent every chat to one server; charged in full before the samples came,
+//!   it cost shared-doc hits and TTFT there (the fleet benchmark's README, session
+//!   40). With `costs` on, each key's cold wait is divided by its own prefill scale.
+//!   `doubt_scale_min = 0` trusts the timing throughout.
 //!
 //! How the cost uses it: with [`LearnConfig::costs`] on, a candidate's cost factor is
 //! multiplied by its prefill scale (decode scale in the decode phase), which scales every
@@ -371,12 +372,14 @@ pub(crate) struct CostLearner {
     stats: LearnStats,
     /// The fastest own prefill and decode estimates over the keys (1 when none has one).
     best: (f64, f64),
+    /// Whether some key has its own prefill estimate (`samples_min` first tokens).
+    timed: bool,
 }
 
 impl CostLearner {
     /// An empty learner.
     pub(crate) fn new(cfg: LearnConfig) -> Self {
-        CostLearner { cfg, keys: BTreeMap::new(), stats: LearnStats::default(), best: (1.0, 1.0) }
+        CostLearner { cfg, keys: BTreeMap::new(), stats: LearnStats::default(), best: (1.0, 1.0), timed: false }
     }
 
     /// Counters.
@@ -450,7 +453,9 @@ impl CostLearner {
     fn update_best(&mut self) {
         let cfg = &self.cfg;
         let fastest = |f: fn(&Entry) -> &Fit| self.keys.values().filter_map(|e| f(e).own(cfg)).reduce(f64::min);
-        self.best = (fastest(|e| &e.prefill).unwrap_or(1.0), fastest(|e| &e.decode).unwrap_or(1.0));
+        let prefill = fastest(|e| &e.prefill);
+        self.timed = prefill.is_some();
+        self.best = (prefill.unwrap_or(1.0), fastest(|e| &e.decode).unwrap_or(1.0));
     }
 
     /// How `key`'s learned scales enter its cost in `phase` at `now` (all 1 when
@@ -484,24 +489,25 @@ impl CostLearner {
         self.cost_scales(now, key, phase).decode_weight
     }
 
-    /// What divides a candidate's cold wait (wall time) to put it in the cost's model
-    /// time: its own prefill scale with `costs` on (`scales` from
-    /// [`Self::cost_scales`]), else the fleet's fastest while the timing is doubted, else 1.
-    /// `shown` is the slowdown the fleet's backlogs show now (see
-    /// [`TtftModel::slowdown_shown`](crate::TtftModel::slowdown_shown)): past the bar it
-    /// doubts the timing too, before any worker has its samples, and neither figure
-    /// counts twice (the larger divides).
-    pub(crate) fn wall_scale(&self, scales: &CostScales, shown: f64) -> f64 {
+    /// What a candidate's cold wait (wall time) is multiplied by to put it in the
+    /// cost's model time. With doubt off (`doubt_scale_min` 0) the timing is trusted:
+    /// 1, or 1 over the key's own prefill scale with `costs` on (`scales` from
+    /// [`Self::cost_scales`]). With it on, 0 until some key has `samples_min` first
+    /// tokens, then 1 over the slowdown: the key's own scale with `costs` on, else the
+    /// fleet's fastest once that is past the bar (else 1).
+    pub(crate) fn cold_weight(&self, scales: &CostScales) -> f64 {
         let m = self.cfg.doubt_scale_min;
         let doubting = m > 0.0 && m.is_finite();
-        let shown = if doubting && shown >= m.max(1.0) { shown } else { 1.0 };
+        if doubting && !self.timed {
+            return 0.0;
+        }
         if self.cfg.costs {
-            return scales.prefill_scale.max(shown);
+            return 1.0 / scales.prefill_scale;
         }
         if doubting && self.best.0 >= m.max(1.0) {
-            self.best.0.max(shown)
+            1.0 / self.best.0
         } else {
-            shown
+            1.0
         }
     }
 

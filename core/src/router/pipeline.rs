@@ -252,7 +252,6 @@ impl Router {
         // After the busy check: a pin to a worker that is only busy queues, it does not fail.
         eligible::check_pinned(&pin, verdicts).map_err(RouteError::Pin)?;
 
-        let shown = self.slowdown_shown(now, verdicts);
         let mut candidates: Vec<Candidate> = verdicts
             .iter()
             .filter_map(|v| match v.verdict {
@@ -282,7 +281,7 @@ impl Router {
                         prefill_scale: scales.prefill_scale,
                         decode_weight: scales.decode_weight,
                         cold_ms: self.warmth.cold_ms(&self.cfg.cost.timing, now, v.key, own.active_requests)
-                            / self.learn.wall_scale(&scales, shown),
+                            * self.learn.cold_weight(&scales),
                     })
                 }
                 Verdict::Excluded(_) => None,

@@ -9,7 +9,6 @@
 //! The pipeline waives it for the holders of a request's longest prefix: the charge
 //! moves requests between workers that would compute the same, never off a cache.
 
-use crate::eligible::{Eligibility, Verdict};
 use crate::select::TtftModel;
 use crate::time::Instant;
 use crate::types::{WorkerId, WorkerKey};
@@ -75,30 +74,6 @@ impl Warmth {
     /// A key whose worker `registered` does not know, if any.
     pub(super) fn stray(&self, registered: impl Fn(WorkerId) -> bool) -> Option<WorkerKey> {
         self.keys.keys().copied().find(|k| !registered(k.worker))
-    }
-}
-
-impl super::Router {
-    /// The largest slowdown against the timing that an eligible worker's backlog shows
-    /// at `now` ([`TtftModel::slowdown_shown`], past the overdue grace), which doubts
-    /// the cold wait as the learner's samples do but from a request's first seconds.
-    /// 0 without a cold term, the one thing it serves: no work on the hot path otherwise.
-    pub(super) fn slowdown_shown(&self, now: Instant, verdicts: &[Eligibility]) -> f64 {
-        let timing = &self.cfg.cost.timing;
-        if !on(timing) {
-            return 0.0;
-        }
-        let grace = self.cfg.cost.ttft.overdue_grace_passes;
-        let shown = |v: &Eligibility| {
-            let progress = self.load.combined_progress(v.key);
-            let busy_ms = progress.busy_since.map_or(0, |t| now.micros_since(t) / 1000);
-            let queued = self.load.combined(v.key).active_prefill_tokens;
-            let batch = self.workers.get(v.key.worker).map_or(0, |s| s.max_batched_tokens);
-            let batch = if batch == 0 { timing.max_batched_tokens_default } else { batch };
-            timing.slowdown_shown(busy_ms, progress.done_tokens, queued, batch, grace)
-        };
-        let eligible = verdicts.iter().filter(|v| matches!(v.verdict, Verdict::Eligible { .. }));
-        eligible.map(shown).fold(0.0, f64::max)
     }
 }
 

@@ -9,9 +9,8 @@
 //! excess charge is (and likewise left out of [`kv_cost`](super::kv_cost)). A GPU's
 //! timing has none. The wait is wall time, which an engine slower than its timing does
 //! not stretch: the router divides it by the learned slowdown (see [`crate::learn`],
-//! "Doubt"), or by the slowdown a backlog shows while its first token is overdue
-//! ([`TtftModel::slowdown_shown`](super::TtftModel::slowdown_shown)), whichever is
-//! larger, so a queue the timing underrates is not preferred to it.
+//! "Doubt"), so a queue the timing underrates is not preferred to it, and counts none
+//! before first tokens have shown the timing.
 
 use super::{Candidate, CandidateScore, KvCostModel, SelectRequest};
 use crate::types::Phase;

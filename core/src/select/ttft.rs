@@ -106,22 +106,6 @@ impl TtftModel {
         (self.cold_ms_per_idle_s * idle_ms as f64 / 1000.0).min(self.cold_ms_max)
     }
 
-    /// How many times slower than this timing a worker's backlog shows it to be, at
-    /// least: its `busy_ms` less the cold wait's cap (a cold pass is not a slow engine)
-    /// over the time the timing gives the `done_tokens` it finished plus `1 +
-    /// grace_passes` passes of its `queued_tokens`, which it has not: a prefill is still
-    /// out. 0 with nothing queued, or while the timing has it not yet due.
-    pub fn slowdown_shown(&self, busy_ms: u64, done_tokens: u64, queued_tokens: u64, batch: u32, grace: f64) -> f64 {
-        let pass = queued_tokens.min(u64::from(batch.max(1))) as f64;
-        let grace = if grace > 0.0 { grace } else { 0.0 };
-        let due_ms = self.chunked_prefill_ms(done_tokens as f64 + (1.0 + grace) * pass, batch).0;
-        let late_ms = busy_ms as f64 - self.cold_ms_max.max(0.0);
-        if pass <= 0.0 || due_ms.is_nan() || due_ms <= 0.0 || late_ms <= due_ms {
-            return 0.0;
-        }
-        late_ms / due_ms
-    }
-
     /// `f_p(tokens)`: one pass computing `tokens` prompt tokens.
     pub fn prefill_pass_ms(&self, tokens: f64) -> f64 {
         if tokens.is_nan() || tokens <= 0.0 {

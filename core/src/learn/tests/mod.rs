@@ -294,9 +294,9 @@ proptest! {
             for phase in [Phase::Aggregated, Phase::Decode] {
                 let s = l.cost_scale(Instant::from_micros(t), key, phase);
                 prop_assert!(s.is_finite() && s >= lo && s <= hi, "scale {} outside {}..={}", s, lo, hi);
-                // The cold wait is divided by it.
-                let wall = l.wall_scale(&l.cost_scales(Instant::from_micros(t), key, phase), 0.0);
-                prop_assert!(wall.is_finite() && wall > 0.0, "wall scale {}", wall);
+                // The cold wait is multiplied by it.
+                let cold = l.cold_weight(&l.cost_scales(Instant::from_micros(t), key, phase));
+                prop_assert!(cold.is_finite() && cold >= 0.0, "cold weight {}", cold);
                 let w = l.decode_weight(Instant::from_micros(t), key, phase);
                 prop_assert!((1.0 / WEIGHT_LIMIT..=WEIGHT_LIMIT).contains(&w), "decode weight {}", w);
             }

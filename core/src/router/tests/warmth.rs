@@ -16,9 +16,6 @@ enum Past {
     /// Runs a request booked at 0 (when it had run nothing); `true` once its prefill
     /// is done.
     Running(bool),
-    /// Decodes a request booked and prefilled at 0 (so warm), and has a second one,
-    /// booked at 0 too, whose 192 prompt tokens it has not finished.
-    Queued,
 }
 
 fn at(ms: u64) -> Instant {
@@ -47,32 +44,37 @@ fn live(r: &mut Router, id: u64, worker: u64, past: Past) {
                 r.handle_prefill_done(T0, d.id, d.phase).unwrap();
             }
         }
-        Past::Queued => {
-            let d = run(r);
-            r.handle_prefill_done(T0, d.id, d.phase).unwrap();
-            live(r, id + 50, worker, Past::Running(false));
-        }
     }
 }
 
 /// Two workers on the CPU build's timing with `past`, and `holder` (if any) holding
 /// all three blocks of a request sent at `now_ms`, which goes to `want`. `cold` off
-/// runs the same with no cold term.
+/// runs the same with no cold term. Worker 0's first tokens have shown the timing true.
 #[track_caller]
 fn check(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, want: u64) {
-    check_with(past, holder, now_ms, cold, DOUBT_SCALE_MIN, want);
+    check_with(past, holder, now_ms, cold, (DOUBT_SCALE_MIN, TIMED), want);
 }
 
-/// [`check`] with the learner's `doubt_scale_min`.
+/// First tokens that show the timing, as many as the learner needs.
+const TIMED: u32 = 8;
+
+/// [`check`] with the learner's `doubt_scale_min` and as many first tokens on worker
+/// 0, each as the timing predicts.
 #[track_caller]
-fn check_with(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, doubt_scale_min: f64, want: u64) {
+fn check_with(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, learn: (f64, u32), want: u64) {
+    let (doubt_scale_min, samples) = learn;
     let mut cfg = RouterConfig { mode: RouterMode::Kv, ..RouterConfig::default() };
     cfg.cost.timing = TtftModel::vllm_cpu();
     cfg.learn.doubt_scale_min = doubt_scale_min;
     if !cold {
         cfg.cost.timing.cold_ms_max = 0.0;
     }
+    let predicted_ms = cfg.cost.timing.chunked_prefill_ms(200.0, cfg.cost.timing.max_batched_tokens_default).0;
     let mut r = router_with(cfg, 2);
+    for _ in 0..samples {
+        let obs = Observation::FirstToken { ttft_ms: predicted_ms, uncached_tokens: 200, queued_tokens: 0 };
+        r.handle_observation(T0, WorkerKey::new(0, 0), obs).unwrap();
+    }
     for (w, p) in past.into_iter().enumerate() {
         live(&mut r, w as u64 + 1, w as u64, p);
     }
@@ -80,8 +82,7 @@ fn check_with(past: [Past; 2], holder: Option<u64>, now_ms: u64, cold: bool, dou
         store(&mut r, w, 900..=902);
     }
     let d = routed(r.handle_request(at(now_ms), req(9, &[900, 901, 902]), Draw(0)));
-    let doubt = doubt_scale_min;
-    assert_eq!(d.target.worker.0, want, "{past:?}, holder {holder:?}, at {now_ms} ms, cold {cold}, doubt {doubt}");
+    assert_eq!(d.target.worker.0, want, "{past:?}, holder {holder:?}, at {now_ms} ms, cold {cold}, learn {learn:?}");
     invariants(&r);
 }
 
@@ -147,21 +148,16 @@ fn a_fleet_far_slower_than_its_timing_weighs_the_cold_wait_less() {
 }
 
 #[test]
-fn a_backlog_far_later_than_its_timing_weighs_the_cold_wait_less() {
-    use Past::{Never, Queued};
-    // Worker 0 is warm with 192 prompt tokens queued since 0, which the CPU timing
-    // clears in about 75 ms; worker 1 has never run and pays 250 ms cold.
-    // While the backlog is within the timing (and its grace), the cold wait stands.
-    check([Queued, Never], None, 100, true, 0);
-    check([Queued, Never], None, 900, true, 0);
-    // Seconds later the first token is still out: an engine that slow clears its queue
-    // in seconds, and the cold wait, wall time, is divided by the slowdown shown.
-    check([Queued, Never], None, 5_000, true, 1);
-    check([Never, Queued], None, 5_000, true, 0);
-    // With doubt off the timing is trusted however late, and a bar above the slowdown
-    // shown keeps it too.
-    check_with([Queued, Never], None, 5_000, true, 0.0, 0);
-    check_with([Queued, Never], None, 5_000, true, 1_000.0, 0);
-    // A holder of the prefix pays no cold wait, so the doubt changes nothing there.
-    check([Queued, Never], Some(0), 5_000, true, 0);
+fn the_cold_wait_counts_once_first_tokens_have_shown_the_timing() {
+    use Past::{EndedAt, Never, Running};
+    // Too few first tokens: the cold wait is a figure from engines that kept to the
+    // timing, and nothing yet says these do. The empty worker beats the busy one.
+    for samples in [0, 1, TIMED - 1] {
+        check_with([Running(true), Never], None, 0, true, (DOUBT_SCALE_MIN, samples), 1);
+    }
+    // Enough of them, and it counts.
+    check_with([Running(true), Never], None, 0, true, (DOUBT_SCALE_MIN, TIMED), 0);
+    check_with([EndedAt(0), Never], None, 1_000, true, (DOUBT_SCALE_MIN, TIMED), 0);
+    // With doubt off the timing is trusted from the start.
+    check_with([Running(true), Never], None, 0, true, (0.0, 0), 0);
 }

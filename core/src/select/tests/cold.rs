@@ -71,35 +71,3 @@ fn the_timing_models_cold_wait_grows_with_idle_time_up_to_its_cap() {
     let half_off = TtftModel { cold_ms_max: 0.0, ..cpu };
     assert_eq!(half_off.cold_ms(5_000), 0.0);
 }
-
-#[test]
-fn a_backlog_shows_the_slowdown_its_unfinished_prefill_proves() {
-    // 1 ms a prompt token and no pass overhead, so the due times read as token counts.
-    let m = TtftModel {
-        prefill_ms_per_token_squared: 0.0,
-        prefill_ms_per_token: 1.0,
-        prefill_ms_per_pass: 0.0,
-        cold_ms_max: 100.0,
-        ..TtftModel::default()
-    };
-    // (busy ms, done tokens, queued tokens, batch, grace passes, slowdown shown)
-    let rows: [(u64, u64, u64, u32, f64, f64); 9] = [
-        (0, 0, 100, 1_000, 0.0, 0.0),
-        // Due at 100 ms, and the cold wait's 100 is not slowness.
-        (200, 0, 100, 1_000, 0.0, 0.0),
-        (500, 0, 100, 1_000, 0.0, 4.0),
-        // Three passes of grace: due at 400.
-        (500, 0, 100, 1_000, 3.0, 0.0),
-        (900, 0, 100, 1_000, 3.0, 2.0),
-        (900, 0, 100, 1_000, -3.0, 8.0),
-        // What finished counts as due too; a pass is at most a batch.
-        (1_300, 300, 100, 1_000, 0.0, 3.0),
-        (2_100, 0, 5_000, 1_000, 0.0, 2.0),
-        // Nothing queued shows nothing, however long.
-        (60_000, 300, 0, 1_000, 0.0, 0.0),
-    ];
-    for (busy_ms, done, queued, batch, grace, want) in rows {
-        let got = m.slowdown_shown(busy_ms, done, queued, batch, grace);
-        assert_eq!(got, want, "busy {busy_ms} ms, done {done}, queued {queued}, batch {batch}, grace {grace}");
-    }
-}
