@@ -200,6 +200,12 @@ impl Preview {
         self.row(worker)["prefill_blocks"].as_f64().expect("prefill_blocks")
     }
 
+    /// `worker`'s cost (the kv cost with its charges, model ms).
+    #[track_caller]
+    pub fn cost(&self, worker: u64) -> f64 {
+        self.row(worker)["cost"].as_f64().expect("cost")
+    }
+
     /// Whether `worker` may be chosen.
     pub fn eligible(&self, worker: u64) -> bool {
         self.row(worker)["eligible"] == true

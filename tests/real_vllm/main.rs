@@ -20,7 +20,8 @@
 //!   25–55 ms. The suite serves float32 (`KVROUTE_ENGINE_DTYPE` overrides it): only
 //!   float32 continues a greedy generation exactly from its ids (see `migrate.rs`).
 //!   A fresh 1,900-token prompt answers in about 3.6 s in float32, where kvroute's
-//!   default (GPU) timing predicts about 40 ms: `overdue.rs` relies on that lateness.
+//!   default (GPU) timing predicts about 40 ms: `overdue.rs` and `doubt.rs` rely on that
+//!   lateness.
 //! * Events (`BlockStored`, map-encoded with a `type` tag, one batch per engine step):
 //!   `block_hashes` (u64, often above `i64::MAX`), `parent_block_hash`, `token_ids`,
 //!   `block_size` 64, `lora_id`, `medium` "GPU", `lora_name`, `extra_keys` (one entry
@@ -45,6 +46,7 @@
 //!   generated rank-8 adapter answers as model `sql-lora`.
 
 mod cache;
+mod doubt;
 mod engine;
 mod fleet;
 mod http;

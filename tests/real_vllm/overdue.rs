@@ -19,18 +19,18 @@ use crate::router::{build_binary, config, Kvroute};
 
 /// The late prompt's length: one pass (the config's batch is 8,192) that fits the
 /// engines' 2,048-token context with its 2 output tokens.
-const LATE_TOKENS: usize = 1_900;
+pub(crate) const LATE_TOKENS: usize = 1_900;
 /// The model is 4–5 passes past the first token by about 200 ms; from here on the rule
 /// has fully applied (samples are counted from when the prompt was sent).
 const LATE_FROM_MS: u64 = 400;
 /// Samples this close to the answer may already have seen the first token.
-const ANSWER_MARGIN_MS: u64 = 300;
+pub(crate) const ANSWER_MARGIN_MS: u64 = 300;
 
-/// Worker 1's queued prompt tokens by kvroute's preview, in time order, while a fresh
-/// prompt pinned there is served, and when its answer came.
-struct Served {
-    samples: Vec<(u64, f64)>,
-    answered_ms: u64,
+/// A figure of kvroute's preview (ms since the send, value), in time order, while a
+/// fresh prompt pinned to worker 1 is served, and when its answer came.
+pub(crate) struct Served {
+    pub samples: Vec<(u64, f64)>,
+    pub answered_ms: u64,
 }
 
 #[test]
@@ -42,7 +42,7 @@ fn a_late_engines_pass_counts_as_queued_by_the_overdue_share() {
         match share {
             None => check(&f.router, seed, "the default", queued_share),
             Some(s) => {
-                let router = with_share(&f, s);
+                let router = with_keys(&f, &format!("overdue-{s}"), &format!("overdue_pass_share = {s:?}"), "");
                 check(&router, seed, &format!("overdue_pass_share = {s}"), queued_share);
             }
         }
@@ -96,8 +96,13 @@ fn check(router: &Kvroute, seed: u64, what: &str, queued_share: f64) {
 }
 
 /// Sends `late` pinned to worker 1 through `router` and previews `probe` until it is
-/// answered: worker 1's `queued(preview)` by ms since the send.
-fn serve_sampling(router: &Kvroute, late: &Value, probe: &Value, queued: impl Fn(&Preview) -> f64) -> Served {
+/// answered: `queued(preview)` by ms since the send.
+pub(crate) fn serve_sampling(
+    router: &Kvroute,
+    late: &Value,
+    probe: &Value,
+    queued: impl Fn(&Preview) -> f64,
+) -> Served {
     let (addr, body) = (router.addr(), late.clone());
     let t0 = Instant::now();
     let answer = std::thread::spawn(move || send_pinned(addr, &body));
@@ -120,13 +125,14 @@ fn send_pinned(addr: SocketAddr, body: &Value) -> u64 {
     t0.elapsed().as_millis() as u64
 }
 
-/// A second kvroute over the fleet's engines with `overdue_pass_share = share`.
-fn with_share(f: &Fleet, share: f64) -> Kvroute {
+/// A second kvroute over the fleet's engines, named `kvroute-<name>`, with `lines`
+/// added to its router section and `sections` (whole tables) after the rest.
+pub(crate) fn with_keys(f: &Fleet, name: &str, lines: &str, sections: &str) -> Kvroute {
     let dir = crate::procs::scratch_dir("kvroute-real-vllm-overdue");
-    Kvroute::start_with(&build_binary(), &dir, &format!("kvroute-overdue-{share}"), |port| {
+    Kvroute::start_with(&build_binary(), &dir, &format!("kvroute-{name}"), |port| {
         let mode = "mode = \"kv\"\n";
         let text = config(&f.env.model, port, &f.engines);
-        assert!(text.contains(mode), "the router's section is where the key goes: {text}");
-        text.replacen(mode, &format!("{mode}overdue_pass_share = {share:?}\n"), 1)
+        assert!(text.contains(mode), "the router's section is where the keys go: {text}");
+        format!("{}\n{sections}", text.replacen(mode, &format!("{mode}{lines}\n"), 1))
     })
 }
