@@ -32,7 +32,9 @@ fn the_cold_wait_counts_once_first_tokens_show_the_timing_and_over_their_slowdow
     assert!((gap - COLD_MS).abs() < 1e-6, "before first tokens only the trusting router counts the wait ({gap})");
     // Fresh prompts to worker 1, one at a time: no change until the eighth answer.
     for i in 0..SAMPLES_MIN {
-        let prompt = token_prompt(MODEL, &tokens(9_410 + i, 130));
+        // Streamed: the router times a first token only where it comes before the end.
+        let mut prompt = token_prompt(MODEL, &tokens(9_410 + i, 130));
+        prompt["stream"] = true.into();
         let r = http::request(
             doubting.addr(),
             "POST",
