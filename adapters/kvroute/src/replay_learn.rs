@@ -31,8 +31,9 @@ pub struct LearnArgs {
     #[arg(long, value_name = "N")]
     pub learn_prior_samples: Option<f64>,
     /// Doubt the timing once every worker is learned at least this many times slower
-    /// than it predicts: an idle worker's cold wait then weighs that much less
-    /// (`[learn] doubt_scale_min`; default 2, 0 turns it off).
+    /// than it predicts: an idle worker's cold wait then weighs that much less, and
+    /// nothing before a worker has its samples (`[learn] doubt_scale_min`; default 2, 0
+    /// turns it off and trusts the timing throughout).
     #[arg(long, value_name = "X", value_parser = doubt_scale_min)]
     pub learn_doubt_scale_min: Option<f64>,
 }
