@@ -19,18 +19,18 @@ use crate::router::{build_binary, config, Kvroute};
 
 /// The late prompt's length: one pass (the config's batch is 8,192) that fits the
 /// engines' 2,048-token context with its 2 output tokens.
-pub(crate) const LATE_TOKENS: usize = 1_900;
+const LATE_TOKENS: usize = 1_900;
 /// The model is 4–5 passes past the first token by about 200 ms; from here on the rule
 /// has fully applied (samples are counted from when the prompt was sent).
 const LATE_FROM_MS: u64 = 400;
 /// Samples this close to the answer may already have seen the first token.
-pub(crate) const ANSWER_MARGIN_MS: u64 = 300;
+const ANSWER_MARGIN_MS: u64 = 300;
 
-/// A figure of kvroute's preview (ms since the send, value), in time order, while a
-/// fresh prompt pinned to worker 1 is served, and when its answer came.
-pub(crate) struct Served {
-    pub samples: Vec<(u64, f64)>,
-    pub answered_ms: u64,
+/// Worker 1's queued prompt tokens by kvroute's preview, in time order, while a fresh
+/// prompt pinned there is served, and when its answer came.
+struct Served {
+    samples: Vec<(u64, f64)>,
+    answered_ms: u64,
 }
 
 #[test]
@@ -96,13 +96,8 @@ fn check(router: &Kvroute, seed: u64, what: &str, queued_share: f64) {
 }
 
 /// Sends `late` pinned to worker 1 through `router` and previews `probe` until it is
-/// answered: `queued(preview)` by ms since the send.
-pub(crate) fn serve_sampling(
-    router: &Kvroute,
-    late: &Value,
-    probe: &Value,
-    queued: impl Fn(&Preview) -> f64,
-) -> Served {
+/// answered: worker 1's `queued(preview)` by ms since the send.
+fn serve_sampling(router: &Kvroute, late: &Value, probe: &Value, queued: impl Fn(&Preview) -> f64) -> Served {
     let (addr, body) = (router.addr(), late.clone());
     let t0 = Instant::now();
     let answer = std::thread::spawn(move || send_pinned(addr, &body));
