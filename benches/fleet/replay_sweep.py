@@ -20,6 +20,14 @@ draws). The report is, per workload and load, the median of each figure over tho
 runs, and its ratio to the text-tree rule's median: hits (>= 1 meets #27's target), TTFT
 mean and p99 (<= 0.8) and end-to-end mean (<= 0.95).
 
+`--real` replays the real vLLM fleet's workloads instead, as `bench.py --fleet real`
+makes them (100 requests of short prompts at its rate per server), on 256-block caches
+and the vLLM CPU build's timing, with the workers `--engine-speed` times as fast as that
+timing at the trace's own arrival times:
+
+    python3 benches/fleet/replay_sweep.py --real --workers 2 --engine-speed 0.1 \
+        --workloads agentic --sessions --seeds 20 --router-seeds 1 --variants 'kv;sdtw=0.1'
+
 The variant `oracle` is a clairvoyant reference, not a policy: it sends each request to
 the worker where a copy of that worker's engine, run forward with the request added,
 gives the first token soonest. `--regret` scores every kv choice the same way on kv's own
@@ -41,7 +49,8 @@ sys.path.insert(0, str(HERE))
 
 import workloads  # noqa: E402
 import words  # noqa: E402
-from bench import RATES, SPEEDUP_AT_LOAD  # noqa: E402
+import bench  # noqa: E402
+from bench import RATES, REAL_DEFAULTS, SPEEDUP_AT_LOAD  # noqa: E402
 
 FIGURES = ("hits", "ttft_mean", "ttft_p99", "e2e_mean")
 # Shown beside the targets' figures, without a target: the tail and the throughput (output
@@ -51,16 +60,29 @@ TARGETS = {"hits": (1.0, ">="), "ttft_mean": (0.8, "<="), "ttft_p99": (0.8, "<="
 PEER = "text-tree"
 
 
-def traces(kind, load, seeds, vocab, out_dir, workers=8):
-    """Writes the workload's trace per seed, at the fleet benchmark's rate for `workers`;
-    returns their paths, and whether its requests carry a session header (a chat's turns
-    carry a `session_id` that only chains them, as the fleet sends no header for them)."""
-    one = workloads.generate(workloads.Spec(kind=kind), vocab) if kind == "conversation" else None
+def real_requests(kind, seed, workers, vocab):
+    """The workload `bench.py --fleet real --workers N` sends, arrival times included."""
+    args = bench.parse_args(["--fleet", "real", "--workload", kind, "--workers", str(workers), "--seed", str(seed)])
+    return bench.build_workload(args, vocab)
+
+
+def traces(kind, load, seeds, vocab, out_dir, workers=8, real=False):
+    """Writes the workload's trace per seed, at the fleet benchmark's rate for `workers`
+    (the real fleet's with `real`); returns their paths, and whether its requests carry a
+    session header (a chat's turns carry a `session_id` that only chains them, as the
+    fleet sends no header for them)."""
+    if real:
+        one = real_requests(kind, seeds[0], workers, vocab) if kind == "conversation" else None
+    else:
+        one = workloads.generate(workloads.Spec(kind=kind), vocab) if kind == "conversation" else None
     paths, headers = [], False
     for i, seed in enumerate(seeds):
-        reqs = one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab)
+        if real:
+            reqs = one or real_requests(kind, seed, workers, vocab)
+        else:
+            reqs = workloads.scaled(one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab),
+                                    RATES[kind][load] * workers / 8)  # fmt: skip
         headers = headers or any(r.session for r in reqs)
-        reqs = workloads.scaled(reqs, RATES[kind][load] * workers / 8)
         recs = workloads.to_mooncake(reqs, 64)
         if kind == "conversation" and i > 0:
             rng = random.Random(seed)
@@ -72,13 +94,19 @@ def traces(kind, load, seeds, vocab, out_dir, workers=8):
     return paths, headers
 
 
-def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None, engine_speed=1.0):
+def sweep(binary, path, variants, router_seeds, sessions, workers=8, regret=None, engine_speed=1.0, real=False):
     """policy_sweep's run lines for one trace; with `regret` (a path), each kv run's
     per-request choices against the best worker then are appended there. The workers run
-    `engine_speed` times as fast as the timing kv predicts with, at the same load."""
+    `engine_speed` times as fast as the timing kv predicts with, at the same load; with
+    `real`, on the vLLM CPU build's timing and the real fleet's caches, at the trace's own
+    arrival times (the real fleet's engines are slower than their timing, not its load
+    lighter)."""
+    load_speed = 1.0 if real else engine_speed
     argv = [binary, "--trace", str(path), "--tokens-per-id", "64", "--scale", "1",
-            "--speedups", str(engine_speed), "--engine-speedup", str(engine_speed), "--workers", str(workers),
+            "--speedups", str(load_speed), "--engine-speedup", str(engine_speed), "--workers", str(workers),
             "--variants", variants, "--seeds", str(router_seeds), "--sessions", "1" if sessions else "0"]  # fmt: skip
+    if real:
+        argv += ["--blocks", str(REAL_DEFAULTS["blocks_per_worker"]), "--engine-timing", "vllm-cpu"]
     if regret:
         argv += ["--regret", str(regret)]
     # stderr passes through: a long variant (`search`) reports its progress there.
@@ -148,8 +176,18 @@ def main():
                    help="the workers' speed against the timing kv predicts with (latencies are then in the "
                         "workers' time); `fleet` runs them as the sim fleet does: half speed when saturated, "
                         "and 8/N of that on N > 8 workers, while kv predicts with full speed")
+    p.add_argument("--real", action="store_true",
+                   help="the real vLLM fleet's workloads and rate (`bench.py --fleet real`) on its caches "
+                        "(256 blocks) and the vLLM CPU build's timing, at the trace's arrival times; pair "
+                        "with --workers 2 and an --engine-speed below 1 (0.1 gives this host's agentic TTFT)")  # fmt: skip
     p.add_argument("--out", help="write the report as JSON here too")
     args = p.parse_args()
+    if args.real:
+        if args.engine_speed == "fleet":
+            p.error("--engine-speed fleet is the sim fleet's; with --real give a number (0.1 for this host)")
+        if "multimodal" in args.workloads.split(","):
+            p.error("--real replays text workloads only: multimodal's prompts need the real model's image size")
+        args.loads = "real"
     vocab = words.Vocab.generated()
     seeds = [workloads.Spec().seed] + list(range(1, args.seeds))
     report, regrets = {}, {}
@@ -157,11 +195,11 @@ def main():
         for kind in args.workloads.split(","):
             for load in args.loads.split(","):
                 reg = Path(tmp) / f"regret-{kind}-{load}.jsonl" if args.regret else None
-                paths, headers = traces(kind, load, seeds, vocab, tmp, args.workers)
-                speed = engine_speed(args.engine_speed, load, args.workers)
+                paths, headers = traces(kind, load, seeds, vocab, tmp, args.workers, args.real)
+                speed = float(args.engine_speed) if args.real else engine_speed(args.engine_speed, load, args.workers)
                 runs = [d for path in paths
                         for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions and headers,
-                                       args.workers, reg, speed)]  # fmt: skip
+                                       args.workers, reg, speed, args.real)]  # fmt: skip
                 report[f"{kind}/{load}"] = medians(runs)
                 if reg:
                     regrets[f"{kind}/{load}"] = regret_summary(reg)

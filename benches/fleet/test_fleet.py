@@ -513,6 +513,23 @@ class ReplayMedians(unittest.TestCase):
         self.assertEqual(got["hits"], 0.5)
 
 
+class ReplayReal(unittest.TestCase):
+    def test_the_real_fleets_trace_is_what_bench_sends_it(self):
+        # Two servers: 100 requests at 0.333 times the workload's rate, prompts cut to
+        # 384 tokens and 8 output tokens, agent programs with their session ids.
+        with tempfile.TemporaryDirectory() as tmp:
+            paths, headers = replay_sweep.traces("agentic", "real", [3], VOCAB, tmp, workers=2, real=True)
+            recs = [json.loads(line) for line in paths[0].read_text().splitlines()]
+            sim = workloads.scaled(gen("agentic", seed=3, n=100), bench.RATES["agentic"]["busy"] * 2 / 8)
+        self.assertTrue(headers)
+        self.assertEqual(len(recs), 100)
+        self.assertLessEqual(max(r["input_length"] for r in recs), 384)
+        self.assertLessEqual(max(r["output_length"] for r in recs), 8)
+        # Program starts span about 6 times the sim trace's (rate 0.333 against 2).
+        span = max(r["timestamp"] for r in recs if "delay" not in r) / 1000
+        self.assertGreater(span, 3 * max(q.arrival_s for q in sim if q.after is None))
+
+
 class Regret(unittest.TestCase):
     def check(self, choices, want):
         with tempfile.TemporaryDirectory() as tmp:
