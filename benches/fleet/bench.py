@@ -69,9 +69,6 @@ KV_VARIANTS = {
     "kv-gpu": ("kv", ['engine_timing = "gpu"']),
     "kv-learn": ("kv", []),
     "kv-trusting": ("kv", []),
-    # kv crediting a busy worker's backlog at the timing's pace however slow the first
-    # tokens show the fleet (before session 41).
-    "kv-credit-undoubted": ("kv", []),
     # kv crediting a worker the whole prefill pass its timing says it ran, however long
     # its first tokens stay away (before session 37).
     "kv-credit-trusting": ("kv", ["overdue_pass_share = 1.0"]),
@@ -84,8 +81,7 @@ KV_MODEL_LINES = {"kv-ids": ["forward_token_ids = true"], "kv-no-memo": ["tokeni
 # TTFT the proxy sees and the engines' own load scraped from their metrics. kv-trusting:
 # kv trusting its timing however far the engines' first tokens say it is off (before
 # session 36), so an idle worker's cold wait always weighs in full.
-KV_SECTIONS = {"kv-learn": fleet.LEARN_SECTION, "kv-trusting": ["[learn]", "doubt_scale_min = 0"],
-               "kv-credit-undoubted": ["[learn]", "doubt_credit = false"]}  # fmt: skip
+KV_SECTIONS = {"kv-learn": fleet.LEARN_SECTION, "kv-trusting": ["[learn]", "doubt_scale_min = 0"]}
 # Arrival-rate multipliers for 8 workers, per workload and load; a fleet of N workers
 # gets N/8 times these. Found with `kvroute replay` of each workload (mocker timing, 2,462
 # blocks a worker): at `busy` round-robin's TTFT is still flat, at `saturated` it is past
@@ -142,7 +138,7 @@ def parse_args(argv=None):
                         "running requests, not 36), kv-no-excess (kv without the pile charge), kv-fixed-floor (kv's pile charge from 36 running requests however busy the fleet), kv-ids (kv forwarding completion prompts as "
                         "its token ids, not their text), kv-no-memo (kv without the tokenizer's memo of "
                         "words), kv-mem10 (kv charging 10 ms, not 5, per KV block past 0.9 of a "
-                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on), kv-trusting (kv never doubting its engine timing), kv-credit-undoubted (kv crediting a backlog at the timing's pace once it doubts the timing) and peers "
+                        "worker's capacity), kv-cpu (kv predicting with the vLLM CPU engine's timing, as kv does on --fleet real), kv-gpu (kv predicting with a GPU's), kv-learn (kv with [learn] on), kv-trusting (kv never doubting its engine timing) and peers "
                    f"({', '.join(fleet.PEERS)}); peers that are not installed are skipped and named")  # fmt: skip
     p.add_argument("--seed", type=int, default=workloads.Spec.seed)
     p.add_argument("--speedup", type=float,

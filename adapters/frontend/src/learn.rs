@@ -55,10 +55,6 @@ pub struct LearnSection {
     /// While on, the cold wait counts nothing until some worker has `samples_min` first
     /// tokens: nothing has shown the timing holds before.
     pub doubt_scale_min: f64,
-    /// Once the timing is doubted, a busy worker's backlog is credited at the doubted
-    /// pace too: the prefill the timing says it computed is divided by the slowdown, so a
-    /// queue the engines take seconds to clear is not read as gone (default true).
-    pub doubt_credit: bool,
 }
 
 impl Default for LearnSection {
@@ -79,7 +75,6 @@ impl Default for LearnSection {
             tokenizer_check_interval_ms: 30_000,
             tokenize_path: "/tokenize".into(),
             doubt_scale_min: core.doubt_scale_min,
-            doubt_credit: core.doubt_credit,
         }
     }
 }
@@ -96,7 +91,6 @@ impl LearnSection {
             outlier_ratio_max: self.outlier_ratio_max,
             engine_load_age_max_ms: self.engine_load_age_max_ms,
             doubt_scale_min: self.doubt_scale_min,
-            doubt_credit: self.doubt_credit,
             ..LearnConfig::default()
         }
     }

@@ -26,8 +26,8 @@
 //! (keep_share_min), `keepholders` (keep_holders_max), `keepend` (1 or 0:
 //! keep_needs_prompt_end), `ends` (the router's prompt_ends_max), `endblocks`
 //! (prompt_end_blocks), `work`,
-//! `others`, `credit` (progress_credit), `overdue` (overdue_pass_share), `costs`, `doubt` and `dcredit` (the learner's `costs` as 1 or 0,
-//! `doubt_scale_min`, and `doubt_credit` as 1 or 0), `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
+//! `others`, `credit` (progress_credit), `overdue` (overdue_pass_share), `costs` and `doubt` (the learner's `costs` as 1 or 0, and
+//! `doubt_scale_min`), `arw` (active_request_weight), `xs` (excess_ms_per_request), `xm`
 //! (excess_over_mean), `xmin` (excess_requests_min), `xref` (excess_floor_mean_requests), `cold` and `coldmax` (the timing's
 //! cold_ms_per_idle_s and cold_ms_max), `pls` (prefill_load_scale), `mode` (`rr`,
 //! `ll` for round-robin or least-loaded), `frac` (the eligibility's
@@ -180,10 +180,6 @@ fn config(a: &Args, variant: &str) -> Result<RouterConfig, String> {
         }
         if k == "costs" {
             cfg.learn.costs = x != 0.0;
-            continue;
-        }
-        if k == "dcredit" {
-            cfg.learn.doubt_credit = x != 0.0;
             continue;
         }
         if k == "doubt" {

@@ -39,13 +39,6 @@
 //!   real fleet sent every chat to one server; charged in full before the samples came,
 //!   it cost shared-doc hits and TTFT there (the fleet benchmark's README, session
 //!   40). With `costs` on, each key's cold wait is divided by its own prefill scale.
-//!   The same doubt paces a busy worker's backlog (`doubt_credit`): the prefill the
-//!   timing says a worker computed since its backlog began is divided by that scale
-//!   too, so a queue the engines take seconds to clear is not read as gone after the
-//!   timing's milliseconds (in replay of the real fleet's shared-document workload on
-//!   two workers at a tenth of the CPU timing's speed, it took kv's TTFT from 1.06 to
-//!   1.02 of the text-tree rule's and conversation's from 1.00 to 0.97, agentic's from
-//!   0.97 to 0.98; no sim fleet cell moved, since no timing is doubted there).
 //!   `doubt_scale_min = 0` trusts the timing throughout.
 //!
 //! How the cost uses it: with [`LearnConfig::costs`] on, a candidate's cost factor is
@@ -109,10 +102,6 @@ pub struct LearnConfig {
     /// The fleet's fastest prefill scale at which the timing is doubted (see "Doubt"
     /// above); 0, NaN and infinity turn it off, values below 1 count as 1. Default 2.
     pub doubt_scale_min: f64,
-    /// Once the timing is doubted, credit a busy worker with the prefill progress the
-    /// timing predicts divided by the fleet's fastest scale, as `costs` does with each
-    /// key's own (see "Doubt" above). Default true.
-    pub doubt_credit: bool,
 }
 
 impl LearnConfig {
@@ -138,7 +127,6 @@ impl Default for LearnConfig {
             engine_load_age_max_ms: 10_000,
             waiting_tokens_default: 512,
             doubt_scale_min: DOUBT_SCALE_MIN,
-            doubt_credit: true,
         }
     }
 }
@@ -470,18 +458,11 @@ impl CostLearner {
         self.best = (prefill.unwrap_or(1.0), fastest(|e| &e.decode).unwrap_or(1.0));
     }
 
-    /// How `key`'s learned scales enter its cost in `phase` at `now`: all 1 when the key
-    /// is unknown, or when [`LearnConfig::costs`] is off but for the backlog's pace,
-    /// which follows a doubted timing (`doubt_credit`). One lookup and one evaluation of
-    /// each scale, for the router's per-candidate path.
+    /// How `key`'s learned scales enter its cost in `phase` at `now` (all 1 when
+    /// [`LearnConfig::costs`] is off or the key is unknown): one lookup and one
+    /// evaluation of each scale, for the router's per-candidate path.
     pub(crate) fn cost_scales(&self, now: Instant, key: WorkerKey, phase: Phase) -> CostScales {
-        if !self.cfg.costs {
-            return match self.doubted() {
-                Some(scale) if self.cfg.doubt_credit => CostScales { prefill_scale: scale, ..CostScales::NONE },
-                _ => CostScales::NONE,
-            };
-        }
-        let Some(e) = self.keys.get(&key) else { return CostScales::NONE };
+        let (true, Some(e)) = (self.cfg.costs, self.keys.get(&key)) else { return CostScales::NONE };
         let p = e.prefill.scale(now, self.best.0, &self.cfg);
         let d = e.decode.scale(now, self.best.1, &self.cfg);
         CostScales {
@@ -515,25 +496,19 @@ impl CostLearner {
     /// tokens, then 1 over the slowdown: the key's own scale with `costs` on, else the
     /// fleet's fastest once that is past the bar (else 1).
     pub(crate) fn cold_weight(&self, scales: &CostScales) -> f64 {
-        if self.doubting() && !self.timed {
+        let m = self.cfg.doubt_scale_min;
+        let doubting = m > 0.0 && m.is_finite();
+        if doubting && !self.timed {
             return 0.0;
         }
         if self.cfg.costs {
             return 1.0 / scales.prefill_scale;
         }
-        self.doubted().map_or(1.0, |scale| 1.0 / scale)
-    }
-
-    fn doubting(&self) -> bool {
-        let m = self.cfg.doubt_scale_min;
-        m > 0.0 && m.is_finite()
-    }
-
-    /// The fleet's fastest prefill scale, when first tokens have shown it past
-    /// `doubt_scale_min`.
-    fn doubted(&self) -> Option<f64> {
-        let m = self.cfg.doubt_scale_min;
-        (self.doubting() && self.timed && self.best.0 >= m.max(1.0)).then_some(self.best.0)
+        if doubting && self.best.0 >= m.max(1.0) {
+            1.0 / self.best.0
+        } else {
+            1.0
+        }
     }
 
     /// `own` (the router's count) with `key`'s fresh engine report folded in, when

@@ -400,13 +400,13 @@ mod tests {
     #[test]
     fn learn_settings_reach_the_router_and_are_checked() {
         let cfg = ProxyConfig::from_toml_str(&format!(
-            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\ndoubt_scale_min = 4.0\ndoubt_credit = false\n",
+            "{}[learn]\ncosts = true\nsamples_min = 3\nhalf_life_ms = 5\ndoubt_scale_min = 4.0\n",
             "[[models]]\nname = \"m\"\n"
         ))
         .unwrap();
         let learn = router_config(&cfg, &cfg.models[0], 0).learn;
         assert_eq!((learn.costs, learn.engine_load, learn.samples_min, learn.half_life_ms), (true, false, 3, 5));
-        assert_eq!((learn.doubt_scale_min, learn.doubt_credit), (4.0, false));
+        assert_eq!(learn.doubt_scale_min, 4.0);
         for bad in [
             "engine_load = true",
             "outlier_ratio_max = 0.5",
@@ -420,7 +420,6 @@ mod tests {
             let e = ProxyConfig::from_toml_str(&format!("[learn]\n{bad}\n")).unwrap_err();
             assert!(e.to_string().contains("learn."), "{bad}: {e}");
         }
-        check_err("[learn]\ndoubt_credit = 1\n", Some(2), "doubt_credit");
     }
 
     #[test]

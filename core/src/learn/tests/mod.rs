@@ -144,36 +144,6 @@ fn costs_off_keeps_the_prior_and_decode_has_its_own_fit() {
     assert_eq!(learned.decode_ms_per_token, 3.0 * m.decode_step_ms(0.0));
 }
 
-/// With costs off, `samples` first tokens each `slowdown` times the timing's: the
-/// backlog's pace (`prefill_scale`) and the predicted times' factor.
-fn credit_pace(doubt_credit: bool, samples: u64, slowdown: f64) -> (f64, f64) {
-    let mut l = CostLearner::new(LearnConfig { doubt_credit, ..LearnConfig::default() });
-    for t in 0..samples {
-        l.observe(Instant::from_millis(t), KEY, &first_token(20.0 * slowdown), 20.0).unwrap();
-    }
-    let s = l.cost_scales(Instant::from_millis(samples), KEY, Phase::Aggregated);
-    // The cold wait is divided by the same doubt.
-    if s.prefill_scale > 1.0 {
-        assert_eq!(l.cold_weight(&s), 1.0 / s.prefill_scale);
-    }
-    (s.prefill_scale, s.factor)
-}
-
-#[test]
-fn a_doubted_timing_paces_the_backlog_not_the_predicted_times() {
-    // (doubt_credit, first tokens, their slowdown, whether the backlog is paced slower).
-    // Before `samples_min` (8) first tokens, or below `doubt_scale_min` (2), or with the
-    // credit off, the timing's pace holds; the predicted times are never scaled.
-    for (credit, samples, slowdown, slower) in
-        [(true, 7, 10.0, false), (true, 8, 10.0, true), (true, 8, 1.5, false), (false, 8, 10.0, false)]
-    {
-        let (pace, factor) = credit_pace(credit, samples, slowdown);
-        assert_eq!(factor, 1.0, "{credit} {samples} {slowdown}");
-        assert_eq!(pace > 1.0, slower, "{credit} {samples} at {slowdown}: pace {pace}");
-        assert!(pace == 1.0 || pace >= 2.0, "doubted only past the bar: {pace}");
-    }
-}
-
 /// Found by `scales_stay_finite_and_bounded`: with `scale_min` near the smallest
 /// normal `f64`, a fast prefill and a slow decode made the weight overflow to infinity.
 #[test]
@@ -294,7 +264,6 @@ fn any_config() -> impl Strategy<Value = LearnConfig> {
         scale_max: hi,
         prior_samples: p,
         doubt_scale_min: doubt,
-        doubt_credit: h % 2 == 0,
         ..LearnConfig::default()
     })
 }
@@ -326,11 +295,8 @@ proptest! {
                 let s = l.cost_scale(Instant::from_micros(t), key, phase);
                 prop_assert!(s.is_finite() && s >= lo && s <= hi, "scale {} outside {}..={}", s, lo, hi);
                 // The cold wait is multiplied by it.
-                let scales = l.cost_scales(Instant::from_micros(t), key, phase);
-                let cold = l.cold_weight(&scales);
+                let cold = l.cold_weight(&l.cost_scales(Instant::from_micros(t), key, phase));
                 prop_assert!(cold.is_finite() && cold >= 0.0, "cold weight {}", cold);
-                // The backlog's pace divides a pass's time: finite and above 0.
-                prop_assert!(scales.prefill_scale.is_finite() && scales.prefill_scale > 0.0, "pace {}", scales.prefill_scale);
                 let w = l.decode_weight(Instant::from_micros(t), key, phase);
                 prop_assert!((1.0 / WEIGHT_LIMIT..=WEIGHT_LIMIT).contains(&w), "decode weight {}", w);
             }
