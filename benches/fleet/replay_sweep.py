@@ -71,17 +71,17 @@ def traces(kind, load, seeds, vocab, out_dir, workers=8, real=False):
     (the real fleet's with `real`); returns their paths, and whether its requests carry a
     session header (a chat's turns carry a `session_id` that only chains them, as the
     fleet sends no header for them)."""
-    if real:
-        one = real_requests(kind, seeds[0], workers, vocab) if kind == "conversation" else None
-    else:
-        one = workloads.generate(workloads.Spec(kind=kind), vocab) if kind == "conversation" else None
+
+    def workload(seed):
+        if real:
+            return real_requests(kind, seed, workers, vocab)
+        reqs = workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab)
+        return workloads.scaled(reqs, RATES[kind][load] * workers / 8)
+
+    one = workload(workloads.Spec.seed) if kind == "conversation" else None
     paths, headers = [], False
     for i, seed in enumerate(seeds):
-        if real:
-            reqs = one or real_requests(kind, seed, workers, vocab)
-        else:
-            reqs = workloads.scaled(one or workloads.generate(workloads.Spec(kind=kind, seed=seed), vocab),
-                                    RATES[kind][load] * workers / 8)  # fmt: skip
+        reqs = one or workload(seed)
         headers = headers or any(r.session for r in reqs)
         recs = workloads.to_mooncake(reqs, 64)
         if kind == "conversation" and i > 0:
@@ -196,7 +196,7 @@ def main():
             for load in args.loads.split(","):
                 reg = Path(tmp) / f"regret-{kind}-{load}.jsonl" if args.regret else None
                 paths, headers = traces(kind, load, seeds, vocab, tmp, args.workers, args.real)
-                speed = float(args.engine_speed) if args.real else engine_speed(args.engine_speed, load, args.workers)
+                speed = engine_speed(args.engine_speed, load, args.workers)
                 runs = [d for path in paths
                         for d in sweep(args.bin, path, args.variants, args.router_seeds, args.sessions and headers,
                                        args.workers, reg, speed, args.real)]  # fmt: skip
